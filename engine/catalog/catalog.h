@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/catalog/catalog.h — the LMDB catalog: what is stored, where, and who uses it.
+ *
+ * Sub-databases (FORMAT.md §2 has every record's bytes):
+ *   meta      "format" -> u32 format version; "next_segment" -> u64; "gen" -> u64 (compaction
+ *             generation: readers drop cached file handles when it changes)
+ *   models    model id -> shape + fingerprint hash
+ *   blocks    block hash (16) -> refcount, location (segment, offset, bytes), tokens, parent
+ *   children  parent hash (16) -> child block hashes (16) (dupsort): the tail search of lookup
+ *   contexts  context key (16) -> model hash, block hashes, tokens, times
+ *   atime     last access (8, big-endian) || context key -> "" : LRU order for tier capacity
+ *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
+ *
+ * INVARIANTS
+ *   C1. A block record exists iff some context lists it; refcount = number of such contexts.
+ *   C2. A block record's bytes lie inside [0, end) of its segment and were fdatasync'ed before
+ *       the transaction that created the record committed.
+ *   C3. segment.live_bytes = sum of bytes of the block records located in it.
+ *   C4. Every atime entry matches its context's last_access.
+ *
+ * Record encoders/decoders are pure and validate every length (catalog bytes come from disk).
+ */
+#ifndef KV_CATALOG_H
+#define KV_CATALOG_H
+
+#include <lmdb.h>
+#include <stdint.h>
+
+#include "kv_common.h"
+
+#define KV_REC_VERSION 1u
+
+typedef struct kv_model_rec {
+  uint8_t hash[16]; /* h_{-1} */
+  uint32_t n_layers, n_kv_heads, head_dim, dtype, block_tokens;
+} kv_model_rec;
+
+typedef struct kv_block_rec {
+  uint32_t refcount;
+  uint32_t tier;
+  uint32_t n_tokens;
+  uint64_t segment;
+  uint64_t offset;
+  uint64_t bytes;       /* total bytes of the block object */
+  uint8_t parent[16];
+  uint8_t model[16];
+  const uint8_t *tokens; /* n_tokens LE u32, points into the record (valid as the txn) */
+} kv_block_rec;
+
+enum { KV_CTX_EXPLICIT = 1 };
+
+typedef struct kv_ctx_rec {
+  uint32_t flags;
+  uint32_t n_blocks;
+  uint64_t n_tokens;
+  uint64_t bytes;
+  uint64_t created_ms;
+  uint64_t last_access_ms;
+  uint8_t model[16];
+  const uint8_t *blocks; /* n_blocks * 16 bytes, points into the record */
+} kv_ctx_rec;
+
+enum { KV_SEG_OPEN = 0, KV_SEG_SEALED = 1 };
+
+typedef struct kv_seg_rec {
+  uint32_t tier;
+  uint32_t state;
+  uint32_t owner_pid;
+  uint64_t end;        /* bytes of the file covered by committed blocks (and their padding) */
+  uint64_t live_bytes;
+  uint64_t live_blocks;
+} kv_seg_rec;
+
+/* Sizes and encoders: dst must hold kv_*_rec_size() bytes. */
+size_t kv_model_rec_size(void);
+void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst);
+kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r);
+
+size_t kv_block_rec_size(uint32_t n_tokens);
+void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
+kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r);
+
+size_t kv_ctx_rec_size(uint32_t n_blocks);
+void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst);
+kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r);
+
+size_t kv_seg_rec_size(void);
+void kv_seg_rec_encode(const kv_seg_rec *r, uint8_t *dst);
+kvdb_status kv_seg_rec_decode(const uint8_t *src, size_t len, kv_seg_rec *r);
+
+static inline void kv_be64(uint8_t *p, uint64_t v)
+{
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+static inline uint64_t kv_get_be64(const uint8_t *p)
+{
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+/* The catalog environment and its databases. */
+typedef struct kv_catalog {
+  MDB_env *env;
+  MDB_dbi meta, models, blocks, children, contexts, atime, segments;
+  int rdonly;
+} kv_catalog;
+
+/*
+ * kv_catalog_open() - open or create the catalog in `dir`. A format version newer than this
+ * build's is refused with KVDB_VERSION before anything is written. With rdonly the environment
+ * is opened MDB_RDONLY (and without a lock file where the directory cannot be written).
+ */
+kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
+                            int create, int nosync);
+void kv_catalog_close(kv_catalog *c);
+
+/* Convert an LMDB error to a status with a message naming `what`. */
+kvdb_status kv_mdb_fail(int mrc, const char *what);
+
+/* Begin a transaction (rdonly or write). */
+kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
+kvdb_status kv_txn_commit(MDB_txn *txn);
+
+/* Typed gets: KVDB_NOTFOUND when absent, KVDB_CORRUPT when the record does not decode. */
+kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r);
+kvdb_status kv_cat_get_ctx(kv_catalog *c, MDB_txn *txn, const uint8_t key[16], kv_ctx_rec *r);
+kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec *r);
+kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r);
+kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v);
+kvdb_status kv_cat_put_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t v);
+
+#endif

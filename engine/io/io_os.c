@@ -1,0 +1,423 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/io/io_os.c — the OS backend: POSIX files, O_DIRECT where the filesystem allows it,
+ * and io_uring (liburing) for batched asynchronous reads and writes where the kernel allows.
+ *
+ * Rings are not thread-safe, so each batch takes a ring from a small pool (created on demand,
+ * reused). A request larger than KV_IO_CHUNK is split so that several are in flight at once.
+ * Short transfers are resubmitted for the rest; a zero-length result is -EIO.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io.h"
+
+#ifdef KVDB_HAVE_URING
+#include <liburing.h>
+#endif
+
+#ifndef KV_IO_CHUNK
+#define KV_IO_CHUNK (1u << 20) /* bytes per request: large enough for sequential speed */
+#endif
+#ifndef KV_IO_QD
+#define KV_IO_QD 32u /* requests in flight per batch */
+#endif
+
+kv_io_wrap_fn kv_io_test_wrap;
+
+struct kv_file {
+  int fd;
+};
+
+typedef struct os_io {
+  kv_io base;
+  pthread_mutex_t mu;
+  kv_aio *free_list;
+} os_io;
+
+int kv_io_os_fd(kv_file *f)
+{
+  return f ? f->fd : -1;
+}
+
+static int os_open(kv_io *io, const char *path, int flags, int *is_direct, kv_file **out)
+{
+  (void)io;
+  *out = NULL;
+  int of = (flags & KV_IO_RDONLY) ? O_RDONLY : O_RDWR;
+  if (flags & KV_IO_CREATE)
+    of |= O_CREAT;
+  of |= O_CLOEXEC;
+  int fd = -1;
+  int direct = 0;
+  if (flags & KV_IO_DIRECT) {
+    fd = open(path, of | O_DIRECT, 0644);
+    if (fd >= 0)
+      direct = 1;
+    else if (errno != EINVAL)
+      return -errno;
+  }
+  if (fd < 0)
+    fd = open(path, of, 0644);
+  if (fd < 0)
+    return -errno;
+  kv_file *f = malloc(sizeof *f);
+  if (f == NULL) {
+    close(fd);
+    return -ENOMEM;
+  }
+  f->fd = fd;
+  if (is_direct)
+    *is_direct = direct;
+  *out = f;
+  return 0;
+}
+
+static int os_pread(kv_io *io, kv_file *f, void *buf, size_t len, uint64_t off)
+{
+  (void)io;
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pread(f->fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0)
+      return -EIO; /* past the end of the file: a truncated segment */
+    p += n;
+    len -= (size_t)n;
+    off += (uint64_t)n;
+  }
+  return 0;
+}
+
+static int os_pwrite(kv_io *io, kv_file *f, const void *buf, size_t len, uint64_t off)
+{
+  (void)io;
+  const uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = pwrite(f->fd, p, len, (off_t)off);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return -errno;
+    }
+    if (n == 0)
+      return -EIO;
+    p += n;
+    len -= (size_t)n;
+    off += (uint64_t)n;
+  }
+  return 0;
+}
+
+static int os_sync(kv_io *io, kv_file *f)
+{
+  (void)io;
+  return fdatasync(f->fd) == 0 ? 0 : -errno;
+}
+
+static int os_truncate(kv_io *io, kv_file *f, uint64_t len)
+{
+  (void)io;
+  return ftruncate(f->fd, (off_t)len) == 0 ? 0 : -errno;
+}
+
+static int os_size(kv_io *io, kv_file *f, uint64_t *out)
+{
+  (void)io;
+  struct stat st;
+  if (fstat(f->fd, &st) != 0)
+    return -errno;
+  *out = (uint64_t)st.st_size;
+  return 0;
+}
+
+static int os_lock(kv_io *io, kv_file *f, int exclusive_nonblock)
+{
+  (void)io;
+  int op = exclusive_nonblock ? (LOCK_EX | LOCK_NB) : LOCK_UN;
+  return flock(f->fd, op) == 0 ? 0 : -errno;
+}
+
+static void os_close(kv_io *io, kv_file *f)
+{
+  (void)io;
+  if (f != NULL) {
+    close(f->fd);
+    free(f);
+  }
+}
+
+static int os_unlink(kv_io *io, const char *path)
+{
+  (void)io;
+  return unlink(path) == 0 ? 0 : -errno;
+}
+
+#ifdef KVDB_HAVE_URING
+/* One in-flight piece of a request. */
+typedef struct piece {
+  int fd;
+  uint8_t *buf;
+  size_t len;
+  uint64_t off;
+  int write;
+} piece;
+
+struct kv_aio {
+  struct io_uring ring;
+  kv_aio *next;
+  piece *q;       /* queued, not yet submitted or completed */
+  size_t nq, capq, head;
+  unsigned inflight;
+  int err;
+};
+
+static int aio_push(kv_aio *a, piece p)
+{
+  if (a->nq == a->capq) {
+    size_t cap = a->capq ? a->capq * 2 : 64;
+    piece *nq = realloc(a->q, cap * sizeof *nq);
+    if (nq == NULL)
+      return -ENOMEM;
+    a->q = nq;
+    a->capq = cap;
+  }
+  a->q[a->nq++] = p;
+  return 0;
+}
+
+static void aio_fill(kv_aio *a)
+{
+  while (a->inflight < KV_IO_QD && a->head < a->nq) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&a->ring);
+    if (sqe == NULL)
+      break;
+    piece *p = &a->q[a->head];
+    if (p->write)
+      io_uring_prep_write(sqe, p->fd, p->buf, (unsigned)p->len, p->off);
+    else
+      io_uring_prep_read(sqe, p->fd, p->buf, (unsigned)p->len, p->off);
+    io_uring_sqe_set_data64(sqe, a->head);
+    a->head++;
+    a->inflight++;
+  }
+  io_uring_submit(&a->ring);
+}
+
+static kv_aio *os_aio_begin(kv_io *io)
+{
+  os_io *o = (os_io *)io;
+  pthread_mutex_lock(&o->mu);
+  kv_aio *a = o->free_list;
+  if (a != NULL)
+    o->free_list = a->next;
+  pthread_mutex_unlock(&o->mu);
+  if (a == NULL) {
+    a = calloc(1, sizeof *a);
+    if (a == NULL)
+      return NULL;
+    if (io_uring_queue_init(KV_IO_QD * 2, &a->ring, 0) != 0) {
+      free(a);
+      return NULL;
+    }
+  }
+  a->nq = a->head = 0;
+  a->inflight = 0;
+  a->err = 0;
+  return a;
+}
+
+static int os_aio_queue(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len, uint64_t off,
+                        int write)
+{
+  (void)io;
+  uint8_t *p = buf;
+  while (len > 0) {
+    size_t n = len > KV_IO_CHUNK ? KV_IO_CHUNK : len;
+    int rc = aio_push(a, (piece){f->fd, p, n, off, write});
+    if (rc != 0)
+      return rc;
+    p += n;
+    off += n;
+    len -= n;
+  }
+  aio_fill(a);
+  return 0;
+}
+
+static int os_aio_wait(kv_io *io, kv_aio *a)
+{
+  (void)io;
+  while (a->inflight > 0 || a->head < a->nq) {
+    aio_fill(a);
+    struct io_uring_cqe *cqe;
+    int rc = io_uring_wait_cqe(&a->ring, &cqe);
+    if (rc == -EINTR)
+      continue;
+    if (rc < 0)
+      return rc;
+    piece *p = &a->q[io_uring_cqe_get_data64(cqe)];
+    int res = cqe->res;
+    io_uring_cqe_seen(&a->ring, cqe);
+    a->inflight--;
+    if (res < 0) {
+      if (res == -EAGAIN || res == -EINTR) {
+        if (aio_push(a, *p) != 0 && a->err == 0)
+          a->err = -ENOMEM;
+      } else if (a->err == 0) {
+        a->err = res;
+      }
+    } else if (res == 0) {
+      if (a->err == 0)
+        a->err = -EIO;
+    } else if ((size_t)res < p->len) {
+      /* short transfer: queue the rest */
+      piece rest = {p->fd, p->buf + res, p->len - (size_t)res, p->off + (uint64_t)res, p->write};
+      if (aio_push(a, rest) != 0 && a->err == 0)
+        a->err = -ENOMEM;
+    }
+  }
+  int err = a->err;
+  a->nq = a->head = 0;
+  a->err = 0;
+  return err;
+}
+
+static void os_aio_end(kv_io *io, kv_aio *a)
+{
+  if (a == NULL)
+    return;
+  os_aio_wait(io, a);
+  os_io *o = (os_io *)io;
+  pthread_mutex_lock(&o->mu);
+  a->next = o->free_list;
+  o->free_list = a;
+  pthread_mutex_unlock(&o->mu);
+}
+#endif
+
+static const kv_io_ops os_ops = {
+  os_open, os_pread, os_pwrite, os_sync, os_truncate, os_size, os_lock, os_close, os_unlink,
+  NULL, NULL, NULL, NULL,
+};
+
+#ifdef KVDB_HAVE_URING
+static const kv_io_ops os_uring_ops = {
+  os_open, os_pread, os_pwrite, os_sync, os_truncate, os_size, os_lock, os_close, os_unlink,
+  os_aio_begin, os_aio_queue, os_aio_wait, os_aio_end,
+};
+#endif
+
+kv_io *kv_io_os_create(int use_uring)
+{
+  os_io *o = calloc(1, sizeof *o);
+  if (o == NULL)
+    return NULL;
+  pthread_mutex_init(&o->mu, NULL);
+  o->base.ops = &os_ops;
+  o->base.impl = o;
+#ifdef KVDB_HAVE_URING
+  if (use_uring) {
+    kv_aio *probe = os_aio_begin(&o->base);
+    if (probe != NULL) {
+      o->base.ops = &os_uring_ops;
+      o->base.uring = 1;
+      os_aio_end(&o->base, probe);
+    }
+  }
+#else
+  (void)use_uring;
+#endif
+  return &o->base;
+}
+
+void kv_io_destroy(kv_io *io)
+{
+  if (io == NULL)
+    return;
+  if (io->ops->open != os_open) {
+    /* a test layer: it owns its own teardown through its impl (see io_test.c) */
+    return;
+  }
+  os_io *o = (os_io *)io;
+#ifdef KVDB_HAVE_URING
+  kv_aio *a = o->free_list;
+  while (a != NULL) {
+    kv_aio *next = a->next;
+    io_uring_queue_exit(&a->ring);
+    free(a->q);
+    free(a);
+    a = next;
+  }
+#endif
+  pthread_mutex_destroy(&o->mu);
+  free(o);
+}
+
+/* ---- generic batch API: native when the backend has it, else synchronous ---- */
+
+struct kv_batch {
+  kv_aio *native;
+  int err;
+};
+
+kv_batch *kv_batch_begin(kv_io *io)
+{
+  kv_batch *b = malloc(sizeof *b);
+  if (b == NULL)
+    return NULL;
+  b->err = 0;
+  b->native = io->ops->aio_begin != NULL ? io->ops->aio_begin(io) : NULL;
+  return b;
+}
+
+static void note(kv_batch *b, int rc)
+{
+  if (rc != 0 && b->err == 0)
+    b->err = rc;
+}
+
+void kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off)
+{
+  if (b->native != NULL)
+    note(b, io->ops->aio_queue(io, b->native, f, buf, len, off, 0));
+  else
+    note(b, io->ops->pread(io, f, buf, len, off));
+}
+
+void kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_t len, uint64_t off)
+{
+  if (b->native != NULL)
+    note(b, io->ops->aio_queue(io, b->native, f, (void *)(uintptr_t)buf, len, off, 1));
+  else
+    note(b, io->ops->pwrite(io, f, buf, len, off));
+}
+
+int kv_batch_wait(kv_io *io, kv_batch *b)
+{
+  if (b->native != NULL)
+    note(b, io->ops->aio_wait(io, b->native));
+  int err = b->err;
+  b->err = 0;
+  return err;
+}
+
+void kv_batch_end(kv_io *io, kv_batch *b)
+{
+  if (b == NULL)
+    return;
+  if (b->native != NULL)
+    io->ops->aio_end(io, b->native);
+  free(b);
+}

@@ -1,0 +1,138 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/kv_db.h — the handle behind kvdb* and the engine's internal interfaces.
+ *
+ * Layout on disk (FORMAT.md §1): <dir>/catalog.mdb (+ catalog.mdb-lock), <dir>/ssd/seg-N.kvs.
+ *
+ * LOCKING
+ *   db->mu guards the writer pool, the segment file cache and the pending access times.
+ *   It is never held across I/O or an LMDB write transaction.
+ *   The DRAM tier has its own lock (dram.c). LMDB serializes write transactions across
+ *   threads and processes; block data is written before the write transaction begins.
+ */
+#ifndef KV_DB_H
+#define KV_DB_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "block.h"
+#include "catalog/catalog.h"
+#include "io/io.h"
+#include "kv_common.h"
+#include "tiers/dram.h"
+
+#define KVDB_MAGIC_OPEN 0x6b766462u
+#define KVDB_MAGIC_CLOSED 0xdeadbeefu
+
+/* A segment this process appends to (one writer at a time). */
+typedef struct kv_writer {
+  uint64_t seg_id;
+  kv_file *f;
+  uint64_t end;      /* append position = committed end after each commit */
+  uint8_t *stage[2]; /* aligned staging buffers, reused */
+  size_t stage_cap;
+  struct kv_writer *next;
+} kv_writer;
+
+/* A cached open segment file (for reads). */
+typedef struct kv_segfile {
+  uint64_t id;
+  kv_file *f;
+  int refs; /* users + 1 while cached */
+  struct kv_segfile *next;
+} kv_segfile;
+
+typedef struct kv_atime {
+  uint8_t key[16];
+  uint64_t ms;
+} kv_atime;
+
+struct kvdb {
+  uint32_t magic;
+  char *dir;
+  char *seg_dir;
+  kvdb_options opt;
+  kv_logger log;
+  kv_catalog cat;
+  kv_io *os_io; /* owned */
+  kv_io *io;    /* os_io, or a test layer wrapping it */
+  int direct;   /* O_DIRECT in use for segment files */
+  pthread_mutex_t mu;
+  kv_writer *idle_writers;
+  kv_segfile *files;
+  uint64_t files_gen;
+  kv_atime *pending;
+  size_t n_pending, cap_pending;
+  kv_dram *dram;
+  _Atomic uint64_t ssd_hits, ssd_misses, corrupt_blocks, bytes_read, bytes_written;
+};
+
+/* ---- segments (store/segment.c) ---- */
+kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap);
+/* Take a writer (an open segment owned by this handle), creating a segment if needed. */
+kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out);
+/* Give it back; sealed (past segment_bytes) writers are closed. */
+void kv_writer_release(kvdb *db, kv_writer *w, int sealed);
+static inline kv_file *kv_writer_file(kv_writer *w)
+{
+  return w->f;
+}
+/* Make sure both staging buffers hold at least `bytes`. */
+kvdb_status kv_writer_stage(kv_writer *w, size_t bytes);
+void kv_writers_free(kvdb *db);
+/* The cached read handle of segment `id`, referenced until kv_segfile_put. */
+kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out);
+void kv_segfile_put(kvdb *db, kv_segfile *sf);
+/* Drop cached handles of segments whose id is not in the catalog any more. */
+void kv_files_prune(kvdb *db, MDB_txn *txn);
+void kv_files_free(kvdb *db);
+/* Open-time recovery of segments whose writer died (truncate the uncommitted tail). */
+kvdb_status kv_recover(kvdb *db);
+
+/* ---- block I/O (store/blockio.c) ---- */
+/* Aligned allocation for direct I/O. */
+void *kv_alloc_aligned(size_t bytes);
+void kv_free_aligned(void *p);
+/*
+ * Read and verify a whole block object at rec's location into buf (rec->bytes, aligned):
+ * header (hash must equal `hash`), meta and every group checksum. KVDB_CORRUPT names the
+ * segment, offset and block; the caller counts it.
+ */
+kvdb_status kv_block_read_verify(kvdb *db, const kv_block_rec *rec, const uint8_t hash[16],
+                                 uint8_t *buf, kv_block_hdr *hdr);
+/* Validate a block object already in memory (read by a batch). */
+kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], const uint8_t *buf,
+                           kv_block_hdr *hdr);
+
+/* ---- copies between block sections and caller views (store/copy.c) ---- */
+/* Gather tokens [0, g->n_tokens) of the caller's view starting at token `t0` into the data
+ * region `data` (g->data_bytes, zeroed padding). */
+void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);
+/* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from). */
+void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint32_t n,
+                const kvdb_kv_view *v, uint64_t t0);
+/* Scatter one token `t` of one layer (all heads, K and V) into view token `dst_tok`. `data`
+ * is the data region (or NULL with `page_of` resolving group addresses). */
+void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,
+                            uint32_t t, const kvdb_kv_view *v, uint64_t dst_tok);
+
+/* ---- shared checks and hashes (api.c) ---- */
+kvdb_status kv_check_db(kvdb *db);
+kvdb_status kv_check_model(const kvdb_model *m, uint32_t *block_tokens);
+kvdb_status kv_check_view(const kvdb_kv_view *v, const kvdb_model *m, const char *what);
+void kv_model_hash(const kvdb_model *m, uint32_t block_tokens, uint8_t out[16]);
+void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, uint8_t out[16]);
+
+/* ---- catalog operations shared by put, delete and compaction (store/put.c) ---- */
+/* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
+kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
+/* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
+kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+                             kv_model_rec *rec);
+
+/* ---- maintenance (store/maint.c) ---- */
+void kv_note_access(kvdb *db, const uint8_t key[16]);
+kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn);
+
+#endif

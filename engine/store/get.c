@@ -1,0 +1,731 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/store/get.c — lookup, get, get_tokens, get_block, and the read-only inspection
+ * calls (context_stat, iterator, stat).
+ *
+ * The walk (lookup and get): full blocks by chained hash while each one's stored tokens equal
+ * the query's; then the longest stored block continuing the prefix among the children of the
+ * last hit (a partial block, or a block whose first tokens match), examining at most
+ * KV_TAIL_SCAN_MAX children. Hits are verified token by token; no block data is read.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "kv_db.h"
+
+#define KV_TAIL_SCAN_MAX 64
+
+typedef struct hit {
+  kv_block_rec rec; /* tokens point into the read transaction */
+  uint8_t hash[16];
+  uint32_t n_copy;  /* leading tokens of the block that are part of the hit */
+  uint64_t t0;      /* position of its first token in the query */
+} hit;
+
+typedef struct walk {
+  hit *h;
+  size_t n, cap;
+  size_t hit_tokens;
+} walk;
+
+static int push(walk *w, const kv_block_rec *rec, const uint8_t *hash, uint32_t n_copy, uint64_t t0)
+{
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? w->cap * 2 : 16;
+    hit *nh = realloc(w->h, cap * sizeof *nh);
+    if (nh == NULL)
+      return -1;
+    w->h = nh;
+    w->cap = cap;
+  }
+  hit *x = &w->h[w->n++];
+  x->rec = *rec;
+  memcpy(x->hash, hash, 16);
+  x->n_copy = n_copy;
+  x->t0 = t0;
+  w->hit_tokens = t0 + n_copy;
+  return 0;
+}
+
+static uint32_t common_prefix(const uint8_t *stored, uint32_t n_stored, const uint32_t *q, size_t nq)
+{
+  uint32_t n = n_stored < nq ? n_stored : (uint32_t)nq;
+  uint32_t i = 0;
+  while (i < n && kv_get_le32(stored + 4 * i) == q[i])
+    i++;
+  return i;
+}
+
+static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint32_t *tokens, size_t n, walk *w)
+{
+  uint8_t prev[16], h[16];
+  kv_model_hash(m, bt, prev);
+  uint8_t mh[16];
+  memcpy(mh, prev, 16);
+  uint64_t t = 0;
+  while (t + bt <= n) {
+    kv_chain_hash(prev, tokens + t, bt, h);
+    kv_block_rec br;
+    kvdb_status rc = kv_cat_get_block(&db->cat, txn, h, &br);
+    if (rc == KVDB_NOTFOUND || rc == KVDB_CORRUPT)
+      break;
+    if (rc != KVDB_OK)
+      return rc;
+    if (br.n_tokens != bt || memcmp(br.model, mh, 16) != 0 ||
+        common_prefix(br.tokens, br.n_tokens, tokens + t, bt) != bt)
+      break; /* a collision or a stale entry: a miss, never wrong KV */
+    if (push(w, &br, h, bt, t) != 0)
+      return kv_fail(KVDB_NOMEM, "lookup");
+    memcpy(prev, h, 16);
+    t += bt;
+  }
+  size_t r = n - t;
+  if (r == 0)
+    return KVDB_OK;
+  /* the tail: first the exact partial block, then the children of the last hit */
+  if (r < bt) {
+    kv_chain_hash(prev, tokens + t, r, h);
+    kv_block_rec br;
+    if (kv_cat_get_block(&db->cat, txn, h, &br) == KVDB_OK && br.n_tokens == r &&
+        memcmp(br.model, mh, 16) == 0 && common_prefix(br.tokens, br.n_tokens, tokens + t, r) == r)
+      return push(w, &br, h, (uint32_t)r, t) == 0 ? KVDB_OK : kv_fail(KVDB_NOMEM, "lookup");
+  }
+  MDB_cursor *cur;
+  int mrc = mdb_cursor_open(txn, db->cat.children, &cur);
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "open children cursor");
+  MDB_val k = {16, prev}, v;
+  uint32_t best = 0;
+  kv_block_rec best_rec;
+  uint8_t best_hash[16];
+  int seen = 0;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY); mrc == 0 && seen < KV_TAIL_SCAN_MAX;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP), seen++) {
+    if (v.mv_size != 16)
+      continue;
+    kv_block_rec br;
+    if (kv_cat_get_block(&db->cat, txn, v.mv_data, &br) != KVDB_OK || memcmp(br.model, mh, 16) != 0)
+      continue;
+    uint32_t c = common_prefix(br.tokens, br.n_tokens, tokens + t, r);
+    if (c > best) {
+      best = c;
+      best_rec = br;
+      memcpy(best_hash, v.mv_data, 16);
+    }
+  }
+  mdb_cursor_close(cur);
+  if (best > 0 && push(w, &best_rec, best_hash, best, t) != 0)
+    return kv_fail(KVDB_NOMEM, "lookup");
+  return KVDB_OK;
+}
+
+static kvdb_status read_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, const uint32_t *tokens,
+                               size_t n)
+{
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, bt));
+  if (tokens == NULL || n == 0)
+    return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
+  return KVDB_OK;
+}
+
+kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                        size_t *hit_tokens)
+{
+  uint32_t bt;
+  if (hit_tokens != NULL)
+    *hit_tokens = 0;
+  KV_RET(read_checks(db, m, &bt, tokens, n));
+  if (hit_tokens == NULL)
+    return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  walk w = {0};
+  kvdb_status rc = do_walk(db, txn, m, bt, tokens, n, &w);
+  mdb_txn_abort(txn);
+  free(w.h);
+  if (rc == KVDB_OK)
+    *hit_tokens = w.hit_tokens;
+  return rc;
+}
+
+/* Copy block `x` (n_copy tokens) into the view from the DRAM tier; 1 on a hit. */
+static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint32_t from,
+                     uint32_t n_copy, const kvdb_kv_view *out, uint64_t t0)
+{
+  if (db->dram == NULL)
+    return 0;
+  const uint8_t *data;
+  uint64_t len;
+  kv_dram_entry *e = kv_dram_pin(db->dram, hash, &data, &len);
+  if (e == NULL)
+    return 0;
+  int ok = len == g->data_bytes;
+  if (ok)
+    kv_scatter(g, data, from, n_copy, out, t0);
+  kv_dram_unpin(db->dram, e);
+  return ok;
+}
+
+static int in_dram(kvdb *db, const uint8_t *hash)
+{
+  const uint8_t *d;
+  uint64_t l;
+  kv_dram_entry *e = db->dram ? kv_dram_pin(db->dram, hash, &d, &l) : NULL;
+  if (e == NULL)
+    return 0;
+  kv_dram_unpin(db->dram, e);
+  return 1;
+}
+
+/* Two read slots: the block being processed and one read ahead (io_uring in flight). */
+typedef struct rslot {
+  uint8_t *buf;
+  kv_batch *bat;
+  kv_segfile *sf;
+  size_t idx; /* hit index being read, SIZE_MAX when idle */
+} rslot;
+
+static int issue(kvdb *db, rslot *s, const hit *x, size_t idx)
+{
+  kv_segfile_put(db, s->sf);
+  s->sf = NULL;
+  if (kv_segfile_get(db, x->rec.segment, &s->sf) != KVDB_OK)
+    return -1;
+  kv_batch_read(db->io, s->bat, s->sf->f, s->buf, x->rec.bytes, x->rec.offset);
+  s->idx = idx;
+  return 0;
+}
+
+/* Fetch the hits into `out`; returns how many tokens were delivered (a failure ends it). */
+static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const kvdb_kv_view *out)
+{
+  size_t biggest = 0;
+  for (size_t i = 0; i < w->n; i++)
+    if (w->h[i].rec.bytes > biggest)
+      biggest = w->h[i].rec.bytes;
+  rslot sl[2] = {{NULL, NULL, NULL, SIZE_MAX}, {NULL, NULL, NULL, SIZE_MAX}};
+  size_t delivered = 0;
+  for (size_t i = 0; i < w->n; i++) {
+    hit *x = &w->h[i];
+    kv_block_geom g;
+    if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                           x->rec.n_tokens) != KVDB_OK)
+      break;
+    if (from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)) {
+      delivered = x->t0 + x->n_copy;
+      continue;
+    }
+    db->ssd_hits++;
+    if (sl[0].buf == NULL) {
+      for (int k = 0; k < 2; k++) {
+        sl[k].buf = kv_alloc_aligned(biggest);
+        sl[k].bat = kv_batch_begin(db->io);
+      }
+      if (!sl[0].buf || !sl[1].buf || !sl[0].bat || !sl[1].bat) {
+        kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes of read buffers", 2 * biggest);
+        break;
+      }
+    }
+    int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
+    if (s < 0) {
+      s = sl[0].idx == SIZE_MAX ? 0 : 1;
+      if (sl[s].idx != SIZE_MAX) { /* both busy with blocks now served elsewhere: drain one */
+        kv_batch_wait(db->io, sl[s].bat);
+        sl[s].idx = SIZE_MAX;
+      }
+      if (issue(db, &sl[s], x, i) != 0)
+        break;
+    }
+    /* read ahead: the next hit that the DRAM tier will not serve */
+    rslot *o = &sl[s ^ 1];
+    if (o->idx == SIZE_MAX) {
+      size_t j = i + 1;
+      while (j < w->n && in_dram(db, w->h[j].hash))
+        j++;
+      if (j < w->n && issue(db, o, &w->h[j], j) != 0)
+        o->idx = SIZE_MAX;
+    }
+    int e = kv_batch_wait(db->io, sl[s].bat);
+    sl[s].idx = SIZE_MAX;
+    kv_block_hdr hdr;
+    kvdb_status rc;
+    if (e != 0) {
+      char hx[33];
+      rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64 " at offset %" PRIu64,
+                         kv_hex16(x->hash, hx), x->rec.segment, x->rec.offset);
+    } else {
+      db->bytes_read += x->rec.bytes;
+      rc = kv_block_check(&x->rec, x->hash, sl[s].buf, &hdr);
+    }
+    if (rc != KVDB_OK) {
+      db->corrupt_blocks++;
+      kv_log(&db->log, 0, "%s", kvdb_errmsg());
+      break;
+    }
+    const uint8_t *data = sl[s].buf + g.meta_bytes;
+    kv_scatter(&g, data, 0, x->n_copy, out, x->t0);
+    if (db->dram != NULL)
+      kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
+    delivered = x->t0 + x->n_copy;
+  }
+  for (int k = 0; k < 2; k++) {
+    if (sl[k].bat != NULL) {
+      kv_batch_wait(db->io, sl[k].bat);
+      kv_batch_end(db->io, sl[k].bat);
+    }
+    kv_segfile_put(db, sl[k].sf);
+    kv_free_aligned(sl[k].buf);
+  }
+  return delivered;
+}
+
+kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *out, size_t *hit_tokens)
+{
+  uint32_t bt;
+  if (hit_tokens != NULL)
+    *hit_tokens = 0;
+  KV_RET(read_checks(db, m, &bt, tokens, n));
+  KV_RET(kv_check_view(out, m, "out"));
+  if (hit_tokens == NULL)
+    return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_files_prune(db, txn);
+  walk w = {0};
+  kvdb_status rc = do_walk(db, txn, m, bt, tokens, n, &w);
+  if (rc == KVDB_OK && w.n > 0) {
+    *hit_tokens = fetch(db, m, bt, &w, out);
+    /* the context whose last block is the last block delivered, if there is one */
+    for (size_t i = w.n; i-- > 0;)
+      if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
+        kv_note_access(db, w.h[i].hash);
+        break;
+      }
+  }
+  mdb_txn_abort(txn);
+  free(w.h);
+  kv_clear_error();
+  return rc;
+}
+
+/* ---- get_tokens: dual-step loading (pages, then tokens) ---- */
+
+typedef struct range {
+  uint64_t off, len;
+} range;
+
+static int cmp_range(const void *a, const void *b)
+{
+  const range *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
+                                     const kv_block_geom *g, uint32_t layer,
+                                     const uint32_t *positions, size_t n_pos, uint64_t pos0,
+                                     const kvdb_kv_view *out)
+{
+  /* DRAM first */
+  if (db->dram != NULL) {
+    const uint8_t *data;
+    uint64_t len;
+    kv_dram_entry *e = kv_dram_pin(db->dram, hash, &data, &len);
+    if (e != NULL) {
+      if (len == g->data_bytes)
+        for (size_t i = 0; i < n_pos; i++)
+          if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
+            kv_scatter_token_layer(g, data, layer, (uint32_t)(positions[i] - pos0), out, i);
+      kv_dram_unpin(db->dram, e);
+      if (len == g->data_bytes)
+        return KVDB_OK;
+    }
+  }
+  uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
+  uint8_t *need = calloc(g->n_groups, 1);
+  size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
+  range *rg = malloc(cap * sizeof *rg);
+  uint8_t *buf = kv_alloc_aligned(g->total_bytes);
+  kv_segfile *sf = NULL;
+  kv_batch *bat = NULL;
+  kvdb_status rc = KVDB_OK;
+  char hx[33];
+  if (need == NULL || rg == NULL || buf == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "get_tokens buffers");
+    goto out;
+  }
+  for (size_t i = 0; i < n_pos; i++)
+    if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
+      need[(positions[i] - pos0) / g->group_tokens] = 1;
+  size_t nr = 0;
+  rg[nr++] = (range){0, KV_PAGE}; /* the fixed header */
+  uint64_t c0 = kv_block_cksum_off(g, s0, 0), c1 = kv_block_cksum_off(g, s1 - 1, g->n_groups);
+  c0 = c0 / KV_PAGE * KV_PAGE;
+  rg[nr++] = (range){c0, KV_ALIGN_UP(c1, KV_PAGE) - c0};
+  for (uint32_t s = s0; s < s1; s++)
+    for (uint32_t grp = 0; grp < g->n_groups; grp++)
+      if (need[grp]) {
+        uint64_t a = kv_block_group_off(g, s, grp) / KV_PAGE * KV_PAGE;
+        uint64_t b = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
+        rg[nr++] = (range){a, b - a};
+      }
+  qsort(rg, nr, sizeof *rg, cmp_range);
+  size_t m = 0;
+  for (size_t i = 1; i < nr; i++) {
+    if (rg[i].off <= rg[m].off + rg[m].len) {
+      uint64_t end = rg[i].off + rg[i].len;
+      if (end > rg[m].off + rg[m].len)
+        rg[m].len = end - rg[m].off;
+    } else {
+      rg[++m] = rg[i];
+    }
+  }
+  nr = m + 1;
+  KV_ERR(kv_segfile_get(db, rec->segment, &sf));
+  bat = kv_batch_begin(db->io);
+  if (bat == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "get_tokens batch");
+    goto out;
+  }
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < nr; i++) {
+    kv_batch_read(db->io, bat, sf->f, buf + rg[i].off, rg[i].len, rec->offset + rg[i].off);
+    bytes += rg[i].len;
+  }
+  int e = kv_batch_wait(db->io, bat);
+  if (e != 0) {
+    rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
+                       rec->segment);
+    goto out;
+  }
+  db->bytes_read += bytes;
+  kv_block_hdr hdr;
+  rc = kv_block_parse_header(buf, KV_PAGE, &hdr);
+  if (rc == KVDB_OK && (memcmp(hdr.block_hash, hash, 16) != 0 || hdr.g.n_tokens != rec->n_tokens))
+    rc = kv_fail(KVDB_CORRUPT, "the object is another block (stale location)");
+  if (rc != KVDB_OK) {
+    rc = kv_fail(rc, "block %s in segment %" PRIu64 " at offset %" PRIu64 ": %s",
+                 kv_hex16(hash, hx), rec->segment, rec->offset, kvdb_errmsg());
+    goto out;
+  }
+  for (uint32_t s = s0; s < s1; s++)
+    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+      if (!need[grp])
+        continue;
+      uint64_t off = kv_block_group_off(g, s, grp);
+      uint64_t want = kv_get_le64(buf + kv_block_cksum_off(g, s, grp));
+      if (kv_block_group_checksum(&hdr, s, grp, buf + off, g->group_stride) != want) {
+        rc = kv_fail(KVDB_CORRUPT,
+                     "checksum mismatch in segment %" PRIu64 " at offset %" PRIu64
+                     " (block %s, section %u)",
+                     rec->segment, rec->offset + off, kv_hex16(hash, hx), s);
+        goto out;
+      }
+    }
+  for (size_t i = 0; i < n_pos; i++)
+    if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
+      kv_scatter_token_layer(g, buf + g->meta_bytes, layer, (uint32_t)(positions[i] - pos0), out, i);
+out:
+  if (rc == KVDB_CORRUPT)
+    db->corrupt_blocks++;
+  kv_batch_end(db->io, bat);
+  kv_segfile_put(db, sf);
+  kv_free_aligned(buf);
+  free(rg);
+  free(need);
+  return rc;
+}
+
+kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                            uint32_t layer, const uint32_t *positions, size_t n_pos,
+                            const kvdb_kv_view *out)
+{
+  uint32_t bt;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (context == NULL || positions == NULL || n_pos == 0)
+    return kv_fail(KVDB_INVALID, "context or positions is NULL, or n_pos is 0");
+  KV_RET(kv_check_view(out, m, "out"));
+  if (layer >= m->n_layers)
+    return kv_fail(KVDB_INVALID, "layer %u out of range (model has %u layers)", layer,
+                   m->n_layers);
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_files_prune(db, txn);
+  kv_ctx_rec cr;
+  char hx[33];
+  uint8_t mh[16];
+  kv_model_hash(m, bt, mh);
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
+  if (rc == KVDB_NOTFOUND)
+    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
+  if (rc == KVDB_OK && memcmp(cr.model, mh, 16) != 0)
+    rc = kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'",
+                 kv_hex16(context->b, hx), m->id);
+  for (size_t i = 0; rc == KVDB_OK && i < n_pos; i++)
+    if (positions[i] >= cr.n_tokens)
+      rc = kv_fail(KVDB_INVALID, "positions[%zu] = %u out of range (context has %" PRIu64
+                   " tokens)", i, positions[i], cr.n_tokens);
+  uint64_t pos0 = 0;
+  for (uint32_t b = 0; rc == KVDB_OK && b < cr.n_blocks; b++) {
+    const uint8_t *h = cr.blocks + 16 * b;
+    kv_block_rec br;
+    rc = kv_cat_get_block(&db->cat, txn, h, &br);
+    if (rc != KVDB_OK) {
+      rc = kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
+                   kv_hex16(context->b, hx), kv_hex16(h, hx), rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+      break;
+    }
+    int wanted = 0;
+    for (size_t i = 0; i < n_pos && !wanted; i++)
+      wanted = positions[i] >= pos0 && positions[i] < pos0 + br.n_tokens;
+    if (wanted) {
+      kv_block_geom g;
+      rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
+      if (rc == KVDB_OK)
+        rc = tokens_from_block(db, &br, h, &g, layer, positions, n_pos, pos0, out);
+    }
+    pos0 += br.n_tokens;
+  }
+  if (rc == KVDB_OK)
+    kv_note_access(db, context->b);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
+                           const uint32_t *expect_tokens, size_t n_tokens, const kvdb_kv_view *out,
+                           size_t *out_tokens)
+{
+  uint32_t bt;
+  if (out_tokens != NULL)
+    *out_tokens = 0;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  KV_RET(kv_check_view(out, m, "out"));
+  if (key == NULL)
+    return kv_fail(KVDB_INVALID, "key is NULL");
+  if (expect_tokens != NULL && (n_tokens == 0 || n_tokens > bt))
+    return kv_fail(KVDB_INVALID, "n_tokens %zu out of range 1..%u", n_tokens, bt);
+  kvdb_key ck;
+  KV_RET(kvdb_block_context(m, key, &ck));
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_files_prune(db, txn);
+  kv_block_rec br;
+  char hx[33];
+  kvdb_status rc = kv_cat_get_block(&db->cat, txn, ck.b, &br);
+  if (rc == KVDB_NOTFOUND)
+    rc = kv_fail(KVDB_NOTFOUND, "no block under key %s", kv_hex16(key->b, hx));
+  if (rc == KVDB_OK && expect_tokens != NULL &&
+      (br.n_tokens != n_tokens || memcmp(br.tokens, expect_tokens, 4 * n_tokens) != 0))
+    rc = kv_fail(KVDB_NOTFOUND, "block under key %s holds other tokens (a miss)",
+                 kv_hex16(key->b, hx));
+  kv_block_geom g;
+  if (rc == KVDB_OK)
+    rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
+  if (rc == KVDB_OK && !from_dram(db, &g, ck.b, 0, br.n_tokens, out, 0)) {
+    uint8_t *buf = kv_alloc_aligned(br.bytes);
+    kv_block_hdr hdr;
+    if (buf == NULL)
+      rc = kv_fail(KVDB_NOMEM, "read buffer");
+    else
+      rc = kv_block_read_verify(db, &br, ck.b, buf, &hdr);
+    if (rc == KVDB_OK) {
+      db->bytes_read += br.bytes;
+      kv_scatter(&g, buf + g.meta_bytes, 0, br.n_tokens, out, 0);
+      if (db->dram != NULL)
+        kv_dram_insert(db->dram, ck.b, buf + g.meta_bytes, g.data_bytes);
+    } else if (rc == KVDB_CORRUPT) {
+      db->corrupt_blocks++;
+    }
+    kv_free_aligned(buf);
+  }
+  if (rc == KVDB_OK) {
+    if (out_tokens != NULL)
+      *out_tokens = br.n_tokens;
+    kv_note_access(db, ck.b);
+  }
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* ---- inspection ---- */
+
+static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const kv_ctx_rec *cr,
+                             kvdb_context_info *out)
+{
+  memset(out, 0, sizeof *out);
+  memcpy(out->key.b, key, 16);
+  out->n_tokens = cr->n_tokens;
+  out->n_blocks = cr->n_blocks;
+  out->explicit_key = (cr->flags & KV_CTX_EXPLICIT) != 0;
+  out->bytes = cr->bytes;
+  out->created_unix_ms = cr->created_ms;
+  out->last_access_unix_ms = cr->last_access_ms;
+  out->tier = KVDB_TIER_SSD;
+  if (kv_model_by_hash(db, txn, cr->model, out->model_id, NULL) != KVDB_OK)
+    snprintf(out->model_id, sizeof out->model_id, "?");
+  if (db->dram != NULL) {
+    for (uint32_t i = 0; i < cr->n_blocks; i++) {
+      const uint8_t *d;
+      uint64_t l;
+      kv_dram_entry *e = kv_dram_pin(db->dram, cr->blocks + 16 * i, &d, &l);
+      if (e != NULL) {
+        out->in_dram_blocks++;
+        kv_dram_unpin(db->dram, e);
+      }
+    }
+  }
+  return KVDB_OK;
+}
+
+kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_info *out)
+{
+  KV_RET(kv_check_db(db));
+  if (context == NULL || out == NULL)
+    return kv_fail(KVDB_INVALID, "context or out is NULL");
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_ctx_rec cr;
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
+  if (rc == KVDB_NOTFOUND) {
+    char hx[33];
+    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
+  }
+  if (rc == KVDB_OK)
+    rc = fill_info(db, txn, context->b, &cr, out);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+struct kvdb_iter {
+  kvdb *db;
+  MDB_txn *txn;
+  MDB_cursor *cur;
+  int started;
+};
+
+kvdb_status kvdb_iter_open(kvdb *db, kvdb_iter **out)
+{
+  KV_RET(kv_check_db(db));
+  if (out == NULL)
+    return kv_fail(KVDB_INVALID, "out is NULL");
+  *out = NULL;
+  kvdb_iter *it = calloc(1, sizeof *it);
+  if (it == NULL)
+    return kv_fail(KVDB_NOMEM, "iterator");
+  it->db = db;
+  kvdb_status rc = kv_txn_begin(&db->cat, 0, &it->txn);
+  if (rc == KVDB_OK) {
+    int mrc = mdb_cursor_open(it->txn, db->cat.contexts, &it->cur);
+    if (mrc != 0)
+      rc = kv_mdb_fail(mrc, "open context cursor");
+  }
+  if (rc != KVDB_OK) {
+    kvdb_iter_close(it);
+    return rc;
+  }
+  *out = it;
+  return KVDB_OK;
+}
+
+kvdb_status kvdb_iter_next(kvdb_iter *it, kvdb_context_info *out)
+{
+  kv_clear_error();
+  if (it == NULL || out == NULL)
+    return kv_fail(KVDB_INVALID, "iterator or out is NULL");
+  MDB_val k, v;
+  int mrc = mdb_cursor_get(it->cur, &k, &v, it->started ? MDB_NEXT : MDB_FIRST);
+  it->started = 1;
+  if (mrc == MDB_NOTFOUND)
+    return KVDB_NOTFOUND;
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "iterate contexts");
+  if (k.mv_size != 16)
+    return kv_fail(KVDB_CORRUPT, "context key of %zu bytes", k.mv_size);
+  kv_ctx_rec cr;
+  KV_RET(kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr));
+  return fill_info(it->db, it->txn, k.mv_data, &cr, out);
+}
+
+void kvdb_iter_close(kvdb_iter *it)
+{
+  if (it == NULL)
+    return;
+  if (it->cur != NULL)
+    mdb_cursor_close(it->cur);
+  if (it->txn != NULL)
+    mdb_txn_abort(it->txn);
+  free(it);
+}
+
+kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
+{
+  KV_RET(kv_check_db(db));
+  if (out == NULL)
+    return kv_fail(KVDB_INVALID, "out is NULL");
+  memset(out, 0, sizeof *out);
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  MDB_stat ms;
+  uint64_t ver = 0;
+  kv_cat_get_u64(&db->cat, txn, "format", &ver);
+  out->format_version = (uint32_t)ver;
+  if (mdb_stat(txn, db->cat.models, &ms) == 0)
+    out->n_models = (uint32_t)ms.ms_entries;
+  if (mdb_stat(txn, db->cat.contexts, &ms) == 0)
+    out->n_contexts = ms.ms_entries;
+  if (mdb_stat(txn, db->cat.blocks, &ms) == 0)
+    out->n_blocks = ms.ms_entries;
+  MDB_cursor *cur;
+  kvdb_status rc = KVDB_OK;
+  if (mdb_cursor_open(txn, db->cat.segments, &cur) == 0) {
+    MDB_val k, v;
+    int mrc;
+    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      kv_seg_rec sr;
+      rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr);
+      if (rc != KVDB_OK)
+        break;
+      out->n_segments++;
+      out->segment_file_bytes += sr.end;
+      out->live_bytes += sr.live_bytes;
+    }
+    mdb_cursor_close(cur);
+  }
+  mdb_txn_abort(txn);
+  char path[4200];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/catalog.mdb", db->dir);
+  if (stat(path, &st) == 0)
+    out->catalog_bytes = (uint64_t)st.st_size;
+  out->corrupt_blocks = db->corrupt_blocks;
+  out->bytes_read = db->bytes_read;
+  out->bytes_written = db->bytes_written;
+  out->direct_io = db->direct;
+  out->io_uring = db->os_io->uring;
+  kvdb_tier_stats *ssd = &out->tier[KVDB_TIER_SSD];
+  ssd->capacity_bytes = db->opt.ssd_bytes;
+  ssd->bytes = out->live_bytes;
+  ssd->blocks = out->n_blocks;
+  ssd->contexts = out->n_contexts;
+  ssd->hits = db->ssd_hits;
+  if (db->dram != NULL) {
+    kv_dram_stats ds;
+    kv_dram_stat(db->dram, &ds);
+    kvdb_tier_stats *t = &out->tier[KVDB_TIER_DRAM];
+    t->capacity_bytes = ds.capacity;
+    t->bytes = ds.bytes;
+    t->blocks = ds.blocks;
+    t->hits = ds.hits;
+    t->misses = ds.misses;
+  }
+  return rc;
+}

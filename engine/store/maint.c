@@ -1,0 +1,459 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/store/maint.c — kvdb_verify (every checksum, catalog <-> segments) and kvdb_compact
+ * (online rewrite of sparse segments).
+ *
+ * Compaction, per victim segment (sealed, live fraction under the threshold):
+ *   1. read each live block (verified) and append it to this handle's writer segment
+ *   2. fdatasync the writer segment
+ *   3. one write transaction moves every record still pointing at its old place, adjusts
+ *      both segments' live bytes, deletes the victim's record when nothing is left in it and
+ *      bumps the catalog "gen" so readers drop cached handles; commit
+ *   4. unlink the victim file. A crash between 3 and 4 leaves a file without a record, which
+ *      open removes. Readers holding an older snapshot still read the old file (open
+ *      descriptors survive the unlink).
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kv_db.h"
+
+/* ---- a small map of 16-byte keys to counters (verify) ---- */
+typedef struct kmap {
+  uint8_t (*key)[16];
+  uint64_t *val;
+  uint8_t *used;
+  size_t cap, n;
+} kmap;
+
+static int kmap_init(kmap *m, size_t want)
+{
+  m->cap = 1024;
+  while (m->cap < want * 2)
+    m->cap *= 2;
+  m->key = calloc(m->cap, 16);
+  m->val = calloc(m->cap, sizeof *m->val);
+  m->used = calloc(m->cap, 1);
+  m->n = 0;
+  return m->key && m->val && m->used ? 0 : -1;
+}
+
+static void kmap_free(kmap *m)
+{
+  free(m->key);
+  free(m->val);
+  free(m->used);
+}
+
+static uint64_t *kmap_slot(kmap *m, const uint8_t *k)
+{
+  uint64_t h;
+  memcpy(&h, k, 8);
+  size_t i = h & (m->cap - 1);
+  while (m->used[i] && memcmp(m->key[i], k, 16) != 0)
+    i = (i + 1) & (m->cap - 1);
+  if (!m->used[i]) {
+    if (m->n * 2 >= m->cap)
+      return NULL;
+    m->used[i] = 1;
+    memcpy(m->key[i], k, 16);
+    m->val[i] = 0;
+    m->n++;
+  }
+  return &m->val[i];
+}
+
+typedef struct vctx {
+  kvdb_problem_fn fn;
+  void *ctx;
+  kvdb_verify_report *rep;
+} vctx;
+
+static void problem(vctx *v, kvdb_status st, const char *fmt, ...) KV_PRINTF(3, 4);
+static void problem(vctx *v, kvdb_status st, const char *fmt, ...)
+{
+  char msg[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  v->rep->problems++;
+  if (v->fn != NULL) {
+    kvdb_problem p = {st, msg};
+    v->fn(v->ctx, &p);
+  }
+}
+
+kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress, void *ctx,
+                        kvdb_verify_report *report)
+{
+  KV_RET(kv_check_db(db));
+  kvdb_verify_report tmp;
+  if (report == NULL)
+    report = &tmp;
+  memset(report, 0, sizeof *report);
+  vctx v = {on_problem, ctx, report};
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  MDB_stat ms;
+  mdb_stat(txn, db->cat.blocks, &ms);
+  uint64_t n_blocks = ms.ms_entries;
+  kmap refs, live;
+  kvdb_status rc = KVDB_OK;
+  char hx[33], hx2[33];
+  if (kmap_init(&refs, n_blocks + 16) != 0 || kmap_init(&live, 4096) != 0) {
+    rc = kv_fail(KVDB_NOMEM, "verify maps");
+    goto out;
+  }
+  MDB_cursor *cur;
+  MDB_val k, val;
+  int mrc;
+  /* contexts: every listed block exists */
+  mdb_cursor_open(txn, db->cat.contexts, &cur);
+  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+    report->contexts_checked++;
+    kv_ctx_rec cr;
+    if (k.mv_size != 16 || kv_ctx_rec_decode(val.mv_data, val.mv_size, &cr) != KVDB_OK) {
+      problem(&v, KVDB_CORRUPT, "context record %s: %s",
+              k.mv_size == 16 ? kv_hex16(k.mv_data, hx) : "?", kvdb_errmsg());
+      continue;
+    }
+    for (uint32_t i = 0; i < cr.n_blocks; i++) {
+      const uint8_t *h = cr.blocks + 16 * i;
+      kv_block_rec br;
+      if (kv_cat_get_block(&db->cat, txn, h, &br) != KVDB_OK) {
+        problem(&v, KVDB_CORRUPT, "context %s lists block %s, which is missing or corrupt",
+                kv_hex16(k.mv_data, hx), kv_hex16(h, hx2));
+        continue;
+      }
+      uint64_t *c = kmap_slot(&refs, h);
+      if (c != NULL)
+        (*c)++;
+    }
+  }
+  mdb_cursor_close(cur);
+  /* blocks: refcounts, locations, data */
+  uint8_t *buf = NULL;
+  size_t buf_cap = 0;
+  mdb_cursor_open(txn, db->cat.blocks, &cur);
+  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+    report->blocks_checked++;
+    if (progress != NULL)
+      progress(ctx, report->blocks_checked, n_blocks);
+    kv_block_rec br;
+    if (k.mv_size != 16 || kv_block_rec_decode(val.mv_data, val.mv_size, &br) != KVDB_OK) {
+      problem(&v, KVDB_CORRUPT, "block record %s: %s",
+              k.mv_size == 16 ? kv_hex16(k.mv_data, hx) : "?", kvdb_errmsg());
+      continue;
+    }
+    uint64_t *c = kmap_slot(&refs, k.mv_data);
+    if (c != NULL && *c != br.refcount)
+      problem(&v, KVDB_CORRUPT, "block %s has refcount %u but %" PRIu64 " contexts list it",
+              kv_hex16(k.mv_data, hx), br.refcount, *c);
+    kv_seg_rec sr;
+    if (kv_cat_get_seg(&db->cat, txn, br.segment, &sr) != KVDB_OK) {
+      problem(&v, KVDB_CORRUPT, "block %s is in segment %" PRIu64 ", which has no record",
+              kv_hex16(k.mv_data, hx), br.segment);
+      continue;
+    }
+    if (br.offset + br.bytes > sr.end)
+      problem(&v, KVDB_CORRUPT, "block %s lies past the committed end of segment %" PRIu64,
+              kv_hex16(k.mv_data, hx), br.segment);
+    uint8_t segkey[16] = {0};
+    kv_put_le64(segkey, br.segment);
+    uint64_t *l = kmap_slot(&live, segkey);
+    if (l != NULL)
+      *l += br.bytes;
+    if (br.bytes > buf_cap) {
+      kv_free_aligned(buf);
+      buf = kv_alloc_aligned(br.bytes);
+      buf_cap = buf ? br.bytes : 0;
+      if (buf == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "verify buffer");
+        break;
+      }
+    }
+    kv_block_hdr hdr;
+    kvdb_status st = kv_block_read_verify(db, &br, k.mv_data, buf, &hdr);
+    if (st != KVDB_OK)
+      problem(&v, st, "%s", kvdb_errmsg());
+    else
+      report->bytes_checked += br.bytes;
+  }
+  mdb_cursor_close(cur);
+  kv_free_aligned(buf);
+  /* segments: files present, long enough, live bytes add up */
+  mdb_cursor_open(txn, db->cat.segments, &cur);
+  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
+       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+    report->segments_checked++;
+    kv_seg_rec sr;
+    if (k.mv_size != 8 || kv_seg_rec_decode(val.mv_data, val.mv_size, &sr) != KVDB_OK) {
+      problem(&v, KVDB_CORRUPT, "segment record: %s", kvdb_errmsg());
+      continue;
+    }
+    uint64_t id = kv_get_be64(k.mv_data);
+    uint8_t segkey[16] = {0};
+    kv_put_le64(segkey, id);
+    uint64_t *l = kmap_slot(&live, segkey);
+    if (l != NULL && *l != sr.live_bytes)
+      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 " records %" PRIu64 " live bytes, blocks add up to %" PRIu64,
+              id, sr.live_bytes, *l);
+    if (sr.end == 0)
+      continue;
+    kv_segfile *sf;
+    if (kv_segfile_get(db, id, &sf) != KVDB_OK) {
+      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 ": %s", id, kvdb_errmsg());
+      continue;
+    }
+    uint64_t size = 0;
+    if (db->io->ops->size(db->io, sf->f, &size) == 0 && size < sr.end)
+      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 " file has %" PRIu64 " bytes, %" PRIu64 " committed",
+              id, size, sr.end);
+    kv_segfile_put(db, sf);
+  }
+  mdb_cursor_close(cur);
+out:
+  kmap_free(&refs);
+  kmap_free(&live);
+  mdb_txn_abort(txn);
+  if (rc != KVDB_OK)
+    return rc;
+  if (report->problems > 0)
+    return kv_fail(KVDB_CORRUPT, "%" PRIu64 " problems found", report->problems);
+  return KVDB_OK;
+}
+
+/* ---- compaction ---- */
+
+typedef struct mv {
+  uint8_t hash[16];
+  uint64_t off, bytes, new_off;
+  int moved;
+} mv;
+
+static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep)
+{
+  MDB_txn *txn;
+  MDB_cursor *cur;
+  MDB_val k, val;
+  int mrc;
+  mv *list = NULL;
+  size_t n = 0, cap = 0;
+  kvdb_status rc = KVDB_OK;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  mdb_cursor_open(txn, db->cat.blocks, &cur);
+  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+    kv_block_rec br;
+    if (k.mv_size != 16 || kv_block_rec_decode(val.mv_data, val.mv_size, &br) != KVDB_OK ||
+        br.segment != id)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 64;
+      mv *nl = realloc(list, cap * sizeof *nl);
+      if (nl == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "compaction list");
+        break;
+      }
+      list = nl;
+    }
+    memcpy(list[n].hash, k.mv_data, 16);
+    list[n].off = br.offset;
+    list[n].bytes = br.bytes;
+    list[n].moved = 0;
+    n++;
+  }
+  mdb_cursor_close(cur);
+  kv_writer *w = NULL;
+  uint64_t written = 0;
+  uint8_t *buf = NULL;
+  size_t buf_cap = 0;
+  if (rc == KVDB_OK && n > 0)
+    rc = kv_writer_acquire(db, &w);
+  for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
+    kv_block_rec br;
+    if (kv_cat_get_block(&db->cat, txn, list[i].hash, &br) != KVDB_OK)
+      continue;
+    if (br.bytes > buf_cap) {
+      kv_free_aligned(buf);
+      buf = kv_alloc_aligned(br.bytes);
+      buf_cap = buf ? br.bytes : 0;
+      if (buf == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "compaction buffer");
+        break;
+      }
+    }
+    kv_block_hdr hdr;
+    if (kv_block_read_verify(db, &br, list[i].hash, buf, &hdr) != KVDB_OK) {
+      kv_log(&db->log, 0, "compaction leaves a corrupt block in place: %s", kvdb_errmsg());
+      continue;
+    }
+    int e = db->io->ops->pwrite(db->io, kv_writer_file(w), buf, br.bytes, w->end + written);
+    if (e != 0) {
+      rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+      break;
+    }
+    list[i].new_off = w->end + written;
+    list[i].moved = 1;
+    written += br.bytes;
+  }
+  kv_free_aligned(buf);
+  mdb_txn_abort(txn);
+  txn = NULL;
+  if (rc == KVDB_OK && written > 0 && db->opt.sync_mode == KVDB_SYNC_FULL) {
+    int e = db->io->ops->sync(db->io, kv_writer_file(w));
+    if (e != 0)
+      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
+  }
+  int sealed = 0, removed = 0;
+  uint64_t moved_bytes = 0, moved_blocks = 0, old_end = 0;
+  if (rc == KVDB_OK)
+    rc = kv_txn_begin(&db->cat, 1, &txn);
+  if (rc == KVDB_OK) {
+    kv_seg_rec old, nw;
+    rc = kv_cat_get_seg(&db->cat, txn, id, &old);
+    old_end = old.end;
+    uint8_t *rb = malloc(kv_block_rec_size(4096));
+    if (rb == NULL && rc == KVDB_OK)
+      rc = kv_fail(KVDB_NOMEM, "record buffer");
+    for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
+      if (!list[i].moved)
+        continue;
+      kv_block_rec br;
+      if (kv_cat_get_block(&db->cat, txn, list[i].hash, &br) != KVDB_OK || br.segment != id ||
+          br.offset != list[i].off)
+        continue; /* deleted or moved meanwhile: our copy is dead */
+      br.segment = w->seg_id;
+      br.offset = list[i].new_off;
+      kv_block_rec_encode(&br, NULL, rb);
+      MDB_val bk = {16, list[i].hash}, bv = {kv_block_rec_size(br.n_tokens), rb};
+      mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
+      if (mrc != 0)
+        rc = kv_mdb_fail(mrc, "move block");
+      old.live_bytes -= br.bytes < old.live_bytes ? br.bytes : old.live_bytes;
+      old.live_blocks -= old.live_blocks ? 1 : 0;
+      moved_bytes += br.bytes;
+      moved_blocks++;
+    }
+    free(rb);
+    if (rc == KVDB_OK && w != NULL) {
+      rc = kv_cat_get_seg(&db->cat, txn, w->seg_id, &nw);
+      if (rc == KVDB_OK) {
+        nw.end = w->end + written;
+        nw.live_bytes += moved_bytes;
+        nw.live_blocks += moved_blocks;
+        if (nw.end >= db->opt.segment_bytes) {
+          nw.state = KV_SEG_SEALED;
+          sealed = 1;
+        }
+        rc = kv_cat_put_seg(&db->cat, txn, w->seg_id, &nw);
+      }
+    }
+    if (rc == KVDB_OK) {
+      if (old.live_blocks == 0) {
+        uint8_t kk[8];
+        kv_be64(kk, id);
+        MDB_val key = {8, kk};
+        mrc = mdb_del(txn, db->cat.segments, &key, NULL);
+        rc = mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete segment record");
+        removed = 1;
+      } else {
+        old.live_bytes = old.live_blocks ? old.live_bytes : 0;
+        rc = kv_cat_put_seg(&db->cat, txn, id, &old);
+      }
+    }
+    uint64_t gen = 0;
+    if (rc == KVDB_OK && kv_cat_get_u64(&db->cat, txn, "gen", &gen) == KVDB_OK)
+      rc = kv_cat_put_u64(&db->cat, txn, "gen", gen + 1);
+    if (rc == KVDB_OK) {
+      rc = kv_txn_commit(txn);
+    } else {
+      mdb_txn_abort(txn);
+    }
+    txn = NULL;
+  }
+  if (w != NULL) {
+    if (rc == KVDB_OK)
+      w->end += written;
+    else if (db->io->ops->truncate(db->io, kv_writer_file(w), w->end) != 0)
+      w->end += written;
+    kv_writer_release(db, w, rc == KVDB_OK && sealed);
+  }
+  if (rc == KVDB_OK && removed) {
+    char path[4200];
+    if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK)
+      db->io->ops->unlink(db->io, path);
+    MDB_txn *rt;
+    if (kv_txn_begin(&db->cat, 0, &rt) == KVDB_OK) {
+      kv_files_prune(db, rt);
+      mdb_txn_abort(rt);
+    }
+    rep->segments_rewritten++;
+    rep->bytes_reclaimed += old_end;
+  }
+  if (rc == KVDB_OK) {
+    rep->blocks_moved += moved_blocks;
+    rep->bytes_moved += moved_bytes;
+    db->bytes_written += written;
+  }
+  free(list);
+  return rc;
+}
+
+kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
+                         kvdb_compact_report *report)
+{
+  KV_RET(kv_check_db(db));
+  kvdb_compact_report tmp;
+  if (report == NULL)
+    report = &tmp;
+  memset(report, 0, sizeof *report);
+  if (!(threshold >= 0 && threshold <= 1))
+    return kv_fail(KVDB_INVALID, "threshold %g is not in 0..1", threshold);
+  if (threshold == 0)
+    threshold = 0.5;
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  uint64_t *ids = NULL;
+  size_t n = 0, cap = 0;
+  MDB_cursor *cur;
+  MDB_val k, v;
+  int mrc;
+  kvdb_status rc = KVDB_OK;
+  mdb_cursor_open(txn, db->cat.segments, &cur);
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_seg_rec sr;
+    if (k.mv_size != 8 || kv_seg_rec_decode(v.mv_data, v.mv_size, &sr) != KVDB_OK)
+      continue;
+    if (sr.state != KV_SEG_SEALED || sr.end == 0 || (double)sr.live_bytes >= threshold * (double)sr.end)
+      continue;
+    if (n == cap) {
+      cap = cap ? cap * 2 : 16;
+      uint64_t *ni = realloc(ids, cap * sizeof *ni);
+      if (ni == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "compaction");
+        break;
+      }
+      ids = ni;
+    }
+    ids[n++] = kv_get_be64(k.mv_data);
+  }
+  mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
+    rc = compact_segment(db, ids[i], report);
+    if (progress != NULL)
+      progress(ctx, i + 1, n);
+  }
+  free(ids);
+  return rc;
+}

@@ -1,0 +1,722 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/store/put.c — kvdb_put, kvdb_put_block, kvdb_delete and the catalog updates they
+ * share (see the PUT steps in api.c's header comment for the durability order).
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kv_db.h"
+
+/* One block of a put. */
+typedef struct put_blk {
+  uint8_t hash[16];
+  uint8_t parent[16];
+  const uint32_t *tokens;
+  uint32_t n_tok;
+  uint64_t t0;       /* first token in the caller's view */
+  int write;         /* data written by this put */
+  uint64_t off;      /* where (segment offset) */
+  kv_block_geom g;
+} put_blk;
+
+typedef struct put_req {
+  const kvdb_model *m;
+  uint32_t bt;
+  uint8_t mh[16];
+  uint8_t ctx[16];
+  uint32_t flags;
+  uint64_t n_tokens;
+  put_blk *b;
+  uint32_t n;
+  const kvdb_kv_view *kv;
+} put_req;
+
+#define PUT_RETRY ((kvdb_status)1000)
+
+/* ---- model records ---- */
+
+static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int insert)
+{
+  MDB_val key = {strlen(r->m->id), (void *)(uintptr_t)r->m->id}, val;
+  int mrc = mdb_get(txn, db->cat.models, &key, &val);
+  if (mrc == 0) {
+    kv_model_rec mr;
+    KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
+    if (memcmp(mr.hash, r->mh, 16) != 0)
+      return kv_fail(KVDB_MISMATCH,
+                     "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
+                     "block_tokens %u; this call has %u, %u, %u, %u, %u",
+                     r->m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
+                     r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, (unsigned)r->m->dtype, r->bt);
+    return KVDB_OK;
+  }
+  if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "get model");
+  if (!insert)
+    return KVDB_OK;
+  kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
+                     .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt};
+  memcpy(mr.hash, r->mh, 16);
+  uint8_t buf[64];
+  kv_model_rec_encode(&mr, buf);
+  val = (MDB_val){kv_model_rec_size(), buf};
+  mrc = mdb_put(txn, db->cat.models, &key, &val, 0);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
+}
+
+kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+                             kv_model_rec *rec)
+{
+  MDB_cursor *cur;
+  int mrc = mdb_cursor_open(txn, db->cat.models, &cur);
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "open model cursor");
+  MDB_val k, v;
+  kvdb_status rc = KVDB_NOTFOUND;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_model_rec mr;
+    if (kv_model_rec_decode(v.mv_data, v.mv_size, &mr) == KVDB_OK && memcmp(mr.hash, mh, 16) == 0) {
+      size_t n = k.mv_size < 63 ? k.mv_size : 63;
+      memcpy(id, k.mv_data, n);
+      id[n] = 0;
+      if (rec != NULL)
+        *rec = mr;
+      rc = KVDB_OK;
+      break;
+    }
+  }
+  mdb_cursor_close(cur);
+  return rc;
+}
+
+/* ---- access times (LRU order of contexts) ---- */
+
+static void atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16])
+{
+  kv_be64(k, ms);
+  memcpy(k + 8, key, 16);
+}
+
+void kv_note_access(kvdb *db, const uint8_t key[16])
+{
+  pthread_mutex_lock(&db->mu);
+  if (db->n_pending == db->cap_pending) {
+    size_t cap = db->cap_pending ? db->cap_pending * 2 : 64;
+    if (cap > 4096)
+      cap = 4096;
+    kv_atime *n = cap > db->cap_pending ? realloc(db->pending, cap * sizeof *n) : NULL;
+    if (n != NULL) {
+      db->pending = n;
+      db->cap_pending = cap;
+    } else {
+      db->n_pending = 0; /* full: forget the oldest batch; access times are advisory */
+    }
+  }
+  memcpy(db->pending[db->n_pending].key, key, 16);
+  db->pending[db->n_pending].ms = kv_now_ms();
+  db->n_pending++;
+  pthread_mutex_unlock(&db->mu);
+}
+
+static kvdb_status set_atime(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t ms)
+{
+  MDB_val k = {16, (void *)(uintptr_t)key}, v;
+  int mrc = mdb_get(txn, db->cat.contexts, &k, &v);
+  if (mrc == MDB_NOTFOUND)
+    return KVDB_OK;
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "get context");
+  kv_ctx_rec cr;
+  KV_RET(kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr));
+  if (ms <= cr.last_access_ms)
+    return KVDB_OK;
+  uint8_t ak[24];
+  atime_key(ak, cr.last_access_ms, key);
+  MDB_val akv = {24, ak};
+  mdb_del(txn, db->cat.atime, &akv, NULL);
+  size_t len = kv_ctx_rec_size(cr.n_blocks);
+  uint8_t *buf = malloc(len);
+  if (buf == NULL)
+    return kv_fail(KVDB_NOMEM, "context record");
+  uint64_t old = cr.last_access_ms;
+  (void)old;
+  cr.last_access_ms = ms;
+  kv_ctx_rec_encode(&cr, cr.blocks, buf);
+  MDB_val nv = {len, buf};
+  mrc = mdb_put(txn, db->cat.contexts, &k, &nv, 0);
+  free(buf);
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "put context");
+  atime_key(ak, ms, key);
+  MDB_val empty = {0, NULL};
+  mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put access time");
+}
+
+kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
+{
+  pthread_mutex_lock(&db->mu);
+  size_t n = db->n_pending;
+  kv_atime *p = NULL;
+  if (n > 0) {
+    p = malloc(n * sizeof *p);
+    if (p != NULL)
+      memcpy(p, db->pending, n * sizeof *p);
+    db->n_pending = 0;
+  }
+  pthread_mutex_unlock(&db->mu);
+  kvdb_status rc = KVDB_OK;
+  for (size_t i = 0; p != NULL && i < n && rc == KVDB_OK; i++)
+    rc = set_atime(db, txn, p[i].key, p[i].ms);
+  free(p);
+  return rc;
+}
+
+/* ---- delete ---- */
+
+kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed)
+{
+  *freed = 0;
+  kv_ctx_rec cr;
+  KV_RET(kv_cat_get_ctx(&db->cat, txn, key, &cr));
+  size_t nb = cr.n_blocks;
+  uint8_t *blocks = malloc(16 * nb);
+  if (blocks == NULL)
+    return kv_fail(KVDB_NOMEM, "context blocks");
+  memcpy(blocks, cr.blocks, 16 * nb);
+  kvdb_status rc = KVDB_OK;
+  int mrc;
+  uint8_t ak[24];
+  atime_key(ak, cr.last_access_ms, key);
+  MDB_val akv = {24, ak}, k = {16, (void *)(uintptr_t)key};
+  mdb_del(txn, db->cat.atime, &akv, NULL);
+  mrc = mdb_del(txn, db->cat.contexts, &k, NULL);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "delete context");
+    goto out;
+  }
+  for (size_t i = 0; i < nb; i++) {
+    const uint8_t *h = blocks + 16 * i;
+    kv_block_rec br;
+    rc = kv_cat_get_block(&db->cat, txn, h, &br);
+    if (rc == KVDB_NOTFOUND) { /* [C1] broken by an earlier fault: nothing to release */
+      rc = KVDB_OK;
+      continue;
+    }
+    if (rc != KVDB_OK)
+      goto out;
+    MDB_val bk = {16, (void *)(uintptr_t)h};
+    if (br.refcount > 1) {
+      br.refcount--;
+      size_t len = kv_block_rec_size(br.n_tokens);
+      uint8_t *buf = malloc(len);
+      if (buf == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "block record");
+        goto out;
+      }
+      kv_block_rec_encode(&br, NULL, buf);
+      MDB_val bv = {len, buf};
+      mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
+      free(buf);
+      if (mrc != 0) {
+        rc = kv_mdb_fail(mrc, "put block");
+        goto out;
+      }
+      continue;
+    }
+    uint64_t seg = br.segment, bytes = br.bytes;
+    uint8_t parent[16];
+    memcpy(parent, br.parent, 16);
+    mrc = mdb_del(txn, db->cat.blocks, &bk, NULL);
+    if (mrc != 0) {
+      rc = kv_mdb_fail(mrc, "delete block");
+      goto out;
+    }
+    MDB_val pk = {16, parent}, cv = {16, (void *)(uintptr_t)h};
+    mdb_del(txn, db->cat.children, &pk, &cv);
+    kv_seg_rec sr;
+    rc = kv_cat_get_seg(&db->cat, txn, seg, &sr);
+    if (rc != KVDB_OK)
+      goto out;
+    sr.live_bytes = sr.live_bytes >= bytes ? sr.live_bytes - bytes : 0;
+    sr.live_blocks = sr.live_blocks ? sr.live_blocks - 1 : 0;
+    KV_ERR(kv_cat_put_seg(&db->cat, txn, seg, &sr));
+    *freed += bytes;
+    if (db->dram != NULL)
+      kv_dram_remove(db->dram, h);
+  }
+out:
+  free(blocks);
+  return rc;
+}
+
+kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context)
+{
+  KV_RET(kv_check_db(db));
+  if (context == NULL)
+    return kv_fail(KVDB_INVALID, "context is NULL");
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  MDB_txn *txn;
+  uint64_t freed;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kvdb_status rc = kv_delete_ctx_txn(db, txn, context->b, &freed);
+  if (rc == KVDB_NOTFOUND) {
+    char hx[33];
+    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
+  }
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+/* ---- SSD capacity: evict least recently used contexts (LRU until the policy issue) ---- */
+
+static kvdb_status live_total(kvdb *db, MDB_txn *txn, uint64_t *out)
+{
+  MDB_cursor *cur;
+  *out = 0;
+  int mrc = mdb_cursor_open(txn, db->cat.segments, &cur);
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "open segment cursor");
+  MDB_val k, v;
+  kvdb_status rc = KVDB_OK;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_seg_rec sr;
+    rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr);
+    if (rc != KVDB_OK)
+      break;
+    *out += sr.live_bytes;
+  }
+  mdb_cursor_close(cur);
+  return rc;
+}
+
+static kvdb_status make_room(kvdb *db, MDB_txn *txn, const uint8_t keep[16], uint64_t need)
+{
+  uint64_t live;
+  KV_RET(live_total(db, txn, &live));
+  while (live + need > db->opt.ssd_bytes) {
+    MDB_cursor *cur;
+    int mrc = mdb_cursor_open(txn, db->cat.atime, &cur);
+    if (mrc != 0)
+      return kv_mdb_fail(mrc, "open access-time cursor");
+    MDB_val k, v;
+    uint8_t victim[16];
+    int found = 0;
+    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      if (k.mv_size == 24 && memcmp((uint8_t *)k.mv_data + 8, keep, 16) != 0) {
+        memcpy(victim, (uint8_t *)k.mv_data + 8, 16);
+        found = 1;
+        break;
+      }
+    }
+    mdb_cursor_close(cur);
+    if (!found)
+      return kv_fail(KVDB_FULL,
+                     "the SSD tier holds %" PRIu64 " bytes of %" PRIu64 " and nothing more can be "
+                     "evicted for %" PRIu64 " bytes",
+                     live, db->opt.ssd_bytes, need);
+    uint64_t freed;
+    KV_RET(kv_delete_ctx_txn(db, txn, victim, &freed));
+    live = live >= freed ? live - freed : 0;
+  }
+  return KVDB_OK;
+}
+
+/* ---- put ---- */
+
+/* Phase 1: which blocks must be written? KVDB_OK with *done = 1 when the context exists. */
+static kvdb_status plan(kvdb *db, put_req *r, int *done)
+{
+  MDB_txn *txn;
+  *done = 0;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kvdb_status rc = model_txn(db, txn, r, 0);
+  if (rc != KVDB_OK)
+    goto out;
+  kv_ctx_rec cr;
+  rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
+  if (rc == KVDB_OK) {
+    *done = 1;
+    if (r->flags & KV_CTX_EXPLICIT) {
+      kv_block_rec br;
+      rc = kv_cat_get_block(&db->cat, txn, r->ctx, &br);
+      if (rc == KVDB_OK && (br.n_tokens != r->b[0].n_tok ||
+                            memcmp(br.tokens, r->b[0].tokens, 4 * (size_t)br.n_tokens) != 0)) {
+        char hx[33];
+        rc = kv_fail(KVDB_INVALID, "key %s is already stored with other tokens",
+                     kv_hex16(r->ctx, hx));
+      }
+    }
+    goto out;
+  }
+  if (rc != KVDB_NOTFOUND)
+    goto out;
+  rc = KVDB_OK;
+  for (uint32_t i = 0; i < r->n; i++) {
+    kv_block_rec br;
+    kvdb_status s = kv_cat_get_block(&db->cat, txn, r->b[i].hash, &br);
+    if (s == KVDB_OK) {
+      if (br.n_tokens != r->b[i].n_tok ||
+          memcmp(br.tokens, r->b[i].tokens, 4 * (size_t)br.n_tokens) != 0) {
+        char hx[33];
+        rc = kv_fail(KVDB_INVALID, "block %u hashes to %s, which is stored with other tokens",
+                     i, kv_hex16(r->b[i].hash, hx));
+        goto out;
+      }
+      r->b[i].write = 0;
+    } else if (s == KVDB_NOTFOUND || s == KVDB_CORRUPT) {
+      r->b[i].write = 1; /* a corrupt record is rewritten by the commit */
+    } else {
+      rc = s;
+      goto out;
+    }
+  }
+out:
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* Phase 2: gather, seal and append the missing blocks; fdatasync. */
+static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
+{
+  size_t biggest = 0;
+  for (uint32_t i = 0; i < r->n; i++)
+    if (r->b[i].write && r->b[i].g.total_bytes > biggest)
+      biggest = r->b[i].g.total_bytes;
+  *written = 0;
+  if (biggest == 0)
+    return KVDB_OK;
+  size_t cap = biggest > (8u << 20) ? biggest : (8u << 20);
+  KV_RET(kv_writer_stage(w, cap));
+  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
+  kvdb_status rc = KVDB_OK;
+  int busy[2] = {0, 0};
+  if (bt[0] == NULL || bt[1] == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
+    goto out;
+  }
+  int cur = 0;
+  size_t fill = 0;
+  uint64_t base = w->end; /* segment offset of stage[cur][0] */
+  for (uint32_t i = 0; i <= r->n; i++) {
+    put_blk *b = i < r->n ? &r->b[i] : NULL;
+    if (b != NULL && !b->write)
+      continue;
+    if (b == NULL || fill + b->g.total_bytes > w->stage_cap) {
+      if (fill > 0) { /* submit this buffer, switch to the other one */
+        kv_batch_write(db->io, bt[cur], kv_writer_file(w), w->stage[cur], fill, base);
+        busy[cur] = 1;
+        base += fill;
+        *written += fill;
+        cur ^= 1;
+        fill = 0;
+        if (busy[cur]) {
+          int e = kv_batch_wait(db->io, bt[cur]);
+          busy[cur] = 0;
+          if (e != 0) {
+            rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+            goto out;
+          }
+        }
+      }
+      if (b == NULL)
+        break;
+    }
+    uint8_t *obj = w->stage[cur] + fill;
+    const kv_block_geom *g = &b->g;
+    int padded = g->group_stride != g->group_tokens * g->row_bytes ||
+                 g->n_tokens % g->group_tokens != 0;
+    if (padded)
+      memset(obj + g->meta_bytes, 0, g->data_bytes);
+    else
+      memset(obj + g->meta_bytes + (uint64_t)g->n_sections * g->section_bytes, 0,
+             g->data_bytes - (uint64_t)g->n_sections * g->section_bytes);
+    kv_gather(g, r->kv, b->t0, obj + g->meta_bytes);
+    kv_block_seal(g, b->hash, b->parent, r->mh, b->tokens, obj);
+    b->off = base + fill;
+    fill += g->total_bytes;
+  }
+  for (int k = 0; k < 2; k++) {
+    if (busy[k]) {
+      int e = kv_batch_wait(db->io, bt[k]);
+      busy[k] = 0;
+      if (e != 0 && rc == KVDB_OK)
+        rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+    }
+  }
+  if (rc == KVDB_OK && db->opt.sync_mode == KVDB_SYNC_FULL) {
+    int e = db->io->ops->sync(db->io, kv_writer_file(w));
+    if (e != 0)
+      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
+  }
+out:
+  for (int k = 0; k < 2; k++) {
+    if (bt[k] != NULL && busy[k])
+      kv_batch_wait(db->io, bt[k]);
+    kv_batch_end(db->io, bt[k]);
+  }
+  return rc;
+}
+
+/* Phase 3: publish in one transaction. */
+static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, int *sealed,
+                          kvdb_put_info *info)
+{
+  MDB_txn *txn;
+  kvdb_status rc;
+  int mrc;
+  uint8_t *buf = NULL;
+  *sealed = 0;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  KV_ERR(model_txn(db, txn, r, 1));
+  kv_ctx_rec cr;
+  rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
+  if (rc == KVDB_OK) { /* another writer stored the same context meanwhile */
+    info->blocks_shared = r->n;
+    goto out_abort_ok;
+  }
+  if (rc != KVDB_NOTFOUND)
+    goto out;
+  uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
+  size_t buf_cap = kv_block_rec_size(r->bt);
+  buf = malloc(buf_cap);
+  if (buf == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "block record");
+    goto out;
+  }
+  for (uint32_t i = 0; i < r->n; i++) {
+    put_blk *b = &r->b[i];
+    kv_block_rec br;
+    MDB_val bk = {16, b->hash};
+    rc = kv_cat_get_block(&db->cat, txn, b->hash, &br);
+    if (rc == KVDB_OK) {
+      if (br.n_tokens != b->n_tok || memcmp(br.tokens, b->tokens, 4 * (size_t)b->n_tok) != 0) {
+        char hx[33];
+        rc = kv_fail(KVDB_INVALID, "block %u hashes to %s, which is stored with other tokens", i,
+                     kv_hex16(b->hash, hx));
+        goto out;
+      }
+      br.refcount++;
+      kv_block_rec_encode(&br, NULL, buf);
+      info->blocks_shared++;
+      ctx_bytes += br.bytes;
+    } else if ((rc == KVDB_NOTFOUND || rc == KVDB_CORRUPT) && b->write) {
+      if (rc == KVDB_CORRUPT)
+        kv_log(&db->log, 1, "replacing a corrupt catalog record of block %u", i);
+      br = (kv_block_rec){.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = b->n_tok,
+                          .segment = w->seg_id, .offset = b->off, .bytes = b->g.total_bytes};
+      memcpy(br.parent, b->parent, 16);
+      memcpy(br.model, r->mh, 16);
+      kv_block_rec_encode(&br, b->tokens, buf);
+      if (!(r->flags & KV_CTX_EXPLICIT)) {
+        MDB_val pk = {16, b->parent}, cv = {16, b->hash};
+        mrc = mdb_put(txn, db->cat.children, &pk, &cv, MDB_NODUPDATA);
+        if (mrc != 0 && mrc != MDB_KEYEXIST) {
+          rc = kv_mdb_fail(mrc, "put child");
+          goto out;
+        }
+      }
+      new_bytes += br.bytes;
+      new_blocks++;
+      ctx_bytes += br.bytes;
+      info->blocks_written++;
+    } else if (rc == KVDB_NOTFOUND) {
+      rc = PUT_RETRY; /* it vanished (deleted) since the plan: write it after all */
+      goto out;
+    } else {
+      goto out;
+    }
+    MDB_val bv = {kv_block_rec_size(b->n_tok), buf};
+    mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
+    if (mrc != 0) {
+      rc = kv_mdb_fail(mrc, "put block");
+      goto out;
+    }
+  }
+  /* the context */
+  free(buf);
+  size_t clen = kv_ctx_rec_size(r->n);
+  buf = malloc(clen);
+  uint8_t *hashes = malloc(16 * (size_t)r->n);
+  if (buf == NULL || hashes == NULL) {
+    free(hashes);
+    rc = kv_fail(KVDB_NOMEM, "context record");
+    goto out;
+  }
+  for (uint32_t i = 0; i < r->n; i++)
+    memcpy(hashes + 16 * i, r->b[i].hash, 16);
+  uint64_t now = kv_now_ms();
+  cr = (kv_ctx_rec){.flags = r->flags, .n_blocks = r->n, .n_tokens = r->n_tokens,
+                    .bytes = ctx_bytes, .created_ms = now, .last_access_ms = now};
+  memcpy(cr.model, r->mh, 16);
+  kv_ctx_rec_encode(&cr, hashes, buf);
+  free(hashes);
+  MDB_val ck = {16, r->ctx}, cv = {clen, buf};
+  mrc = mdb_put(txn, db->cat.contexts, &ck, &cv, 0);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "put context");
+    goto out;
+  }
+  uint8_t ak[24];
+  atime_key(ak, now, r->ctx);
+  MDB_val akv = {24, ak}, empty = {0, NULL};
+  mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "put access time");
+    goto out;
+  }
+  if (w != NULL) {
+    kv_seg_rec sr;
+    KV_ERR(kv_cat_get_seg(&db->cat, txn, w->seg_id, &sr));
+    sr.end = new_end;
+    sr.live_bytes += new_bytes;
+    sr.live_blocks += new_blocks;
+    if (sr.end >= db->opt.segment_bytes) {
+      sr.state = KV_SEG_SEALED;
+      *sealed = 1;
+    }
+    KV_ERR(kv_cat_put_seg(&db->cat, txn, w->seg_id, &sr));
+  }
+  if (db->opt.ssd_bytes > 0 && new_bytes > 0)
+    KV_ERR(make_room(db, txn, r->ctx, 0));
+  KV_ERR(kv_flush_atime(db, txn));
+  free(buf);
+  return kv_txn_commit(txn);
+out_abort_ok:
+  rc = KVDB_OK;
+out:
+  free(buf);
+  mdb_txn_abort(txn);
+  if (rc != KVDB_OK)
+    *sealed = 0;
+  return rc;
+}
+
+static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
+{
+  kvdb_put_info tmp;
+  if (info == NULL)
+    info = &tmp;
+  for (int attempt = 0;; attempt++) {
+    memset(info, 0, sizeof *info);
+    memcpy(info->context.b, r->ctx, 16);
+    info->n_blocks = r->n;
+    int done;
+    KV_RET(plan(db, r, &done));
+    if (done) {
+      info->blocks_shared = r->n;
+      kv_note_access(db, r->ctx);
+      return KVDB_OK;
+    }
+    kv_writer *w = NULL;
+    uint64_t written = 0;
+    int need_write = 0;
+    for (uint32_t i = 0; i < r->n; i++)
+      need_write |= r->b[i].write;
+    kvdb_status rc = KVDB_OK;
+    if (need_write) {
+      KV_RET(kv_writer_acquire(db, &w));
+      rc = write_blocks(db, r, w, &written);
+    }
+    int sealed = 0;
+    if (rc == KVDB_OK)
+      rc = commit(db, r, w, w ? w->end + written : 0, &sealed, info);
+    if (w != NULL) {
+      if (rc == KVDB_OK) {
+        w->end += written;
+        info->bytes_written = written;
+        db->bytes_written += written;
+      } else {
+        /* give the space back; if that fails the tail stays (truncated at the next open
+         * after this writer is gone) and appending continues past it */
+        if (db->io->ops->truncate(db->io, kv_writer_file(w), w->end) != 0)
+          w->end += written;
+      }
+      kv_writer_release(db, w, sealed);
+    }
+    if (rc == PUT_RETRY && attempt < 3)
+      continue;
+    if (rc == PUT_RETRY)
+      rc = kv_fail(KVDB_BUSY, "blocks kept being deleted during the put; retry");
+    return rc;
+  }
+}
+
+static kvdb_status put_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, const kvdb_kv_view *kv)
+{
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, bt));
+  KV_RET(kv_check_view(kv, m, "kv"));
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  return KVDB_OK;
+}
+
+kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *kv, kvdb_put_info *info)
+{
+  uint32_t bt;
+  KV_RET(put_checks(db, m, &bt, kv));
+  if (tokens == NULL || n == 0)
+    return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
+  if (n > (size_t)UINT32_MAX * 16)
+    return kv_fail(KVDB_INVALID, "n %zu is too large", n);
+  put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv};
+  kv_model_hash(m, bt, r.mh);
+  r.n = (uint32_t)((n + bt - 1) / bt);
+  r.b = calloc(r.n, sizeof *r.b);
+  if (r.b == NULL)
+    return kv_fail(KVDB_NOMEM, "put of %u blocks", r.n);
+  const uint8_t *prev = r.mh;
+  kvdb_status rc = KVDB_OK;
+  for (uint32_t i = 0; i < r.n; i++) {
+    put_blk *b = &r.b[i];
+    b->t0 = (uint64_t)i * bt;
+    b->n_tok = (uint32_t)((i + 1) * (uint64_t)bt <= n ? bt : n - b->t0);
+    b->tokens = tokens + b->t0;
+    memcpy(b->parent, prev, 16);
+    kv_chain_hash(prev, b->tokens, b->n_tok, b->hash);
+    prev = b->hash;
+    KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                              b->n_tok));
+  }
+  memcpy(r.ctx, r.b[r.n - 1].hash, 16);
+  rc = put_run(db, &r, info);
+out:
+  free(r.b);
+  return rc;
+}
+
+kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
+                           const uint32_t *tokens, size_t n_tokens, const kvdb_kv_view *kv)
+{
+  uint32_t bt;
+  KV_RET(put_checks(db, m, &bt, kv));
+  if (key == NULL || tokens == NULL || n_tokens == 0)
+    return kv_fail(KVDB_INVALID, "key or tokens is NULL, or n_tokens is 0");
+  if (n_tokens > bt)
+    return kv_fail(KVDB_INVALID, "n_tokens %zu exceeds block_tokens %u", n_tokens, bt);
+  put_blk b = {.tokens = tokens, .n_tok = (uint32_t)n_tokens};
+  put_req r = {.m = m, .bt = bt, .n_tokens = n_tokens, .kv = kv, .flags = KV_CTX_EXPLICIT,
+               .b = &b, .n = 1};
+  kv_model_hash(m, bt, r.mh);
+  kvdb_key ck;
+  KV_RET(kvdb_block_context(m, key, &ck));
+  memcpy(r.ctx, ck.b, 16);
+  memcpy(b.hash, ck.b, 16);
+  memcpy(b.parent, r.mh, 16);
+  KV_RET(kv_block_geom_init(&b.g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                            (uint32_t)n_tokens));
+  /* an existing key with other tokens is refused (plan() checks the block's tokens) */
+  return put_run(db, &r, NULL);
+}

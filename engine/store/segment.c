@@ -1,0 +1,371 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/store/segment.c — segment files: writers, the read-handle cache, open-time recovery.
+ *
+ * A segment is an append-only file of 4 KiB-aligned block objects (FORMAT.md §1). Its catalog
+ * record is created (state OPEN, end 0) before the file; the writing handle holds an exclusive
+ * flock on the file for as long as it appends, so another process can tell a live writer from
+ * a dead one. Each put advances the record's `end` in the transaction that publishes its
+ * blocks; bytes past `end` were never acknowledged. Recovery truncates them away in segments
+ * whose writer is gone (the flock can be taken) and seals those segments.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kv_db.h"
+
+kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap)
+{
+  int n = snprintf(buf, cap, "%s/seg-%016" PRIx64 ".kvs", db->seg_dir, id);
+  if (n < 0 || (size_t)n >= cap)
+    return kv_fail(KVDB_INVALID, "segment path under '%s' is too long", db->seg_dir);
+  return KVDB_OK;
+}
+
+void *kv_alloc_aligned(size_t bytes)
+{
+  void *p = NULL;
+  if (posix_memalign(&p, KV_PAGE, bytes ? bytes : KV_PAGE) != 0)
+    return NULL;
+  return p;
+}
+
+void kv_free_aligned(void *p)
+{
+  free(p);
+}
+
+static kvdb_status open_segment_file(kvdb *db, uint64_t id, int create, int rdonly, kv_file **out)
+{
+  char path[4200];
+  KV_RET(kv_seg_path(db, id, path, sizeof path));
+  int flags = (create ? KV_IO_CREATE : 0) | (rdonly ? KV_IO_RDONLY : 0) |
+              (db->opt.use_direct_io ? KV_IO_DIRECT : 0);
+  int direct = 0;
+  int rc = db->io->ops->open(db->io, path, flags, &direct, out);
+  if (rc != 0)
+    return kv_fail_errno(-rc, "cannot open segment '%s'", path);
+  if (db->opt.use_direct_io && !direct && db->direct) {
+    db->direct = 0;
+    kv_log(&db->log, 1, "O_DIRECT is not supported for '%s'; using buffered I/O", path);
+  }
+  return KVDB_OK;
+}
+
+kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out)
+{
+  *out = NULL;
+  pthread_mutex_lock(&db->mu);
+  kv_writer *w = db->idle_writers;
+  if (w != NULL)
+    db->idle_writers = w->next;
+  pthread_mutex_unlock(&db->mu);
+  if (w != NULL) {
+    *out = w;
+    return KVDB_OK;
+  }
+  /* a new segment: record first (state OPEN, end 0), then the file */
+  MDB_txn *txn;
+  kvdb_status rc;
+  uint64_t id = 0;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  KV_ERR(kv_cat_get_u64(&db->cat, txn, "next_segment", &id));
+  KV_ERR(kv_cat_put_u64(&db->cat, txn, "next_segment", id + 1));
+  kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_OPEN, .owner_pid = (uint32_t)getpid()};
+  KV_ERR(kv_cat_put_seg(&db->cat, txn, id, &sr));
+  rc = kv_txn_commit(txn);
+  txn = NULL;
+  if (rc != KVDB_OK)
+    return rc;
+  w = calloc(1, sizeof *w);
+  if (w == NULL)
+    return kv_fail(KVDB_NOMEM, "cannot allocate a segment writer");
+  w->seg_id = id;
+  rc = open_segment_file(db, id, 1, 0, &w->f);
+  if (rc != KVDB_OK) {
+    free(w);
+    return rc;
+  }
+  int lrc = db->io->ops->lock(db->io, w->f, 1);
+  if (lrc != 0) {
+    db->io->ops->close(db->io, w->f);
+    free(w);
+    return kv_fail_errno(-lrc, "cannot lock new segment %" PRIu64, id);
+  }
+  *out = w;
+  return KVDB_OK;
+out:
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+kvdb_status kv_writer_stage(kv_writer *w, size_t bytes)
+{
+  if (w->stage_cap >= bytes)
+    return KVDB_OK;
+  size_t cap = KV_ALIGN_UP(bytes, (size_t)1 << 20);
+  for (int i = 0; i < 2; i++) {
+    kv_free_aligned(w->stage[i]);
+    w->stage[i] = kv_alloc_aligned(cap);
+  }
+  if (w->stage[0] == NULL || w->stage[1] == NULL) {
+    kv_free_aligned(w->stage[0]);
+    kv_free_aligned(w->stage[1]);
+    w->stage[0] = w->stage[1] = NULL;
+    w->stage_cap = 0;
+    return kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes of staging buffers", 2 * cap);
+  }
+  w->stage_cap = cap;
+  return KVDB_OK;
+}
+
+static void writer_free(kvdb *db, kv_writer *w)
+{
+  if (w->f != NULL) {
+    db->io->ops->lock(db->io, w->f, 0);
+    db->io->ops->close(db->io, w->f);
+  }
+  kv_free_aligned(w->stage[0]);
+  kv_free_aligned(w->stage[1]);
+  free(w);
+}
+
+void kv_writer_release(kvdb *db, kv_writer *w, int sealed)
+{
+  if (w == NULL)
+    return;
+  if (sealed) {
+    writer_free(db, w);
+    return;
+  }
+  pthread_mutex_lock(&db->mu);
+  w->next = db->idle_writers;
+  db->idle_writers = w;
+  pthread_mutex_unlock(&db->mu);
+}
+
+void kv_writers_free(kvdb *db)
+{
+  kv_writer *w = db->idle_writers;
+  while (w != NULL) {
+    kv_writer *n = w->next;
+    writer_free(db, w);
+    w = n;
+  }
+  db->idle_writers = NULL;
+}
+
+kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out)
+{
+  pthread_mutex_lock(&db->mu);
+  for (kv_segfile *sf = db->files; sf != NULL; sf = sf->next) {
+    if (sf->id == id) {
+      sf->refs++;
+      pthread_mutex_unlock(&db->mu);
+      *out = sf;
+      return KVDB_OK;
+    }
+  }
+  pthread_mutex_unlock(&db->mu);
+  kv_file *f;
+  KV_RET(open_segment_file(db, id, 0, 1, &f));
+  kv_segfile *sf = calloc(1, sizeof *sf);
+  if (sf == NULL) {
+    db->io->ops->close(db->io, f);
+    return kv_fail(KVDB_NOMEM, "cannot cache segment %" PRIu64, id);
+  }
+  sf->id = id;
+  sf->f = f;
+  sf->refs = 2;
+  pthread_mutex_lock(&db->mu);
+  for (kv_segfile *o = db->files; o != NULL; o = o->next) {
+    if (o->id == id) { /* another thread opened it meanwhile */
+      o->refs++;
+      pthread_mutex_unlock(&db->mu);
+      db->io->ops->close(db->io, f);
+      free(sf);
+      *out = o;
+      return KVDB_OK;
+    }
+  }
+  sf->next = db->files;
+  db->files = sf;
+  pthread_mutex_unlock(&db->mu);
+  *out = sf;
+  return KVDB_OK;
+}
+
+void kv_segfile_put(kvdb *db, kv_segfile *sf)
+{
+  if (sf == NULL)
+    return;
+  pthread_mutex_lock(&db->mu);
+  int last = --sf->refs == 0;
+  pthread_mutex_unlock(&db->mu);
+  if (last) {
+    db->io->ops->close(db->io, sf->f);
+    free(sf);
+  }
+}
+
+void kv_files_prune(kvdb *db, MDB_txn *txn)
+{
+  uint64_t gen = 0;
+  if (kv_cat_get_u64(&db->cat, txn, "gen", &gen) != KVDB_OK || gen == db->files_gen)
+    return;
+  pthread_mutex_lock(&db->mu);
+  db->files_gen = gen;
+  kv_segfile **pp = &db->files;
+  while (*pp != NULL) {
+    kv_segfile *sf = *pp;
+    kv_seg_rec sr;
+    if (kv_cat_get_seg(&db->cat, txn, sf->id, &sr) == KVDB_NOTFOUND) {
+      *pp = sf->next;
+      if (--sf->refs == 0) {
+        db->io->ops->close(db->io, sf->f);
+        free(sf);
+      }
+      continue;
+    }
+    pp = &sf->next;
+  }
+  pthread_mutex_unlock(&db->mu);
+}
+
+void kv_files_free(kvdb *db)
+{
+  kv_segfile *sf = db->files;
+  while (sf != NULL) {
+    kv_segfile *n = sf->next;
+    db->io->ops->close(db->io, sf->f);
+    free(sf);
+    sf = n;
+  }
+  db->files = NULL;
+}
+
+/* Seal an OPEN segment whose writer is gone; truncate what was never committed. */
+static kvdb_status recover_segment(kvdb *db, MDB_txn *txn, uint64_t id, kv_seg_rec *sr,
+                                   int *deleted)
+{
+  *deleted = 0;
+  kv_file *f;
+  char path[4200];
+  KV_RET(kv_seg_path(db, id, path, sizeof path));
+  int rc = db->io->ops->open(db->io, path, 0, NULL, &f);
+  if (rc == -ENOENT) {
+    if (sr->end == 0) {
+      uint8_t k[8];
+      kv_be64(k, id);
+      MDB_val key = {8, k};
+      int mrc = mdb_del(txn, db->cat.segments, &key, NULL);
+      if (mrc != 0)
+        return kv_mdb_fail(mrc, "delete empty segment record");
+      *deleted = 1;
+      return KVDB_OK;
+    }
+    kv_log(&db->log, 0, "segment file '%s' is missing (%" PRIu64 " committed bytes)", path,
+           sr->end);
+    return KVDB_OK;
+  }
+  if (rc != 0)
+    return kv_fail_errno(-rc, "cannot open segment '%s' for recovery", path);
+  if (db->io->ops->lock(db->io, f, 1) != 0) {
+    db->io->ops->close(db->io, f); /* a live writer owns it */
+    return KVDB_OK;
+  }
+  uint64_t size = 0;
+  rc = db->io->ops->size(db->io, f, &size);
+  if (rc == 0 && size > sr->end) {
+    kv_log(&db->log, 2, "recovery: truncating segment %" PRIu64 " from %" PRIu64 " to %" PRIu64
+           " bytes (uncommitted tail)", id, size, sr->end);
+    rc = db->io->ops->truncate(db->io, f, sr->end);
+    if (rc == 0)
+      rc = db->io->ops->sync(db->io, f);
+  }
+  db->io->ops->lock(db->io, f, 0);
+  db->io->ops->close(db->io, f);
+  if (rc != 0)
+    return kv_fail_errno(-rc, "cannot truncate segment '%s'", path);
+  sr->state = KV_SEG_SEALED;
+  return kv_cat_put_seg(&db->cat, txn, id, sr);
+}
+
+kvdb_status kv_recover(kvdb *db)
+{
+  MDB_txn *txn;
+  MDB_cursor *cur = NULL;
+  kvdb_status rc = KVDB_OK;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  int mrc = mdb_cursor_open(txn, db->cat.segments, &cur);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "open segment cursor");
+    goto out;
+  }
+  MDB_val k, v;
+  uint64_t *ids = NULL;
+  size_t n_ids = 0, cap = 0;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    if (k.mv_size != 8) {
+      rc = kv_fail(KVDB_CORRUPT, "segment key of %zu bytes", k.mv_size);
+      break;
+    }
+    uint64_t id = kv_get_be64(k.mv_data);
+    if (n_ids == cap) {
+      cap = cap ? cap * 2 : 64;
+      uint64_t *n = realloc(ids, cap * sizeof *ids);
+      if (n == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "recovery");
+        break;
+      }
+      ids = n;
+    }
+    ids[n_ids++] = id;
+  }
+  mdb_cursor_close(cur);
+  cur = NULL;
+  for (size_t i = 0; rc == KVDB_OK && i < n_ids; i++) {
+    kv_seg_rec sr;
+    rc = kv_cat_get_seg(&db->cat, txn, ids[i], &sr);
+    if (rc != KVDB_OK)
+      break;
+    if (sr.state == KV_SEG_OPEN) {
+      int deleted;
+      rc = recover_segment(db, txn, ids[i], &sr, &deleted);
+    }
+  }
+  /* files without a record: a compaction that crashed between its commit and the unlink */
+  DIR *d = rc == KVDB_OK ? opendir(db->seg_dir) : NULL;
+  if (d != NULL) {
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      uint64_t id;
+      char tail[8];
+      if (sscanf(e->d_name, "seg-%16" SCNx64 ".%4s", &id, tail) != 2 || strcmp(tail, "kvs") != 0)
+        continue;
+      kv_seg_rec sr;
+      if (kv_cat_get_seg(&db->cat, txn, id, &sr) == KVDB_NOTFOUND) {
+        char path[4200];
+        if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK && db->io->ops->unlink(db->io, path) == 0)
+          kv_log(&db->log, 2, "recovery: removed unreferenced segment file '%s'", path);
+      }
+    }
+    closedir(d);
+  }
+  free(ids);
+  if (rc == KVDB_OK) {
+    rc = kv_txn_commit(txn);
+    txn = NULL;
+  }
+out:
+  if (txn != NULL)
+    mdb_txn_abort(txn);
+  return rc;
+}

@@ -1,0 +1,246 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * format/block.c — encode and validate block objects (FORMAT.md §3).
+ *
+ * Fixed header, 128 bytes, little-endian:
+ *   OFF SIZE FIELD
+ *     0   4  magic 0xB10CDB4B
+ *     4   2  format version (1)
+ *     6   2  flags (reserved, 0)
+ *     8   4  meta_bytes
+ *    12   4  n_tokens
+ *    16  16  block hash h_i
+ *    32  16  parent hash h_{i-1}
+ *    48  16  model fingerprint hash h_{-1}
+ *    64   4  n_layers      68 4 n_kv_heads      72 4 head_dim
+ *    76   1  dtype         77 1 codec (0 raw)   78 2 reserved (0)
+ *    80   4  block_tokens  84 4 n_sections      88 4 group_tokens   92 4 n_groups
+ *    96   8  data_bytes
+ *   104   8  meta checksum: XXH3-64 of [tokens_off, cksum_off) of the meta region
+ *   112   8  reserved (0)
+ *   120   8  header checksum: XXH3-64 of bytes [0, 120)
+ */
+#include <xxhash.h>
+
+#include "block.h"
+
+#define OFF_MAGIC 0
+#define OFF_VERSION 4
+#define OFF_FLAGS 6
+#define OFF_META 8
+#define OFF_NTOK 12
+#define OFF_HASH 16
+#define OFF_PARENT 32
+#define OFF_MODEL 48
+#define OFF_NL 64
+#define OFF_NH 68
+#define OFF_HD 72
+#define OFF_DTYPE 76
+#define OFF_CODEC 77
+#define OFF_RSV16 78
+#define OFF_BT 80
+#define OFF_NSECT 84
+#define OFF_GT 88
+#define OFF_NG 92
+#define OFF_DATA 96
+#define OFF_METACK 104
+#define OFF_RSV64 112
+#define OFF_HDRCK 120
+
+uint32_t kv_dtype_bytes(uint32_t dtype)
+{
+  switch (dtype) {
+  case KVDB_F16:
+  case KVDB_BF16:
+    return 2;
+  case KVDB_F32:
+    return 4;
+  default:
+    return 0;
+  }
+}
+
+kvdb_status kv_block_geom_init(kv_block_geom *g, uint32_t n_layers, uint32_t n_kv_heads,
+                               uint32_t head_dim, uint32_t dtype, uint32_t block_tokens,
+                               uint32_t n_tokens)
+{
+  memset(g, 0, sizeof *g);
+  if (n_layers < 1 || n_layers > 1024)
+    return kv_fail(KVDB_INVALID, "n_layers %u out of range 1..1024", n_layers);
+  if (n_kv_heads < 1 || n_kv_heads > 1024)
+    return kv_fail(KVDB_INVALID, "n_kv_heads %u out of range 1..1024", n_kv_heads);
+  if (head_dim < 1 || head_dim > 4096)
+    return kv_fail(KVDB_INVALID, "head_dim %u out of range 1..4096", head_dim);
+  uint32_t eb = kv_dtype_bytes(dtype);
+  if (eb == 0)
+    return kv_fail(KVDB_INVALID, "dtype %u is not KVDB_F16, KVDB_BF16 or KVDB_F32", dtype);
+  if (block_tokens < 16 || block_tokens > 4096 || (block_tokens & (block_tokens - 1)) != 0)
+    return kv_fail(KVDB_INVALID, "block_tokens %u is not a power of two from 16 to 4096",
+                   block_tokens);
+  if (n_tokens < 1 || n_tokens > block_tokens)
+    return kv_fail(KVDB_INVALID, "block of %u tokens with block_tokens %u", n_tokens, block_tokens);
+  if ((uint64_t)n_layers * n_kv_heads * 2 > 65536)
+    return kv_fail(KVDB_INVALID, "n_layers * n_kv_heads * 2 = %llu sections exceeds 65536",
+                   (unsigned long long)n_layers * n_kv_heads * 2);
+  g->n_layers = n_layers;
+  g->n_kv_heads = n_kv_heads;
+  g->head_dim = head_dim;
+  g->dtype = dtype;
+  g->elem_bytes = eb;
+  g->block_tokens = block_tokens;
+  g->n_tokens = n_tokens;
+  g->row_bytes = head_dim * eb;
+  g->n_sections = n_layers * n_kv_heads * 2;
+  if ((uint64_t)n_tokens * g->row_bytes >= KV_PAGE) {
+    /* paged: groups of G tokens, each starting on a page boundary */
+    g->group_tokens = g->row_bytes >= KV_PAGE ? 1 : KV_PAGE / g->row_bytes;
+    if (g->group_tokens > n_tokens)
+      g->group_tokens = n_tokens;
+    g->n_groups = (n_tokens + g->group_tokens - 1) / g->group_tokens;
+    g->group_stride = KV_ALIGN_UP(g->group_tokens * g->row_bytes, KV_PAGE);
+  } else {
+    /* packed: the whole section is one group, 64-byte aligned */
+    g->group_tokens = n_tokens;
+    g->n_groups = 1;
+    g->group_stride = KV_ALIGN_UP(n_tokens * g->row_bytes, 64u);
+  }
+  g->section_bytes = (uint64_t)g->n_groups * g->group_stride;
+  g->tokens_off = KV_BLOCK_HDR_BYTES;
+  g->sectab_off = g->tokens_off + KV_ALIGN_UP(4u * n_tokens, 8u);
+  g->cksum_off = g->sectab_off + KV_BLOCK_SECT_ENTRY * g->n_sections;
+  uint64_t meta = (uint64_t)g->cksum_off + 8ull * g->n_sections * g->n_groups;
+  g->meta_bytes = (uint32_t)KV_ALIGN_UP(meta, KV_PAGE);
+  g->data_bytes = KV_ALIGN_UP((uint64_t)g->n_sections * g->section_bytes, KV_PAGE);
+  g->total_bytes = g->meta_bytes + g->data_bytes;
+  return KVDB_OK;
+}
+
+static uint64_t group_seed(const uint8_t *block_hash, uint32_t s, uint32_t grp)
+{
+  return kv_get_le64(block_hash) ^ (((uint64_t)s << 32) | grp);
+}
+
+uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp,
+                                 const uint8_t *group, uint32_t len)
+{
+  return XXH3_64bits_withSeed(group, len, group_seed(h->block_hash, s, grp));
+}
+
+void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
+                   const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                   const uint32_t *tokens, uint8_t *buf)
+{
+  memset(buf, 0, g->meta_bytes);
+  kv_put_le32(buf + OFF_MAGIC, KV_BLOCK_MAGIC);
+  kv_put_le16(buf + OFF_VERSION, KV_BLOCK_VERSION);
+  kv_put_le32(buf + OFF_META, g->meta_bytes);
+  kv_put_le32(buf + OFF_NTOK, g->n_tokens);
+  memcpy(buf + OFF_HASH, block_hash, 16);
+  memcpy(buf + OFF_PARENT, parent_hash, 16);
+  memcpy(buf + OFF_MODEL, model_hash, 16);
+  kv_put_le32(buf + OFF_NL, g->n_layers);
+  kv_put_le32(buf + OFF_NH, g->n_kv_heads);
+  kv_put_le32(buf + OFF_HD, g->head_dim);
+  buf[OFF_DTYPE] = (uint8_t)g->dtype;
+  buf[OFF_CODEC] = KV_CODEC_RAW;
+  kv_put_le32(buf + OFF_BT, g->block_tokens);
+  kv_put_le32(buf + OFF_NSECT, g->n_sections);
+  kv_put_le32(buf + OFF_GT, g->group_tokens);
+  kv_put_le32(buf + OFF_NG, g->n_groups);
+  kv_put_le64(buf + OFF_DATA, g->data_bytes);
+  for (uint32_t i = 0; i < g->n_tokens; i++)
+    kv_put_le32(buf + g->tokens_off + 4 * i, tokens[i]);
+
+  kv_block_hdr h;
+  memcpy(h.block_hash, block_hash, 16);
+  h.g = *g;
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    uint8_t *ent = buf + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
+    uint8_t *cks = buf + kv_block_cksum_off(g, s, 0);
+    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+      const uint8_t *data = buf + kv_block_group_off(g, s, grp);
+      kv_put_le64(cks + 8 * grp, kv_block_group_checksum(&h, s, grp, data, g->group_stride));
+    }
+    kv_put_le64(ent, g->meta_bytes + (uint64_t)s * g->section_bytes);
+    kv_put_le32(ent + 8, (uint32_t)g->section_bytes);
+    kv_put_le32(ent + 12, g->n_groups);
+    kv_put_le64(ent + 16, XXH3_64bits(cks, 8u * g->n_groups));
+  }
+  kv_put_le64(buf + OFF_METACK, XXH3_64bits(buf + g->tokens_off, g->cksum_off - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, XXH3_64bits(buf, OFF_HDRCK));
+}
+
+kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *out)
+{
+  memset(out, 0, sizeof *out);
+  if (len < KV_BLOCK_HDR_BYTES)
+    return kv_fail(KVDB_CORRUPT, "block header truncated: %zu of %u bytes", len,
+                   KV_BLOCK_HDR_BYTES);
+  uint32_t magic = kv_get_le32(buf + OFF_MAGIC);
+  if (magic != KV_BLOCK_MAGIC)
+    return kv_fail(KVDB_CORRUPT, "bad block magic 0x%08x", magic);
+  if (kv_get_le64(buf + OFF_HDRCK) != XXH3_64bits(buf, OFF_HDRCK))
+    return kv_fail(KVDB_CORRUPT, "block header checksum mismatch");
+  uint32_t version = kv_get_le16(buf + OFF_VERSION);
+  if (version > KV_BLOCK_VERSION)
+    return kv_fail(KVDB_VERSION, "block format version %u is newer than %u", version,
+                   KV_BLOCK_VERSION);
+  if (version == 0)
+    return kv_fail(KVDB_CORRUPT, "block format version 0");
+  if (kv_get_le16(buf + OFF_FLAGS) != 0 || kv_get_le16(buf + OFF_RSV16) != 0 ||
+      kv_get_le64(buf + OFF_RSV64) != 0)
+    return kv_fail(KVDB_CORRUPT, "reserved block header field is not zero");
+  out->version = version;
+  out->codec = buf[OFF_CODEC];
+  if (out->codec != KV_CODEC_RAW)
+    return kv_fail(KVDB_CORRUPT, "unknown block codec %u", out->codec);
+  memcpy(out->block_hash, buf + OFF_HASH, 16);
+  memcpy(out->parent_hash, buf + OFF_PARENT, 16);
+  memcpy(out->model_hash, buf + OFF_MODEL, 16);
+  out->meta_checksum = kv_get_le64(buf + OFF_METACK);
+  kvdb_status rc = kv_block_geom_init(&out->g, kv_get_le32(buf + OFF_NL), kv_get_le32(buf + OFF_NH),
+                                      kv_get_le32(buf + OFF_HD), buf[OFF_DTYPE],
+                                      kv_get_le32(buf + OFF_BT), kv_get_le32(buf + OFF_NTOK));
+  if (rc != KVDB_OK)
+    return kv_fail(KVDB_CORRUPT, "block header: %s", kvdb_errmsg());
+  const kv_block_geom *g = &out->g;
+  if (kv_get_le32(buf + OFF_META) != g->meta_bytes || kv_get_le32(buf + OFF_NSECT) != g->n_sections ||
+      kv_get_le32(buf + OFF_GT) != g->group_tokens || kv_get_le32(buf + OFF_NG) != g->n_groups ||
+      kv_get_le64(buf + OFF_DATA) != g->data_bytes)
+    return kv_fail(KVDB_CORRUPT, "block header geometry does not match its dimensions");
+  return KVDB_OK;
+}
+
+kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
+{
+  const kv_block_geom *g = &h->g;
+  if (XXH3_64bits(meta + g->tokens_off, g->cksum_off - g->tokens_off) != h->meta_checksum)
+    return kv_fail(KVDB_CORRUPT, "block meta checksum mismatch (tokens or section table)");
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    const uint8_t *ent = meta + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
+    if (kv_get_le64(ent) != g->meta_bytes + (uint64_t)s * g->section_bytes ||
+        kv_get_le32(ent + 8) != g->section_bytes || kv_get_le32(ent + 12) != g->n_groups)
+      return kv_fail(KVDB_CORRUPT, "section table entry %u does not match the geometry", s);
+    if (kv_get_le64(ent + 16) != XXH3_64bits(meta + kv_block_cksum_off(g, s, 0), 8u * g->n_groups))
+      return kv_fail(KVDB_CORRUPT, "checksum table of section %u does not match its digest", s);
+  }
+  return KVDB_OK;
+}
+
+kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
+                                 uint64_t *bad_offset)
+{
+  const kv_block_geom *g = &h->g;
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+      uint64_t off = kv_block_group_off(g, s, grp);
+      uint64_t want = kv_get_le64(buf + kv_block_cksum_off(g, s, grp));
+      if (kv_block_group_checksum(h, s, grp, buf + off, g->group_stride) != want) {
+        *bad_section = s;
+        *bad_offset = off;
+        return KVDB_CORRUPT;
+      }
+    }
+  }
+  return KVDB_OK;
+}

@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * format/block.h — the on-disk block object: geometry, header, checksums. FORMAT.md §3.
+ *
+ * A block object holds the KV of up to block_tokens consecutive tokens for all layers, KV
+ * heads, K and V. It is a meta region (fixed 128-byte header, the tokens, the section table,
+ * the group checksum table; padded to 4 KiB) followed by the data region: sections ordered
+ * layer -> KV head -> K,V (section s = (layer * n_kv_heads + head) * 2 + kv). Inside a section
+ * tokens are row-major (token, dim) and grouped so that one group of G tokens fills one 4 KiB
+ * page (G = 4096 / row_bytes, 16 tokens for head_dim 128 fp16 — InstInfer §IV-C); groups
+ * start on page boundaries, so a subset of tokens is read page by page ("dual-step loading").
+ * A section smaller than one page is "packed": one group, 64-byte aligned.
+ *
+ * Every group has an XXH3-64 checksum (seeded with the block hash and the group's index, so a
+ * page written to the wrong place is caught); each section-table entry carries XXH3-64 of its
+ * groups' checksums; the header has its own checksum and one over tokens + section table.
+ *
+ * Pure functions: no I/O, no allocation. Every decoder validates every field and bound.
+ */
+#ifndef KV_BLOCK_H
+#define KV_BLOCK_H
+
+#include <stdint.h>
+
+#include "kv_common.h"
+
+#define KV_BLOCK_MAGIC 0xB10CDB4Bu /* bytes 4B DB 0C B1: not ASCII, no trivial pattern */
+#define KV_BLOCK_VERSION 1u
+#define KV_BLOCK_HDR_BYTES 128u
+#define KV_BLOCK_SECT_ENTRY 24u
+#define KV_CODEC_RAW 0u
+
+/* Shape of one block object, derived from the model and n_tokens (never stored alone). */
+typedef struct kv_block_geom {
+  uint32_t n_layers, n_kv_heads, head_dim, dtype, elem_bytes, block_tokens;
+  uint32_t n_tokens;      /* tokens in this block, 1..block_tokens */
+  uint32_t row_bytes;     /* head_dim * elem_bytes */
+  uint32_t group_tokens;  /* G */
+  uint32_t n_groups;      /* groups per section */
+  uint32_t group_stride;  /* bytes from one group to the next in a section */
+  uint32_t n_sections;    /* n_layers * n_kv_heads * 2 */
+  uint64_t section_bytes; /* bytes from one section to the next */
+  uint32_t tokens_off;    /* offsets inside the meta region */
+  uint32_t sectab_off;
+  uint32_t cksum_off;
+  uint32_t meta_bytes;    /* meta region size, multiple of 4096 */
+  uint64_t data_bytes;    /* data region size, multiple of 4096 */
+  uint64_t total_bytes;   /* meta_bytes + data_bytes */
+} kv_block_geom;
+
+/* The fixed header, decoded. */
+typedef struct kv_block_hdr {
+  uint32_t version;
+  uint32_t codec;
+  uint8_t block_hash[16];
+  uint8_t parent_hash[16];
+  uint8_t model_hash[16];
+  uint64_t meta_checksum;
+  kv_block_geom g;
+} kv_block_hdr;
+
+/* Size of one element of a stored dtype (kvdb_dtype), 0 for an unknown one. */
+uint32_t kv_dtype_bytes(uint32_t dtype);
+
+/* kv_block_geom_init() - geometry of a block of n_tokens tokens. KVDB_INVALID on bad dims
+ * (the message names the field). */
+kvdb_status kv_block_geom_init(kv_block_geom *g, uint32_t n_layers, uint32_t n_kv_heads,
+                               uint32_t head_dim, uint32_t dtype, uint32_t block_tokens,
+                               uint32_t n_tokens);
+
+/* Byte offset, from the block's start, of group `grp` of section `s`. */
+static inline uint64_t kv_block_group_off(const kv_block_geom *g, uint32_t s, uint32_t grp)
+{
+  return g->meta_bytes + (uint64_t)s * g->section_bytes + (uint64_t)grp * g->group_stride;
+}
+/* Bytes of data in group `grp` (the last group of a section may hold fewer tokens). */
+static inline uint32_t kv_block_group_len(const kv_block_geom *g, uint32_t grp)
+{
+  uint32_t first = grp * g->group_tokens;
+  uint32_t nt = g->n_tokens - first < g->group_tokens ? g->n_tokens - first : g->group_tokens;
+  return nt * g->row_bytes;
+}
+/* Byte offset, inside the meta region, of the checksum of group `grp` of section `s`. */
+static inline uint32_t kv_block_cksum_off(const kv_block_geom *g, uint32_t s, uint32_t grp)
+{
+  return g->cksum_off + (s * g->n_groups + grp) * 8u;
+}
+
+/*
+ * kv_block_seal() - finish a block object in `buf` (g->total_bytes, data region already
+ * filled, padding zero): write the header, tokens, section table and all checksums.
+ */
+void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
+                   const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                   const uint32_t *tokens, uint8_t *buf);
+
+/*
+ * kv_block_parse_header() - decode and validate the fixed header (first 128 bytes of `buf`,
+ * len >= 128): magic, version (a newer one is KVDB_VERSION), reserved fields, header checksum,
+ * dimensions, and that the stored geometry equals the one recomputed from the dimensions.
+ * Returns KVDB_OK, KVDB_CORRUPT, KVDB_VERSION. The message says which field failed.
+ */
+kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *out);
+
+/*
+ * kv_block_verify_meta() - check the meta region (`meta`, h->g.meta_bytes long): the checksum
+ * over tokens + section table, and every section-table entry against the geometry.
+ */
+kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta);
+
+/* XXH3-64 of one group's bytes with the block's seed (block hash, section and group index). */
+uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp,
+                                 const uint8_t *group, uint32_t len);
+
+/*
+ * kv_block_verify_data() - verify every group of every section of a whole block in `buf`
+ * (meta already verified). On a mismatch returns KVDB_CORRUPT and sets *bad_section and
+ * *bad_offset (from the block start); the caller adds the segment and block to the message.
+ */
+kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
+                                 uint64_t *bad_offset);
+
+/* Token i of the block (meta region). */
+static inline uint32_t kv_block_token(const kv_block_hdr *h, const uint8_t *meta, uint32_t i)
+{
+  return kv_get_le32(meta + h->g.tokens_off + 4u * i);
+}
+
+#endif
