@@ -1,0 +1,863 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tools/kvdb-admin/kvdb_admin.c — kvdb-admin, the operator tool: info, ls, show, verify and
+ * compact on a database directory. Manual: kvdb-admin.1.md beside this file.
+ *
+ * It uses only the public header kvdb.h, so it also shows that the public API is enough to
+ * run a database. info, ls, show and verify open the database with KVDB_O_RDONLY: they work on
+ * read-only media and never write. compact opens it read-write but never creates one.
+ * The tool holds no DRAM tier (options.dram_bytes = 0): it reads each block once.
+ *
+ * OUTPUT
+ *   Results go to stdout; errors, warnings and the progress bar to stderr. With --json every
+ *   run that gets past argument parsing prints exactly one JSON object on stdout, also when
+ *   it fails (then with an "error" member), so a script can always parse stdout.
+ *   The progress bar is drawn only when stderr is a terminal and -q is not given.
+ *
+ * EXIT STATUS
+ *   0 ok, 1 error (kvdb status named on stderr), 2 usage error, 3 corruption found (verify).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvdb.h"
+
+#include "admin_out.h"
+
+#if defined(__GNUC__)
+#define ADMIN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define ADMIN_PRINTF(f, a)
+#endif
+
+enum { EXIT_OKAY = 0, EXIT_ERROR = 1, EXIT_USAGE = 2, EXIT_CORRUPT = 3 };
+
+#define PROG "kvdb-admin"
+#define KEY_PREFIX_MIN 8    /* hex digits of the shortest key prefix `show` accepts */
+#define AMBIGUOUS_LIST 4    /* candidates named when a key prefix is ambiguous */
+#define LABEL_WIDTH 18      /* label column of key-value output */
+
+struct command;
+
+/* The parsed command line. */
+typedef struct cli {
+  const struct command *cmd;
+  const char *pos[2];
+  int n_pos;
+  int json;
+  int quiet;
+  int have_threshold;
+  double threshold;
+} cli;
+
+typedef struct command {
+  const char *name;
+  const char *args;    /* synopsis after the name */
+  int n_pos;           /* positional arguments it takes */
+  const char *summary; /* one line for the general help */
+  const char *help;    /* the paragraph of `COMMAND --help` */
+  int (*run)(const cli *c);
+} command;
+
+/* One run of a command: the JSON document under construction and the open handle. */
+typedef struct run {
+  const cli *c;
+  jw j;
+  kvdb *db;
+} run;
+
+static progress *g_bar; /* the bar on screen, erased before a log line is printed */
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+/*
+ * Report a failure: "kvdb-admin: KVDB_X: message" on stderr and, with --json, an "error"
+ * member closing the document. Returns EXIT_ERROR. `fmt` may use kvdb_errmsg(): it is
+ * formatted before anything else is called.
+ */
+static int fail(run *r, kvdb_status st, const char *fmt, ...) ADMIN_PRINTF(3, 4);
+static int fail(run *r, kvdb_status st, const char *fmt, ...)
+{
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (msg[0] == 0)
+    snprintf(msg, sizeof msg, "%s", kvdb_strerror(st));
+  if (g_bar != NULL)
+    progress_clear(g_bar);
+  fprintf(stderr, "%s: %s: %s\n", PROG, kvdb_status_name(st), msg);
+  if (r->c->json && r->j.depth > 0) {
+    jw_unwind(&r->j, 1);
+    jw_obj(&r->j, "error");
+    jw_str(&r->j, "status", kvdb_status_name(st));
+    jw_u64(&r->j, "code", (uint64_t)st);
+    jw_str(&r->j, "message", msg);
+    jw_unwind(&r->j, 0);
+  }
+  return EXIT_ERROR;
+}
+
+/* fail() with the message of the kvdb call that just failed. */
+static int fail_kv(run *r, kvdb_status st)
+{
+  return fail(r, st, "%s", kvdb_errmsg());
+}
+
+static void print_usage(FILE *f);
+static void print_command_help(FILE *f, const command *cmd);
+
+/* A usage error: the message, then the usage text, on stderr. Returns EXIT_USAGE. */
+static int usage_error(const command *cmd, const char *fmt, ...) ADMIN_PRINTF(2, 3);
+static int usage_error(const command *cmd, const char *fmt, ...)
+{
+  va_list ap;
+  fprintf(stderr, "%s: ", PROG);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputs("\n\n", stderr);
+  if (cmd != NULL)
+    print_command_help(stderr, cmd);
+  else
+    print_usage(stderr);
+  return EXIT_USAGE;
+}
+
+/* Engine log lines (e.g. "O_DIRECT is not supported ... using buffered I/O"): errors always,
+ * warnings unless -q. */
+static void on_log(void *ctx, int level, const char *msg)
+{
+  const cli *c = ctx;
+  if (level > 0 && c->quiet)
+    return;
+  if (g_bar != NULL)
+    progress_clear(g_bar);
+  fprintf(stderr, "%s: %s: %s\n", PROG, level == 0 ? "error" : level == 1 ? "warning" : "info",
+          msg);
+}
+
+/* ---- common pieces ------------------------------------------------------------------------ */
+
+static const char *tier_name(uint32_t t)
+{
+  switch (t) {
+  case KVDB_TIER_DRAM: return "dram";
+  case KVDB_TIER_SSD: return "ssd";
+  case KVDB_TIER_SMARTSSD: return "smartssd";
+  default: return "unknown";
+  }
+}
+
+/* Start the run: with --json, the document and the members every command has. */
+static void begin(run *r, const cli *c)
+{
+  memset(r, 0, sizeof *r);
+  r->c = c;
+  jw_init(&r->j, stdout);
+  if (c->json) {
+    jw_obj(&r->j, NULL);
+    jw_str(&r->j, "command", c->cmd->name);
+    jw_str(&r->j, "database", c->pos[0]);
+  }
+}
+
+/* End the run: close the document and the handle; a failed write to stdout is an error. */
+static int finish(run *r, int code)
+{
+  if (r->c->json)
+    jw_unwind(&r->j, 0);
+  kvdb_close(r->db);
+  r->db = NULL;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    fprintf(stderr, "%s: cannot write to standard output: %s\n", PROG, strerror(errno));
+    return code == EXIT_OKAY ? EXIT_ERROR : code;
+  }
+  return code;
+}
+
+/* Open the database of the run. Read-only unless `write`; never creates one. */
+static kvdb_status open_db(run *r, int write)
+{
+  kvdb_options opt;
+  kvdb_options_init(&opt);
+  opt.flags = write ? 0u : (uint32_t)KVDB_O_RDONLY;
+  opt.dram_bytes = 0;
+  opt.log_fn = on_log;
+  opt.log_ctx = (void *)r->c;
+  opt.log_level = 1;
+  return kvdb_open(r->c->pos[0], &opt, &r->db);
+}
+
+static void kv_line(const char *label, const char *fmt, ...) ADMIN_PRINTF(2, 3);
+static void kv_line(const char *label, const char *fmt, ...)
+{
+  va_list ap;
+  printf("%-*s  ", LABEL_WIDTH, label);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fputc('\n', stdout);
+}
+
+/* "108.0 KiB (110592 bytes)" */
+static char *size_exact(uint64_t bytes, char *buf, size_t cap)
+{
+  char h[32];
+  if (bytes < 1024)
+    snprintf(buf, cap, "%" PRIu64 " B", bytes);
+  else
+    snprintf(buf, cap, "%s (%" PRIu64 " bytes)", fmt_size(bytes, h, sizeof h), bytes);
+  return buf;
+}
+
+static void json_time(jw *j, const char *key, uint64_t unix_ms)
+{
+  char t[40];
+  if (unix_ms == 0)
+    jw_null(j, key);
+  else
+    jw_str(j, key, fmt_time(unix_ms, 1, t, sizeof t));
+}
+
+static void json_context(jw *j, const char *key, const kvdb_context_info *ci)
+{
+  char hx[33];
+  jw_obj(j, key);
+  jw_str(j, "key", kvdb_key_hex(&ci->key, hx));
+  jw_str(j, "model", ci->model_id);
+  jw_u64(j, "tokens", ci->n_tokens);
+  jw_u64(j, "blocks", ci->n_blocks);
+  jw_u64(j, "bytes", ci->bytes);
+  jw_str(j, "tier", tier_name(ci->tier));
+  json_time(j, "created", ci->created_unix_ms);
+  jw_u64(j, "created_unix_ms", ci->created_unix_ms);
+  json_time(j, "last_access", ci->last_access_unix_ms);
+  jw_u64(j, "last_access_unix_ms", ci->last_access_unix_ms);
+  jw_bool(j, "explicit_key", ci->explicit_key != 0);
+  jw_end(j);
+}
+
+/* ---- info --------------------------------------------------------------------------------- */
+
+static int cmd_info(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_stats s;
+  st = kvdb_stat(r.db, &s);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  uint64_t dead = s.segment_file_bytes > s.live_bytes ? s.segment_file_bytes - s.live_bytes : 0;
+  double dead_frac = s.segment_file_bytes > 0 ? (double)dead / (double)s.segment_file_bytes : 0.0;
+
+  if (c->json) {
+    jw *j = &r.j;
+    jw_u64(j, "format_version", s.format_version);
+    jw_u64(j, "models", s.n_models);
+    jw_u64(j, "contexts", s.n_contexts);
+    jw_u64(j, "blocks", s.n_blocks);
+    jw_u64(j, "segments", s.n_segments);
+    jw_u64(j, "segment_file_bytes", s.segment_file_bytes);
+    jw_u64(j, "live_bytes", s.live_bytes);
+    jw_u64(j, "dead_bytes", dead);
+    jw_num(j, "dead_fraction", dead_frac);
+    jw_u64(j, "catalog_bytes", s.catalog_bytes);
+    jw_bool(j, "direct_io", s.direct_io);
+    jw_bool(j, "io_uring", s.io_uring);
+    jw_obj(j, "tiers");
+    for (int t = 0; t < KVDB_TIER_COUNT; t++) {
+      jw_obj(j, tier_name((uint32_t)t));
+      jw_u64(j, "capacity_bytes", s.tier[t].capacity_bytes);
+      jw_u64(j, "bytes", s.tier[t].bytes);
+      jw_u64(j, "blocks", s.tier[t].blocks);
+      jw_u64(j, "contexts", s.tier[t].contexts);
+      jw_end(j);
+    }
+    jw_end(j);
+    return finish(&r, EXIT_OKAY);
+  }
+
+  char b[64], path[512];
+  kv_line("database", "%s", safe_text(c->pos[0], path, sizeof path));
+  kv_line("format version", "%" PRIu32, s.format_version);
+  kv_line("models", "%" PRIu32, s.n_models);
+  kv_line("contexts", "%" PRIu64, s.n_contexts);
+  kv_line("blocks", "%" PRIu64, s.n_blocks);
+  kv_line("segments", "%" PRIu64, s.n_segments);
+  kv_line("segment files", "%s", size_exact(s.segment_file_bytes, b, sizeof b));
+  kv_line("live bytes", "%s", size_exact(s.live_bytes, b, sizeof b));
+  kv_line("dead bytes", "%s, %.1f%% of segment files", size_exact(dead, b, sizeof b),
+          dead_frac * 100.0);
+  kv_line("catalog", "%s", size_exact(s.catalog_bytes, b, sizeof b));
+  kv_line("direct I/O", "%s", s.direct_io ? "yes (O_DIRECT)" : "no (buffered)");
+  kv_line("io_uring", "%s", s.io_uring ? "yes" : "no (pread/pwrite)");
+  printf("\n%-9s  %-10s  %10s  %10s  %10s\n", "TIER", "CAPACITY", "BYTES", "BLOCKS", "CONTEXTS");
+  for (int t = 0; t < KVDB_TIER_COUNT; t++) {
+    const kvdb_tier_stats *ts = &s.tier[t];
+    char cap[32], by[32];
+    if (ts->capacity_bytes > 0)
+      fmt_size(ts->capacity_bytes, cap, sizeof cap);
+    else /* 0 means: DRAM tier off in this tool, SSD unlimited, SmartSSD absent */
+      snprintf(cap, sizeof cap, "%s",
+               t == KVDB_TIER_DRAM ? "off" : t == KVDB_TIER_SSD ? "unlimited" : "-");
+    printf("%-9s  %-10s  %10s  %10" PRIu64 "  %10" PRIu64 "\n", tier_name((uint32_t)t), cap,
+           fmt_size(ts->bytes, by, sizeof by), ts->blocks, ts->contexts);
+  }
+  return finish(&r, EXIT_OKAY);
+}
+
+/* ---- ls ----------------------------------------------------------------------------------- */
+
+/* The cells of one row of the human table. */
+enum { COL_KEY, COL_MODEL, COL_TOKENS, COL_BLOCKS, COL_SIZE, COL_TIER, COL_CREATED, COL_ACCESS,
+       COL_EXPLICIT, N_COLS };
+static const char *const col_head[N_COLS] = {"KEY", "MODEL", "TOKENS", "BLOCKS", "SIZE", "TIER",
+                                             "CREATED", "LAST ACCESS", "EXPLICIT"};
+static const int col_right[N_COLS] = {0, 0, 1, 1, 1, 0, 0, 0, 0};
+
+static void row_cells(const kvdb_context_info *ci, char cell[N_COLS][80])
+{
+  char hx[33];
+  snprintf(cell[COL_KEY], 80, "%s", kvdb_key_hex(&ci->key, hx));
+  safe_text(ci->model_id, cell[COL_MODEL], 80);
+  snprintf(cell[COL_TOKENS], 80, "%" PRIu64, ci->n_tokens);
+  snprintf(cell[COL_BLOCKS], 80, "%" PRIu32, ci->n_blocks);
+  fmt_size(ci->bytes, cell[COL_SIZE], 80);
+  snprintf(cell[COL_TIER], 80, "%s", tier_name(ci->tier));
+  fmt_time(ci->created_unix_ms, 0, cell[COL_CREATED], 80);
+  fmt_time(ci->last_access_unix_ms, 0, cell[COL_ACCESS], 80);
+  snprintf(cell[COL_EXPLICIT], 80, "%s", ci->explicit_key ? "yes" : "no");
+}
+
+static void print_row(char cell[N_COLS][80], const int *width)
+{
+  for (int k = 0; k < N_COLS; k++) {
+    int last = k == N_COLS - 1;
+    if (col_right[k])
+      printf("%*s", width[k], cell[k]);
+    else
+      printf("%-*s", last ? 0 : width[k], cell[k]);
+    fputs(last ? "\n" : "  ", stdout);
+  }
+}
+
+static int cmd_ls(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_iter *it;
+  st = kvdb_iter_open(r.db, &it);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  /* The human table is aligned, so it is kept until every width is known; --json and -q
+   * stream. */
+  int keep = !c->json && !c->quiet;
+  kvdb_context_info *rows = NULL;
+  size_t n = 0, cap = 0;
+  uint64_t total_bytes = 0;
+  int code = EXIT_OKAY;
+  if (c->json)
+    jw_arr(&r.j, "contexts");
+  for (;;) {
+    kvdb_context_info ci;
+    st = kvdb_iter_next(it, &ci);
+    if (st == KVDB_NOTFOUND)
+      break;
+    if (st != KVDB_OK) {
+      code = fail_kv(&r, st);
+      break;
+    }
+    total_bytes += ci.bytes;
+    if (c->json) {
+      json_context(&r.j, NULL, &ci);
+    } else if (c->quiet) {
+      char hx[33];
+      puts(kvdb_key_hex(&ci.key, hx));
+    } else {
+      if (n == cap) {
+        size_t ncap = cap ? cap * 2 : 256;
+        kvdb_context_info *nr = realloc(rows, ncap * sizeof *nr);
+        if (nr == NULL) {
+          code = fail(&r, KVDB_NOMEM, "cannot hold %zu contexts for the table (try --json)", ncap);
+          break;
+        }
+        rows = nr;
+        cap = ncap;
+      }
+      rows[n] = ci;
+    }
+    n++;
+  }
+  kvdb_iter_close(it);
+  if (code == EXIT_OKAY && c->json) {
+    jw_end(&r.j);
+    jw_u64(&r.j, "count", n);
+    jw_u64(&r.j, "bytes", total_bytes);
+  }
+  if (code == EXIT_OKAY && keep) {
+    static char cell[N_COLS][80];
+    int width[N_COLS];
+    for (int k = 0; k < N_COLS; k++)
+      width[k] = (int)strlen(col_head[k]);
+    for (size_t i = 0; i < n; i++) {
+      row_cells(&rows[i], cell);
+      for (int k = 0; k < N_COLS; k++)
+        if ((int)strlen(cell[k]) > width[k])
+          width[k] = (int)strlen(cell[k]);
+    }
+    for (int k = 0; k < N_COLS; k++)
+      snprintf(cell[k], 80, "%s", col_head[k]);
+    print_row(cell, width);
+    for (size_t i = 0; i < n; i++) {
+      row_cells(&rows[i], cell);
+      print_row(cell, width);
+    }
+  }
+  free(rows);
+  return finish(&r, code);
+}
+
+/* ---- show --------------------------------------------------------------------------------- */
+
+/* KEY is 32 hex digits, or 8..31 hex digits naming a unique prefix. */
+static int key_arg_ok(const char *s)
+{
+  size_t n = strlen(s);
+  if (n < KEY_PREFIX_MIN || n > 32)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (!isxdigit((unsigned char)s[i]))
+      return 0;
+  return 1;
+}
+
+/* Find the one context whose key starts with `arg` (through the iterator). */
+static int resolve_prefix(run *r, const char *arg, kvdb_key *out)
+{
+  char want[33], hx[33];
+  size_t n = strlen(arg);
+  for (size_t i = 0; i <= n; i++)
+    want[i] = (char)tolower((unsigned char)arg[i]);
+  kvdb_iter *it;
+  kvdb_status st = kvdb_iter_open(r->db, &it);
+  if (st != KVDB_OK)
+    return fail_kv(r, st);
+  uint64_t matches = 0;
+  char names[AMBIGUOUS_LIST * 34 + 1] = "";
+  for (;;) {
+    kvdb_context_info ci;
+    st = kvdb_iter_next(it, &ci);
+    if (st == KVDB_NOTFOUND)
+      break;
+    if (st != KVDB_OK) {
+      int code = fail_kv(r, st);
+      kvdb_iter_close(it);
+      return code;
+    }
+    kvdb_key_hex(&ci.key, hx);
+    if (strncmp(hx, want, n) != 0)
+      continue;
+    if (matches == 0)
+      *out = ci.key;
+    if (matches < AMBIGUOUS_LIST) {
+      if (matches > 0)
+        strcat(names, ", ");
+      strcat(names, hx);
+    }
+    matches++;
+  }
+  kvdb_iter_close(it);
+  if (matches == 0)
+    return fail(r, KVDB_NOTFOUND, "no context key starts with '%s'", want);
+  if (matches > 1)
+    return fail(r, KVDB_INVALID, "key prefix '%s' is ambiguous: %" PRIu64 " contexts match (%s%s)",
+                want, matches, names, matches > AMBIGUOUS_LIST ? ", ..." : "");
+  return EXIT_OKAY;
+}
+
+static int cmd_show(const cli *c)
+{
+  const char *arg = c->pos[1];
+  if (!key_arg_ok(arg))
+    return usage_error(c->cmd, "KEY '%s' is not 32 hex digits or a prefix of at least %d", arg,
+                       KEY_PREFIX_MIN);
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_key key;
+  if (strlen(arg) == 32) {
+    st = kvdb_key_parse(arg, &key);
+    if (st != KVDB_OK)
+      return finish(&r, fail_kv(&r, st));
+  } else {
+    int code = resolve_prefix(&r, arg, &key);
+    if (code != EXIT_OKAY)
+      return finish(&r, code);
+  }
+  kvdb_context_info ci;
+  st = kvdb_context_stat(r.db, &key, &ci);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  if (c->json) {
+    json_context(&r.j, "context", &ci);
+    return finish(&r, EXIT_OKAY);
+  }
+  char hx[33], b[64], model[80];
+  kv_line("key", "%s", kvdb_key_hex(&ci.key, hx));
+  kv_line("model", "%s", safe_text(ci.model_id, model, sizeof model));
+  kv_line("tokens", "%" PRIu64, ci.n_tokens);
+  kv_line("blocks", "%" PRIu32, ci.n_blocks);
+  kv_line("size", "%s", size_exact(ci.bytes, b, sizeof b));
+  if (ci.n_tokens > 0)
+    kv_line("bytes per token", "%" PRIu64, ci.bytes / ci.n_tokens);
+  kv_line("tier", "%s", tier_name(ci.tier));
+  kv_line("explicit key", "%s", ci.explicit_key ? "yes (one block stored by kvdb_put_block)" : "no");
+  kv_line("created", "%s", fmt_time(ci.created_unix_ms, 1, b, sizeof b));
+  kv_line("last access", "%s", fmt_time(ci.last_access_unix_ms, 1, b, sizeof b));
+  return finish(&r, EXIT_OKAY);
+}
+
+/* ---- verify ------------------------------------------------------------------------------- */
+
+typedef struct verify_state {
+  run *r;
+  progress bar;
+} verify_state;
+
+static void on_problem(void *ctx, const kvdb_problem *p)
+{
+  verify_state *v = ctx;
+  progress_clear(&v->bar);
+  if (v->r->c->json) {
+    jw_obj(&v->r->j, NULL);
+    jw_str(&v->r->j, "status", kvdb_status_name(p->status));
+    jw_str(&v->r->j, "message", p->message);
+    jw_end(&v->r->j);
+  } else {
+    printf("%s: %s\n", kvdb_status_name(p->status), p->message);
+    fflush(stdout); /* problems appear as they are found, between redraws of the bar */
+  }
+}
+
+static void on_verify_progress(void *ctx, uint64_t done, uint64_t total)
+{
+  verify_state *v = ctx;
+  progress_update(&v->bar, done, total);
+}
+
+static int cmd_verify(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK) {
+    int code = fail_kv(&r, st);
+    /* a catalog that cannot be opened because it is damaged is corruption found */
+    return finish(&r, st == KVDB_CORRUPT ? EXIT_CORRUPT : code);
+  }
+  verify_state v;
+  v.r = &r;
+  progress_init(&v.bar, "verify", "blocks", !c->quiet && isatty(STDERR_FILENO));
+  g_bar = &v.bar;
+  if (c->json)
+    jw_arr(&r.j, "problems");
+  kvdb_verify_report rep;
+  memset(&rep, 0, sizeof rep);
+  st = kvdb_verify(r.db, on_problem, on_verify_progress, &v, &rep);
+  progress_clear(&v.bar);
+  g_bar = NULL;
+  if (st != KVDB_OK && st != KVDB_CORRUPT)
+    return finish(&r, fail_kv(&r, st));
+  if (st == KVDB_CORRUPT && rep.problems == 0) /* not expected: say why anyway */
+    fprintf(stderr, "%s: %s: %s\n", PROG, kvdb_status_name(st), kvdb_errmsg());
+  int code = st == KVDB_OK ? EXIT_OKAY : EXIT_CORRUPT;
+  if (c->json) {
+    jw_end(&r.j);
+    jw_u64(&r.j, "blocks_checked", rep.blocks_checked);
+    jw_u64(&r.j, "bytes_checked", rep.bytes_checked);
+    jw_u64(&r.j, "contexts_checked", rep.contexts_checked);
+    jw_u64(&r.j, "segments_checked", rep.segments_checked);
+    jw_u64(&r.j, "problem_count", rep.problems);
+    jw_bool(&r.j, "ok", code == EXIT_OKAY);
+    return finish(&r, code);
+  }
+  if (!c->quiet) {
+    char b[64];
+    if (rep.problems > 0)
+      fputc('\n', stdout);
+    kv_line("blocks checked", "%" PRIu64, rep.blocks_checked);
+    kv_line("bytes checked", "%s", size_exact(rep.bytes_checked, b, sizeof b));
+    kv_line("contexts checked", "%" PRIu64, rep.contexts_checked);
+    kv_line("segments checked", "%" PRIu64, rep.segments_checked);
+    kv_line("problems", "%" PRIu64, rep.problems);
+    kv_line("result", "%s", code == EXIT_OKAY ? "ok" : "CORRUPTION FOUND");
+  }
+  return finish(&r, code);
+}
+
+/* ---- compact ------------------------------------------------------------------------------ */
+
+static void on_compact_progress(void *ctx, uint64_t done, uint64_t total)
+{
+  progress_update(ctx, done, total);
+}
+
+static int cmd_compact(const cli *c)
+{
+  double threshold = c->have_threshold ? c->threshold : 0.0;
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 1);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_stats before, after;
+  st = kvdb_stat(r.db, &before);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  progress bar;
+  progress_init(&bar, "compact", "segments", !c->quiet && isatty(STDERR_FILENO));
+  g_bar = &bar;
+  kvdb_compact_report rep;
+  memset(&rep, 0, sizeof rep);
+  st = kvdb_compact(r.db, threshold, on_compact_progress, &bar, &rep);
+  progress_clear(&bar);
+  g_bar = NULL;
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  st = kvdb_stat(r.db, &after);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  double eff = threshold > 0 ? threshold : 0.5; /* kvdb_compact: 0 means the default 0.5 */
+  if (c->json) {
+    jw *j = &r.j;
+    jw_num(j, "threshold", eff);
+    jw_u64(j, "segments_rewritten", rep.segments_rewritten);
+    jw_u64(j, "blocks_moved", rep.blocks_moved);
+    jw_u64(j, "bytes_moved", rep.bytes_moved);
+    jw_u64(j, "bytes_reclaimed", rep.bytes_reclaimed);
+    jw_u64(j, "segments_before", before.n_segments);
+    jw_u64(j, "segments_after", after.n_segments);
+    jw_u64(j, "segment_file_bytes_before", before.segment_file_bytes);
+    jw_u64(j, "segment_file_bytes_after", after.segment_file_bytes);
+    return finish(&r, EXIT_OKAY);
+  }
+  if (!c->quiet) {
+    char b[64], b2[32];
+    kv_line("threshold", "%.3g (segments less than %.1f%% live)", eff, eff * 100.0);
+    kv_line("segments rewritten", "%" PRIu64, rep.segments_rewritten);
+    kv_line("blocks moved", "%" PRIu64, rep.blocks_moved);
+    kv_line("bytes moved", "%s", size_exact(rep.bytes_moved, b, sizeof b));
+    kv_line("bytes reclaimed", "%s", size_exact(rep.bytes_reclaimed, b, sizeof b));
+    kv_line("segment files", "%s -> %s (%" PRIu64 " -> %" PRIu64 " segments)",
+            fmt_size(before.segment_file_bytes, b, sizeof b),
+            fmt_size(after.segment_file_bytes, b2, sizeof b2), before.n_segments,
+            after.n_segments);
+  }
+  return finish(&r, EXIT_OKAY);
+}
+
+/* ---- command line ------------------------------------------------------------------------- */
+
+static const command commands[] = {
+  {"info", "DIR", 1, "format version, tiers, segments, space and I/O mode",
+   "Print the on-disk format version, the number of models, contexts, blocks and segments,\n"
+   "the bytes of the segment files against the live bytes in them (the dead fraction is what\n"
+   "compact can reclaim), the catalog size, whether segment I/O uses O_DIRECT and io_uring,\n"
+   "and per tier its capacity, bytes, blocks and contexts. Opens the database read-only.\n",
+   cmd_info},
+  {"ls", "DIR", 1, "list contexts: key, model, tokens, blocks, size, tier, times",
+   "List every stored context in key order: key (32 hex digits), model id, tokens, blocks,\n"
+   "stored bytes (shared blocks count in each context), tier, creation and last access time\n"
+   "(ISO-8601 UTC), and whether it is an explicit-key block (kvdb_put_block). With -q only the\n"
+   "keys are printed, one per line. Opens the database read-only.\n",
+   cmd_ls},
+  {"show", "DIR KEY", 2, "one context in detail",
+   "Print one context in detail. KEY is the context key, 32 hex digits as ls prints it, or a\n"
+   "prefix of at least 8 hex digits that only one context key starts with. An ambiguous prefix\n"
+   "is an error that names the candidates. Opens the database read-only.\n",
+   cmd_show},
+  {"verify", "DIR", 1, "read every block, check every checksum and the catalog",
+   "Read every block and check every checksum, and check the catalog against the segment\n"
+   "files (reference counts, every context's blocks present, segment live bytes, no block past\n"
+   "the end of its file). Each problem is printed on its own line, naming the segment, the\n"
+   "offset and the block; then a summary. A progress bar is drawn on stderr when it is a\n"
+   "terminal. Opens the database read-only. Exit status 3 when corruption is found.\n",
+   cmd_verify},
+  {"compact", "DIR [--threshold F]", 1, "rewrite segments whose live fraction is below F",
+   "Rewrite the live blocks of sealed segments whose live fraction is below F (0..1, default\n"
+   "0.5) into a new segment and delete the old files, then report the segments rewritten, the\n"
+   "blocks and bytes moved and the bytes reclaimed. Online: other processes may keep using the\n"
+   "database. A progress bar is drawn on stderr when it is a terminal. Opens the database\n"
+   "read-write; it never creates one.\n"
+   "\n"
+   "  --threshold F   live fraction under which a segment is rewritten (0 = default 0.5)\n",
+   cmd_compact},
+};
+#define N_COMMANDS (sizeof commands / sizeof commands[0])
+
+static const char options_text[] =
+    "options:\n"
+    "  --json        print one JSON object on standard output\n"
+    "  -q, --quiet   no progress bar, no warnings, no summaries (ls: keys only)\n"
+    "  -h, --help    show this help; after a command, that command's help\n"
+    "  --version     show the versions of kvdb-admin, libkvdb and the on-disk format\n";
+
+static const char exit_text[] =
+    "exit status: 0 ok, 1 error, 2 usage error, 3 corruption found (verify)\n";
+
+static void print_usage(FILE *f)
+{
+  fprintf(f, "usage: %s [-q] [--json] COMMAND DIR [ARGS]\n", PROG);
+  fprintf(f, "       %s --help | --version | COMMAND --help\n\n", PROG);
+  fputs("Inspect, check and compact a kvdb database directory.\n\ncommands:\n", f);
+  for (size_t i = 0; i < N_COMMANDS; i++) {
+    char syn[64];
+    snprintf(syn, sizeof syn, "%s %s", commands[i].name, commands[i].args);
+    fprintf(f, "  %-29s %s\n", syn, commands[i].summary);
+  }
+  fputc('\n', f);
+  fputs(options_text, f);
+  fputs("\ninfo, ls, show and verify open the database read-only and never write to it.\n", f);
+  fputs(exit_text, f);
+}
+
+static void print_command_help(FILE *f, const command *cmd)
+{
+  fprintf(f, "usage: %s [-q] [--json] %s %s\n\n", PROG, cmd->name, cmd->args);
+  fputs(cmd->help, f);
+  fputc('\n', f);
+  fputs(options_text, f);
+  fputc('\n', f);
+  fputs(exit_text, f);
+}
+
+static int print_version(int json)
+{
+  unsigned lib = kvdb_version_number();
+  char libs[32], tool[32];
+  snprintf(libs, sizeof libs, "%u.%u.%u", lib / 10000, lib / 100 % 100, lib % 100);
+  snprintf(tool, sizeof tool, "%d.%d.%d", KVDB_VERSION_MAJOR, KVDB_VERSION_MINOR,
+           KVDB_VERSION_PATCH);
+  if (json) {
+    jw j;
+    jw_init(&j, stdout);
+    jw_obj(&j, NULL);
+    jw_str(&j, "command", "version");
+    jw_str(&j, "kvdb_admin", tool);
+    jw_str(&j, "libkvdb", libs);
+    jw_u64(&j, "libkvdb_version_number", lib);
+    jw_u64(&j, "format_version", KVDB_FORMAT_VERSION);
+    jw_end(&j);
+  } else {
+    printf("%s %s (libkvdb %s, on-disk format %d)\n", PROG, tool, libs, KVDB_FORMAT_VERSION);
+  }
+  return fflush(stdout) == 0 ? EXIT_OKAY : EXIT_ERROR;
+}
+
+static const command *find_command(const char *name)
+{
+  for (size_t i = 0; i < N_COMMANDS; i++)
+    if (strcmp(commands[i].name, name) == 0)
+      return &commands[i];
+  return NULL;
+}
+
+/* Options may come before or after the command; "--" ends them. */
+int main(int argc, char **argv)
+{
+  cli c;
+  memset(&c, 0, sizeof c);
+  int help = 0, version = 0, opts_done = 0, n_extra = 0;
+  const char *bad_option = NULL, *bad_command = NULL, *threshold_arg = NULL, *extra = NULL;
+  const char *missing_value = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!opts_done && a[0] == '-' && a[1] != 0) {
+      if (strcmp(a, "--") == 0)
+        opts_done = 1;
+      else if (strcmp(a, "--json") == 0)
+        c.json = 1;
+      else if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0)
+        c.quiet = 1;
+      else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0)
+        help = 1;
+      else if (strcmp(a, "--version") == 0)
+        version = 1;
+      else if (strcmp(a, "--threshold") == 0) {
+        if (i + 1 < argc)
+          threshold_arg = argv[++i];
+        else
+          missing_value = a;
+      } else if (strncmp(a, "--threshold=", 12) == 0)
+        threshold_arg = a + 12;
+      else if (bad_option == NULL)
+        bad_option = a;
+      continue;
+    }
+    if (c.cmd == NULL && bad_command == NULL) {
+      c.cmd = find_command(a);
+      if (c.cmd == NULL)
+        bad_command = a;
+    } else if (c.n_pos < 2) {
+      c.pos[c.n_pos++] = a;
+    } else {
+      if (extra == NULL)
+        extra = a;
+      n_extra++;
+    }
+  }
+
+  if (help) {
+    if (c.cmd != NULL)
+      print_command_help(stdout, c.cmd);
+    else
+      print_usage(stdout);
+    return fflush(stdout) == 0 ? EXIT_OKAY : EXIT_ERROR;
+  }
+  if (version)
+    return print_version(c.json);
+  if (bad_command != NULL)
+    return usage_error(NULL, "unknown command '%s'", bad_command);
+  if (bad_option != NULL)
+    return usage_error(c.cmd, "unknown option '%s'", bad_option);
+  if (missing_value != NULL)
+    return usage_error(c.cmd, "option '%s' needs a value", missing_value);
+  if (c.cmd == NULL)
+    return usage_error(NULL, "no command given");
+  if (threshold_arg != NULL) {
+    if (c.cmd->run != cmd_compact)
+      return usage_error(c.cmd, "option '--threshold' applies to compact only");
+    char *end;
+    errno = 0;
+    double t = strtod(threshold_arg, &end);
+    if (errno != 0 || end == threshold_arg || *end != 0 || !(t >= 0.0 && t <= 1.0))
+      return usage_error(c.cmd, "--threshold '%s' is not a number from 0 to 1", threshold_arg);
+    c.threshold = t;
+    c.have_threshold = 1;
+  }
+  if (c.n_pos < c.cmd->n_pos)
+    return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
+  if (c.n_pos > c.cmd->n_pos || n_extra > 0)
+    return usage_error(c.cmd, "%s: unexpected argument '%s'", c.cmd->name,
+                       extra != NULL ? extra : c.pos[c.cmd->n_pos]);
+  if (c.pos[0][0] == 0)
+    return usage_error(c.cmd, "%s: DIR is empty", c.cmd->name);
+  return c.cmd->run(&c);
+}
