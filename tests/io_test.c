@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -20,11 +21,18 @@ typedef struct pend {
 
 struct kv_file; /* the OS backend's */
 
-typedef struct tfile {
-  kv_file *real;
+/* One per path, shared by every open of it (the "inode"): what other opens must see. */
+typedef struct tnode {
+  char path[4200];
   pend *head, *tail; /* unsynced writes, in order */
   uint64_t size;     /* logical size including unsynced writes */
-  struct tfile *next_all;
+  int refs;
+  struct tnode *next_all;
+} tnode;
+
+typedef struct tfile {
+  kv_file *real;
+  tnode *n;
 } tfile;
 
 static struct {
@@ -35,7 +43,7 @@ static struct {
   int fired;
   long syncs;
   pthread_mutex_t mu;
-  tfile *all;
+  tnode *all;
 } T = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 long iot_count(int kind)
@@ -48,9 +56,10 @@ int iot_fired(void)
   return T.fired;
 }
 
-void iot_set_fault(int kind, long at, int err)
+void iot_set_fault(int kind, long at, int err, int sticky)
 {
   pthread_mutex_lock(&T.mu);
+  T.cfg.fail_sticky = sticky;
   T.cfg.fail_kind = kind;
   T.cfg.fail_at = at;
   T.cfg.fail_errno = err;
@@ -85,7 +94,7 @@ static unsigned long long rnd(void)
 
 static int apply(tfile *f)
 {
-  pend *p = f->head;
+  pend *p = f->n->head;
   int rc = 0;
   while (p != NULL) {
     pend *n = p->next;
@@ -95,34 +104,44 @@ static int apply(tfile *f)
     free(p);
     p = n;
   }
-  f->head = f->tail = NULL;
+  f->n->head = f->n->tail = NULL;
   return rc;
+}
+
+static void drop_pending(tnode *nd)
+{
+  pend *p = nd->head;
+  while (p != NULL) {
+    pend *n = p->next;
+    free(p->data);
+    free(p);
+    p = n;
+  }
+  nd->head = nd->tail = NULL;
 }
 
 /* Power loss: every file's unsynced writes are dropped, kept or garbled; then exit. */
 static void lose_power(void)
 {
-  for (tfile *f = T.all; f != NULL; f = f->next_all) {
-    if (T.cfg.loss == IOT_DROP) {
-      pend *p = f->head;
-      while (p != NULL) {
-        pend *n = p->next;
-        free(p->data);
-        free(p);
-        p = n;
-      }
-      f->head = f->tail = NULL;
+  for (tnode *nd = T.all; nd != NULL; nd = nd->next_all) {
+    if (T.cfg.loss == IOT_DROP || nd->head == NULL) {
+      drop_pending(nd);
       continue;
     }
     if (T.cfg.loss == IOT_GARBLE) {
-      for (pend *p = f->head; p != NULL; p = p->next) {
+      for (pend *p = nd->head; p != NULL; p = p->next) {
         /* a torn write: a random prefix survives, the rest is noise */
         size_t keep = p->len ? (size_t)(rnd() % p->len) : 0;
         for (size_t i = keep; i < p->len; i++)
           p->data[i] = (uint8_t)rnd();
       }
     }
-    apply(f);
+    kv_file *real;
+    if (T.os->ops->open(T.os, nd->path, 0, NULL, &real) == 0) {
+      tfile tmp = {real, nd};
+      apply(&tmp);
+      T.os->ops->close(T.os, real);
+    }
   }
   _exit(IOT_CRASH_EXIT);
 }
@@ -142,10 +161,25 @@ static int t_open(kv_io *io, const char *path, int flags, int *is_direct, kv_fil
     free(f);
     return rc;
   }
-  T.os->ops->size(T.os, f->real, &f->size);
   pthread_mutex_lock(&T.mu);
-  f->next_all = T.all;
-  T.all = f;
+  tnode *nd = T.all;
+  while (nd != NULL && strcmp(nd->path, path) != 0)
+    nd = nd->next_all;
+  if (nd == NULL) {
+    nd = calloc(1, sizeof *nd);
+    if (nd == NULL) {
+      pthread_mutex_unlock(&T.mu);
+      T.os->ops->close(T.os, f->real);
+      free(f);
+      return -ENOMEM;
+    }
+    snprintf(nd->path, sizeof nd->path, "%s", path);
+    T.os->ops->size(T.os, f->real, &nd->size);
+    nd->next_all = T.all;
+    T.all = nd;
+  }
+  nd->refs++;
+  f->n = nd;
   pthread_mutex_unlock(&T.mu);
   *out = (kv_file *)f;
   return 0;
@@ -159,7 +193,7 @@ static int t_pread(kv_io *io, kv_file *kf, void *buf, size_t len, uint64_t off)
   if (rc != 0)
     return rc;
   pthread_mutex_lock(&T.mu);
-  if (off + len > f->size) {
+  if (off + len > f->n->size) {
     pthread_mutex_unlock(&T.mu);
     return -EIO;
   }
@@ -173,7 +207,7 @@ static int t_pread(kv_io *io, kv_file *kf, void *buf, size_t len, uint64_t off)
   } else {
     memset(buf, 0, len);
   }
-  for (pend *p = f->head; rc == 0 && p != NULL; p = p->next) {
+  for (pend *p = f->n->head; rc == 0 && p != NULL; p = p->next) {
     uint64_t a = p->off > off ? p->off : off;
     uint64_t b = p->off + p->len < off + len ? p->off + p->len : off + len;
     if (a < b)
@@ -195,8 +229,8 @@ static int t_pwrite(kv_io *io, kv_file *kf, const void *buf, size_t len, uint64_
   if (!T.cfg.powerloss) {
     int wrc = T.os->ops->pwrite(T.os, f->real, buf, n, off);
     pthread_mutex_lock(&T.mu);
-    if (wrc == 0 && off + n > f->size)
-      f->size = off + n;
+    if (wrc == 0 && off + n > f->n->size)
+      f->n->size = off + n;
     pthread_mutex_unlock(&T.mu);
     return rc != 0 ? rc : wrc;
   }
@@ -213,13 +247,13 @@ static int t_pwrite(kv_io *io, kv_file *kf, const void *buf, size_t len, uint64_
   p->len = n;
   p->next = NULL;
   pthread_mutex_lock(&T.mu);
-  if (f->tail)
-    f->tail->next = p;
+  if (f->n->tail)
+    f->n->tail->next = p;
   else
-    f->head = p;
-  f->tail = p;
-  if (off + n > f->size)
-    f->size = off + n;
+    f->n->head = p;
+  f->n->tail = p;
+  if (off + n > f->n->size)
+    f->n->size = off + n;
   pthread_mutex_unlock(&T.mu);
   return rc;
 }
@@ -253,8 +287,10 @@ static int t_truncate(kv_io *io, kv_file *kf, uint64_t len)
   rc = apply(f); /* simple model: a truncate is ordered after the writes before it */
   if (rc == 0)
     rc = T.os->ops->truncate(T.os, f->real, len);
-  if (rc == 0)
-    f->size = len;
+  if (rc == 0) {
+    f->n->size = len;
+    f->n->head = f->n->tail = NULL;
+  }
   pthread_mutex_unlock(&T.mu);
   return rc;
 }
@@ -264,7 +300,7 @@ static int t_size(kv_io *io, kv_file *kf, uint64_t *out)
   (void)io;
   tfile *f = (tfile *)kf;
   pthread_mutex_lock(&T.mu);
-  *out = f->size;
+  *out = f->n->size;
   pthread_mutex_unlock(&T.mu);
   return 0;
 }
@@ -282,11 +318,8 @@ static void t_close(kv_io *io, kv_file *kf)
   if (f == NULL)
     return;
   pthread_mutex_lock(&T.mu);
-  apply(f); /* the OS keeps unsynced writes of a closed file in its cache */
-  tfile **pp = &T.all;
-  while (*pp != f)
-    pp = &(*pp)->next_all;
-  *pp = f->next_all;
+  /* unsynced writes stay pending in the node: closing a file does not make it durable */
+  f->n->refs--;
   pthread_mutex_unlock(&T.mu);
   T.os->ops->close(T.os, f->real);
   free(f);
@@ -295,6 +328,17 @@ static void t_close(kv_io *io, kv_file *kf)
 static int t_unlink(kv_io *io, const char *path)
 {
   (void)io;
+  pthread_mutex_lock(&T.mu);
+  for (tnode **pp = &T.all; *pp != NULL; pp = &(*pp)->next_all) {
+    if (strcmp((*pp)->path, path) == 0 && (*pp)->refs == 0) {
+      tnode *nd = *pp;
+      *pp = nd->next_all;
+      drop_pending(nd);
+      free(nd);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&T.mu);
   return T.os->ops->unlink(T.os, path);
 }
 
@@ -330,4 +374,19 @@ void iot_crash_now(void)
 void iot_uninstall(void)
 {
   kv_io_test_wrap = NULL;
+  /* a clean shutdown: what was never synced reaches the files as the OS would write it back */
+  pthread_mutex_lock(&T.mu);
+  while (T.all != NULL) {
+    tnode *nd = T.all;
+    T.all = nd->next_all;
+    kv_file *real;
+    if (nd->head != NULL && T.os != NULL && T.os->ops->open(T.os, nd->path, 0, NULL, &real) == 0) {
+      tfile tmp = {real, nd};
+      apply(&tmp);
+      T.os->ops->close(T.os, real);
+    }
+    drop_pending(nd);
+    free(nd);
+  }
+  pthread_mutex_unlock(&T.mu);
 }

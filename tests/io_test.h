@@ -43,6 +43,6 @@ void iot_uninstall(void);
 long iot_count(int kind);
 int iot_fired(void);
 /* Change the fault between operations (e.g. to stop failing: fail_kind = -1). */
-void iot_set_fault(int kind, long at, int err);
+void iot_set_fault(int kind, long at, int err, int sticky);
 
 #endif
