@@ -1,0 +1,667 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * compress/codec.h — KV-cache section codecs: the only header of compress/.
+ *
+ * A SECTION is the KV of one layer x one KV head x K or V: a row-major matrix of n_tokens rows
+ * of head_dim elements (f16, bf16 or f32, in host byte order in memory). This module turns a
+ * section into self-describing bytes and back, and holds the pure functions the compression
+ * policy needs around that: token selection for dropping (knorm, keydiff, snapkv), the
+ * byte-plane entropy bound, and the attention-output quality proxy.
+ *
+ * Everything here is a pure function: no I/O, no global state, no allocation. Work memory is a
+ * caller-provided scratch buffer whose size a *_scratch_bytes() function states; outputs go to
+ * caller buffers sized by a bound function (zstd's dst/dst_cap/bound shape). Equal inputs give
+ * equal bytes (for a given libzstd version), on every machine: the SIMD and the portable
+ * decoders produce identical bits. All functions are reentrant; a scratch buffer must not be
+ * used by two calls at once. Nothing keeps a pointer to caller memory after returning.
+ *
+ * CODECS (ids are stored on disk: pinned, never renumbered or reused; 0 is never valid)
+ *   1 "raw"          the elements, little-endian. Lossless.
+ *   2 "zstd-planes"  each element split into byte planes (plane b = byte b of the little-endian
+ *                    element); every plane compressed alone with zstd, stored raw when zstd does
+ *                    not make it smaller. Lossless, bit-exact (NaN payloads included).
+ *   3 "kivi"         KIVI (Liu et al. 2024) asymmetric min/max quantization to 8, 4 or 2 bits:
+ *                    K per channel (a scale/zero pair per channel per `group` tokens), V per token
+ *                    (a pair per token per `group` channels); fp16 scale and zero; the last
+ *                    `residual` rows are kept in full precision. Lossy, error bound below.
+ *   4 "drop"         token dropping: a keep bitmap over the section's tokens plus the kept rows,
+ *                    stored raw (bits 0) or KIVI-quantized (bits 8/4/2). The positions come from
+ *                    kv_drop_select() run once on K and are used for both K and V of the head.
+ *
+ * KIVI ERROR BOUND. For a quantization unit (one channel x `group` tokens for K; one token x
+ * `group` channels for V) with minimum m and maximum M, the stored fp16 zero z is m rounded
+ * toward -inf and the stored fp16 scale s is (M - z)/(2^bits - 1) rounded toward +inf, so
+ * [z, z + (2^bits-1)s] covers [m, M], and s <= (M - m + u16(m)) / (2^bits - 1) * (1 + 2^-10)
+ * + 2^-24: the exact scale plus one fp16 rounding of the scale and of the zero (u16(m) = fp16
+ * ulp at |m|). Codes are the nearest integers to (x - z)/s, computed in double. Decoding
+ * computes y = code*s + z in float and rounds y to the section dtype, so every element satisfies
+ *       |x - decoded(x)| <= s/2 + ulp_f32(|y|)/2 + ulp_dtype(|y|)/2
+ * (ulp_dtype: unit in the last place of the section dtype at |y|, 0 for f32). Residual rows
+ * are exact. Quantization needs finite inputs with |x| <= 65504 (the fp16 range of the stored
+ * zero point); others give KV_CODEC_EINVAL. tests/unit/test_codec_quant.c asserts this bound.
+ *
+ * PAGE GROUPS (partial decoding). Each section's rows are cut into GROUPS of `page_tokens` rows
+ * (G; the last group may be shorter). Every group is coded on its own — its own zstd frames,
+ * its own KIVI scales and zeros (for K, G is a multiple of `group`, so no quantization unit
+ * crosses a group) — and the header holds a table of the groups' byte lengths. Decoding the
+ * tokens [a, b) therefore reads the header and only the groups a/G .. (b-1)/G
+ * (kv_section_group_span() gives their byte range) and decodes just those
+ * (kv_section_decode_groups()). Default G: the smallest power of two >= 16 rows whose raw bytes
+ * reach 4 KiB — one page, 16 tokens for head_dim 128 in f16 — for raw, kivi and drop (rounded
+ * up to a multiple of the KIVI key group: 32 tokens for K by default), and 32 KiB for
+ * zstd-planes (128 tokens for head_dim 128 in f16). What it costs: 4 header bytes per group
+ * everywhere; for zstd-planes each group also pays a zstd frame and Huffman table per plane,
+ * which is why its groups are larger: at 32 KiB the ratio is within ~0.7% of the byte-plane
+ * entropy bound and decoding runs near zstd's full speed, whereas 4 KiB groups lose ~2% of ratio
+ * and decode at less than half the speed. So a get of one token decodes 4 KiB of a quantized or raw section
+ * but 32 KiB (8 pages) of a zstd-planes one. The engine can pick another G per section with
+ * kv_codec_params.page_tokens (e.g. 16 tokens for contexts read by sparse top-k gets).
+ *
+ * ENCODED SECTION LAYOUT — all integers little-endian, written byte by byte (never a struct
+ * overlaid on bytes). compress/FORMAT-codecs.md "Compressed sections" is the full spec.
+ *
+ *   OFF  SIZE  FIELD
+ *     0    1   codec_id       1 raw, 2 zstd-planes, 3 kivi, 4 drop
+ *     1    1   version        KV_SECTION_VERSION (1)
+ *     2    1   dtype          1 f16, 2 bf16, 3 f32 (= kvdb_dtype)
+ *     3    1   flags          bit0 0 = K section, 1 = V section; bits 1..7 reserved, 0
+ *     4    4   n_tokens       tokens of the original section, 1 .. KV_CODEC_MAX_TOKENS
+ *     8    4   head_dim       1 .. KV_CODEC_MAX_HEAD_DIM
+ *    12    4   n_rows         rows stored and decoded: n_tokens, or the kept tokens (drop)
+ *    16    4   page_tokens    G, rows per group, 1 .. KV_CODEC_MAX_PAGE_TOKENS
+ *    20    1   bits           0, or 8 / 4 / 2 (kivi; drop with quantized rows)
+ *    21    1   drop_method    0, or 1 knorm / 2 keydiff / 3 snapkv (drop)
+ *    22    2   group          quantization group (K: tokens, V: channels); 0 when bits = 0
+ *    24    4   residual       last rows kept in full precision (kivi, quantized drop); else 0
+ *    28    2   keep_permille  drop: keep ratio x 1000 (1 .. 1000); else 0
+ *    30    1   zstd_level     zstd-planes: signed, -7 .. 22, not 0; else 0
+ *    31    1   reserved       0
+ *    32    B   keep bitmap    drop only: B = ceil(n_tokens / 8); bit (t % 8) of byte t/8 set =
+ *                             token t kept; bits past n_tokens are 0; n_rows bits are set
+ *   32+B  4N   group table    N = ceil(n_rows / G) u32 group payload lengths
+ *    ...       group payloads, in order, with no gaps and nothing after the last
+ *
+ * Group payloads (t = rows in the group, d = head_dim, e = element bytes):
+ *   raw          t*d elements, little-endian
+ *   zstd-planes  e u32 plane lengths L[0..e-1], then the e planes; plane p holds byte p of each
+ *                of the t*d elements; L[p] == t*d means stored raw, L[p] < t*d means one or more
+ *                zstd frames that decode to exactly t*d bytes
+ *   kivi, drop with bits 8/4/2
+ *                [scales and zeros][codes][raw rows]; q = rows of the group below n_rows -
+ *                residual are quantized; scales and zeros are fp16:
+ *                  K: for each chunk c of up to `group` rows (rows c*group ..): d scales, then
+ *                     d zeros (one per channel)
+ *                  V: for each quantized row: ng scales, then ng zeros, ng = ceil(d/group)
+ *                codes: q rows x ceil(d*bits/8) bytes; code of channel j at bit (j*bits) % 8
+ *                of byte j*bits/8 (low bits first); padding bits are 0
+ *                raw rows: (t - q) rows x d elements, little-endian
+ *   drop, bits 0 t*d elements of the kept rows, little-endian
+ *
+ * ERRORS. Every fallible function returns a kv_codec_status and fills an optional
+ * kv_codec_err (NULL allowed) naming what was wrong; kv_codec_errmsg() formats it. Decoders
+ * treat their input as untrusted: anything malformed is KV_CODEC_ECORRUPT, never a crash,
+ * never a read outside [src, src + src_len).
+ */
+#ifndef KV_CODEC_H
+#define KV_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status and error detail                                                                     */
+
+/** Status of every fallible function of this module. Values are pinned. */
+typedef enum kv_codec_status {
+  KV_CODEC_OK = 0,
+  KV_CODEC_EINVAL = 1,   /**< bad argument or a configuration the shape cannot take */
+  KV_CODEC_ECORRUPT = 2, /**< decoder input malformed: truncated, oversized, unknown id, bad header */
+  KV_CODEC_ETOOSMALL = 3,/**< dst too small; kv_codec_err.limit holds the size that suffices */
+  KV_CODEC_ENOMEM = 4,   /**< scratch smaller than the *_scratch_bytes() it needs */
+} kv_codec_status;
+
+/**
+ * What went wrong, filled by the failing function when its `err` argument is not NULL (left
+ * untouched on success). `what` is a static string naming the problem ("group table entry
+ * exceeds the section"); `value` is the offending number and `limit` the bound it broke (0 when
+ * meaningless); file and line locate the check. Caller-owned; no pointer into caller memory.
+ */
+typedef struct kv_codec_err {
+  kv_codec_status code;
+  const char *what;
+  uint64_t value;
+  uint64_t limit;
+  const char *file;
+  int line;
+} kv_codec_err;
+
+/** @brief Static name of a status, e.g. "KV_CODEC_ECORRUPT". Never NULL. Cannot fail. */
+const char *kv_codec_status_name(kv_codec_status rc);
+
+/**
+ * @brief Write a one-line message naming what was wrong into buf (always NUL-terminated when
+ * cap > 0), e.g. "corrupt section: group table entry exceeds the section (value 70000,
+ * limit 1234) [compress/codec.c:412]". err NULL or err->code OK gives "ok".
+ * @return the length of the full message (snprintf rule: >= cap means it was cut). Cannot fail.
+ */
+size_t kv_codec_errmsg(const kv_codec_err *err, char *buf, size_t cap);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Elements and shapes                                                                         */
+
+/** Element type. Values equal kvdb_dtype's and are stored on disk. */
+typedef enum kv_codec_dtype { KV_CODEC_F16 = 1, KV_CODEC_BF16 = 2, KV_CODEC_F32 = 3 } kv_codec_dtype;
+
+/** Which half of the head a section holds; it chooses the KIVI quantization axis. */
+typedef enum kv_section_kind { KV_SECTION_K = 0, KV_SECTION_V = 1 } kv_section_kind;
+
+#define KV_CODEC_MAX_TOKENS (1u << 30)      /**< n_tokens limit */
+#define KV_CODEC_MAX_HEAD_DIM 65536u        /**< head_dim limit */
+#define KV_CODEC_MAX_PAGE_TOKENS 65536u     /**< page_tokens limit; also G*row bytes <= 2^30 */
+#define KV_SECTION_VERSION 1                /**< section format version this build writes/reads */
+#define KV_SECTION_FIXED_BYTES 32           /**< bytes of the fixed header */
+
+/** The shape of one section. Passed by pointer; never retained. */
+typedef struct kv_section_shape {
+  kv_codec_dtype dtype;
+  kv_section_kind kind;
+  uint32_t n_tokens; /**< rows of the section, >= 1 */
+  uint32_t head_dim; /**< elements per row, >= 1 */
+} kv_section_shape;
+
+/** @brief Bytes of one element of dtype, or 0 for an unknown dtype. Cannot fail. */
+size_t kv_codec_dtype_bytes(kv_codec_dtype dtype);
+
+/* Exact conversions (round to nearest even; NaN stays NaN with its sign; overflow gives inf).
+ * These are the conversions every codec uses, so callers can reproduce decoder output. */
+float kv_codec_f16_to_f32(uint16_t h);
+uint16_t kv_codec_f32_to_f16(float f);
+float kv_codec_bf16_to_f32(uint16_t b);
+uint16_t kv_codec_f32_to_bf16(float f);
+
+/** @brief Convert n elements of dtype (host order) at src to float. Unknown dtype: no-op. */
+void kv_codec_to_f32(kv_codec_dtype dtype, const void *src, size_t n, float *dst);
+/** @brief Convert n floats to dtype elements (host order) at dst. Unknown dtype: no-op. */
+void kv_codec_from_f32(kv_codec_dtype dtype, const float *src, size_t n, void *dst);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parameters                                                                                  */
+
+/** Token-dropping method; stored in the drop codec's header. Values are pinned. */
+typedef enum kv_drop_method {
+  KV_DROP_NONE = 0,
+  KV_DROP_KNORM = 1,   /**< keep the keys with the lowest L2 norm (Devoto et al. 2024) */
+  KV_DROP_KEYDIFF = 2, /**< keep the keys least similar (cosine) to the mean key (Park et al. 2025) */
+  KV_DROP_SNAPKV = 3,  /**< keep the keys the observation window attends to most (Li et al. 2024) */
+} kv_drop_method;
+
+#define KV_CODEC_ZSTD_LEVEL_DEFAULT 3
+#define KV_CODEC_GROUP_DEFAULT 32
+
+/**
+ * Encoding parameters. Fill with kv_codec_params_init(), then change fields. A field a codec
+ * does not use must keep its init value (0), else the encoder returns KV_CODEC_EINVAL — so a
+ * config cannot silently mean something else. Zero means "default" where noted.
+ */
+typedef struct kv_codec_params {
+  int zstd_level;         /**< zstd-planes: -7..22; 0 = KV_CODEC_ZSTD_LEVEL_DEFAULT */
+  unsigned bits;          /**< kivi: 8, 4 or 2 (required); drop: 0 = rows raw, or 8/4/2 */
+  unsigned group;         /**< kivi/drop+quant: K tokens / V channels per scale-zero pair;
+                               0 = KV_CODEC_GROUP_DEFAULT (clipped to head_dim for V) */
+  unsigned residual;      /**< kivi/drop+quant: last rows kept in full precision (<= rows) */
+  unsigned keep_permille; /**< drop: keep ratio x 1000, 1..1000 (required; recorded) */
+  kv_drop_method drop_method; /**< drop: the method that chose the positions (recorded) */
+  unsigned page_tokens;   /**< rows per independently decodable group; 0 = default rule above */
+  const uint32_t *keep_pos; /**< drop, encode only: the kept positions, strictly increasing,
+                                 < n_tokens (from kv_drop_select()); read, not retained */
+  uint32_t n_keep;        /**< drop: entries of keep_pos */
+} kv_codec_params;
+
+/** @brief Set every field to its default (levels/groups 0 = default, bits 0, no drop). */
+void kv_codec_params_init(kv_codec_params *p);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The codec interface and the registry                                                        */
+
+#define KV_CODEC_ID_RAW 1
+#define KV_CODEC_ID_ZSTD_PLANES 2
+#define KV_CODEC_ID_KIVI 3
+#define KV_CODEC_ID_DROP 4
+
+#define KV_CODEC_LOSSLESS 1u     /**< decode(encode(x)) == x, bit for bit */
+#define KV_CODEC_LOSSY 2u        /**< values change within a stated bound */
+#define KV_CODEC_DROPS_TOKENS 4u /**< decodes fewer rows than tokens; positions are stored */
+
+typedef enum kv_codec_op { KV_CODEC_OP_ENCODE = 1, KV_CODEC_OP_DECODE = 2 } kv_codec_op;
+
+struct kv_section_info;
+
+/**
+ * One codec. The members are the implementation; every member validates its own arguments, so
+ * calling them directly is as safe as the kv_codec_* / kv_section_* wrappers below.
+ *
+ * bound(shape, params): the largest encoded size for any data of that shape, or 0 when the
+ *   shape or params are invalid. A dst of bound() bytes never gives KV_CODEC_ETOOSMALL.
+ *   (drop: sized for params.n_keep rows, or kv_drop_keep_count(keep_permille) when n_keep is 0;
+ *   keep_pos may be NULL for bound and scratch_bytes, never for encode.)
+ * scratch_bytes(shape, params, op): scratch that encode (op ENCODE) or decode (op DECODE)
+ *   needs, or 0 when invalid. For decode pass the shape and params of kv_section_info.
+ * encode: section src (src_len = n_tokens*head_dim*element bytes) -> dst; *out_len = bytes
+ *   written. EINVAL (bad shape/params/src_len, e.g. a group larger than the tokens), ENOMEM
+ *   (scratch too small), ETOOSMALL (dst too small; err->limit = bound()). dst is garbage on
+ *   error.
+ * decode: groups [g0, g1) of a section: `hdr` is the section's first hdr_len bytes (at least
+ *   its header, see kv_section_info.header_bytes; it may be the whole section); `payload` is
+ *   the payload_len bytes of groups g0..g1-1 (kv_section_group_span()). Writes rows
+ *   g0*G .. min(g1*G, n_rows)-1 to dst, row-major, in the section dtype, host order.
+ *   ECORRUPT (malformed, or the header names another codec), ETOOSMALL, ENOMEM, EINVAL
+ *   (g0 >= g1 or g1 > n_groups).
+ */
+typedef struct kv_codec {
+  uint8_t id;        /**< on-disk id, KV_CODEC_ID_* */
+  const char *name;  /**< "raw", "zstd-planes", "kivi", "drop" */
+  unsigned flags;    /**< KV_CODEC_LOSSLESS / _LOSSY / _DROPS_TOKENS */
+  size_t (*bound)(const kv_section_shape *shape, const kv_codec_params *p);
+  size_t (*scratch_bytes)(const kv_section_shape *shape, const kv_codec_params *p, kv_codec_op op);
+  kv_codec_status (*encode)(const kv_section_shape *shape, const void *src, size_t src_len,
+                            const kv_codec_params *p, void *scratch, size_t scratch_cap, void *dst,
+                            size_t dst_cap, size_t *out_len, kv_codec_err *err);
+  kv_codec_status (*decode)(const void *hdr, size_t hdr_len, const void *payload,
+                            size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
+                            size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err);
+  /* Codec-specific header checks, called by kv_section_parse() once the common fields are
+   * valid: hdr is the section start, at least info->header_bytes long (bitmap, group table). */
+  kv_codec_status (*check)(const struct kv_section_info *info, const uint8_t *hdr,
+                           kv_codec_err *err);
+} kv_codec;
+
+/** @brief The codec with on-disk id `id`, or NULL when unknown. Cannot fail. */
+const kv_codec *kv_codec_by_id(unsigned id);
+/** @brief The codec named `name` (exact match), or NULL. Cannot fail. */
+const kv_codec *kv_codec_by_name(const char *name);
+/** @brief Number of registered codecs; kv_codec_at(i) for i < count. Cannot fail. */
+size_t kv_codec_count(void);
+/** @brief The i-th registered codec (ascending id), or NULL when i >= kv_codec_count(). */
+const kv_codec *kv_codec_at(size_t i);
+
+/** @brief c->bound(shape, p); 0 when c is NULL or the arguments are invalid. */
+size_t kv_codec_bound(const kv_codec *c, const kv_section_shape *shape, const kv_codec_params *p);
+/** @brief c->scratch_bytes(shape, p, op); 0 when c is NULL or the arguments are invalid. */
+size_t kv_codec_scratch_bytes(const kv_codec *c, const kv_section_shape *shape,
+                              const kv_codec_params *p, kv_codec_op op);
+/** @brief c->encode(...); EINVAL when c is NULL. See kv_codec for the contract. */
+kv_codec_status kv_codec_encode(const kv_codec *c, const kv_section_shape *shape, const void *src,
+                                size_t src_len, const kv_codec_params *p, void *scratch,
+                                size_t scratch_cap, void *dst, size_t dst_cap, size_t *out_len,
+                                kv_codec_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Reading encoded sections                                                                    */
+
+/** What a section header says, after validation by kv_section_parse(). */
+typedef struct kv_section_info {
+  uint8_t codec_id;
+  uint8_t version;
+  kv_section_shape shape;  /**< the original section */
+  uint32_t n_rows;         /**< rows decode yields: n_tokens, or kept tokens for drop */
+  uint32_t n_groups;       /**< ceil(n_rows / params.page_tokens) */
+  kv_codec_params params;  /**< as stored, defaults resolved; keep_pos NULL, n_keep = n_rows
+                                for drop */
+  size_t header_bytes;     /**< fixed header + keep bitmap + group table */
+  uint64_t section_bytes;  /**< header_bytes + all group payloads */
+} kv_section_info;
+
+/**
+ * @brief Bytes of header (fixed part + bitmap + group table) of the section starting at src,
+ * from its first KV_SECTION_FIXED_BYTES bytes — for reading a header before the payloads.
+ * @return OK, or ECORRUPT (src_len < KV_SECTION_FIXED_BYTES, or fields out of range).
+ */
+kv_codec_status kv_section_header_bytes(const void *src, size_t src_len, size_t *out,
+                                        kv_codec_err *err);
+
+/**
+ * @brief Validate the header of the section at src (src_len >= header_bytes; the payloads
+ * need not be present) and describe it in *info. Checks every field, reserved bits, the keep
+ * bitmap and each group-table entry against what the codec can produce.
+ * @return OK, ECORRUPT (unknown codec id, bad version or field, truncated header, oversized
+ * lengths), EINVAL (NULL pointers).
+ */
+kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_info *info,
+                                 kv_codec_err *err);
+
+/** @brief Decode scratch for this section: its codec's scratch_bytes(DECODE). 0 when invalid. */
+size_t kv_section_scratch_bytes(const kv_section_info *info);
+
+/** @brief Bytes a decode of groups [g0, g1) writes; 0 when the range is invalid. */
+size_t kv_section_rows_bytes(const kv_section_info *info, uint32_t g0, uint32_t g1);
+
+/**
+ * @brief Decode a whole section: src_len must be exactly info.section_bytes. dst receives
+ * n_rows x head_dim elements (dst_cap >= kv_section_rows_bytes(info, 0, n_groups)).
+ * `info` may be NULL; when not NULL it receives the parsed header.
+ * @return OK, ECORRUPT, ETOOSMALL, ENOMEM, EINVAL.
+ */
+kv_codec_status kv_section_decode(const void *src, size_t src_len, void *scratch,
+                                  size_t scratch_cap, void *dst, size_t dst_cap,
+                                  kv_section_info *info, kv_codec_err *err);
+
+/**
+ * @brief Byte range [*off, *off + *len) of groups [g0, g1) within the section (offsets from
+ * the section start). hdr holds at least the header. @return OK, EINVAL, ECORRUPT.
+ */
+kv_codec_status kv_section_group_span(const void *hdr, size_t hdr_len, uint32_t g0, uint32_t g1,
+                                      uint64_t *off, uint64_t *len, kv_codec_err *err);
+
+/** @brief Decode groups [g0, g1) through the codec named in hdr. See kv_codec.decode. */
+kv_codec_status kv_section_decode_groups(const void *hdr, size_t hdr_len, const void *payload,
+                                         size_t payload_len, uint32_t g0, uint32_t g1,
+                                         void *scratch, size_t scratch_cap, void *dst,
+                                         size_t dst_cap, kv_codec_err *err);
+
+/**
+ * @brief Token positions of decoded rows [row0, row0 + n): pos[i] = token of row row0 + i
+ * (the identity unless the section drops tokens). @return OK, EINVAL (range), ECORRUPT.
+ */
+kv_codec_status kv_section_positions(const void *hdr, size_t hdr_len, uint32_t row0, uint32_t n,
+                                     uint32_t *pos, kv_codec_err *err);
+
+#define KV_SECTION_DROPPED UINT32_MAX
+
+/**
+ * @brief The decoded row holding token `token` (*row = KV_SECTION_DROPPED when the token was
+ * dropped); its group is *row / params.page_tokens. @return OK, EINVAL (token >= n_tokens),
+ * ECORRUPT.
+ */
+kv_codec_status kv_section_row_of_token(const void *hdr, size_t hdr_len, uint32_t token,
+                                        uint32_t *row, kv_codec_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lossless: the byte-plane entropy bound                                                      */
+
+/**
+ * @brief The order-0 byte-plane entropy bound of a section, in bytes: for each byte plane
+ * (byte b of every little-endian element), its length times its empirical Shannon entropy
+ * (bits per byte) / 8, summed over planes. No coder that models bytes of one plane
+ * independently of one another can do better; raw_bytes / bound is the "entropy bound ratio".
+ * @return OK, EINVAL.
+ */
+kv_codec_status kv_lossless_entropy_bound(const kv_section_shape *shape, const void *src,
+                                          size_t src_len, double *out_bytes, kv_codec_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Token dropping: choosing the positions                                                      */
+
+/** @brief Kept tokens at keep_permille / 1000: ceil(n * permille / 1000), at least 1; 0 when
+ * n is 0 or permille is outside 1..1000. Cannot fail. */
+uint32_t kv_drop_keep_count(uint32_t n_tokens, unsigned keep_permille);
+
+typedef enum kv_pool { KV_POOL_MAX = 0, KV_POOL_AVG = 1 } kv_pool;
+
+#define KV_SNAPKV_KERNEL_DEFAULT 7
+
+/**
+ * SnapKV's observation window for one KV head: the last queries of the prompt, in the same
+ * rotary/scaling state as the keys. q is float [n_obs][n_q_heads][head_dim]; n_q_heads is the
+ * number of query heads that share this KV head (GQA group size).
+ *
+ * Scores: for every query row, softmax(q . K^T / sqrt(head_dim)) over the keys; summed over
+ * the n_obs x n_q_heads rows; then a 1-D pool of width `kernel` (odd; 0 = 7), stride 1, padding
+ * kernel/2 (max pool, or average pool counting the padding as zeros as F.avg_pool1d does);
+ * the top-scoring keys are kept.
+ * With tail_window = 1 the queries are the section's own last n_obs tokens, as in SnapKV's
+ * prefill (Li et al. 2024, Alg. 1): query j, at token n_tokens - n_obs + j, sees only the keys
+ * up to itself (causal mask); scores and pooling cover the keys before the window; the window
+ * tokens are always kept and the other kept tokens are the prefix's best. When fewer tokens are
+ * kept than the window holds, the most recent ones are kept.
+ */
+typedef struct kv_snapkv_window {
+  const float *q;
+  uint32_t n_obs;
+  uint32_t n_q_heads;
+  unsigned kernel;
+  kv_pool pool;
+  int tail_window;
+} kv_snapkv_window;
+
+/** @brief Scratch kv_drop_select() needs; 0 when arguments are invalid. */
+size_t kv_drop_scratch_bytes(kv_drop_method m, uint32_t n_tokens, uint32_t head_dim,
+                             const kv_snapkv_window *win);
+
+/**
+ * @brief Choose the tokens to keep for one KV head from its K section (shape->kind must be
+ * KV_SECTION_K); encode both the K and the V section of the head with the drop codec and
+ * params.keep_pos = keep_pos, so the selection is computed once.
+ *
+ * knorm: score = -||k_t||; keydiff: score = -cos(k_t, a) with a = mean of k_t/||k_t|| (cos = 0
+ * for a zero key; ranks tokens exactly as the mean cosine similarity to all other keys does);
+ * snapkv: see kv_snapkv_window (win required for snapkv, must be NULL otherwise). The
+ * kv_drop_keep_count() tokens with the highest scores are kept; ties keep the earlier token;
+ * a NaN score ranks lowest. Norms and cosines are computed in double.
+ * keep_pos receives the kept positions in increasing order (keep_cap >= the keep count).
+ * @return OK, EINVAL (method, shape, permille, window, caps), ENOMEM (scratch).
+ */
+kv_codec_status kv_drop_select(kv_drop_method m, const kv_section_shape *shape, const void *k,
+                               size_t k_len, unsigned keep_permille, const kv_snapkv_window *win,
+                               void *scratch, size_t scratch_cap, uint32_t *keep_pos,
+                               uint32_t keep_cap, uint32_t *n_keep, kv_codec_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Quality: attention-output fidelity                                                          */
+
+/**
+ * Quality of a decoded head against the original, on probe queries q (float [n][head_dim]):
+ * o(q) = softmax(q . K^T / sqrt(head_dim)) . V over the original rows, o'(q) the same over the
+ * decoded rows (dropped tokens simply absent).
+ *   cos_mean = mean over probes of cos(o, o') (1 when both are zero, 0 when one is)
+ *   cos_min  = the smallest of those cosines
+ *   rel_l2   = sqrt(sum ||o - o'||^2 / sum ||o||^2) over probes (0 when both sums are 0)
+ */
+typedef struct kv_quality {
+  double cos_mean;
+  double cos_min;
+  double rel_l2;
+  uint32_t n_probes;
+} kv_quality;
+
+#define KV_QUALITY_DERIVED_RECENT 8
+#define KV_QUALITY_DERIVED_SPREAD 8
+#define KV_QUALITY_MAX_DERIVED (KV_QUALITY_DERIVED_RECENT + KV_QUALITY_DERIVED_SPREAD)
+
+/**
+ * @brief Probe queries derived from the context itself, used when the caller has none: the
+ * keys of the last 8 tokens (what a decoder's next queries resemble: recent tokens) plus the
+ * keys at the evenly spaced tokens floor(j * n / 8), j = 0..7, that are not among those
+ * (coverage of the whole context), as float rows in that order; n <= 16 gives every key, in
+ * token order. Each probe keeps its key's direction and is scaled to norm sqrt(head_dim), the
+ * norm of a unit-variance query: raw keys carry the head's large outlier-channel means, so
+ * q.k would track |k|^2 and turn the softmax into a near-argmax that exaggerates every error
+ * (on the synthetic KV of the tests int4 scores ~0.985 with raw keys, ~0.994 normalized, 0.999
+ * with random unit-variance queries). Keys stand in for queries because both live in the head's
+ * rotary frame, and they reward keeping tokens like the recent ones; a caller with real
+ * queries (e.g. the prompt's last ones) should pass those instead. A zero key stays zero.
+ * probes must hold KV_QUALITY_MAX_DERIVED rows of head_dim floats.
+ * @return OK, EINVAL.
+ */
+kv_codec_status kv_quality_derive_probes(const kv_section_shape *k_shape, const void *k,
+                                         size_t k_len, float *probes, uint32_t probes_cap,
+                                         uint32_t *n_probes, kv_codec_err *err);
+
+/** @brief Scratch kv_quality_attend() needs for n_rows rows and n_probes probes. */
+size_t kv_quality_attend_scratch_bytes(uint32_t n_rows, uint32_t head_dim, uint32_t n_probes);
+
+/**
+ * @brief Attention outputs out[p] = softmax(q_p . K^T / sqrt(d)) . V (float [n_probes][d])
+ * over n_rows rows of K and V in dtype (host order). Logits and outputs in float, softmax sums
+ * in double. Compute the original head's outputs once and compare many decodings against them.
+ * @return OK, EINVAL, ENOMEM.
+ */
+kv_codec_status kv_quality_attend(kv_codec_dtype dtype, uint32_t n_rows, uint32_t head_dim,
+                                  const void *k, const void *v, const float *probes,
+                                  uint32_t n_probes, void *scratch, size_t scratch_cap, float *out,
+                                  kv_codec_err *err);
+
+/** @brief Compare two sets of attention outputs (float [n_probes][head_dim]). OK, EINVAL. */
+kv_codec_status kv_quality_compare(const float *ref, const float *test, uint32_t n_probes,
+                                   uint32_t head_dim, kv_quality *q, kv_codec_err *err);
+
+/** @brief Scratch kv_quality_attention() needs (n_probes 0 = derived probes). */
+size_t kv_quality_scratch_bytes(uint32_t n_tokens, uint32_t head_dim, uint32_t n_probes);
+
+/**
+ * @brief The whole measurement for one head: original K and V (shape: n_tokens rows, the same
+ * dtype for K and V; shape->kind is ignored), decoded rows k_dec/v_dec (n_dec rows, same dtype),
+ * probes float [n_probes][head_dim] or NULL with n_probes 0 to derive them from the original K
+ * (kv_quality_derive_probes()).
+ * @return OK, EINVAL, ENOMEM.
+ */
+kv_codec_status kv_quality_attention(const kv_section_shape *shape, const void *k, const void *v,
+                                     uint32_t n_dec, const void *k_dec, const void *v_dec,
+                                     const float *probes, uint32_t n_probes, void *scratch,
+                                     size_t scratch_cap, kv_quality *q, kv_codec_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module-internal part: for the compress/ sources and the module's unit tests only. Define
+ * KV_CODEC_INTERNAL before including to see it; nothing outside compress/ may.                */
+#ifdef KV_CODEC_INTERNAL
+
+#include <string.h>
+
+static inline void kv_codec_put_le16(uint8_t *p, uint16_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static inline void kv_codec_put_le32(uint8_t *p, uint32_t v)
+{
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+  p[2] = (uint8_t)(v >> 16);
+  p[3] = (uint8_t)(v >> 24);
+}
+static inline uint16_t kv_codec_get_le16(const uint8_t *p)
+{
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t kv_codec_get_le32(const uint8_t *p)
+{
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/*
+ * Branch-free element conversions for hot loops (selects instead of branches, so loops over
+ * them vectorize). kv_codec_f16_rne: f32 -> f16 rounding to nearest even, exact for every
+ * non-NaN input (NaN -> inf here; the public kv_codec_f32_to_f16 keeps NaNs). Identical to
+ * F16C vcvtps2ph for non-NaN inputs: the subnormal case rounds through a float add of 0.5.
+ */
+static inline uint16_t kv_codec_f16_rne(float f)
+{
+  uint32_t x, tb;
+  float t;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  uint32_t normal = (x - (112u << 23) + 0xfffu + ((x >> 13) & 1u)) >> 13; /* rebias, round */
+  memcpy(&t, &x, 4);
+  t += 0.5f; /* below 2^-14: the add rounds onto the f16 subnormal grid */
+  memcpy(&tb, &t, 4);
+  uint32_t is_sub = 0u - (uint32_t)(x < 0x38800000u); /* all ones or zero: no branches */
+  uint32_t is_big = 0u - (uint32_t)(x >= 0x47800000u);
+  uint32_t o = ((tb - 0x3f000000u) & is_sub) | (normal & ~is_sub);
+  o = (0x7c00u & is_big) | (o & ~is_big);
+  return (uint16_t)(o | sign);
+}
+static inline uint16_t kv_codec_bf16_rne(float f) /* finite or infinite inputs */
+{
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+static inline float kv_codec_f16_widen(uint16_t h) /* exact, NaN payloads kept */
+{
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, em = h & 0x7fffu, sb, o;
+  float sub = (float)em * 0x1p-24f, r;
+  memcpy(&sb, &sub, 4);
+  o = em >= 0x7c00u ? (0x7f800000u | ((em & 0x3ffu) << 13)) : (em << 13) + (112u << 23);
+  o = em < 0x0400u ? sb : o;
+  o |= sign;
+  memcpy(&r, &o, 4);
+  return r;
+}
+
+/* Record an error (file:line of the check) and return its code. */
+kv_codec_status kv_codec_fail_at(kv_codec_err *err, kv_codec_status code, const char *what,
+                                 uint64_t value, uint64_t limit, const char *file, int line);
+#define KV_CODEC_FAIL(err, code, what, value, limit)                                              \
+  kv_codec_fail_at((err), (code), (what), (uint64_t)(value), (uint64_t)(limit), __FILE__, __LINE__)
+
+/* 64-byte aligned start of a caller scratch buffer; *cap shrinks to what is left. */
+void *kv_codec_scratch_align(void *scratch, size_t *cap);
+#define KV_CODEC_SCRATCH_SLACK 64
+
+/*
+ * Validate shape + params for encoding with codec `id` and describe the section to be
+ * written: defaults resolved, n_rows, n_groups, header_bytes (section_bytes left 0).
+ */
+kv_codec_status kv_codec_plan(uint8_t id, const kv_section_shape *shape, const kv_codec_params *p,
+                              kv_section_info *info, kv_codec_err *err);
+/* Write the fixed header and the keep bitmap (drop) of a planned section; the group table is
+ * the codec's to fill. dst holds info->header_bytes. */
+void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos, uint8_t *dst);
+/* Common prologue of every decode member: parse hdr, check it names codec `id`, check the
+ * range and capacities, and give the payload offset of group g0 within `payload`'s section. */
+kv_codec_status kv_codec_decode_begin(uint8_t id, const void *hdr, size_t hdr_len,
+                                      size_t payload_len, uint32_t g0, uint32_t g1,
+                                      size_t dst_cap, kv_section_info *info, kv_codec_err *err);
+/* Common checks of encode arguments (shape, src_len, pointers). */
+kv_codec_status kv_codec_encode_args(const kv_section_shape *shape, const void *src,
+                                     size_t src_len, const void *dst, size_t *out_len,
+                                     kv_codec_err *err);
+
+/* Rows of group g and its first row. */
+static inline uint32_t kv_codec_group_rows(const kv_section_info *info, uint32_t g)
+{
+  uint32_t first = g * info->params.page_tokens;
+  uint32_t left = info->n_rows - first;
+  return left < info->params.page_tokens ? left : info->params.page_tokens;
+}
+
+/* Dot product of float rows (drop.c scoring, quality.c logits). */
+double kv_codec_dot_f32(const float *a, const float *b, uint32_t d);
+
+/* Elements in host order <-> little-endian bytes. */
+void kv_codec_store_le(kv_codec_dtype dtype, const void *src, size_t n, uint8_t *dst);
+void kv_codec_load_le(kv_codec_dtype dtype, const uint8_t *src, size_t n, void *dst);
+
+/* quant.c — KIVI page groups, shared by the kivi and drop codecs. Rows are the rows of the
+ * section being written (row_map maps them to rows of src; NULL = identity). */
+size_t kv_quant_group_bytes(const kv_section_info *info, uint32_t g);
+size_t kv_quant_scratch_bytes(uint32_t head_dim); /* includes KV_CODEC_SCRATCH_SLACK */
+kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, const void *src,
+                                      const uint32_t *row_map, void *ws, uint8_t *dst,
+                                      kv_codec_err *err);
+/* simd: 1 = AVX2/F16C kernels when the CPU has them, 0 = portable code; same bits either way. */
+void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
+                           void *dst, int simd);
+int kv_quant_simd_available(void);
+kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
+                               kv_codec_err *err);
+
+/* drop.c — bitmap helpers. */
+uint32_t kv_drop_bitmap_count(const uint8_t *bitmap, uint32_t n_tokens);
+
+extern const kv_codec kv_codec_raw;
+extern const kv_codec kv_codec_zstd_planes;
+extern const kv_codec kv_codec_kivi;
+extern const kv_codec kv_codec_drop;
+
+#endif /* KV_CODEC_INTERNAL */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_CODEC_H */

@@ -1,0 +1,658 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * compress/quant.c — KIVI quantization (Liu et al. 2024), codec "kivi" (id 3), and the page
+ * group coder the "drop" codec reuses for its kept rows.
+ *
+ * Keys have a few channels with large, persistent magnitudes (outlier channels), so KIVI
+ * quantizes K per channel: each channel of each run of `group` tokens gets its own scale and
+ * zero, and an outlier channel does not spoil the others' resolution. Values have no such
+ * channels but vary per token, so V is quantized per token, in runs of `group` channels.
+ * Asymmetric min/max: zero = min, scale = (max - min) / (2^bits - 1), both stored as fp16 with
+ * directed rounding so the stored range still covers every value (the bound in codec.h).
+ * The last `residual` rows (the most recent tokens, the ones decoding attends to most) stay in
+ * full precision.
+ *
+ * Decoding is the hot path: a get of a quantized context must keep up with the disk (target
+ * >= 8 GB/s of decoded f16 per core for int4). On x86-64 CPUs with AVX2 and F16C the rows are
+ * dequantized 16 channels at a time; elsewhere a portable loop runs. Both produce identical
+ * bits: y = code * scale + zero where code * scale is exact in float (8-bit code times an
+ * 11-bit fp16 significand), so fused or unfused, vector or scalar, y has one rounding, and the
+ * scalar f32->f16/bf16 conversions round exactly as vcvtps2ph and the vector bf16 code do.
+ */
+#define KV_CODEC_INTERNAL
+#include "codec.h"
+
+#include <math.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define KV_QUANT_X86 1
+#include <immintrin.h>
+#else
+#define KV_QUANT_X86 0
+#endif
+
+/* ---- geometry of a page group ------------------------------------------------------------- */
+
+typedef struct qgeom {
+  uint32_t r0;         /* first row of the group */
+  uint32_t t;          /* rows */
+  uint32_t q;          /* quantized rows (the rest are residual rows, stored raw) */
+  uint32_t n_pairs;    /* scale/zero pairs */
+  size_t rowpack;      /* code bytes per row */
+  size_t pairs_bytes, codes_bytes, raw_bytes;
+} qgeom;
+
+static void geom(const kv_section_info *info, uint32_t g, qgeom *o)
+{
+  const kv_codec_params *p = &info->params;
+  uint32_t d = info->shape.head_dim;
+  uint32_t qend = info->n_rows - p->residual;
+  o->r0 = g * p->page_tokens;
+  o->t = kv_codec_group_rows(info, g);
+  o->q = o->r0 >= qend ? 0 : (qend - o->r0 < o->t ? qend - o->r0 : o->t);
+  o->rowpack = ((size_t)d * p->bits + 7) / 8;
+  if (info->shape.kind == KV_SECTION_K)
+    o->n_pairs = (o->q + p->group - 1) / p->group * d;
+  else
+    o->n_pairs = o->q * ((d + p->group - 1) / p->group);
+  o->pairs_bytes = 4 * (size_t)o->n_pairs;
+  o->codes_bytes = (size_t)o->q * o->rowpack;
+  o->raw_bytes = (size_t)(o->t - o->q) * d * kv_codec_dtype_bytes(info->shape.dtype);
+}
+
+/* At most ~5x the raw rows of a group (<= 2^30 by [H1]), so it fits a u32 table entry. */
+size_t kv_quant_group_bytes(const kv_section_info *info, uint32_t g)
+{
+  qgeom q;
+  geom(info, g, &q);
+  return q.pairs_bytes + q.codes_bytes + q.raw_bytes;
+}
+
+/* row buffer (float), min, max, zero (float) and 1/scale (double) per channel */
+size_t kv_quant_scratch_bytes(uint32_t head_dim)
+{
+  return KV_CODEC_SCRATCH_SLACK + 8 * sizeof(float) * (size_t)head_dim + 64;
+}
+
+kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
+                               kv_codec_err *err)
+{
+  size_t bitmap = info->codec_id == KV_CODEC_ID_DROP ? ((size_t)info->shape.n_tokens + 7) / 8 : 0;
+  const uint8_t *t = hdr + KV_SECTION_FIXED_BYTES + bitmap;
+  for (uint32_t g = 0; g < info->n_groups; g++) {
+    size_t want = kv_quant_group_bytes(info, g);
+    uint32_t have = kv_codec_get_le32(t + 4 * (size_t)g);
+    if (have != want)
+      return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "quantized group length is not its layout's",
+                           have, want);
+  }
+  return KV_CODEC_OK;
+}
+
+/* ---- scale and zero --------------------------------------------------------------------------- */
+
+/* Largest fp16 <= v (v finite, |v| <= 65504). */
+static uint16_t f16_floor(float v)
+{
+  uint16_t h = kv_codec_f32_to_f16(v);
+  if (kv_codec_f16_to_f32(h) <= v)
+    return h;
+  if ((h & 0x7fffu) == 0)
+    return 0x8001u; /* below zero: the smallest negative subnormal */
+  return (h & 0x8000u) ? (uint16_t)(h + 1) : (uint16_t)(h - 1);
+}
+
+/* Smallest non-negative fp16 >= s (0 <= s < 65504). */
+static uint16_t f16_ceil(double s)
+{
+  uint16_t h = kv_codec_f32_to_f16((float)s);
+  if ((double)kv_codec_f16_to_f32(h) < s)
+    h = (uint16_t)(h + 1);
+  return h;
+}
+
+/* fp16 (scale, zero) covering [mn, mx] with 2^bits - 1 steps. */
+static void scale_zero(float mn, float mx, unsigned maxq, uint16_t *s_h, uint16_t *z_h)
+{
+  uint16_t z = f16_floor(mn);
+  double zf = kv_codec_f16_to_f32(z);
+  uint16_t s = f16_ceil(((double)mx - zf) / maxq);
+  /* exact in double: maxq (8 bits) x s (11 bits) + z (11 bits) */
+  while (zf + (double)maxq * kv_codec_f16_to_f32(s) < (double)mx)
+    s = (uint16_t)(s + 1);
+  *s_h = s;
+  *z_h = z;
+}
+
+static inline unsigned quantize(float x, double z, double inv, unsigned maxq)
+{
+  double v = ((double)x - z) * inv + 0.5;
+  if (!(v > 0))
+    return 0;
+  unsigned c = (unsigned)v;
+  return c > maxq ? maxq : c;
+}
+
+static inline void put_code(uint8_t *row, unsigned bits, uint32_t j, unsigned c)
+{
+  if (bits == 8)
+    row[j] = (uint8_t)c;
+  else if (bits == 4)
+    row[j >> 1] |= (uint8_t)(c << ((j & 1u) * 4));
+  else
+    row[j >> 2] |= (uint8_t)(c << ((j & 3u) * 2));
+}
+
+static inline unsigned get_code(const uint8_t *row, unsigned bits, uint32_t j)
+{
+  if (bits == 8)
+    return row[j];
+  if (bits == 4)
+    return (row[j >> 1] >> ((j & 1u) * 4)) & 15u;
+  return (row[j >> 2] >> ((j & 3u) * 2)) & 3u;
+}
+
+/* ---- encoding ---------------------------------------------------------------------------------- */
+
+static kv_codec_status load_row(const kv_section_info *info, const uint8_t *src,
+                                const uint32_t *row_map, uint32_t r, float *x, kv_codec_err *err)
+{
+  uint32_t d = info->shape.head_dim;
+  size_t row = (size_t)d * kv_codec_dtype_bytes(info->shape.dtype);
+  uint32_t sr = row_map ? row_map[r] : r;
+  kv_codec_to_f32(info->shape.dtype, src + (size_t)sr * row, d, x);
+  for (uint32_t j = 0; j < d; j++)
+    if (!(fabsf(x[j]) <= 65504.0f))
+      return KV_CODEC_FAIL(err, KV_CODEC_EINVAL,
+                           "value not finite or beyond the fp16 range of KIVI's zero point", sr,
+                           j);
+  return KV_CODEC_OK;
+}
+
+kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, const void *src,
+                                      const uint32_t *row_map, void *ws, uint8_t *dst,
+                                      kv_codec_err *err)
+{
+  const kv_codec_params *p = &info->params;
+  const uint8_t *s8 = src;
+  uint32_t d = info->shape.head_dim;
+  unsigned bits = p->bits, maxq = (1u << bits) - 1;
+  qgeom q;
+  geom(info, g, &q);
+  uint8_t *pairs = dst, *codes = dst + q.pairs_bytes, *raw = codes + q.codes_bytes;
+  float *x = ws, *mn = x + d, *mx = mn + d, *zf = mx + d;
+  double *inv = (double *)(void *)(zf + d); /* 16*d bytes in: 8-aligned, ws is 64-aligned */
+  kv_codec_status rc;
+
+  memset(codes, 0, q.codes_bytes);
+  if (info->shape.kind == KV_SECTION_K) {
+    for (uint32_t c0 = 0; c0 < q.q; c0 += p->group) {
+      uint32_t c1 = c0 + p->group < q.q ? c0 + p->group : q.q;
+      uint8_t *cp = pairs + 4 * (size_t)(c0 / p->group) * d;
+      for (uint32_t j = 0; j < d; j++) {
+        mn[j] = INFINITY;
+        mx[j] = -INFINITY;
+      }
+      for (uint32_t r = c0; r < c1; r++) {
+        if ((rc = load_row(info, s8, row_map, q.r0 + r, x, err)) != KV_CODEC_OK)
+          return rc;
+        for (uint32_t j = 0; j < d; j++) {
+          mn[j] = x[j] < mn[j] ? x[j] : mn[j];
+          mx[j] = x[j] > mx[j] ? x[j] : mx[j];
+        }
+      }
+      for (uint32_t j = 0; j < d; j++) {
+        uint16_t sh, zh;
+        scale_zero(mn[j], mx[j], maxq, &sh, &zh);
+        kv_codec_put_le16(cp + 2 * (size_t)j, sh);                 /* scales[d] */
+        kv_codec_put_le16(cp + 2 * (size_t)d + 2 * (size_t)j, zh); /* then zeros[d] */
+        float sf = kv_codec_f16_to_f32(sh);
+        zf[j] = kv_codec_f16_to_f32(zh);
+        inv[j] = sf > 0 ? 1.0 / sf : 0.0;
+      }
+      for (uint32_t r = c0; r < c1; r++) {
+        (void)load_row(info, s8, row_map, q.r0 + r, x, NULL); /* checked above */
+        uint8_t *row = codes + (size_t)r * q.rowpack;
+        for (uint32_t j = 0; j < d; j++)
+          put_code(row, bits, j, quantize(x[j], zf[j], inv[j], maxq));
+      }
+    }
+  } else {
+    uint32_t ng = (d + p->group - 1) / p->group;
+    for (uint32_t r = 0; r < q.q; r++) {
+      if ((rc = load_row(info, s8, row_map, q.r0 + r, x, err)) != KV_CODEC_OK)
+        return rc;
+      uint8_t *row = codes + (size_t)r * q.rowpack;
+      for (uint32_t k = 0; k < ng; k++) {
+        uint32_t j0 = k * p->group, j1 = j0 + p->group < d ? j0 + p->group : d;
+        float lo = INFINITY, hi = -INFINITY;
+        for (uint32_t j = j0; j < j1; j++) {
+          lo = x[j] < lo ? x[j] : lo;
+          hi = x[j] > hi ? x[j] : hi;
+        }
+        uint16_t sh, zh;
+        scale_zero(lo, hi, maxq, &sh, &zh);
+        uint8_t *pp = pairs + 4 * (size_t)r * ng; /* scales[ng] then zeros[ng] */
+        kv_codec_put_le16(pp + 2 * (size_t)k, sh);
+        kv_codec_put_le16(pp + 2 * (size_t)ng + 2 * (size_t)k, zh);
+        float sf = kv_codec_f16_to_f32(sh);
+        double z = kv_codec_f16_to_f32(zh), iv = sf > 0 ? 1.0 / sf : 0.0;
+        for (uint32_t j = j0; j < j1; j++)
+          put_code(row, bits, j, quantize(x[j], z, iv, maxq));
+      }
+    }
+  }
+  size_t rowb = (size_t)d * kv_codec_dtype_bytes(info->shape.dtype);
+  for (uint32_t r = q.q; r < q.t; r++) {
+    uint32_t sr = row_map ? row_map[q.r0 + r] : q.r0 + r;
+    kv_codec_store_le(info->shape.dtype, s8 + (size_t)sr * rowb, d, raw + (size_t)(r - q.q) * rowb);
+  }
+  return KV_CODEC_OK;
+}
+
+/* ---- decoding: portable ------------------------------------------------------------------------ */
+
+/*
+ * 16 channels from channel j, codes one byte each (codes points at channel j's). Every loop has
+ * a constant trip count, which is what gcc -O2's "very cheap" vectorizer needs, and the
+ * conversion is branch-free, so each loop becomes SSE2/NEON code.
+ */
+static inline void deq16_portable(const uint8_t *codes, uint32_t j, const float *s,
+                                  const float *z, float sb, float zb, kv_codec_dtype dt,
+                                  uint8_t *out)
+{
+  float c[16], y[16];
+  for (int k = 0; k < 16; k++)
+    c[k] = (float)codes[k];
+  if (s != NULL)
+    for (int k = 0; k < 16; k++)
+      y[k] = c[k] * s[j + k] + z[j + k];
+  else
+    for (int k = 0; k < 16; k++)
+      y[k] = c[k] * sb + zb;
+  if (dt == KV_CODEC_F16) {
+    uint16_t h[16];
+    for (int k = 0; k < 16; k++)
+      h[k] = kv_codec_f16_rne(y[k]);
+    memcpy(out + 2 * (size_t)j, h, sizeof h);
+  } else if (dt == KV_CODEC_BF16) {
+    uint16_t h[16];
+    for (int k = 0; k < 16; k++)
+      h[k] = kv_codec_bf16_rne(y[k]);
+    memcpy(out + 2 * (size_t)j, h, sizeof h);
+  } else {
+    memcpy(out + 4 * (size_t)j, y, sizeof y);
+  }
+}
+
+/*
+ * Channels [j0, j1) of one row: y = code * scale + zero, scale/zero per channel (s, z indexed
+ * by channel) or one pair for the span (s == NULL: sb, zb); blocks of 16 where the codes are
+ * byte-aligned, one channel at a time for the rest. y is finite, so the branch-free
+ * conversions apply. Output elements are in host order, like every decoder's.
+ */
+static void deq_span_portable(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t j1,
+                              const float *s, const float *z, float sb, float zb,
+                              kv_codec_dtype dt, uint8_t *out_row, float *tmp, uint8_t *u8)
+{
+  uint32_t n = j1 - j0, j = 0;
+  const uint8_t *c8 = codes + j0;
+  if (bits != 8) { /* unpack the whole span first: no store-to-load stalls in the blocks */
+    for (uint32_t k = 0; k < n; k++)
+      u8[k] = (uint8_t)get_code(codes, bits, j0 + k);
+    c8 = u8;
+  }
+  for (; j + 16 <= n; j += 16)
+    deq16_portable(c8 + j, j0 + j, s, z, sb, zb, dt, out_row);
+  for (uint32_t k = j; k < n; k++)
+    tmp[k - j] = s != NULL ? (float)c8[k] * s[j0 + k] + z[j0 + k] : (float)c8[k] * sb + zb;
+  kv_codec_from_f32(dt, tmp, n - j, out_row + (size_t)(j0 + j) * kv_codec_dtype_bytes(dt));
+}
+
+/* ---- decoding: AVX2 + F16C -------------------------------------------------------------------- */
+
+#if KV_QUANT_X86
+#define KV_AVX2 __attribute__((target("avx2,f16c")))
+#define KV_INLINE __attribute__((always_inline)) inline
+
+int kv_quant_simd_available(void)
+{
+#if defined(__clang__)
+  return __builtin_cpu_supports("avx2"); /* clang 14 cannot test f16c; every AVX2 CPU has it */
+#else
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+}
+
+/* 16 codes starting at channel j (j * bits a multiple of 8) as two float vectors. */
+KV_AVX2 static KV_INLINE void codes16(const uint8_t *row, unsigned bits, uint32_t j, __m256 *c0,
+                                      __m256 *c1)
+{
+  __m128i v;
+  if (bits == 8) {
+    v = _mm_loadu_si128((const __m128i *)(const void *)(row + j));
+  } else if (bits == 4) {
+    __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(row + j / 2));
+    __m128i m = _mm_set1_epi8(0x0f);
+    v = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+  } else {
+    int32_t w;
+    memcpy(&w, row + j / 4, 4);
+    __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128(w),
+                                 _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), three = _mm256_set1_epi32(3);
+    __m256i a = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(x), sh), three);
+    __m256i b =
+      _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8)), sh), three);
+    *c0 = _mm256_cvtepi32_ps(a);
+    *c1 = _mm256_cvtepi32_ps(b);
+    return;
+  }
+  *c0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+  *c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
+
+KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y)
+{
+  if (dt == KV_CODEC_F16) {
+    _mm_storeu_si128((__m128i *)(void *)out, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
+  } else if (dt == KV_CODEC_BF16) { /* y is finite here: round to nearest even */
+    __m256i b = _mm256_castps_si256(y);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    _mm_storeu_si128((__m128i *)(void *)out, h);
+  } else {
+    _mm256_storeu_ps((float *)(void *)out, y);
+  }
+}
+
+/* n16 blocks of 16 channels from channel j0: per-channel s/z (s != NULL) or one pair sb/zb. */
+KV_AVX2 static KV_INLINE void deq16(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t n16,
+                                    const float *s, const float *z, float sb, float zb,
+                                    kv_codec_dtype dt, uint8_t *out_row)
+{
+  size_t es = dt == KV_CODEC_F32 ? 4 : 2;
+  __m256 vs = _mm256_set1_ps(sb), vz = _mm256_set1_ps(zb);
+  for (uint32_t i = 0; i < n16; i++) {
+    uint32_t j = j0 + 16 * i;
+    __m256 c0, c1, s0 = vs, s1 = vs, z0 = vz, z1 = vz;
+    codes16(codes, bits, j, &c0, &c1);
+    if (s != NULL) {
+      s0 = _mm256_loadu_ps(s + j);
+      s1 = _mm256_loadu_ps(s + j + 8);
+      z0 = _mm256_loadu_ps(z + j);
+      z1 = _mm256_loadu_ps(z + j + 8);
+    }
+    store8(dt, out_row + j * es, _mm256_add_ps(_mm256_mul_ps(c0, s0), z0));
+    store8(dt, out_row + (j + 8) * es, _mm256_add_ps(_mm256_mul_ps(c1, s1), z1));
+  }
+}
+
+/* fp16 little-endian -> float, n values */
+KV_AVX2 static void halves_avx2(const uint8_t *src, uint32_t n, float *dst)
+{
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+  for (; i < n; i++)
+    dst[i] = _cvtsh_ss(kv_codec_get_le16(src + 2 * i));
+}
+
+/* K: `rows` rows sharing per-channel s/z; channels [0, 16*(d/16)). */
+KV_AVX2 static KV_INLINE void k_rows_impl(const uint8_t *codes, size_t rowpack, uint32_t rows,
+                                          uint32_t d, unsigned bits, const float *s,
+                                          const float *z, kv_codec_dtype dt, uint8_t *out,
+                                          size_t rowb)
+{
+  for (uint32_t r = 0; r < rows; r++)
+    deq16(codes + r * rowpack, bits, 0, d / 16, s, z, 0, 0, dt, out + r * rowb);
+}
+
+/* V: `rows` rows, each with ng (scale, zero) groups of `group` channels (group % 16 == 0);
+ * channels of a last group shorter than a multiple of 16 are left to the caller. */
+KV_AVX2 static KV_INLINE void v_rows_impl(const uint8_t *codes, size_t rowpack,
+                                          const uint8_t *params, uint32_t rows, uint32_t d,
+                                          uint32_t group, unsigned bits, kv_codec_dtype dt,
+                                          uint8_t *out, size_t rowb)
+{
+  uint32_t ng = (d + group - 1) / group;
+  for (uint32_t r = 0; r < rows; r++) {
+    const uint8_t *pr = params + 4 * (size_t)r * ng;
+    for (uint32_t k = 0; k < ng; k++) {
+      uint32_t j0 = k * group, len = j0 + group < d ? group : d - j0;
+      float sb = _cvtsh_ss(kv_codec_get_le16(pr + 2 * (size_t)k));
+      float zb = _cvtsh_ss(kv_codec_get_le16(pr + 2 * (size_t)ng + 2 * (size_t)k));
+      deq16(codes + r * rowpack, bits, j0, len / 16, NULL, NULL, sb, zb, dt, out + r * rowb);
+    }
+  }
+}
+
+#define KV_SWITCH_BITS_DT(CALL)                                                                    \
+  switch (bits * 4 + (unsigned)dt) {                                                               \
+  case 8 * 4 + KV_CODEC_F16: CALL(8, KV_CODEC_F16); break;                                         \
+  case 8 * 4 + KV_CODEC_BF16: CALL(8, KV_CODEC_BF16); break;                                       \
+  case 8 * 4 + KV_CODEC_F32: CALL(8, KV_CODEC_F32); break;                                         \
+  case 4 * 4 + KV_CODEC_F16: CALL(4, KV_CODEC_F16); break;                                         \
+  case 4 * 4 + KV_CODEC_BF16: CALL(4, KV_CODEC_BF16); break;                                       \
+  case 4 * 4 + KV_CODEC_F32: CALL(4, KV_CODEC_F32); break;                                         \
+  case 2 * 4 + KV_CODEC_F16: CALL(2, KV_CODEC_F16); break;                                         \
+  case 2 * 4 + KV_CODEC_BF16: CALL(2, KV_CODEC_BF16); break;                                       \
+  case 2 * 4 + KV_CODEC_F32: CALL(2, KV_CODEC_F32); break;                                         \
+  default: break;                                                                                  \
+  }
+
+KV_AVX2 static void k_rows_avx2(const uint8_t *codes, size_t rowpack, uint32_t rows, uint32_t d,
+                                unsigned bits, const float *s, const float *z, kv_codec_dtype dt,
+                                uint8_t *out, size_t rowb)
+{
+#define K_CALL(B, DT) k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb)
+  KV_SWITCH_BITS_DT(K_CALL)
+#undef K_CALL
+}
+
+KV_AVX2 static void v_rows_avx2(const uint8_t *codes, size_t rowpack, const uint8_t *params,
+                                uint32_t rows, uint32_t d, uint32_t group, unsigned bits,
+                                kv_codec_dtype dt, uint8_t *out, size_t rowb)
+{
+#define V_CALL(B, DT) v_rows_impl(codes, rowpack, params, rows, d, group, B, DT, out, rowb)
+  KV_SWITCH_BITS_DT(V_CALL)
+#undef V_CALL
+}
+
+KV_AVX2 static void span_avx2(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t n16,
+                              float sb, float zb, kv_codec_dtype dt, uint8_t *out_row)
+{
+#define S_CALL(B, DT) deq16(codes, B, j0, n16, NULL, NULL, sb, zb, DT, out_row)
+  KV_SWITCH_BITS_DT(S_CALL)
+#undef S_CALL
+}
+#else
+int kv_quant_simd_available(void)
+{
+  return 0;
+}
+#endif
+
+static void halves(const uint8_t *src, uint32_t n, float *dst, int simd)
+{
+#if KV_QUANT_X86
+  if (simd) {
+    halves_avx2(src, n, dst);
+    return;
+  }
+#else
+  (void)simd;
+#endif
+  for (uint32_t i = 0; i < n; i++)
+    dst[i] = kv_codec_f16_to_f32(kv_codec_get_le16(src + 2 * (size_t)i));
+}
+
+void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
+                           void *dst, int simd)
+{
+  const kv_codec_params *p = &info->params;
+  uint32_t d = info->shape.head_dim, group = p->group;
+  unsigned bits = p->bits;
+  kv_codec_dtype dt = info->shape.dtype;
+  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
+  qgeom q;
+  geom(info, g, &q);
+  const uint8_t *pairs = src, *codes = src + q.pairs_bytes, *raw = codes + q.codes_bytes;
+  float *tmp = ws, *s = tmp + d, *z = s + d;
+  uint8_t *u8 = (uint8_t *)(z + d); /* d bytes of unpacked codes (scratch holds 8d floats) */
+  uint8_t *out = dst;
+  simd = simd && kv_quant_simd_available();
+
+  if (info->shape.kind == KV_SECTION_K) {
+    for (uint32_t c0 = 0; c0 < q.q; c0 += group) {
+      uint32_t c1 = c0 + group < q.q ? c0 + group : q.q;
+      const uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
+      halves(cp, d, s, simd);
+      halves(cp + 2 * (size_t)d, d, z, simd);
+      uint32_t done = 0; /* channels [0, done) decoded by the SIMD kernel */
+#if KV_QUANT_X86
+      if (simd) {
+        k_rows_avx2(codes + (size_t)c0 * q.rowpack, q.rowpack, c1 - c0, d, bits, s, z, dt,
+                    out + c0 * rowb, rowb);
+        done = d / 16 * 16;
+      }
+#endif
+      if (done < d)
+        for (uint32_t r = c0; r < c1; r++)
+          deq_span_portable(codes + (size_t)r * q.rowpack, bits, done, d, s, z, 0, 0, dt,
+                            out + r * rowb, tmp, u8);
+    }
+  } else {
+    uint32_t ng = (d + group - 1) / group;
+    int fast = 0;
+#if KV_QUANT_X86
+    fast = simd && group % 16 == 0;
+    if (fast)
+      v_rows_avx2(codes, q.rowpack, pairs, q.q, d, group, bits, dt, out, rowb);
+#endif
+    for (uint32_t r = 0; r < q.q; r++) {
+      const uint8_t *row = codes + (size_t)r * q.rowpack, *pr = pairs + 4 * (size_t)r * ng;
+      for (uint32_t k = 0; k < ng; k++) {
+        uint32_t j0 = k * group, j1 = j0 + group < d ? j0 + group : d;
+        if (fast && (j1 - j0) % 16 == 0)
+          continue; /* done by v_rows_avx2 */
+        float sb = kv_codec_f16_to_f32(kv_codec_get_le16(pr + 2 * (size_t)k));
+        float zb = kv_codec_f16_to_f32(kv_codec_get_le16(pr + 2 * (size_t)ng + 2 * (size_t)k));
+        if (fast) /* a short last group: v_rows_avx2 did its whole blocks of 16 */
+          j0 += (j1 - j0) / 16 * 16;
+#if KV_QUANT_X86
+        else if (simd && ((size_t)j0 * bits) % 8 == 0 && j1 - j0 >= 16) {
+          uint32_t n16 = (j1 - j0) / 16;
+          span_avx2(row, bits, j0, n16, sb, zb, dt, out + r * rowb);
+          j0 += 16 * n16;
+        }
+#endif
+        if (j0 < j1)
+          deq_span_portable(row, bits, j0, j1, NULL, NULL, sb, zb, dt, out + r * rowb, tmp, u8);
+      }
+    }
+  }
+  kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+}
+
+/* ---- the kivi codec ---------------------------------------------------------------------------- */
+
+static size_t kivi_bound(const kv_section_shape *shape, const kv_codec_params *p)
+{
+  kv_section_info info;
+  if (kv_codec_plan(KV_CODEC_ID_KIVI, shape, p, &info, NULL) != KV_CODEC_OK)
+    return 0;
+  size_t n = info.header_bytes;
+  for (uint32_t g = 0; g < info.n_groups; g++)
+    n += kv_quant_group_bytes(&info, g);
+  return n;
+}
+
+static size_t kivi_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                 kv_codec_op op)
+{
+  kv_section_info info;
+  (void)op;
+  if (kv_codec_plan(KV_CODEC_ID_KIVI, shape, p, &info, NULL) != KV_CODEC_OK)
+    return 0;
+  return kv_quant_scratch_bytes(shape->head_dim);
+}
+
+static kv_codec_status kivi_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                   const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                   void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+{
+  kv_section_info info;
+  kv_codec_status rc = kv_codec_encode_args(shape, src, src_len, dst, out_len, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  rc = kv_codec_plan(KV_CODEC_ID_KIVI, shape, p, &info, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  size_t need = kv_quant_scratch_bytes(shape->head_dim);
+  if (scratch == NULL || scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
+                         scratch ? scratch_cap : 0, need);
+  size_t bound = kivi_bound(shape, p);
+  if (dst_cap < bound)
+    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
+                         bound);
+  size_t cap = scratch_cap;
+  void *ws = kv_codec_scratch_align(scratch, &cap);
+  uint8_t *d = dst;
+  kv_codec_write_header(&info, NULL, d);
+  size_t pos = info.header_bytes;
+  for (uint32_t g = 0; g < info.n_groups; g++) {
+    size_t n = kv_quant_group_bytes(&info, g);
+    rc = kv_quant_encode_group(&info, g, src, NULL, ws, d + pos, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
+    kv_codec_put_le32(d + KV_SECTION_FIXED_BYTES + 4 * (size_t)g, (uint32_t)n);
+    pos += n;
+  }
+  *out_len = pos;
+  return KV_CODEC_OK;
+}
+
+static kv_codec_status kivi_decode(const void *hdr, size_t hdr_len, const void *payload,
+                                   size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
+                                   size_t scratch_cap, void *dst, size_t dst_cap,
+                                   kv_codec_err *err)
+{
+  kv_section_info info;
+  if (payload == NULL || dst == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
+  kv_codec_status rc = kv_codec_decode_begin(KV_CODEC_ID_KIVI, hdr, hdr_len, payload_len, g0, g1,
+                                             dst_cap, &info, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  size_t need = kv_quant_scratch_bytes(info.shape.head_dim);
+  if (scratch == NULL || scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
+                         scratch ? scratch_cap : 0, need);
+  size_t cap = scratch_cap;
+  void *ws = kv_codec_scratch_align(scratch, &cap);
+  const uint8_t *in = payload;
+  uint8_t *out = dst;
+  size_t rowb = (size_t)info.shape.head_dim * kv_codec_dtype_bytes(info.shape.dtype);
+  for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
+    kv_quant_decode_group(&info, g, in, ws, out, 1);
+    in += kv_quant_group_bytes(&info, g);
+    out += (size_t)kv_codec_group_rows(&info, g) * rowb;
+  }
+  return KV_CODEC_OK;
+}
+
+const kv_codec kv_codec_kivi = {
+  .id = KV_CODEC_ID_KIVI,
+  .name = "kivi",
+  .flags = KV_CODEC_LOSSY,
+  .bound = kivi_bound,
+  .scratch_bytes = kivi_scratch_bytes,
+  .encode = kivi_encode,
+  .decode = kivi_decode,
+  .check = kv_quant_check,
+};
