@@ -68,6 +68,7 @@ kvdb_status kv_check_db(kvdb *db)
 
 kvdb_status kv_check_model(const kvdb_model *m, uint32_t *bt)
 {
+  *bt = 0;
   if (m == NULL)
     return kv_fail(KVDB_INVALID, "model is NULL");
   if (m->id == NULL || m->id[0] == 0 || strlen(m->id) > 63)
@@ -357,6 +358,7 @@ void kvdb_close(kvdb *db)
   }
   if (db->io != NULL) {
     kv_writers_free(db);
+    kv_rbufs_free(db);
     kv_files_free(db);
   }
   kv_catalog_close(&db->cat);

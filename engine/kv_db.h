@@ -5,7 +5,8 @@
  * Layout on disk (FORMAT.md §1): <dir>/catalog.mdb (+ catalog.mdb-lock), <dir>/ssd/seg-N.kvs.
  *
  * LOCKING
- *   db->mu guards the writer pool, the segment file cache and the pending access times.
+ *   db->mu guards the writer pool, the read-buffer pool, the segment file cache and the
+ *   pending access times.
  *   It is never held across I/O or an LMDB write transaction.
  *   The DRAM tier has its own lock (dram.c). LMDB serializes write transactions across
  *   threads and processes; block data is written before the write transaction begins.
@@ -32,6 +33,7 @@ typedef struct kv_writer {
   uint64_t end;      /* append position = committed end after each commit */
   uint8_t *stage[2]; /* aligned staging buffers, reused */
   size_t stage_cap;
+  int no_alloc;      /* the filesystem cannot fallocate: plain appends */
   struct kv_writer *next;
 } kv_writer;
 
@@ -42,6 +44,13 @@ typedef struct kv_segfile {
   int refs; /* users + 1 while cached */
   struct kv_segfile *next;
 } kv_segfile;
+
+/* A read buffer (aligned for direct I/O), kept by the handle between calls. */
+typedef struct kv_rbuf {
+  uint8_t *p;
+  size_t cap;
+  struct kv_rbuf *next;
+} kv_rbuf;
 
 typedef struct kv_atime {
   uint8_t key[16];
@@ -60,6 +69,8 @@ struct kvdb {
   int direct;   /* O_DIRECT in use for segment files */
   pthread_mutex_t mu;
   kv_writer *idle_writers;
+  kv_rbuf *idle_rbufs;
+  size_t n_idle_rbufs;
   kv_segfile *files;
   uint64_t files_gen;
   kv_atime *pending;
@@ -101,17 +112,36 @@ void kv_free_aligned(void *p);
  */
 kvdb_status kv_block_read_verify(kvdb *db, const kv_block_rec *rec, const uint8_t hash[16],
                                  uint8_t *buf, kv_block_hdr *hdr);
-/* Validate a block object already in memory (read by a batch). */
+/* Validate a block object already in memory (read by a batch): all of it, or its header and
+ * meta region first and then its sections [s0, s1) as they arrive. */
 kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], const uint8_t *buf,
                            kv_block_hdr *hdr);
+kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
+                                const uint8_t *buf, kv_block_hdr *hdr);
+kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[16],
+                                    const kv_block_hdr *hdr, const uint8_t *buf, uint32_t s0,
+                                    uint32_t s1);
+/* A read buffer of at least `bytes` from the handle's pool (NULL when out of memory); give it
+ * back with kv_rbuf_release (the pool keeps a few, the rest are freed). */
+kv_rbuf *kv_rbuf_acquire(kvdb *db, size_t bytes);
+void kv_rbuf_release(kvdb *db, kv_rbuf *b);
+void kv_rbufs_free(kvdb *db);
 
 /* ---- copies between block sections and caller views (store/copy.c) ---- */
 /* Gather tokens [0, g->n_tokens) of the caller's view starting at token `t0` into the data
- * region `data` (g->data_bytes, zeroed padding). */
+ * region `data` (g->data_bytes, zeroed padding): all sections, or section `s` alone. */
 void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);
-/* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from). */
+void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                       uint8_t *data);
+/* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from):
+ * all sections, or sections [s0, s1) only, with non-temporal stores when `stream` (what
+ * kv_scatter_streams() says for a scatter of n tokens of every section: a large one). */
 void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint32_t n,
                 const kvdb_kv_view *v, uint64_t t0);
+int kv_scatter_streams(const kv_block_geom *g, uint32_t n);
+void kv_scatter_sections(const kv_block_geom *g, const uint8_t *data, uint32_t s0, uint32_t s1,
+                         uint32_t from, uint32_t n, const kvdb_kv_view *v, uint64_t t0,
+                         int stream);
 /* Scatter one token `t` of one layer (all heads, K and V) into view token `dst_tok`. `data`
  * is the data region (or NULL with `page_of` resolving group addresses). */
 void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,

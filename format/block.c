@@ -21,6 +21,9 @@
  *   120   8  header checksum: XXH3-64 of bytes [0, 120)
  */
 #include <xxhash.h>
+#ifdef KVDB_HAVE_XXH_DISPATCH
+#include <xxh_x86dispatch.h> /* XXH3 with the best vector unit of this CPU, chosen at run time */
+#endif
 
 #include "block.h"
 
@@ -126,11 +129,27 @@ uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp
   return XXH3_64bits_withSeed(group, len, group_seed(h->block_hash, s, grp));
 }
 
-void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
-                   const uint8_t parent_hash[16], const uint8_t model_hash[16],
-                   const uint32_t *tokens, uint8_t *buf)
+void kv_block_checksum_sections(const kv_block_geom *g, const uint8_t block_hash[16], uint32_t s0,
+                                uint32_t s1, uint8_t *buf)
 {
-  memset(buf, 0, g->meta_bytes);
+  kv_block_hdr h;
+  memcpy(h.block_hash, block_hash, 16);
+  for (uint32_t s = s0; s < s1; s++) {
+    uint8_t *cks = buf + kv_block_cksum_off(g, s, 0);
+    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+      const uint8_t *data = buf + kv_block_group_off(g, s, grp);
+      kv_put_le64(cks + 8 * grp, kv_block_group_checksum(&h, s, grp, data, g->group_stride));
+    }
+  }
+}
+
+void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
+                        const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                        const uint32_t *tokens, uint8_t *buf)
+{
+  uint32_t cks_end = kv_block_cksum_off(g, g->n_sections, 0);
+  memset(buf, 0, g->cksum_off);
+  memset(buf + cks_end, 0, g->meta_bytes - cks_end);
   kv_put_le32(buf + OFF_MAGIC, KV_BLOCK_MAGIC);
   kv_put_le16(buf + OFF_VERSION, KV_BLOCK_VERSION);
   kv_put_le32(buf + OFF_META, g->meta_bytes);
@@ -150,24 +169,23 @@ void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
   kv_put_le64(buf + OFF_DATA, g->data_bytes);
   for (uint32_t i = 0; i < g->n_tokens; i++)
     kv_put_le32(buf + g->tokens_off + 4 * i, tokens[i]);
-
-  kv_block_hdr h;
-  memcpy(h.block_hash, block_hash, 16);
-  h.g = *g;
   for (uint32_t s = 0; s < g->n_sections; s++) {
     uint8_t *ent = buf + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
-    uint8_t *cks = buf + kv_block_cksum_off(g, s, 0);
-    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
-      const uint8_t *data = buf + kv_block_group_off(g, s, grp);
-      kv_put_le64(cks + 8 * grp, kv_block_group_checksum(&h, s, grp, data, g->group_stride));
-    }
     kv_put_le64(ent, g->meta_bytes + (uint64_t)s * g->section_bytes);
     kv_put_le32(ent + 8, (uint32_t)g->section_bytes);
     kv_put_le32(ent + 12, g->n_groups);
-    kv_put_le64(ent + 16, XXH3_64bits(cks, 8u * g->n_groups));
+    kv_put_le64(ent + 16, XXH3_64bits(buf + kv_block_cksum_off(g, s, 0), 8u * g->n_groups));
   }
   kv_put_le64(buf + OFF_METACK, XXH3_64bits(buf + g->tokens_off, g->cksum_off - g->tokens_off));
   kv_put_le64(buf + OFF_HDRCK, XXH3_64bits(buf, OFF_HDRCK));
+}
+
+void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
+                   const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                   const uint32_t *tokens, uint8_t *buf)
+{
+  kv_block_checksum_sections(g, block_hash, 0, g->n_sections, buf);
+  kv_block_seal_meta(g, block_hash, parent_hash, model_hash, tokens, buf);
 }
 
 kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *out)
@@ -227,11 +245,13 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
   return KVDB_OK;
 }
 
-kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
-                                 uint64_t *bad_offset)
+kvdb_status kv_block_verify_sections(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                     uint32_t s1, uint32_t *bad_section, uint64_t *bad_offset)
 {
   const kv_block_geom *g = &h->g;
-  for (uint32_t s = 0; s < g->n_sections; s++) {
+  if (s1 > g->n_sections)
+    s1 = g->n_sections;
+  for (uint32_t s = s0; s < s1; s++) {
     for (uint32_t grp = 0; grp < g->n_groups; grp++) {
       uint64_t off = kv_block_group_off(g, s, grp);
       uint64_t want = kv_get_le64(buf + kv_block_cksum_off(g, s, grp));
@@ -243,4 +263,10 @@ kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint
     }
   }
   return KVDB_OK;
+}
+
+kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
+                                 uint64_t *bad_offset)
+{
+  return kv_block_verify_sections(h, buf, 0, h->g.n_sections, bad_section, bad_offset);
 }

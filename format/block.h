@@ -87,8 +87,25 @@ static inline uint32_t kv_block_cksum_off(const kv_block_geom *g, uint32_t s, ui
 }
 
 /*
+ * kv_block_checksum_sections() - compute the group checksums of sections [s0, s1) of the block
+ * object in `buf` (their data already in place, padding zero) into its checksum table. A writer
+ * calls it for each section right after filling it, while the bytes are still in cache.
+ */
+void kv_block_checksum_sections(const kv_block_geom *g, const uint8_t block_hash[16], uint32_t s0,
+                                uint32_t s1, uint8_t *buf);
+
+/*
+ * kv_block_seal_meta() - finish the meta region of `buf` once every section's checksums are in
+ * the checksum table: header, tokens, section table (with each section's digest of its
+ * checksums), meta and header checksums. The rest of the meta region is zeroed.
+ */
+void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
+                        const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                        const uint32_t *tokens, uint8_t *buf);
+
+/*
  * kv_block_seal() - finish a block object in `buf` (g->total_bytes, data region already
- * filled, padding zero): write the header, tokens, section table and all checksums.
+ * filled, padding zero): all checksums, then kv_block_seal_meta().
  */
 void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
                    const uint8_t parent_hash[16], const uint8_t model_hash[16],
@@ -113,10 +130,13 @@ uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp
                                  const uint8_t *group, uint32_t len);
 
 /*
- * kv_block_verify_data() - verify every group of every section of a whole block in `buf`
- * (meta already verified). On a mismatch returns KVDB_CORRUPT and sets *bad_section and
- * *bad_offset (from the block start); the caller adds the segment and block to the message.
+ * kv_block_verify_sections() - verify every group of sections [s0, s1) of the block object in
+ * `buf` (meta already verified; only those sections' bytes need to be present). On a mismatch
+ * returns KVDB_CORRUPT and sets *bad_section and *bad_offset (from the block start); the
+ * caller adds the segment and block to the message. kv_block_verify_data() does all sections.
  */
+kvdb_status kv_block_verify_sections(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                     uint32_t s1, uint32_t *bad_section, uint64_t *bad_offset);
 kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
                                  uint64_t *bad_offset);
 

@@ -3,7 +3,7 @@
  * tests/io_test.h — an I/O layer for tests, wrapped around kvdb's OS backend through the
  * kv_io_test_wrap seam (SQLite's test VFS idea, test6.c for crashes).
  *
- * Fault mode: the Nth operation of a kind (read, write, sync, open, truncate) fails with a
+ * Fault mode: the Nth operation of a kind (read, write, sync, open, truncate, fallocate) fails with a
  * chosen errno; a write can instead be made short (half written, then the error).
  * Power-loss mode: writes are kept in memory until the file is synced; reads see them. At
  * the Nth sync the process "loses power": the unsynced writes of every file are dropped,
@@ -15,7 +15,7 @@
 
 #include "io/io.h"
 
-enum iot_kind { IOT_READ, IOT_WRITE, IOT_SYNC, IOT_OPEN, IOT_TRUNC, IOT_KINDS };
+enum iot_kind { IOT_READ, IOT_WRITE, IOT_SYNC, IOT_OPEN, IOT_TRUNC, IOT_ALLOC, IOT_KINDS };
 enum iot_loss { IOT_DROP, IOT_KEEP, IOT_GARBLE };
 #define IOT_CRASH_EXIT 99
 

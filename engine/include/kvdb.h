@@ -271,10 +271,13 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
 /**
  * @brief Copy the KV of the longest stored prefix of `tokens[0..n)` into `out`.
  *
- * `out` describes room for n tokens; positions [0, *hit_tokens) are written, nothing else.
- * Data comes from the DRAM tier when present there, else from disk with every checksum
- * verified. A block that fails verification ends the hit there (the rest is a miss) and
- * the call still returns KVDB_OK with the shorter hit; kvdb_stat counts it in `corrupt_blocks`.
+ * `out` describes room for n tokens; positions [0, *hit_tokens) receive the hit's KV. Positions
+ * past the hit are unspecified: a block that fails verification part-way may have had its
+ * verified sections copied there before the failure showed (each 4 KiB page is checked before
+ * it is copied, so nothing unverified is ever written). Data comes from the DRAM tier when
+ * present there, else from disk with every checksum verified. A block that fails verification
+ * ends the hit there (the rest is a miss) and the call still returns KVDB_OK with the shorter
+ * hit; kvdb_stat counts it in `corrupt_blocks`.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID; KVDB_MISMATCH; KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,

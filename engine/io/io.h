@@ -8,8 +8,9 @@
  * tests, layers that fail the Nth operation or keep unsynced writes in memory to simulate a
  * power loss (io_test.c). The LMDB catalog does its own I/O and is not routed through here.
  *
- * Asynchronous batches (kv_aio): queue reads/writes, then wait for all. A backend without
- * native async I/O performs each request when it is queued. A batch belongs to one thread.
+ * Asynchronous batches (kv_aio): queue reads/writes, then wait for the first n of them (in
+ * queueing order) or for all. A backend without native async I/O performs each request when it
+ * is queued. A batch belongs to one thread.
  */
 #ifndef KV_IO_H
 #define KV_IO_H
@@ -30,6 +31,9 @@ typedef struct kv_io_ops {
   int (*pwrite)(kv_io *io, kv_file *f, const void *buf, size_t len, uint64_t off);
   int (*sync)(kv_io *io, kv_file *f);                                         /* fdatasync */
   int (*truncate)(kv_io *io, kv_file *f, uint64_t len);
+  /* reserve [off, off + len) (fallocate mode 0: the size grows to at least off + len) so that
+   * later writes there are overwrites, not appends; -EOPNOTSUPP when the filesystem cannot */
+  int (*alloc)(kv_io *io, kv_file *f, uint64_t off, uint64_t len);
   int (*size)(kv_io *io, kv_file *f, uint64_t *out);
   int (*lock)(kv_io *io, kv_file *f, int exclusive_nonblock);                 /* flock; -EWOULDBLOCK */
   void (*close)(kv_io *io, kv_file *f);
@@ -37,7 +41,9 @@ typedef struct kv_io_ops {
   /* optional native async batches; NULL = synchronous emulation */
   kv_aio *(*aio_begin)(kv_io *io);
   int (*aio_queue)(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len, uint64_t off, int write);
-  int (*aio_wait)(kv_io *io, kv_aio *a);   /* wait for all queued; first error or 0 */
+  /* wait until the first n requests queued since the last reset are complete (n = SIZE_MAX:
+   * all of them, then reset the count); the first error so far, or 0 */
+  int (*aio_wait)(kv_io *io, kv_aio *a, size_t n);
   void (*aio_end)(kv_io *io, kv_aio *a);
 } kv_io_ops;
 
@@ -55,13 +61,19 @@ int kv_io_os_fd(kv_file *f);
 
 /*
  * Batches over any backend (native async when present, else each request runs when queued).
- * Queue reads/writes, then kv_batch_wait() returns the first error (or 0) of everything queued
- * since the last wait. kv_batch_begin returns NULL only when out of memory.
+ * Queue reads/writes; each queued request gets the next index (0, 1, ...) since the last
+ * kv_batch_wait(), which returns the first error (or 0) of everything queued since then and
+ * starts the count again. kv_batch_wait_first(n) waits only for requests 0 .. n-1 (in queueing
+ * order, so a reader can work on the front of a long read while the rest is in flight) and
+ * returns the first error seen so far without resetting anything.
+ * kv_batch_begin returns NULL only when out of memory.
  */
 typedef struct kv_batch kv_batch;
 kv_batch *kv_batch_begin(kv_io *io);
-void kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off);
-void kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_t len, uint64_t off);
+size_t kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off);
+size_t kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_t len,
+                      uint64_t off);
+int kv_batch_wait_first(kv_io *io, kv_batch *b, size_t n);
 int kv_batch_wait(kv_io *io, kv_batch *b);
 void kv_batch_end(kv_io *io, kv_batch *b);
 

@@ -4,8 +4,10 @@
  * and io_uring (liburing) for batched asynchronous reads and writes where the kernel allows.
  *
  * Rings are not thread-safe, so each batch takes a ring from a small pool (created on demand,
- * reused). A request larger than KV_IO_CHUNK is split so that several are in flight at once.
- * Short transfers are resubmitted for the rest; a zero-length result is -EIO.
+ * reused). A request larger than KV_IO_CHUNK is split into pieces so that several are in
+ * flight at once; each request counts its pieces still outstanding, so a caller can wait for
+ * the front of a batch (kv_batch_wait_first) while the rest is in flight. Short transfers are
+ * resubmitted for the rest; a zero-length result is -EIO.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,10 +26,10 @@
 #endif
 
 #ifndef KV_IO_CHUNK
-#define KV_IO_CHUNK (1u << 20) /* bytes per request: large enough for sequential speed */
+#define KV_IO_CHUNK (4u << 20) /* bytes per request (a 4 MiB bio with huge-page buffers) */
 #endif
 #ifndef KV_IO_QD
-#define KV_IO_QD 32u /* requests in flight per batch */
+#define KV_IO_QD 64u /* requests in flight per batch (>= a whole block: see get.c) */
 #endif
 
 kv_io_wrap_fn kv_io_test_wrap;
@@ -132,6 +134,19 @@ static int os_truncate(kv_io *io, kv_file *f, uint64_t len)
   return ftruncate(f->fd, (off_t)len) == 0 ? 0 : -errno;
 }
 
+static int os_alloc(kv_io *io, kv_file *f, uint64_t off, uint64_t len)
+{
+  (void)io;
+  if (len == 0)
+    return 0;
+  for (;;) {
+    if (fallocate(f->fd, 0, (off_t)off, (off_t)len) == 0)
+      return 0;
+    if (errno != EINTR)
+      return errno == ENOSYS ? -EOPNOTSUPP : -errno;
+  }
+}
+
 static int os_size(kv_io *io, kv_file *f, uint64_t *out)
 {
   (void)io;
@@ -172,6 +187,7 @@ typedef struct piece {
   size_t len;
   uint64_t off;
   int write;
+  uint32_t req; /* index of the request it belongs to */
 } piece;
 
 struct kv_aio {
@@ -179,9 +195,31 @@ struct kv_aio {
   kv_aio *next;
   piece *q;       /* queued, not yet submitted or completed */
   size_t nq, capq, head;
+  uint32_t *rem;  /* per request: pieces not yet complete */
+  size_t nreq, capreq, done; /* requests queued; requests 0..done-1 are complete */
   unsigned inflight;
   int err;
 };
+
+static int aio_new_req(kv_aio *a, uint32_t pieces)
+{
+  if (a->nreq == a->capreq) {
+    size_t cap = a->capreq ? a->capreq * 2 : 64;
+    uint32_t *n = realloc(a->rem, cap * sizeof *n);
+    if (n == NULL)
+      return -ENOMEM;
+    a->rem = n;
+    a->capreq = cap;
+  }
+  a->rem[a->nreq++] = pieces;
+  return 0;
+}
+
+static void aio_advance(kv_aio *a)
+{
+  while (a->done < a->nreq && a->rem[a->done] == 0)
+    a->done++;
+}
 
 static int aio_push(kv_aio *a, piece p)
 {
@@ -233,6 +271,7 @@ static kv_aio *os_aio_begin(kv_io *io)
     }
   }
   a->nq = a->head = 0;
+  a->nreq = a->done = 0;
   a->inflight = 0;
   a->err = 0;
   return a;
@@ -242,55 +281,91 @@ static int os_aio_queue(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len,
                         int write)
 {
   (void)io;
+  uint32_t pieces = (uint32_t)(len == 0 ? 0 : (len + KV_IO_CHUNK - 1) / KV_IO_CHUNK);
+  int rc = aio_new_req(a, pieces);
+  if (rc != 0)
+    return rc;
+  uint32_t req = (uint32_t)(a->nreq - 1);
   uint8_t *p = buf;
   while (len > 0) {
     size_t n = len > KV_IO_CHUNK ? KV_IO_CHUNK : len;
-    int rc = aio_push(a, (piece){f->fd, p, n, off, write});
-    if (rc != 0)
+    rc = aio_push(a, (piece){f->fd, p, n, off, write, req});
+    if (rc != 0) {
+      a->rem[req] = 0; /* what was pushed still runs; the request is reported failed */
       return rc;
+    }
     p += n;
     off += n;
     len -= n;
   }
+  aio_advance(a);
   aio_fill(a);
   return 0;
 }
 
-static int os_aio_wait(kv_io *io, kv_aio *a)
+/* Handle one completion. A piece is done when all its bytes moved or it failed for good. */
+static void aio_complete(kv_aio *a, uint64_t idx, int res)
+{
+  piece *p = &a->q[idx];
+  int finished = 1;
+  if (res < 0) {
+    if (res == -EAGAIN || res == -EINTR) {
+      finished = aio_push(a, a->q[idx]) != 0; /* p may move: re-read below via idx */
+      if (finished && a->err == 0)
+        a->err = -ENOMEM;
+    } else if (a->err == 0) {
+      a->err = res;
+    }
+  } else if (res == 0) {
+    if (a->err == 0)
+      a->err = -EIO;
+  } else if ((size_t)res < p->len) {
+    /* short transfer: queue the rest */
+    piece rest = {p->fd, p->buf + res, p->len - (size_t)res, p->off + (uint64_t)res, p->write,
+                  p->req};
+    finished = aio_push(a, rest) != 0;
+    if (finished && a->err == 0)
+      a->err = -ENOMEM;
+  }
+  if (finished) {
+    uint32_t req = a->q[idx].req;
+    if (a->rem[req] > 0)
+      a->rem[req]--;
+    aio_advance(a);
+  }
+}
+
+static int os_aio_wait(kv_io *io, kv_aio *a, size_t n)
 {
   (void)io;
-  while (a->inflight > 0 || a->head < a->nq) {
+  int all = n == SIZE_MAX;
+  if (n > a->nreq)
+    n = a->nreq;
+  while (all ? (a->inflight > 0 || a->head < a->nq) : a->done < n) {
     aio_fill(a);
+    if (a->inflight == 0) { /* nothing in flight and the rest cannot be queued */
+      if (a->err == 0)
+        a->err = -EIO;
+      break;
+    }
     struct io_uring_cqe *cqe;
     int rc = io_uring_wait_cqe(&a->ring, &cqe);
     if (rc == -EINTR)
       continue;
     if (rc < 0)
       return rc;
-    piece *p = &a->q[io_uring_cqe_get_data64(cqe)];
+    uint64_t idx = io_uring_cqe_get_data64(cqe);
     int res = cqe->res;
     io_uring_cqe_seen(&a->ring, cqe);
     a->inflight--;
-    if (res < 0) {
-      if (res == -EAGAIN || res == -EINTR) {
-        if (aio_push(a, *p) != 0 && a->err == 0)
-          a->err = -ENOMEM;
-      } else if (a->err == 0) {
-        a->err = res;
-      }
-    } else if (res == 0) {
-      if (a->err == 0)
-        a->err = -EIO;
-    } else if ((size_t)res < p->len) {
-      /* short transfer: queue the rest */
-      piece rest = {p->fd, p->buf + res, p->len - (size_t)res, p->off + (uint64_t)res, p->write};
-      if (aio_push(a, rest) != 0 && a->err == 0)
-        a->err = -ENOMEM;
-    }
+    aio_complete(a, idx, res);
   }
   int err = a->err;
-  a->nq = a->head = 0;
-  a->err = 0;
+  if (all) {
+    a->nq = a->head = 0;
+    a->nreq = a->done = 0;
+    a->err = 0;
+  }
   return err;
 }
 
@@ -298,7 +373,7 @@ static void os_aio_end(kv_io *io, kv_aio *a)
 {
   if (a == NULL)
     return;
-  os_aio_wait(io, a);
+  os_aio_wait(io, a, SIZE_MAX);
   os_io *o = (os_io *)io;
   pthread_mutex_lock(&o->mu);
   a->next = o->free_list;
@@ -307,15 +382,17 @@ static void os_aio_end(kv_io *io, kv_aio *a)
 }
 #endif
 
-static const kv_io_ops os_ops = {
-  os_open, os_pread, os_pwrite, os_sync, os_truncate, os_size, os_lock, os_close, os_unlink,
-  NULL, NULL, NULL, NULL,
-};
+#define OS_SYNC_OPS                                                                                \
+  .open = os_open, .pread = os_pread, .pwrite = os_pwrite, .sync = os_sync,                        \
+  .truncate = os_truncate, .alloc = os_alloc, .size = os_size, .lock = os_lock,                    \
+  .close = os_close, .unlink = os_unlink
+
+static const kv_io_ops os_ops = {OS_SYNC_OPS};
 
 #ifdef KVDB_HAVE_URING
 static const kv_io_ops os_uring_ops = {
-  os_open, os_pread, os_pwrite, os_sync, os_truncate, os_size, os_lock, os_close, os_unlink,
-  os_aio_begin, os_aio_queue, os_aio_wait, os_aio_end,
+  OS_SYNC_OPS, .aio_begin = os_aio_begin, .aio_queue = os_aio_queue, .aio_wait = os_aio_wait,
+  .aio_end = os_aio_end,
 };
 #endif
 
@@ -357,6 +434,7 @@ void kv_io_destroy(kv_io *io)
     kv_aio *next = a->next;
     io_uring_queue_exit(&a->ring);
     free(a->q);
+    free(a->rem);
     free(a);
     a = next;
   }
@@ -369,6 +447,7 @@ void kv_io_destroy(kv_io *io)
 
 struct kv_batch {
   kv_aio *native;
+  size_t n_req; /* requests queued since the last full wait */
   int err;
 };
 
@@ -378,6 +457,7 @@ kv_batch *kv_batch_begin(kv_io *io)
   if (b == NULL)
     return NULL;
   b->err = 0;
+  b->n_req = 0;
   b->native = io->ops->aio_begin != NULL ? io->ops->aio_begin(io) : NULL;
   return b;
 }
@@ -388,28 +468,39 @@ static void note(kv_batch *b, int rc)
     b->err = rc;
 }
 
-void kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off)
+size_t kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off)
 {
   if (b->native != NULL)
     note(b, io->ops->aio_queue(io, b->native, f, buf, len, off, 0));
   else
     note(b, io->ops->pread(io, f, buf, len, off));
+  return b->n_req++;
 }
 
-void kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_t len, uint64_t off)
+size_t kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_t len,
+                      uint64_t off)
 {
   if (b->native != NULL)
     note(b, io->ops->aio_queue(io, b->native, f, (void *)(uintptr_t)buf, len, off, 1));
   else
     note(b, io->ops->pwrite(io, f, buf, len, off));
+  return b->n_req++;
+}
+
+int kv_batch_wait_first(kv_io *io, kv_batch *b, size_t n)
+{
+  if (b->native != NULL && n > 0)
+    note(b, io->ops->aio_wait(io, b->native, n));
+  return b->err;
 }
 
 int kv_batch_wait(kv_io *io, kv_batch *b)
 {
   if (b->native != NULL)
-    note(b, io->ops->aio_wait(io, b->native));
+    note(b, io->ops->aio_wait(io, b->native, SIZE_MAX));
   int err = b->err;
   b->err = 0;
+  b->n_req = 0;
   return err;
 }
 

@@ -3,9 +3,28 @@
  * engine/store/copy.c — copies between a block's page-grouped sections and a caller's
  * strided layout (kvdb_kv_view). The only place that interprets caller strides.
  *
- * Fast path: dims contiguous (dim_stride == element size) -> one memcpy per (token, head) row.
+ * Fast path: dims contiguous (dim_stride == element size) -> one copy per (token, head) row.
+ *
+ * Stores. A put gathers with ordinary stores: the section is checksummed right after, while
+ * it is still in cache (measured: gather + checksum in place 25 ms per 128 MiB, against 30 ms
+ * through a scratch buffer and 33 ms with non-temporal stores and a checksum pass from memory).
+ * A large scatter (kv_scatter_streams) into the caller's buffer uses non-temporal stores when rows are 16-byte
+ * multiples at 16-byte aligned addresses: per-row memcpy of 256-byte rows uses ordinary stores,
+ * whose cache lines are read before they are written (a third memory stream), which held the
+ * DRAM-tier get to ~0.5x memcpy. Small copies (get_tokens) keep ordinary stores: the caller
+ * is about to use the data and it fits in cache.
  */
 #include "kv_db.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define KV_HAVE_NT 1
+#else
+#define KV_HAVE_NT 0
+#endif
+
+/* Scatters of at least this many bytes use non-temporal stores where the layout allows. */
+#define KV_NT_MIN_BYTES (1u << 20)
 
 static uint8_t *elem_addr(const kvdb_tensor_view *t, uint32_t layer, uint64_t token, uint32_t head)
 {
@@ -14,15 +33,54 @@ static uint8_t *elem_addr(const kvdb_tensor_view *t, uint32_t layer, uint64_t to
   return base + (int64_t)token * t->token_stride + (int64_t)head * t->head_stride;
 }
 
+#if KV_HAVE_NT
+/* n bytes, n a multiple of 16, dst 16-byte aligned. */
+static void copy_nt(uint8_t *dst, const uint8_t *src, size_t n)
+{
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+    __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+    __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+    __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+    _mm_stream_si128((__m128i *)(dst + i), a);
+    _mm_stream_si128((__m128i *)(dst + i + 16), b);
+    _mm_stream_si128((__m128i *)(dst + i + 32), c);
+    _mm_stream_si128((__m128i *)(dst + i + 48), d);
+  }
+  for (; i < n; i += 16)
+    _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+}
+#endif
+
 static void copy_row(uint8_t *dst, int64_t dst_step, const uint8_t *src, int64_t src_step,
-                     uint32_t n, uint32_t eb)
+                     uint32_t n, uint32_t eb, int nt)
 {
   if (dst_step == eb && src_step == eb) {
-    memcpy(dst, src, (size_t)n * eb);
+    size_t len = (size_t)n * eb;
+#if KV_HAVE_NT
+    if (nt && (len & 15) == 0 && ((uintptr_t)dst & 15) == 0) {
+      copy_nt(dst, src, len);
+      return;
+    }
+#else
+    (void)nt;
+#endif
+    memcpy(dst, src, len);
     return;
   }
   for (uint32_t i = 0; i < n; i++)
     memcpy(dst + (int64_t)i * dst_step, src + (int64_t)i * src_step, eb);
+}
+
+static void nt_fence(int nt)
+{
+#if KV_HAVE_NT
+  if (nt)
+    _mm_sfence(); /* order the streaming stores before anything the caller does next */
+#else
+  (void)nt;
+#endif
 }
 
 static int64_t dstep(const kvdb_tensor_view *t, uint32_t eb)
@@ -37,35 +95,50 @@ static inline const uint8_t *row_in(const kv_block_geom *g, const uint8_t *data,
          (uint64_t)(t % g->group_tokens) * g->row_bytes;
 }
 
-void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data)
+void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                       uint8_t *data)
 {
   const uint32_t eb = g->elem_bytes;
-  for (uint32_t l = 0; l < g->n_layers; l++)
-    for (uint32_t h = 0; h < g->n_kv_heads; h++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
-        uint32_t s = (l * g->n_kv_heads + h) * 2 + kv;
-        int64_t ds = dstep(tv, eb);
-        for (uint32_t t = 0; t < g->n_tokens; t++)
-          copy_row((uint8_t *)row_in(g, data, s, t), eb, elem_addr(tv, l, t0 + t, h), ds,
-                   g->head_dim, eb);
-      }
+  uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads, l = (s >> 1) / g->n_kv_heads;
+  const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+  int64_t ds = dstep(tv, eb);
+  for (uint32_t t = 0; t < g->n_tokens; t++)
+    copy_row((uint8_t *)row_in(g, data, s, t), eb, elem_addr(tv, l, t0 + t, h), ds, g->head_dim,
+             eb, 0);
+}
+
+void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data)
+{
+  for (uint32_t s = 0; s < g->n_sections; s++)
+    kv_gather_section(g, v, t0, s, data);
+}
+
+int kv_scatter_streams(const kv_block_geom *g, uint32_t n)
+{
+  return (uint64_t)g->n_sections * n * g->row_bytes >= KV_NT_MIN_BYTES;
+}
+
+void kv_scatter_sections(const kv_block_geom *g, const uint8_t *data, uint32_t s0, uint32_t s1,
+                         uint32_t from, uint32_t n, const kvdb_kv_view *v, uint64_t t0,
+                         int stream)
+{
+  const uint32_t eb = g->elem_bytes;
+  int nt = stream;
+  for (uint32_t s = s0; s < s1; s++) {
+    uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads, l = (s >> 1) / g->n_kv_heads;
+    const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+    int64_t ds = dstep(tv, eb);
+    for (uint32_t t = from; t < from + n; t++)
+      copy_row(elem_addr(tv, l, t0 + (t - from), h), ds, row_in(g, data, s, t), eb, g->head_dim,
+               eb, nt);
+  }
+  nt_fence(nt);
 }
 
 void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint32_t n,
                 const kvdb_kv_view *v, uint64_t t0)
 {
-  const uint32_t eb = g->elem_bytes;
-  for (uint32_t l = 0; l < g->n_layers; l++)
-    for (uint32_t h = 0; h < g->n_kv_heads; h++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
-        uint32_t s = (l * g->n_kv_heads + h) * 2 + kv;
-        int64_t ds = dstep(tv, eb);
-        for (uint32_t t = from; t < from + n; t++)
-          copy_row(elem_addr(tv, l, t0 + (t - from), h), ds, row_in(g, data, s, t), eb,
-                   g->head_dim, eb);
-      }
+  kv_scatter_sections(g, data, 0, g->n_sections, from, n, v, t0, kv_scatter_streams(g, n));
 }
 
 void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,
@@ -77,6 +150,6 @@ void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_
       const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
       uint32_t s = (layer * g->n_kv_heads + h) * 2 + kv;
       copy_row(elem_addr(tv, 0, dst_tok, h), dstep(tv, eb), row_in(g, data, s, t), eb,
-               g->head_dim, eb);
+               g->head_dim, eb, 0);
     }
 }

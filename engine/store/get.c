@@ -171,34 +171,57 @@ static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint
   return ok;
 }
 
-static int in_dram(kvdb *db, const uint8_t *hash)
-{
-  const uint8_t *d;
-  uint64_t l;
-  kv_dram_entry *e = db->dram ? kv_dram_pin(db->dram, hash, &d, &l) : NULL;
-  if (e == NULL)
-    return 0;
-  kv_dram_unpin(db->dram, e);
-  return 1;
-}
-
-/* Two read slots: the block being processed and one read ahead (io_uring in flight). */
+/*
+ * The read schedule. Two slots: the block being verified and scattered, and the next one.
+ * The next block's read is queued the moment the current one has arrived, and not earlier:
+ *  - then the disk reads block i+1 while the CPU verifies and scatters block i, and a get
+ *    costs its reads plus the last block's processing;
+ *  - earlier is worse on disks that complete a batch at once. The virtio disk of this project's
+ *    machines (Firecracker) signals completions only when its queue drains, so a read queued
+ *    while block i is in flight joins block i's batch and delays block i until both are done
+ *    (measured: 96 x 1 MiB reads all complete at 53.4 ms; 32 all at 18.1 ms). Reading one block
+ *    ahead that way left the disk idle during every scatter: 0.72x a raw sequential read; this
+ *    schedule: 0.89-0.93x with the same data (and 0.95x without the scatter).
+ * Both slots' reads go into one batch (one io_uring ring). A block is one read request, which
+ * the OS backend splits into KV_IO_CHUNK pieces that all fit in its queue depth, so the block
+ * goes to the disk in one submission.
+ */
 typedef struct rslot {
-  uint8_t *buf;
-  kv_batch *bat;
+  kv_rbuf *buf;
   kv_segfile *sf;
-  size_t idx; /* hit index being read, SIZE_MAX when idle */
+  size_t idx;     /* hit index being read, SIZE_MAX when idle */
+  size_t req;     /* index of its read request in the batch */
 } rslot;
 
-static int issue(kvdb *db, rslot *s, const hit *x, size_t idx)
+static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, size_t idx)
 {
   kv_segfile_put(db, s->sf);
   s->sf = NULL;
   if (kv_segfile_get(db, x->rec.segment, &s->sf) != KVDB_OK)
     return -1;
-  kv_batch_read(db->io, s->bat, s->sf->f, s->buf, x->rec.bytes, x->rec.offset);
+  s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p, x->rec.bytes, x->rec.offset);
   s->idx = idx;
   return 0;
+}
+
+/* Wait until all of slot s's block has arrived. */
+static kvdb_status arrive(kvdb *db, kv_batch *bat, const rslot *s, const hit *x)
+{
+  int e = kv_batch_wait_first(db->io, bat, s->req + 1);
+  if (e == 0)
+    return KVDB_OK;
+  char hx[33];
+  return kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64 " at offset %" PRIu64,
+                       kv_hex16(x->hash, hx), x->rec.segment, x->rec.offset);
+}
+
+/* The next hit after `i` that the DRAM tier does not hold, or w->n. */
+static size_t next_from_disk(kvdb *db, const walk *w, size_t i)
+{
+  size_t j = i + 1;
+  while (j < w->n && db->dram != NULL && kv_dram_contains(db->dram, w->h[j].hash))
+    j++;
+  return j;
 }
 
 /* Fetch the hits into `out`; returns how many tokens were delivered (a failure ends it). */
@@ -208,7 +231,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
   for (size_t i = 0; i < w->n; i++)
     if (w->h[i].rec.bytes > biggest)
       biggest = w->h[i].rec.bytes;
-  rslot sl[2] = {{NULL, NULL, NULL, SIZE_MAX}, {NULL, NULL, NULL, SIZE_MAX}};
+  rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0}, {NULL, NULL, SIZE_MAX, 0}};
+  kv_batch *bat = NULL;
   size_t delivered = 0;
   for (size_t i = 0; i < w->n; i++) {
     hit *x = &w->h[i];
@@ -216,70 +240,69 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
     if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                            x->rec.n_tokens) != KVDB_OK)
       break;
-    if (from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)) {
+    int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
+    if (s < 0 && from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)) {
       delivered = x->t0 + x->n_copy;
       continue;
     }
-    db->ssd_hits++;
-    if (sl[0].buf == NULL) {
-      for (int k = 0; k < 2; k++) {
-        sl[k].buf = kv_alloc_aligned(biggest);
-        sl[k].bat = kv_batch_begin(db->io);
-      }
-      if (!sl[0].buf || !sl[1].buf || !sl[0].bat || !sl[1].bat) {
+    if (bat == NULL) {
+      bat = kv_batch_begin(db->io);
+      sl[0].buf = kv_rbuf_acquire(db, biggest);
+      sl[1].buf = kv_rbuf_acquire(db, biggest);
+      if (bat == NULL || sl[0].buf == NULL || sl[1].buf == NULL) {
         kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes of read buffers", 2 * biggest);
         break;
       }
     }
-    int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
     if (s < 0) {
-      s = sl[0].idx == SIZE_MAX ? 0 : 1;
-      if (sl[s].idx != SIZE_MAX) { /* both busy with blocks now served elsewhere: drain one */
-        kv_batch_wait(db->io, sl[s].bat);
-        sl[s].idx = SIZE_MAX;
+      /* not read ahead (the DRAM tier held it when the read-ahead was chosen and lost it) */
+      if (sl[0].idx != SIZE_MAX || sl[1].idx != SIZE_MAX) {
+        kv_batch_wait(db->io, bat); /* let an unused read-ahead land */
+        sl[0].idx = sl[1].idx = SIZE_MAX;
       }
-      if (issue(db, &sl[s], x, i) != 0)
+      s = 0;
+      if (issue(db, bat, &sl[s], x, i) != 0)
         break;
     }
-    /* read ahead: the next hit that the DRAM tier will not serve */
-    rslot *o = &sl[s ^ 1];
-    if (o->idx == SIZE_MAX) {
-      size_t j = i + 1;
-      while (j < w->n && in_dram(db, w->h[j].hash))
-        j++;
-      if (j < w->n && issue(db, o, &w->h[j], j) != 0)
-        o->idx = SIZE_MAX;
-    }
-    int e = kv_batch_wait(db->io, sl[s].bat);
+    db->ssd_hits++;
+    kvdb_status rr = arrive(db, bat, &sl[s], x);
     sl[s].idx = SIZE_MAX;
+    const uint8_t *buf = sl[s].buf->p;
     kv_block_hdr hdr;
-    kvdb_status rc;
-    if (e != 0) {
-      char hx[33];
-      rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64 " at offset %" PRIu64,
-                         kv_hex16(x->hash, hx), x->rec.segment, x->rec.offset);
-    } else {
-      db->bytes_read += x->rec.bytes;
-      rc = kv_block_check(&x->rec, x->hash, sl[s].buf, &hdr);
+    if (rr == KVDB_OK) {
+      /* the next block's read starts now, before this one is verified and scattered */
+      size_t j = next_from_disk(db, w, i);
+      if (j < w->n)
+        issue(db, bat, &sl[s ^ 1], &w->h[j], j); /* a failure shows when it is needed */
+      rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
     }
-    if (rc != KVDB_OK) {
-      db->corrupt_blocks++;
+    /* each section is verified, then scattered while it is still in cache: one pass over the
+     * block in memory instead of two (measured: 5.0 + 4.7 ms per 32 MiB apart) */
+    int stream = kv_scatter_streams(&g, x->n_copy);
+    for (uint32_t sec = 0; rr == KVDB_OK && sec < g.n_sections; sec++) {
+      rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, sec, sec + 1);
+      if (rr == KVDB_OK)
+        kv_scatter_sections(&g, buf + g.meta_bytes, sec, sec + 1, 0, x->n_copy, out, x->t0,
+                            stream);
+    }
+    if (rr != KVDB_OK) {
+      if (rr == KVDB_CORRUPT)
+        db->corrupt_blocks++;
       kv_log(&db->log, 0, "%s", kvdb_errmsg());
       break;
     }
-    const uint8_t *data = sl[s].buf + g.meta_bytes;
-    kv_scatter(&g, data, 0, x->n_copy, out, x->t0);
+    db->bytes_read += x->rec.bytes;
     if (db->dram != NULL)
-      kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
+      kv_dram_insert(db->dram, x->hash, buf + g.meta_bytes, g.data_bytes);
     delivered = x->t0 + x->n_copy;
   }
+  if (bat != NULL) {
+    kv_batch_wait(db->io, bat);
+    kv_batch_end(db->io, bat);
+  }
   for (int k = 0; k < 2; k++) {
-    if (sl[k].bat != NULL) {
-      kv_batch_wait(db->io, sl[k].bat);
-      kv_batch_end(db->io, sl[k].bat);
-    }
     kv_segfile_put(db, sl[k].sf);
-    kv_free_aligned(sl[k].buf);
+    kv_rbuf_release(db, sl[k].buf);
   }
   return delivered;
 }
@@ -350,7 +373,8 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   uint8_t *need = calloc(g->n_groups, 1);
   size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
   range *rg = malloc(cap * sizeof *rg);
-  uint8_t *buf = kv_alloc_aligned(g->total_bytes);
+  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes);
+  uint8_t *buf = rb != NULL ? rb->p : NULL;
   kv_segfile *sf = NULL;
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
@@ -435,7 +459,7 @@ out:
     db->corrupt_blocks++;
   kv_batch_end(db->io, bat);
   kv_segfile_put(db, sf);
-  kv_free_aligned(buf);
+  kv_rbuf_release(db, rb);
   free(rg);
   free(need);
   return rc;
@@ -530,7 +554,8 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   if (rc == KVDB_OK)
     rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
   if (rc == KVDB_OK && !from_dram(db, &g, ck.b, 0, br.n_tokens, out, 0)) {
-    uint8_t *buf = kv_alloc_aligned(br.bytes);
+    kv_rbuf *rb = kv_rbuf_acquire(db, br.bytes);
+    uint8_t *buf = rb != NULL ? rb->p : NULL;
     kv_block_hdr hdr;
     if (buf == NULL)
       rc = kv_fail(KVDB_NOMEM, "read buffer");
@@ -544,7 +569,7 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     } else if (rc == KVDB_CORRUPT) {
       db->corrupt_blocks++;
     }
-    kv_free_aligned(buf);
+    kv_rbuf_release(db, rb);
   }
   if (rc == KVDB_OK) {
     if (out_tokens != NULL)

@@ -4,6 +4,7 @@
  * share (see the PUT steps in api.c's header comment for the durability order).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,18 +387,50 @@ out:
   return rc;
 }
 
-/* Phase 2: gather, seal and append the missing blocks; fdatasync. */
+/* Bytes of a block gathered and checksummed before they are queued for writing. */
+#define KV_PUT_CHUNK (2u << 20)
+
+/*
+ * Phase 2: gather, checksum and append the missing blocks; fdatasync.
+ *
+ * The space is reserved first (fallocate): a full disk fails here before anything is written,
+ * and the writes become overwrites, which ext4 runs under a shared inode lock inside
+ * io_uring_enter instead of serialising appends on io-wq workers (measured: 1 MiB O_DIRECT
+ * appends at QD 32 1.1-1.3 GB/s, the same into reserved space 2.2-2.6 GB/s). Each block is
+ * gathered section by section into a staging buffer; every section is checksummed while it is
+ * still in cache, and every KV_PUT_CHUNK bytes are queued at once, so the disk starts after
+ * 2 MiB of CPU work instead of a whole block. The meta region (header, tokens, checksum table)
+ * is written last. Two staging buffers alternate between blocks.
+ */
 static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
   size_t biggest = 0;
-  for (uint32_t i = 0; i < r->n; i++)
-    if (r->b[i].write && r->b[i].g.total_bytes > biggest)
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < r->n; i++) {
+    if (!r->b[i].write)
+      continue;
+    total += r->b[i].g.total_bytes;
+    if (r->b[i].g.total_bytes > biggest)
       biggest = r->b[i].g.total_bytes;
+  }
   *written = 0;
   if (biggest == 0)
     return KVDB_OK;
   size_t cap = biggest > (8u << 20) ? biggest : (8u << 20);
   KV_RET(kv_writer_stage(w, cap));
+  if (db->io->ops->alloc != NULL && !w->no_alloc) {
+    int e = db->io->ops->alloc(db->io, kv_writer_file(w), w->end, total);
+    if (e == -EOPNOTSUPP) {
+      w->no_alloc = 1;
+      kv_log(&db->log, 2, "fallocate is not supported for segment %" PRIu64 "; appending",
+             w->seg_id);
+    } else if (e != 0) {
+      *written = total; /* the caller truncates back; if that fails it skips past all of it */
+      return kv_fail_errno(-e, "cannot reserve %" PRIu64 " bytes in segment %" PRIu64, total,
+                           w->seg_id);
+    }
+  }
+  *written = total;
   kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
   kvdb_status rc = KVDB_OK;
   int busy[2] = {0, 0};
@@ -408,42 +441,51 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   int cur = 0;
   size_t fill = 0;
   uint64_t base = w->end; /* segment offset of stage[cur][0] */
-  for (uint32_t i = 0; i <= r->n; i++) {
-    put_blk *b = i < r->n ? &r->b[i] : NULL;
-    if (b != NULL && !b->write)
+  for (uint32_t i = 0; i < r->n; i++) {
+    put_blk *b = &r->b[i];
+    if (!b->write)
       continue;
-    if (b == NULL || fill + b->g.total_bytes > w->stage_cap) {
-      if (fill > 0) { /* submit this buffer, switch to the other one */
-        kv_batch_write(db->io, bt[cur], kv_writer_file(w), w->stage[cur], fill, base);
-        busy[cur] = 1;
-        base += fill;
-        *written += fill;
-        cur ^= 1;
-        fill = 0;
-        if (busy[cur]) {
-          int e = kv_batch_wait(db->io, bt[cur]);
-          busy[cur] = 0;
-          if (e != 0) {
-            rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-            goto out;
-          }
+    const kv_block_geom *g = &b->g;
+    if (fill + g->total_bytes > w->stage_cap) { /* switch to the other buffer */
+      base += fill;
+      cur ^= 1;
+      fill = 0;
+      if (busy[cur]) {
+        int e = kv_batch_wait(db->io, bt[cur]);
+        busy[cur] = 0;
+        if (e != 0) {
+          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+          goto out;
         }
       }
-      if (b == NULL)
-        break;
     }
     uint8_t *obj = w->stage[cur] + fill;
-    const kv_block_geom *g = &b->g;
+    uint64_t at = base + fill; /* segment offset of this block object */
+    uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
     int padded = g->group_stride != g->group_tokens * g->row_bytes ||
                  g->n_tokens % g->group_tokens != 0;
     if (padded)
       memset(obj + g->meta_bytes, 0, g->data_bytes);
     else
-      memset(obj + g->meta_bytes + (uint64_t)g->n_sections * g->section_bytes, 0,
-             g->data_bytes - (uint64_t)g->n_sections * g->section_bytes);
-    kv_gather(g, r->kv, b->t0, obj + g->meta_bytes);
-    kv_block_seal(g, b->hash, b->parent, r->mh, b->tokens, obj);
-    b->off = base + fill;
+      memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
+    uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
+    for (uint32_t s = 0; s < g->n_sections; s++) {
+      kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
+      kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
+      int last = s + 1 == g->n_sections;
+      uint64_t ready = last ? g->total_bytes
+                            : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
+                                  KV_PAGE;
+      if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
+        kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + sent, ready - sent, at + sent);
+        busy[cur] = 1;
+        sent = ready;
+      }
+    }
+    kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
+    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, g->meta_bytes, at);
+    busy[cur] = 1;
+    b->off = at;
     fill += g->total_bytes;
   }
   for (int k = 0; k < 2; k++) {

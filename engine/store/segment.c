@@ -16,9 +16,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kv_db.h"
+
+/* I/O buffers of at least KV_HUGE_MIN bytes are 2 MiB-aligned and asked to be huge pages. */
+#define KV_HUGE (2u << 20)
+#define KV_HUGE_MIN (4u << 20)
 
 kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap)
 {
@@ -31,6 +36,12 @@ kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap)
 void *kv_alloc_aligned(size_t bytes)
 {
   void *p = NULL;
+  if (bytes >= KV_HUGE_MIN) {
+    if (posix_memalign(&p, KV_HUGE, bytes) != 0)
+      return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE); /* advisory: a refusal leaves ordinary pages */
+    return p;
+  }
   if (posix_memalign(&p, KV_PAGE, bytes ? bytes : KV_PAGE) != 0)
     return NULL;
   return p;

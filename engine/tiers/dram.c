@@ -203,6 +203,15 @@ kv_dram_entry *kv_dram_pin(kv_dram *d, const uint8_t hash[16], const uint8_t **d
   return e;
 }
 
+int kv_dram_contains(kv_dram *d, const uint8_t hash[16])
+{
+  pthread_mutex_lock(&d->mu);
+  kv_dram_entry *e = find(d, hash);
+  int present = e != NULL && e->visible;
+  pthread_mutex_unlock(&d->mu);
+  return present;
+}
+
 void kv_dram_unpin(kv_dram *d, kv_dram_entry *e)
 {
   if (e == NULL)

@@ -28,6 +28,9 @@ void kv_dram_destroy(kv_dram *d);
 kv_dram_entry *kv_dram_pin(kv_dram *d, const uint8_t hash[16], const uint8_t **data,
                            uint64_t *len);
 void kv_dram_unpin(kv_dram *d, kv_dram_entry *e);
+/* 1 when the block is present (a hint: it may be evicted right after); not counted as a hit
+ * or a miss. */
+int kv_dram_contains(kv_dram *d, const uint8_t hash[16]);
 
 /* Copy `len` bytes in under `hash` (no-op if present). 0, or -1 when it cannot fit. */
 int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);

@@ -2,9 +2,10 @@
 /*
  * tests/fault/test_fault.c — I/O faults as the normal case (SQLite's ioerr loops).
  *
- * 1. A full disk: segment writes fail with ENOSPC; the put fails cleanly with KVDB_FULL,
- *    earlier data stays intact, and puts succeed again once space is freed.
- * 2. For each kind of operation (read, write, fsync, open, truncate) and N = 1, 2, ...: the
+ * 1. A full disk: the space reservation (fallocate) or the segment writes fail with ENOSPC; the
+ *    put fails cleanly with KVDB_FULL, earlier data stays intact, and puts succeed again once
+ *    space is freed.
+ * 2. For each kind of operation (read, write, fsync, open, truncate, fallocate) and N = 1, 2, ...: the
  *    Nth such operation fails (EIO, or a short write) during a workload of put, get, lookup,
  *    get_tokens, delete and compact. Every call returns a status (never crashes), the
  *    database reopens, kvdb_verify passes, and every put acknowledged before or after the
@@ -77,7 +78,9 @@ static kvdb_key key_of(int i)
   return h[(n + 31) / 32 - 1];
 }
 
-static void test_full_disk(void)
+/* kind: IOT_ALLOC (a filesystem that reserves space refuses the reservation) or IOT_WRITE
+ * (one that cannot reserve runs out while writing) */
+static void test_full_disk(int kind)
 {
   char *dir = t_tmpdir("full");
   iot_config c = {.fail_kind = -1};
@@ -87,8 +90,8 @@ static void test_full_disk(void)
   ASSERT_OK(kvdb_open(dir, &o, &db));
   for (int i = 0; i < 5; i++)
     ASSERT_OK(put_i(db, i));
-  /* the disk fills up: every write from now on fails */
-  iot_set_fault(IOT_WRITE, 1, ENOSPC, 1);
+  /* the disk fills up: every reservation or write from now on fails */
+  iot_set_fault(kind, 1, ENOSPC, 1);
   ASSERT_STATUS(KVDB_FULL, put_i(db, 5));
   ASSERT_MSG_HAS("No space left");
   ASSERT_STATUS(KVDB_FULL, put_i(db, 6));
@@ -186,7 +189,8 @@ static long fault_loop(int kind, int err, int short_write, const char *name)
 
 int main(void)
 {
-  test_full_disk();
+  test_full_disk(IOT_ALLOC);
+  test_full_disk(IOT_WRITE);
   long total = 0;
   total += fault_loop(IOT_WRITE, EIO, 0, "write EIO");
   total += fault_loop(IOT_WRITE, ENOSPC, 1, "short write");
@@ -194,6 +198,7 @@ int main(void)
   total += fault_loop(IOT_READ, EIO, 0, "read EIO");
   total += fault_loop(IOT_OPEN, EIO, 0, "open EIO");
   total += fault_loop(IOT_TRUNC, EIO, 0, "truncate EIO");
+  total += fault_loop(IOT_ALLOC, ENOSPC, 0, "fallocate ENOSPC");
   printf("test_fault: full disk ok; %ld fault points survived\n", total);
   return 0;
 }
