@@ -344,6 +344,83 @@ static void test_explicit_keys_and_layouts(void)
   t_rmdir(dir);
 }
 
+/* 1 when an LKHTD ([layer][kv][head][token][dim]) buffer holds tokens[0..n) exactly */
+static int check_lkhtd(const kvdb_model *m, const uint32_t *tok, size_t n, const uint16_t *out)
+{
+  for (uint32_t l = 0; l < m->n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t h = 0; h < m->n_kv_heads; h++)
+        for (size_t t = 0; t < n; t++)
+          for (uint32_t d = 0; d < m->head_dim; d++)
+            if (out[((((size_t)l * 2 + kv) * m->n_kv_heads + h) * n + t) * m->head_dim + d] !=
+                t_kv_value(tok, t, l, kv, h, d))
+              return 0;
+  return 1;
+}
+
+/*
+ * Blocks big enough (8 MiB) for the copies into the caller's buffer to use non-temporal
+ * stores, read back from disk and then from the DRAM tier into buffers at every alignment
+ * the copy distinguishes (64-byte, 16-byte, 8-byte: the last one cannot stream) and in both
+ * orders of heads and tokens.
+ */
+static void test_large_blocks_layouts_alignments(void)
+{
+  static const kvdb_model M_BIG = {"test-big", 8, 8, 128, KVDB_F16, 256};
+  const kvdb_model *m = &M_BIG;
+  char *dir = t_tmpdir("big");
+  kvdb_options o = quiet_opts();
+  o.dram_bytes = 64 << 20;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  enum { N = 512 };
+  uint32_t tok[N];
+  make_tokens(tok, N, 91);
+  size_t tb = kvdb_model_token_bytes(m);
+  uint16_t *src = malloc(N * tb);
+  t_fill_kv(m, tok, N, src);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, src, m, N, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_put(db, m, tok, N, &v, NULL));
+  kvdb_close(db);
+  uint8_t *raw = NULL;
+  ASSERT(posix_memalign((void **)&raw, 64, N * tb + 64) == 0);
+  const size_t shift[3] = {0, 16, 8};
+  for (int pass = 0; pass < 2; pass++) { /* 0: every get from disk; 1: from the DRAM tier */
+    o.dram_bytes = pass == 0 ? 0 : 64 << 20;
+    ASSERT_OK(kvdb_open(dir, &o, &db));
+    if (pass == 1) { /* load the tier */
+      ASSERT_OK(kvdb_kv_view_packed(&v, raw, m, N, KVDB_LAYOUT_LKTHD));
+      size_t hit = 0;
+      ASSERT_OK(kvdb_get(db, m, tok, N, &v, &hit));
+      ASSERT_EQ(hit, N);
+    }
+    for (int a = 0; a < 3; a++) {
+      uint16_t *out = (uint16_t *)(raw + shift[a]);
+      memset(raw, 0xA5, N * tb + 64);
+      ASSERT_OK(kvdb_kv_view_packed(&v, out, m, N, KVDB_LAYOUT_LKTHD));
+      size_t hit = 0;
+      ASSERT_OK(kvdb_get(db, m, tok, N, &v, &hit));
+      ASSERT_EQ(hit, N);
+      ASSERT_EQ(t_check_kv(m, tok, N, N, out), N);
+      memset(raw, 0xA5, N * tb + 64);
+      ASSERT_OK(kvdb_kv_view_packed(&v, out, m, N, KVDB_LAYOUT_LKHTD));
+      ASSERT_OK(kvdb_get(db, m, tok, N, &v, &hit));
+      ASSERT_EQ(hit, N);
+      ASSERT(check_lkhtd(m, tok, N, out));
+    }
+    kvdb_stats st;
+    ASSERT_OK(kvdb_stat(db, &st));
+    ASSERT_EQ(st.tier[KVDB_TIER_SSD].hits, pass == 0 ? 6 * 2 : 2); /* 2 blocks per get */
+    if (pass == 1)
+      ASSERT_EQ(st.tier[KVDB_TIER_DRAM].hits, 6 * 2);
+    kvdb_close(db);
+  }
+  free(raw);
+  free(src);
+  t_rmdir(dir);
+}
+
 static void test_bad_input(void)
 {
   char *dir = t_tmpdir("bad");
@@ -669,6 +746,7 @@ int main(void)
   test_prefix_sharing();
   test_get_tokens();
   test_explicit_keys_and_layouts();
+  test_large_blocks_layouts_alignments();
   test_bad_input();
   test_corruption();
   test_corruption_late_in_block();
