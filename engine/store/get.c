@@ -171,40 +171,93 @@ static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint
   return ok;
 }
 
+#ifndef KV_GET_WAVE
+#define KV_GET_WAVE (16u << 20) /* bytes of a block read at once (whole layers; see below) */
+#endif
+
 /*
- * The read schedule. Two slots: the block being verified and scattered, and the next one.
- * The next block's read is queued the moment the current one has arrived, and not earlier:
- *  - then the disk reads block i+1 while the CPU verifies and scatters block i, and a get
- *    costs its reads plus the last block's processing;
- *  - earlier is worse on disks that complete a batch at once. The virtio disk of this project's
- *    machines (Firecracker) signals completions only when its queue drains, so a read queued
- *    while block i is in flight joins block i's batch and delays block i until both are done
- *    (measured: 96 x 1 MiB reads all complete at 53.4 ms; 32 all at 18.1 ms). Reading one block
- *    ahead that way left the disk idle during every scatter: 0.72x a raw sequential read; this
- *    schedule: 0.89-0.93x with the same data (and 0.95x without the scatter).
- * Both slots' reads go into one batch (one io_uring ring). A block is one read request, which
- * the OS backend splits into KV_IO_CHUNK pieces that all fit in its queue depth, so the block
- * goes to the disk in one submission.
+ * The read schedule. A block is read in WAVES of whole layers (about KV_GET_WAVE bytes; the
+ * first also holds the meta region), one wave in flight at a time: the next wave is queued the
+ * moment the current one has arrived, and then the current one's layers are verified and
+ * scattered while the disk reads the next. A get costs its reads plus the processing of its
+ * last wave.
+ *  - Not earlier: the virtio disk of this project's machines (Firecracker) signals completions
+ *    only when its queue drains, so a read queued while another is in flight joins its batch
+ *    and delays it until both are done (measured: 96 x 1 MiB reads all complete at 53.4 ms;
+ *    32 all at 18.1 ms). Reading a whole block ahead that way left the disk idle during every
+ *    scatter: 0.72x a raw sequential read.
+ *  - Not whole blocks: then the last block's processing (5 ms per 32 MiB) is never overlapped.
+ *    Measured on the Llama-3-8B shape (32 MiB blocks, 1 MiB layers), mean get/raw over 12
+ *    interleaved runs each: whole blocks 0.908 and 0.885; waves of 16 MiB 0.963 and 0.912,
+ *    12 MiB 0.960, 8 MiB 0.905 (more waves, more round trips).
+ * Two slots (read buffers), so the first wave of block j can be read while the last one of
+ * block i is processed. All reads go into one batch (one io_uring ring); a wave is one read
+ * request, which the OS backend splits into KV_IO_CHUNK pieces that all fit in its queue depth,
+ * so it goes to the disk in one submission. Section layouts whose layers do not end on page
+ * boundaries (tiny "packed" sections) read a block in one wave.
  */
 typedef struct rslot {
   kv_rbuf *buf;
   kv_segfile *sf;
   size_t idx;     /* hit index being read, SIZE_MAX when idle */
-  size_t req;     /* index of its read request in the batch */
+  uint32_t wave;  /* the wave of that block in flight */
+  size_t req;     /* its read request in the batch */
 } rslot;
 
-static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, size_t idx)
+/* Waves of a block: the layers each one completes. */
+typedef struct waves {
+  uint32_t n;             /* waves */
+  uint32_t layers_per;    /* layers per wave (the last may have fewer) */
+  uint64_t layer_bytes;
+} waves;
+
+static void plan_waves(const kv_block_geom *g, waves *wv)
 {
-  kv_segfile_put(db, s->sf);
-  s->sf = NULL;
-  if (kv_segfile_get(db, x->rec.segment, &s->sf) != KVDB_OK)
-    return -1;
-  s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p, x->rec.bytes, x->rec.offset);
+  wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
+  if (wv->layer_bytes % KV_PAGE != 0 || g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
+    wv->n = 1;
+    wv->layers_per = g->n_layers;
+    return;
+  }
+  uint64_t per = KV_GET_WAVE / wv->layer_bytes;
+  wv->layers_per = per == 0 ? 1 : per >= g->n_layers ? g->n_layers : (uint32_t)per;
+  wv->n = (g->n_layers + wv->layers_per - 1) / wv->layers_per;
+}
+
+/* Byte range of wave k within the block object. */
+static void wave_range(const kv_block_geom *g, const waves *wv, uint32_t k, uint64_t *off,
+                       uint64_t *len)
+{
+  uint32_t l0 = k * wv->layers_per, l1 = l0 + wv->layers_per;
+  if (l1 > g->n_layers || k + 1 == wv->n)
+    l1 = g->n_layers;
+  uint64_t a = k == 0 ? 0 : g->meta_bytes + l0 * wv->layer_bytes;
+  uint64_t b = k + 1 == wv->n ? g->total_bytes : g->meta_bytes + l1 * wv->layer_bytes;
+  *off = a;
+  *len = b - a;
+}
+
+/* Queue wave k of hit x into slot s (wave 0 first opens the block's segment: -1 on failure). */
+static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block_geom *g,
+                 size_t idx, uint32_t k)
+{
+  if (k == 0) {
+    kv_segfile_put(db, s->sf);
+    s->sf = NULL;
+    if (kv_segfile_get(db, x->rec.segment, &s->sf) != KVDB_OK)
+      return -1;
+  }
+  waves wv;
+  plan_waves(g, &wv);
+  uint64_t off, len;
+  wave_range(g, &wv, k, &off, &len);
+  s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
   s->idx = idx;
+  s->wave = k;
   return 0;
 }
 
-/* Wait until all of slot s's block has arrived. */
+/* Wait until slot s's wave in flight has arrived. */
 static kvdb_status arrive(kvdb *db, kv_batch *bat, const rslot *s, const hit *x)
 {
   int e = kv_batch_wait_first(db->io, bat, s->req + 1);
@@ -231,7 +284,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
   for (size_t i = 0; i < w->n; i++)
     if (w->h[i].rec.bytes > biggest)
       biggest = w->h[i].rec.bytes;
-  rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0}, {NULL, NULL, SIZE_MAX, 0}};
+  rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0, 0}, {NULL, NULL, SIZE_MAX, 0, 0}};
   kv_batch *bat = NULL;
   size_t delivered = 0;
   for (size_t i = 0; i < w->n; i++) {
@@ -261,30 +314,45 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
         sl[0].idx = sl[1].idx = SIZE_MAX;
       }
       s = 0;
-      if (issue(db, bat, &sl[s], x, i) != 0)
+      if (issue(db, bat, &sl[s], x, &g, i, 0) != 0)
         break;
     }
     db->ssd_hits++;
-    kvdb_status rr = arrive(db, bat, &sl[s], x);
-    sl[s].idx = SIZE_MAX;
     const uint8_t *buf = sl[s].buf->p;
-    kv_block_hdr hdr;
-    if (rr == KVDB_OK) {
-      /* the next block's read starts now, before this one is verified and scattered */
-      size_t j = next_from_disk(db, w, i);
-      if (j < w->n)
-        issue(db, bat, &sl[s ^ 1], &w->h[j], j); /* a failure shows when it is needed */
-      rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
-    }
-    /* each layer's sections are verified, then scattered while they are still in cache: one
-     * pass over the block in memory instead of two (measured: 5.0 + 4.7 ms per 32 MiB apart) */
+    waves wv;
+    plan_waves(&g, &wv);
     int stream = kv_scatter_streams(&g, x->n_copy);
     uint32_t per_layer = 2 * g.n_kv_heads;
-    for (uint32_t s0 = 0; rr == KVDB_OK && s0 < g.n_sections; s0 += per_layer) {
-      rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
-      if (rr == KVDB_OK)
-        kv_scatter_sections(&g, buf + g.meta_bytes, s0, s0 + per_layer, 0, x->n_copy, out,
-                            x->t0, stream);
+    kv_block_hdr hdr;
+    kvdb_status rr = KVDB_OK;
+    for (uint32_t k = 0; rr == KVDB_OK && k < wv.n; k++) {
+      rr = arrive(db, bat, &sl[s], x);
+      if (rr != KVDB_OK)
+        break;
+      /* the next wave is queued now, before this one is verified and scattered */
+      if (k + 1 < wv.n) {
+        issue(db, bat, &sl[s], x, &g, i, k + 1); /* a later wave only queues: cannot fail */
+      } else {
+        sl[s].idx = SIZE_MAX;
+        size_t j = next_from_disk(db, w, i);
+        kv_block_geom gj;
+        if (j < w->n &&
+            kv_block_geom_init(&gj, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                               w->h[j].rec.n_tokens) == KVDB_OK)
+          issue(db, bat, &sl[s ^ 1], &w->h[j], &gj, j, 0); /* a failure shows when needed */
+      }
+      if (rr == KVDB_OK && k == 0)
+        rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
+      /* each layer's sections are verified, then scattered while they are still in cache:
+       * one pass over the data in memory instead of two (5.0 + 4.7 ms per 32 MiB apart) */
+      uint32_t l1 = k + 1 == wv.n ? g.n_layers : (k + 1) * wv.layers_per;
+      for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
+        uint32_t s0 = l * per_layer;
+        rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
+        if (rr == KVDB_OK)
+          kv_scatter_sections(&g, buf + g.meta_bytes, s0, s0 + per_layer, 0, x->n_copy, out,
+                              x->t0, stream);
+      }
     }
     if (rr != KVDB_OK) {
       if (rr == KVDB_CORRUPT)

@@ -359,14 +359,15 @@ static int check_lkhtd(const kvdb_model *m, const uint32_t *tok, size_t n, const
 }
 
 /*
- * Blocks big enough (8 MiB) for the copies into the caller's buffer to use non-temporal
- * stores, read back from disk and then from the DRAM tier into buffers at every alignment
- * the copy distinguishes (64-byte, 16-byte, 8-byte: the last one cannot stream) and in both
- * orders of heads and tokens.
+ * Blocks big enough (20 MiB) for the copies into the caller's buffer to use non-temporal
+ * stores and for a get to read each block in two waves (16 layers, then 4), read back from
+ * disk and then from the DRAM tier into buffers at every alignment the copy distinguishes
+ * (64-byte, 16-byte, 8-byte: the last one cannot stream) and in both orders of heads and
+ * tokens; then a byte flipped in the second wave of the second block.
  */
 static void test_large_blocks_layouts_alignments(void)
 {
-  static const kvdb_model M_BIG = {"test-big", 8, 8, 128, KVDB_F16, 256};
+  static const kvdb_model M_BIG = {"test-big", 20, 8, 128, KVDB_F16, 256};
   const kvdb_model *m = &M_BIG;
   char *dir = t_tmpdir("big");
   kvdb_options o = quiet_opts();
@@ -387,7 +388,7 @@ static void test_large_blocks_layouts_alignments(void)
   ASSERT(posix_memalign((void **)&raw, 64, N * tb + 64) == 0);
   const size_t shift[3] = {0, 16, 8};
   for (int pass = 0; pass < 2; pass++) { /* 0: every get from disk; 1: from the DRAM tier */
-    o.dram_bytes = pass == 0 ? 0 : 64 << 20;
+    o.dram_bytes = pass == 0 ? 0 : 96 << 20;
     ASSERT_OK(kvdb_open(dir, &o, &db));
     if (pass == 1) { /* load the tier */
       ASSERT_OK(kvdb_kv_view_packed(&v, raw, m, N, KVDB_LAYOUT_LKTHD));
@@ -416,6 +417,31 @@ static void test_large_blocks_layouts_alignments(void)
       ASSERT_EQ(st.tier[KVDB_TIER_DRAM].hits, 6 * 2);
     kvdb_close(db);
   }
+  /* flip a byte in the last layer of block 1: the hit ends after block 0 */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  struct stat st;
+  fstat(fd, &st);
+  off_t off = st.st_size - 5000;
+  uint8_t byte;
+  ASSERT(pread(fd, &byte, 1, off) == 1);
+  byte ^= 0x10;
+  ASSERT(pwrite(fd, &byte, 1, off) == 1);
+  close(fd);
+  o.dram_bytes = 0;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint16_t *out = (uint16_t *)raw;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, m, N, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, m, tok, N, &v, &hit));
+  ASSERT_EQ(hit, 256);
+  ASSERT_EQ(t_check_kv(m, tok, 256, N, out), 256);
+  kvdb_stats st2;
+  ASSERT_OK(kvdb_stat(db, &st2));
+  ASSERT_EQ(st2.corrupt_blocks, 1);
+  kvdb_close(db);
   free(raw);
   free(src);
   t_rmdir(dir);
