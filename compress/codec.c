@@ -717,16 +717,10 @@ kv_codec_status kv_section_group_span(const void *hdr, size_t hdr_len, uint32_t 
   return KV_CODEC_OK;
 }
 
-kv_codec_status kv_codec_decode_begin(uint8_t id, const void *hdr, size_t hdr_len,
+kv_codec_status kv_codec_decode_check(const kv_section_info *info, const uint8_t *hdr,
                                       size_t payload_len, uint32_t g0, uint32_t g1,
-                                      size_t dst_cap, kv_section_info *info, kv_codec_err *err)
+                                      size_t dst_cap, kv_codec_err *err)
 {
-  kv_codec_status rc = kv_section_parse(hdr, hdr_len, info, err);
-  if (rc != KV_CODEC_OK)
-    return rc;
-  if (info->codec_id != id)
-    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section was written by another codec",
-                         info->codec_id, id);
   if (g0 >= g1 || g1 > info->n_groups)
     return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "group range outside the section", g1,
                          info->n_groups);
@@ -745,25 +739,81 @@ kv_codec_status kv_codec_decode_begin(uint8_t id, const void *hdr, size_t hdr_le
   return KV_CODEC_OK;
 }
 
+kv_codec_status kv_codec_decode_begin(uint8_t id, const void *hdr, size_t hdr_len,
+                                      size_t payload_len, uint32_t g0, uint32_t g1,
+                                      size_t dst_cap, kv_section_info *info, kv_codec_err *err)
+{
+  kv_codec_status rc = kv_section_parse(hdr, hdr_len, info, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  if (info->codec_id != id)
+    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section was written by another codec",
+                         info->codec_id, id);
+  return kv_codec_decode_check(info, hdr, payload_len, g0, g1, dst_cap, err);
+}
+
+kv_codec_status kv_codec_decode_parsed(const kv_section_info *info, const uint8_t *hdr,
+                                       const uint8_t *payload, uint32_t g0, uint32_t g1,
+                                       void *scratch, size_t scratch_cap, void *dst,
+                                       kv_codec_dctx *ctx, kv_codec_err *err)
+{
+  switch (info->codec_id) {
+  case KV_CODEC_ID_RAW: return kv_raw_decode_parsed(info, payload, g0, g1, dst);
+  case KV_CODEC_ID_ZSTD_PLANES:
+    return kv_zp_decode_parsed(info, hdr, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
+  case KV_CODEC_ID_KIVI:
+    return kv_kivi_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
+  case KV_CODEC_ID_DROP:
+    return kv_drop_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
+  default: break;
+  }
+  return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unknown codec id", info->codec_id,
+                       KV_CODEC_ID_DROP); /* unreachable: kv_section_parse() checked it */
+}
+
 kv_codec_status kv_section_decode_groups(const void *hdr, size_t hdr_len, const void *payload,
                                          size_t payload_len, uint32_t g0, uint32_t g1,
                                          void *scratch, size_t scratch_cap, void *dst,
                                          size_t dst_cap, kv_codec_err *err)
 {
+  return kv_section_decode_groups_dctx(NULL, hdr, hdr_len, payload, payload_len, g0, g1, scratch,
+                                       scratch_cap, dst, dst_cap, err);
+}
+
+/* Parses the header once (the codecs' decode members would parse it again). */
+kv_codec_status kv_section_decode_groups_dctx(kv_codec_dctx *ctx, const void *hdr, size_t hdr_len,
+                                              const void *payload, size_t payload_len, uint32_t g0,
+                                              uint32_t g1, void *scratch, size_t scratch_cap,
+                                              void *dst, size_t dst_cap, kv_codec_err *err)
+{
+  kv_section_info info;
   if (hdr == NULL || hdr_len < 1)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section shorter than its fixed header", 0,
                          KV_SECTION_FIXED_BYTES);
-  const kv_codec *c = kv_codec_by_id(((const uint8_t *)hdr)[0]);
-  if (c == NULL)
+  if (kv_codec_by_id(((const uint8_t *)hdr)[0]) == NULL)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unknown codec id", ((const uint8_t *)hdr)[0],
                          KV_CODEC_ID_DROP);
-  return c->decode(hdr, hdr_len, payload, payload_len, g0, g1, scratch, scratch_cap, dst, dst_cap,
-                   err);
+  if (payload == NULL || dst == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
+  kv_codec_status rc = kv_section_parse(hdr, hdr_len, &info, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  rc = kv_codec_decode_check(&info, hdr, payload_len, g0, g1, dst_cap, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  return kv_codec_decode_parsed(&info, hdr, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
 }
 
 kv_codec_status kv_section_decode(const void *src, size_t src_len, void *scratch,
                                   size_t scratch_cap, void *dst, size_t dst_cap,
                                   kv_section_info *info, kv_codec_err *err)
+{
+  return kv_section_decode_dctx(NULL, src, src_len, scratch, scratch_cap, dst, dst_cap, info, err);
+}
+
+kv_codec_status kv_section_decode_dctx(kv_codec_dctx *ctx, const void *src, size_t src_len,
+                                       void *scratch, size_t scratch_cap, void *dst,
+                                       size_t dst_cap, kv_section_info *info, kv_codec_err *err)
 {
   kv_section_info local;
   kv_section_info *in = info ? info : &local;
@@ -775,10 +825,14 @@ kv_codec_status kv_section_decode(const void *src, size_t src_len, void *scratch
                          src_len < in->section_bytes ? "section truncated"
                                                      : "bytes after the last group",
                          src_len, in->section_bytes);
-  const kv_codec *c = kv_codec_by_id(in->codec_id);
-  return c->decode(src, src_len, (const uint8_t *)src + in->header_bytes,
-                   (size_t)(in->section_bytes - in->header_bytes), 0, in->n_groups, scratch,
-                   scratch_cap, dst, dst_cap, err);
+  if (dst == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
+  size_t out = kv_section_rows_bytes(in, 0, in->n_groups);
+  if (dst_cap < out)
+    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the decoded rows", dst_cap,
+                         out);
+  return kv_codec_decode_parsed(in, src, (const uint8_t *)src + in->header_bytes, 0, in->n_groups,
+                                scratch, scratch_cap, dst, ctx, err);
 }
 
 kv_codec_status kv_section_positions(const void *hdr, size_t hdr_len, uint32_t row0, uint32_t n,

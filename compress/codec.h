@@ -13,7 +13,9 @@
  * caller buffers sized by a bound function (zstd's dst/dst_cap/bound shape). Equal inputs give
  * equal bytes (for a given libzstd version), on every machine: the SIMD and the portable
  * decoders produce identical bits. All functions are reentrant; a scratch buffer must not be
- * used by two calls at once. Nothing keeps a pointer to caller memory after returning.
+ * used by two calls at once. Nothing keeps a pointer to caller memory after returning. The one
+ * state that outlives a call is caller-owned and optional: a decoding context (kv_codec_dctx,
+ * "DECODING CONTEXT" below), which changes only the speed.
  *
  * CODECS (ids are stored on disk: pinned, never renumbered or reused; 0 is never valid)
  *   1 "raw"          the elements, little-endian. Lossless.
@@ -362,6 +364,59 @@ kv_codec_status kv_section_decode_groups(const void *hdr, size_t hdr_len, const 
                                          void *scratch, size_t scratch_cap, void *dst,
                                          size_t dst_cap, kv_codec_err *err);
 
+/*
+ * DECODING CONTEXT (optional). zstd-planes decodes with a zstd context (ZSTD_DCtx). Without a
+ * kv_codec_dctx, every decode call builds one in its scratch, and building one runs libzstd's
+ * CPU feature check (CPUID instructions): well under a microsecond on bare metal, but 20 us in
+ * virtual machines where CPUID traps to the hypervisor (measured on the reference VM: 9 us per
+ * CPUID; longer than decoding a whole 8 KiB section). A caller that decodes many sections keeps
+ * one kv_codec_dctx per thread and passes it to the *_dctx functions, which then build nothing.
+ * The context also carries the choice of output stores (kv_codec_dctx_set_stream()). Output
+ * is identical with or without a context.
+ *
+ * A context lives in caller memory of kv_codec_dctx_bytes() (any alignment; it is aligned
+ * inside); kv_codec_dctx_init() makes it one. It points only into that memory (so it must not
+ * be copied elsewhere) and owns no resources: the memory may be freed or reused at any time
+ * between calls. One thread at a time; a failed decode leaves it valid.
+ */
+typedef struct kv_codec_dctx kv_codec_dctx;
+
+/** @brief Bytes of memory a kv_codec_dctx needs (alignment slack included). Cannot fail. */
+size_t kv_codec_dctx_bytes(void);
+
+/**
+ * @brief Make the cap bytes at mem a decoding context. @return the context (inside mem), or NULL
+ * when mem is NULL or cap < kv_codec_dctx_bytes().
+ */
+kv_codec_dctx *kv_codec_dctx_init(void *mem, size_t cap);
+
+/**
+ * @brief How decoders through ctx write their output. stream = 0 (the default): ordinary
+ * stores, which leave the decoded rows in the CPU cache for a consumer that reads them next.
+ * stream = 1: non-temporal (streaming) stores where a kernel can — the AVX2 dequantizers of
+ * kivi and quantized drop sections, when dst and the rows are 16-byte aligned — for large
+ * outputs nobody reads soon (a get of a whole context into the caller's buffer): they skip
+ * the read-for-ownership of every output cache line, a third of the memory traffic of an
+ * int4 decode, and each decode call ends with a store fence, so its rows are ordered before
+ * anything the caller does next. Calls that write less than 64 KiB keep ordinary stores (the
+ * fence would cost more than the stores save). Worth it only when the output does not stay
+ * in the caches: on the reference VM, int4 on 256 KiB sections into 134 MB went from ~7.6 to
+ * ~8.9 GB/s, while cache-resident outputs got slower. Same bytes either way. Cannot fail;
+ * ctx NULL is a no-op.
+ */
+void kv_codec_dctx_set_stream(kv_codec_dctx *ctx, int stream);
+
+/** @brief kv_section_decode() through a context (ctx NULL: the same as kv_section_decode()). */
+kv_codec_status kv_section_decode_dctx(kv_codec_dctx *ctx, const void *src, size_t src_len,
+                                       void *scratch, size_t scratch_cap, void *dst,
+                                       size_t dst_cap, kv_section_info *info, kv_codec_err *err);
+
+/** @brief kv_section_decode_groups() through a context (ctx NULL: the same). */
+kv_codec_status kv_section_decode_groups_dctx(kv_codec_dctx *ctx, const void *hdr, size_t hdr_len,
+                                              const void *payload, size_t payload_len, uint32_t g0,
+                                              uint32_t g1, void *scratch, size_t scratch_cap,
+                                              void *dst, size_t dst_cap, kv_codec_err *err);
+
 /**
  * @brief Token positions of decoded rows [row0, row0 + n): pos[i] = token of row row0 + i
  * (the identity unless the section drops tokens). @return OK, EINVAL (range), ECORRUPT.
@@ -611,11 +666,44 @@ kv_codec_status kv_codec_plan(uint8_t id, const kv_section_shape *shape, const k
 /* Write the fixed header and the keep bitmap (drop) of a planned section; the group table is
  * the codec's to fill. dst holds info->header_bytes. */
 void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos, uint8_t *dst);
-/* Common prologue of every decode member: parse hdr, check it names codec `id`, check the
- * range and capacities, and give the payload offset of group g0 within `payload`'s section. */
+/* Common prologue of every decode member: parse hdr, check it names codec `id`, then
+ * kv_codec_decode_check(). */
 kv_codec_status kv_codec_decode_begin(uint8_t id, const void *hdr, size_t hdr_len,
                                       size_t payload_len, uint32_t g0, uint32_t g1,
                                       size_t dst_cap, kv_section_info *info, kv_codec_err *err);
+/* Checks of a decode of groups [g0, g1) of a parsed section: the range (EINVAL), payload_len
+ * against the group table (ECORRUPT), dst_cap against the rows (ETOOSMALL). */
+kv_codec_status kv_codec_decode_check(const kv_section_info *info, const uint8_t *hdr,
+                                      size_t payload_len, uint32_t g0, uint32_t g1,
+                                      size_t dst_cap, kv_codec_err *err);
+/*
+ * The codecs' decoders behind a header kv_section_parse() accepted (info) and arguments
+ * kv_codec_decode_check() accepted: payload holds exactly groups [g0, g1), dst their rows.
+ * They check only the scratch (ENOMEM) and what the payload bytes themselves say (ECORRUPT).
+ * ctx may be NULL. kv_codec_decode_parsed() dispatches on info->codec_id.
+ */
+kv_codec_status kv_codec_decode_parsed(const kv_section_info *info, const uint8_t *hdr,
+                                       const uint8_t *payload, uint32_t g0, uint32_t g1,
+                                       void *scratch, size_t scratch_cap, void *dst,
+                                       kv_codec_dctx *ctx, kv_codec_err *err);
+kv_codec_status kv_raw_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                     uint32_t g0, uint32_t g1, void *dst);
+kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *hdr,
+                                    const uint8_t *payload, uint32_t g0, uint32_t g1,
+                                    void *scratch, size_t scratch_cap, void *dst,
+                                    kv_codec_dctx *ctx, kv_codec_err *err);
+kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                      uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
+                                      void *dst, kv_codec_dctx *ctx, kv_codec_err *err);
+kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                      uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
+                                      void *dst, kv_codec_dctx *ctx, kv_codec_err *err);
+/* The stream setting of a context (0 for NULL or an uninitialized one). */
+int kv_codec_dctx_stream(const kv_codec_dctx *ctx);
+/* Whether a decode call writing out_bytes streams: the context asks for it and the call is
+ * large enough to pay for its closing store fence (measured: 8 KiB calls got slower). */
+#define KV_CODEC_STREAM_MIN_BYTES (64u << 10)
+int kv_codec_stream_call(const kv_codec_dctx *ctx, size_t out_bytes);
 /* Common checks of encode arguments (shape, src_len, pointers). */
 kv_codec_status kv_codec_encode_args(const kv_section_shape *shape, const void *src,
                                      size_t src_len, const void *dst, size_t *out_len,
@@ -643,9 +731,12 @@ size_t kv_quant_scratch_bytes(uint32_t head_dim); /* includes KV_CODEC_SCRATCH_S
 kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, const void *src,
                                       const uint32_t *row_map, void *ws, uint8_t *dst,
                                       kv_codec_err *err);
-/* simd: 1 = AVX2/F16C kernels when the CPU has them, 0 = portable code; same bits either way. */
+/* simd: 1 = AVX2/F16C/FMA kernels when the CPU has them, 2 = the same with streaming stores
+ * (when dst and every row are 16-byte aligned; ordinary stores otherwise; the caller ends its
+ * run of groups with kv_quant_stream_fence()), 0 = portable code; the same bits every way. */
 void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
                            void *dst, int simd);
+void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
 kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
                                kv_codec_err *err);

@@ -364,24 +364,34 @@ static kv_codec_status drop_decode(const void *hdr, size_t hdr_len, const void *
                                              dst_cap, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
+  return kv_drop_decode_parsed(&info, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
+}
+
+kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                      uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
+                                      void *dst, kv_codec_dctx *ctx, kv_codec_err *err)
+{
   const uint8_t *in = payload;
   uint8_t *out = dst;
-  size_t rowb = (size_t)info.shape.head_dim * kv_codec_dtype_bytes(info.shape.dtype);
-  if (info.params.bits == 0) {
-    kv_codec_load_le(info.shape.dtype, in, payload_len / kv_codec_dtype_bytes(info.shape.dtype),
-                     out);
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  if (info->params.bits == 0) {
+    size_t es = kv_codec_dtype_bytes(info->shape.dtype);
+    kv_codec_load_le(info->shape.dtype, in, kv_section_rows_bytes(info, g0, g1) / es, out);
     return KV_CODEC_OK;
   }
-  size_t need = kv_quant_scratch_bytes(info.shape.head_dim), cap = scratch_cap;
+  size_t need = kv_quant_scratch_bytes(info->shape.head_dim), cap = scratch_cap;
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
                          scratch ? scratch_cap : 0, need);
   void *ws = kv_codec_scratch_align(scratch, &cap);
+  int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) {
-    kv_quant_decode_group(&info, g, in, ws, out, 1);
-    in += kv_quant_group_bytes(&info, g);
-    out += (size_t)kv_codec_group_rows(&info, g) * rowb;
+    kv_quant_decode_group(info, g, in, ws, out, stream ? 2 : 1);
+    in += kv_quant_group_bytes(info, g);
+    out += (size_t)kv_codec_group_rows(info, g) * rowb;
   }
+  if (stream)
+    kv_quant_stream_fence();
   return KV_CODEC_OK;
 }
 

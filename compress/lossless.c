@@ -104,8 +104,14 @@ static kv_codec_status raw_decode(const void *hdr, size_t hdr_len, const void *p
     kv_codec_decode_begin(KV_CODEC_ID_RAW, hdr, hdr_len, payload_len, g0, g1, dst_cap, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t n = kv_section_rows_bytes(&info, g0, g1) / kv_codec_dtype_bytes(info.shape.dtype);
-  kv_codec_load_le(info.shape.dtype, payload, n, dst);
+  return kv_raw_decode_parsed(&info, payload, g0, g1, dst);
+}
+
+kv_codec_status kv_raw_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                     uint32_t g0, uint32_t g1, void *dst)
+{
+  size_t n = kv_section_rows_bytes(info, g0, g1) / kv_codec_dtype_bytes(info->shape.dtype);
+  kv_codec_load_le(info->shape.dtype, payload, n, dst);
   return KV_CODEC_OK;
 }
 
@@ -314,6 +320,52 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
   return KV_CODEC_OK;
 }
 
+/* ---- decoding context ------------------------------------------------------------------------ */
+
+#define KV_DCTX_MAGIC 0x6b7664637478314full /* "kvdctx1O" */
+
+struct kv_codec_dctx {
+  uint64_t magic;
+  ZSTD_DCtx *zd; /* static, in the memory right after this struct (64-aligned) */
+  int stream;    /* kv_codec_dctx_set_stream() */
+};
+
+size_t kv_codec_dctx_bytes(void)
+{
+  return KV_CODEC_SCRATCH_SLACK + align64(sizeof(kv_codec_dctx)) + align64(ZSTD_estimateDCtxSize());
+}
+
+kv_codec_dctx *kv_codec_dctx_init(void *mem, size_t cap)
+{
+  if (mem == NULL || cap < kv_codec_dctx_bytes())
+    return NULL;
+  uint8_t *p = kv_codec_scratch_align(mem, &cap);
+  kv_codec_dctx *c = (kv_codec_dctx *)(void *)p;
+  size_t zb = align64(ZSTD_estimateDCtxSize());
+  c->zd = ZSTD_initStaticDCtx(p + align64(sizeof *c), zb); /* the one CPUID check */
+  if (c->zd == NULL)
+    return NULL;
+  c->stream = 0;
+  c->magic = KV_DCTX_MAGIC;
+  return c;
+}
+
+void kv_codec_dctx_set_stream(kv_codec_dctx *ctx, int stream)
+{
+  if (ctx != NULL && ctx->magic == KV_DCTX_MAGIC)
+    ctx->stream = stream != 0;
+}
+
+int kv_codec_dctx_stream(const kv_codec_dctx *ctx)
+{
+  return ctx != NULL && ctx->magic == KV_DCTX_MAGIC && ctx->stream;
+}
+
+int kv_codec_stream_call(const kv_codec_dctx *ctx, size_t out_bytes)
+{
+  return kv_codec_dctx_stream(ctx) && out_bytes >= KV_CODEC_STREAM_MIN_BYTES;
+}
+
 static kv_codec_status zp_decode(const void *hdr, size_t hdr_len, const void *payload,
                                  size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
                                  size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err)
@@ -325,28 +377,43 @@ static kv_codec_status zp_decode(const void *hdr, size_t hdr_len, const void *pa
                                              g0, g1, dst_cap, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t es = kv_codec_dtype_bytes(info.shape.dtype);
-  size_t pmax = align64(plane_max(&info));
+  return kv_zp_decode_parsed(&info, hdr, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
+}
+
+kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *hdr,
+                                    const uint8_t *payload, uint32_t g0, uint32_t g1,
+                                    void *scratch, size_t scratch_cap, void *dst,
+                                    kv_codec_dctx *ctx, kv_codec_err *err)
+{
+  size_t es = kv_codec_dtype_bytes(info->shape.dtype);
+  size_t pmax = align64(plane_max(info));
   size_t dctx_bytes = align64(ZSTD_estimateDCtxSize());
   if (scratch == NULL)
     scratch_cap = 0;
-  rc = check_scratch(scratch_cap, KV_CODEC_SCRATCH_SLACK + dctx_bytes + es * pmax, err);
+  kv_codec_status rc =
+    check_scratch(scratch_cap, KV_CODEC_SCRATCH_SLACK + dctx_bytes + es * pmax, err);
   if (rc != KV_CODEC_OK)
     return rc;
   size_t cap = scratch_cap;
   uint8_t *ws = kv_codec_scratch_align(scratch, &cap);
-  ZSTD_DCtx *dctx = ZSTD_initStaticDCtx(ws, dctx_bytes);
-  if (dctx == NULL)
-    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", dctx_bytes, 0);
+  ZSTD_DCtx *dctx;
+  if (ctx != NULL && ctx->magic == KV_DCTX_MAGIC && ctx->zd != NULL) {
+    dctx = ctx->zd;
+    ZSTD_DCtx_reset(dctx, ZSTD_reset_session_and_parameters); /* whatever a failed call left */
+  } else {
+    dctx = ZSTD_initStaticDCtx(ws, dctx_bytes);
+    if (dctx == NULL)
+      return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", dctx_bytes, 0);
+  }
   uint8_t *bufs = ws + dctx_bytes;
 
-  const uint8_t *table = (const uint8_t *)hdr + KV_SECTION_FIXED_BYTES;
+  const uint8_t *table = hdr + KV_SECTION_FIXED_BYTES;
   const uint8_t *in = payload;
   uint8_t *out = dst;
-  size_t row = (size_t)info.shape.head_dim * es;
+  size_t row = (size_t)info->shape.head_dim * es;
   for (uint32_t g = g0; g < g1; g++) {
     uint32_t glen = kv_codec_get_le32(table + 4 * (size_t)g); /* >= 4*es by zp_check */
-    size_t n = (size_t)kv_codec_group_rows(&info, g) * info.shape.head_dim;
+    size_t n = (size_t)kv_codec_group_rows(info, g) * info->shape.head_dim;
     const uint8_t *planes[4];
     uint64_t sum = 0;
     for (unsigned b = 0; b < es; b++) {
@@ -377,7 +444,7 @@ static kv_codec_status zp_decode(const void *hdr, size_t hdr_len, const void *pa
       join2(planes[0], planes[1], n, out);
     else
       join4(planes[0], planes[1], planes[2], planes[3], n, out);
-    out += (size_t)kv_codec_group_rows(&info, g) * row;
+    out += (size_t)kv_codec_group_rows(info, g) * row;
     in += glen;
   }
   return KV_CODEC_OK;

@@ -13,11 +13,17 @@
  * full precision.
  *
  * Decoding is the hot path: a get of a quantized context must keep up with the disk (target
- * >= 8 GB/s of decoded f16 per core for int4). On x86-64 CPUs with AVX2 and F16C the rows are
- * dequantized 16 channels at a time; elsewhere a portable loop runs. Both produce identical
- * bits: y = code * scale + zero where code * scale is exact in float (8-bit code times an
- * 11-bit fp16 significand), so fused or unfused, vector or scalar, y has one rounding, and the
- * scalar f32->f16/bf16 conversions round exactly as vcvtps2ph and the vector bf16 code do.
+ * >= 8 GB/s of decoded f16 per core for int4). On x86-64 CPUs with AVX2, F16C and FMA the rows
+ * are dequantized 16 channels at a time, then 8; head_dim 8 (tiny models such as stories260K,
+ * where a row is one vector) has its own K and V kernels that keep the shuffle port free:
+ * codes unpacked by broadcast + variable shifts, V's scale and zero broadcast from memory.
+ * Through a decoding context set to stream (kv_codec_dctx_set_stream()) the AVX2 kernels write
+ * with non-temporal stores when dst and the rows are 16-byte aligned: a large decode then
+ * skips the read-for-ownership of every output line. Elsewhere a portable loop runs. All
+ * produce identical bits: y = code * scale + zero where code * scale is exact in float (8-bit
+ * code times an 11-bit fp16 significand), so fused or unfused, vector or scalar, y has one
+ * rounding, and the scalar f32->f16/bf16 conversions round exactly as vcvtps2ph and the vector
+ * bf16 code do.
  */
 #define KV_CODEC_INTERNAL
 #include "codec.h"
@@ -254,43 +260,43 @@ kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, c
 /* ---- decoding: portable ------------------------------------------------------------------------ */
 
 /*
- * 16 channels from channel j, codes one byte each (codes points at channel j's). Every loop has
- * a constant trip count, which is what gcc -O2's "very cheap" vectorizer needs, and the
- * conversion is branch-free, so each loop becomes SSE2/NEON code.
+ * N (16 or 8) channels from channel j, codes one byte each (codes points at channel j's).
+ * Every loop has a constant trip count once inlined, which is what gcc -O2's "very cheap"
+ * vectorizer needs, and the conversion is branch-free, so each loop becomes SSE2/NEON code.
  */
-static inline void deq16_portable(const uint8_t *codes, uint32_t j, const float *s,
-                                  const float *z, float sb, float zb, kv_codec_dtype dt,
-                                  uint8_t *out)
+static inline void deqn_portable(const uint8_t *codes, uint32_t j, const float *s,
+                                 const float *z, float sb, float zb, kv_codec_dtype dt,
+                                 uint8_t *out, int N)
 {
   float c[16], y[16];
-  for (int k = 0; k < 16; k++)
+  for (int k = 0; k < N; k++)
     c[k] = (float)codes[k];
   if (s != NULL)
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < N; k++)
       y[k] = c[k] * s[j + k] + z[j + k];
   else
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < N; k++)
       y[k] = c[k] * sb + zb;
   if (dt == KV_CODEC_F16) {
     uint16_t h[16];
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < N; k++)
       h[k] = kv_codec_f16_rne(y[k]);
-    memcpy(out + 2 * (size_t)j, h, sizeof h);
+    memcpy(out + 2 * (size_t)j, h, 2 * (size_t)N);
   } else if (dt == KV_CODEC_BF16) {
     uint16_t h[16];
-    for (int k = 0; k < 16; k++)
+    for (int k = 0; k < N; k++)
       h[k] = kv_codec_bf16_rne(y[k]);
-    memcpy(out + 2 * (size_t)j, h, sizeof h);
+    memcpy(out + 2 * (size_t)j, h, 2 * (size_t)N);
   } else {
-    memcpy(out + 4 * (size_t)j, y, sizeof y);
+    memcpy(out + 4 * (size_t)j, y, 4 * (size_t)N);
   }
 }
 
 /*
  * Channels [j0, j1) of one row: y = code * scale + zero, scale/zero per channel (s, z indexed
- * by channel) or one pair for the span (s == NULL: sb, zb); blocks of 16 where the codes are
- * byte-aligned, one channel at a time for the rest. y is finite, so the branch-free
- * conversions apply. Output elements are in host order, like every decoder's.
+ * by channel) or one pair for the span (s == NULL: sb, zb); blocks of 16, then one of 8, then
+ * one channel at a time for the rest. y is finite, so the branch-free conversions apply.
+ * Output elements are in host order, like every decoder's.
  */
 static void deq_span_portable(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t j1,
                               const float *s, const float *z, float sb, float zb,
@@ -304,7 +310,11 @@ static void deq_span_portable(const uint8_t *codes, unsigned bits, uint32_t j0, 
     c8 = u8;
   }
   for (; j + 16 <= n; j += 16)
-    deq16_portable(c8 + j, j0 + j, s, z, sb, zb, dt, out_row);
+    deqn_portable(c8 + j, j0 + j, s, z, sb, zb, dt, out_row, 16);
+  if (j + 8 <= n) {
+    deqn_portable(c8 + j, j0 + j, s, z, sb, zb, dt, out_row, 8);
+    j += 8;
+  }
   for (uint32_t k = j; k < n; k++)
     tmp[k - j] = s != NULL ? (float)c8[k] * s[j0 + k] + z[j0 + k] : (float)c8[k] * sb + zb;
   kv_codec_from_f32(dt, tmp, n - j, out_row + (size_t)(j0 + j) * kv_codec_dtype_bytes(dt));
@@ -313,15 +323,17 @@ static void deq_span_portable(const uint8_t *codes, unsigned bits, uint32_t j0, 
 /* ---- decoding: AVX2 + F16C -------------------------------------------------------------------- */
 
 #if KV_QUANT_X86
-#define KV_AVX2 __attribute__((target("avx2,f16c")))
+#define KV_AVX2 __attribute__((target("avx2,f16c,fma")))
 #define KV_INLINE __attribute__((always_inline)) inline
 
 int kv_quant_simd_available(void)
 {
 #if defined(__clang__)
-  return __builtin_cpu_supports("avx2"); /* clang 14 cannot test f16c; every AVX2 CPU has it */
+  /* clang 14 cannot test f16c; every AVX2 CPU has it */
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+         __builtin_cpu_supports("fma");
 #endif
 }
 
@@ -353,30 +365,94 @@ KV_AVX2 static KV_INLINE void codes16(const uint8_t *row, unsigned bits, uint32_
   *c1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
 }
 
-KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y)
+/* 8 codes starting at channel j (j * bits a multiple of 8) as one float vector; reads exactly
+ * the bits bytes that hold them. */
+KV_AVX2 static KV_INLINE __m256 codes8(const uint8_t *row, unsigned bits, uint32_t j)
+{
+  __m128i v;
+  if (bits == 8) {
+    v = _mm_loadl_epi64((const __m128i *)(const void *)(row + j));
+  } else if (bits == 4) {
+    int32_t w;
+    memcpy(&w, row + j / 2, 4);
+    __m128i x = _mm_cvtsi32_si128(w), m = _mm_set1_epi8(0x0f);
+    v = _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m));
+  } else {
+    uint16_t w;
+    memcpy(&w, row + j / 4, 2);
+    __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128(w),
+                                 _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+    __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    return _mm256_cvtepi32_ps(
+      _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(x), sh), _mm256_set1_epi32(3)));
+  }
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+/*
+ * The 8 codes of a row of head_dim 8 (bits bytes) as floats, unpacked with one broadcast and
+ * variable shifts: no shuffle-port work, which is what limits these short rows.
+ */
+KV_AVX2 static KV_INLINE __m256 codes_row8(const uint8_t *row, unsigned bits)
+{
+  if (bits == 8)
+    return _mm256_cvtepi32_ps(
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)row)));
+  int32_t w;
+  __m256i sh, m;
+  if (bits == 4) {
+    memcpy(&w, row, 4);
+    sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    m = _mm256_set1_epi32(15);
+  } else {
+    uint16_t h;
+    memcpy(&h, row, 2);
+    w = h;
+    sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    m = _mm256_set1_epi32(3);
+  }
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), sh), m));
+}
+
+/* 16 bytes at out: an ordinary store, or (nt) a streaming one (out is 16-byte aligned then). */
+KV_AVX2 static KV_INLINE void store16(uint8_t *out, __m128i v, int nt)
+{
+  if (nt)
+    _mm_stream_si128((__m128i *)(void *)out, v);
+  else
+    _mm_storeu_si128((__m128i *)(void *)out, v);
+}
+
+/* 8 elements of dt at out; nt: with streaming stores (out 16-byte aligned). */
+KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y, int nt)
 {
   if (dt == KV_CODEC_F16) {
-    _mm_storeu_si128((__m128i *)(void *)out, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
+    store16(out, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT), nt);
   } else if (dt == KV_CODEC_BF16) { /* y is finite here: round to nearest even */
     __m256i b = _mm256_castps_si256(y);
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
     b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-    _mm_storeu_si128((__m128i *)(void *)out, h);
+    store16(out, _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)), nt);
   } else {
-    _mm256_storeu_ps((float *)(void *)out, y);
+    store16(out, _mm_castps_si128(_mm256_castps256_ps128(y)), nt);
+    store16(out + 16, _mm_castps_si128(_mm256_extractf128_ps(y, 1)), nt);
   }
 }
 
-/* n16 blocks of 16 channels from channel j0: per-channel s/z (s != NULL) or one pair sb/zb. */
-KV_AVX2 static KV_INLINE void deq16(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t n16,
-                                    const float *s, const float *z, float sb, float zb,
-                                    kv_codec_dtype dt, uint8_t *out_row)
+/*
+ * Channels [j0, j0 + len) of one row (j0 * bits a multiple of 8): blocks of 16, then one of 8;
+ * per-channel s/z (s != NULL, indexed by channel) or one pair sb/zb. Returns the channels done,
+ * len rounded down to a multiple of 8; the caller does the rest.
+ */
+KV_AVX2 static KV_INLINE uint32_t deq_blocks(const uint8_t *codes, unsigned bits, uint32_t j0,
+                                             uint32_t len, const float *s, const float *z,
+                                             float sb, float zb, kv_codec_dtype dt,
+                                             uint8_t *out_row, int nt)
 {
   size_t es = dt == KV_CODEC_F32 ? 4 : 2;
   __m256 vs = _mm256_set1_ps(sb), vz = _mm256_set1_ps(zb);
-  for (uint32_t i = 0; i < n16; i++) {
-    uint32_t j = j0 + 16 * i;
+  uint32_t j = j0, end16 = j0 + len / 16 * 16;
+  for (; j < end16; j += 16) {
     __m256 c0, c1, s0 = vs, s1 = vs, z0 = vz, z1 = vz;
     codes16(codes, bits, j, &c0, &c1);
     if (s != NULL) {
@@ -385,9 +461,17 @@ KV_AVX2 static KV_INLINE void deq16(const uint8_t *codes, unsigned bits, uint32_
       z0 = _mm256_loadu_ps(z + j);
       z1 = _mm256_loadu_ps(z + j + 8);
     }
-    store8(dt, out_row + j * es, _mm256_add_ps(_mm256_mul_ps(c0, s0), z0));
-    store8(dt, out_row + (j + 8) * es, _mm256_add_ps(_mm256_mul_ps(c1, s1), z1));
+    store8(dt, out_row + j * es, _mm256_add_ps(_mm256_mul_ps(c0, s0), z0), nt);
+    store8(dt, out_row + (j + 8) * es, _mm256_add_ps(_mm256_mul_ps(c1, s1), z1), nt);
   }
+  if (len % 16 >= 8) {
+    if (s != NULL) {
+      vs = _mm256_loadu_ps(s + j);
+      vz = _mm256_loadu_ps(z + j);
+    }
+    store8(dt, out_row + j * es, _mm256_add_ps(_mm256_mul_ps(codes8(codes, bits, j), vs), vz), nt);
+  }
+  return len / 8 * 8;
 }
 
 /* fp16 little-endian -> float, n values */
@@ -401,80 +485,130 @@ KV_AVX2 static void halves_avx2(const uint8_t *src, uint32_t n, float *dst)
     dst[i] = _cvtsh_ss(kv_codec_get_le16(src + 2 * i));
 }
 
-/* K: `rows` rows sharing per-channel s/z; channels [0, 16*(d/16)). */
+/*
+ * K: `rows` rows sharing per-channel s/z; channels [0, d/8*8). Head dims of 8 (one vector per
+ * row: the tiny models) keep s and z in registers across the rows.
+ */
 KV_AVX2 static KV_INLINE void k_rows_impl(const uint8_t *codes, size_t rowpack, uint32_t rows,
                                           uint32_t d, unsigned bits, const float *s,
                                           const float *z, kv_codec_dtype dt, uint8_t *out,
-                                          size_t rowb)
+                                          size_t rowb, int nt)
 {
+  if (d == 8) {
+    __m256 vs = _mm256_loadu_ps(s), vz = _mm256_loadu_ps(z);
+    for (uint32_t r = 0; r < rows; r++)
+      store8(dt, out + r * rowb, _mm256_fmadd_ps(codes_row8(codes + r * rowpack, bits), vs, vz),
+             nt);
+    return;
+  }
   for (uint32_t r = 0; r < rows; r++)
-    deq16(codes + r * rowpack, bits, 0, d / 16, s, z, 0, 0, dt, out + r * rowb);
+    deq_blocks(codes + r * rowpack, bits, 0, d, s, z, 0, 0, dt, out + r * rowb, nt);
 }
 
-/* V: `rows` rows, each with ng (scale, zero) groups of `group` channels (group % 16 == 0);
- * channels of a last group shorter than a multiple of 16 are left to the caller. */
+/*
+ * V: `rows` rows, each with ng (scale, zero) pairs of `group` channels (group % 8 == 0), the
+ * pairs of a row fp16 [ng scales][ng zeros]; channels [j0, j0 + len/8*8) of every group.
+ * One pair per row of 8 channels (head_dim 8): eight rows' pairs are widened at once and
+ * broadcast from memory.
+ */
 KV_AVX2 static KV_INLINE void v_rows_impl(const uint8_t *codes, size_t rowpack,
                                           const uint8_t *params, uint32_t rows, uint32_t d,
                                           uint32_t group, unsigned bits, kv_codec_dtype dt,
-                                          uint8_t *out, size_t rowb)
+                                          uint8_t *out, size_t rowb, int nt)
 {
-  uint32_t ng = (d + group - 1) / group;
-  for (uint32_t r = 0; r < rows; r++) {
+  uint32_t ng = (d + group - 1) / group, r = 0;
+  if (d == 8 && group == 8) { /* params: s0 z0 s1 z1 ... (4 bytes per row) */
+    float sz[16] __attribute__((aligned(32)));
+    for (; r + 8 <= rows; r += 8) {
+      const uint8_t *pp = params + 4 * (size_t)r;
+      _mm256_store_ps(sz, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)pp)));
+      _mm256_store_ps(sz + 8,
+                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(pp + 16))));
+      for (uint32_t i = 0; i < 8; i++) { /* broadcasts from memory: load ports, not shuffles */
+        __m256 c = codes_row8(codes + (r + i) * rowpack, bits);
+        __m256 y = _mm256_fmadd_ps(c, _mm256_broadcast_ss(sz + 2 * i),
+                                   _mm256_broadcast_ss(sz + 2 * i + 1));
+        store8(dt, out + (r + i) * rowb, y, nt);
+      }
+    }
+  }
+  for (; r < rows; r++) {
     const uint8_t *pr = params + 4 * (size_t)r * ng;
     for (uint32_t k = 0; k < ng; k++) {
       uint32_t j0 = k * group, len = j0 + group < d ? group : d - j0;
       float sb = _cvtsh_ss(kv_codec_get_le16(pr + 2 * (size_t)k));
       float zb = _cvtsh_ss(kv_codec_get_le16(pr + 2 * (size_t)ng + 2 * (size_t)k));
-      deq16(codes + r * rowpack, bits, j0, len / 16, NULL, NULL, sb, zb, dt, out + r * rowb);
+      deq_blocks(codes + r * rowpack, bits, j0, len, NULL, NULL, sb, zb, dt, out + r * rowb, nt);
     }
   }
 }
 
-#define KV_SWITCH_BITS_DT(CALL)                                                                    \
-  switch (bits * 4 + (unsigned)dt) {                                                               \
-  case 8 * 4 + KV_CODEC_F16: CALL(8, KV_CODEC_F16); break;                                         \
-  case 8 * 4 + KV_CODEC_BF16: CALL(8, KV_CODEC_BF16); break;                                       \
-  case 8 * 4 + KV_CODEC_F32: CALL(8, KV_CODEC_F32); break;                                         \
-  case 4 * 4 + KV_CODEC_F16: CALL(4, KV_CODEC_F16); break;                                         \
-  case 4 * 4 + KV_CODEC_BF16: CALL(4, KV_CODEC_BF16); break;                                       \
-  case 4 * 4 + KV_CODEC_F32: CALL(4, KV_CODEC_F32); break;                                         \
-  case 2 * 4 + KV_CODEC_F16: CALL(2, KV_CODEC_F16); break;                                         \
-  case 2 * 4 + KV_CODEC_BF16: CALL(2, KV_CODEC_BF16); break;                                       \
-  case 2 * 4 + KV_CODEC_F32: CALL(2, KV_CODEC_F32); break;                                         \
+/* One instance of a kernel per (bits, dtype, streaming stores), all constants inside. */
+#define KV_SWITCH_BITS_DT_NT(CALL)                                                                 \
+  switch ((bits * 4 + (unsigned)dt) * 2 + (nt ? 1u : 0u)) {                                        \
+  case (8 * 4 + KV_CODEC_F16) * 2: CALL(8, KV_CODEC_F16, 0); break;                                \
+  case (8 * 4 + KV_CODEC_BF16) * 2: CALL(8, KV_CODEC_BF16, 0); break;                              \
+  case (8 * 4 + KV_CODEC_F32) * 2: CALL(8, KV_CODEC_F32, 0); break;                                \
+  case (4 * 4 + KV_CODEC_F16) * 2: CALL(4, KV_CODEC_F16, 0); break;                                \
+  case (4 * 4 + KV_CODEC_BF16) * 2: CALL(4, KV_CODEC_BF16, 0); break;                              \
+  case (4 * 4 + KV_CODEC_F32) * 2: CALL(4, KV_CODEC_F32, 0); break;                                \
+  case (2 * 4 + KV_CODEC_F16) * 2: CALL(2, KV_CODEC_F16, 0); break;                                \
+  case (2 * 4 + KV_CODEC_BF16) * 2: CALL(2, KV_CODEC_BF16, 0); break;                              \
+  case (2 * 4 + KV_CODEC_F32) * 2: CALL(2, KV_CODEC_F32, 0); break;                                \
+  case (8 * 4 + KV_CODEC_F16) * 2 + 1: CALL(8, KV_CODEC_F16, 1); break;                            \
+  case (8 * 4 + KV_CODEC_BF16) * 2 + 1: CALL(8, KV_CODEC_BF16, 1); break;                          \
+  case (8 * 4 + KV_CODEC_F32) * 2 + 1: CALL(8, KV_CODEC_F32, 1); break;                            \
+  case (4 * 4 + KV_CODEC_F16) * 2 + 1: CALL(4, KV_CODEC_F16, 1); break;                            \
+  case (4 * 4 + KV_CODEC_BF16) * 2 + 1: CALL(4, KV_CODEC_BF16, 1); break;                          \
+  case (4 * 4 + KV_CODEC_F32) * 2 + 1: CALL(4, KV_CODEC_F32, 1); break;                            \
+  case (2 * 4 + KV_CODEC_F16) * 2 + 1: CALL(2, KV_CODEC_F16, 1); break;                            \
+  case (2 * 4 + KV_CODEC_BF16) * 2 + 1: CALL(2, KV_CODEC_BF16, 1); break;                          \
+  case (2 * 4 + KV_CODEC_F32) * 2 + 1: CALL(2, KV_CODEC_F32, 1); break;                            \
   default: break;                                                                                  \
   }
 
 KV_AVX2 static void k_rows_avx2(const uint8_t *codes, size_t rowpack, uint32_t rows, uint32_t d,
                                 unsigned bits, const float *s, const float *z, kv_codec_dtype dt,
-                                uint8_t *out, size_t rowb)
+                                uint8_t *out, size_t rowb, int nt)
 {
-#define K_CALL(B, DT) k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb)
-  KV_SWITCH_BITS_DT(K_CALL)
+#define K_CALL(B, DT, NT) k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb, NT)
+  KV_SWITCH_BITS_DT_NT(K_CALL)
 #undef K_CALL
 }
 
 KV_AVX2 static void v_rows_avx2(const uint8_t *codes, size_t rowpack, const uint8_t *params,
                                 uint32_t rows, uint32_t d, uint32_t group, unsigned bits,
-                                kv_codec_dtype dt, uint8_t *out, size_t rowb)
+                                kv_codec_dtype dt, uint8_t *out, size_t rowb, int nt)
 {
-#define V_CALL(B, DT) v_rows_impl(codes, rowpack, params, rows, d, group, B, DT, out, rowb)
-  KV_SWITCH_BITS_DT(V_CALL)
+#define V_CALL(B, DT, NT) v_rows_impl(codes, rowpack, params, rows, d, group, B, DT, out, rowb, NT)
+  KV_SWITCH_BITS_DT_NT(V_CALL)
 #undef V_CALL
 }
 
-KV_AVX2 static void span_avx2(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t n16,
-                              float sb, float zb, kv_codec_dtype dt, uint8_t *out_row)
+/* One span of one row with one (sb, zb) pair: returns the channels done (see deq_blocks). */
+KV_AVX2 static uint32_t span_avx2(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t len,
+                                  float sb, float zb, kv_codec_dtype dt, uint8_t *out_row, int nt)
 {
-#define S_CALL(B, DT) deq16(codes, B, j0, n16, NULL, NULL, sb, zb, DT, out_row)
-  KV_SWITCH_BITS_DT(S_CALL)
+  uint32_t done = 0;
+#define S_CALL(B, DT, NT) done = deq_blocks(codes, B, j0, len, NULL, NULL, sb, zb, DT, out_row, NT)
+  KV_SWITCH_BITS_DT_NT(S_CALL)
 #undef S_CALL
+  return done;
 }
+
 #else
 int kv_quant_simd_available(void)
 {
   return 0;
 }
 #endif
+
+void kv_quant_stream_fence(void)
+{
+#if KV_QUANT_X86
+  _mm_sfence(); /* streaming stores are weakly ordered: order them before what follows */
+#endif
+}
 
 static void halves(const uint8_t *src, uint32_t n, float *dst, int simd)
 {
@@ -504,7 +638,10 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
   float *tmp = ws, *s = tmp + d, *z = s + d;
   uint8_t *u8 = (uint8_t *)(z + d); /* d bytes of unpacked codes (scratch holds 8d floats) */
   uint8_t *out = dst;
+  /* streaming stores need every 8-element block 16-byte aligned: dst and the rows */
+  int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0;
   simd = simd && kv_quant_simd_available();
+  nt = nt && simd;
 
   if (info->shape.kind == KV_SECTION_K) {
     for (uint32_t c0 = 0; c0 < q.q; c0 += group) {
@@ -516,8 +653,8 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
 #if KV_QUANT_X86
       if (simd) {
         k_rows_avx2(codes + (size_t)c0 * q.rowpack, q.rowpack, c1 - c0, d, bits, s, z, dt,
-                    out + c0 * rowb, rowb);
-        done = d / 16 * 16;
+                    out + c0 * rowb, rowb, nt);
+        done = d / 8 * 8;
       }
 #endif
       if (done < d)
@@ -526,29 +663,28 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
                             out + r * rowb, tmp, u8);
     }
   } else {
-    uint32_t ng = (d + group - 1) / group;
+    uint32_t ng = (d + group - 1) / group, rows = q.q;
     int fast = 0;
 #if KV_QUANT_X86
-    fast = simd && group % 16 == 0;
+    fast = simd && group % 8 == 0; /* then every group starts byte-aligned */
     if (fast)
-      v_rows_avx2(codes, q.rowpack, pairs, q.q, d, group, bits, dt, out, rowb);
+      v_rows_avx2(codes, q.rowpack, pairs, q.q, d, group, bits, dt, out, rowb, nt);
+    if (fast && (d % group) % 8 == 0)
+      rows = 0; /* every channel done */
 #endif
-    for (uint32_t r = 0; r < q.q; r++) {
+    for (uint32_t r = 0; r < rows; r++) {
       const uint8_t *row = codes + (size_t)r * q.rowpack, *pr = pairs + 4 * (size_t)r * ng;
       for (uint32_t k = 0; k < ng; k++) {
         uint32_t j0 = k * group, j1 = j0 + group < d ? j0 + group : d;
-        if (fast && (j1 - j0) % 16 == 0)
+        if (fast && (j1 - j0) % 8 == 0)
           continue; /* done by v_rows_avx2 */
         float sb = kv_codec_f16_to_f32(kv_codec_get_le16(pr + 2 * (size_t)k));
         float zb = kv_codec_f16_to_f32(kv_codec_get_le16(pr + 2 * (size_t)ng + 2 * (size_t)k));
-        if (fast) /* a short last group: v_rows_avx2 did its whole blocks of 16 */
-          j0 += (j1 - j0) / 16 * 16;
+        if (fast) /* a short last group: v_rows_avx2 did its whole blocks of 8 */
+          j0 += (j1 - j0) / 8 * 8;
 #if KV_QUANT_X86
-        else if (simd && ((size_t)j0 * bits) % 8 == 0 && j1 - j0 >= 16) {
-          uint32_t n16 = (j1 - j0) / 16;
-          span_avx2(row, bits, j0, n16, sb, zb, dt, out + r * rowb);
-          j0 += 16 * n16;
-        }
+        else if (simd && ((size_t)j0 * bits) % 8 == 0 && j1 - j0 >= 8)
+          j0 += span_avx2(row, bits, j0, j1 - j0, sb, zb, dt, out + r * rowb, nt);
 #endif
         if (j0 < j1)
           deq_span_portable(row, bits, j0, j1, NULL, NULL, sb, zb, dt, out + r * rowb, tmp, u8);
@@ -629,7 +765,14 @@ static kv_codec_status kivi_decode(const void *hdr, size_t hdr_len, const void *
                                              dst_cap, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t need = kv_quant_scratch_bytes(info.shape.head_dim);
+  return kv_kivi_decode_parsed(&info, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
+}
+
+kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t *payload,
+                                      uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
+                                      void *dst, kv_codec_dctx *ctx, kv_codec_err *err)
+{
+  size_t need = kv_quant_scratch_bytes(info->shape.head_dim);
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
                          scratch ? scratch_cap : 0, need);
@@ -637,12 +780,15 @@ static kv_codec_status kivi_decode(const void *hdr, size_t hdr_len, const void *
   void *ws = kv_codec_scratch_align(scratch, &cap);
   const uint8_t *in = payload;
   uint8_t *out = dst;
-  size_t rowb = (size_t)info.shape.head_dim * kv_codec_dtype_bytes(info.shape.dtype);
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
-    kv_quant_decode_group(&info, g, in, ws, out, 1);
-    in += kv_quant_group_bytes(&info, g);
-    out += (size_t)kv_codec_group_rows(&info, g) * rowb;
+    kv_quant_decode_group(info, g, in, ws, out, stream ? 2 : 1);
+    in += kv_quant_group_bytes(info, g);
+    out += (size_t)kv_codec_group_rows(info, g) * rowb;
   }
+  if (stream)
+    kv_quant_stream_fence(); /* one fence per call: the rows are ordered before we return */
   return KV_CODEC_OK;
 }
 

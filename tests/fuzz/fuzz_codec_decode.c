@@ -4,8 +4,9 @@
  *
  * Must never crash, hang or read outside the input (run it under ASan, or with libFuzzer via
  * -Dfuzzing=true). Three passes per input:
- *   1. the generic path: kv_section_parse(), kv_section_decode() of the whole section, and if
- *      that succeeds, each group alone through kv_section_group_span() and
+ *   1. the generic path: kv_section_parse(), kv_section_decode() of the whole section, which
+ *      kv_section_decode_dctx() through a decoding context must match (status and bytes), and
+ *      if that succeeds, each group alone through kv_section_group_span() and
  *      kv_section_decode_groups() from exact-size copies, which must equal the whole decode;
  *      positions and row lookups on the parsed header;
  *   2. every registered codec's own decode member, with the codec id byte set to that codec,
@@ -57,7 +58,17 @@ static void generic(const uint8_t *data, size_t size)
   if (out > KV_FUZZ_MAX_OUT || scr > KV_FUZZ_MAX_OUT)
     return;
   uint8_t *all = xmalloc(out), *part = xmalloc(out), *scratch = xmalloc(scr);
-  if (kv_section_decode(data, size, scratch, scr, all, out, NULL, &err) == KV_CODEC_OK) {
+  void *cmem = xmalloc(kv_codec_dctx_bytes());
+  kv_codec_dctx *ctx = kv_codec_dctx_init(cmem, kv_codec_dctx_bytes());
+  if (ctx == NULL)
+    abort();
+  kv_codec_dctx_set_stream(ctx, 1); /* streaming stores where the kernels can: same bytes */
+  kv_codec_status rc = kv_section_decode(data, size, scratch, scr, all, out, NULL, &err);
+  if (kv_section_decode_dctx(ctx, data, size, scratch, scr, part, out, NULL, &err) != rc ||
+      (rc == KV_CODEC_OK && memcmp(part, all, out) != 0))
+    abort(); /* a decoding context changes nothing but the speed */
+  free(cmem);
+  if (rc == KV_CODEC_OK) {
     uint8_t *hdr = xmalloc(info.header_bytes);
     memcpy(hdr, data, info.header_bytes);
     for (uint32_t g = 0; g < info.n_groups && g < 64; g++) {

@@ -644,6 +644,86 @@ TEST(corrupt_zstd_planes_payload)
   free(enc);
 }
 
+/*
+ * A kv_codec_dctx gives the same bytes and statuses as decoding without one, for every codec
+ * and for group ranges; it survives a failed decode (a damaged zstd frame) and stays usable;
+ * init refuses NULL and short memory and aligns memory itself.
+ */
+TEST(decoding_context)
+{
+  kv_codec_err e = {0};
+  CHECK(kv_codec_dctx_bytes() > 64);
+  CHECK(kv_codec_dctx_init(NULL, kv_codec_dctx_bytes()) == NULL);
+  uint8_t *mem = kt_xmalloc(kv_codec_dctx_bytes() + 1);
+  CHECK(kv_codec_dctx_init(mem, kv_codec_dctx_bytes() - 1) == NULL);
+  kv_codec_dctx *ctx = kv_codec_dctx_init(mem + 1, kv_codec_dctx_bytes()); /* odd address */
+  CHECK(ctx != NULL);
+  for (unsigned id = KV_CODEC_ID_RAW; id <= KV_CODEC_ID_KIVI; id++)
+    for (int kind = 0; kind < 2; kind++) {
+      size_t len, n;
+      /* 600 x 64 f16 = 75 KiB: large enough for the streaming stores (KV_CODEC_STREAM_MIN_BYTES) */
+      void *x = kvgen_section(KV_CODEC_F16, (kv_section_kind)kind, 40 + id, 600, 64, &len);
+      kv_section_shape s = shape_of(KV_CODEC_F16, (kv_section_kind)kind, 600, 64);
+      kv_codec_params p;
+      kv_codec_params_init(&p);
+      p.page_tokens = 64;
+      if (id == KV_CODEC_ID_KIVI)
+        p.bits = 4;
+      uint8_t *enc = kt_encode(id, &s, x, len, &p, &n);
+      kv_section_info info;
+      CHECK_OK(e, kv_section_parse(enc, n, &info, &e));
+      size_t scr = kv_section_scratch_bytes(&info);
+      uint8_t *a = kt_decode(enc, n, &info), *b = kt_xmalloc(len), *scratch = kt_xmalloc(scr);
+      CHECK_OK(e, kv_section_decode_dctx(ctx, enc, n, scratch, scr, b, len, NULL, &e));
+      CHECK(memcmp(a, b, len) == 0);
+      kv_codec_dctx_set_stream(ctx, 1); /* streaming stores: the same bytes */
+      CHECK(len >= KV_CODEC_STREAM_MIN_BYTES && kv_codec_stream_call(ctx, len));
+      CHECK(!kv_codec_stream_call(ctx, KV_CODEC_STREAM_MIN_BYTES - 1));
+      memset(b, 0, len);
+      CHECK_OK(e, kv_section_decode_dctx(ctx, enc, n, scratch, scr, b, len, NULL, &e));
+      CHECK(memcmp(a, b, len) == 0);
+      kv_codec_dctx_set_stream(ctx, 0);
+      if (id != KV_CODEC_ID_KIVI)
+        CHECK(memcmp(a, x, len) == 0);
+      /* groups 1..2 through the context, from the header and their own payload */
+      uint64_t off, glen;
+      CHECK_OK(e, kv_section_group_span(enc, n, 1, 3, &off, &glen, &e));
+      size_t rb = kv_section_rows_bytes(&info, 1, 3), at = kv_section_rows_bytes(&info, 0, 1);
+      memset(b, 0, len);
+      CHECK_OK(e, kv_section_decode_groups_dctx(ctx, enc, info.header_bytes, enc + off, glen, 1, 3,
+                                                scratch, scr, b, rb, &e));
+      CHECK(memcmp(a + at, b, rb) == 0);
+      CHECK_RC(KV_CODEC_ETOOSMALL, e, kv_section_decode_groups_dctx(ctx, enc, info.header_bytes,
+                                                                    enc + off, glen, 1, 3, scratch,
+                                                                    scr, b, rb - 1, &e));
+      CHECK_RC(KV_CODEC_ECORRUPT, e, kv_section_decode_dctx(ctx, enc, n - 1, scratch, scr, b, len,
+                                                            NULL, &e));
+      if (id == KV_CODEC_ID_ZSTD_PLANES) {
+        /* damage the high plane's frame of group 0: an error, then the context still works */
+        uint8_t *bad = kt_xmalloc(n);
+        memcpy(bad, enc, n);
+        size_t g0 = info.header_bytes;
+        uint32_t l0 = kv_codec_get_le32(bad + g0), l1 = kv_codec_get_le32(bad + g0 + 4);
+        CHECK(l1 < l0 || l0 < 64 * 64);
+        size_t frame = g0 + 8 + (l0 < 64 * 64 ? 0 : l0); /* a compressed plane */
+        bad[frame + 7] ^= 0x5a;
+        bad[frame + 12] ^= 0xa5;
+        kv_codec_status rc = kv_section_decode_dctx(ctx, bad, n, scratch, scr, b, len, NULL, &e);
+        CHECK(rc == KV_CODEC_ECORRUPT || rc == KV_CODEC_OK);
+        CHECK(kv_section_decode(bad, n, scratch, scr, a, len, NULL, &e) == rc);
+        CHECK_OK(e, kv_section_decode_dctx(ctx, enc, n, scratch, scr, b, len, NULL, &e));
+        CHECK(memcmp(b, x, len) == 0);
+        free(bad);
+      }
+      free(scratch);
+      free(a);
+      free(b);
+      free(enc);
+      free(x);
+    }
+  free(mem);
+}
+
 int main(void)
 {
   RUN(registry_lookup);
@@ -662,6 +742,7 @@ int main(void)
   RUN(encode_argument_errors);
   RUN(corrupt_sections_rejected);
   RUN(corrupt_zstd_planes_payload);
+  RUN(decoding_context);
   printf("%d passed, 0 failed\n", kt_passed);
   return T_EXIT_PASS;
 }

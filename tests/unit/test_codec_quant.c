@@ -411,6 +411,8 @@ TEST(simd_and_portable_identical)
           kv_codec_err e = {0};
           CHECK_OK(e, kv_section_parse(enc, enc_len, &info, &e));
           uint8_t *a = kt_xmalloc(len), *c = kt_xmalloc(len);
+          uint8_t *st = aligned_alloc(64, (len + 64) / 64 * 64 + 64); /* streaming stores */
+          CHECK(st != NULL);
           float *ws = kt_xmalloc(kv_quant_scratch_bytes(d));
           for (uint32_t g = 0; g < info.n_groups; g++) {
             uint64_t off, glen;
@@ -418,15 +420,85 @@ TEST(simd_and_portable_identical)
             size_t o = (size_t)g * 48 * d * es;
             kv_quant_decode_group(&info, g, enc + off, ws, a + o, 1);
             kv_quant_decode_group(&info, g, enc + off, ws, c + o, 0);
+            kv_quant_decode_group(&info, g, enc + off, ws, st + o, 2);
           }
+          kv_quant_stream_fence();
           CHECK(memcmp(a, c, len) == 0);
+          CHECK(memcmp(a, st, len) == 0);
           free(ws);
           free(a);
           free(c);
+          free(st);
           free(enc);
           free(x);
           free(f);
         }
+}
+
+/*
+ * Head dims that are not multiples of 16 (the AVX2 kernels' blocks of 8, the head_dim-8
+ * kernels of tiny models, and the portable tails): SIMD and portable decoding give the same
+ * bits, for K and V, every bits and dtype, V groups of one pair per row and smaller, and row
+ * counts that leave partial chunks of the 8-row V kernel.
+ */
+TEST(simd_and_portable_identical_small_heads)
+{
+  static const unsigned bitss[] = {8, 4, 2};
+  static const uint32_t dims[] = {8, 24, 40, 12, 4, 2, 1};
+  static const uint32_t rows[] = {333, 45};
+  for (size_t i = 0; i < 3; i++)
+    for (int kind = 0; kind < 2; kind++)
+      for (size_t b = 0; b < 3; b++)
+        for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
+          for (size_t v = 0; v < 3; v++) {
+            uint32_t n = rows[v % 2], d = dims[k];
+            float *f = kt_xmalloc(sizeof(float) * n * d);
+            kvgen_gauss(i * 1000 + b * 100 + k * 10 + v, (size_t)n * d, 3.0f, f);
+            for (size_t u = 0; u < (size_t)n * d; u += 5)
+              f[u] *= 1e-6f;
+            size_t es = kv_codec_dtype_bytes(dtypes[i]), len = (size_t)n * d * es, enc_len;
+            void *x = kt_xmalloc(len);
+            kv_codec_from_f32(dtypes[i], f, (size_t)n * d, x);
+            kv_section_shape s = shape_of(dtypes[i], (kv_section_kind)kind, n, d);
+            kv_codec_params p;
+            kv_codec_params_init(&p);
+            p.bits = bitss[b];
+            if (kind == KV_SECTION_V) /* one pair per row, 8 channels, 4 channels */
+              p.group = v == 0 ? d : (v == 1 ? (d < 8 ? d : 8) : (d < 4 ? d : 4));
+            else
+              p.group = v == 2 ? 16 : 32;
+            p.residual = v == 1 ? 5 : 0;
+            uint8_t *enc = kt_encode(KV_CODEC_ID_KIVI, &s, x, len, &p, &enc_len);
+            kv_section_info info;
+            kv_codec_err e = {0};
+            CHECK_OK(e, kv_section_parse(enc, enc_len, &info, &e));
+            uint8_t *a = kt_xmalloc(len), *c = kt_xmalloc(len);
+            /* streaming stores: 64-aligned, and shifted by one element (ordinary stores then) */
+            uint8_t *st = aligned_alloc(64, (len + 64) / 64 * 64 + 64);
+            CHECK(st != NULL);
+            float *ws = kt_xmalloc(kv_quant_scratch_bytes(d));
+            size_t o = 0, sh = v == 2 ? es : 0;
+            for (uint32_t g = 0; g < info.n_groups; g++) {
+              uint64_t off, glen;
+              CHECK_OK(e, kv_section_group_span(enc, enc_len, g, g + 1, &off, &glen, &e));
+              kv_quant_decode_group(&info, g, enc + off, ws, a + o, 1);
+              kv_quant_decode_group(&info, g, enc + off, ws, c + o, 0);
+              kv_quant_decode_group(&info, g, enc + off, ws, st + sh + o, 2);
+              o += kv_section_rows_bytes(&info, g, g + 1);
+            }
+            kv_quant_stream_fence();
+            CHECK(o == len);
+            CHECK(memcmp(a, c, len) == 0);
+            CHECK(memcmp(a, st + sh, len) == 0);
+            free(st);
+            CHECK(check_bound(&s, x, a, p.bits, info.params.group, p.residual) <= 1.0);
+            free(ws);
+            free(a);
+            free(c);
+            free(enc);
+            free(x);
+            free(f);
+          }
 }
 
 int main(void)
@@ -439,6 +511,7 @@ int main(void)
   RUN(kivi_partial_groups);
   RUN(f16_rounding_matches_f16c);
   RUN(simd_and_portable_identical);
+  RUN(simd_and_portable_identical_small_heads);
   printf("%d passed, 0 failed\n", kt_passed);
   return T_EXIT_PASS;
 }
