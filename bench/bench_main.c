@@ -3,7 +3,7 @@
  * bench/bench_main.c — kvdb-bench: option parsing, the data directory, subcommand dispatch,
  * and the JSON line.
  *
- *   kvdb-bench SUBCOMMAND [--quick] [--json] [--dir PATH] [--keep] [--seed N]
+ *   kvdb-bench SUBCOMMAND [--quick] [--json] [--dir PATH] [--keep] [--seed N] [--model-dir DIR]
  *
  * Each run makes a fresh directory kvdb-bench-XXXXXX under PATH (default $TMPDIR, else
  * /var/tmp; never a tmpfs when it can be avoided, since O_DIRECT and real disk speed matter)
@@ -24,10 +24,15 @@
 #ifndef BENCH_BUILDTYPE
 #define BENCH_BUILDTYPE "unknown"
 #endif
+#ifndef BENCH_MODEL_DIR
+#define BENCH_MODEL_DIR "../shared/models"
+#endif
 
 static const bench_cmd CMDS[] = {
   {"store", "put/get/lookup/get_tokens against raw O_DIRECT I/O, memcpy, file-per-block and LMDB",
    bench_store},
+  {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
+   bench_compress},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 
@@ -35,6 +40,7 @@ static void usage(FILE *f)
 {
   fprintf(f,
           "usage: kvdb-bench SUBCOMMAND [--quick] [--json] [--dir PATH] [--keep] [--seed N]\n"
+          "                  [--model-dir DIR]\n"
           "\n"
           "subcommands:\n");
   for (size_t i = 0; i < N_CMDS; i++)
@@ -48,6 +54,8 @@ static void usage(FILE *f)
           "              else /var/tmp); it is deleted at the end\n"
           "  --keep      do not delete the data directory at the end\n"
           "  --seed N    seed of the synthetic data and random choices (default 1)\n"
+          "  --model-dir DIR  compress: the folder holding stories260K/ (default\n"
+          "              $KVDB_MODEL_DIR, else " BENCH_MODEL_DIR ")\n"
           "  -h, --help  this text\n"
           "\n"
           "Human-readable figures go to stdout, progress to stderr. See bench/README.md.\n");
@@ -78,7 +86,7 @@ static const char *pick_base(const char *user, char *fs, size_t fs_cap, int *in_
 
 int main(int argc, char **argv)
 {
-  const char *cmd_name = NULL, *dir_opt = NULL;
+  const char *cmd_name = NULL, *dir_opt = NULL, *model_dir = NULL;
   int quick = 0, json = 0, keep = 0;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
@@ -107,6 +115,14 @@ int main(int argc, char **argv)
       }
     } else if (strncmp(a, "--dir=", 6) == 0) {
       dir_opt = a + 6;
+    } else if (strcmp(a, "--model-dir") == 0) {
+      if (i + 1 >= argc) {
+        bench_log("%s needs a value", a);
+        return 2;
+      }
+      model_dir = argv[++i];
+    } else if (strncmp(a, "--model-dir=", 12) == 0) {
+      model_dir = a + 12;
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
       return 0;
@@ -159,6 +175,7 @@ int main(int argc, char **argv)
   bench_env env = {
     .dir = dir, .fs_type = fs, .is_tmpfs = in_mem, .quick = quick, .json = json, .keep = keep, .seed = seed,
     .out = stdout, .revision = BENCH_REVISION, .buildtype = BENCH_BUILDTYPE,
+    .model_dir = model_dir,
   };
   fprintf(stdout, "kvdb-bench %s%s — kvdb %u.%u.%u, revision %s, %s build; data in %s (%s)\n",
           cmd->name, quick ? " --quick" : "", KVDB_VERSION_MAJOR, KVDB_VERSION_MINOR,

@@ -1,0 +1,1158 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_compress.c — `kvdb-bench compress`: every section codec of compress/ (codec.h) at
+ * every ratio on real and on synthetic KV: size ratio, encode and decode speed on one core, and
+ * attention-output quality; beside them, in the same run and on the same bytes, plain zstd -1
+ * and -3 on the raw bytes, the byte-plane entropy bound, and memcpy of the same bytes.
+ *
+ * Two data sets, each a list of heads; a head is one (context, layer, KV head) and owns two
+ * sections (K then V), n_tokens rows of head_dim fp16 elements (codec.h SECTION):
+ *   real       the stories260K model (shared/models, tools/refmodel: float32 forward pass) run
+ *              over windows of TinyStories text (shared/corpora): each context is BOS + the next
+ *              511 tokens of the text, prefilled at positions 0..511 (the model's seq_len); K
+ *              (after RoPE) and V of every layer and KV head, rounded to fp16. 5 layers x 4 KV
+ *              heads x head_dim 8: 20 heads and 8 KiB per section per context. Skipped, with
+ *              the paths it looked for, when the model or the corpus is not found.
+ *   synthetic  Llama-3-8B-shaped KV from datagen.c (32 layers x 8 KV heads x head_dim 128, four
+ *              outlier key channels per head), one context of 1024 tokens: 256 KiB per section.
+ *
+ * Methods (rows of the report, keys of the JSON): raw; zstd-planes at the default level
+ * ("lossless"); kivi int8/int4/int2 (group 32, no residual: every row quantized), int4 with
+ * group 16 and int2 with a 128-row full-precision residual (KIVI-2 as the paper runs it);
+ * knorm, keydiff and snapkv dropping at keep ratios 0.9 .. 0.1 (kept rows raw); and drop +
+ * quantize combinations. Token selection runs once per head on K (kv_drop_select), then K and V are
+ * encoded with those positions, as the engine does; its time is part of the encode time.
+ * SnapKV's observation window is the head's last CB_SNAP_OBS keys, each scaled to norm
+ * sqrt(head_dim) (the model's queries are not exposed by refmodel; keys live in the same
+ * rotary frame), with tail_window = 1, average pooling, kernel 7.
+ *
+ * Measurement (one thread; GB/s = 1e9 bytes of ORIGINAL fp16 KV per second, for every method:
+ * a drop method that writes half the rows still counts the whole context's bytes, i.e. the
+ * rate at which contexts are restored):
+ *   encode   all sections of the set into one arena (allocated and first touched before
+ *            timing), pass after pass until a minimum time; the median pass is reported
+ *   decode   kv_section_decode_dctx() of every section with one decoding context for the run
+ *            (codec.h; zstd-planes is also timed without one: "noctx"), header parsing
+ *            included, into its slot of one output buffer the size of the set, allocated and
+ *            touched once and reused by every pass of every method (never fresh pages);
+ *            median pass. Quantized methods are timed twice: with ordinary stores (the
+ *            default, "decode_gbps") and with streaming stores ("decode_stream_gbps",
+ *            kv_codec_dctx_set_stream: what a get of a whole context into a buffer nobody reads
+ *            next should use)
+ *   memcpy   the same bytes copied into the same output buffer: the ceiling of any decoder
+ *   quality  per head, kv_quality_*: probes derived from the original K
+ *            (kv_quality_derive_probes: the last 8 keys and 8 spread ones, norm sqrt(d));
+ *            attention outputs over the decoded rows against those over the original rows;
+ *            quality = mean over heads of the mean cosine; rel L2 pooled over heads
+ * Lossless decodes are checked bit-exact against the source (untimed).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zstd.h>
+
+#include "bench.h"
+#include "codec.h"
+#include "datagen.h"
+#include "refmodel.h"
+
+#ifndef BENCH_MODEL_DIR
+#define BENCH_MODEL_DIR "../shared/models"
+#endif
+#ifndef BENCH_CORPUS_DIR
+#define BENCH_CORPUS_DIR "../shared/corpora"
+#endif
+
+/*
+ * CB_REAL_TOKENS      : tokens per real context (stories260K's seq_len).
+ * CB_REAL_CTX_*       : real contexts (each 20 heads x 2 sections of 8 KiB).
+ * CB_SYN_*            : the synthetic set: Llama-3-8B shape, layers in full / quick mode.
+ * CB_SNAP_OBS         : SnapKV observation window (tokens).
+ * CB_*_MIN_NS         : minimum timed time per method and direction; passes repeat until it.
+ * CB_DEC_MIN_PASSES   : minimum decode passes.
+ */
+#define CB_REAL_TOKENS 512u
+#define CB_REAL_CTX_FULL 64u
+#define CB_REAL_CTX_QUICK 8u
+#define CB_SYN_TOKENS 1024u
+#define CB_SYN_LAYERS_FULL 32u
+#define CB_SYN_LAYERS_QUICK 4u
+#define CB_SYN_HEADS 8u
+#define CB_SYN_HEAD_DIM 128u
+#define CB_SYN_VOCAB 128256u
+#define CB_SNAP_OBS 32u
+#define CB_ENC_MIN_NS_FULL 200000000ull
+#define CB_ENC_MIN_NS_QUICK 20000000ull
+#define CB_DEC_MIN_NS_FULL 500000000ull
+#define CB_DEC_MIN_NS_QUICK 100000000ull
+#define CB_DEC_MIN_PASSES 3u
+
+/* Targets of issue 3. */
+#define T_LOSSLESS_VS_BOUND 0.98
+#define T_LOSSLESS_DECODE_GBPS 2.5
+#define T_INT8_QUALITY 0.999
+#define T_INT4_QUALITY 0.99
+#define T_INT4_DECODE_GBPS 8.0
+
+/* memcpy through a volatile pointer: the baseline's copies cannot be merged or dropped. */
+static void *(*volatile memcpy_fn)(void *, const void *, size_t) = memcpy;
+
+/* ---- methods -------------------------------------------------------------------------------- */
+
+typedef struct method {
+  char key[32];   /* JSON key stem: "lossless", "int4", "knorm50", "snapkv50_int4" */
+  char label[40]; /* report label */
+  unsigned id;    /* KV_CODEC_ID_* */
+  unsigned bits;
+  unsigned group;    /* KIVI group; 0 = the codec's default (32) */
+  unsigned residual; /* KIVI full-precision recent rows */
+  kv_drop_method drop;
+  unsigned permille;
+} method;
+
+#define CB_MAX_METHODS 48
+
+static const char *const DROP_NAME[4] = {"", "knorm", "keydiff", "snapkv"};
+
+static size_t add_method(method *m, size_t n, unsigned id, unsigned bits, unsigned group,
+                         unsigned residual, kv_drop_method drop, unsigned permille)
+{
+  method *x = &m[n];
+  memset(x, 0, sizeof *x);
+  x->id = id;
+  x->bits = bits;
+  x->drop = drop;
+  x->permille = permille;
+  if (id == KV_CODEC_ID_RAW) {
+    snprintf(x->key, sizeof x->key, "raw");
+    snprintf(x->label, sizeof x->label, "raw");
+  } else if (id == KV_CODEC_ID_ZSTD_PLANES) {
+    snprintf(x->key, sizeof x->key, "lossless");
+    snprintf(x->label, sizeof x->label, "zstd-planes -%d", KV_CODEC_ZSTD_LEVEL_DEFAULT);
+  } else if (id == KV_CODEC_ID_KIVI) {
+    snprintf(x->key, sizeof x->key, "int%u", bits);
+    snprintf(x->label, sizeof x->label, "kivi int%u", bits);
+    if (group != 0) {
+      x->group = group;
+      snprintf(x->key, sizeof x->key, "int%u_g%u", bits, group);
+      snprintf(x->label, sizeof x->label, "kivi int%u group %u", bits, group);
+    }
+    if (residual != 0) {
+      x->residual = residual;
+      snprintf(x->key, sizeof x->key, "int%u_r%u", bits, residual);
+      snprintf(x->label, sizeof x->label, "kivi int%u residual %u", bits, residual);
+    }
+  } else if (bits == 0) {
+    snprintf(x->key, sizeof x->key, "%s%u", DROP_NAME[drop], permille / 10);
+    snprintf(x->label, sizeof x->label, "%s keep %.1f", DROP_NAME[drop], permille / 1000.0);
+  } else {
+    snprintf(x->key, sizeof x->key, "%s%u_int%u", DROP_NAME[drop], permille / 10, bits);
+    snprintf(x->label, sizeof x->label, "%s keep %.1f + int%u", DROP_NAME[drop],
+             permille / 1000.0, bits);
+  }
+  return n + 1;
+}
+
+/* The method list, in report order. Returns the count. */
+static size_t method_list(method *m)
+{
+  size_t n = 0;
+  n = add_method(m, n, KV_CODEC_ID_RAW, 0, 0, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_ZSTD_PLANES, 0, 0, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 8, 0, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0);
+  /* the group and residual options: smaller groups, and KIVI-2 as the paper runs it */
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 16, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 2, 0, 128, KV_DROP_NONE, 0);
+  for (unsigned d = KV_DROP_KNORM; d <= KV_DROP_SNAPKV; d++)
+    for (unsigned k = 900; k >= 100; k -= 100)
+      n = add_method(m, n, KV_CODEC_ID_DROP, 0, 0, 0, (kv_drop_method)d, k);
+  n = add_method(m, n, KV_CODEC_ID_DROP, 8, 0, 0, KV_DROP_SNAPKV, 500);
+  n = add_method(m, n, KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_SNAPKV, 500);
+  n = add_method(m, n, KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_KEYDIFF, 500);
+  return n;
+}
+
+/* ---- data sets ------------------------------------------------------------------------------ */
+
+typedef struct kvset {
+  const char *name;   /* "real" / "synthetic" */
+  const char *prefix; /* JSON key prefix: "" / "synthetic_" */
+  char desc[512];
+  uint32_t n_ctx;     /* contexts */
+  uint32_t n_heads;   /* heads (context x layer x KV head); sections = 2 * n_heads */
+  uint32_t n_tokens, head_dim;
+  size_t sec_bytes;   /* n_tokens * head_dim * 2 */
+  size_t total;       /* 2 * n_heads * sec_bytes */
+  uint16_t *kv;       /* head h: K section at 2h, V section at 2h + 1 */
+  /* per head, computed once: probes, the original attention outputs, SnapKV's window */
+  float *probes;      /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
+  uint32_t *n_probes; /* [n_heads] */
+  float *ref;         /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
+  float *win;         /* [n_heads][CB_SNAP_OBS][d] */
+} kvset;
+
+static void kvset_free(kvset *s)
+{
+  bench_free(s->kv);
+  free(s->probes);
+  free(s->n_probes);
+  free(s->ref);
+  free(s->win);
+  s->kv = NULL;
+  s->probes = s->ref = s->win = NULL;
+  s->n_probes = NULL;
+}
+
+static const uint8_t *sec_ptr(const kvset *s, const void *base, size_t sec)
+{
+  return (const uint8_t *)base + sec * s->sec_bytes;
+}
+
+static kv_section_shape sec_shape(const kvset *s, kv_section_kind kind)
+{
+  kv_section_shape sh = {KV_CODEC_F16, kind, s->n_tokens, s->head_dim};
+  return sh;
+}
+
+static int cfail(const char *what, const kv_codec_err *err)
+{
+  char msg[512];
+  kv_codec_errmsg(err, msg, sizeof msg);
+  bench_log("%s: %s", what, msg);
+  return -1;
+}
+
+/* Growable scratch shared by every codec call (reallocated outside timed regions only). */
+typedef struct scratch {
+  void *p;
+  size_t cap;
+} scratch;
+
+static int scratch_need(scratch *s, size_t n)
+{
+  if (n <= s->cap)
+    return 0;
+  bench_free(s->p);
+  s->p = bench_alloc(n);
+  s->cap = s->p ? n : 0;
+  if (s->p == NULL) {
+    bench_log("out of memory (%zu bytes of scratch)", n);
+    return -1;
+  }
+  return 0;
+}
+
+/* rows x d floats: each row of K scaled to norm sqrt(d) (a unit-variance query's norm). */
+static void keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float *q)
+{
+  kv_codec_to_f32(KV_CODEC_F16, k, (size_t)rows * d, q);
+  for (uint32_t r = 0; r < rows; r++) {
+    float *x = q + (size_t)r * d;
+    double ss = 0;
+    for (uint32_t j = 0; j < d; j++)
+      ss += (double)x[j] * x[j];
+    if (ss > 0) {
+      float f = (float)sqrt((double)d / ss);
+      for (uint32_t j = 0; j < d; j++)
+        x[j] *= f;
+    }
+  }
+}
+
+/* Per head: derived probes, the original attention outputs, SnapKV's window queries. */
+static int kvset_prepare(kvset *s, scratch *ws)
+{
+  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
+  s->probes = malloc((size_t)s->n_heads * np * d * sizeof(float));
+  s->ref = malloc((size_t)s->n_heads * np * d * sizeof(float));
+  s->n_probes = malloc((size_t)s->n_heads * sizeof(uint32_t));
+  s->win = malloc((size_t)s->n_heads * CB_SNAP_OBS * d * sizeof(float));
+  if (!s->probes || !s->ref || !s->n_probes || !s->win) {
+    bench_log("out of memory preparing the %s set", s->name);
+    return -1;
+  }
+  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, np)) != 0)
+    return -1;
+  kv_section_shape ks = sec_shape(s, KV_SECTION_K);
+  kv_codec_err err;
+  for (uint32_t h = 0; h < s->n_heads; h++) {
+    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
+    float *pr = s->probes + (size_t)h * np * d;
+    if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, np, &s->n_probes[h], &err) !=
+        KV_CODEC_OK)
+      return cfail("kv_quality_derive_probes", &err);
+    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, s->n_probes[h], ws->p, ws->cap,
+                          s->ref + (size_t)h * np * d, &err) != KV_CODEC_OK)
+      return cfail("kv_quality_attend", &err);
+    keys_as_queries((const uint16_t *)(const void *)k + (size_t)(s->n_tokens - CB_SNAP_OBS) * d,
+                    CB_SNAP_OBS, d, s->win + (size_t)h * CB_SNAP_OBS * d);
+  }
+  return 0;
+}
+
+/* ---- the synthetic set ---------------------------------------------------------------------- */
+
+static int make_synthetic(kvset *s, const bench_env *env)
+{
+  uint32_t L = env->quick ? CB_SYN_LAYERS_QUICK : CB_SYN_LAYERS_FULL;
+  uint32_t H = CB_SYN_HEADS, d = CB_SYN_HEAD_DIM, n = CB_SYN_TOKENS;
+  memset(s, 0, sizeof *s);
+  s->name = "synthetic";
+  s->prefix = "synthetic_";
+  s->n_ctx = 1;
+  s->n_heads = L * H;
+  s->n_tokens = n;
+  s->head_dim = d;
+  s->sec_bytes = (size_t)n * d * 2;
+  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
+  dg_kv_model m;
+  if (dg_kv_model_init(&m, L, H, d, env->seed) != 0)
+    return -1;
+  uint32_t *tok = malloc(n * sizeof *tok);
+  uint16_t *lkthd = malloc(s->total);
+  s->kv = bench_alloc(s->total);
+  if (tok != NULL)
+    dg_tokens(tok, n, env->seed, CB_SYN_VOCAB);
+  if (tok == NULL || lkthd == NULL || s->kv == NULL || dg_kv_fill_f16(&m, tok, n, lkthd) != 0) {
+    bench_log("out of memory generating synthetic KV (%zu bytes)", s->total);
+    free(tok);
+    free(lkthd);
+    dg_kv_model_free(&m);
+    return -1;
+  }
+  /* [layer][K,V][token][head][dim] -> head (layer, head): K section, V section */
+  for (uint32_t l = 0; l < L; l++)
+    for (uint32_t h = 0; h < H; h++)
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        uint16_t *dst = s->kv + ((size_t)(l * H + h) * 2 + kv) * n * d;
+        for (uint32_t t = 0; t < n; t++)
+          memcpy(dst + (size_t)t * d, lkthd + ((((size_t)l * 2 + kv) * n + t) * H + h) * d, 2 * d);
+      }
+  free(tok);
+  free(lkthd);
+  dg_kv_model_free(&m);
+  snprintf(s->desc, sizeof s->desc,
+           "datagen.c, Llama-3-8B shape: 1 context x %u tokens, %u layers x %u KV heads x "
+           "head_dim %u, f16 (4 outlier key channels per head, seed %llu)",
+           n, L, H, d, (unsigned long long)env->seed);
+  return 0;
+}
+
+/* ---- the real set --------------------------------------------------------------------------- */
+
+static int file_exists(const char *p)
+{
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Read a whole (small) file. NULL on failure. */
+static char *slurp(const char *path, size_t *len)
+{
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return NULL;
+  char *b = NULL;
+  if (fseek(f, 0, SEEK_END) == 0) {
+    long n = ftell(f);
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) != NULL) {
+      if (fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+      } else {
+        *len = (size_t)n;
+      }
+    }
+  }
+  fclose(f);
+  return b;
+}
+
+/*
+ * Where the model and the corpus are: --model-dir, else $KVDB_MODEL_DIR, else the build's
+ * default (shared/models beside the source tree); the corpus: $KVDB_CORPUS_DIR, else
+ * <model dir>/../corpora, else the build's default. `looked` lists every path tried.
+ */
+static int find_inputs(const bench_env *env, char *bin, char *tok, char *text, size_t cap,
+                       char *looked, size_t looked_cap)
+{
+  const char *md = env->model_dir ? env->model_dir : getenv("KVDB_MODEL_DIR");
+  if (md == NULL || md[0] == 0)
+    md = BENCH_MODEL_DIR;
+  snprintf(bin, cap, "%.4000s/stories260K/stories260K.bin", md);
+  snprintf(tok, cap, "%.4000s/stories260K/tok512.bin", md);
+  if (!file_exists(bin) || !file_exists(tok)) {
+    snprintf(looked, looked_cap, "model not found: looked for %.2000s and %.2000s", bin, tok);
+    return -1;
+  }
+  const char *env_c = getenv("KVDB_CORPUS_DIR");
+  char cand[3][4096];
+  int nc = 0;
+  if (env_c != NULL && env_c[0] != 0)
+    snprintf(cand[nc++], sizeof cand[0], "%s", env_c);
+  snprintf(cand[nc++], sizeof cand[0], "%.4000s/../corpora", md);
+  snprintf(cand[nc++], sizeof cand[0], "%s", BENCH_CORPUS_DIR);
+  size_t used = (size_t)snprintf(looked, looked_cap, "corpus not found: looked for");
+  for (int i = 0; i < nc; i++) {
+    snprintf(text, cap, "%.4000s/tinystories/tinystories_validation_head.txt", cand[i]);
+    if (file_exists(text))
+      return 0;
+    if (used < looked_cap)
+      used += (size_t)snprintf(looked + used, looked_cap - used, "%s %.4100s", i ? "," : "", text);
+  }
+  return -1;
+}
+
+static int rfail(const char *what, int rc)
+{
+  bench_log("%s: %s: %s", what, refmodel_strerror(rc), refmodel_errmsg());
+  return -1;
+}
+
+/*
+ * Real KV: returns 0 and fills s; 1 when the inputs are missing (why in `why`); -1 on error.
+ */
+static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
+{
+  char bin[4200], tokp[4200], textp[4200];
+  memset(s, 0, sizeof *s);
+  s->name = "real";
+  s->prefix = "";
+  if (find_inputs(env, bin, tokp, textp, sizeof bin, why, why_cap) != 0)
+    return 1;
+  refmodel_model *m = NULL;
+  refmodel_tokenizer *tk = NULL;
+  refmodel_state *st = NULL;
+  int *toks = NULL, rc = -1, r;
+  char *text = NULL;
+  if ((r = refmodel_model_load(bin, &m)) != REFMODEL_OK)
+    return rfail("loading the model", r);
+  const refmodel_config *cf = refmodel_model_config(m);
+  uint32_t n_ctx = env->quick ? CB_REAL_CTX_QUICK : CB_REAL_CTX_FULL, n = CB_REAL_TOKENS;
+  uint32_t L = (uint32_t)cf->n_layers, H = (uint32_t)cf->n_kv_heads, d = (uint32_t)cf->head_size;
+  size_t need = (size_t)n_ctx * (n - 1), len = 0, n_tok = 0;
+  if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
+    rfail("loading the tokenizer", r);
+    goto out;
+  }
+  if ((text = slurp(textp, &len)) == NULL) {
+    bench_log("cannot read '%s': %s", textp, strerror(errno));
+    goto out;
+  }
+  /* ~2.1 bytes per token in this corpus: encode 4 bytes per token needed, all if too few */
+  size_t take = need * 4 < len ? need * 4 : len;
+  for (;;) {
+    free(toks);
+    toks = malloc(refmodel_encode_bound(take) * sizeof *toks);
+    if (toks == NULL)
+      goto out;
+    if ((r = refmodel_encode(tk, text, take, 0, toks, refmodel_encode_bound(take), &n_tok)) !=
+        REFMODEL_OK) {
+      rfail("tokenizing the corpus", r);
+      goto out;
+    }
+    if (n_tok > need || take == len)
+      break;
+    take = len;
+  }
+  if (n_tok < need) {
+    bench_log("the corpus has %zu tokens, %zu needed", n_tok, need);
+    goto out;
+  }
+  s->n_ctx = n_ctx;
+  s->n_heads = n_ctx * L * H;
+  s->n_tokens = n;
+  s->head_dim = d;
+  s->sec_bytes = (size_t)n * d * 2;
+  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
+  s->kv = bench_alloc(s->total);
+  int *ctx = malloc(n * sizeof *ctx);
+  if (s->kv == NULL || ctx == NULL) {
+    free(ctx);
+    bench_log("out of memory (%zu bytes of real KV)", s->total);
+    goto out;
+  }
+  if ((r = refmodel_state_new(m, (int)n, &st)) != REFMODEL_OK) {
+    free(ctx);
+    rfail("refmodel_state_new", r);
+    goto out;
+  }
+  for (uint32_t c = 0; c < n_ctx; c++) {
+    ctx[0] = REFMODEL_TOKEN_BOS;
+    memcpy(ctx + 1, toks + (size_t)c * (n - 1), (n - 1) * sizeof *ctx);
+    if ((r = refmodel_prefill(st, ctx, (int)n, 0, NULL)) != REFMODEL_OK) {
+      free(ctx);
+      rfail("refmodel_prefill", r);
+      goto out;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+      const float *kb = refmodel_state_key(st, (int)l, 0);
+      const float *vb = refmodel_state_value(st, (int)l, 0);
+      for (uint32_t h = 0; h < H; h++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const float *src = (kv == 0 ? kb : vb) + (size_t)h * d;
+          uint16_t *dst = s->kv + (((size_t)(c * L + l) * H + h) * 2 + kv) * n * d;
+          for (uint32_t t = 0; t < n; t++)
+            kv_codec_from_f32(KV_CODEC_F16, src + (size_t)t * (size_t)cf->kv_dim, d,
+                              dst + (size_t)t * d);
+        }
+    }
+  }
+  free(ctx);
+  snprintf(s->desc, sizeof s->desc,
+           "stories260K (refmodel, float32 forward pass, K after RoPE, rounded to f16) over "
+           "TinyStories: %u contexts x %u tokens (BOS + consecutive text windows), %u layers x "
+           "%u KV heads x head_dim %u",
+           n_ctx, n, L, H, d);
+  rc = 0;
+out:
+  refmodel_state_free(st);
+  refmodel_tokenizer_free(tk);
+  refmodel_model_free(m);
+  free(toks);
+  free(text);
+  if (rc != 0)
+    kvset_free(s);
+  return rc;
+}
+
+/* ---- one method on one set ------------------------------------------------------------------ */
+
+/* Buffers of one set, allocated (and first touched) once and reused by every method. */
+typedef struct workspace {
+  scratch ws;         /* codec, selection and quality scratch */
+  uint8_t *arena;     /* encoded sections, back to back */
+  size_t arena_cap;
+  size_t *off, *len;  /* [2 * n_heads] */
+  uint32_t *keep_pos; /* n_tokens */
+  uint8_t *out;       /* the reused output buffer (s->total bytes) */
+  void *ctx_mem;
+  kv_codec_dctx *ctx; /* decoding context (codec.h), one for the whole run */
+} workspace;
+
+typedef struct run {
+  const kvset *s;
+  const method *m;
+  workspace *w;
+  kv_codec_dctx *ctx; /* the context decode passes use (NULL: none) */
+  kv_codec_err err;
+  const char *fail;   /* what failed inside a timed pass */
+} run;
+
+/* The codec parameters of a method for K or V sections of the set (a V group is at most
+ * head_dim channels: group 16 on head_dim 8 is group 8). */
+static void method_params(const method *m, const kvset *s, kv_section_kind kind,
+                          kv_codec_params *p)
+{
+  kv_codec_params_init(p);
+  if (m->id == KV_CODEC_ID_ZSTD_PLANES)
+    p->zstd_level = KV_CODEC_ZSTD_LEVEL_DEFAULT;
+  p->bits = m->bits;
+  p->group = kind == KV_SECTION_V && m->group > s->head_dim ? s->head_dim : m->group;
+  p->residual = m->residual;
+  if (m->id == KV_CODEC_ID_DROP) {
+    p->keep_permille = m->permille;
+    p->drop_method = m->drop;
+  }
+}
+
+static int encode_pass(void *payload, size_t iter)
+{
+  run *r = payload;
+  const kvset *s = r->s;
+  const kv_codec *c = kv_codec_by_id(r->m->id);
+  kv_section_shape sh[2] = {sec_shape(s, KV_SECTION_K), sec_shape(s, KV_SECTION_V)};
+  kv_codec_params p[2];
+  size_t pos = 0;
+  (void)iter;
+  method_params(r->m, s, KV_SECTION_K, &p[0]);
+  method_params(r->m, s, KV_SECTION_V, &p[1]);
+  for (uint32_t h = 0; h < s->n_heads; h++) {
+    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
+    if (r->m->id == KV_CODEC_ID_DROP) {
+      kv_snapkv_window w = {s->win + (size_t)h * CB_SNAP_OBS * s->head_dim, CB_SNAP_OBS, 1, 0,
+                            KV_POOL_AVG, 1};
+      uint32_t nk = 0;
+      if (kv_drop_select(r->m->drop, &sh[0], k, s->sec_bytes, r->m->permille,
+                         r->m->drop == KV_DROP_SNAPKV ? &w : NULL, r->w->ws.p, r->w->ws.cap,
+                         r->w->keep_pos, s->n_tokens, &nk, &r->err) != KV_CODEC_OK) {
+        r->fail = "kv_drop_select";
+        return -1;
+      }
+      for (int kv = 0; kv < 2; kv++) {
+        p[kv].keep_pos = r->w->keep_pos;
+        p[kv].n_keep = nk;
+      }
+    }
+    for (int kv = 0; kv < 2; kv++) {
+      size_t sec = 2 * (size_t)h + (size_t)kv, n = 0;
+      if (kv_codec_encode(c, &sh[kv], k + (size_t)kv * s->sec_bytes, s->sec_bytes, &p[kv],
+                          r->w->ws.p, r->w->ws.cap, r->w->arena + pos, r->w->arena_cap - pos, &n,
+                          &r->err) != KV_CODEC_OK) {
+        r->fail = "kv_codec_encode";
+        return -1;
+      }
+      r->w->off[sec] = pos;
+      r->w->len[sec] = n;
+      pos += n;
+    }
+  }
+  return 0;
+}
+
+static int decode_pass(void *payload, size_t iter)
+{
+  run *r = payload;
+  const kvset *s = r->s;
+  workspace *w = r->w;
+  (void)iter;
+  for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++)
+    if (kv_section_decode_dctx(r->ctx, w->arena + w->off[sec], w->len[sec], w->ws.p, w->ws.cap,
+                               w->out + sec * s->sec_bytes, s->sec_bytes, NULL, &r->err) !=
+        KV_CODEC_OK) {
+      r->fail = "kv_section_decode";
+      return -1;
+    }
+  return 0;
+}
+
+typedef struct result {
+  double ratio, enc_gbps, dec_gbps;
+  double dec_noctx_gbps;  /* decode without a kv_codec_dctx (zstd-planes only) */
+  double dec_stream_gbps; /* decode with streaming stores (quantized methods only) */
+  double quality, cos_min, rel_l2;
+  uint64_t comp_bytes;
+  size_t enc_passes, dec_passes;
+} result;
+
+/* Median pass of a timed loop, as GB/s of `bytes` per pass. */
+static double median_gbps(bench_samples *sm, size_t bytes)
+{
+  return bench_gbps(bytes, bench_samples_pct(sm, 50));
+}
+
+/* Time one pass function: the median pass as GB/s of the set's bytes; -1 on failure. */
+static int timed(run *r, bench_fn fn, size_t min_iters, uint64_t min_ns, double *gbps,
+                 size_t *passes)
+{
+  bench_samples sm = {0};
+  bench_fn_opts o = {fn, r, min_iters, 0, min_ns};
+  int rc = bench_fn_run(&o, &sm);
+  if (rc != 0) {
+    if (r->fail != NULL)
+      cfail(r->fail, &r->err);
+    else
+      bench_log("out of memory recording samples");
+  } else {
+    *gbps = median_gbps(&sm, r->s->total);
+    *passes = sm.n;
+  }
+  bench_samples_free(&sm);
+  return rc == 0 ? 0 : -1;
+}
+
+static int run_method(const bench_env *env, const kvset *s, const method *m, workspace *wk,
+                      result *res)
+{
+  scratch *ws = &wk->ws;
+  const kv_codec *c = kv_codec_by_id(m->id);
+  kv_section_shape sh[2] = {sec_shape(s, KV_SECTION_K), sec_shape(s, KV_SECTION_V)};
+  size_t bound = 0, sc = 0;
+  for (int kv = 0; kv < 2; kv++) {
+    kv_codec_params p;
+    method_params(m, s, sh[kv].kind, &p);
+    size_t b = kv_codec_bound(c, &sh[kv], &p);
+    size_t e = kv_codec_scratch_bytes(c, &sh[kv], &p, KV_CODEC_OP_ENCODE);
+    size_t dsc = kv_codec_scratch_bytes(c, &sh[kv], &p, KV_CODEC_OP_DECODE);
+    if (b == 0 || e == 0 || dsc == 0) {
+      bench_log("%s: the codec refuses the %s set's shape", m->label, s->name);
+      return -1;
+    }
+    bound += b * s->n_heads;
+    sc = e > sc ? e : sc;
+    sc = dsc > sc ? dsc : sc;
+  }
+  if (m->id == KV_CODEC_ID_DROP) {
+    kv_snapkv_window w = {s->win, CB_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
+    size_t e = kv_drop_scratch_bytes(m->drop, s->n_tokens, s->head_dim,
+                                     m->drop == KV_DROP_SNAPKV ? &w : NULL);
+    sc = e > sc ? e : sc;
+  }
+  sc = sc > kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, KV_QUALITY_MAX_DERIVED)
+         ? sc
+         : kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, KV_QUALITY_MAX_DERIVED);
+  if (scratch_need(ws, sc) != 0)
+    return -1;
+  if (bound > wk->arena_cap) {
+    bench_free(wk->arena);
+    wk->arena = bench_alloc(bound); /* first touched here, not in a timed pass */
+    wk->arena_cap = wk->arena ? bound : 0;
+    if (wk->arena == NULL) {
+      bench_log("out of memory (%zu bytes of encoded sections)", bound);
+      return -1;
+    }
+  }
+  run r = {s, m, wk, wk->ctx, {0}, NULL};
+  uint64_t enc_ns = env->quick ? CB_ENC_MIN_NS_QUICK : CB_ENC_MIN_NS_FULL;
+  uint64_t dec_ns = env->quick ? CB_DEC_MIN_NS_QUICK : CB_DEC_MIN_NS_FULL;
+  memset(res, 0, sizeof *res);
+  if (timed(&r, encode_pass, 1, enc_ns, &res->enc_gbps, &res->enc_passes) != 0 ||
+      timed(&r, decode_pass, CB_DEC_MIN_PASSES, dec_ns, &res->dec_gbps, &res->dec_passes) != 0)
+    return -1;
+  size_t passes;
+  if (m->id == KV_CODEC_ID_ZSTD_PLANES) { /* what a caller without a context gets */
+    r.ctx = NULL;
+    if (timed(&r, decode_pass, CB_DEC_MIN_PASSES, dec_ns, &res->dec_noctx_gbps, &passes) != 0)
+      return -1;
+    r.ctx = wk->ctx;
+  }
+  if (m->bits != 0) { /* the dequantizers' streaming stores (kv_codec_dctx_set_stream) */
+    kv_codec_dctx_set_stream(wk->ctx, 1);
+    int trc = timed(&r, decode_pass, CB_DEC_MIN_PASSES, dec_ns, &res->dec_stream_gbps, &passes);
+    kv_codec_dctx_set_stream(wk->ctx, 0);
+    if (trc != 0)
+      return -1;
+  }
+  uint8_t *out = wk->out;
+  for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++)
+    res->comp_bytes += wk->len[sec];
+  res->ratio = (double)s->total / (double)res->comp_bytes;
+
+  /* checks and quality (untimed) */
+  const kv_codec *cc = kv_codec_by_id(m->id);
+  if ((cc->flags & KV_CODEC_LOSSLESS) && memcmp(out, s->kv, s->total) != 0) {
+    bench_log("%s: decoded bytes differ from the source on the %s set", m->label, s->name);
+    return -1;
+  }
+  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
+  float *test = malloc((size_t)np * d * sizeof *test);
+  if (test == NULL)
+    return -1;
+  double qsum = 0, qmin = 1, diff2 = 0, ref2 = 0;
+  for (uint32_t h = 0; h < s->n_heads; h++) {
+    kv_section_info info;
+    kv_codec_err err;
+    const uint8_t *ksec = wk->arena + wk->off[2 * (size_t)h];
+    if (kv_section_parse(ksec, wk->len[2 * (size_t)h], &info, &err) != KV_CODEC_OK) {
+      free(test);
+      return cfail("kv_section_parse", &err);
+    }
+    const uint8_t *kd = sec_ptr(s, out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
+    const float *pr = s->probes + (size_t)h * np * d, *ref = s->ref + (size_t)h * np * d;
+    kv_quality q;
+    if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, pr, s->n_probes[h], ws->p, ws->cap,
+                          test, &err) != KV_CODEC_OK ||
+        kv_quality_compare(ref, test, s->n_probes[h], d, &q, &err) != KV_CODEC_OK) {
+      free(test);
+      return cfail("quality", &err);
+    }
+    qsum += q.cos_mean;
+    qmin = q.cos_min < qmin ? q.cos_min : qmin;
+    /* pool rel L2 over heads: sum ||o - o'||^2 / sum ||o||^2 */
+    double r2 = 0;
+    for (size_t i = 0; i < (size_t)s->n_probes[h] * d; i++)
+      r2 += (double)ref[i] * ref[i];
+    diff2 += q.rel_l2 * q.rel_l2 * r2;
+    ref2 += r2;
+  }
+  free(test);
+  res->quality = qsum / s->n_heads;
+  res->cos_min = qmin;
+  res->rel_l2 = ref2 > 0 ? sqrt(diff2 / ref2) : 0;
+  return 0;
+}
+
+/* ---- baselines on the same bytes ----------------------------------------------------------- */
+
+typedef struct zraw {
+  const kvset *s;
+  int level;
+  ZSTD_CCtx *cctx;
+  ZSTD_DCtx *dctx;
+  uint8_t *buf;   /* frames, one per section, each at sec * slot */
+  size_t slot;
+  size_t *len;
+  uint8_t *out;
+} zraw;
+
+static int zraw_enc(void *payload, size_t iter)
+{
+  zraw *z = payload;
+  (void)iter;
+  for (size_t sec = 0; sec < 2 * (size_t)z->s->n_heads; sec++) {
+    size_t r = ZSTD_compressCCtx(z->cctx, z->buf + sec * z->slot, z->slot,
+                                 sec_ptr(z->s, z->s->kv, sec), z->s->sec_bytes, z->level);
+    if (ZSTD_isError(r))
+      return -1;
+    z->len[sec] = r;
+  }
+  return 0;
+}
+
+static int zraw_dec(void *payload, size_t iter)
+{
+  zraw *z = payload;
+  (void)iter;
+  for (size_t sec = 0; sec < 2 * (size_t)z->s->n_heads; sec++) {
+    size_t r = ZSTD_decompressDCtx(z->dctx, z->out + sec * z->s->sec_bytes, z->s->sec_bytes,
+                                   z->buf + sec * z->slot, z->len[sec]);
+    if (ZSTD_isError(r) || r != z->s->sec_bytes)
+      return -1;
+  }
+  return 0;
+}
+
+/* Plain zstd at `level` on each section's raw bytes (one frame per section). */
+static int run_zstd_raw(const bench_env *env, const kvset *s, int level, uint8_t *out, result *res)
+{
+  size_t n_sec = 2 * (size_t)s->n_heads;
+  zraw z = {s, level, ZSTD_createCCtx(), ZSTD_createDCtx(), NULL, ZSTD_compressBound(s->sec_bytes),
+            malloc(n_sec * sizeof(size_t)), out};
+  z.buf = bench_alloc(n_sec * z.slot);
+  int rc = -1;
+  bench_samples enc = {0}, dec = {0};
+  if (z.cctx == NULL || z.dctx == NULL || z.len == NULL || z.buf == NULL) {
+    bench_log("out of memory (zstd baseline)");
+    goto out;
+  }
+  bench_fn_opts eo = {zraw_enc, &z, 1, 0, env->quick ? CB_ENC_MIN_NS_QUICK : CB_ENC_MIN_NS_FULL};
+  bench_fn_opts dop = {zraw_dec, &z, CB_DEC_MIN_PASSES, 0,
+                       env->quick ? CB_DEC_MIN_NS_QUICK : CB_DEC_MIN_NS_FULL};
+  if (bench_fn_run(&eo, &enc) != 0 || bench_fn_run(&dop, &dec) != 0) {
+    bench_log("zstd -%d on raw bytes failed", level);
+    goto out;
+  }
+  if (memcmp(out, s->kv, s->total) != 0) {
+    bench_log("zstd -%d round trip differs", level);
+    goto out;
+  }
+  memset(res, 0, sizeof *res);
+  for (size_t sec = 0; sec < n_sec; sec++)
+    res->comp_bytes += z.len[sec];
+  res->ratio = (double)s->total / (double)res->comp_bytes;
+  res->enc_gbps = median_gbps(&enc, s->total);
+  res->dec_gbps = median_gbps(&dec, s->total);
+  res->enc_passes = enc.n;
+  res->dec_passes = dec.n;
+  res->quality = 1;
+  res->cos_min = 1;
+  rc = 0;
+out:
+  bench_samples_free(&enc);
+  bench_samples_free(&dec);
+  ZSTD_freeCCtx(z.cctx);
+  ZSTD_freeDCtx(z.dctx);
+  bench_free(z.buf);
+  free(z.len);
+  return rc;
+}
+
+typedef struct mcp {
+  const kvset *s;
+  uint8_t *out;
+} mcp;
+
+static int memcpy_pass(void *payload, size_t iter)
+{
+  mcp *c = payload;
+  (void)iter;
+  memcpy_fn(c->out, c->s->kv, c->s->total);
+  return 0;
+}
+
+/* ---- reporting ------------------------------------------------------------------------------ */
+
+static void json_key(char *buf, size_t cap, const kvset *s, const char *stem, const char *what)
+{
+  snprintf(buf, cap, "%.16s%.32s_%.24s", s->prefix, stem, what);
+}
+
+static void print_row(FILE *o, const char *label, const result *r, int lossy)
+{
+  char st[16] = "";
+  if (r->dec_stream_gbps > 0)
+    snprintf(st, sizeof st, "%9.3f", r->dec_stream_gbps);
+  if (lossy)
+    fprintf(o, "  %-24s %8.3f %9.3f %9.3f %9s   %9.6f %9.6f %9.2e\n", label, r->ratio,
+            r->enc_gbps, r->dec_gbps, st, r->quality, r->cos_min, r->rel_l2);
+  else
+    fprintf(o, "  %-24s %8.3f %9.3f %9.3f %9s   %9s\n", label, r->ratio, r->enc_gbps, r->dec_gbps,
+            st, "exact");
+}
+
+typedef struct set_figures {
+  int ok;
+  double lossless_vs_bound, lossless_dec, int8_q, int4_q, int4_dec;
+} set_figures;
+
+static const char *met(int ok)
+{
+  return ok ? "met" : "MISSED";
+}
+
+/* Measure everything on one set; print its table and add its JSON fields. */
+static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures *fig)
+{
+  FILE *o = env->out;
+  method ms[CB_MAX_METHODS];
+  size_t n_m = method_list(ms);
+  size_t n_sec = 2 * (size_t)s->n_heads;
+  workspace wk = {{NULL, 0}, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+  wk.off = malloc(n_sec * sizeof *wk.off);
+  wk.len = malloc(n_sec * sizeof *wk.len);
+  wk.keep_pos = malloc(s->n_tokens * sizeof *wk.keep_pos);
+  wk.out = bench_alloc(s->total);
+  wk.ctx_mem = malloc(kv_codec_dctx_bytes());
+  wk.ctx = kv_codec_dctx_init(wk.ctx_mem, kv_codec_dctx_bytes());
+  uint8_t *out = wk.out;
+  result *res = calloc(n_m, sizeof *res);
+  result z1, z3, mc = {0};
+  int rc = -1;
+  char k[96];
+  if (wk.off == NULL || wk.len == NULL || wk.keep_pos == NULL || res == NULL || out == NULL ||
+      wk.ctx == NULL) {
+    bench_log("out of memory (%s set)", s->name);
+    goto out;
+  }
+  uint64_t t0 = bench_now_ns();
+  if (kvset_prepare(s, &wk.ws) != 0)
+    goto out;
+
+  /* entropy bound, zstd on raw bytes, memcpy */
+  double bound = 0;
+  kv_codec_err err;
+  for (size_t sec = 0; sec < n_sec; sec++) {
+    kv_section_shape sh = sec_shape(s, sec & 1 ? KV_SECTION_V : KV_SECTION_K);
+    double b;
+    if (kv_lossless_entropy_bound(&sh, sec_ptr(s, s->kv, sec), s->sec_bytes, &b, &err) !=
+        KV_CODEC_OK) {
+      cfail("kv_lossless_entropy_bound", &err);
+      goto out;
+    }
+    bound += b;
+  }
+  double bound_ratio = (double)s->total / bound;
+  if (run_zstd_raw(env, s, 1, out, &z1) != 0 || run_zstd_raw(env, s, 3, out, &z3) != 0)
+    goto out;
+  {
+    mcp c = {s, out};
+    bench_samples sm = {0};
+    bench_fn_opts mo = {memcpy_pass, &c, CB_DEC_MIN_PASSES, 0,
+                        env->quick ? CB_DEC_MIN_NS_QUICK : CB_DEC_MIN_NS_FULL};
+    if (bench_fn_run(&mo, &sm) != 0) {
+      bench_samples_free(&sm);
+      goto out;
+    }
+    mc.dec_gbps = median_gbps(&sm, s->total);
+    bench_samples_free(&sm);
+  }
+
+  for (size_t i = 0; i < n_m; i++) {
+    bench_log("%s set: %s", s->name, ms[i].label);
+    if (run_method(env, s, &ms[i], &wk, &res[i]) != 0)
+      goto out;
+  }
+  double secs = (double)(bench_now_ns() - t0) * 1e-9;
+
+  const result *ll = &res[1];
+  double ll_vs_bound = ll->ratio / bound_ratio;
+  fprintf(o, "\n%s KV: %s\n", s->name, s->desc);
+  fprintf(o, "  %u heads x (K, V) = %zu sections of %u x %u f16 (%zu bytes each), %.2f MB in all; "
+             "measured in %.1f s\n",
+          s->n_heads, n_sec, s->n_tokens, s->head_dim, s->sec_bytes, (double)s->total / 1e6, secs);
+  fprintf(o, "  %-24s %8s %9s %9s %9s   %9s %9s %9s\n", "method", "ratio", "enc GB/s",
+          "dec GB/s", "stream", "quality", "cos min", "rel L2");
+  fprintf(o, "  %-24s %8s %9s %9.3f %9s   (same bytes into the same output buffer)\n", "memcpy",
+          "", "", mc.dec_gbps, "");
+  fprintf(o, "  %-24s %8.3f %9s %9s %9s   (order-0 per byte plane, per section)\n",
+          "byte-plane entropy bound", bound_ratio, "", "", "");
+  print_row(o, "zstd -1 on raw bytes", &z1, 0);
+  print_row(o, "zstd -3 on raw bytes", &z3, 0);
+  for (size_t i = 0; i < n_m; i++)
+    print_row(o, ms[i].label, &res[i], !(kv_codec_by_id(ms[i].id)->flags & KV_CODEC_LOSSLESS));
+  fprintf(o, "  lossless_vs_bound %.4f (zstd-planes %.4fx / bound %.4fx); zstd-planes vs zstd -3 "
+             "on raw bytes: %.3fx the ratio\n",
+          ll_vs_bound, ll->ratio, bound_ratio, bench_ratio(ll->ratio, z3.ratio));
+
+  fprintf(o, "  zstd-planes decode without a kv_codec_dctx (a zstd context built per section): "
+             "%.3f GB/s\n",
+          ll->dec_noctx_gbps);
+
+  const result *r8 = NULL, *r4 = NULL;
+  for (size_t i = 0; i < n_m; i++) {
+    if (strcmp(ms[i].key, "int8") == 0)
+      r8 = &res[i];
+    if (strcmp(ms[i].key, "int4") == 0)
+      r4 = &res[i];
+  }
+  fig->ok = 1;
+  fig->lossless_vs_bound = ll_vs_bound;
+  fig->lossless_dec = ll->dec_gbps;
+  fig->int8_q = r8->quality;
+  fig->int4_q = r4->quality;
+  fig->int4_dec = r4->dec_gbps;
+
+  snprintf(k, sizeof k, "%slossless_vs_bound", s->prefix);
+  bench_json_num(j, k, ll_vs_bound);
+  snprintf(k, sizeof k, "%sentropy_bound_ratio", s->prefix);
+  bench_json_num(j, k, bound_ratio);
+  snprintf(k, sizeof k, "%szstd_raw_ratio", s->prefix);
+  bench_json_num(j, k, z3.ratio);
+  snprintf(k, sizeof k, "%szstd_raw_encode_gbps", s->prefix);
+  bench_json_num(j, k, z3.enc_gbps);
+  snprintf(k, sizeof k, "%szstd_raw_decode_gbps", s->prefix);
+  bench_json_num(j, k, z3.dec_gbps);
+  snprintf(k, sizeof k, "%szstd1_raw_ratio", s->prefix);
+  bench_json_num(j, k, z1.ratio);
+  snprintf(k, sizeof k, "%szstd1_raw_encode_gbps", s->prefix);
+  bench_json_num(j, k, z1.enc_gbps);
+  snprintf(k, sizeof k, "%szstd1_raw_decode_gbps", s->prefix);
+  bench_json_num(j, k, z1.dec_gbps);
+  snprintf(k, sizeof k, "%slossless_decode_noctx_gbps", s->prefix);
+  bench_json_num(j, k, ll->dec_noctx_gbps);
+  snprintf(k, sizeof k, "%smemcpy_gbps", s->prefix);
+  bench_json_num(j, k, mc.dec_gbps);
+  for (size_t i = 0; i < n_m; i++) {
+    json_key(k, sizeof k, s, ms[i].key, "ratio");
+    bench_json_num(j, k, res[i].ratio);
+    json_key(k, sizeof k, s, ms[i].key, "encode_gbps");
+    bench_json_num(j, k, res[i].enc_gbps);
+    json_key(k, sizeof k, s, ms[i].key, "decode_gbps");
+    bench_json_num(j, k, res[i].dec_gbps);
+    if (res[i].dec_stream_gbps > 0) {
+      json_key(k, sizeof k, s, ms[i].key, "decode_stream_gbps");
+      bench_json_num(j, k, res[i].dec_stream_gbps);
+    }
+    if (kv_codec_by_id(ms[i].id)->flags & KV_CODEC_LOSSLESS)
+      continue;
+    json_key(k, sizeof k, s, ms[i].key, "quality");
+    bench_json_num(j, k, res[i].quality);
+    json_key(k, sizeof k, s, ms[i].key, "rel_l2");
+    bench_json_num(j, k, res[i].rel_l2);
+  }
+  snprintf(k, sizeof k, "%sbytes", s->prefix);
+  bench_json_int(j, k, (int64_t)s->total);
+  snprintf(k, sizeof k, "%scontexts", s->prefix);
+  bench_json_int(j, k, (int64_t)s->n_ctx);
+  snprintf(k, sizeof k, "%sheads", s->prefix);
+  bench_json_int(j, k, (int64_t)s->n_heads);
+  snprintf(k, sizeof k, "%stokens", s->prefix);
+  bench_json_int(j, k, (int64_t)s->n_tokens);
+  snprintf(k, sizeof k, "%shead_dim", s->prefix);
+  bench_json_int(j, k, (int64_t)s->head_dim);
+  rc = 0;
+out:
+  bench_free(wk.ws.p);
+  bench_free(wk.arena);
+  bench_free(wk.out);
+  free(wk.off);
+  free(wk.len);
+  free(wk.keep_pos);
+  free(wk.ctx_mem);
+  free(res);
+  return rc;
+}
+
+/* ---- the subcommand ------------------------------------------------------------------------- */
+
+int bench_compress(const bench_env *env, bench_json *j)
+{
+  FILE *o = env->out;
+  kvset real, syn;
+  set_figures fr = {0}, fs = {0};
+  char why[8192] = "";
+  int rc = -1;
+  memset(&syn, 0, sizeof syn);
+
+  bench_log("computing real KV (stories260K) ...");
+  int rr = make_real(&real, env, why, sizeof why);
+  if (rr < 0)
+    return -1;
+  if (rr > 0)
+    bench_log("real KV skipped: %s (set --model-dir or KVDB_MODEL_DIR; KVDB_CORPUS_DIR)", why);
+  bench_log("generating synthetic KV ...");
+  if (make_synthetic(&syn, env) != 0)
+    goto out;
+
+  fprintf(o, "GB/s = 1e9 bytes of original f16 KV per second on one core (drop methods too: "
+             "the rate contexts are restored), median pass; dec = kv_section_decode_dctx() of "
+             "every section into one reused output buffer, ordinary stores; stream = the same "
+             "with streaming stores (kv_codec_dctx_set_stream; quantized methods); ratio = "
+             "original bytes / encoded bytes (headers, group tables and bitmaps included); "
+             "quality = mean over heads of the mean cosine of attention outputs (decoded vs "
+             "original KV) for 16 probe queries derived from K; cos min = worst probe of any "
+             "head\n");
+  if (rr == 0) {
+    if (bench_set(env, j, &real, &fr) != 0)
+      goto out;
+  } else {
+    fprintf(o, "\nreal KV: SKIPPED — %s\n", why);
+  }
+  if (bench_set(env, j, &syn, &fs) != 0)
+    goto out;
+
+  int t[10] = {
+    fr.ok && fr.lossless_vs_bound >= T_LOSSLESS_VS_BOUND,
+    fr.ok && fr.lossless_dec >= T_LOSSLESS_DECODE_GBPS,
+    fr.ok && fr.int8_q >= T_INT8_QUALITY,
+    fr.ok && fr.int4_q >= T_INT4_QUALITY,
+    fr.ok && fr.int4_dec >= T_INT4_DECODE_GBPS,
+    fs.ok && fs.lossless_vs_bound >= T_LOSSLESS_VS_BOUND,
+    fs.ok && fs.lossless_dec >= T_LOSSLESS_DECODE_GBPS,
+    fs.ok && fs.int8_q >= T_INT8_QUALITY,
+    fs.ok && fs.int4_q >= T_INT4_QUALITY,
+    fs.ok && fs.int4_dec >= T_INT4_DECODE_GBPS,
+  };
+  int n_met = 0;
+  for (int i = 0; i < 10; i++)
+    n_met += t[i];
+  int n_real = t[0] + t[1] + t[2] + t[3] + t[4], n_syn = n_met - n_real;
+  fprintf(o, "\ntargets (issue 3; they apply to real KV, synthetic shown beside)\n");
+  fprintf(o, "  %-20s    %-6s  %8s  %-7s  %8s\n", "", "", "real", "", "synthetic");
+  static const char *const tk[5] = {"lossless_vs_bound", "lossless_decode_gbps", "int8_quality",
+                                    "int4_quality", "int4_decode_gbps"};
+  static const double tv[5] = {T_LOSSLESS_VS_BOUND, T_LOSSLESS_DECODE_GBPS, T_INT8_QUALITY,
+                               T_INT4_QUALITY, T_INT4_DECODE_GBPS};
+  double vr[5] = {fr.lossless_vs_bound, fr.lossless_dec, fr.int8_q, fr.int4_q, fr.int4_dec};
+  double vs[5] = {fs.lossless_vs_bound, fs.lossless_dec, fs.int8_q, fs.int4_q, fs.int4_dec};
+  for (int i = 0; i < 5; i++) {
+    char a[32] = "       -  skipped";
+    if (fr.ok)
+      snprintf(a, sizeof a, "%8.4f  %-7s", vr[i], met(t[i]));
+    fprintf(o, "  %-20s >= %-6g  %s  %8.4f  %s\n", tk[i], tv[i], a, vs[i], met(t[5 + i]));
+  }
+  fprintf(o, "targets met: %d of 5 on real KV%s (synthetic KV: %d of 5)\n", n_real,
+          fr.ok ? "" : " (skipped)", n_syn);
+
+  bench_json_bool(j, "real_kv", rr == 0);
+  bench_json_str(j, "real_kv_skipped", rr == 0 ? "" : why);
+  bench_json_str(j, "gbps_unit", "1e9 bytes of original f16 KV per second, one core, median pass");
+  bench_json_str(j, "quality_probes", "derived from K (kv_quality_derive_probes)");
+  bench_json_int(j, "snapkv_window", CB_SNAP_OBS);
+  bench_json_bool(j, "cpu_avx2", __builtin_cpu_supports("avx2"));
+  bench_json_int(j, "zstd_version", (int64_t)ZSTD_versionNumber());
+  bench_json_int(j, "targets_met", n_real);
+  bench_json_int(j, "targets_total", 5);
+  bench_json_int(j, "synthetic_targets_met", n_syn);
+  char k[96];
+  for (int i = 0; i < 5; i++) {
+    snprintf(k, sizeof k, "target_%s_met", tk[i]);
+    bench_json_bool(j, k, t[i]);
+  }
+  for (int i = 0; i < 5; i++) {
+    snprintf(k, sizeof k, "target_synthetic_%s_met", tk[i]);
+    bench_json_bool(j, k, t[5 + i]);
+  }
+  rc = 0;
+out:
+  if (rr == 0)
+    kvset_free(&real);
+  kvset_free(&syn);
+  return rc;
+}
