@@ -7,6 +7,7 @@
 #include "kvdb_test.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -631,6 +632,91 @@ static void test_dram_block_evicted_during_get(void)
   t_rmdir(dir);
 }
 
+/* ---- one handle, many threads ---- */
+
+enum { TH_N = 4, TH_CTX = 6, TH_TOK = 160 };
+
+typedef struct th_arg {
+  kvdb *db;
+  int id;
+  int failures;
+} th_arg;
+
+static void th_tokens(int who, int c, uint32_t *t)
+{
+  make_tokens(t, TH_TOK, 1000); /* every context shares its first 64 tokens (one block) */
+  uint64_t seed = 2000 + (uint64_t)who * 100 + (uint64_t)c;
+  for (size_t i = 64; i < TH_TOK; i++)
+    t[i] = (uint32_t)(t_rand(&seed) % 32000);
+}
+
+static void *th_main(void *p)
+{
+  th_arg *a = p;
+  const kvdb_model *m = &M_PAGED;
+  size_t tb = kvdb_model_token_bytes(m);
+  uint16_t *buf = malloc(TH_TOK * tb), *out = malloc(TH_TOK * tb);
+  uint32_t t[TH_TOK];
+  for (int round = 0; round < 3; round++) {
+    for (int c = 0; c < TH_CTX; c++) { /* put mine (again: a dedup no-op after round 0) */
+      th_tokens(a->id, c, t);
+      t_fill_kv(m, t, TH_TOK, buf);
+      kvdb_kv_view v;
+      kvdb_kv_view_packed(&v, buf, m, TH_TOK, KVDB_LAYOUT_LKTHD);
+      if (kvdb_put(a->db, m, t, TH_TOK, &v, NULL) != KVDB_OK)
+        a->failures++;
+    }
+    for (int who = 0; who < TH_N; who++) /* read everyone's that exists by now */
+      for (int c = 0; c < TH_CTX; c++) {
+        th_tokens(who, c, t);
+        size_t hit = 0, lhit = 0;
+        if (kvdb_lookup(a->db, m, t, TH_TOK, &lhit) != KVDB_OK)
+          a->failures++;
+        kvdb_kv_view v;
+        kvdb_kv_view_packed(&v, out, m, TH_TOK, KVDB_LAYOUT_LKTHD);
+        if (kvdb_get(a->db, m, t, TH_TOK, &v, &hit) != KVDB_OK)
+          a->failures++;
+        if (t_check_kv(m, t, hit, TH_TOK, out) != hit) /* whatever was hit is exact */
+          a->failures++;
+        if (who == a->id && hit != TH_TOK) /* my own are all there */
+          a->failures++;
+      }
+  }
+  free(buf);
+  free(out);
+  return NULL;
+}
+
+/* kvdb.h: "one handle is safe to use from many threads". Four threads share one handle with a
+ * DRAM tier too small for the working set (so blocks are inserted, evicted and read from disk
+ * concurrently) and puts that share a block. */
+static void test_threads_share_handle(void)
+{
+  char *dir = t_tmpdir("threads");
+  kvdb_options o = quiet_opts();
+  o.dram_bytes = 5 * 64 * kvdb_model_token_bytes(&M_PAGED); /* 5 of ~50 blocks */
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  pthread_t th[TH_N];
+  th_arg args[TH_N];
+  for (int i = 0; i < TH_N; i++) {
+    args[i] = (th_arg){db, i, 0};
+    ASSERT(pthread_create(&th[i], NULL, th_main, &args[i]) == 0);
+  }
+  for (int i = 0; i < TH_N; i++) {
+    pthread_join(th[i], NULL);
+    ASSERT_EQ(args[i].failures, 0);
+  }
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.n_contexts, TH_N * TH_CTX);
+  ASSERT_EQ(st.n_blocks, 1 + TH_N * TH_CTX * 2); /* the shared first block is stored once */
+  ASSERT_EQ(st.corrupt_blocks, 0);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 static void test_missing_and_truncated_segment(void)
 {
   char *dir = t_tmpdir("trunc");
@@ -777,6 +863,7 @@ int main(void)
   test_corruption();
   test_corruption_late_in_block();
   test_dram_block_evicted_during_get();
+  test_threads_share_handle();
   test_missing_and_truncated_segment();
   test_newer_version_and_readonly();
   test_ssd_capacity_evicts_lru();
