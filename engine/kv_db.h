@@ -133,6 +133,19 @@ void kv_rbufs_free(kvdb *db);
 void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);
 void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
                        uint8_t *data);
+/* Section s of tokens [t0, t0 + g->n_tokens) of the view as n_tokens contiguous rows (codec
+ * input). */
+void kv_gather_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                    uint8_t *rows);
+/* Tokens [t0, t0 + n) of one (layer, KV head) of K (is_v 0) or V as n contiguous rows. */
+void kv_gather_head(const kvdb_kv_view *v, uint32_t elem_bytes, uint32_t head_dim,
+                    uint32_t layer, uint32_t head, int is_v, uint64_t t0, uint64_t n,
+                    uint8_t *rows);
+/* n_tokens contiguous rows into section s of a page-grouped data region. */
+void kv_rows_to_section(const kv_block_geom *g, const uint8_t *rows, uint32_t s, uint8_t *data);
+/* n_rows contiguous rows of section s into the view at tokens t0, t0 + 1, ... */
+void kv_scatter_rows(const kv_block_geom *g, const uint8_t *rows, uint32_t n_rows, uint32_t s,
+                     const kvdb_kv_view *v, uint64_t t0);
 /* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from):
  * all sections, or sections [s0, s1) only, with non-temporal stores when `stream` (what
  * kv_scatter_streams() says for a scatter of n tokens of every section: a large one). */
@@ -142,6 +155,10 @@ int kv_scatter_streams(const kv_block_geom *g, uint32_t n);
 void kv_scatter_sections(const kv_block_geom *g, const uint8_t *data, uint32_t s0, uint32_t s1,
                          uint32_t from, uint32_t n, const kvdb_kv_view *v, uint64_t t0,
                          int stream);
+/* One row (head_dim elements) of section s into the view at token dst_tok of layer 0 (the
+ * get_tokens convention). */
+void kv_put_row(const kv_block_geom *g, uint32_t s, const uint8_t *row, const kvdb_kv_view *v,
+                uint64_t dst_tok);
 /* Scatter one token `t` of one layer (all heads, K and V) into view token `dst_tok`. `data`
  * is the data region (or NULL with `page_of` resolving group addresses). */
 void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,
@@ -155,6 +172,10 @@ void kv_model_hash(const kvdb_model *m, uint32_t block_tokens, uint8_t out[16]);
 void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, uint8_t out[16]);
 
 /* ---- catalog operations shared by put, delete and compaction (store/put.c) ---- */
+/* One block of `bytes` less in segment seg (live bytes and blocks). */
+kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes);
+/* The config fields and flags of a block record stored with c. */
+void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
 /* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
 kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
 /* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */

@@ -200,9 +200,9 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   if (kv_get_le64(buf + OFF_HDRCK) != XXH3_64bits(buf, OFF_HDRCK))
     return kv_fail(KVDB_CORRUPT, "block header checksum mismatch");
   uint32_t version = kv_get_le16(buf + OFF_VERSION);
-  if (version > KV_BLOCK_VERSION)
+  if (version > KV_BLOCK_VERSION_MAX)
     return kv_fail(KVDB_VERSION, "block format version %u is newer than %u", version,
-                   KV_BLOCK_VERSION);
+                   KV_BLOCK_VERSION_MAX);
   if (version == 0)
     return kv_fail(KVDB_CORRUPT, "block format version 0");
   if (kv_get_le16(buf + OFF_FLAGS) != 0 || kv_get_le16(buf + OFF_RSV16) != 0 ||
@@ -210,8 +210,9 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
     return kv_fail(KVDB_CORRUPT, "reserved block header field is not zero");
   out->version = version;
   out->codec = buf[OFF_CODEC];
-  if (out->codec != KV_CODEC_RAW)
-    return kv_fail(KVDB_CORRUPT, "unknown block codec %u", out->codec);
+  uint32_t want_codec = version == 1 ? KV_CODEC_RAW : KV_CODEC_SECTIONS;
+  if (out->codec != want_codec)
+    return kv_fail(KVDB_CORRUPT, "block format %u with codec %u", version, out->codec);
   memcpy(out->block_hash, buf + OFF_HASH, 16);
   memcpy(out->parent_hash, buf + OFF_PARENT, 16);
   memcpy(out->model_hash, buf + OFF_MODEL, 16);
@@ -222,16 +223,55 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   if (rc != KVDB_OK)
     return kv_fail(KVDB_CORRUPT, "block header: %s", kvdb_errmsg());
   const kv_block_geom *g = &out->g;
-  if (kv_get_le32(buf + OFF_META) != g->meta_bytes || kv_get_le32(buf + OFF_NSECT) != g->n_sections ||
-      kv_get_le32(buf + OFF_GT) != g->group_tokens || kv_get_le32(buf + OFF_NG) != g->n_groups ||
-      kv_get_le64(buf + OFF_DATA) != g->data_bytes)
+  if (kv_get_le32(buf + OFF_NSECT) != g->n_sections)
     return kv_fail(KVDB_CORRUPT, "block header geometry does not match its dimensions");
+  if (version == 1) {
+    if (kv_get_le32(buf + OFF_META) != g->meta_bytes ||
+        kv_get_le32(buf + OFF_GT) != g->group_tokens || kv_get_le32(buf + OFF_NG) != g->n_groups ||
+        kv_get_le64(buf + OFF_DATA) != g->data_bytes)
+      return kv_fail(KVDB_CORRUPT, "block header geometry does not match its dimensions");
+    out->obj = (kv_block_geom_obj){g->meta_bytes, g->data_bytes, g->total_bytes};
+    return KVDB_OK;
+  }
+  /* format 2: the data region holds data_pages pages of encoded sections */
+  uint32_t pages = kv_get_le32(buf + OFF_NG);
+  uint64_t max_pages = 2 * (g->data_bytes / KV_PAGE) + g->n_sections + 1;
+  if (kv_get_le32(buf + OFF_GT) != 0 || pages == 0 || pages > max_pages)
+    return kv_fail(KVDB_CORRUPT, "compressed block header claims %u data pages (at most %llu)",
+                   pages, (unsigned long long)max_pages);
+  kv_cblock_layout_init(g, (uint64_t)pages * KV_PAGE, &out->cl);
+  if (kv_get_le32(buf + OFF_META) != out->cl.meta_bytes ||
+      kv_get_le64(buf + OFF_DATA) != out->cl.data_bytes)
+    return kv_fail(KVDB_CORRUPT, "compressed block header sizes do not match its page count");
+  out->obj = (kv_block_geom_obj){out->cl.meta_bytes, out->cl.data_bytes, out->cl.total_bytes};
   return KVDB_OK;
 }
 
 kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
 {
   const kv_block_geom *g = &h->g;
+  if (h->version >= 2) {
+    const kv_cblock_layout *l = &h->cl;
+    if (XXH3_64bits(meta + g->tokens_off, l->pcks_end - g->tokens_off) != h->meta_checksum)
+      return kv_fail(KVDB_CORRUPT,
+                     "block meta checksum mismatch (tokens, section table or page checksums)");
+    uint64_t at = l->meta_bytes, end = l->meta_bytes + l->data_bytes;
+    for (uint32_t s = 0; s < g->n_sections; s++) {
+      const uint8_t *ent = meta + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
+      uint64_t off = kv_get_le64(ent);
+      uint32_t len = kv_get_le32(ent + 8);
+      if (off != at || len < 32 || off + len > end || ent[12] == 0 || ent[13] || ent[14] ||
+          ent[15] || kv_get_le64(ent + 16) != 0)
+        return kv_fail(KVDB_CORRUPT, "section table entry %u (offset %llu, length %u) is not the "
+                                     "next section of the data region",
+                       s, (unsigned long long)off, len);
+      at = off + len;
+    }
+    if (end - at >= KV_PAGE) /* data_bytes is the sections rounded up to a page */
+      return kv_fail(KVDB_CORRUPT, "compressed block has %llu unused data bytes",
+                     (unsigned long long)(end - at));
+    return KVDB_OK;
+  }
   if (XXH3_64bits(meta + g->tokens_off, g->cksum_off - g->tokens_off) != h->meta_checksum)
     return kv_fail(KVDB_CORRUPT, "block meta checksum mismatch (tokens or section table)");
   for (uint32_t s = 0; s < g->n_sections; s++) {
@@ -245,12 +285,123 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
   return KVDB_OK;
 }
 
+/* ---- compressed blocks (format 2) ---- */
+
+void kv_cblock_layout_init(const kv_block_geom *g, uint64_t sections_bytes, kv_cblock_layout *l)
+{
+  l->sectab_off = g->sectab_off;
+  l->pcks_off = l->sectab_off + KV_BLOCK_SECT_ENTRY * g->n_sections;
+  l->data_pages = (uint32_t)((sections_bytes + KV_PAGE - 1) / KV_PAGE);
+  l->pcks_end = l->pcks_off + 8u * l->data_pages;
+  l->meta_bytes = KV_ALIGN_UP(l->pcks_end, KV_PAGE);
+  l->data_bytes = (uint64_t)l->data_pages * KV_PAGE;
+  l->total_bytes = l->meta_bytes + l->data_bytes;
+}
+
+uint64_t kv_cblock_page_checksum(const kv_block_hdr *h, uint32_t p, const uint8_t *page)
+{
+  /* the (0xffffffff << 32) half keeps these seeds apart from format 1's (section, group) */
+  return XXH3_64bits_withSeed(page, KV_PAGE,
+                              kv_get_le64(h->block_hash) ^ ((0xffffffffull << 32) | p));
+}
+
+void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uint32_t *sect_len,
+                    const uint8_t *sect_codec, const uint8_t block_hash[16],
+                    const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                    const uint32_t *tokens, uint8_t *buf)
+{
+  memset(buf, 0, l->meta_bytes);
+  kv_put_le32(buf + OFF_MAGIC, KV_BLOCK_MAGIC);
+  kv_put_le16(buf + OFF_VERSION, 2);
+  kv_put_le32(buf + OFF_META, l->meta_bytes);
+  kv_put_le32(buf + OFF_NTOK, g->n_tokens);
+  memcpy(buf + OFF_HASH, block_hash, 16);
+  memcpy(buf + OFF_PARENT, parent_hash, 16);
+  memcpy(buf + OFF_MODEL, model_hash, 16);
+  kv_put_le32(buf + OFF_NL, g->n_layers);
+  kv_put_le32(buf + OFF_NH, g->n_kv_heads);
+  kv_put_le32(buf + OFF_HD, g->head_dim);
+  buf[OFF_DTYPE] = (uint8_t)g->dtype;
+  buf[OFF_CODEC] = KV_CODEC_SECTIONS;
+  kv_put_le32(buf + OFF_BT, g->block_tokens);
+  kv_put_le32(buf + OFF_NSECT, g->n_sections);
+  kv_put_le32(buf + OFF_GT, 0);
+  kv_put_le32(buf + OFF_NG, l->data_pages);
+  kv_put_le64(buf + OFF_DATA, l->data_bytes);
+  for (uint32_t i = 0; i < g->n_tokens; i++)
+    kv_put_le32(buf + g->tokens_off + 4 * i, tokens[i]);
+  uint64_t at = l->meta_bytes;
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    uint8_t *ent = buf + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
+    kv_put_le64(ent, at);
+    kv_put_le32(ent + 8, sect_len[s]);
+    ent[12] = sect_codec[s];
+    at += sect_len[s];
+  }
+  kv_block_hdr h;
+  memcpy(h.block_hash, block_hash, 16);
+  for (uint32_t p = 0; p < l->data_pages; p++)
+    kv_put_le64(buf + l->pcks_off + 8u * p,
+                kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
+  kv_put_le64(buf + OFF_METACK, XXH3_64bits(buf + g->tokens_off, l->pcks_end - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, XXH3_64bits(buf, OFF_HDRCK));
+}
+
+void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,
+                       uint32_t *len)
+{
+  const uint8_t *ent = meta + h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s;
+  *off = kv_get_le64(ent);
+  *len = kv_get_le32(ent + 8);
+}
+
+kvdb_status kv_cblock_verify_pages(const kv_block_hdr *h, const uint8_t *buf, uint32_t p0,
+                                   uint32_t p1, uint64_t *bad_offset)
+{
+  const kv_cblock_layout *l = &h->cl;
+  if (p1 > l->data_pages)
+    p1 = l->data_pages;
+  for (uint32_t p = p0; p < p1; p++) {
+    uint64_t off = l->meta_bytes + (uint64_t)p * KV_PAGE;
+    if (kv_cblock_page_checksum(h, p, buf + off) != kv_get_le64(buf + l->pcks_off + 8u * p)) {
+      *bad_offset = off;
+      return KVDB_CORRUPT;
+    }
+  }
+  return KVDB_OK;
+}
+
 kvdb_status kv_block_verify_sections(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                      uint32_t s1, uint32_t *bad_section, uint64_t *bad_offset)
 {
   const kv_block_geom *g = &h->g;
   if (s1 > g->n_sections)
     s1 = g->n_sections;
+  if (s0 >= s1)
+    return KVDB_OK;
+  if (h->version >= 2) { /* the pages covering the sections' bytes */
+    uint64_t a, b;
+    uint32_t la, lb;
+    kv_cblock_section(h, buf, s0, &a, &la);
+    kv_cblock_section(h, buf, s1 - 1, &b, &lb);
+    uint32_t p0 = (uint32_t)((a - h->cl.meta_bytes) / KV_PAGE);
+    uint32_t p1 = (uint32_t)((b + lb - h->cl.meta_bytes + KV_PAGE - 1) / KV_PAGE);
+    kvdb_status rc = kv_cblock_verify_pages(h, buf, p0, p1, bad_offset);
+    if (rc != KVDB_OK) {
+      /* name the section that holds the bad page */
+      *bad_section = s0;
+      for (uint32_t s = s0; s < s1; s++) {
+        uint64_t o;
+        uint32_t len;
+        kv_cblock_section(h, buf, s, &o, &len);
+        if (o + len > *bad_offset) {
+          *bad_section = s;
+          break;
+        }
+      }
+    }
+    return rc;
+  }
   for (uint32_t s = s0; s < s1; s++) {
     for (uint32_t grp = 0; grp < g->n_groups; grp++) {
       uint64_t off = kv_block_group_off(g, s, grp);

@@ -25,10 +25,12 @@
 #include "kv_common.h"
 
 #define KV_BLOCK_MAGIC 0xB10CDB4Bu /* bytes 4B DB 0C B1: not ASCII, no trivial pattern */
-#define KV_BLOCK_VERSION 1u
+#define KV_BLOCK_VERSION 1u      /* raw, page-grouped sections */
+#define KV_BLOCK_VERSION_MAX 2u  /* 2: compressed sections (codec KV_CODEC_SECTIONS) */
 #define KV_BLOCK_HDR_BYTES 128u
 #define KV_BLOCK_SECT_ENTRY 24u
 #define KV_CODEC_RAW 0u
+#define KV_CODEC_SECTIONS 1u /* format 2: compress/ sections, page checksums */
 
 /* Shape of one block object, derived from the model and n_tokens (never stored alone). */
 typedef struct kv_block_geom {
@@ -48,6 +50,25 @@ typedef struct kv_block_geom {
   uint64_t total_bytes;   /* meta_bytes + data_bytes */
 } kv_block_geom;
 
+/* Sizes of a block object as stored (raw: the geometry's; compressed: its layout's). */
+typedef struct kv_block_geom_obj {
+  uint32_t meta_bytes;
+  uint64_t data_bytes, total_bytes;
+} kv_block_geom_obj;
+
+/*
+ * Layout of a compressed (format 2) block object: meta region = fixed header, tokens, section
+ * table (offset u64, length u32, codec u8, 3 reserved bytes, 8 reserved bytes), page checksums
+ * (8 bytes per data page), zero padding to 4096; then the data region: the encoded sections
+ * back to back in section order, zero padding to 4096. FORMAT.md §3b.
+ */
+typedef struct kv_cblock_layout {
+  uint32_t sectab_off, pcks_off, pcks_end; /* inside the meta region */
+  uint32_t meta_bytes;
+  uint32_t data_pages;
+  uint64_t data_bytes, total_bytes;
+} kv_cblock_layout;
+
 /* The fixed header, decoded. */
 typedef struct kv_block_hdr {
   uint32_t version;
@@ -56,7 +77,9 @@ typedef struct kv_block_hdr {
   uint8_t parent_hash[16];
   uint8_t model_hash[16];
   uint64_t meta_checksum;
-  kv_block_geom g;
+  kv_block_geom g;        /* the raw geometry of the block's shape (what decoding yields) */
+  kv_block_geom_obj obj;  /* the object as stored: meta, data and total bytes */
+  kv_cblock_layout cl;    /* codec KV_CODEC_SECTIONS only */
 } kv_block_hdr;
 
 /* Size of one element of a stored dtype (kvdb_dtype), 0 for an unknown one. */
@@ -114,14 +137,16 @@ void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
 /*
  * kv_block_parse_header() - decode and validate the fixed header (first 128 bytes of `buf`,
  * len >= 128): magic, version (a newer one is KVDB_VERSION), reserved fields, header checksum,
- * dimensions, and that the stored geometry equals the one recomputed from the dimensions.
+ * dimensions, and that the stored geometry equals the one recomputed from the dimensions
+ * (format 1) or a consistent compressed layout (format 2). h->obj gives the object's sizes.
  * Returns KVDB_OK, KVDB_CORRUPT, KVDB_VERSION. The message says which field failed.
  */
 kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *out);
 
 /*
- * kv_block_verify_meta() - check the meta region (`meta`, h->g.meta_bytes long): the checksum
- * over tokens + section table, and every section-table entry against the geometry.
+ * kv_block_verify_meta() - check the meta region (`meta`, h->obj.meta_bytes long): the
+ * checksum over tokens + section table (+ page checksums in format 2), and every section-table
+ * entry against the geometry (format 2: sections back to back inside the data region).
  */
 kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta);
 
@@ -139,6 +164,35 @@ kvdb_status kv_block_verify_sections(const kv_block_hdr *h, const uint8_t *buf, 
                                      uint32_t s1, uint32_t *bad_section, uint64_t *bad_offset);
 kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t *bad_section,
                                  uint64_t *bad_offset);
+
+/* ---- compressed blocks (format 2) ---- */
+
+/* The layout of a compressed block of geometry g whose encoded sections take sections_bytes. */
+void kv_cblock_layout_init(const kv_block_geom *g, uint64_t sections_bytes, kv_cblock_layout *l);
+
+/*
+ * kv_cblock_seal() - finish a compressed block object in `buf` (l->total_bytes): the encoded
+ * sections are in place back to back from l->meta_bytes with sect_len[s] bytes each, the rest
+ * of the data region is zero. Writes the header (version 2, codec KV_CODEC_SECTIONS), tokens,
+ * section table (sect_codec[s] = the section's codec id) and every page checksum.
+ */
+void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uint32_t *sect_len,
+                    const uint8_t *sect_codec, const uint8_t block_hash[16],
+                    const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                    const uint32_t *tokens, uint8_t *buf);
+
+/* Section s of a verified compressed block's meta region: its offset (from the block start)
+ * and length. */
+void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,
+                       uint32_t *len);
+
+/* XXH3-64 of data page p (4096 bytes at `page`) of a compressed block, with its seed. */
+uint64_t kv_cblock_page_checksum(const kv_block_hdr *h, uint32_t p, const uint8_t *page);
+
+/* Verify data pages [p0, p1) of a compressed block in `buf` (the object's start; only those
+ * pages and the meta region need to be present). KVDB_CORRUPT sets *bad_offset. */
+kvdb_status kv_cblock_verify_pages(const kv_block_hdr *h, const uint8_t *buf, uint32_t p0,
+                                   uint32_t p1, uint64_t *bad_offset);
 
 /* Token i of the block (meta region). */
 static inline uint32_t kv_block_token(const kv_block_hdr *h, const uint8_t *meta, uint32_t i)

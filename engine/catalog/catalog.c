@@ -5,11 +5,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "catalog.h"
+#include "kv_config.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
 
@@ -28,6 +30,19 @@ void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst)
   kv_put_le32(dst + 12, r->head_dim);
   kv_put_le32(dst + 16, r->block_tokens);
   memcpy(dst + 20, r->hash, 16);
+}
+
+static kvdb_status rec_version_max(const uint8_t *src, size_t len, size_t min, const char *what,
+                                   unsigned max)
+{
+  if (len < min)
+    return kv_fail(KVDB_CORRUPT, "%s record truncated: %zu bytes, at least %zu expected", what,
+                   len, min);
+  if (src[0] > max)
+    return kv_fail(KVDB_VERSION, "%s record version %u is newer than %u", what, src[0], max);
+  if (src[0] == 0)
+    return kv_fail(KVDB_CORRUPT, "%s record version 0", what);
+  return KVDB_OK;
 }
 
 static kvdb_status rec_version(const uint8_t *src, size_t len, size_t min, const char *what)
@@ -67,8 +82,13 @@ void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t 
   memset(dst, 0, 72);
   dst[0] = KV_REC_VERSION;
   dst[1] = (uint8_t)r->tier;
+  dst[2] = (uint8_t)r->bflags;
+  dst[3] = r->method;
   kv_put_le32(dst + 4, r->refcount);
   kv_put_le32(dst + 8, r->n_tokens);
+  dst[12] = r->bits;
+  dst[13] = r->drop;
+  kv_put_le16(dst + 14, r->keep_permille);
   kv_put_le64(dst + 16, r->segment);
   kv_put_le64(dst + 24, r->offset);
   kv_put_le64(dst + 32, r->bytes);
@@ -86,8 +106,13 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
 {
   KV_RET(rec_version(src, len, 72, "block"));
   r->tier = src[1];
+  r->bflags = src[2];
+  r->method = src[3];
   r->refcount = kv_get_le32(src + 4);
   r->n_tokens = kv_get_le32(src + 8);
+  r->bits = src[12];
+  r->drop = src[13];
+  r->keep_permille = kv_get_le16(src + 14);
   r->segment = kv_get_le64(src + 16);
   r->offset = kv_get_le64(src + 24);
   r->bytes = kv_get_le64(src + 32);
@@ -101,18 +126,31 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
     return kv_fail(KVDB_CORRUPT, "block record has tier %u, refcount %u, offset %llu, bytes %llu",
                    r->tier, r->refcount, (unsigned long long)r->offset,
                    (unsigned long long)r->bytes);
+  /* bytes 2, 3, 12..15 were reserved (0 = raw) in format 1: how the block is stored */
+  int compressed = (r->bflags & KV_BLK_COMPRESSED) != 0, drops = (r->bflags & KV_BLK_DROPS) != 0;
+  if ((r->bflags & ~3u) != 0 || r->method > KVDB_METHOD_DROP ||
+      compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
+      (r->method == KVDB_METHOD_RAW && (r->bits || r->drop || r->keep_permille)))
+    return kv_fail(KVDB_CORRUPT, "block record says flags %u, method %u, bits %u, drop %u",
+                   r->bflags, r->method, r->bits, r->drop);
   return KVDB_OK;
 }
 
-size_t kv_ctx_rec_size(uint32_t n_blocks)
+static int ctx_rec_v2(const kv_ctx_rec *r)
 {
-  return 56 + 16 * (size_t)n_blocks;
+  return r->config.method != KVDB_METHOD_RAW;
+}
+
+size_t kv_ctx_rec_size(const kv_ctx_rec *r, uint32_t n_blocks)
+{
+  return (ctx_rec_v2(r) ? 56 + KV_CONFIG_BYTES : 56) + 16 * (size_t)n_blocks;
 }
 
 void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst)
 {
-  memset(dst, 0, 56);
-  dst[0] = KV_REC_VERSION;
+  size_t head = ctx_rec_v2(r) ? 56 + KV_CONFIG_BYTES : 56;
+  memset(dst, 0, head);
+  dst[0] = ctx_rec_v2(r) ? 2 : 1;
   dst[1] = (uint8_t)r->flags;
   kv_put_le32(dst + 4, r->n_blocks);
   kv_put_le64(dst + 8, r->n_tokens);
@@ -120,12 +158,17 @@ void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst)
   kv_put_le64(dst + 24, r->created_ms);
   kv_put_le64(dst + 32, r->last_access_ms);
   memcpy(dst + 40, r->model, 16);
-  memcpy(dst + 56, blocks, 16 * (size_t)r->n_blocks);
+  if (ctx_rec_v2(r))
+    kv_config_encode(&r->config, dst + 56);
+  memmove(dst + head, blocks, 16 * (size_t)r->n_blocks);
 }
 
 kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
 {
-  KV_RET(rec_version(src, len, 56, "context"));
+  KV_RET(rec_version_max(src, len, 56, "context", KV_CTX_REC_VERSION));
+  size_t head = src[0] >= 2 ? 56 + KV_CONFIG_BYTES : 56;
+  if (len < head)
+    return kv_fail(KVDB_CORRUPT, "context record truncated: %zu bytes", len);
   r->flags = src[1];
   r->n_blocks = kv_get_le32(src + 4);
   r->n_tokens = kv_get_le64(src + 8);
@@ -133,12 +176,90 @@ kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
   r->created_ms = kv_get_le64(src + 24);
   r->last_access_ms = kv_get_le64(src + 32);
   memcpy(r->model, src + 40, 16);
-  r->blocks = src + 56;
-  if (r->n_blocks == 0 || len != kv_ctx_rec_size(r->n_blocks) ||
+  memset(&r->config, 0, sizeof r->config);
+  if (src[0] >= 2) {
+    KV_RET(kv_config_decode(src + 56, &r->config));
+    if (r->config.method == KVDB_METHOD_RAW)
+      return kv_fail(KVDB_CORRUPT, "context record version 2 with a raw config");
+  }
+  r->blocks = src + head;
+  if (r->n_blocks == 0 || len != head + 16 * (size_t)r->n_blocks ||
       r->n_tokens > (uint64_t)r->n_blocks * 4096 || r->n_tokens < r->n_blocks ||
       (r->flags & ~(uint32_t)KV_CTX_EXPLICIT) != 0)
     return kv_fail(KVDB_CORRUPT, "context record of %zu bytes claims %u blocks, %llu tokens", len,
                    r->n_blocks, (unsigned long long)r->n_tokens);
+  return KVDB_OK;
+}
+
+/* ---- profile record: 16-byte header, 56 bytes per entry ---- */
+
+#define PROF_HDR 16
+#define PROF_ENT 56
+
+static uint64_t dbits(double d)
+{
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  return u;
+}
+
+static double bitsd(uint64_t u)
+{
+  double d;
+  memcpy(&d, &u, 8);
+  return d;
+}
+
+size_t kv_profile_rec_size(uint32_t n_entries)
+{
+  return PROF_HDR + PROF_ENT * (size_t)n_entries;
+}
+
+void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst)
+{
+  memset(dst, 0, kv_profile_rec_size(r->n_entries));
+  dst[0] = KV_PROFILE_REC_VERSION;
+  kv_put_le16(dst + 2, (uint16_t)r->n_entries);
+  kv_put_le32(dst + 4, r->n_probes);
+  kv_put_le64(dst + 8, r->measured_ms);
+  for (uint32_t i = 0; i < r->n_entries; i++) {
+    uint8_t *p = dst + PROF_HDR + PROF_ENT * i;
+    const kvdb_profile_entry *e = &r->e[i];
+    kv_config_encode(&e->config, p);
+    kv_put_le32(p + 12, e->flags);
+    kv_put_le64(p + 16, e->bytes);
+    kv_put_le64(p + 24, dbits(e->quality));
+    kv_put_le64(p + 32, dbits(e->rel_l2));
+    kv_put_le64(p + 40, dbits(e->reported_quality));
+    kv_put_le32(p + 48, e->n_reports);
+  }
+}
+
+kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r)
+{
+  KV_RET(rec_version_max(src, len, PROF_HDR, "profile", KV_PROFILE_REC_VERSION));
+  r->n_entries = kv_get_le16(src + 2);
+  r->n_probes = kv_get_le32(src + 4);
+  r->measured_ms = kv_get_le64(src + 8);
+  if (src[1] != 0 || r->n_entries > KV_PROFILE_MAX_ENTRIES ||
+      len != kv_profile_rec_size(r->n_entries))
+    return kv_fail(KVDB_CORRUPT, "profile record of %zu bytes claims %u entries", len,
+                   r->n_entries);
+  for (uint32_t i = 0; i < r->n_entries; i++) {
+    const uint8_t *p = src + PROF_HDR + PROF_ENT * i;
+    kvdb_profile_entry *e = &r->e[i];
+    memset(e, 0, sizeof *e);
+    KV_RET(kv_config_decode(p, &e->config));
+    e->flags = kv_get_le32(p + 12);
+    e->bytes = kv_get_le64(p + 16);
+    e->quality = bitsd(kv_get_le64(p + 24));
+    e->rel_l2 = bitsd(kv_get_le64(p + 32));
+    e->reported_quality = bitsd(kv_get_le64(p + 40));
+    e->n_reports = kv_get_le32(p + 48);
+    e->n_probes = r->n_probes;
+    if ((e->flags & ~3u) != 0 || kv_get_le32(p + 52) != 0)
+      return kv_fail(KVDB_CORRUPT, "profile entry %u has flags %u", i, e->flags);
+  }
   return KVDB_OK;
 }
 
@@ -294,6 +415,40 @@ kvdb_status kv_cat_put_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, name);
 }
 
+kvdb_status kv_cat_require_format(kv_catalog *c, MDB_txn *txn, uint64_t version)
+{
+  uint64_t cur = 0;
+  KV_RET(kv_cat_get_u64(c, txn, "format", &cur));
+  return cur >= version ? KVDB_OK : kv_cat_put_u64(c, txn, "format", version);
+}
+
+kvdb_status kv_cat_get_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+                               kv_profile_rec *r)
+{
+  if (!c->has_profiles)
+    return KVDB_NOTFOUND;
+  MDB_val v;
+  KV_RET(cat_get(txn, c->profiles, key, 16, &v, "get profile"));
+  return kv_profile_rec_decode(v.mv_data, v.mv_size, r);
+}
+
+kvdb_status kv_cat_put_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+                               const kv_profile_rec *r)
+{
+  if (!c->has_profiles)
+    return kv_fail(KVDB_READONLY, "the catalog has no profiles database (opened read-only)");
+  KV_RET(kv_cat_require_format(c, txn, 2));
+  size_t len = kv_profile_rec_size(r->n_entries);
+  uint8_t *buf = malloc(len);
+  if (buf == NULL)
+    return kv_fail(KVDB_NOMEM, "profile record");
+  kv_profile_rec_encode(r, buf);
+  MDB_val k = {16, (void *)(uintptr_t)key}, v = {len, buf};
+  int mrc = mdb_put(txn, c->profiles, &k, &v, 0);
+  free(buf);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put profile");
+}
+
 static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
 {
   struct {
@@ -314,6 +469,12 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
       return kv_mdb_fail(mrc, what);
     }
   }
+  /* profiles came with format 2: a format-1 catalog lacks it until a writer creates it */
+  int mrc = mdb_dbi_open(txn, "profiles", create, &c->profiles);
+  if (mrc == 0)
+    c->has_profiles = 1;
+  else if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "open database 'profiles'");
   return KVDB_OK;
 }
 
@@ -390,7 +551,20 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     KV_ERR(open_dbs(c, txn, 0));
     mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
-    return KVDB_OK;
+    if (c->has_profiles || rdonly)
+      return KVDB_OK;
+    KV_ERR(kv_txn_begin(c, 1, &txn)); /* a format-1 catalog: add the (empty) profiles database */
+    int pm = mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
+    if (pm != 0) {
+      rc = kv_mdb_fail(pm, "create database 'profiles'");
+      goto out;
+    }
+    c->has_profiles = 1;
+    rc = kv_txn_commit(txn);
+    txn = NULL;
+    if (rc == KVDB_OK)
+      return KVDB_OK;
+    goto out;
   }
   mdb_txn_abort(txn);
   txn = NULL;
@@ -398,7 +572,9 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   KV_ERR(open_dbs(c, txn, MDB_CREATE));
   uint64_t ver = 0;
   if (kv_cat_get_u64(c, txn, "format", &ver) == KVDB_NOTFOUND) {
-    KV_ERR(kv_cat_put_u64(c, txn, "format", KVDB_FORMAT_VERSION));
+    /* created at format 1: it becomes 2 with its first format-2 record (kv_cat_require_format),
+     * so a database that uses nothing new stays readable by builds that know only format 1 */
+    KV_ERR(kv_cat_put_u64(c, txn, "format", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "next_segment", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "gen", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "created", kv_now_ms()));

@@ -11,6 +11,7 @@
  *   contexts  context key (16) -> model hash, block hashes, tokens, times
  *   atime     last access (8, big-endian) || context key -> "" : LRU order for tier capacity
  *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
+ *   profiles  context key (16) -> the context's quality profile (format 2)
  *
  * INVARIANTS
  *   C1. A block record exists iff some context lists it; refcount = number of such contexts.
@@ -30,6 +31,11 @@
 #include "kv_common.h"
 
 #define KV_REC_VERSION 1u
+#define KV_CTX_REC_VERSION 2u /* version 2: the context's storage config after the header */
+#define KV_PROFILE_REC_VERSION 1u
+
+/* kv_block_rec.bflags */
+enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2 };
 
 typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
@@ -39,6 +45,9 @@ typedef struct kv_model_rec {
 typedef struct kv_block_rec {
   uint32_t refcount;
   uint32_t tier;
+  uint32_t bflags;        /* KV_BLK_*: a compressed (format 2) object; tokens dropped */
+  uint8_t method, bits, drop; /* how it is stored (kvdb_config fields; 0 = raw) */
+  uint16_t keep_permille;
   uint32_t n_tokens;
   uint64_t segment;
   uint64_t offset;
@@ -52,6 +61,7 @@ enum { KV_CTX_EXPLICIT = 1 };
 
 typedef struct kv_ctx_rec {
   uint32_t flags;
+  kvdb_config config; /* how its put or last re-encoding stored it (all zero = raw) */
   uint32_t n_blocks;
   uint64_t n_tokens;
   uint64_t bytes;
@@ -81,13 +91,26 @@ size_t kv_block_rec_size(uint32_t n_tokens);
 void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
 kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r);
 
-size_t kv_ctx_rec_size(uint32_t n_blocks);
+/* A raw context's record is version 1 (no config); others are version 2. */
+size_t kv_ctx_rec_size(const kv_ctx_rec *r, uint32_t n_blocks);
 void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst);
 kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r);
 
 size_t kv_seg_rec_size(void);
 void kv_seg_rec_encode(const kv_seg_rec *r, uint8_t *dst);
 kvdb_status kv_seg_rec_decode(const uint8_t *src, size_t len, kv_seg_rec *r);
+
+/* A context's quality profile (FORMAT.md §2, profile record). */
+#define KV_PROFILE_MAX_ENTRIES 256
+typedef struct kv_profile_rec {
+  uint32_t n_probes;
+  uint64_t measured_ms;
+  uint32_t n_entries;
+  kvdb_profile_entry e[KV_PROFILE_MAX_ENTRIES];
+} kv_profile_rec;
+size_t kv_profile_rec_size(uint32_t n_entries);
+void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst);
+kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r);
 
 static inline void kv_be64(uint8_t *p, uint64_t v)
 {
@@ -105,7 +128,8 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 /* The catalog environment and its databases. */
 typedef struct kv_catalog {
   MDB_env *env;
-  MDB_dbi meta, models, blocks, children, contexts, atime, segments;
+  MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
+  int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
   int rdonly;
 } kv_catalog;
 
@@ -131,6 +155,14 @@ kvdb_status kv_cat_get_ctx(kv_catalog *c, MDB_txn *txn, const uint8_t key[16], k
 kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec *r);
 kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r);
 kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v);
+/* Raise the catalog's format version to at least `version` in this write transaction (done
+ * when the first format-2 record or block is committed). */
+kvdb_status kv_cat_require_format(kv_catalog *c, MDB_txn *txn, uint64_t version);
+/* The profile of a context: KVDB_NOTFOUND when none is recorded. r is big (~16 KiB). */
+kvdb_status kv_cat_get_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+                               kv_profile_rec *r);
+kvdb_status kv_cat_put_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+                               const kv_profile_rec *r);
 kvdb_status kv_cat_put_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t v);
 
 #endif

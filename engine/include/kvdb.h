@@ -55,8 +55,12 @@ extern "C" {
 /** @brief Run-time library version; compare with KVDB_VERSION_NUMBER. Cannot fail. */
 KVDB_API unsigned kvdb_version_number(void);
 
-/** @brief The on-disk format version this build writes (and the newest it reads). */
-#define KVDB_FORMAT_VERSION 1
+/**
+ * @brief The newest on-disk format version this build reads and writes. A new database is
+ * created at version 1; it becomes version 2 with its first compressed block or quality
+ * profile (so builds that know only version 1 refuse it then, with KVDB_VERSION).
+ */
+#define KVDB_FORMAT_VERSION 2
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup status Status codes. Values are pinned: never renumbered or reused. */
@@ -167,6 +171,70 @@ KVDB_API kvdb_status kvdb_kv_view_packed(kvdb_kv_view *view, void *base, const k
                                          size_t n_tokens, kvdb_layout layout);
 
 /* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup config Compression configs
+ *
+ * How a context's blocks are stored. Every block is compressed on its own, section by section
+ * (a section is one layer x one KV head x K or V), and each section in independently
+ * decodable groups of tokens, so kvdb_get_tokens still reads only the pages it needs:
+ * 16 tokens per group for quantized and dropped sections (32 for quantized K, a multiple of
+ * the KIVI group), 128 for lossless ones (zstd needs bigger frames: at 16 tokens it loses
+ * ~2% of ratio and half its speed), for head_dim 128 in f16; a token of a compressed context
+ * costs reading those groups plus the section headers of its layer.
+ *
+ *   method    what is stored                                   get returns
+ *   RAW       the elements (page-grouped; the default)          exactly what was put
+ *   LOSSLESS  byte planes, each compressed with zstd            exactly what was put
+ *   QUANT     KIVI (Liu et al. 2024): K quantized per channel   an approximation, elementwise
+ *             over groups of tokens, V per token over groups    error at most half a step of
+ *             of channels, min/max with f16 scale and zero      its group's scale
+ *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
+ *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
+ *                                                              returns the kept rows and positions
+ * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
+ * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
+ * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
+ */
+
+typedef enum kvdb_method {
+  KVDB_METHOD_RAW = 0,      /**< page-grouped elements as given (the default) */
+  KVDB_METHOD_LOSSLESS = 1, /**< byte planes + zstd: bit-exact */
+  KVDB_METHOD_QUANT = 2,    /**< KIVI quantization to `bits` bits */
+  KVDB_METHOD_DROP = 3,     /**< token dropping by `drop` at `keep_permille`; rows exact or quantized */
+} kvdb_method;
+
+/** Token-dropping methods (EvicPress §6.1 baselines). Values are pinned (stored on disk). */
+typedef enum kvdb_drop_method {
+  KVDB_DROP_NONE = 0,
+  KVDB_DROP_KNORM = 1,   /**< keep the keys with the lowest L2 norm (Devoto et al. 2024) */
+  KVDB_DROP_KEYDIFF = 2, /**< keep the keys least similar to the mean key (Park et al. 2025) */
+  KVDB_DROP_SNAPKV = 3,  /**< keep what the prompt's last queries attend to (Li et al. 2024); needs
+                              queries (kvdb_put_opts.queries) */
+} kvdb_drop_method;
+
+/** A storage config. Zero-initialized = raw. 12 bytes, stored in the catalog field by field. */
+typedef struct kvdb_config {
+  uint8_t method;         /**< kvdb_method */
+  uint8_t bits;           /**< QUANT: 8, 4 or 2; DROP: 0 (kept rows exact) or 8, 4, 2 */
+  uint8_t drop;           /**< DROP: kvdb_drop_method */
+  int8_t zstd_level;      /**< LOSSLESS: -7..22 (not 0 once resolved); 0 = 3 */
+  uint16_t keep_permille; /**< DROP: tokens kept per 1000, of each block and KV head, 1..999 */
+  uint16_t group;         /**< QUANT, DROP with bits: tokens (K) or channels (V) per scale and
+                               zero; 0 = 32; at most block_tokens */
+  uint32_t residual;      /**< QUANT, DROP with bits: the context's last `residual` tokens are
+                               kept in full precision (KIVI's residual); 0 = none */
+} kvdb_config;
+
+/** @brief Parse a config name (see above). @return KVDB_OK; KVDB_INVALID naming the part. */
+KVDB_API kvdb_status kvdb_config_parse(const char *name, kvdb_config *out);
+/** @brief The canonical name of a config into buf (>= 48 bytes); "?" for an invalid one.
+ * Returns buf. Cannot fail. */
+KVDB_API char *kvdb_config_name(const kvdb_config *c, char *buf, size_t cap);
+/** @brief Whether model `m` can be stored with config `c` (bits, drop method, group against
+ * block_tokens, ...). @return KVDB_OK; KVDB_INVALID naming the field. */
+KVDB_API kvdb_status kvdb_config_check(const kvdb_model *m, const kvdb_config *c);
+
+/* ------------------------------------------------------------------------------------------ */
 /** @defgroup open Opening and closing */
 
 typedef struct kvdb kvdb;
@@ -257,11 +325,61 @@ typedef struct kvdb_put_info {
 KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *kv, kvdb_put_info *info);
 
+/** kvdb_put_opts.flags */
+enum {
+  KVDB_PUT_PROFILE = 1u << 0, /**< also measure the context's quality profile (see kvdb_profile) */
+};
+
+/**
+ * Options of kvdb_put_ex(). Always call kvdb_put_opts_init() first, then change fields;
+ * fields are only ever added at the end. Read during the call only.
+ */
+typedef struct kvdb_put_opts {
+  uint32_t struct_size;      /**< set by kvdb_put_opts_init() */
+  uint32_t flags;            /**< KVDB_PUT_* */
+  kvdb_config config;        /**< how the put's new blocks are stored; default raw */
+  /**
+   * Queries of the prompt's last tokens, optional: SnapKV's observation window and the probes
+   * of the quality profile. Layout [n_queries][n_layers][n_q_heads][head_dim] floats, in the
+   * same rotary state as the keys; query heads i*g .. i*g+g-1 (g = n_q_heads / n_kv_heads)
+   * share KV head i. Without them the profile derives probes from the context's own keys.
+   */
+  const float *queries;
+  uint32_t n_queries;        /**< 0..64 */
+  uint32_t n_q_heads;        /**< a multiple of the model's n_kv_heads */
+  /** Configs the profile measures, names separated by commas; NULL = "lossless,int8,int4,int2,
+   * knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,keydiff30" plus the same
+   * snapkv ratios when queries are given. */
+  const char *profile_space;
+  uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
+} kvdb_put_opts;
+
+/** @brief Fill *o with defaults (raw config, no profile). Cannot fail. */
+KVDB_API void kvdb_put_opts_init(kvdb_put_opts *o);
+
+/**
+ * @brief kvdb_put with options: the storage config of its new blocks, and a quality profile.
+ *
+ * Blocks this put writes are stored with `opts->config`. A block the context shares with
+ * contexts already stored keeps how it is stored, except that a lossy block is rewritten
+ * exactly when this put stores exactly (RAW or LOSSLESS): a shared block keeps the most
+ * faithful config of its owners. A config the model cannot take is refused before anything
+ * is written (KVDB_INVALID, naming the field); so is SnapKV without queries.
+ * With KVDB_PUT_PROFILE the profile (see kvdb_profile) is measured from the caller's KV and
+ * recorded in the same transaction as the context; "profile only" = store RAW or LOSSLESS and
+ * profile. opts NULL = kvdb_put.
+ * @return as kvdb_put.
+ */
+KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                                 const kvdb_kv_view *kv, const kvdb_put_opts *opts,
+                                 kvdb_put_info *info);
+
 /**
  * @brief How many leading tokens of `tokens[0..n)` are stored, verified token by token.
  * Finds full blocks by hash, then the longest stored block continuing the prefix (partial
  * blocks and prefixes of blocks count). No block data is read. A block whose stored tokens
- * differ from the query (a collision) ends the hit.
+ * differ from the query (a collision) ends the hit; so does a block stored with dropped
+ * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
  * @param[out] hit_tokens 0..n.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID; KVDB_IOERR.
  */
@@ -277,11 +395,24 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * it is copied, so nothing unverified is ever written). Data comes from the DRAM tier when
  * present there, else from disk with every checksum verified. A block that fails verification
  * ends the hit there (the rest is a miss) and the call still returns KVDB_OK with the shorter
- * hit; kvdb_stat counts it in `corrupt_blocks`.
+ * hit; kvdb_stat counts it in `corrupt_blocks`. Blocks stored with a lossy config (QUANT)
+ * are returned decoded: an approximation, as the put asked for.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID; KVDB_MISMATCH; KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *out, size_t *hit_tokens);
+
+/**
+ * @brief All of a stored context as stored, also when tokens were dropped: for every layer l
+ * and KV head h, its kept rows in token order go to `out` at token index 0, 1, ... (room for
+ * the context's n_tokens rows), their token positions to positions[(l * n_kv_heads + h) *
+ * n_tokens + r] and their count to n_rows[l * n_kv_heads + h] (both optional, NULL). For a
+ * context stored without dropping, row r is token r. Every byte read is verified.
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_CORRUPT; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                      const kvdb_kv_view *out, uint32_t *positions,
+                                      uint32_t *n_rows);
 
 /**
  * @brief K and V of chosen positions of one layer of a stored context, all KV heads.
@@ -289,8 +420,11 @@ KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * Reads only the 4 KiB page groups that hold the positions (dual-step loading, InstInfer
  * §IV-C: pages first, then tokens in memory), each verified by its checksum.
  * out's token i receives position positions[i]; positions may be in any order and repeat.
- * @return KVDB_OK; KVDB_NOTFOUND (no such context); KVDB_INVALID (layer or a position out of
- *   range, NULL arguments); KVDB_CORRUPT (names segment, offset, block); KVDB_IOERR.
+ * On a compressed context the groups holding the positions are read and decoded (see
+ * "Compression configs"); a position some KV head dropped is KVDB_NOTFOUND, naming it.
+ * @return KVDB_OK; KVDB_NOTFOUND (no such context, or a dropped position); KVDB_INVALID (layer
+ *   or a position out of range, NULL arguments); KVDB_CORRUPT (names segment, offset, block);
+ *   KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                      uint32_t layer, const uint32_t *positions, size_t n_pos,
@@ -342,6 +476,8 @@ typedef struct kvdb_context_info {
   uint64_t last_access_unix_ms; /**< put, or a get through any handle (flushed lazily) */
   uint32_t in_dram_blocks;      /**< of its blocks, how many this handle holds in DRAM */
   uint32_t tier;                /**< kvdb_tier of its persistent copy */
+  kvdb_config config;           /**< how its put (or last re-encoding) stored it */
+  uint32_t has_profile;         /**< 1 when a quality profile is recorded */
 } kvdb_context_info;
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
@@ -425,6 +561,73 @@ typedef struct kvdb_compact_report {
  */
 KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                                   kvdb_compact_report *report);
+
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup profile Quality profiles and re-encoding (what the placement policy decides from)
+ *
+ * A context's profile lists, for each config of a configured space, the context's stored size
+ * in that config and its quality: the attention-output fidelity of the decoded KV against the
+ * original — for probe queries q (the caller's queries, else derived from the context's keys:
+ * its last 8 keys and 8 evenly spaced ones, scaled to the norm of a unit-variance query),
+ * softmax(q.K^T / sqrt(head_dim)).V per sampled (layer, KV head), compared by cosine (mean)
+ * and relative L2 error. Sizes are extrapolated from the sampled heads, except for the config
+ * the context is stored in (exact). A quality the caller measured itself (kvdb_report_quality,
+ * e.g. task accuracy) wins over the proxy.
+ */
+
+enum {
+  KVDB_PROFILE_STORED = 1u << 0, /**< the config the context is stored in */
+  KVDB_PROFILE_EXACT = 1u << 1,  /**< `bytes` is measured, not extrapolated */
+};
+
+typedef struct kvdb_profile_entry {
+  kvdb_config config;
+  uint32_t flags;            /**< KVDB_PROFILE_* */
+  uint64_t bytes;            /**< the context's stored bytes in this config */
+  double quality;            /**< mean cosine of attention outputs (1 = exact); NaN if unmeasured */
+  double rel_l2;             /**< relative L2 error of the attention outputs */
+  double reported_quality;   /**< the caller's measure, NaN if none; it wins over `quality` */
+  uint32_t n_reports;        /**< reports averaged into reported_quality */
+  uint32_t n_probes;         /**< probe queries per sampled head */
+} kvdb_profile_entry;
+
+/**
+ * @brief Measure a stored context's profile now (the space and probes of `opts`, or the
+ * defaults) and record it, replacing an earlier one (caller reports are kept). The reference
+ * is the context as stored: exact for RAW and LOSSLESS contexts; for lossy ones the figures
+ * are relative to the stored approximation (and a config cannot be measured below what is
+ * stored: dropped tokens cannot come back), which the entries say by quality NaN.
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_CORRUPT; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                  const kvdb_put_opts *opts);
+
+/** @brief The recorded profile of a context: up to `cap` entries into out, *n = how many the
+ * profile has. @return KVDB_OK; KVDB_NOTFOUND (no context, or no profile recorded). */
+KVDB_API kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_profile_entry *out,
+                                      size_t cap, size_t *n);
+
+/**
+ * @brief Record a quality the caller measured for a context in a config (0..1, e.g. answer
+ * accuracy). Repeated reports are averaged; the entry is created if the profile lacks it.
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID (quality not in [0, 1], bad config); KVDB_READONLY.
+ */
+KVDB_API kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context,
+                                         const kvdb_config *config, double quality);
+
+/**
+ * @brief Re-encode a stored context to another config, in one transaction: its blocks are
+ * decoded, encoded with `to` and written anew; then one catalog commit moves them (readers
+ * keep reading the old copies until then; a crash before it leaves the old ones). Blocks the
+ * context shares with others are left as they are (they keep the most faithful config of
+ * their owners). Precision cannot come back: re-encoding a lossy context to a more faithful
+ * config is KVDB_INVALID. `opts` gives queries for SnapKV (optional, NULL).
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_FULL;
+ *   KVDB_CORRUPT; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_recompress(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                     const kvdb_config *to, const kvdb_put_opts *opts);
 
 /** @brief Hex of a key (32 chars + NUL) into buf (>= 33 bytes). Returns buf. Cannot fail. */
 KVDB_API char *kvdb_key_hex(const kvdb_key *key, char *buf);

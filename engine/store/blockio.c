@@ -19,7 +19,8 @@ kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
     return kv_fail(rc, "block %s in segment %" PRIu64 " at offset %" PRIu64 ": %s",
                    kv_hex16(hash, hx), rec->segment, rec->offset, kvdb_errmsg());
   if (memcmp(hdr->block_hash, hash, 16) != 0 || hdr->g.n_tokens != rec->n_tokens ||
-      hdr->g.total_bytes != rec->bytes)
+      hdr->obj.total_bytes != rec->bytes ||
+      (hdr->version >= 2) != ((rec->bflags & KV_BLK_COMPRESSED) != 0))
     return kv_fail(KVDB_CORRUPT,
                    "block %s in segment %" PRIu64 " at offset %" PRIu64
                    ": the object there is another block (stale location)",

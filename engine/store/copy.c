@@ -107,6 +107,52 @@ void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t
              eb, 0);
 }
 
+void kv_gather_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                    uint8_t *rows)
+{
+  const uint32_t eb = g->elem_bytes;
+  uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads, l = (s >> 1) / g->n_kv_heads;
+  const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+  int64_t ds = dstep(tv, eb);
+  for (uint32_t t = 0; t < g->n_tokens; t++)
+    copy_row(rows + (uint64_t)t * g->row_bytes, eb, elem_addr(tv, l, t0 + t, h), ds, g->head_dim,
+             eb, 0);
+}
+
+void kv_gather_head(const kvdb_kv_view *v, uint32_t elem_bytes, uint32_t head_dim,
+                    uint32_t layer, uint32_t head, int is_v, uint64_t t0, uint64_t n,
+                    uint8_t *rows)
+{
+  const kvdb_tensor_view *tv = is_v ? &v->v : &v->k;
+  int64_t ds = dstep(tv, elem_bytes);
+  size_t row = (size_t)head_dim * elem_bytes;
+  for (uint64_t t = 0; t < n; t++)
+    copy_row(rows + t * row, elem_bytes, elem_addr(tv, layer, t0 + t, head), ds, head_dim,
+             elem_bytes, 0);
+}
+
+void kv_rows_to_section(const kv_block_geom *g, const uint8_t *rows, uint32_t s, uint8_t *data)
+{
+  if (g->group_stride == (uint64_t)g->group_tokens * g->row_bytes) {
+    memcpy(data + (uint64_t)s * g->section_bytes, rows, (size_t)g->n_tokens * g->row_bytes);
+    return;
+  }
+  for (uint32_t t = 0; t < g->n_tokens; t++)
+    memcpy((uint8_t *)row_in(g, data, s, t), rows + (uint64_t)t * g->row_bytes, g->row_bytes);
+}
+
+void kv_scatter_rows(const kv_block_geom *g, const uint8_t *rows, uint32_t n_rows, uint32_t s,
+                     const kvdb_kv_view *v, uint64_t t0)
+{
+  const uint32_t eb = g->elem_bytes;
+  uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads, l = (s >> 1) / g->n_kv_heads;
+  const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+  int64_t ds = dstep(tv, eb);
+  for (uint32_t r = 0; r < n_rows; r++)
+    copy_row(elem_addr(tv, l, t0 + r, h), ds, rows + (uint64_t)r * g->row_bytes, eb, g->head_dim,
+             eb, 0);
+}
+
 void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data)
 {
   for (uint32_t s = 0; s < g->n_sections; s++)
@@ -163,6 +209,15 @@ void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint
                 const kvdb_kv_view *v, uint64_t t0)
 {
   kv_scatter_sections(g, data, 0, g->n_sections, from, n, v, t0, kv_scatter_streams(g, n));
+}
+
+void kv_put_row(const kv_block_geom *g, uint32_t s, const uint8_t *row, const kvdb_kv_view *v,
+                uint64_t dst_tok)
+{
+  const uint32_t eb = g->elem_bytes;
+  uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads;
+  const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+  copy_row(elem_addr(tv, 0, dst_tok, h), dstep(tv, eb), row, eb, g->head_dim, eb, 0);
 }
 
 void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,

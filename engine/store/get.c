@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "kv_cblock.h"
 #include "kv_db.h"
 
 #define KV_TAIL_SCAN_MAX 64
@@ -78,6 +79,8 @@ static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t
     if (br.n_tokens != bt || memcmp(br.model, mh, 16) != 0 ||
         common_prefix(br.tokens, br.n_tokens, tokens + t, bt) != bt)
       break; /* a collision or a stale entry: a miss, never wrong KV */
+    if (br.bflags & KV_BLK_DROPS)
+      break; /* stored without some tokens: not a prefix kvdb_get can deliver */
     if (push(w, &br, h, bt, t) != 0)
       return kv_fail(KVDB_NOMEM, "lookup");
     memcpy(prev, h, 16);
@@ -91,7 +94,8 @@ static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t
     kv_chain_hash(prev, tokens + t, r, h);
     kv_block_rec br;
     if (kv_cat_get_block(&db->cat, txn, h, &br) == KVDB_OK && br.n_tokens == r &&
-        memcmp(br.model, mh, 16) == 0 && common_prefix(br.tokens, br.n_tokens, tokens + t, r) == r)
+        !(br.bflags & KV_BLK_DROPS) && memcmp(br.model, mh, 16) == 0 &&
+        common_prefix(br.tokens, br.n_tokens, tokens + t, r) == r)
       return push(w, &br, h, (uint32_t)r, t) == 0 ? KVDB_OK : kv_fail(KVDB_NOMEM, "lookup");
   }
   MDB_cursor *cur;
@@ -108,7 +112,8 @@ static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t
     if (v.mv_size != 16)
       continue;
     kv_block_rec br;
-    if (kv_cat_get_block(&db->cat, txn, v.mv_data, &br) != KVDB_OK || memcmp(br.model, mh, 16) != 0)
+    if (kv_cat_get_block(&db->cat, txn, v.mv_data, &br) != KVDB_OK ||
+        memcmp(br.model, mh, 16) != 0 || (br.bflags & KV_BLK_DROPS))
       continue;
     uint32_t c = common_prefix(br.tokens, br.n_tokens, tokens + t, r);
     if (c > best) {
@@ -209,12 +214,16 @@ typedef struct waves {
   uint32_t n;             /* waves */
   uint32_t layers_per;    /* layers per wave (the last may have fewer) */
   uint64_t layer_bytes;
+  uint64_t total;         /* bytes of the object */
 } waves;
 
-static void plan_waves(const kv_block_geom *g, waves *wv)
+/* A compressed object (its layout known only from its meta region) is read in one wave. */
+static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, waves *wv)
 {
   wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
-  if (wv->layer_bytes % KV_PAGE != 0 || g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
+  wv->total = rec->bytes;
+  if ((rec->bflags & KV_BLK_COMPRESSED) || wv->layer_bytes % KV_PAGE != 0 ||
+      g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
     wv->n = 1;
     wv->layers_per = g->n_layers;
     return;
@@ -232,7 +241,7 @@ static void wave_range(const kv_block_geom *g, const waves *wv, uint32_t k, uint
   if (l1 > g->n_layers || k + 1 == wv->n)
     l1 = g->n_layers;
   uint64_t a = k == 0 ? 0 : g->meta_bytes + l0 * wv->layer_bytes;
-  uint64_t b = k + 1 == wv->n ? g->total_bytes : g->meta_bytes + l1 * wv->layer_bytes;
+  uint64_t b = k + 1 == wv->n ? wv->total : g->meta_bytes + l1 * wv->layer_bytes;
   *off = a;
   *len = b - a;
 }
@@ -248,7 +257,7 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
       return -1;
   }
   waves wv;
-  plan_waves(g, &wv);
+  plan_waves(g, &x->rec, &wv);
   uint64_t off, len;
   wave_range(g, &wv, k, &off, &len);
   s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
@@ -287,6 +296,16 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
   rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0, 0}, {NULL, NULL, SIZE_MAX, 0, 0}};
   kv_batch *bat = NULL;
   size_t delivered = 0;
+  kv_rbuf *dbuf = NULL; /* compressed blocks are decoded into it */
+  size_t data_cap = 0;
+  kv_cdec dec;
+  memset(&dec, 0, sizeof dec);
+  for (size_t i = 0; i < w->n; i++) {
+    kv_block_geom gi;
+    if (kv_block_geom_init(&gi, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                           w->h[i].rec.n_tokens) == KVDB_OK && gi.data_bytes > data_cap)
+      data_cap = gi.data_bytes;
+  }
   for (size_t i = 0; i < w->n; i++) {
     hit *x = &w->h[i];
     kv_block_geom g;
@@ -320,7 +339,17 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
     db->ssd_hits++;
     const uint8_t *buf = sl[s].buf->p;
     waves wv;
-    plan_waves(&g, &wv);
+    plan_waves(&g, &x->rec, &wv);
+    const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
+    if (x->rec.bflags & KV_BLK_COMPRESSED) {
+      if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
+        kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes to decode into", data_cap);
+        break;
+      }
+      if (dec.ctx == NULL && kv_cdec_init(&dec) != KVDB_OK)
+        break;
+      data = dbuf->p;
+    }
     int stream = kv_scatter_streams(&g, x->n_copy);
     uint32_t per_layer = 2 * g.n_kv_heads;
     kv_block_hdr hdr;
@@ -349,9 +378,10 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
       for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
         uint32_t s0 = l * per_layer;
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
+        if (rr == KVDB_OK && hdr.version >= 2)
+          rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK)
-          kv_scatter_sections(&g, buf + g.meta_bytes, s0, s0 + per_layer, 0, x->n_copy, out,
-                              x->t0, stream);
+          kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, x->n_copy, out, x->t0, stream);
       }
     }
     if (rr != KVDB_OK) {
@@ -362,7 +392,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
     }
     db->bytes_read += x->rec.bytes;
     if (db->dram != NULL)
-      kv_dram_insert(db->dram, x->hash, buf + g.meta_bytes, g.data_bytes);
+      kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
     delivered = x->t0 + x->n_copy;
   }
   if (bat != NULL) {
@@ -373,6 +403,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
     kv_segfile_put(db, sl[k].sf);
     kv_rbuf_release(db, sl[k].buf);
   }
+  kv_rbuf_release(db, dbuf);
+  kv_cdec_free(&dec);
   return delivered;
 }
 
@@ -418,6 +450,246 @@ static int cmp_range(const void *a, const void *b)
   return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/*
+ * get_tokens on a compressed block: the header and meta region (section table, page
+ * checksums), then the pages of the layer's section headers, then only the pages of the token
+ * groups that hold the positions; every page read is verified, then just those groups are
+ * decoded. Three rounds of reads (usually: the first 64 KiB hold the meta region).
+ */
+typedef struct cpages {
+  kvdb *db;
+  const kv_block_rec *rec;
+  const kv_block_hdr *hdr;
+  kv_segfile *sf;
+  uint8_t *buf;       /* the object's bytes at their offsets */
+  uint8_t *have;      /* per data page: 0 absent, 1 wanted, 2 read and verified */
+  uint64_t bytes;     /* read */
+} cpages;
+
+static void want(cpages *cp, uint64_t off, uint64_t len)
+{
+  uint64_t m = cp->hdr->cl.meta_bytes;
+  uint64_t p0 = (off - m) / KV_PAGE, p1 = (off + len - m + KV_PAGE - 1) / KV_PAGE;
+  for (uint64_t p = p0; p < p1 && p < cp->hdr->cl.data_pages; p++)
+    if (cp->have[p] == 0)
+      cp->have[p] = 1;
+}
+
+/* Read every wanted page (runs merged, one batch) and verify each. */
+static kvdb_status fetch_pages(cpages *cp, const uint8_t *hash)
+{
+  const kv_cblock_layout *l = &cp->hdr->cl;
+  kv_batch *bat = kv_batch_begin(cp->db->io);
+  if (bat == NULL)
+    return kv_fail(KVDB_NOMEM, "get_tokens batch");
+  for (uint32_t p = 0; p < l->data_pages;) {
+    if (cp->have[p] != 1) {
+      p++;
+      continue;
+    }
+    uint32_t q = p;
+    while (q < l->data_pages && cp->have[q] == 1)
+      q++;
+    uint64_t off = l->meta_bytes + (uint64_t)p * KV_PAGE, len = (uint64_t)(q - p) * KV_PAGE;
+    kv_batch_read(cp->db->io, bat, cp->sf->f, cp->buf + off, len, cp->rec->offset + off);
+    cp->bytes += len;
+    p = q;
+  }
+  int e = kv_batch_wait(cp->db->io, bat);
+  kv_batch_end(cp->db->io, bat);
+  char hx[33];
+  if (e != 0)
+    return kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
+                         cp->rec->segment);
+  for (uint32_t p = 0; p < l->data_pages; p++) {
+    if (cp->have[p] != 1)
+      continue;
+    uint64_t bad = 0;
+    if (kv_cblock_verify_pages(cp->hdr, cp->buf, p, p + 1, &bad) != KVDB_OK)
+      return kv_fail(KVDB_CORRUPT,
+                     "checksum mismatch in segment %" PRIu64 " at offset %" PRIu64 " (block %s)",
+                     cp->rec->segment, cp->rec->offset + bad, kv_hex16(hash, hx));
+    cp->have[p] = 2;
+  }
+  return KVDB_OK;
+}
+
+static kvdb_status tokens_from_cblock(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
+                                      const kv_block_geom *g, uint32_t layer,
+                                      const uint32_t *positions, size_t n_pos, uint64_t pos0,
+                                      const kvdb_kv_view *out)
+{
+  char hx[33];
+  kv_rbuf *rb = kv_rbuf_acquire(db, rec->bytes);
+  kv_segfile *sf = NULL;
+  kv_block_hdr hdr;
+  cpages cp = {.db = db, .rec = rec, .hdr = &hdr};
+  kv_cdec dec;
+  memset(&dec, 0, sizeof dec);
+  uint32_t *rows_of = malloc(n_pos * sizeof *rows_of);
+  kvdb_status rc = KVDB_OK;
+  if (rb == NULL || rows_of == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "get_tokens buffers");
+    goto out;
+  }
+  cp.buf = rb->p;
+  KV_ERR(kv_segfile_get(db, rec->segment, &sf));
+  cp.sf = sf;
+  /* 1. the header and the meta region (64 KiB at once: the meta of most blocks) */
+  uint64_t first = rec->bytes < (64u << 10) ? rec->bytes : (64u << 10);
+  int e = db->io->ops->pread(db->io, sf->f, cp.buf, first, rec->offset);
+  if (e != 0) {
+    rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
+                       rec->segment);
+    goto out;
+  }
+  cp.bytes += first;
+  rc = kv_block_parse_header(cp.buf, first, &hdr);
+  if (rc == KVDB_OK && hdr.obj.meta_bytes > first) {
+    e = db->io->ops->pread(db->io, sf->f, cp.buf + first, hdr.obj.meta_bytes - first,
+                           rec->offset + first);
+    cp.bytes += hdr.obj.meta_bytes - first;
+    if (e != 0) {
+      rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
+                         rec->segment);
+      goto out;
+    }
+  }
+  if (rc == KVDB_OK)
+    rc = kv_block_check_meta(rec, hash, cp.buf, &hdr);
+  if (rc != KVDB_OK)
+    goto out;
+  cp.have = calloc(hdr.cl.data_pages, 1);
+  if (cp.have == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "get_tokens page map");
+    goto out;
+  }
+  /* data pages that came with the meta region: verified here, not read again */
+  for (uint32_t p = 0; p < hdr.cl.data_pages; p++) {
+    if (hdr.cl.meta_bytes + ((uint64_t)p + 1) * KV_PAGE > first)
+      break;
+    uint64_t bad = 0;
+    if (kv_cblock_verify_pages(&hdr, cp.buf, p, p + 1, &bad) != KVDB_OK) {
+      rc = kv_fail(KVDB_CORRUPT,
+                   "checksum mismatch in segment %" PRIu64 " at offset %" PRIu64 " (block %s)",
+                   rec->segment, rec->offset + bad, kv_hex16(hash, hx));
+      goto out;
+    }
+    cp.have[p] = 2;
+  }
+  uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
+  /* 2. the section headers (their first page each; more if a header is longer) */
+  for (uint32_t s = s0; s < s1; s++) {
+    uint64_t off;
+    uint32_t len;
+    kv_cblock_section(&hdr, cp.buf, s, &off, &len);
+    want(&cp, off, len < KV_SECTION_FIXED_BYTES + 4096 ? len : KV_SECTION_FIXED_BYTES + 4096);
+  }
+  KV_ERR(fetch_pages(&cp, hash));
+  KV_ERR(kv_cdec_init(&dec));
+  for (int round = 0; round < 2; round++) { /* round 0: plan and fetch; round 1: decode */
+    for (uint32_t s = s0; s < s1; s++) {
+      uint64_t off;
+      uint32_t len;
+      kv_cblock_section(&hdr, cp.buf, s, &off, &len);
+      const uint8_t *sec = cp.buf + off;
+      size_t hbytes;
+      kv_codec_err err;
+      size_t avail = len < KV_SECTION_FIXED_BYTES + 4096 ? len : KV_SECTION_FIXED_BYTES + 4096;
+      kv_codec_status st = kv_section_header_bytes(sec, avail, &hbytes, &err);
+      if (st != KV_CODEC_OK) {
+        rc = kv_codec_fail(st, &err, "section header");
+        goto out;
+      }
+      if (hbytes > avail) { /* a long header (a big keep bitmap or group table) */
+        if (hbytes > len) {
+          rc = kv_fail(KVDB_CORRUPT, "section %u header of %zu bytes is longer than it", s, hbytes);
+          goto out;
+        }
+        want(&cp, off, hbytes);
+        KV_ERR(fetch_pages(&cp, hash));
+      }
+      kv_section_info info;
+      KV_ERR(kv_cblock_section_info(&hdr, sec, hbytes, s,
+                                    cp.buf[hdr.cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12], &info));
+      uint32_t G = info.params.page_tokens;
+      for (size_t i = 0; i < n_pos; i++) {
+        rows_of[i] = KV_SECTION_DROPPED;
+        if (positions[i] < pos0 || positions[i] >= pos0 + g->n_tokens)
+          continue;
+        st = kv_section_row_of_token(sec, hbytes, (uint32_t)(positions[i] - pos0), &rows_of[i],
+                                     &err);
+        if (st != KV_CODEC_OK) {
+          rc = kv_codec_fail(st, &err, "section header");
+          goto out;
+        }
+        if (rows_of[i] == KV_SECTION_DROPPED) {
+          rc = kv_fail(KVDB_NOTFOUND, "position %u was dropped by KV head %u of layer %u "
+                                      "(block %s keeps %u of %u tokens)",
+                       positions[i], (s >> 1) % g->n_kv_heads, layer, kv_hex16(hash, hx),
+                       info.n_rows, g->n_tokens);
+          goto out;
+        }
+      }
+      /* each group holding a wanted row, on its own (groups are independently decodable) */
+      for (uint32_t grp = 0; grp < info.n_groups; grp++) {
+        int needed = 0;
+        for (size_t i = 0; i < n_pos && !needed; i++)
+          needed = rows_of[i] != KV_SECTION_DROPPED && rows_of[i] / G == grp;
+        if (!needed)
+          continue;
+        uint64_t goff, glen;
+        st = kv_section_group_span(sec, hbytes, grp, grp + 1, &goff, &glen, &err);
+        if (st != KV_CODEC_OK || goff + glen > len) {
+          rc = st != KV_CODEC_OK ? kv_codec_fail(st, &err, "group span")
+                                 : kv_fail(KVDB_CORRUPT, "section %u group %u lies past it", s, grp);
+          goto out;
+        }
+        if (round == 0) {
+          want(&cp, off + goff, glen);
+          continue;
+        }
+        size_t rb_bytes = kv_section_rows_bytes(&info, grp, grp + 1);
+        size_t sc = kv_section_scratch_bytes(&info);
+        if (rb_bytes > dec.rows_cap || sc > dec.scratch_cap) {
+          free(dec.rows);
+          free(dec.scratch);
+          dec.rows = malloc(rb_bytes);
+          dec.scratch = malloc(sc ? sc : 1);
+          dec.rows_cap = dec.rows ? rb_bytes : 0;
+          dec.scratch_cap = dec.scratch ? (sc ? sc : 1) : 0;
+          if (dec.rows == NULL || dec.scratch == NULL) {
+            rc = kv_fail(KVDB_NOMEM, "get_tokens decoding buffers");
+            goto out;
+          }
+        }
+        st = kv_section_decode_groups_dctx(dec.ctx, sec, hbytes, sec + goff, glen, grp, grp + 1,
+                                           dec.scratch, dec.scratch_cap, dec.rows, dec.rows_cap,
+                                           &err);
+        if (st != KV_CODEC_OK) {
+          rc = kv_codec_fail(st, &err, "decoding a group");
+          goto out;
+        }
+        for (size_t i = 0; i < n_pos; i++)
+          if (rows_of[i] != KV_SECTION_DROPPED && rows_of[i] / G == grp)
+            kv_put_row(g, s, dec.rows + (size_t)(rows_of[i] - grp * G) * g->row_bytes, out, i);
+      }
+    }
+    if (round == 0)
+      KV_ERR(fetch_pages(&cp, hash));
+  }
+out:
+  if (rc == KVDB_CORRUPT)
+    db->corrupt_blocks++;
+  db->bytes_read += cp.bytes;
+  kv_cdec_free(&dec);
+  free(cp.have);
+  free(rows_of);
+  kv_segfile_put(db, sf);
+  kv_rbuf_release(db, rb);
+  return rc;
+}
+
 static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
                                      const kv_block_geom *g, uint32_t layer,
                                      const uint32_t *positions, size_t n_pos, uint64_t pos0,
@@ -438,6 +710,8 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
         return KVDB_OK;
     }
   }
+  if (rec->bflags & KV_BLK_COMPRESSED)
+    return tokens_from_cblock(db, rec, hash, g, layer, positions, n_pos, pos0, out);
   uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
   uint8_t *need = calloc(g->n_groups, 1);
   size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
@@ -619,25 +893,42 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
       (br.n_tokens != n_tokens || memcmp(br.tokens, expect_tokens, 4 * n_tokens) != 0))
     rc = kv_fail(KVDB_NOTFOUND, "block under key %s holds other tokens (a miss)",
                  kv_hex16(key->b, hx));
+  if (rc == KVDB_OK && (br.bflags & KV_BLK_DROPS))
+    rc = kv_fail(KVDB_NOTFOUND, "block under key %s is stored with dropped tokens "
+                                "(kvdb_get_context returns what is kept)",
+                 kv_hex16(key->b, hx));
   kv_block_geom g;
   if (rc == KVDB_OK)
     rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
   if (rc == KVDB_OK && !from_dram(db, &g, ck.b, 0, br.n_tokens, out, 0)) {
+    int comp = (br.bflags & KV_BLK_COMPRESSED) != 0;
     kv_rbuf *rb = kv_rbuf_acquire(db, br.bytes);
+    kv_rbuf *db_ = comp ? kv_rbuf_acquire(db, g.data_bytes) : NULL;
     uint8_t *buf = rb != NULL ? rb->p : NULL;
     kv_block_hdr hdr;
-    if (buf == NULL)
+    kv_cdec dec;
+    memset(&dec, 0, sizeof dec);
+    if (buf == NULL || (comp && db_ == NULL))
       rc = kv_fail(KVDB_NOMEM, "read buffer");
     else
       rc = kv_block_read_verify(db, &br, ck.b, buf, &hdr);
+    const uint8_t *data = buf != NULL ? buf + g.meta_bytes : NULL;
+    if (rc == KVDB_OK && comp) { /* decode it into a raw data region */
+      rc = kv_cdec_init(&dec);
+      if (rc == KVDB_OK)
+        rc = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, db_->p);
+      data = db_->p;
+    }
     if (rc == KVDB_OK) {
       db->bytes_read += br.bytes;
-      kv_scatter(&g, buf + g.meta_bytes, 0, br.n_tokens, out, 0);
+      kv_scatter(&g, data, 0, br.n_tokens, out, 0);
       if (db->dram != NULL)
-        kv_dram_insert(db->dram, ck.b, buf + g.meta_bytes, g.data_bytes);
+        kv_dram_insert(db->dram, ck.b, data, g.data_bytes);
     } else if (rc == KVDB_CORRUPT) {
       db->corrupt_blocks++;
     }
+    kv_cdec_free(&dec);
+    kv_rbuf_release(db, db_);
     kv_rbuf_release(db, rb);
   }
   if (rc == KVDB_OK) {
@@ -663,6 +954,11 @@ static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const k
   out->created_unix_ms = cr->created_ms;
   out->last_access_unix_ms = cr->last_access_ms;
   out->tier = KVDB_TIER_SSD;
+  out->config = cr->config;
+  if (db->cat.has_profiles) {
+    MDB_val pk = {16, (void *)(uintptr_t)key}, pv;
+    out->has_profile = mdb_get(txn, db->cat.profiles, &pk, &pv) == 0;
+  }
   if (kv_model_by_hash(db, txn, cr->model, out->model_id, NULL) != KVDB_OK)
     snprintf(out->model_id, sizeof out->model_id, "?");
   if (db->dram != NULL) {

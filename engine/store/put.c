@@ -6,10 +6,13 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kv_cblock.h"
 #include "kv_db.h"
+#include "kv_profile.h"
 
 /* One block of a put. */
 typedef struct put_blk {
@@ -19,7 +22,11 @@ typedef struct put_blk {
   uint32_t n_tok;
   uint64_t t0;       /* first token in the caller's view */
   int write;         /* data written by this put */
+  int rewrite;       /* an existing block stored lossy, rewritten exactly by this put */
+  kv_block_rec old;  /* where a rewritten block was (segment, bytes) */
   uint64_t off;      /* where (segment offset) */
+  uint64_t bound;    /* most bytes its object can take (compressed) */
+  uint64_t obj_bytes;/* bytes of its object as written */
   kv_block_geom g;
 } put_blk;
 
@@ -33,6 +40,9 @@ typedef struct put_req {
   put_blk *b;
   uint32_t n;
   const kvdb_kv_view *kv;
+  kvdb_config cfg;           /* how new blocks are stored */
+  const kv_queries *q;       /* the caller's queries, or NULL */
+  kv_profile_rec *profile;   /* recorded with the context when not NULL */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -139,7 +149,7 @@ static kvdb_status set_atime(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint
   atime_key(ak, cr.last_access_ms, key);
   MDB_val akv = {24, ak};
   mdb_del(txn, db->cat.atime, &akv, NULL);
-  size_t len = kv_ctx_rec_size(cr.n_blocks);
+  size_t len = kv_ctx_rec_size(&cr, cr.n_blocks);
   uint8_t *buf = malloc(len);
   if (buf == NULL)
     return kv_fail(KVDB_NOMEM, "context record");
@@ -177,6 +187,27 @@ kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
   return rc;
 }
 
+/* ---- segment accounting and block configs shared by put, delete and re-encoding ---- */
+
+kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes)
+{
+  kv_seg_rec sr;
+  KV_RET(kv_cat_get_seg(&db->cat, txn, seg, &sr));
+  sr.live_bytes = sr.live_bytes >= bytes ? sr.live_bytes - bytes : 0;
+  sr.live_blocks = sr.live_blocks ? sr.live_blocks - 1 : 0;
+  return kv_cat_put_seg(&db->cat, txn, seg, &sr);
+}
+
+void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c)
+{
+  br->method = c->method;
+  br->bits = c->bits;
+  br->drop = c->drop;
+  br->keep_permille = c->keep_permille;
+  br->bflags = (c->method != KVDB_METHOD_RAW ? KV_BLK_COMPRESSED : 0) |
+               (c->method == KVDB_METHOD_DROP ? KV_BLK_DROPS : 0);
+}
+
 /* ---- delete ---- */
 
 kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed)
@@ -195,6 +226,8 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
   atime_key(ak, cr.last_access_ms, key);
   MDB_val akv = {24, ak}, k = {16, (void *)(uintptr_t)key};
   mdb_del(txn, db->cat.atime, &akv, NULL);
+  if (db->cat.has_profiles)
+    mdb_del(txn, db->cat.profiles, &k, NULL); /* its profile, if one was recorded */
   mrc = mdb_del(txn, db->cat.contexts, &k, NULL);
   if (mrc != 0) {
     rc = kv_mdb_fail(mrc, "delete context");
@@ -239,13 +272,7 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
     }
     MDB_val pk = {16, parent}, cv = {16, (void *)(uintptr_t)h};
     mdb_del(txn, db->cat.children, &pk, &cv);
-    kv_seg_rec sr;
-    rc = kv_cat_get_seg(&db->cat, txn, seg, &sr);
-    if (rc != KVDB_OK)
-      goto out;
-    sr.live_bytes = sr.live_bytes >= bytes ? sr.live_bytes - bytes : 0;
-    sr.live_blocks = sr.live_blocks ? sr.live_blocks - 1 : 0;
-    KV_ERR(kv_cat_put_seg(&db->cat, txn, seg, &sr));
+    KV_ERR(kv_seg_unref(db, txn, seg, bytes));
     *freed += bytes;
     if (db->dram != NULL)
       kv_dram_remove(db->dram, h);
@@ -374,9 +401,15 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
                      i, kv_hex16(r->b[i].hash, hx));
         goto out;
       }
-      r->b[i].write = 0;
+      /* a shared block keeps the most faithful config of its owners: a lossy one is
+       * rewritten when this put stores exactly */
+      r->b[i].write = r->b[i].rewrite =
+          kv_config_exact(&r->cfg) && br.method != KVDB_METHOD_RAW &&
+          br.method != KVDB_METHOD_LOSSLESS;
+      r->b[i].old = br;
     } else if (s == KVDB_NOTFOUND || s == KVDB_CORRUPT) {
       r->b[i].write = 1; /* a corrupt record is rewritten by the commit */
+      r->b[i].rewrite = 0;
     } else {
       rc = s;
       goto out;
@@ -402,8 +435,89 @@ out:
  * 2 MiB of CPU work instead of a whole block. The meta region (header, tokens, checksum table)
  * is written last. Two staging buffers alternate between blocks.
  */
+/*
+ * Phase 2 for a compressed config: each block is encoded section by section (compress/) into
+ * a staging buffer and written whole; the other staging buffer takes the next block meanwhile.
+ * The space is not reserved first: the objects' sizes are known only once encoded (and the
+ * encoding, 0.1-0.6 GB/s per core, dominates these puts).
+ */
+static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
+{
+  uint64_t biggest = 0;
+  for (uint32_t i = 0; i < r->n; i++)
+    if (r->b[i].write && r->b[i].bound > biggest)
+      biggest = r->b[i].bound;
+  *written = 0;
+  if (biggest == 0)
+    return KVDB_OK;
+  KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
+  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
+  kv_cenc enc;
+  memset(&enc, 0, sizeof enc);
+  kvdb_status rc = KVDB_OK;
+  int busy[2] = {0, 0}, cur = 0;
+  size_t fill = 0;
+  uint64_t base = w->end;
+  if (bt[0] == NULL || bt[1] == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
+    goto out;
+  }
+  for (uint32_t i = 0; i < r->n; i++) {
+    put_blk *b = &r->b[i];
+    if (!b->write)
+      continue;
+    if (fill + b->bound > w->stage_cap) { /* switch to the other buffer */
+      base += fill;
+      cur ^= 1;
+      fill = 0;
+      if (busy[cur]) {
+        int e = kv_batch_wait(db->io, bt[cur]);
+        busy[cur] = 0;
+        if (e != 0) {
+          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+          goto out;
+        }
+      }
+    }
+    kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
+                         .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
+                         .index = i, .hash = b->hash, .parent = b->parent,
+                         .model_hash = r->mh, .tokens = b->tokens};
+    uint8_t *obj = w->stage[cur] + fill;
+    KV_ERR(kv_cblock_build(&src, &enc, obj, w->stage_cap - fill, &b->obj_bytes));
+    b->off = base + fill;
+    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, b->obj_bytes, b->off);
+    busy[cur] = 1;
+    fill += b->obj_bytes;
+    *written = b->off + b->obj_bytes - w->end;
+  }
+  for (int k = 0; k < 2; k++) {
+    if (busy[k]) {
+      int e = kv_batch_wait(db->io, bt[k]);
+      busy[k] = 0;
+      if (e != 0 && rc == KVDB_OK)
+        rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+    }
+  }
+  if (rc == KVDB_OK && db->opt.sync_mode == KVDB_SYNC_FULL) {
+    int e = db->io->ops->sync(db->io, kv_writer_file(w));
+    if (e != 0)
+      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
+  }
+out:
+  for (int k = 0; k < 2; k++) {
+    if (bt[k] != NULL && busy[k])
+      kv_batch_wait(db->io, bt[k]);
+    kv_batch_end(db->io, bt[k]);
+  }
+  kv_cenc_free(&enc);
+  return rc;
+}
+
 static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
+  if (r->cfg.method != KVDB_METHOD_RAW)
+    return write_compressed(db, r, w, written);
   size_t biggest = 0;
   uint64_t total = 0;
   for (uint32_t i = 0; i < r->n; i++) {
@@ -486,6 +600,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, g->meta_bytes, at);
     busy[cur] = 1;
     b->off = at;
+    b->obj_bytes = g->total_bytes;
     fill += g->total_bytes;
   }
   for (int k = 0; k < 2; k++) {
@@ -549,14 +664,30 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         goto out;
       }
       br.refcount++;
+      if (b->rewrite && b->write && br.method != KVDB_METHOD_RAW &&
+          br.method != KVDB_METHOD_LOSSLESS) {
+        /* stored lossy: our exact copy replaces it; the old bytes become dead space */
+        KV_ERR(kv_seg_unref(db, txn, br.segment, br.bytes));
+        br.segment = w->seg_id;
+        br.offset = b->off;
+        br.bytes = b->obj_bytes;
+        kv_block_rec_set_config(&br, &r->cfg);
+        new_bytes += br.bytes;
+        new_blocks++;
+        info->blocks_written++;
+        if (db->dram != NULL)
+          kv_dram_remove(db->dram, b->hash);
+      } else {
+        info->blocks_shared++;
+      }
       kv_block_rec_encode(&br, NULL, buf);
-      info->blocks_shared++;
       ctx_bytes += br.bytes;
     } else if ((rc == KVDB_NOTFOUND || rc == KVDB_CORRUPT) && b->write) {
       if (rc == KVDB_CORRUPT)
         kv_log(&db->log, 1, "replacing a corrupt catalog record of block %u", i);
       br = (kv_block_rec){.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = b->n_tok,
-                          .segment = w->seg_id, .offset = b->off, .bytes = b->g.total_bytes};
+                          .segment = w->seg_id, .offset = b->off, .bytes = b->obj_bytes};
+      kv_block_rec_set_config(&br, &r->cfg);
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
       kv_block_rec_encode(&br, b->tokens, buf);
@@ -587,7 +718,15 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   }
   /* the context */
   free(buf);
-  size_t clen = kv_ctx_rec_size(r->n);
+  buf = NULL;
+  uint64_t now = kv_now_ms();
+  cr = (kv_ctx_rec){.flags = r->flags, .config = r->cfg, .n_blocks = r->n,
+                    .n_tokens = r->n_tokens, .bytes = ctx_bytes, .created_ms = now,
+                    .last_access_ms = now};
+  memcpy(cr.model, r->mh, 16);
+  if (r->cfg.method != KVDB_METHOD_RAW)
+    KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
+  size_t clen = kv_ctx_rec_size(&cr, r->n);
   buf = malloc(clen);
   uint8_t *hashes = malloc(16 * (size_t)r->n);
   if (buf == NULL || hashes == NULL) {
@@ -597,10 +736,6 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   }
   for (uint32_t i = 0; i < r->n; i++)
     memcpy(hashes + 16 * i, r->b[i].hash, 16);
-  uint64_t now = kv_now_ms();
-  cr = (kv_ctx_rec){.flags = r->flags, .n_blocks = r->n, .n_tokens = r->n_tokens,
-                    .bytes = ctx_bytes, .created_ms = now, .last_access_ms = now};
-  memcpy(cr.model, r->mh, 16);
   kv_ctx_rec_encode(&cr, hashes, buf);
   free(hashes);
   MDB_val ck = {16, r->ctx}, cv = {clen, buf};
@@ -628,6 +763,10 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       *sealed = 1;
     }
     KV_ERR(kv_cat_put_seg(&db->cat, txn, w->seg_id, &sr));
+  }
+  if (r->profile != NULL) {
+    kv_profile_mark_stored(r->profile, &r->cfg, ctx_bytes);
+    KV_ERR(kv_cat_put_profile(&db->cat, txn, r->ctx, r->profile));
   }
   if (db->opt.ssd_bytes > 0 && new_bytes > 0)
     KV_ERR(make_room(db, txn, r->ctx, 0));
@@ -658,7 +797,7 @@ static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
     if (done) {
       info->blocks_shared = r->n;
       kv_note_access(db, r->ctx);
-      return KVDB_OK;
+      return r->profile != NULL ? kv_profile_store(db, r->ctx, r->profile) : KVDB_OK;
     }
     kv_writer *w = NULL;
     uint64_t written = 0;
@@ -704,8 +843,57 @@ static kvdb_status put_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, const
   return KVDB_OK;
 }
 
+void kvdb_put_opts_init(kvdb_put_opts *o)
+{
+  if (o == NULL)
+    return;
+  memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+}
+
+/* The caller's options as this build's struct (fields past their struct_size keep defaults). */
+static kvdb_status copy_opts(const kvdb_put_opts *in, kvdb_put_opts *o)
+{
+  kvdb_put_opts_init(o);
+  if (in == NULL)
+    return KVDB_OK;
+  if (in->struct_size < offsetof(kvdb_put_opts, queries) || in->struct_size > 4096)
+    return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_put_opts_init() first",
+                   in->struct_size);
+  memcpy(o, in, in->struct_size < sizeof *o ? in->struct_size : sizeof *o);
+  o->struct_size = sizeof *o;
+  return KVDB_OK;
+}
+
+/* Check the queries of opts against the model; q receives them (NULL when there are none). */
+kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_queries *q,
+                            const kv_queries **out)
+{
+  *out = NULL;
+  if (o->queries == NULL) {
+    if (o->n_queries != 0)
+      return kv_fail(KVDB_INVALID, "opts->n_queries is %u but opts->queries is NULL",
+                     o->n_queries);
+    return KVDB_OK;
+  }
+  if (o->n_queries < 1 || o->n_queries > 64)
+    return kv_fail(KVDB_INVALID, "opts->n_queries %u out of range 1..64", o->n_queries);
+  if (o->n_q_heads == 0 || o->n_q_heads % m->n_kv_heads != 0 || o->n_q_heads > 65536)
+    return kv_fail(KVDB_INVALID, "opts->n_q_heads %u is not a multiple of n_kv_heads %u",
+                   o->n_q_heads, m->n_kv_heads);
+  *q = (kv_queries){o->queries, o->n_queries, o->n_q_heads};
+  *out = q;
+  return KVDB_OK;
+}
+
 kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                      const kvdb_kv_view *kv, kvdb_put_info *info)
+{
+  return kvdb_put_ex(db, m, tokens, n, kv, NULL, info);
+}
+
+kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                        const kvdb_kv_view *kv, const kvdb_put_opts *opts, kvdb_put_info *info)
 {
   uint32_t bt;
   KV_RET(put_checks(db, m, &bt, kv));
@@ -713,7 +901,18 @@ kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
   if (n > (size_t)UINT32_MAX * 16)
     return kv_fail(KVDB_INVALID, "n %zu is too large", n);
-  put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv};
+  kvdb_put_opts o;
+  KV_RET(copy_opts(opts, &o));
+  if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
+    return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  KV_RET(kvdb_config_check(m, &o.config));
+  kv_queries qs;
+  const kv_queries *q;
+  KV_RET(kv_opts_queries(&o, m, &qs, &q));
+  if (o.config.method == KVDB_METHOD_DROP && o.config.drop == KVDB_DROP_SNAPKV && q == NULL)
+    return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries "
+                                 "(opts->queries, n_queries, n_q_heads)");
+  put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = o.config, .q = q};
   kv_model_hash(m, bt, r.mh);
   r.n = (uint32_t)((n + bt - 1) / bt);
   r.b = calloc(r.n, sizeof *r.b);
@@ -731,10 +930,30 @@ kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     prev = b->hash;
     KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                               b->n_tok));
+    if (r.cfg.method != KVDB_METHOD_RAW) {
+      b->bound = kv_cblock_bound(&r.cfg, &b->g);
+      if (b->bound == 0) {
+        char nm[48];
+        rc = kv_fail(KVDB_INVALID, "config '%s' cannot store block %u (%u tokens x %u dims)",
+                     kvdb_config_name(&r.cfg, nm, sizeof nm), i, b->n_tok, m->head_dim);
+        goto out;
+      }
+    }
   }
   memcpy(r.ctx, r.b[r.n - 1].hash, 16);
+  if (o.flags & KVDB_PUT_PROFILE) {
+    r.profile = malloc(sizeof *r.profile);
+    if (r.profile == NULL) {
+      rc = kv_fail(KVDB_NOMEM, "profile");
+      goto out;
+    }
+    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
+                         .space = o.profile_space, .heads = o.profile_heads};
+    KV_ERR(kv_profile_measure(&ps, r.profile));
+  }
   rc = put_run(db, &r, info);
 out:
+  free(r.profile);
   free(r.b);
   return rc;
 }
@@ -761,4 +980,237 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
                             (uint32_t)n_tokens));
   /* an existing key with other tokens is refused (plan() checks the block's tokens) */
   return put_run(db, &r, NULL);
+}
+
+/* ---- re-encoding a stored context (kvdb_recompress) ---- */
+
+/* Publish re-encoded blocks: each must still be the one planned (same place, only this
+ * context using it); the context record takes the new config and size. */
+static kvdb_status recompress_commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end,
+                                     int *sealed)
+{
+  MDB_txn *txn;
+  kvdb_status rc;
+  uint8_t *buf = NULL;
+  char hx[33];
+  *sealed = 0;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kv_ctx_rec cr;
+  rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
+  if (rc == KVDB_NOTFOUND)
+    rc = kv_fail(KVDB_BUSY, "context %s was deleted during its re-encoding", kv_hex16(r->ctx, hx));
+  if (rc != KVDB_OK)
+    goto out;
+  buf = malloc(kv_block_rec_size(r->bt));
+  if (buf == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "block record");
+    goto out;
+  }
+  uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
+  for (uint32_t i = 0; i < r->n; i++) {
+    put_blk *b = &r->b[i];
+    kv_block_rec br;
+    KV_ERR(kv_cat_get_block(&db->cat, txn, b->hash, &br));
+    if (b->write) {
+      if (br.segment != b->old.segment || br.offset != b->old.offset || br.refcount != 1) {
+        rc = kv_fail(KVDB_BUSY, "block %u of context %s changed during its re-encoding", i,
+                     kv_hex16(r->ctx, hx));
+        goto out;
+      }
+      KV_ERR(kv_seg_unref(db, txn, br.segment, br.bytes));
+      br.segment = w->seg_id;
+      br.offset = b->off;
+      br.bytes = b->obj_bytes;
+      kv_block_rec_set_config(&br, &r->cfg);
+      kv_block_rec_encode(&br, NULL, buf);
+      MDB_val bk = {16, b->hash}, bv = {kv_block_rec_size(br.n_tokens), buf};
+      int mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
+      if (mrc != 0) {
+        rc = kv_mdb_fail(mrc, "put block");
+        goto out;
+      }
+      new_bytes += br.bytes;
+      new_blocks++;
+    }
+    ctx_bytes += br.bytes;
+  }
+  uint8_t *blocks = malloc(16 * (size_t)cr.n_blocks);
+  if (blocks == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "context record");
+    goto out;
+  }
+  memcpy(blocks, cr.blocks, 16 * (size_t)cr.n_blocks);
+  cr.config = r->cfg;
+  cr.bytes = ctx_bytes;
+  size_t clen = kv_ctx_rec_size(&cr, cr.n_blocks);
+  uint8_t *cbuf = malloc(clen);
+  if (cbuf == NULL) {
+    free(blocks);
+    rc = kv_fail(KVDB_NOMEM, "context record");
+    goto out;
+  }
+  kv_ctx_rec_encode(&cr, blocks, cbuf);
+  free(blocks);
+  MDB_val ck = {16, r->ctx}, cv = {clen, cbuf};
+  int mrc = mdb_put(txn, db->cat.contexts, &ck, &cv, 0);
+  free(cbuf);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "put context");
+    goto out;
+  }
+  if (r->cfg.method != KVDB_METHOD_RAW)
+    KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
+  kv_profile_rec *p = malloc(sizeof *p);
+  if (p == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "profile");
+    goto out;
+  }
+  rc = kv_cat_get_profile(&db->cat, txn, r->ctx, p);
+  if (rc == KVDB_OK) { /* the profile now says where the context is */
+    kv_profile_mark_stored(p, &r->cfg, ctx_bytes);
+    rc = kv_cat_put_profile(&db->cat, txn, r->ctx, p);
+  } else if (rc == KVDB_NOTFOUND) {
+    rc = KVDB_OK;
+  }
+  free(p);
+  if (rc != KVDB_OK)
+    goto out;
+  if (w != NULL) {
+    kv_seg_rec sr;
+    KV_ERR(kv_cat_get_seg(&db->cat, txn, w->seg_id, &sr));
+    sr.end = new_end;
+    sr.live_bytes += new_bytes;
+    sr.live_blocks += new_blocks;
+    if (sr.end >= db->opt.segment_bytes) {
+      sr.state = KV_SEG_SEALED;
+      *sealed = 1;
+    }
+    KV_ERR(kv_cat_put_seg(&db->cat, txn, w->seg_id, &sr));
+  }
+  KV_ERR(kv_flush_atime(db, txn));
+  free(buf);
+  rc = kv_txn_commit(txn);
+  if (rc != KVDB_OK)
+    *sealed = 0;
+  return rc;
+out:
+  free(buf);
+  mdb_txn_abort(txn);
+  *sealed = 0;
+  return rc;
+}
+
+kvdb_status kvdb_recompress(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                            const kvdb_config *to, const kvdb_put_opts *opts)
+{
+  uint32_t bt;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (context == NULL || to == NULL)
+    return kv_fail(KVDB_INVALID, "context or config is NULL");
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  KV_RET(kvdb_config_check(m, to));
+  kvdb_put_opts o;
+  KV_RET(copy_opts(opts, &o));
+  kv_queries qs;
+  const kv_queries *q;
+  KV_RET(kv_opts_queries(&o, m, &qs, &q));
+  if (to->method == KVDB_METHOD_DROP && to->drop == KVDB_DROP_SNAPKV && q == NULL)
+    return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries (opts->queries)");
+  kvdb_context_info ci;
+  KV_RET(kvdb_context_stat(db, context, &ci));
+  char have_nm[48], to_nm[48], hx[33];
+  kvdb_config_name(&ci.config, have_nm, sizeof have_nm);
+  kvdb_config_name(to, to_nm, sizeof to_nm);
+  if (kv_config_equal(&ci.config, to))
+    return KVDB_OK;
+  if (!kv_config_reachable(&ci.config, to))
+    return kv_fail(KVDB_INVALID,
+                   "context %s is stored as '%s': re-encoding it to '%s' would need precision "
+                   "or tokens it no longer has",
+                   kv_hex16(context->b, hx), have_nm, to_nm);
+  /* the context as stored, decoded, in vLLM's layout */
+  size_t tb = kvdb_model_token_bytes(m);
+  uint8_t *kvbuf = kv_alloc_aligned(ci.n_tokens * tb);
+  uint32_t *tokens = malloc(ci.n_tokens * sizeof *tokens);
+  put_req r = {.m = m, .bt = bt, .n_tokens = ci.n_tokens, .cfg = *to, .q = q};
+  memcpy(r.ctx, context->b, 16);
+  kv_model_hash(m, bt, r.mh);
+  kvdb_kv_view v;
+  kvdb_status rc = KVDB_OK;
+  if (kvbuf == NULL || tokens == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "cannot allocate the context's %" PRIu64 " tokens", ci.n_tokens);
+    goto out;
+  }
+  KV_ERR(kvdb_kv_view_packed(&v, kvbuf, m, ci.n_tokens, KVDB_LAYOUT_LKTHD));
+  KV_ERR(kvdb_get_context(db, m, context, &v, NULL, NULL));
+  r.kv = &v;
+  /* the blocks, their tokens, and which ones this context owns alone */
+  MDB_txn *txn;
+  KV_ERR(kv_txn_begin(&db->cat, 0, &txn));
+  kv_ctx_rec cr;
+  rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
+  if (rc == KVDB_OK) {
+    r.n = cr.n_blocks;
+    r.b = calloc(r.n, sizeof *r.b);
+    if (r.b == NULL)
+      rc = kv_fail(KVDB_NOMEM, "re-encoding of %u blocks", r.n);
+  }
+  uint64_t t0 = 0;
+  for (uint32_t i = 0; rc == KVDB_OK && i < r.n; i++) {
+    put_blk *b = &r.b[i];
+    memcpy(b->hash, cr.blocks + 16 * i, 16);
+    rc = kv_cat_get_block(&db->cat, txn, b->hash, &b->old);
+    if (rc != KVDB_OK || t0 + b->old.n_tokens > ci.n_tokens) {
+      rc = rc != KVDB_OK ? rc : kv_fail(KVDB_CORRUPT, "context %s has more tokens in its blocks",
+                                        kv_hex16(context->b, hx));
+      break;
+    }
+    for (uint32_t t = 0; t < b->old.n_tokens; t++)
+      tokens[t0 + t] = kv_get_le32(b->old.tokens + 4 * t);
+    memcpy(b->parent, b->old.parent, 16);
+    b->t0 = t0;
+    b->n_tok = b->old.n_tokens;
+    b->tokens = tokens + t0;
+    b->old.tokens = NULL; /* points into the transaction */
+    b->write = b->old.refcount == 1; /* shared blocks keep how they are stored */
+    rc = kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                            b->n_tok);
+    if (rc == KVDB_OK && to->method != KVDB_METHOD_RAW && (b->bound = kv_cblock_bound(to, &b->g)) == 0)
+      rc = kv_fail(KVDB_INVALID, "config '%s' cannot store block %u", to_nm, i);
+    t0 += b->n_tok;
+  }
+  mdb_txn_abort(txn);
+  if (rc != KVDB_OK)
+    goto out;
+  kv_writer *w = NULL;
+  uint64_t written = 0;
+  int need_write = 0, sealed = 0;
+  for (uint32_t i = 0; i < r.n; i++)
+    need_write |= r.b[i].write;
+  if (need_write) {
+    KV_ERR(kv_writer_acquire(db, &w));
+    rc = write_blocks(db, &r, w, &written);
+  }
+  if (rc == KVDB_OK)
+    rc = recompress_commit(db, &r, w, w ? w->end + written : 0, &sealed);
+  if (w != NULL) {
+    if (rc == KVDB_OK) {
+      w->end += written;
+      db->bytes_written += written;
+    } else if (db->io->ops->truncate(db->io, kv_writer_file(w), w->end) != 0) {
+      w->end += written;
+    }
+    kv_writer_release(db, w, sealed);
+  }
+  if (rc == KVDB_OK && db->dram != NULL) /* decoded copies of the old encoding */
+    for (uint32_t i = 0; i < r.n; i++)
+      if (r.b[i].write)
+        kv_dram_remove(db->dram, r.b[i].hash);
+out:
+  free(r.b);
+  free(tokens);
+  kv_free_aligned(kvbuf);
+  return rc;
 }

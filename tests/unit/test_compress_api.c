@@ -1,0 +1,629 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/unit/test_compress_api.c — compression through the public API: configs and their
+ * names, puts with each method, gets that return exactly what the codec decodes, contexts with
+ * dropped tokens (kvdb_get_context), partial reads of compressed blocks (kvdb_get_tokens),
+ * quality profiles and reports, re-encoding, shared blocks keeping the most faithful config,
+ * and the database around it (reopen, verify, compact, a flipped byte, the format version).
+ */
+#include "kvdb_test.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <sys/stat.h>
+
+#include "codec.h"
+
+/* 3 full blocks of 32 tokens and a partial one of 4 (shorter than the KIVI group) */
+static const kvdb_model M = {"test-compress", 3, 2, 64, KVDB_F16, 32};
+enum { N = 100 };
+
+static kvdb_options opts(void)
+{
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.dram_bytes = 0; /* every get reads the disk unless a test says otherwise */
+  o.log_level = -1;
+  return o;
+}
+
+static void tokens(uint32_t *t, size_t n, uint64_t seed)
+{
+  for (size_t i = 0; i < n; i++)
+    t[i] = (uint32_t)(t_rand(&seed) % 30000);
+}
+
+/* KV with structure: per-channel scales and offsets, so quantization and dropping matter */
+static void fill(const uint32_t *tok, size_t n, uint16_t *buf)
+{
+  size_t i = 0;
+  for (uint32_t l = 0; l < M.n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < M.n_kv_heads; h++)
+          for (uint32_t d = 0; d < M.head_dim; d++) {
+            uint64_t s = tok[t] * 2654435761u + t * 97 + l * 131 + kv * 7 + h * 17 + d;
+            double u = (double)(t_rand(&s) % 20000) / 10000.0 - 1.0; /* -1 .. 1 */
+            double scale = kv ? 0.5 : 1.0 + (d % 8 == 0 ? 6.0 : 0.0) + (double)(d % 5);
+            buf[i++] = kv_codec_f32_to_f16((float)(u * scale + (kv ? 0.0 : 0.3 * (d % 3))));
+          }
+}
+
+static uint16_t *alloc_kv(size_t n)
+{
+  uint16_t *b = malloc(n * kvdb_model_token_bytes(&M));
+  ASSERT(b != NULL);
+  return b;
+}
+
+static size_t at(uint32_t l, uint32_t kv, size_t t, uint32_t h, uint32_t d, size_t n)
+{
+  return ((((size_t)l * 2 + kv) * n + t) * M.n_kv_heads + h) * M.head_dim + d;
+}
+
+static kvdb_status put_cfg(kvdb *db, const uint32_t *tok, size_t n, const uint16_t *buf,
+                           const char *cfg, uint32_t flags, kvdb_put_info *info)
+{
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  if (kvdb_config_parse(cfg, &po.config) != KVDB_OK)
+    return KVDB_INVALID;
+  po.flags = flags;
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, (void *)buf, &M, n, KVDB_LAYOUT_LKTHD));
+  return kvdb_put_ex(db, &M, tok, n, &v, &po, info);
+}
+
+/*
+ * What a get of a context stored with KIVI `bits` must return: each block's sections encoded
+ * by the codec with the engine's rules (K group = min(group, block tokens), V group =
+ * min(group, head_dim), the context's last `residual` tokens exact), then decoded.
+ */
+static void expected_quant(const uint16_t *src, size_t n, unsigned bits, unsigned group,
+                           unsigned residual, uint16_t *exp)
+{
+  const kv_codec *c = kv_codec_by_id(KV_CODEC_ID_KIVI);
+  uint16_t rows[32 * 64], dec[32 * 64];
+  static uint8_t enc[1 << 16], scratch[1 << 20];
+  for (size_t b0 = 0; b0 < n; b0 += M.block_tokens) {
+    uint32_t nt = (uint32_t)(b0 + M.block_tokens <= n ? M.block_tokens : n - b0);
+    for (uint32_t l = 0; l < M.n_layers; l++)
+      for (uint32_t h = 0; h < M.n_kv_heads; h++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          for (uint32_t t = 0; t < nt; t++)
+            memcpy(rows + t * M.head_dim, src + at(l, kv, b0 + t, h, 0, n), M.head_dim * 2);
+          kv_section_shape sh = {KV_CODEC_F16, kv ? KV_SECTION_V : KV_SECTION_K, nt, M.head_dim};
+          kv_codec_params p;
+          kv_codec_params_init(&p);
+          p.bits = bits;
+          unsigned g = group ? group : 32;
+          p.group = kv ? (g < M.head_dim ? g : M.head_dim) : (g < nt ? g : nt);
+          size_t first_res = residual >= n ? 0 : n - residual;
+          p.residual = b0 + nt > first_res ? (unsigned)(b0 + nt - (first_res > b0 ? first_res : b0)) : 0;
+          size_t out = 0;
+          ASSERT(kv_codec_encode(c, &sh, rows, (size_t)nt * M.head_dim * 2, &p, scratch,
+                                 sizeof scratch, enc, sizeof enc, &out, NULL) == KV_CODEC_OK);
+          ASSERT(kv_section_decode(enc, out, scratch, sizeof scratch, dec, sizeof dec, NULL,
+                                   NULL) == KV_CODEC_OK);
+          for (uint32_t t = 0; t < nt; t++)
+            memcpy(exp + at(l, kv, b0 + t, h, 0, n), dec + t * M.head_dim, M.head_dim * 2);
+        }
+  }
+}
+
+static void test_config_names(void)
+{
+  const char *ok[] = {"raw",       "lossless",  "lossless:z9",    "lossless:z-3", "int8",
+                      "int4",      "int2",      "int4:g64",       "int4:r128",    "knorm50",
+                      "keydiff30", "snapkv70",  "snapkv50+int4",  "knorm12.5",    "int2:g16:r8"};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    kvdb_config c, c2;
+    ASSERT_OK(kvdb_config_parse(ok[i], &c));
+    char nm[48];
+    kvdb_config_name(&c, nm, sizeof nm);
+    ASSERT_OK(kvdb_config_parse(nm, &c2)); /* canonical names parse back to the same config */
+    ASSERT(memcmp(&c, &c2, sizeof c) == 0);
+  }
+  kvdb_config c;
+  ASSERT_OK(kvdb_config_parse("knorm50", &c));
+  ASSERT_EQ(c.method, KVDB_METHOD_DROP);
+  ASSERT_EQ(c.keep_permille, 500);
+  char nm[48];
+  ASSERT(strcmp(kvdb_config_name(&c, nm, sizeof nm), "knorm50") == 0);
+  const char *bad[] = {"", "int3", "int4:x1", "knorm", "knorm100", "knorm0", "lossless:z0",
+                       "raw:g8", "knorm50+int3", "int4extra", "snapkv50:r10", "zstd",
+                       "knorm12.", "knorm0.0"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ASSERT_STATUS(KVDB_INVALID, kvdb_config_parse(bad[i], &c));
+    ASSERT_MSG_HAS("config");
+  }
+  /* a config the model cannot take: K groups along the tokens of one block */
+  ASSERT_OK(kvdb_config_parse("int4:g64", &c));
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&M, &c));
+  ASSERT_MSG_HAS("group 64");
+  ASSERT(strcmp(kvdb_config_name(&(kvdb_config){.method = 9}, nm, sizeof nm), "?") == 0);
+}
+
+static void test_methods_round_trip(void)
+{
+  char *dir = t_tmpdir("comp");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 1);
+  uint16_t *src = alloc_kv(N), *out = alloc_kv(N), *exp = alloc_kv(N);
+  const char *cfgs[] = {"lossless", "int8", "int4", "int2", "int4:g16", "int4:r40"};
+  uint64_t bytes[6];
+  for (int c = 0; c < 6; c++) {
+    uint32_t tok[N];
+    tokens(tok, N, 100 + (uint64_t)c);
+    fill(tok, N, src);
+    kvdb_put_info info;
+    ASSERT_OK(put_cfg(db, tok, N, src, cfgs[c], 0, &info));
+    ASSERT_EQ(info.blocks_written, 4);
+    size_t hit = 0;
+    ASSERT_OK(kvdb_lookup(db, &M, tok, N, &hit));
+    ASSERT_EQ(hit, N);
+    memset(out, 0xA5, N * kvdb_model_token_bytes(&M));
+    kvdb_kv_view v;
+    ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+    ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+    ASSERT_EQ(hit, N);
+    if (c == 0) {
+      memcpy(exp, src, N * kvdb_model_token_bytes(&M));
+    } else {
+      kvdb_config cf;
+      ASSERT_OK(kvdb_config_parse(cfgs[c], &cf));
+      expected_quant(src, N, cf.bits, cf.group, cf.residual, exp);
+      ASSERT(memcmp(exp, src, N * kvdb_model_token_bytes(&M)) != 0); /* it is lossy */
+    }
+    ASSERT(memcmp(out, exp, N * kvdb_model_token_bytes(&M)) == 0);
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
+    char nm[48];
+    ASSERT(strcmp(kvdb_config_name(&ci.config, nm, sizeof nm), cfgs[c]) == 0);
+    bytes[c] = ci.bytes;
+    /* kvdb_get_context: all rows, positions are the tokens */
+    uint32_t pos[3 * 2 * N], nrows[6];
+    memset(out, 0, N * kvdb_model_token_bytes(&M));
+    ASSERT_OK(kvdb_get_context(db, &M, &info.context, &v, pos, nrows));
+    ASSERT(memcmp(out, exp, N * kvdb_model_token_bytes(&M)) == 0);
+    for (int lh = 0; lh < 6; lh++) {
+      ASSERT_EQ(nrows[lh], N);
+      for (uint32_t r = 0; r < N; r++)
+        ASSERT_EQ(pos[lh * N + r], r);
+    }
+  }
+  /* sizes follow the bits (lossless of this noise-like data is near raw) */
+  ASSERT(bytes[3] < bytes[2] && bytes[2] < bytes[1] && bytes[1] < bytes[0]);
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 2); /* raised by the first compressed block */
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  /* a second process-like reopen reads the same */
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint32_t tok[N];
+  tokens(tok, N, 102);
+  fill(tok, N, src);
+  expected_quant(src, N, 4, 0, 0, exp);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  size_t hit;
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  ASSERT(memcmp(out, exp, N * kvdb_model_token_bytes(&M)) == 0);
+  kvdb_close(db);
+  free(src);
+  free(out);
+  free(exp);
+  t_rmdir(dir);
+}
+
+/* queries: [n_q][layer][n_q_heads = 4][head_dim], keys-like so snapkv has something to find */
+static float *make_queries(uint32_t n_q)
+{
+  float *q = malloc((size_t)n_q * M.n_layers * 4 * M.head_dim * sizeof *q);
+  uint64_t s = 5;
+  for (size_t i = 0; i < (size_t)n_q * M.n_layers * 4 * M.head_dim; i++)
+    q[i] = (float)((double)(t_rand(&s) % 2000) / 1000.0 - 1.0);
+  return q;
+}
+
+static void test_drop(void)
+{
+  char *dir = t_tmpdir("drop");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint16_t *src = alloc_kv(N), *out = alloc_kv(N);
+  uint32_t tok[N];
+  tokens(tok, N, 7);
+  fill(tok, N, src);
+  /* snapkv needs queries: refused before anything is written */
+  ASSERT_STATUS(KVDB_INVALID, put_cfg(db, tok, N, src, "snapkv50", 0, NULL));
+  ASSERT_MSG_HAS("queries");
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.n_contexts, 0);
+  ASSERT_EQ(st.bytes_written, 0);
+  const char *cfgs[] = {"knorm50", "keydiff30", "snapkv70"};
+  float *q = make_queries(4);
+  for (int c = 0; c < 3; c++) {
+    tokens(tok, N, 70 + (uint64_t)c);
+    fill(tok, N, src);
+    kvdb_put_opts po;
+    kvdb_put_opts_init(&po);
+    ASSERT_OK(kvdb_config_parse(cfgs[c], &po.config));
+    po.queries = q;
+    po.n_queries = 4;
+    po.n_q_heads = 4;
+    kvdb_kv_view v;
+    ASSERT_OK(kvdb_kv_view_packed(&v, src, &M, N, KVDB_LAYOUT_LKTHD));
+    kvdb_put_info info;
+    ASSERT_OK(kvdb_put_ex(db, &M, tok, N, &v, &po, &info));
+    /* not a prefix kvdb_get can deliver */
+    size_t hit = 99;
+    ASSERT_OK(kvdb_lookup(db, &M, tok, N, &hit));
+    ASSERT_EQ(hit, 0);
+    ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+    ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+    ASSERT_EQ(hit, 0);
+    /* kvdb_get_context: per head, the kept rows in token order, exact, with their positions */
+    uint32_t pos[6 * N], nrows[6];
+    memset(out, 0, N * kvdb_model_token_bytes(&M));
+    ASSERT_OK(kvdb_get_context(db, &M, &info.context, &v, pos, nrows));
+    uint32_t keep = 0;
+    for (uint32_t b0 = 0; b0 < N; b0 += 32)
+      keep += kv_drop_keep_count(b0 + 32 <= N ? 32 : N - b0, po.config.keep_permille);
+    for (uint32_t l = 0; l < M.n_layers; l++)
+      for (uint32_t h = 0; h < M.n_kv_heads; h++) {
+        uint32_t lh = l * M.n_kv_heads + h;
+        ASSERT_EQ(nrows[lh], keep);
+        for (uint32_t r = 0; r < keep; r++) {
+          uint32_t p = pos[lh * N + r];
+          ASSERT(p < N && (r == 0 || p > pos[lh * N + r - 1]));
+          for (uint32_t kv = 0; kv < 2; kv++)
+            ASSERT(memcmp(out + at(l, kv, r, h, 0, N), src + at(l, kv, p, h, 0, N),
+                          M.head_dim * 2) == 0);
+        }
+      }
+    /* get_tokens: a kept position reads back; a dropped one is named */
+    uint32_t kept = pos[N * 1 + 3], dropped = 0;
+    while (dropped < N) {
+      int is_kept = 0;
+      for (uint32_t h = 0; h < M.n_kv_heads && !is_kept; h++)
+        for (uint32_t r = 0; r < keep && !is_kept; r++)
+          is_kept = pos[(1 * M.n_kv_heads + h) * N + r] == dropped;
+      if (!is_kept)
+        break;
+      dropped++;
+    }
+    ASSERT(dropped < N);
+    uint16_t row_out[2 * 2 * 64];
+    kvdb_kv_view rv;
+    ASSERT_OK(kvdb_kv_view_packed(&rv, row_out, &M, 1, KVDB_LAYOUT_LKTHD));
+    kvdb_status rc = kvdb_get_tokens(db, &M, &info.context, 0, &kept, 1, &rv);
+    if (rc == KVDB_OK) { /* kept by both heads of layer 0: exact */
+      ASSERT(memcmp(row_out, src + at(0, 0, kept, 0, 0, N), 64 * 2) == 0);
+    } else {
+      ASSERT_EQ(rc, KVDB_NOTFOUND); /* head 0 kept it, head 1 did not */
+    }
+    ASSERT_STATUS(KVDB_NOTFOUND, kvdb_get_tokens(db, &M, &info.context, 1, &dropped, 1, &rv));
+    ASSERT_MSG_HAS("was dropped");
+  }
+  free(q);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  free(src);
+  free(out);
+  t_rmdir(dir);
+}
+
+static void test_get_tokens_partial(void)
+{
+  static const kvdb_model MB = {"test-compress-big", 4, 4, 128, KVDB_F16, 256};
+  char *dir = t_tmpdir("ctok");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  enum { NB = 512 };
+  size_t tb = kvdb_model_token_bytes(&MB);
+  uint16_t *src = malloc(NB * tb), *full = malloc(NB * tb);
+  uint32_t tok[NB];
+  tokens(tok, NB, 9);
+  t_fill_kv(&MB, tok, NB, src);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  ASSERT_OK(kvdb_config_parse("int4", &po.config));
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, src, &MB, NB, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &MB, tok, NB, &v, &po, &info));
+  ASSERT_OK(kvdb_kv_view_packed(&v, full, &MB, NB, KVDB_LAYOUT_LKTHD));
+  size_t hit;
+  ASSERT_OK(kvdb_get(db, &MB, tok, NB, &v, &hit));
+  ASSERT_EQ(hit, NB);
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
+  /* 16 positions of layer 2: the same bytes as the full get, reading a fraction of it */
+  uint32_t pos[16];
+  for (int i = 0; i < 16; i++)
+    pos[i] = (uint32_t)(i * 31 + 5);
+  uint16_t *sub = malloc(16 * tb);
+  kvdb_kv_view sv;
+  ASSERT_OK(kvdb_kv_view_packed(&sv, sub, &MB, 16, KVDB_LAYOUT_LKTHD));
+  kvdb_stats s0, s1;
+  ASSERT_OK(kvdb_stat(db, &s0));
+  ASSERT_OK(kvdb_get_tokens(db, &MB, &info.context, 2, pos, 16, &sv));
+  ASSERT_OK(kvdb_stat(db, &s1));
+  for (int i = 0; i < 16; i++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t h = 0; h < MB.n_kv_heads; h++)
+        ASSERT(memcmp(sub + ((kv * 16 + (size_t)i) * MB.n_kv_heads + h) * 128,
+                      full + (((2 * 2 + kv) * (size_t)NB + pos[i]) * MB.n_kv_heads + h) * 128,
+                      128 * 2) == 0);
+  uint64_t read = s1.bytes_read - s0.bytes_read;
+  ASSERT(read > 0 && read < ci.bytes / 2); /* header, meta, section headers, 16-token groups */
+  free(sub);
+  free(src);
+  free(full);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
+static const kvdb_profile_entry *entry(const kvdb_profile_entry *e, size_t n, const char *name)
+{
+  kvdb_config c;
+  ASSERT_OK(kvdb_config_parse(name, &c));
+  for (size_t i = 0; i < n; i++)
+    if (memcmp(&e[i].config, &c, sizeof c) == 0)
+      return &e[i];
+  fprintf(stderr, "no profile entry %s\n", name);
+  abort();
+}
+
+static void test_profile(void)
+{
+  char *dir = t_tmpdir("prof");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint16_t *src = alloc_kv(N);
+  uint32_t tok[N];
+  tokens(tok, N, 11);
+  fill(tok, N, src);
+  kvdb_put_info info;
+  ASSERT_OK(put_cfg(db, tok, N, src, "lossless", KVDB_PUT_PROFILE, &info)); /* "profile only" */
+  kvdb_profile_entry e[64];
+  size_t n = 0;
+  ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &n));
+  ASSERT_EQ(n, 13); /* the default space without queries */
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
+  ASSERT_EQ(ci.has_profile, 1);
+  const kvdb_profile_entry *raw = entry(e, n, "raw"), *ll = entry(e, n, "lossless"),
+                           *i8 = entry(e, n, "int8"), *i4 = entry(e, n, "int4"),
+                           *i2 = entry(e, n, "int2"), *k90 = entry(e, n, "keydiff90"),
+                           *k30 = entry(e, n, "keydiff30");
+  ASSERT(raw->quality == 1.0 && (raw->flags & KVDB_PROFILE_EXACT));
+  ASSERT(ll->quality == 1.0 && (ll->flags & KVDB_PROFILE_STORED) && ll->bytes == ci.bytes);
+  ASSERT(i8->quality > 0.999 && i8->quality <= 1.0);
+  ASSERT(i4->quality < i8->quality && i2->quality < i4->quality);
+  ASSERT(i8->rel_l2 < i4->rel_l2 && i4->rel_l2 < i2->rel_l2);
+  ASSERT(k90->quality > k30->quality);
+  ASSERT(i2->bytes < i4->bytes && i4->bytes < i8->bytes && i8->bytes < raw->bytes);
+  ASSERT(isnan(i4->reported_quality) && i4->n_probes > 0);
+  /* the caller's own measure wins; reports are averaged */
+  ASSERT_OK(kvdb_report_quality(db, &info.context, &i4->config, 0.5));
+  ASSERT_OK(kvdb_report_quality(db, &info.context, &i4->config, 0.7));
+  kvdb_config other;
+  ASSERT_OK(kvdb_config_parse("knorm10+int2", &other));
+  ASSERT_OK(kvdb_report_quality(db, &info.context, &other, 0.1)); /* not in the space: added */
+  ASSERT_STATUS(KVDB_INVALID, kvdb_report_quality(db, &info.context, &other, 1.5));
+  ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &n));
+  ASSERT_EQ(n, 14);
+  ASSERT(fabs(entry(e, n, "int4")->reported_quality - 0.6) < 1e-12);
+  ASSERT_EQ(entry(e, n, "int4")->n_reports, 2);
+  /* measured again on demand: the reports stay */
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  po.profile_space = "int8,int4,knorm50";
+  ASSERT_OK(kvdb_profile(db, &M, &info.context, &po));
+  ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &n));
+  ASSERT(fabs(entry(e, n, "int4")->reported_quality - 0.6) < 1e-12);
+  ASSERT(entry(e, n, "lossless")->flags & KVDB_PROFILE_STORED);
+  /* with queries: the snapkv configs join the default space */
+  float *q = make_queries(4);
+  kvdb_put_opts_init(&po);
+  po.queries = q;
+  po.n_queries = 4;
+  po.n_q_heads = 4;
+  ASSERT_OK(kvdb_profile(db, &M, &info.context, &po));
+  ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &n));
+  ASSERT(entry(e, n, "snapkv50")->quality > 0 && entry(e, n, "snapkv90")->quality > 0.9);
+  po.n_q_heads = 3; /* not a multiple of the KV heads */
+  ASSERT_STATUS(KVDB_INVALID, kvdb_profile(db, &M, &info.context, &po));
+  ASSERT_MSG_HAS("n_q_heads");
+  kvdb_put_opts_init(&po);
+  po.profile_space = "int4,bogus";
+  ASSERT_STATUS(KVDB_INVALID, kvdb_profile(db, &M, &info.context, &po));
+  ASSERT_MSG_HAS("bogus");
+  free(q);
+  /* a context stored with dropped tokens cannot be measured later */
+  uint32_t tok2[N];
+  tokens(tok2, N, 12);
+  kvdb_put_info i2nfo;
+  ASSERT_OK(put_cfg(db, tok2, N, src, "knorm50", 0, &i2nfo));
+  ASSERT_STATUS(KVDB_INVALID, kvdb_profile(db, &M, &i2nfo.context, NULL));
+  ASSERT_STATUS(KVDB_NOTFOUND, kvdb_profile_get(db, &i2nfo.context, e, 64, &n));
+  /* deleting a context deletes its profile */
+  ASSERT_OK(kvdb_delete(db, &info.context));
+  ASSERT_STATUS(KVDB_NOTFOUND, kvdb_profile_get(db, &info.context, e, 64, &n));
+  kvdb_close(db);
+  free(src);
+  t_rmdir(dir);
+}
+
+static void test_recompress_and_sharing(void)
+{
+  char *dir = t_tmpdir("recomp");
+  kvdb_options o = opts();
+  o.dram_bytes = 16 << 20; /* decoded copies in the DRAM tier must follow the re-encoding */
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  size_t tb = kvdb_model_token_bytes(&M);
+  uint16_t *src = alloc_kv(N), *out = alloc_kv(N), *exp = alloc_kv(N);
+  uint32_t tok[N];
+  tokens(tok, N, 21);
+  fill(tok, N, src);
+  kvdb_put_info a;
+  ASSERT_OK(put_cfg(db, tok, N, src, "lossless", KVDB_PUT_PROFILE, &a));
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  size_t hit;
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit)); /* fills the DRAM tier with exact blocks */
+  kvdb_config to;
+  ASSERT_OK(kvdb_config_parse("int4", &to));
+  ASSERT_OK(kvdb_recompress(db, &M, &a.context, &to, NULL));
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, &a.context, &ci));
+  ASSERT_EQ(ci.config.method, KVDB_METHOD_QUANT);
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  expected_quant(src, N, 4, 0, 0, exp);
+  ASSERT(memcmp(out, exp, N * tb) == 0); /* the re-encoded blocks, not the cached exact ones */
+  kvdb_profile_entry e[64];
+  size_t n;
+  ASSERT_OK(kvdb_profile_get(db, &a.context, e, 64, &n));
+  ASSERT(entry(e, n, "int4")->flags & KVDB_PROFILE_STORED);
+  ASSERT_EQ(entry(e, n, "int4")->bytes, ci.bytes);
+  /* precision does not come back */
+  kvdb_config back;
+  ASSERT_OK(kvdb_config_parse("lossless", &back));
+  ASSERT_STATUS(KVDB_INVALID, kvdb_recompress(db, &M, &a.context, &back, NULL));
+  ASSERT_MSG_HAS("precision");
+  ASSERT_OK(kvdb_config_parse("int8", &back));
+  ASSERT_STATUS(KVDB_INVALID, kvdb_recompress(db, &M, &a.context, &back, NULL));
+  ASSERT_OK(kvdb_config_parse("int2", &to)); /* coarser is fine */
+  ASSERT_OK(kvdb_recompress(db, &M, &a.context, &to, NULL));
+  /* shared blocks: B shares A's first three blocks and is put exactly: they become exact */
+  uint32_t tokb[N + 40];
+  memcpy(tokb, tok, 96 * sizeof *tokb);
+  tokens(tokb + 96, N + 40 - 96, 22);
+  uint16_t *srcb = alloc_kv(N + 40), *outb = alloc_kv(N + 40);
+  fill(tokb, N + 40, srcb);
+  ASSERT(memcmp(srcb, src, 0) == 0);
+  kvdb_put_info b;
+  ASSERT_OK(put_cfg(db, tokb, N + 40, srcb, "raw", 0, &b));
+  ASSERT_EQ(b.blocks_written, 5); /* three rewritten exactly, two new */
+  ASSERT_OK(kvdb_kv_view_packed(&v, outb, &M, N + 40, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get(db, &M, tokb, N + 40, &v, &hit));
+  ASSERT_EQ(hit, N + 40);
+  ASSERT(memcmp(outb, srcb, (N + 40) * tb) == 0);
+  /* A now reads its first 96 tokens exactly, its last block int2 */
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  for (uint32_t l = 0; l < M.n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      ASSERT(memcmp(out + at(l, kv, 0, 0, 0, N), src + at(l, kv, 0, 0, 0, N),
+                    96 * M.n_kv_heads * M.head_dim * 2) == 0);
+  /* re-encoding A leaves the shared blocks alone: B still reads exactly */
+  ASSERT_OK(kvdb_config_parse("int2:g8", &to));
+  ASSERT_OK(kvdb_recompress(db, &M, &a.context, &to, NULL));
+  ASSERT_OK(kvdb_kv_view_packed(&v, outb, &M, N + 40, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get(db, &M, tokb, N + 40, &v, &hit));
+  ASSERT(memcmp(outb, srcb, (N + 40) * tb) == 0);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  /* compaction moves compressed blocks like any other */
+  ASSERT_OK(kvdb_delete(db, &b.context));
+  kvdb_compact_report cr;
+  ASSERT_OK(kvdb_compact(db, 0.99, NULL, NULL, &cr));
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  free(src);
+  free(out);
+  free(exp);
+  free(srcb);
+  free(outb);
+  t_rmdir(dir);
+}
+
+static void test_corrupt_compressed(void)
+{
+  char *dir = t_tmpdir("ccorrupt");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint16_t *src = alloc_kv(N), *out = alloc_kv(N);
+  uint32_t tok[N];
+  tokens(tok, N, 31);
+  fill(tok, N, src);
+  ASSERT_OK(put_cfg(db, tok, N, src, "lossless", 0, NULL));
+  kvdb_close(db);
+  /* flip a byte near the end of the second block object (its data region) */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  struct stat st;
+  fstat(fd, &st);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_iter *it;
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_iter_open(db, &it));
+  ASSERT_OK(kvdb_iter_next(it, &ci));
+  kvdb_iter_close(it);
+  kvdb_close(db);
+  /* blocks are written in order; find block 1's end from the objects' sizes via the header */
+  uint8_t hdr[128];
+  ASSERT(pread(fd, hdr, 128, 0) == 128);
+  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
+                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
+                 (uint64_t)hdr[99] << 24);
+  off_t off = (off_t)b0 + 4096 * 2 + 10; /* inside block 1 (its meta is one page) */
+  uint8_t byte;
+  ASSERT(pread(fd, &byte, 1, off) == 1);
+  byte ^= 0x20;
+  ASSERT(pwrite(fd, &byte, 1, off) == 1);
+  close(fd);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  size_t hit;
+  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_EQ(hit, 32); /* block 0 only */
+  ASSERT(memcmp(out, src, 0) == 0);
+  ASSERT_EQ(t_check_kv(&M, tok, 0, N, out), 0);
+  kvdb_stats s;
+  ASSERT_OK(kvdb_stat(db, &s));
+  ASSERT_EQ(s.corrupt_blocks, 1);
+  kvdb_verify_report rep;
+  ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, NULL, NULL, NULL, &rep));
+  ASSERT_EQ(rep.problems, 1);
+  ASSERT_STATUS(KVDB_CORRUPT, kvdb_get_context(db, &M, &ci.key, &v, NULL, NULL));
+  ASSERT_MSG_HAS("checksum mismatch");
+  kvdb_close(db);
+  free(src);
+  free(out);
+  t_rmdir(dir);
+  (void)st;
+}
+
+int main(void)
+{
+  test_config_names();
+  test_methods_round_trip();
+  test_drop();
+  test_get_tokens_partial();
+  test_profile();
+  test_recompress_and_sharing();
+  test_corrupt_compressed();
+  printf("test_compress_api: all passed\n");
+  return 0;
+}
