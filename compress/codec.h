@@ -38,7 +38,9 @@
  * ulp at |m|). Codes are the nearest integers to (x - z)/s, computed in double. Decoding
  * computes y = code*s + z in float and rounds y to the section dtype, so every element satisfies
  *       |x - decoded(x)| <= s/2 + ulp_f32(|y|)/2 + ulp_dtype(|y|)/2
- * (ulp_dtype: unit in the last place of the section dtype at |y|, 0 for f32). Residual rows
+ * (ulp_dtype: unit in the last place of the section dtype at |y|, 0 for f32); y is clamped
+ * to [-65504, 65504] (the range inputs must lie in) first, so every decoded element is finite
+ * and still within the bound (a clamp moves y toward x). Residual rows
  * are exact. Quantization needs finite inputs with |x| <= 65504 (the fp16 range of the stored
  * zero point); others give KV_CODEC_EINVAL. tests/unit/test_codec_quant.c asserts this bound.
  *

@@ -28,6 +28,18 @@
 #define KV_CODEC_INTERNAL
 #include "codec.h"
 
+/*
+ * Quantization takes inputs with |x| <= 65504 (the fp16 range of the stored zero point), but
+ * code * scale + zero can land a rounding beyond it, where f16 overflows to inf (seen: an
+ * input of 65504 decoded as inf at every bit width). Clamping y to the input range never moves
+ * it away from x, so the error bound holds and every decoded element is finite.
+ */
+#define KV_QUANT_MAX 65504.0f
+static inline float clamp_fp16_range(float y)
+{
+  return y > KV_QUANT_MAX ? KV_QUANT_MAX : y < -KV_QUANT_MAX ? -KV_QUANT_MAX : y;
+}
+
 #include <math.h>
 #include <string.h>
 
@@ -273,10 +285,10 @@ static inline void deqn_portable(const uint8_t *codes, uint32_t j, const float *
     c[k] = (float)codes[k];
   if (s != NULL)
     for (int k = 0; k < N; k++)
-      y[k] = c[k] * s[j + k] + z[j + k];
+      y[k] = clamp_fp16_range(c[k] * s[j + k] + z[j + k]);
   else
     for (int k = 0; k < N; k++)
-      y[k] = c[k] * sb + zb;
+      y[k] = clamp_fp16_range(c[k] * sb + zb);
   if (dt == KV_CODEC_F16) {
     uint16_t h[16];
     for (int k = 0; k < N; k++)
@@ -316,7 +328,8 @@ static void deq_span_portable(const uint8_t *codes, unsigned bits, uint32_t j0, 
     j += 8;
   }
   for (uint32_t k = j; k < n; k++)
-    tmp[k - j] = s != NULL ? (float)c8[k] * s[j0 + k] + z[j0 + k] : (float)c8[k] * sb + zb;
+    tmp[k - j] = clamp_fp16_range(s != NULL ? (float)c8[k] * s[j0 + k] + z[j0 + k]
+                                            : (float)c8[k] * sb + zb);
   kv_codec_from_f32(dt, tmp, n - j, out_row + (size_t)(j0 + j) * kv_codec_dtype_bytes(dt));
 }
 
@@ -426,6 +439,8 @@ KV_AVX2 static KV_INLINE void store16(uint8_t *out, __m128i v, int nt)
 /* 8 elements of dt at out; nt: with streaming stores (out 16-byte aligned). */
 KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y, int nt)
 {
+  /* clamp_fp16_range(), 8 at a time (y is never NaN: finite codes, scales and zeros) */
+  y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-KV_QUANT_MAX)), _mm256_set1_ps(KV_QUANT_MAX));
   if (dt == KV_CODEC_F16) {
     store16(out, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT), nt);
   } else if (dt == KV_CODEC_BF16) { /* y is finite here: round to nearest even */

@@ -124,6 +124,46 @@ static void kivi_case(kv_codec_dtype dt, kv_section_kind kind, uint32_t n, uint3
   free(x);
 }
 
+/* Inputs at the edge of the allowed range (|x| <= 65504): code * scale + zero may round past
+ * it; decoding clamps, so nothing becomes inf and the bound holds (it did not before). */
+TEST(kivi_extreme_values_finite)
+{
+  enum { T = 40, D = 24 };
+  float f[T * D];
+  uint64_t s = 11;
+  for (size_t dti = 0; dti < 3; dti++)
+    for (int kind = 0; kind < 2; kind++)
+      for (unsigned bits = 8; bits >= 2; bits /= 2) {
+        kv_codec_dtype dt = dtypes[dti];
+        /* the largest magnitude the dtype holds within the range: bf16 rounds 65504 to 65536 */
+        float top = dt == KV_CODEC_BF16 ? 65280.0f : 65504.0f;
+        for (size_t i = 0; i < T * D; i++) {
+          s = s * 6364136223846793005ull + 1442695040888963407ull;
+          unsigned r = (unsigned)(s >> 33) % 5;
+          f[i] = r == 0 ? top : r == 1 ? -top
+                 : (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 * top - top);
+        }
+        uint8_t src[T * D * 4];
+        kv_codec_from_f32(dt, f, T * D, src);
+        kv_section_shape sh = shape_of(dt, kind ? KV_SECTION_V : KV_SECTION_K, T, D);
+        kv_codec_params p;
+        kv_codec_params_init(&p);
+        p.bits = bits;
+        p.group = 8;
+        size_t enc_len;
+        uint8_t *enc = kt_encode(KV_CODEC_ID_KIVI, &sh, src, (size_t)T * D * kv_codec_dtype_bytes(dt), &p, &enc_len);
+        kv_section_info info;
+        void *dec = kt_decode(enc, enc_len, &info);
+        float y[T * D];
+        kv_codec_to_f32(dt, dec, T * D, y);
+        for (size_t i = 0; i < T * D; i++)
+          CHECK(isfinite(y[i]) && fabsf(y[i]) <= 65504.0f);
+        check_bound(&sh, src, dec, bits, info.params.group, 0);
+        free(enc);
+        free(dec);
+      }
+}
+
 TEST(kivi_error_bound)
 {
   static const unsigned bitss[] = {8, 4, 2};
@@ -504,6 +544,7 @@ TEST(simd_and_portable_identical_small_heads)
 int main(void)
 {
   RUN(kivi_error_bound);
+  RUN(kivi_extreme_values_finite);
   RUN(kivi_sizes);
   RUN(kivi_constant_rows_exact);
   RUN(kivi_config_errors);
