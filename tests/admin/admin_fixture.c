@@ -255,8 +255,54 @@ static int do_corrupt(const char *dir, uint64_t off)
   return 0;
 }
 
+/* A context of 48 tokens stored int4 with its quality profile and one reported quality. */
+static int do_profiled(const char *dir)
+{
+  kvdb *db;
+  if (check(open_db(dir, KVDB_O_CREATE, &db), "open"))
+    return 1;
+  uint32_t tok[48];
+  for (uint32_t i = 0; i < 48; i++)
+    tok[i] = 5000 + i * 7;
+  /* KV-like values (|x| < 2, a larger spread on some key channels), not make_kv's raw bit
+   * patterns: the profile's attention is meaningless over fp16 values near 65504 */
+  size_t elems = 48 * kvdb_model_token_bytes(&model) / sizeof(uint16_t);
+  uint16_t *buf = malloc(elems * sizeof *buf);
+  kvdb_kv_view v;
+  if (buf != NULL) {
+    uint64_t x = 99;
+    for (size_t i = 0; i < elems; i++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      uint16_t mant = (uint16_t)((x >> 40) & 0x3ff), sign = (uint16_t)((x >> 60) & 1) << 15;
+      uint16_t expo = (i % 128) % 16 == 0 ? 0x3c00 : 0x3400; /* [1, 2) or [0.25, 0.5) */
+      buf[i] = (uint16_t)(sign | expo | mant);
+    }
+    if (kvdb_kv_view_packed(&v, buf, &model, 48, KVDB_LAYOUT_LKTHD) != KVDB_OK) {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  po.flags = KVDB_PUT_PROFILE;
+  po.profile_space = "raw,lossless,int8,int4,knorm50";
+  kvdb_put_info info;
+  int bad = buf == NULL || check(kvdb_config_parse("int4", &po.config), "config") ||
+            check(kvdb_put_ex(db, &model, tok, 48, &v, &po, &info), "put_ex") ||
+            check(kvdb_report_quality(db, &info.context, &po.config, 0.75), "report");
+  free(buf);
+  if (!bad) {
+    char hx[33];
+    printf("profiled %s\n", kvdb_key_hex(&info.context, hx));
+  }
+  kvdb_close(db);
+  return bad;
+}
+
 int main(int argc, char **argv)
 {
+  if (argc == 3 && strcmp(argv[1], "profiled") == 0)
+    return do_profiled(argv[2]);
   if (argc == 3 && strcmp(argv[1], "create") == 0)
     return do_create(argv[2]);
   if (argc == 3 && strcmp(argv[1], "twins") == 0)
@@ -266,6 +312,6 @@ int main(int argc, char **argv)
   if ((argc == 3 || argc == 4) && strcmp(argv[1], "corrupt") == 0)
     return do_corrupt(argv[2], argc == 4 ? strtoull(argv[3], NULL, 0) : 8192);
   fprintf(stderr, "usage: admin_fixture create DIR | twins DIR | delete DIR KEYHEX... | "
-                  "corrupt DIR [OFFSET]\n");
+                  "corrupt DIR [OFFSET] | profiled DIR\n");
   return 2;
 }

@@ -101,12 +101,12 @@ pyjson 'd["command"] == "info" and d["contexts"] == 4 and d["models"] == 1 and d
 # ---- ls
 expect 0 ls "$DB"
 [ "$(lines)" -eq 5 ] || fail "ls printed $(lines) lines, expected a header and 4 rows"
-has '^KEY +MODEL +TOKENS +BLOCKS +SIZE +TIER +CREATED +LAST ACCESS +EXPLICIT$'
+has '^KEY +MODEL +TOKENS +BLOCKS +SIZE +TIER +CREATED +LAST ACCESS +EXPLICIT +CONFIG$'
 for k in "$LONG" "$BRANCH" "$OTHER" "$BLOCK"; do
   has "^$k +test/tiny-llama "
 done
-# columns: key model tokens blocks size(2 words) tier created last-access explicit
-awk -v k="$LONG" '$1 == k && $3 == 48 && $4 == 3 && $7 == "ssd" && $10 == "no" { f = 1 }
+# columns: key model tokens blocks size(2 words) tier created last-access explicit config
+awk -v k="$LONG" '$1 == k && $3 == 48 && $4 == 3 && $7 == "ssd" && $10 == "no" && $11 == "raw" { f = 1 }
   END { exit !f }' "$T/out" || fail "ls row of long is wrong"
 awk -v k="$BLOCK" '$1 == k && $3 == 16 && $4 == 1 && $10 == "yes" { f = 1 }
   END { exit !f }' "$T/out" || fail "ls row of the explicit-key block is wrong"
@@ -153,6 +153,28 @@ expect 1 show "$DB" "${NOPE}${NOPE}${NOPE}${NOPE}"
 has_err '^kvdb-admin: KVDB_NOTFOUND: '
 expect 1 show --json "$DB" "$NOPE"
 pyjson 'd["command"] == "show" and d["error"]["status"] == "KVDB_NOTFOUND"'
+
+# ---- a compressed context with its quality profile: ls shows the config, show the profile
+DB4=$T/db4
+"$FIX" profiled "$DB4" >"$T/prof" || fail "admin_fixture profiled"
+PK=$(cut -d' ' -f2 "$T/prof")
+expect 0 ls "$DB4"
+has "^$PK .* int4$"
+expect 0 show "$DB4" "$PK"
+has '^config +int4$'
+has '^profile +5 configs'
+has '^\* int4 +[0-9]+ +[0-9.]+x +0\.9[0-9]+ +[0-9.]+ +0\.7500 \(1\)$'
+has '^  raw +[0-9]+ +1\.00x +1\.00000 '
+has '^  knorm50 +~[0-9]+ '
+expect 0 show --json "$DB4" "$PK"
+pyjson 'd["context"]["config"] == "int4" and d["context"]["has_profile"] and len(d["profile"]) == 5'
+pyjson '[e for e in d["profile"] if e["stored"]][0]["config"] == "int4"'
+pyjson '[e for e in d["profile"] if e["config"] == "int4"][0]["reported_quality"] == 0.75'
+pyjson '[e for e in d["profile"] if e["config"] == "lossless"][0]["quality"] == 1'
+pyjson 'all(e["reported_quality"] is None for e in d["profile"] if e["config"] != "int4")'
+expect 0 info --json "$DB4"
+pyjson 'd["format_version"] == 2'
+expect 0 verify "$DB4"
 
 # ---- show with an ambiguous prefix: two contexts whose keys share 8 hex digits
 DB3=$T/db3

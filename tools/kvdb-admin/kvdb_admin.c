@@ -21,6 +21,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,9 @@ static void json_context(jw *j, const char *key, const kvdb_context_info *ci)
   json_time(j, "last_access", ci->last_access_unix_ms);
   jw_u64(j, "last_access_unix_ms", ci->last_access_unix_ms);
   jw_bool(j, "explicit_key", ci->explicit_key != 0);
+  char cfg[48];
+  jw_str(j, "config", kvdb_config_name(&ci->config, cfg, sizeof cfg));
+  jw_bool(j, "has_profile", ci->has_profile != 0);
   jw_end(j);
 }
 
@@ -322,10 +326,10 @@ static int cmd_info(const cli *c)
 
 /* The cells of one row of the human table. */
 enum { COL_KEY, COL_MODEL, COL_TOKENS, COL_BLOCKS, COL_SIZE, COL_TIER, COL_CREATED, COL_ACCESS,
-       COL_EXPLICIT, N_COLS };
+       COL_EXPLICIT, COL_CONFIG, N_COLS };
 static const char *const col_head[N_COLS] = {"KEY", "MODEL", "TOKENS", "BLOCKS", "SIZE", "TIER",
-                                             "CREATED", "LAST ACCESS", "EXPLICIT"};
-static const int col_right[N_COLS] = {0, 0, 1, 1, 1, 0, 0, 0, 0};
+                                             "CREATED", "LAST ACCESS", "EXPLICIT", "CONFIG"};
+static const int col_right[N_COLS] = {0, 0, 1, 1, 1, 0, 0, 0, 0, 0};
 
 static void row_cells(const kvdb_context_info *ci, char cell[N_COLS][80])
 {
@@ -339,6 +343,7 @@ static void row_cells(const kvdb_context_info *ci, char cell[N_COLS][80])
   fmt_time(ci->created_unix_ms, 0, cell[COL_CREATED], 80);
   fmt_time(ci->last_access_unix_ms, 0, cell[COL_ACCESS], 80);
   snprintf(cell[COL_EXPLICIT], 80, "%s", ci->explicit_key ? "yes" : "no");
+  kvdb_config_name(&ci->config, cell[COL_CONFIG], 80);
 }
 
 static void print_row(char cell[N_COLS][80], const int *width)
@@ -515,8 +520,47 @@ static int cmd_show(const cli *c)
   st = kvdb_context_stat(r.db, &key, &ci);
   if (st != KVDB_OK)
     return finish(&r, fail_kv(&r, st));
+  kvdb_profile_entry prof[256];
+  size_t n_prof = 0;
+  if (ci.has_profile) {
+    st = kvdb_profile_get(r.db, &key, prof, 256, &n_prof);
+    if (st != KVDB_OK)
+      return finish(&r, fail_kv(&r, st));
+    if (n_prof > 256)
+      n_prof = 256;
+  }
+  uint64_t raw_bytes = 0; /* the ratio column is against the raw entry when there is one */
+  for (size_t i = 0; i < n_prof; i++)
+    if (prof[i].config.method == KVDB_METHOD_RAW)
+      raw_bytes = prof[i].bytes;
   if (c->json) {
     json_context(&r.j, "context", &ci);
+    jw_arr(&r.j, "profile");
+    for (size_t i = 0; i < n_prof; i++) {
+      char nm[48];
+      const kvdb_profile_entry *e = &prof[i];
+      jw_obj(&r.j, NULL);
+      jw_str(&r.j, "config", kvdb_config_name(&e->config, nm, sizeof nm));
+      jw_u64(&r.j, "bytes", e->bytes);
+      jw_bool(&r.j, "bytes_exact", (e->flags & KVDB_PROFILE_EXACT) != 0);
+      jw_bool(&r.j, "stored", (e->flags & KVDB_PROFILE_STORED) != 0);
+      if (isnan(e->quality))
+        jw_null(&r.j, "quality");
+      else
+        jw_num(&r.j, "quality", e->quality);
+      if (isnan(e->rel_l2))
+        jw_null(&r.j, "rel_l2");
+      else
+        jw_num(&r.j, "rel_l2", e->rel_l2);
+      if (e->n_reports == 0)
+        jw_null(&r.j, "reported_quality");
+      else
+        jw_num(&r.j, "reported_quality", e->reported_quality);
+      jw_u64(&r.j, "reports", e->n_reports);
+      jw_u64(&r.j, "probes", e->n_probes);
+      jw_end(&r.j);
+    }
+    jw_end(&r.j);
     return finish(&r, EXIT_OKAY);
   }
   char hx[33], b[64], model[80];
@@ -531,6 +575,32 @@ static int cmd_show(const cli *c)
   kv_line("explicit key", "%s", ci.explicit_key ? "yes (one block stored by kvdb_put_block)" : "no");
   kv_line("created", "%s", fmt_time(ci.created_unix_ms, 1, b, sizeof b));
   kv_line("last access", "%s", fmt_time(ci.last_access_unix_ms, 1, b, sizeof b));
+  char nm[48];
+  kv_line("config", "%s", kvdb_config_name(&ci.config, nm, sizeof nm));
+  if (n_prof == 0) {
+    kv_line("profile", "none (kvdb_put_ex with KVDB_PUT_PROFILE, or kvdb_profile)");
+    return finish(&r, EXIT_OKAY);
+  }
+  kv_line("profile", "%zu configs; quality = attention-output cosine on %u probes per sampled head",
+          n_prof, prof[0].n_probes);
+  printf("\n  %-16s %12s %7s %9s %8s %9s\n", "CONFIG", "BYTES", "RATIO", "QUALITY", "REL L2",
+         "REPORTED");
+  for (size_t i = 0; i < n_prof; i++) {
+    const kvdb_profile_entry *e = &prof[i];
+    char q[16] = "-", l2[16] = "-", rep[24] = "-", ratio[16] = "-", by[32];
+    if (!isnan(e->quality))
+      snprintf(q, sizeof q, "%.5f", e->quality);
+    if (!isnan(e->rel_l2))
+      snprintf(l2, sizeof l2, "%.4f", e->rel_l2);
+    if (e->n_reports)
+      snprintf(rep, sizeof rep, "%.4f (%u)", e->reported_quality, e->n_reports);
+    if (raw_bytes && e->bytes)
+      snprintf(ratio, sizeof ratio, "%.2fx", (double)raw_bytes / (double)e->bytes);
+    snprintf(by, sizeof by, "%s%" PRIu64, (e->flags & KVDB_PROFILE_EXACT) ? "" : "~", e->bytes);
+    printf("%s %-16s %12s %7s %9s %8s %9s\n", (e->flags & KVDB_PROFILE_STORED) ? "*" : " ",
+           kvdb_config_name(&e->config, nm, sizeof nm), e->bytes ? by : "-", ratio, q, l2, rep);
+  }
+  printf("  (* stored config; ~ bytes extrapolated from the sampled heads)\n");
   return finish(&r, EXIT_OKAY);
 }
 
