@@ -41,6 +41,7 @@ static inline float clamp_fp16_range(float y)
 }
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -113,7 +114,7 @@ kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
 /* Largest fp16 <= v (v finite, |v| <= 65504). */
 static uint16_t f16_floor(float v)
 {
-  uint16_t h = kv_codec_f32_to_f16(v);
+  uint16_t h = kv_codec_f16_rne(v); /* v is finite (load_row checked it): the branch-free one */
   if (kv_codec_f16_to_f32(h) <= v)
     return h;
   if ((h & 0x7fffu) == 0)
@@ -124,7 +125,7 @@ static uint16_t f16_floor(float v)
 /* Smallest non-negative fp16 >= s (0 <= s < 65504). */
 static uint16_t f16_ceil(double s)
 {
-  uint16_t h = kv_codec_f32_to_f16((float)s);
+  uint16_t h = kv_codec_f16_rne((float)s);
   if ((double)kv_codec_f16_to_f32(h) < s)
     h = (uint16_t)(h + 1);
   return h;
@@ -173,13 +174,30 @@ static inline unsigned get_code(const uint8_t *row, unsigned bits, uint32_t j)
 
 /* ---- encoding ---------------------------------------------------------------------------------- */
 
+static void halves(const uint8_t *src, uint32_t n, float *dst, int simd);
+
+/* The CPU check of kv_quant_simd_available(), made once per process. */
+static int simd_ok(void)
+{
+  static _Atomic int known = -1;
+  int k = atomic_load_explicit(&known, memory_order_relaxed);
+  if (k < 0) {
+    k = kv_quant_simd_available();
+    atomic_store_explicit(&known, k, memory_order_relaxed);
+  }
+  return k;
+}
+
 static kv_codec_status load_row(const kv_section_info *info, const uint8_t *src,
                                 const uint32_t *row_map, uint32_t r, float *x, kv_codec_err *err)
 {
   uint32_t d = info->shape.head_dim;
   size_t row = (size_t)d * kv_codec_dtype_bytes(info->shape.dtype);
   uint32_t sr = row_map ? row_map[r] : r;
-  kv_codec_to_f32(info->shape.dtype, src + (size_t)sr * row, d, x);
+  if (info->shape.dtype == KV_CODEC_F16) /* exact either way; F16C where the CPU has it */
+    halves(src + (size_t)sr * row, d, x, simd_ok());
+  else
+    kv_codec_to_f32(info->shape.dtype, src + (size_t)sr * row, d, x);
   for (uint32_t j = 0; j < d; j++)
     if (!(fabsf(x[j]) <= 65504.0f))
       return KV_CODEC_FAIL(err, KV_CODEC_EINVAL,
