@@ -301,7 +301,12 @@ kvdb_status kv_config_section(const kvdb_config *c, const kv_block_geom *g, uint
     /* a trailing partial block may hold fewer tokens than the group: its K groups shrink to
      * the block (each section header records the group it was coded with) */
     uint32_t grp = c->group ? c->group : KV_CODEC_GROUP_DEFAULT;
-    out->group_k = grp < g->n_tokens ? grp : g->n_tokens;
+    /* dropping quantizes only the kept rows: K groups run along those (knorm50+int8 on a
+     * 32-token block keeps 16 rows per head, so the default group of 32 becomes 16) */
+    uint32_t rows = c->method == KVDB_METHOD_DROP
+                        ? kv_drop_keep_count(g->n_tokens, c->keep_permille)
+                        : g->n_tokens;
+    out->group_k = grp < rows ? grp : rows;
     out->group_v = grp < g->head_dim ? grp : g->head_dim;
   }
   if (c->method == KVDB_METHOD_QUANT && c->residual > 0) {

@@ -314,6 +314,47 @@ static void test_drop(void)
     ASSERT_MSG_HAS("was dropped");
   }
   free(q);
+
+  /* drop + quantize with the default group (32) on 32-token blocks: half the rows are kept,
+   * so the K groups run over the 16 kept rows; each kept row decodes to within a step */
+  const char *dq[] = {"knorm50+int8", "keydiff30+int4"};
+  for (int c = 0; c < 2; c++) {
+    tokens(tok, N, 90 + (uint64_t)c);
+    fill(tok, N, src);
+    kvdb_put_info info;
+    ASSERT_OK(put_cfg(db, tok, N, src, dq[c], 0, &info));
+    kvdb_config cfg;
+    ASSERT_OK(kvdb_config_parse(dq[c], &cfg));
+    kvdb_kv_view v;
+    ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+    uint32_t pos[6 * N], nrows[6];
+    ASSERT_OK(kvdb_get_context(db, &M, &info.context, &v, pos, nrows));
+    uint32_t keep = 0;
+    for (uint32_t b0 = 0; b0 < N; b0 += 32)
+      keep += kv_drop_keep_count(b0 + 32 <= N ? 32 : N - b0, cfg.keep_permille);
+    double steps = (double)((1u << cfg.bits) - 1);
+    for (uint32_t l = 0; l < M.n_layers; l++)
+      for (uint32_t h = 0; h < M.n_kv_heads; h++) {
+        uint32_t lh = l * M.n_kv_heads + h;
+        ASSERT_EQ(nrows[lh], keep);
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          /* the widest range a K group (a channel) or a V group (a row) can span */
+          float lo = 1e30f, hi = -1e30f;
+          for (size_t t = 0; t < N; t++)
+            for (uint32_t d = 0; d < M.head_dim; d++) {
+              float x = kv_codec_f16_to_f32(src[at(l, kv, t, h, d, N)]);
+              lo = x < lo ? x : lo;
+              hi = x > hi ? x : hi;
+            }
+          for (uint32_t r = 0; r < keep; r++)
+            for (uint32_t d = 0; d < M.head_dim; d++) {
+              float want = kv_codec_f16_to_f32(src[at(l, kv, pos[lh * N + r], h, d, N)]);
+              float got = kv_codec_f16_to_f32(out[at(l, kv, r, h, d, N)]);
+              ASSERT(fabsf(got - want) <= (hi - lo) / steps + 0.01f);
+            }
+        }
+      }
+  }
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   free(src);

@@ -1,0 +1,633 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/unit/test_golden_db.c — databases written by earlier builds must keep opening, reading
+ * and verifying, and must keep working after this build writes to them.
+ *
+ *   test_golden_db DIR            verify tests/golden/db/format1 and format2 (the meson test)
+ *   test_golden_db --write DIR    write them: only when a new catalog or block format version is
+ *                                 introduced, into a new formatN folder; never rewrite a
+ *                                 released format's files
+ *
+ * A golden database is a kvdb directory (catalog.mdb and ssd/seg-*.kvs, without the LMDB lock
+ * file) and MANIFEST, the expected answers, one per line:
+ *
+ *   model ID N_LAYERS N_KV_HEADS HEAD_DIM DTYPE BLOCK_TOKENS
+ *   stats FORMAT N_CONTEXTS N_BLOCKS
+ *   get N HIT HASH T0 T1 ...          kvdb_lookup and kvdb_get of the tokens: hit tokens and
+ *                                     the hash of the hit's KV (LKTHD, positions < HIT)
+ *   context KEY CONFIG N_TOKENS HASH  kvdb_context_stat's config and tokens, and the hash of
+ *                                     kvdb_get_context's rows, positions and row counts
+ *   block KEY N HASH T0 ...           kvdb_get_block of an explicit-key block
+ *   absent KEY                        a deleted context: KVDB_NOTFOUND
+ *   profile KEY CONFIG BYTES QUALITY RELL2 REPORTED NREPORTS   one kvdb_profile_get entry
+ *                                     (doubles printed with %a, compared exactly)
+ *
+ * Verification copies the directory to a scratch folder, then: opens it read-only and checks
+ * every line (a read-only open writes nothing, so a format-1 database stays format 1); opens
+ * it read-write and checks again; runs kvdb_verify (no problem); writes to it — a compressed
+ * context, which lifts a format-1 catalog to format 2, and a compaction that moves the old
+ * blocks — then reopens and checks every line once more plus the new context. It reads only
+ * the files: neither the generator nor the encoder, whose output may change over time, is
+ * consulted (the new context is checked against what the put returned).
+ *
+ * LMDB files are portable between machines of the same word size and byte order; these were
+ * written on x86-64 Linux.
+ */
+#include "kvdb_test.h" /* first: it defines _GNU_SOURCE */
+#define KV_CODEC_INTERNAL
+#include "codec.h"
+#include "kvgen.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <sys/stat.h>
+
+static const kvdb_model GM = {"test/golden", 2, 2, 32, KVDB_F16, 32};
+
+/* ---- hashing and data -------------------------------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+#define FNV0 0xcbf29ce484222325ull
+
+static size_t row_elems(const kvdb_model *m) { return (size_t)m->n_kv_heads * m->head_dim; }
+
+/* Hash of positions [0, hit) of a packed LKTHD buffer of n tokens. */
+static uint64_t hash_lkthd(const kvdb_model *m, const uint16_t *buf, size_t n, size_t hit)
+{
+  uint64_t h = FNV0;
+  size_t row = row_elems(m);
+  for (uint32_t l = 0; l < m->n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      h = fnv(h, buf + ((size_t)l * 2 + kv) * n * row, hit * row * 2);
+  return h;
+}
+
+/* KV-like f16 data for n tokens (generator only): per (layer, head), kvgen keys and values. */
+static uint16_t *make_kv(const kvdb_model *m, size_t n, uint64_t seed)
+{
+  size_t row = row_elems(m);
+  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
+  float *f = malloc(sizeof(float) * n * m->head_dim);
+  ASSERT(buf != NULL && f != NULL);
+  for (uint32_t l = 0; l < m->n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t hd = 0; hd < m->n_kv_heads; hd++) {
+        uint64_t s = seed * 1000003u + l * 101u + kv * 11u + hd;
+        if (kv == 0)
+          kvgen_keys(s, (uint32_t)n, m->head_dim, f);
+        else
+          kvgen_values(s, (uint32_t)n, m->head_dim, f);
+        for (size_t t = 0; t < n; t++)
+          for (uint32_t d = 0; d < m->head_dim; d++)
+            buf[((size_t)l * 2 + kv) * n * row + t * row + (size_t)hd * m->head_dim + d] =
+                kv_codec_f32_to_f16(f[t * m->head_dim + d]);
+      }
+  free(f);
+  return buf;
+}
+
+static void make_tokens(uint32_t *t, size_t n, uint64_t seed)
+{
+  for (size_t i = 0; i < n; i++)
+    t[i] = (uint32_t)(t_rand(&seed) % 32000);
+}
+
+/* ---- the checks (shared by writer and verifier) ------------------------------------------- */
+
+static uint64_t get_hash(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n, size_t *hit)
+{
+  uint16_t *out = calloc(n, kvdb_model_token_bytes(m));
+  ASSERT(out != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, m, n, KVDB_LAYOUT_LKTHD));
+  size_t looked = 0;
+  ASSERT_OK(kvdb_lookup(db, m, tok, n, &looked));
+  ASSERT_OK(kvdb_get(db, m, tok, n, &v, hit));
+  ASSERT_EQ(looked, *hit);
+  uint64_t h = hash_lkthd(m, out, n, *hit);
+  free(out);
+  return h;
+}
+
+static uint64_t context_hash(kvdb *db, const kvdb_model *m, const kvdb_key *key, char *cfg,
+                             uint64_t *n_tokens)
+{
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, key, &ci));
+  kvdb_config_name(&ci.config, cfg, 48);
+  size_t n = ci.n_tokens, heads = (size_t)m->n_layers * m->n_kv_heads;
+  *n_tokens = n;
+  uint16_t *out = calloc(n, kvdb_model_token_bytes(m));
+  uint32_t *pos = calloc(heads * n, sizeof *pos), *rows = calloc(heads, sizeof *rows);
+  ASSERT(out != NULL && pos != NULL && rows != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, m, n, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get_context(db, m, key, &v, pos, rows));
+  /* rows past a head's count are unspecified: hash the kept ones only */
+  uint64_t h = FNV0;
+  size_t row = row_elems(m);
+  for (uint32_t l = 0; l < m->n_layers; l++)
+    for (uint32_t hd = 0; hd < m->n_kv_heads; hd++) {
+      size_t s = (size_t)l * m->n_kv_heads + hd;
+      ASSERT(rows[s] <= n);
+      h = fnv(h, &rows[s], 4);
+      h = fnv(h, pos + s * n, rows[s] * 4u);
+      for (uint32_t kv = 0; kv < 2; kv++)
+        for (size_t r = 0; r < rows[s]; r++)
+          h = fnv(h, out + ((size_t)l * 2 + kv) * n * row + r * row + (size_t)hd * m->head_dim,
+                  m->head_dim * 2u);
+    }
+  free(out);
+  free(pos);
+  free(rows);
+  return h;
+}
+
+static uint64_t block_hash(kvdb *db, const kvdb_model *m, const kvdb_key *key, const uint32_t *tok,
+                           size_t n)
+{
+  uint16_t *out = calloc(m->block_tokens, kvdb_model_token_bytes(m));
+  ASSERT(out != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, m, m->block_tokens, KVDB_LAYOUT_LKTHD));
+  size_t got = 0;
+  ASSERT_OK(kvdb_get_block(db, m, key, tok, n, &v, &got));
+  ASSERT_EQ(got, n);
+  uint64_t h = hash_lkthd(m, out, m->block_tokens, n);
+  free(out);
+  return h;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+static kvdb_options golden_opts(void)
+{
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.dram_bytes = 0; /* every read comes from the files */
+  o.log_level = -1;
+  return o;
+}
+
+static kvdb_put_info put_cfg(kvdb *db, const uint32_t *tok, size_t n, uint64_t seed,
+                             const char *cfg, uint32_t flags)
+{
+  uint16_t *kv = make_kv(&GM, n, seed);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  ASSERT_OK(kvdb_config_parse(cfg, &po.config));
+  po.flags = flags;
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, kv, &GM, n, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &GM, tok, n, &v, &po, &info));
+  free(kv);
+  return info;
+}
+
+static void emit_get(FILE *mf, kvdb *db, const uint32_t *tok, size_t n)
+{
+  size_t hit = 0;
+  uint64_t h = get_hash(db, &GM, tok, n, &hit);
+  fprintf(mf, "get %zu %zu %016" PRIx64, n, hit, h);
+  for (size_t i = 0; i < n; i++)
+    fprintf(mf, " %" PRIu32, tok[i]);
+  fputc('\n', mf);
+}
+
+static void emit_context(FILE *mf, kvdb *db, const kvdb_key *key)
+{
+  char hex[33], cfg[48];
+  uint64_t n = 0;
+  uint64_t h = context_hash(db, &GM, key, cfg, &n);
+  fprintf(mf, "context %s %s %" PRIu64 " %016" PRIx64 "\n", kvdb_key_hex(key, hex), cfg, n, h);
+}
+
+static void emit_profile(FILE *mf, kvdb *db, const kvdb_key *key)
+{
+  kvdb_profile_entry e[64];
+  size_t n = 0;
+  ASSERT_OK(kvdb_profile_get(db, key, e, 64, &n));
+  ASSERT(n > 0 && n <= 64);
+  char hex[33], cfg[48];
+  for (size_t i = 0; i < n; i++)
+    fprintf(mf, "profile %s %s %" PRIu64 " %a %a %a %" PRIu32 "\n", kvdb_key_hex(key, hex),
+            kvdb_config_name(&e[i].config, cfg, sizeof cfg), e[i].bytes, e[i].quality,
+            e[i].rel_l2, e[i].reported_quality, e[i].n_reports);
+}
+
+static void emit_stats(FILE *mf, kvdb *db)
+{
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  fprintf(mf, "stats %" PRIu32 " %" PRIu64 " %" PRIu64 "\n", st.format_version, st.n_contexts,
+          st.n_blocks);
+}
+
+static void write_format1(const char *dir)
+{
+  kvdb *db;
+  kvdb_options o = golden_opts();
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint32_t a[80], b[112], c[40], e[20], q[60];
+  make_tokens(a, 80, 1);          /* 2 full blocks + a partial one */
+  memcpy(b, a, 64 * sizeof *a);   /* shares a's two full blocks */
+  make_tokens(b + 64, 48, 2);
+  make_tokens(c, 40, 3);          /* deleted below: dead bytes in the segment */
+  make_tokens(e, 20, 4);
+  memcpy(q, a, 50 * sizeof *a);   /* a query that leaves a's path inside block 2 */
+  make_tokens(q + 50, 10, 5);
+  kvdb_put_info ia = put_cfg(db, a, 80, 1, "raw", 0);
+  kvdb_put_info ib = put_cfg(db, b, 112, 2, "raw", 0);
+  kvdb_put_info ic = put_cfg(db, c, 40, 3, "raw", 0);
+  kvdb_key ek;
+  for (int i = 0; i < 16; i++)
+    ek.b[i] = (uint8_t)(0x11 * (i + 1));
+  uint16_t *ekv = make_kv(&GM, GM.block_tokens, 4);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, ekv, &GM, GM.block_tokens, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_put_block(db, &GM, &ek, e, 20, &v));
+  free(ekv);
+  ASSERT_OK(kvdb_delete(db, &ic.context));
+
+  char path[4096];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *mf = fopen(path, "w");
+  ASSERT(mf != NULL);
+  fprintf(mf, "model %s %u %u %u %u %u\n", GM.id, GM.n_layers, GM.n_kv_heads, GM.head_dim,
+          (unsigned)GM.dtype, GM.block_tokens);
+  emit_stats(mf, db);
+  emit_get(mf, db, a, 80);
+  emit_get(mf, db, b, 112);
+  emit_get(mf, db, q, 60);
+  emit_get(mf, db, c, 40); /* deleted: a miss */
+  emit_context(mf, db, &ia.context);
+  emit_context(mf, db, &ib.context);
+  char hex[33];
+  kvdb_key stored;
+  ASSERT_OK(kvdb_block_context(&GM, &ek, &stored));
+  fprintf(mf, "block %s 20 %016" PRIx64, kvdb_key_hex(&ek, hex), block_hash(db, &GM, &ek, e, 20));
+  for (int i = 0; i < 20; i++)
+    fprintf(mf, " %" PRIu32, e[i]);
+  fputc('\n', mf);
+  emit_context(mf, db, &stored);
+  fprintf(mf, "absent %s\n", kvdb_key_hex(&ic.context, hex));
+  ASSERT(fclose(mf) == 0);
+  kvdb_close(db);
+}
+
+static void write_format2(const char *dir)
+{
+  kvdb *db;
+  kvdb_options o = golden_opts();
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint32_t p[64], qt[70], r[64], s[64], t[96];
+  make_tokens(p, 64, 11);
+  make_tokens(qt, 70, 12);
+  make_tokens(r, 64, 13);
+  make_tokens(s, 64, 14);
+  memcpy(t, qt, 32 * sizeof *t); /* shares q's first block; stored raw, so that block is rewritten raw */
+  make_tokens(t + 32, 64, 15);
+  kvdb_put_info ip = put_cfg(db, p, 64, 11, "lossless", KVDB_PUT_PROFILE);
+  kvdb_put_info iq = put_cfg(db, qt, 70, 12, "int4", 0);
+  kvdb_put_info ir = put_cfg(db, r, 64, 13, "knorm50+int8", 0);
+  kvdb_put_info is = put_cfg(db, s, 64, 14, "raw", 0);
+  kvdb_put_info it = put_cfg(db, t, 96, 15, "raw", 0);
+  kvdb_config cfg;
+  ASSERT_OK(kvdb_config_parse("int8", &cfg));
+  ASSERT_OK(kvdb_recompress(db, &GM, &is.context, &cfg, NULL));
+  ASSERT_OK(kvdb_config_parse("int4", &cfg));
+  ASSERT_OK(kvdb_report_quality(db, &ip.context, &cfg, 0.9375));
+
+  char path[4096];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *mf = fopen(path, "w");
+  ASSERT(mf != NULL);
+  fprintf(mf, "model %s %u %u %u %u %u\n", GM.id, GM.n_layers, GM.n_kv_heads, GM.head_dim,
+          (unsigned)GM.dtype, GM.block_tokens);
+  emit_stats(mf, db);
+  emit_get(mf, db, p, 64);
+  emit_get(mf, db, qt, 70);
+  emit_get(mf, db, r, 64); /* dropped tokens: kvdb_get stops at the first block */
+  emit_get(mf, db, s, 64);
+  emit_get(mf, db, t, 96);
+  const kvdb_key *keys[] = {&ip.context, &iq.context, &ir.context, &is.context, &it.context};
+  for (size_t i = 0; i < 5; i++)
+    emit_context(mf, db, keys[i]);
+  emit_profile(mf, db, &ip.context);
+  ASSERT(fclose(mf) == 0);
+  kvdb_close(db);
+}
+
+/* ---- verifying ---------------------------------------------------------------------------- */
+
+static int copy_file(const char *from, const char *to)
+{
+  FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+  if (in == NULL || out == NULL)
+    return -1;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+    if (fwrite(buf, 1, n, out) != n)
+      return -1;
+  fclose(in);
+  return fclose(out);
+}
+
+/* Copies a golden database (files and one level of sub-folders), skipping MANIFEST. */
+static void copy_db(const char *from, const char *to)
+{
+  ASSERT(mkdir(to, 0755) == 0 || errno == EEXIST);
+  DIR *d = opendir(from);
+  ASSERT(d != NULL);
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    if (de->d_name[0] == '.' || strcmp(de->d_name, "MANIFEST") == 0)
+      continue;
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/%s", from, de->d_name);
+    snprintf(b, sizeof b, "%s/%s", to, de->d_name);
+    struct stat st;
+    ASSERT(stat(a, &st) == 0);
+    if (S_ISDIR(st.st_mode))
+      copy_db(a, b);
+    else
+      ASSERT(copy_file(a, b) == 0);
+  }
+  closedir(d);
+}
+
+typedef struct manifest {
+  char **lines;
+  size_t n;
+  kvdb_model model;
+  char model_id[64];
+} manifest;
+
+static void read_manifest(const char *dir, manifest *mf)
+{
+  char path[4096];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "test_golden_db: cannot open %s: %s\n", path, strerror(errno));
+    exit(T_EXIT_FAIL);
+  }
+  memset(mf, 0, sizeof *mf);
+  char *line = NULL;
+  size_t cap = 0;
+  while (getline(&line, &cap, f) > 0) {
+    line[strcspn(line, "\n")] = 0;
+    mf->lines = realloc(mf->lines, (mf->n + 1) * sizeof *mf->lines);
+    mf->lines[mf->n++] = strdup(line);
+  }
+  free(line);
+  fclose(f);
+  unsigned l, h, d, dt, bt;
+  ASSERT(mf->n > 0 && sscanf(mf->lines[0], "model %63s %u %u %u %u %u", mf->model_id, &l, &h, &d,
+                             &dt, &bt) == 6);
+  mf->model = (kvdb_model){mf->model_id, l, h, d, (kvdb_dtype)dt, bt};
+}
+
+static size_t parse_tokens(char **save, uint32_t **tok, size_t n)
+{
+  *tok = malloc((n ? n : 1) * sizeof **tok);
+  ASSERT(*tok != NULL);
+  for (size_t i = 0; i < n; i++) {
+    char *w = strtok_r(NULL, " ", save);
+    ASSERT(w != NULL);
+    (*tok)[i] = (uint32_t)strtoul(w, NULL, 10);
+  }
+  return n;
+}
+
+/* Checks every manifest line against an open handle. `format_at_least`: a database this
+ * build wrote to may have been lifted to a later format; stats lines then check >=. */
+static void check_all(kvdb *db, const manifest *mf, int written)
+{
+  const kvdb_model *m = &mf->model;
+  for (size_t i = 1; i < mf->n; i++) {
+    char *line = strdup(mf->lines[i]), *save = NULL;
+    char *op = strtok_r(line, " ", &save);
+    if (op == NULL) {
+      free(line);
+      continue;
+    }
+    if (strcmp(op, "stats") == 0) {
+      unsigned fmt;
+      uint64_t nc, nb;
+      ASSERT(sscanf(save, "%u %" SCNu64 " %" SCNu64, &fmt, &nc, &nb) == 3);
+      kvdb_stats st;
+      ASSERT_OK(kvdb_stat(db, &st));
+      if (!written) {
+        ASSERT_EQ(st.format_version, fmt);
+        ASSERT_EQ(st.n_contexts, nc);
+        ASSERT_EQ(st.n_blocks, nb);
+      } else {
+        ASSERT(st.format_version >= fmt && st.n_contexts > nc);
+      }
+    } else if (strcmp(op, "get") == 0) {
+      size_t n = strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      size_t want_hit = strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+      uint32_t *tok;
+      parse_tokens(&save, &tok, n);
+      size_t hit = 0;
+      uint64_t h = get_hash(db, m, tok, n, &hit);
+      if (hit != want_hit || h != want) {
+        fprintf(stderr, "test_golden_db: line %zu: get: hit %zu hash %016" PRIx64
+                        ", expected hit %zu hash %016" PRIx64 "\n",
+                i + 1, hit, h, want_hit, want);
+        abort();
+      }
+      free(tok);
+    } else if (strcmp(op, "context") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      const char *want_cfg = strtok_r(NULL, " ", &save);
+      uint64_t want_n = strtoull(strtok_r(NULL, " ", &save), NULL, 10);
+      uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+      char cfg[48];
+      uint64_t n = 0;
+      uint64_t h = context_hash(db, m, &key, cfg, &n);
+      if (strcmp(cfg, want_cfg) != 0 || n != want_n || h != want) {
+        fprintf(stderr, "test_golden_db: line %zu: context: %s %" PRIu64 " %016" PRIx64
+                        ", expected %s %" PRIu64 " %016" PRIx64 "\n",
+                i + 1, cfg, n, h, want_cfg, want_n, want);
+        abort();
+      }
+    } else if (strcmp(op, "block") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      size_t n = strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+      uint32_t *tok;
+      parse_tokens(&save, &tok, n);
+      uint64_t h = block_hash(db, m, &key, tok, n);
+      if (h != want) {
+        fprintf(stderr, "test_golden_db: line %zu: block hash %016" PRIx64 ", expected %016" PRIx64
+                        "\n", i + 1, h, want);
+        abort();
+      }
+      free(tok);
+    } else if (strcmp(op, "absent") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      kvdb_context_info ci;
+      ASSERT_STATUS(KVDB_NOTFOUND, kvdb_context_stat(db, &key, &ci));
+    } else if (strcmp(op, "profile") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      const char *want_cfg = strtok_r(NULL, " ", &save);
+      uint64_t bytes = strtoull(strtok_r(NULL, " ", &save), NULL, 10);
+      double q = strtod(strtok_r(NULL, " ", &save), NULL);
+      double l2 = strtod(strtok_r(NULL, " ", &save), NULL);
+      double rq = strtod(strtok_r(NULL, " ", &save), NULL);
+      uint32_t nr = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      kvdb_profile_entry e[64];
+      size_t n = 0;
+      ASSERT_OK(kvdb_profile_get(db, &key, e, 64, &n));
+      int found = 0;
+      for (size_t j = 0; j < n && j < 64; j++) {
+        char cfg[48];
+        if (strcmp(kvdb_config_name(&e[j].config, cfg, sizeof cfg), want_cfg) != 0)
+          continue;
+        found = 1;
+        ASSERT_EQ(e[j].bytes, bytes);
+        ASSERT(e[j].quality == q || (isnan(q) && isnan(e[j].quality)));
+        ASSERT(e[j].rel_l2 == l2 || (isnan(l2) && isnan(e[j].rel_l2)));
+        ASSERT(e[j].reported_quality == rq || (isnan(rq) && isnan(e[j].reported_quality)));
+        ASSERT_EQ(e[j].n_reports, nr);
+      }
+      if (!found) {
+        fprintf(stderr, "test_golden_db: line %zu: no profile entry %s\n", i + 1, want_cfg);
+        abort();
+      }
+    } else {
+      fprintf(stderr, "test_golden_db: line %zu: unknown line '%s'\n", i + 1, op);
+      abort();
+    }
+    free(line);
+  }
+}
+
+static void verify_clean(kvdb *db)
+{
+  kvdb_verify_report rep;
+  memset(&rep, 0, sizeof rep);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &rep));
+  ASSERT_EQ(rep.problems, 0);
+  ASSERT(rep.blocks_checked > 0);
+}
+
+static void verify_one(const char *golden, const char *scratch, unsigned format)
+{
+  manifest mf;
+  read_manifest(golden, &mf);
+  copy_db(golden, scratch);
+  kvdb_options o = golden_opts();
+  kvdb *db;
+
+  /* read-only first: nothing may be written, not even the format-1 catalog's lift */
+  o.flags = KVDB_O_RDONLY;
+  ASSERT_OK(kvdb_open(scratch, &o, &db));
+  check_all(db, &mf, 0);
+  kvdb_close(db);
+
+  o = golden_opts();
+  ASSERT_OK(kvdb_open(scratch, &o, &db));
+  check_all(db, &mf, 0);
+  verify_clean(db);
+
+  /* write: a compressed context (a format-1 catalog becomes format 2), then compaction */
+  kvdb_model m = mf.model;
+  uint32_t tok[50];
+  make_tokens(tok, 50, 99);
+  uint16_t *kv = make_kv(&m, 50, 99), *out = calloc(50, kvdb_model_token_bytes(&m));
+  ASSERT(out != NULL);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  ASSERT_OK(kvdb_config_parse("int4", &po.config));
+  po.flags = KVDB_PUT_PROFILE;
+  kvdb_kv_view v, ov;
+  ASSERT_OK(kvdb_kv_view_packed(&v, kv, &m, 50, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&ov, out, &m, 50, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &m, tok, 50, &v, &po, &info));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, &m, tok, 50, &ov, &hit));
+  ASSERT_EQ(hit, 50);
+  uint64_t new_hash = hash_lkthd(&m, out, 50, 50);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 2);
+  kvdb_compact_report cr;
+  ASSERT_OK(kvdb_compact(db, 1.0, NULL, NULL, &cr));
+  if (format == 1)
+    ASSERT(cr.bytes_reclaimed > 0); /* the deleted context's blocks */
+  kvdb_close(db);
+
+  ASSERT_OK(kvdb_open(scratch, &o, &db));
+  check_all(db, &mf, 1);
+  memset(out, 0, 50 * kvdb_model_token_bytes(&m));
+  ASSERT_OK(kvdb_get(db, &m, tok, 50, &ov, &hit));
+  ASSERT_EQ(hit, 50);
+  ASSERT_EQ(hash_lkthd(&m, out, 50, 50), new_hash);
+  kvdb_profile_entry e[64];
+  size_t ne = 0;
+  ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &ne));
+  ASSERT(ne > 0);
+  verify_clean(db);
+  kvdb_close(db);
+  free(kv);
+  free(out);
+  for (size_t i = 0; i < mf.n; i++)
+    free(mf.lines[i]);
+  free(mf.lines);
+  printf("ok golden format%u (%zu manifest lines)\n", format, mf.n - 1);
+}
+
+int main(int argc, char **argv)
+{
+  if (argc == 3 && strcmp(argv[1], "--write") == 0) {
+    char d1[4096], d2[4096], lock[4200];
+    snprintf(d1, sizeof d1, "%s/format1", argv[2]);
+    snprintf(d2, sizeof d2, "%s/format2", argv[2]);
+    struct stat st;
+    if (stat(d1, &st) == 0 || stat(d2, &st) == 0) {
+      fprintf(stderr, "test_golden_db: %s already holds golden databases; released formats are "
+                      "never rewritten\n", argv[2]);
+      return T_EXIT_FAIL;
+    }
+    write_format1(d1);
+    write_format2(d2);
+    snprintf(lock, sizeof lock, "%s/catalog.mdb-lock", d1);
+    unlink(lock);
+    snprintf(lock, sizeof lock, "%s/catalog.mdb-lock", d2);
+    unlink(lock);
+    return 0;
+  }
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_golden_db DIR | --write DIR\n");
+    return T_EXIT_FAIL;
+  }
+  char *tmpl = t_tmpdir("golden");
+  for (unsigned f = 1; f <= 2; f++) {
+    char golden[4096], scratch[4200];
+    snprintf(golden, sizeof golden, "%s/format%u", argv[1], f);
+    snprintf(scratch, sizeof scratch, "%s/format%u", tmpl, f);
+    verify_one(golden, scratch, f);
+  }
+  t_rmdir(tmpl);
+  return 0;
+}
