@@ -329,7 +329,9 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
     uint32_t n_rows;
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
     if (n_rows != h->g.n_tokens)
-      return kv_fail(KVDB_PANIC, "section %u dropped tokens: it cannot fill a data region", s);
+      return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
+                                   "stored without dropping has them all", s, n_rows,
+                     h->g.n_tokens);
     kv_rows_to_section(&h->g, rows, s, data);
   }
   return KVDB_OK;

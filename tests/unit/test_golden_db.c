@@ -7,6 +7,10 @@
  *   test_golden_db --write DIR    write them: only when a new catalog or block format version is
  *                                 introduced, into a new formatN folder; never rewrite a
  *                                 released format's files
+ *   test_golden_db --write-corpus DIR OUT   write the seeds of fuzz_cblock into OUT: the
+ *                                 compressed block objects of DIR/format2's segment (one of
+ *                                 each kind), whole, cut short and damaged (with fuzz_cblock's
+ *                                 repair flags)
  *
  * A golden database is a kvdb directory (catalog.mdb and ssd/seg-*.kvs, without the LMDB lock
  * file) and MANIFEST, the expected answers, one per line:
@@ -37,6 +41,7 @@
 #define KV_CODEC_INTERNAL
 #include "codec.h"
 #include "kvgen.h"
+#include "block.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -259,7 +264,7 @@ static void write_format1(const char *dir)
   free(ekv);
   ASSERT_OK(kvdb_delete(db, &ic.context));
 
-  char path[4096];
+  char path[4200];
   snprintf(path, sizeof path, "%s/MANIFEST", dir);
   FILE *mf = fopen(path, "w");
   ASSERT(mf != NULL);
@@ -308,7 +313,7 @@ static void write_format2(const char *dir)
   ASSERT_OK(kvdb_config_parse("int4", &cfg));
   ASSERT_OK(kvdb_report_quality(db, &ip.context, &cfg, 0.9375));
 
-  char path[4096];
+  char path[4200];
   snprintf(path, sizeof path, "%s/MANIFEST", dir);
   FILE *mf = fopen(path, "w");
   ASSERT(mf != NULL);
@@ -376,7 +381,7 @@ typedef struct manifest {
 
 static void read_manifest(const char *dir, manifest *mf)
 {
-  char path[4096];
+  char path[4200];
   snprintf(path, sizeof path, "%s/MANIFEST", dir);
   FILE *f = fopen(path, "r");
   if (f == NULL) {
@@ -597,8 +602,86 @@ static void verify_one(const char *golden, const char *scratch, unsigned format)
   printf("ok golden format%u (%zu manifest lines)\n", format, mf.n - 1);
 }
 
+/* ---- fuzz seeds ---------------------------------------------------------------------------- */
+
+static void put_seed(const char *out, const char *name, unsigned flags, const uint8_t *b,
+                     size_t n)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", out, name);
+  FILE *f = fopen(path, "wb");
+  uint8_t fl = (uint8_t)flags;
+  ASSERT(f != NULL && fwrite(&fl, 1, 1, f) == 1 && fwrite(b, 1, n, f) == n && fclose(f) == 0);
+}
+
+/* Block objects start on 4 KiB boundaries; the format-2 ones are found by their header. */
+static void write_corpus(const char *golden, const char *out)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s/format2/ssd/seg-0000000000000001.kvs", golden);
+  FILE *f = fopen(path, "rb");
+  ASSERT(f != NULL);
+  ASSERT(fseek(f, 0, SEEK_END) == 0);
+  long size = ftell(f);
+  ASSERT(size > 0 && fseek(f, 0, SEEK_SET) == 0);
+  uint8_t *seg = malloc((size_t)size);
+  ASSERT(seg != NULL && fread(seg, 1, (size_t)size, f) == (size_t)size);
+  fclose(f);
+  ASSERT(mkdir(out, 0755) == 0 || errno == EEXIST);
+  /* in write order: lossless (2 blocks), int4 (2 + a 6-token one), knorm50+int8 (2), int8 (2);
+   * seeds from one block of each kind keep the corpus small */
+  unsigned n = 0, found = 0;
+  for (long off = 0; off + 4096 <= size; off += 4096) {
+    kv_block_hdr h;
+    if (kv_block_parse_header(seg + off, (size_t)(size - off), &h) != KVDB_OK || h.version < 2 ||
+        off + (long)h.obj.total_bytes > size)
+      continue;
+    unsigned idx = found++;
+    if (idx != 0 && idx != 2 && idx != 4 && idx != 5)
+      continue;
+    uint8_t *b = seg + off;
+    size_t tot = h.obj.total_bytes, meta = h.obj.meta_bytes;
+    char name[64];
+    snprintf(name, sizeof name, "block%u_whole.bin", n);
+    put_seed(out, name, 0, b, tot);
+    snprintf(name, sizeof name, "block%u_meta_only.bin", n);
+    put_seed(out, name, 0, b, meta);
+    snprintf(name, sizeof name, "block%u_one_page.bin", n);
+    put_seed(out, name, 0, b, meta + 4096 < tot ? meta + 4096 : tot);
+    uint8_t *d = malloc(tot);
+    ASSERT(d != NULL);
+    /* a flipped byte in the first section's header, with pages and meta repaired: the
+     * section decoder sees it */
+    memcpy(d, b, tot);
+    d[meta + 5] ^= 0x40;
+    snprintf(name, sizeof name, "block%u_sect_hdr_repair.bin", n);
+    put_seed(out, name, 7, d, tot);
+    /* a flipped byte deep in the data, unrepaired (a page mismatch) and repaired */
+    memcpy(d, b, tot);
+    d[tot - 4096 / 2 - 1 > meta ? tot - 4096 / 2 - 1 : meta] ^= 0x01;
+    snprintf(name, sizeof name, "block%u_data_flip.bin", n);
+    put_seed(out, name, 0, d, tot);
+    snprintf(name, sizeof name, "block%u_data_flip_repair.bin", n);
+    put_seed(out, name, 7, d, tot);
+    /* a section length moved by one, meta repaired: the table no longer tiles the data */
+    memcpy(d, b, tot);
+    kv_put_le32(d + h.cl.sectab_off + 8, kv_get_le32(d + h.cl.sectab_off + 8) + 1);
+    snprintf(name, sizeof name, "block%u_sectab_repair.bin", n);
+    put_seed(out, name, 6, d, tot);
+    free(d);
+    n++;
+  }
+  ASSERT(n > 0);
+  free(seg);
+  printf("wrote %u compressed blocks' seeds to %s\n", n, out);
+}
+
 int main(int argc, char **argv)
 {
+  if (argc == 4 && strcmp(argv[1], "--write-corpus") == 0) {
+    write_corpus(argv[2], argv[3]);
+    return 0;
+  }
   if (argc == 3 && strcmp(argv[1], "--write") == 0) {
     char d1[4096], d2[4096], lock[4200];
     snprintf(d1, sizeof d1, "%s/format1", argv[2]);
