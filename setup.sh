@@ -16,7 +16,7 @@ case "$mode" in
   *) echo "usage: ./setup.sh demo|test" >&2; exit 2 ;;
 esac
 
-pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev python3"
+pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev python3 libxrt-dev uuid-dev"
 missing=""
 for p in $pkgs; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

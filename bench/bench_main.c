@@ -33,6 +33,8 @@ static const bench_cmd CMDS[] = {
    bench_store},
   {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
    bench_compress},
+  {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "
+   "the emulated SmartSSD", bench_score},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

@@ -1,0 +1,540 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_score.c — `kvdb-bench score`: near-data top-k scoring (engine/score/score.h and
+ * fpga/device.h, used directly as `compress` uses codec.h; nothing of the engine).
+ *
+ * Data: datagen.c's Llama-shaped KV (8 KV heads x head_dim 128, f16, four outlier key channels
+ * per head), one layer, N_max tokens (131072; 32768 with --quick); each head's K is quantized
+ * into an int8 and an int4 score copy (kv_score_copy_encode: page-grouped, per-token scales).
+ *
+ *   throughput  kv_score_topk over the 8 heads' copies (one call per head, k = 1% or 10% of N),
+ *               GB/s = code bytes scanned (N x row_bytes per head; the 4-byte scales are not
+ *               counted) / time; per kernel path, one thread and all threads. Baseline in the
+ *               same run, on the same bytes, rounds interleaved: a plain streaming read that
+ *               sums every 8-byte word (membw_gbps; memcpy of the same bytes is printed too).
+ *               scan_vs_membw = the best path, int8, k = 1%, one thread / membw on one thread.
+ *               Also the kernel alone (kv_score_tokens into a 256-score buffer, no top-k).
+ *   recall      for N in 4k, 16k, 64k, 128k (4k, 16k, 32k quick), each head, probe queries of
+ *               4 query heads (keys of random positions + noise, GQA SUM): recall@k of the int8
+ *               and int4 top k against the exact top k (f64 scores of the f16 keys), k = 1%,
+ *               5%, 10% of N; the mean over heads, probes and N.
+ *   device      the emulated SmartSSD (fpga/, the HLS kernel compiled by gcc) through
+ *               kv_hie_topk with every token device-resident: the copies are written to a file
+ *               in the run directory and P2P-read with O_DIRECT; GB/s of code bytes. Then a
+ *               half/half host/device split whose result is checked against the CPU top k.
+ *   host_bytes_ratio  (bytes crossing to the host for score + top-k fetch on the smartssd tier
+ *               vs fetching all K to score on the host) needs the engine's smartssd tier and
+ *               get_tokens: bench_score_host_bytes_ratio() below is the hook, and the JSON
+ *               field is null until the engine fills it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "datagen.h"
+#include "device.h"
+#include "score.h"
+
+#define BS_HEADS 8u
+#define BS_DIM 128u
+#define BS_G 4u /* query heads per KV head (Llama-3-8B) */
+
+typedef struct bs_set {
+  uint32_t n;
+  unsigned bits;
+  uint8_t *mem[BS_HEADS];
+  kv_score_view view[BS_HEADS];
+  uint64_t code_bytes; /* all heads */
+} bs_set;
+
+/* Hook for the engine integration: host_bytes_ratio needs the engine's smartssd tier. Returns
+ * NAN until then (the JSON field is null). */
+static double bench_score_host_bytes_ratio(const bench_env *env)
+{
+  (void)env;
+  return NAN;
+}
+
+static int make_set(bs_set *s, const uint16_t *k, uint32_t n, unsigned bits)
+{
+  memset(s, 0, sizeof *s);
+  s->n = n;
+  s->bits = bits;
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    kv_score_layout l;
+    kv_score_err e;
+    if (kv_score_layout_init(&l, n, BS_DIM, bits, &e) != KV_SCORE_OK)
+      return -1;
+    s->mem[h] = bench_alloc((size_t)l.total_bytes);
+    if (s->mem[h] == NULL)
+      return -1;
+    if (kv_score_copy_encode(KV_SCORE_F16, k + (size_t)h * BS_DIM, (size_t)BS_HEADS * BS_DIM * 2, n,
+                             BS_DIM, bits, s->mem[h], (size_t)l.total_bytes, NULL, &e) != KV_SCORE_OK ||
+        kv_score_copy_parse(s->mem[h], (size_t)l.total_bytes, &s->view[h], &e) != KV_SCORE_OK) {
+      char msg[256];
+      kv_score_errmsg(&e, msg, sizeof msg);
+      bench_log("score copy: %s", msg);
+      return -1;
+    }
+    s->code_bytes += (uint64_t)n * l.row_bytes;
+  }
+  return 0;
+}
+
+static void free_set(bs_set *s)
+{
+  for (uint32_t h = 0; h < BS_HEADS; h++)
+    bench_free(s->mem[h]);
+}
+
+/* The baseline: read every byte of the code regions once (sum of 8-byte words). */
+static uint64_t memsum(const bs_set *s)
+{
+  uint64_t acc[8] = {0};
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    const uint64_t *p = (const uint64_t *)(const void *)s->view[h].codes;
+    size_t n = (size_t)s->n * s->view[h].layout.row_bytes / 8;
+    for (size_t i = 0; i + 8 <= n; i += 8)
+      for (int j = 0; j < 8; j++)
+        acc[j] += p[i + j];
+  }
+  return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+}
+
+static void memcpy_set(const bs_set *s, uint8_t *dst)
+{
+  size_t off = 0;
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    size_t n = (size_t)s->n * s->view[h].layout.row_bytes;
+    memcpy(dst + off, s->view[h].codes, n);
+    off += n;
+  }
+}
+
+typedef struct bs_cfg {
+  const bs_set *set;
+  kv_score_query *q[BS_HEADS];
+  kv_score_opts opts;
+  uint32_t k;
+  int kernel_only;
+  void *scratch;
+  size_t scratch_bytes;
+  uint32_t *pos;
+  float *sc;
+} bs_cfg;
+
+static int run_cfg(const bs_cfg *c)
+{
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    if (c->kernel_only) {
+      float buf[256];
+      for (uint32_t t = 0; t < c->set->n; t += 256)
+        if (kv_score_tokens(c->q[h], &c->set->view[h], t, c->set->n - t < 256 ? c->set->n - t : 256,
+                            c->opts.impl, buf, NULL) != KV_SCORE_OK)
+          return -1;
+      continue;
+    }
+    kv_score_span sp = {&c->set->view[h], 0, c->set->n, 0};
+    kv_score_err e;
+    if (kv_score_topk(c->q[h], &sp, 1, c->k, &c->opts, c->scratch, c->scratch_bytes, c->pos, c->sc,
+                      NULL, &e) != KV_SCORE_OK) {
+      char msg[256];
+      kv_score_errmsg(&e, msg, sizeof msg);
+      bench_log("kv_score_topk: %s", msg);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Median of rounds of the config and of the baseline, interleaved. *base_gbps gets the
+ * baseline's. Returns the config's GB/s (0 on error). */
+static volatile uint64_t bs_sink;
+static double measure(const bs_cfg *c, int rounds, double *base_gbps)
+{
+  bench_samples a = {0}, b = {0};
+  for (int r = 0; r < rounds; r++) {
+    uint64_t t0 = bench_now_ns();
+    bs_sink += memsum(c->set);
+    uint64_t t1 = bench_now_ns();
+    if (run_cfg(c) != 0) {
+      bench_samples_free(&a);
+      bench_samples_free(&b);
+      return 0;
+    }
+    uint64_t t2 = bench_now_ns();
+    bench_samples_push(&b, t1 - t0);
+    bench_samples_push(&a, t2 - t1);
+  }
+  double g = bench_gbps(c->set->code_bytes, bench_samples_pct(&a, 50));
+  if (base_gbps)
+    *base_gbps = bench_gbps(c->set->code_bytes, bench_samples_pct(&b, 50));
+  bench_samples_free(&a);
+  bench_samples_free(&b);
+  return g;
+}
+
+/* Probe queries of one head: BS_G query heads, each a key of a random position plus noise. */
+static void probe(float *q, const uint16_t *k, uint32_t n, uint32_t h, dg_rng *r)
+{
+  for (uint32_t g = 0; g < BS_G; g++) {
+    uint32_t p = dg_below(r, n);
+    for (uint32_t j = 0; j < BS_DIM; j++) {
+      double z = 0;
+      for (int i = 0; i < 4; i++)
+        z += (double)(dg_next(r) >> 11) * 0x1p-53;
+      q[g * BS_DIM + j] =
+          kv_score_f16_to_f32(k[((size_t)p * BS_HEADS + h) * BS_DIM + j]) + (float)((z - 2.0) * 0.9);
+    }
+  }
+}
+
+static int cmp_desc_f(const void *a, const void *b)
+{
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int bench_score(const bench_env *env, bench_json *j)
+{
+  FILE *out = env->out;
+  const uint32_t n_max = env->quick ? 32768 : 131072;
+  const int rounds = env->quick ? 3 : 7;
+  long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+  bench_log("score: generating %u tokens x %u KV heads x %u dims of f16 KV (datagen)", n_max,
+            BS_HEADS, BS_DIM);
+  dg_kv_model dm;
+  if (dg_kv_model_init(&dm, 1, BS_HEADS, BS_DIM, env->seed) != 0)
+    return 1;
+  uint32_t *tok = malloc((size_t)n_max * 4);
+  uint16_t *kv = malloc((size_t)n_max * dg_kv_token_bytes(&dm));
+  if (tok == NULL || kv == NULL) {
+    bench_log("out of memory for the KV");
+    return 1;
+  }
+  dg_tokens(tok, n_max, env->seed + 1, 32000);
+  if (dg_kv_fill_f16(&dm, tok, n_max, kv) != 0)
+    return 1;
+  const uint16_t *keys = kv; /* [K][token][head][dim] comes first (one layer) */
+
+  fprintf(out, "\n## throughput: top-k over %u heads x %u tokens, head_dim %u (GB/s of codes)\n",
+          BS_HEADS, n_max, BS_DIM);
+  bs_set s8, s4;
+  if (make_set(&s8, keys, n_max, 8) != 0 || make_set(&s4, keys, n_max, 4) != 0)
+    return 1;
+  dg_rng r = {env->seed * 7919 + 3};
+  float *qf = malloc((size_t)BS_G * BS_DIM * 4);
+  bs_cfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    probe(qf, keys, n_max, h, &r);
+    if (kv_score_query_create(KV_SCORE_F32, qf, BS_G, BS_DIM, BS_DIM * 4, KV_SCORE_SUM, &cfg.q[h],
+                              NULL) != KV_SCORE_OK)
+      return 1;
+  }
+  uint32_t kmax = n_max / 10 + 1;
+  cfg.pos = malloc((size_t)kmax * 4);
+  cfg.sc = malloc((size_t)kmax * 4);
+  cfg.scratch_bytes = kv_score_topk_scratch_bytes(kmax, (unsigned)nproc);
+  cfg.scratch = bench_alloc(cfg.scratch_bytes);
+  uint8_t *cpy = bench_alloc((size_t)s8.code_bytes);
+  if (cfg.pos == NULL || cfg.sc == NULL || cfg.scratch == NULL || cpy == NULL)
+    return 1;
+  /* memcpy of the same bytes, for reference */
+  bench_samples ms = {0};
+  for (int i = 0; i < rounds; i++) {
+    uint64_t t0 = bench_now_ns();
+    memcpy_set(&s8, cpy);
+    bench_samples_push(&ms, bench_now_ns() - t0);
+  }
+  double memcpy_gbps = bench_gbps(s8.code_bytes, bench_samples_pct(&ms, 50));
+  bench_samples_free(&ms);
+  bench_free(cpy);
+
+  const kv_score_impl impls[3] = {KV_SCORE_IMPL_PORTABLE, KV_SCORE_IMPL_AVX2, KV_SCORE_IMPL_AVX512};
+  kv_score_impl best = kv_score_impl_resolve(KV_SCORE_IMPL_AUTO);
+  double scan = 0, base = 0, scan10 = 0, base10 = 0, s4g = 0, b4 = 0, s4g10 = 0, b410 = 0;
+  double only = 0, base_only = 0, mt = 0, base_mt = 0;
+  fprintf(out, "%-11s %-5s %-4s %-8s %10s %10s %7s\n", "path", "bits", "k", "threads", "score",
+          "membw", "ratio");
+  for (int ii = 0; ii < 3; ii++) {
+    if (!kv_score_impl_available(impls[ii]))
+      continue;
+    for (int bi = 0; bi < 2; bi++) {
+      const bs_set *set = bi == 0 ? &s8 : &s4;
+      for (int kk = 0; kk < 3; kk++) {
+        /* kk: 0 = k 1%, 1 = k 10%, 2 = kernel only */
+        if (impls[ii] != best && kk != 0)
+          continue;
+        cfg.set = set;
+        kv_score_opts_init(&cfg.opts);
+        cfg.opts.impl = impls[ii];
+        cfg.opts.n_threads = 1;
+        cfg.k = kk == 1 ? n_max / 10 : n_max / 100;
+        cfg.kernel_only = kk == 2;
+        double bgb = 0, g = measure(&cfg, rounds, &bgb);
+        fprintf(out, "%-11s int%-2u %-4s %-8d %10.2f %10.2f %7.3f\n", kv_score_impl_name(impls[ii]),
+                set->bits, kk == 0 ? "1%" : kk == 1 ? "10%" : "none", 1, g, bgb,
+                bench_ratio(g, bgb));
+        char key[96];
+        snprintf(key, sizeof key, "scan_%s_int%u_%s_gbps", kv_score_impl_name(impls[ii]), set->bits,
+                 kk == 0 ? "k1" : kk == 1 ? "k10" : "kernel");
+        bench_json_num(j, key, g);
+        if (impls[ii] == best) {
+          if (bi == 0 && kk == 0) {
+            scan = g;
+            base = bgb;
+          } else if (bi == 0 && kk == 1) {
+            scan10 = g;
+            base10 = bgb;
+          } else if (bi == 0 && kk == 2) {
+            only = g;
+            base_only = bgb;
+          } else if (bi == 1 && kk == 0) {
+            s4g = g;
+            b4 = bgb;
+          } else if (bi == 1 && kk == 1) {
+            s4g10 = g;
+            b410 = bgb;
+          }
+        }
+      }
+    }
+  }
+  /* all cores: int8, k 1%, AUTO threads; the baseline is one thread's read (the same memory
+   * system, so the ratio to it shows the scaling) */
+  cfg.set = &s8;
+  kv_score_opts_init(&cfg.opts);
+  cfg.opts.n_threads = (unsigned)nproc;
+  cfg.k = n_max / 100;
+  cfg.kernel_only = 0;
+  mt = measure(&cfg, rounds, &base_mt);
+  fprintf(out, "%-11s int8  1%%   %-8ld %10.2f %10.2f %7.3f (baseline: one thread)\n",
+          kv_score_impl_name(best), nproc, mt, base_mt, bench_ratio(mt, base_mt));
+  fprintf(out, "memcpy of the same int8 codes: %.2f GB/s\n", memcpy_gbps);
+  double scan_vs = bench_ratio(scan, base);
+  fprintf(out, "scan_vs_membw (int8, k 1%%, one thread, %s) = %.3f; k 10%%: %.3f; int4: %.3f / "
+          "%.3f; kernel alone: %.3f\n",
+          kv_score_impl_name(best), scan_vs, bench_ratio(scan10, base10), bench_ratio(s4g, b4),
+          bench_ratio(s4g10, b410), bench_ratio(only, base_only));
+  bench_json_str(j, "scan_path", kv_score_impl_name(best));
+  bench_json_int(j, "scan_tokens", n_max);
+  bench_json_int(j, "scan_heads", BS_HEADS);
+  bench_json_num(j, "membw_gbps", base);
+  bench_json_num(j, "memcpy_gbps", memcpy_gbps);
+  bench_json_num(j, "scan_gbps", scan);
+  bench_json_num(j, "scan_vs_membw", scan_vs);
+  bench_json_num(j, "scan_k10_gbps", scan10);
+  bench_json_num(j, "scan_vs_membw_k10", bench_ratio(scan10, base10));
+  bench_json_num(j, "scan_int4_gbps", s4g);
+  bench_json_num(j, "scan_int4_vs_membw", bench_ratio(s4g, b4));
+  bench_json_num(j, "scan_int4_vs_membw_k10", bench_ratio(s4g10, b410));
+  bench_json_num(j, "scan_kernel_gbps", only);
+  bench_json_num(j, "scan_kernel_vs_membw", bench_ratio(only, base_only));
+  bench_json_num(j, "scan_mt_gbps", mt);
+  bench_json_int(j, "scan_mt_threads", nproc);
+  for (uint32_t h = 0; h < BS_HEADS; h++)
+    kv_score_query_free(cfg.q[h]);
+  bench_free(cfg.scratch);
+
+  /* ---- recall ---- */
+  fprintf(out, "\n## recall@k against the exact top k (f64 scores of the f16 keys), GQA SUM of %u "
+          "query heads\n",
+          BS_G);
+  static const uint32_t ns_full[] = {4096, 16384, 65536, 131072}, ns_quick[] = {4096, 16384, 32768};
+  const uint32_t *ns = env->quick ? ns_quick : ns_full;
+  size_t n_ns = env->quick ? 3 : 4;
+  const double kf[3] = {0.01, 0.05, 0.10};
+  double rec[2][3] = {{0}};
+  int n_rec = 0;
+  float *exact = malloc((size_t)n_max * 4), *sorted = malloc((size_t)n_max * 4);
+  fprintf(out, "%-8s %-6s %9s %9s %9s\n", "N", "bits", "k=1%", "k=5%", "k=10%");
+  for (size_t ni = 0; ni < n_ns; ni++) {
+    uint32_t n = ns[ni];
+    double rn[2][3] = {{0}};
+    int cnt = 0;
+    for (uint32_t h = 0; h < BS_HEADS; h++) {
+      probe(qf, keys, n, h, &r);
+      if (kv_score_exact(KV_SCORE_F16, keys + (size_t)h * BS_DIM, (size_t)BS_HEADS * BS_DIM * 2, n,
+                         BS_DIM, KV_SCORE_F32, qf, BS_G, BS_DIM * 4, KV_SCORE_SUM, exact, NULL) !=
+          KV_SCORE_OK)
+        return 1;
+      memcpy(sorted, exact, (size_t)n * 4);
+      qsort(sorted, n, 4, cmp_desc_f);
+      kv_score_query *q;
+      if (kv_score_query_create(KV_SCORE_F32, qf, BS_G, BS_DIM, BS_DIM * 4, KV_SCORE_SUM, &q, NULL) !=
+          KV_SCORE_OK)
+        return 1;
+      for (int bi = 0; bi < 2; bi++) {
+        const bs_set *set = bi == 0 ? &s8 : &s4;
+        for (int ki = 0; ki < 3; ki++) {
+          uint32_t k = (uint32_t)ceil(kf[ki] * n);
+          kv_score_span sp = {&set->view[h], 0, n, 0};
+          if (kv_score_topk(q, &sp, 1, k, NULL, NULL, 0, cfg.pos, NULL, NULL, NULL) != KV_SCORE_OK)
+            return 1;
+          float thr = sorted[k - 1]; /* a selected token is a hit if it is in the exact top k */
+          uint32_t hit = 0;
+          for (uint32_t i = 0; i < k; i++)
+            hit += exact[cfg.pos[i]] >= thr;
+          rn[bi][ki] += (double)hit / k;
+        }
+      }
+      cnt++;
+      kv_score_query_free(q);
+    }
+    for (int bi = 0; bi < 2; bi++) {
+      fprintf(out, "%-8u int%-3d %9.4f %9.4f %9.4f\n", n, bi == 0 ? 8 : 4, rn[bi][0] / cnt,
+              rn[bi][1] / cnt, rn[bi][2] / cnt);
+      for (int ki = 0; ki < 3; ki++)
+        rec[bi][ki] += rn[bi][ki] / cnt;
+    }
+    n_rec++;
+  }
+  static const char *rk[2][3] = {{"recall_int8_k1", "recall_int8_k5", "recall_int8_k10"},
+                                 {"recall_int4_k1", "recall_int4_k5", "recall_int4_k10"}};
+  for (int bi = 0; bi < 2; bi++)
+    for (int ki = 0; ki < 3; ki++)
+      bench_json_num(j, rk[bi][ki], rec[bi][ki] / n_rec);
+  double r8 = rec[0][2] / n_rec;
+  fprintf(out, "mean over N: int8 %.4f / %.4f / %.4f, int4 %.4f / %.4f / %.4f\n", rec[0][0] / n_rec,
+          rec[0][1] / n_rec, r8, rec[1][0] / n_rec, rec[1][1] / n_rec, rec[1][2] / n_rec);
+  free(exact);
+  free(sorted);
+
+  /* ---- the emulated device ---- */
+  uint32_t nd = env->quick ? 8192 : 32768;
+  fprintf(out, "\n## emulated SmartSSD: %u heads x %u tokens int8, all device-resident (HIE)\n",
+          BS_HEADS, nd);
+  bs_set sd;
+  if (make_set(&sd, keys, nd, 8) != 0)
+    return 1;
+  char path[4096];
+  bench_path(path, sizeof path, env->dir, "score-copies.bin");
+  int wfd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  kv_hie_dev_span ds[BS_HEADS];
+  uint64_t off = 0;
+  for (uint32_t h = 0; h < BS_HEADS && wfd >= 0; h++) {
+    const kv_score_layout *l = &sd.view[h].layout;
+    if (bench_pwrite_all(wfd, sd.mem[h], (size_t)l->total_bytes, off) != 0)
+      return 1;
+    ds[h] = (kv_hie_dev_span){off, *l, 0};
+    off += l->total_bytes;
+  }
+  if (wfd < 0 || fsync(wfd) != 0) {
+    bench_log("cannot write %s: %s", path, strerror(errno));
+    return 1;
+  }
+  close(wfd);
+  int fd = open(path, O_RDONLY | O_DIRECT);
+  int direct = fd >= 0;
+  if (fd < 0)
+    fd = open(path, O_RDONLY);
+  kv_fpga_dev *dev;
+  kv_fpga_err fe;
+  kv_fpga_opts fo;
+  kv_fpga_opts_init(&fo);
+  if (fd < 0 || kv_fpga_open(&fo, &dev, &fe) != KV_FPGA_OK) {
+    bench_log("cannot open the device or %s", path);
+    return 1;
+  }
+  bench_samples ds_ns = {0};
+  kv_hie_stats st;
+  uint32_t kd = nd / 10;
+  uint64_t to_host = 0, runs = 0;
+  for (int round = 0; round < rounds; round++) {
+    uint64_t t0 = bench_now_ns();
+    for (uint32_t h = 0; h < BS_HEADS; h++) {
+      kv_score_query *q;
+      probe(qf, keys, nd, h, &r);
+      kv_score_query_create(KV_SCORE_F32, qf, BS_G, BS_DIM, BS_DIM * 4, KV_SCORE_SUM, &q, NULL);
+      kv_hie_job job;
+      memset(&job, 0, sizeof job);
+      job.q = q;
+      job.fd = fd;
+      job.dev = &ds[h];
+      job.n_dev = 1;
+      job.chunk_tokens = 16384;
+      kv_score_opts_init(&job.host_opts);
+      if (kv_hie_topk(dev, &job, kd, cfg.pos, NULL, NULL, &st, &fe) != KV_FPGA_OK) {
+        char msg[256];
+        kv_fpga_errmsg(&fe, msg, sizeof msg);
+        bench_log("kv_hie_topk: %s", msg);
+        return 1;
+      }
+      to_host += st.to_host_bytes;
+      runs += st.dev_runs;
+      kv_score_query_free(q);
+    }
+    bench_samples_push(&ds_ns, bench_now_ns() - t0);
+  }
+  double dev_gbps = bench_gbps(sd.code_bytes, bench_samples_pct(&ds_ns, 50));
+  bench_samples_free(&ds_ns);
+  /* a half/half split, checked against the CPU top k */
+  kv_score_query *q;
+  probe(qf, keys, nd, 0, &r);
+  kv_score_query_create(KV_SCORE_F32, qf, BS_G, BS_DIM, BS_DIM * 4, KV_SCORE_SUM, &q, NULL);
+  kv_score_span all[BS_HEADS], host[BS_HEADS / 2];
+  for (uint32_t h = 0; h < BS_HEADS; h++) {
+    all[h] = (kv_score_span){&sd.view[h], 0, nd, h * nd};
+    ds[h].pos_base = h * nd;
+  }
+  for (uint32_t h = 0; h < BS_HEADS / 2; h++)
+    host[h] = all[h];
+  uint32_t *p1 = malloc((size_t)kd * 4), *p2 = malloc((size_t)kd * 4);
+  kv_hie_job job;
+  memset(&job, 0, sizeof job);
+  job.q = q;
+  job.host = host;
+  job.n_host = BS_HEADS / 2;
+  job.fd = fd;
+  job.dev = ds + BS_HEADS / 2;
+  job.n_dev = BS_HEADS / 2;
+  job.chunk_tokens = 4096;
+  kv_score_opts_init(&job.host_opts);
+  int same = kv_score_topk(q, all, BS_HEADS, kd, NULL, NULL, 0, p1, NULL, NULL, NULL) == KV_SCORE_OK &&
+             kv_hie_topk(dev, &job, kd, p2, NULL, NULL, &st, &fe) == KV_FPGA_OK &&
+             memcmp(p1, p2, (size_t)kd * 4) == 0;
+  fprintf(out, "emulated device (%s, %s): %.3f GB/s of int8 codes, %llu kernel runs, %.2f bytes "
+          "to the host per token; host/device split equals the CPU top k: %s\n",
+          kv_fpga_backend_name(kv_fpga_dev_backend(dev)), direct ? "O_DIRECT" : "buffered reads",
+          dev_gbps, (unsigned long long)runs,
+          (double)to_host / ((double)rounds * BS_HEADS * nd), same ? "yes" : "NO");
+  bench_json_num(j, "emu_device_gbps", dev_gbps);
+  bench_json_bool(j, "emu_device_direct_io", direct);
+  bench_json_num(j, "emu_to_host_bytes_per_token", (double)to_host / ((double)rounds * BS_HEADS * nd));
+  bench_json_bool(j, "hie_split_equals_cpu", same);
+  free(p1);
+  free(p2);
+  kv_score_query_free(q);
+  kv_fpga_close(dev);
+  close(fd);
+  free_set(&sd);
+
+  double hbr = bench_score_host_bytes_ratio(env);
+  bench_json_num(j, "host_bytes_ratio", hbr);
+  bench_json_str(j, "host_bytes_ratio_hook",
+                 "bench_score_host_bytes_ratio(): needs the engine's smartssd tier (not built yet)");
+  int met_scan = scan_vs >= 0.70, met_rec = r8 >= 0.98;
+  bench_json_bool(j, "target_scan_vs_membw_met", met_scan);
+  bench_json_bool(j, "target_recall_int8_k10_met", met_rec);
+  bench_json_int(j, "targets_met", met_scan + met_rec);
+  bench_json_int(j, "targets_total", 2);
+  fprintf(out, "\ntargets: scan_vs_membw %.3f (>= 0.70: %s), recall_int8_k10 %.4f (>= 0.98: %s), "
+          "host_bytes_ratio: needs the engine's smartssd tier\n",
+          scan_vs, met_scan ? "met" : "missed", r8, met_rec ? "met" : "missed");
+  free(qf);
+  free(cfg.pos);
+  free(cfg.sc);
+  free_set(&s8);
+  free_set(&s4);
+  free(tok);
+  free(kv);
+  dg_kv_model_free(&dm);
+  return same ? 0 : 1;
+}

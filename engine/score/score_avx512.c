@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/score/score_avx512.c — the AVX-512 BW + VNNI scoring kernel. Built with
+ * -mavx512f -mavx512bw -mavx512vnni; score.c calls it only when the CPU reports those.
+ *
+ * vpdpbusd multiplies UNSIGNED bytes by SIGNED bytes. Keys are the streamed operand, so they are
+ * made unsigned: int8 k ^ 0x80 = k + 128 (then dot = sum (k+128) q - 128 * sum q); int4 nibbles
+ * are offset-binary already (n = c + 8: dot = sum n q - 8 * sum q). Both corrections are exact
+ * integers, so the dot equals the portable one [S1]. Tokens go 16 at a time: one accumulator
+ * per token, then a transpose-reduction gives the 16 dots in one vector, and the float part is
+ * done 16 lanes wide with the same operations as kv_score_combine_dots (the max is a
+ * greater-than compare and blend, not vmaxps, so that the operand order is explicit).
+ *
+ * Rows of any size: 64-byte pieces, the last one loaded with a byte mask (masked lanes read as
+ * zero and never fault); zero key bytes meet zero query padding, so they add nothing after the
+ * correction. Rows of 64, 128 and 256 bytes (int8 d = 64/128/256, int4 d = 128/256/512) take
+ * unrolled loops without masks.
+ */
+#include "score_int.h"
+
+#include <immintrin.h>
+
+/* 16 vectors of 16 int32 partial sums -> one vector whose lane i is the sum of a[i]. */
+static inline __m512i reduce16(const __m512i a[16])
+{
+  __m512i x[8], y[4];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 8; i++)
+    x[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
+                            _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+  #pragma GCC unroll 16
+  for (int i = 0; i < 4; i++)
+    y[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(x[2 * i], x[2 * i + 1]),
+                            _mm512_unpackhi_epi64(x[2 * i], x[2 * i + 1]));
+  /* y[i]: per 128-bit lane L, the lane-L sums of tokens 4i .. 4i+3 */
+  __m512i u01 = _mm512_add_epi32(_mm512_shuffle_i32x4(y[0], y[1], 0x88),
+                                 _mm512_shuffle_i32x4(y[0], y[1], 0xDD));
+  __m512i u23 = _mm512_add_epi32(_mm512_shuffle_i32x4(y[2], y[3], 0x88),
+                                 _mm512_shuffle_i32x4(y[2], y[3], 0xDD));
+  return _mm512_add_epi32(_mm512_shuffle_i32x4(u01, u23, 0x88),
+                          _mm512_shuffle_i32x4(u01, u23, 0xDD));
+}
+
+/* Accumulate one 64-byte key piece into acc. */
+static inline __m512i piece8(__m512i acc, __m512i kv, __m512i q)
+{
+  return _mm512_dpbusd_epi32(acc, _mm512_xor_si512(kv, _mm512_set1_epi8((char)0x80)), q);
+}
+static inline __m512i piece4(__m512i acc, __m512i kv, __m512i qlo, __m512i qhi)
+{
+  const __m512i m = _mm512_set1_epi8(0x0f);
+  acc = _mm512_dpbusd_epi32(acc, _mm512_and_si512(kv, m), qlo);
+  return _mm512_dpbusd_epi32(acc, _mm512_and_si512(_mm512_srli_epi16(kv, 4), m), qhi);
+}
+
+/* Dots of m <= 16 rows against vector v; P full pieces known at compile time when fixed != 0. */
+static inline __attribute__((always_inline)) __m512i
+dots16(const kv_score_query *q, uint32_t v, const uint8_t *codes, uint32_t rb, unsigned bits,
+       uint32_t m, const uint32_t fixed)
+{
+  __m512i acc[16];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; i++)
+    acc[i] = _mm512_setzero_si512();
+  const uint32_t P = fixed ? fixed : (rb + 63) / 64;
+  const uint32_t tail = rb % 64;
+  const __mmask64 last = tail ? (((__mmask64)1 << tail) - 1) : ~(__mmask64)0;
+  if (bits == 8) {
+    const int8_t *qv = q->q8 + (size_t)v * q->q8_stride;
+    if (fixed) {
+      __m512i qp[4];
+      #pragma GCC unroll 16
+      for (uint32_t p = 0; p < P; p++)
+        qp[p] = _mm512_loadu_si512((const void *)(qv + 64 * p));
+      #pragma GCC unroll 16
+      for (uint32_t i = 0; i < m; i++) {
+        const uint8_t *row = codes + (size_t)i * rb;
+        #pragma GCC unroll 16
+        for (uint32_t p = 0; p < P; p++)
+          acc[i] = piece8(acc[i], _mm512_loadu_si512((const void *)(row + 64 * p)), qp[p]);
+      }
+    } else {
+      #pragma GCC unroll 16
+      for (uint32_t i = 0; i < m; i++) {
+        const uint8_t *row = codes + (size_t)i * rb;
+        #pragma GCC unroll 16
+        for (uint32_t p = 0; p < P; p++) {
+          __mmask64 mk = p + 1 == P ? last : ~(__mmask64)0;
+          acc[i] = piece8(acc[i], _mm512_maskz_loadu_epi8(mk, row + 64 * p),
+                          _mm512_loadu_si512((const void *)(qv + 64 * p)));
+        }
+      }
+    }
+  } else {
+    const int8_t *lo = q->q4lo + (size_t)v * q->q4_stride;
+    const int8_t *hi = q->q4hi + (size_t)v * q->q4_stride;
+    if (fixed) {
+      __m512i ql[4], qh[4];
+      #pragma GCC unroll 16
+      for (uint32_t p = 0; p < P; p++) {
+        ql[p] = _mm512_loadu_si512((const void *)(lo + 64 * p));
+        qh[p] = _mm512_loadu_si512((const void *)(hi + 64 * p));
+      }
+      #pragma GCC unroll 16
+      for (uint32_t i = 0; i < m; i++) {
+        const uint8_t *row = codes + (size_t)i * rb;
+        #pragma GCC unroll 16
+        for (uint32_t p = 0; p < P; p++)
+          acc[i] = piece4(acc[i], _mm512_loadu_si512((const void *)(row + 64 * p)), ql[p], qh[p]);
+      }
+    } else {
+      #pragma GCC unroll 16
+      for (uint32_t i = 0; i < m; i++) {
+        const uint8_t *row = codes + (size_t)i * rb;
+        #pragma GCC unroll 16
+        for (uint32_t p = 0; p < P; p++) {
+          __mmask64 mk = p + 1 == P ? last : ~(__mmask64)0;
+          acc[i] = piece4(acc[i], _mm512_maskz_loadu_epi8(mk, row + 64 * p),
+                          _mm512_loadu_si512((const void *)(lo + 64 * p)),
+                          _mm512_loadu_si512((const void *)(hi + 64 * p)));
+        }
+      }
+    }
+  }
+  __m512i d = reduce16(acc);
+  int32_t corr = q->qsum[v] * (bits == 8 ? 128 : 8);
+  return _mm512_sub_epi32(d, _mm512_set1_epi32(corr));
+}
+
+/* Scores of m <= 16 rows starting at blk (m and fixed are constants after inlining for full
+ * blocks, so the 16 accumulators stay in registers). */
+static inline __attribute__((always_inline)) void
+block16(const kv_score_query *q, const uint8_t *blk, uint32_t rb, unsigned bits,
+        const float *scales, uint32_t m, float *out, const uint32_t fixed)
+{
+  __mmask16 mk = (__mmask16)(m == 16 ? 0xffffu : ((1u << m) - 1));
+  __m512 best = _mm512_mul_ps(_mm512_cvtepi32_ps(dots16(q, 0, blk, rb, bits, m, fixed)),
+                              _mm512_set1_ps(q->qscale[0]));
+  for (uint32_t v = 1; v < q->n_vec; v++) {
+    __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(dots16(q, v, blk, rb, bits, m, fixed)),
+                                _mm512_set1_ps(q->qscale[v]));
+    __mmask16 gt = _mm512_cmp_ps_mask(part, best, _CMP_GT_OQ);
+    best = _mm512_mask_blend_ps(gt, best, part);
+  }
+  __m512 s = _mm512_maskz_loadu_ps(mk, scales);
+  _mm512_mask_storeu_ps(out, mk, _mm512_mul_ps(best, s));
+}
+
+static inline __attribute__((always_inline)) void
+run_fixed(const kv_score_query *q, const uint8_t *codes, uint32_t rb, unsigned bits,
+          const float *scales, uint32_t n, float *out, const uint32_t fixed)
+{
+  uint32_t t0 = 0;
+  if (bits == 8) {
+    for (; t0 + 16 <= n; t0 += 16)
+      block16(q, codes + (size_t)t0 * rb, rb, 8, scales + t0, 16, out + t0, fixed);
+  } else {
+    for (; t0 + 16 <= n; t0 += 16)
+      block16(q, codes + (size_t)t0 * rb, rb, 4, scales + t0, 16, out + t0, fixed);
+  }
+  if (t0 < n)
+    block16(q, codes + (size_t)t0 * rb, rb, bits, scales + t0, n - t0, out + t0, fixed);
+}
+
+void kv_score_run_avx512(const kv_score_query *q, const uint8_t *codes, uint32_t row_bytes,
+                         unsigned bits, const float *scales, uint32_t n, float *out)
+{
+  switch (row_bytes) {
+  case 64: run_fixed(q, codes, row_bytes, bits, scales, n, out, 1); break;
+  case 128: run_fixed(q, codes, row_bytes, bits, scales, n, out, 2); break;
+  case 256: run_fixed(q, codes, row_bytes, bits, scales, n, out, 4); break;
+  default: run_fixed(q, codes, row_bytes, bits, scales, n, out, 0); break;
+  }
+}

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fpga/fpga_int.h — private to fpga/: the device and buffer objects and the backend table.
+ * device.c holds the common API and the emulated backend, xrt.c the XRT backend, hie.c and
+ * app.c the HIE and APP parts.
+ */
+#ifndef KV_FPGA_INT_H
+#define KV_FPGA_INT_H
+
+#include "device.h"
+#include "kernel/score_kernel.h"
+
+struct kv_fpga_buf {
+  kv_fpga_dev *dev;
+  size_t size;    /* bytes (a multiple of 4096) */
+  unsigned flags; /* KV_FPGA_BUF_* */
+  uint8_t *host;  /* emulated: the memory; XRT: xrtBOMap() of the BO */
+  void *bo;       /* XRT: xrtBufferHandle */
+};
+
+struct kv_fpga_run {
+  kv_fpga_dev *dev;
+  void *handle; /* XRT: xrtRunHandle */
+};
+
+typedef struct kv_fpga_ops {
+  kv_fpga_status (*load_kernel)(kv_fpga_dev *dev, const char *xclbin, const char *name,
+                                kv_fpga_err *err);
+  kv_fpga_status (*buf_alloc)(kv_fpga_dev *dev, kv_fpga_buf *b, kv_fpga_err *err);
+  void (*buf_free)(kv_fpga_buf *b);
+  kv_fpga_status (*buf_write)(kv_fpga_buf *b, size_t off, const void *src, size_t len,
+                              kv_fpga_err *err);
+  kv_fpga_status (*buf_read)(kv_fpga_buf *b, size_t off, void *dst, size_t len, kv_fpga_err *err);
+  kv_fpga_status (*run_start)(kv_fpga_dev *dev, const kv_fpga_run_args *a, kv_fpga_run *run,
+                              kv_fpga_err *err);
+  kv_fpga_status (*run_wait)(kv_fpga_run *run, kv_fpga_err *err);
+  void (*close)(kv_fpga_dev *dev);
+} kv_fpga_ops;
+
+struct kv_fpga_dev {
+  kv_fpga_backend backend;
+  const kv_fpga_ops *ops;
+  int kernel_loaded;
+  char kernel_name[128];
+  void *impl; /* backend state */
+};
+
+kv_fpga_status kv_fpga_fail_at(kv_fpga_err *err, kv_fpga_status code, const char *what,
+                               uint64_t value, uint64_t limit, int sys_errno, const char *file,
+                               int line);
+#define KV_FPGA_FAIL(err, code, what, value, limit)                                               \
+  kv_fpga_fail_at((err), (code), (what), (uint64_t)(value), (uint64_t)(limit), 0, __FILE__,       \
+                  __LINE__)
+#define KV_FPGA_FAIL_ERRNO(err, code, what, value, limit, e)                                      \
+  kv_fpga_fail_at((err), (code), (what), (uint64_t)(value), (uint64_t)(limit), (e), __FILE__,     \
+                  __LINE__)
+
+/* The kernel's scalar arguments of a checked run. */
+typedef struct kv_fpga_kargs {
+  uint32_t scale_word, code_word, t0, n, pos_base, row_bytes, bits, k;
+} kv_fpga_kargs;
+void kv_fpga_kargs_of(const kv_fpga_run_args *a, kv_fpga_kargs *out);
+
+/* xrt.c: open the XRT backend into dev (env checks, dlopen, device, optional xclbin). */
+kv_fpga_status kv_fpga_xrt_open(kv_fpga_dev *dev, const kv_fpga_opts *o, kv_fpga_err *err);
+
+#endif

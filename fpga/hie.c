@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fpga/hie.c — Hierarchical Importance Evaluation (HillInfer §4.2; Algorithm 1 in the appendix
+ * of seed 000): the device scores its resident tokens in chunks of n while the host scores its
+ * own; each chunk's score block streams back when the chunk is done and is merged at once into
+ * the device-side top k (Algorithm 1 lines 8 and 11: "transfer S_i asynchronously",
+ * "incrementally merge"); at the end the host's top k and the device's are merged (lines 14-15).
+ *
+ * Threads: the calling thread scores the host spans (kv_score_topk, with its own helper threads
+ * per job->host_opts); one device thread drives the device: P2P read of a section, then kernel
+ * runs over its chunks with two result buffers, so that run j+1 is started before run j's block
+ * is read and merged (with XRT the merge overlaps the next run; the emulated device runs the
+ * kernel inside run_start, on that thread, concurrently with the host's scoring). Both threads
+ * are joined before the call returns.
+ *
+ * Correctness: the global top k is contained in the union of the host's top min(k, N_host) and
+ * every chunk's top min(k, n) (a chunk's on-chip top k when k <= 64, else its whole block
+ * through the accumulator's threshold), and score.h ORDER is total, so the result equals
+ * kv_score_topk over all tokens bit for bit (tests/unit: test_fpga_hie).
+ */
+#define _GNU_SOURCE
+#include "fpga_int.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FAIL KV_FPGA_FAIL
+
+static uint64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct dev_work {
+  kv_fpga_dev *dev;
+  const kv_hie_job *job;
+  uint32_t k;
+  kv_score_acc acc;
+  kv_fpga_status rc;
+  kv_fpga_err err;
+  uint64_t p2p_bytes, to_host, runs, ns, bytes, tokens;
+} dev_work;
+
+/* Read the results of a finished run and merge them into the device-side accumulator. */
+static kv_fpga_status merge_run(dev_work *w, kv_fpga_buf *blocks, kv_fpga_buf *topk, uint32_t n,
+                                kv_score_pair *tmp)
+{
+  uint32_t m = w->k <= KV_FPGA_MAX_TOPK ? (w->k < n ? w->k : n) : n;
+  kv_fpga_buf *src = w->k <= KV_FPGA_MAX_TOPK ? topk : blocks;
+  kv_fpga_status rc = kv_fpga_buf_read(w->dev, src, 0, tmp, (size_t)m * sizeof *tmp, &w->err);
+  if (rc != KV_FPGA_OK)
+    return rc;
+  w->to_host += (uint64_t)m * sizeof *tmp;
+  kv_score_acc_push_pairs(&w->acc, tmp, m);
+  return KV_FPGA_OK;
+}
+
+static kv_fpga_status dev_run_all(dev_work *w)
+{
+  const kv_hie_job *job = w->job;
+  uint32_t chunk = job->chunk_tokens ? job->chunk_tokens : 16384;
+  uint64_t max_sect = 0;
+  for (size_t i = 0; i < job->n_dev; i++)
+    if (job->dev[i].layout.total_bytes > max_sect)
+      max_sect = job->dev[i].layout.total_bytes;
+  kv_fpga_buf *sect = NULL, *query = NULL, *blocks[2] = {NULL, NULL}, *topk[2] = {NULL, NULL};
+  kv_score_pair *tmp = malloc((size_t)chunk * sizeof *tmp);
+  uint8_t *qpack = malloc(KV_FPGA_QUERY_BYTES);
+  kv_fpga_status rc = KV_FPGA_OK;
+  kv_fpga_run *pending = NULL;
+  uint32_t pending_n = 0;
+  int pending_slot = 0;
+  if (tmp == NULL || qpack == NULL) {
+    rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the score block staging", chunk, 0);
+    goto out;
+  }
+  if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)max_sect, KV_FPGA_BUF_P2P, &sect, &w->err)) ||
+      (rc = kv_fpga_buf_alloc(w->dev, KV_FPGA_QUERY_BYTES, KV_FPGA_BUF_IN, &query, &w->err)))
+    goto out;
+  for (int s = 0; s < 2; s++) {
+    if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)chunk * 8, KV_FPGA_BUF_OUT, &blocks[s], &w->err)))
+      goto out;
+    if (w->k <= KV_FPGA_MAX_TOPK &&
+        (rc = kv_fpga_buf_alloc(w->dev, (size_t)w->k * 8, KV_FPGA_BUF_OUT, &topk[s], &w->err)))
+      goto out;
+  }
+  if ((rc = kv_fpga_query_pack(job->q, qpack, KV_FPGA_QUERY_BYTES, &w->err)) ||
+      (rc = kv_fpga_buf_write(w->dev, query, 0, qpack, KV_FPGA_QUERY_BYTES, &w->err)))
+    goto out;
+  int slot = 0;
+  for (size_t i = 0; i < job->n_dev; i++) {
+    const kv_hie_dev_span *ds = &job->dev[i];
+    /* the previous section's runs must be done before its buffer is overwritten */
+    if (pending != NULL) {
+      kv_fpga_run *r = pending;
+      pending = NULL;
+      if ((rc = kv_fpga_run_wait(r, &w->err)) ||
+          (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp)))
+        goto out;
+    }
+    if ((rc = kv_fpga_p2p_read(w->dev, sect, 0, job->fd, ds->file_off,
+                               (size_t)ds->layout.total_bytes, &w->err)))
+      goto out;
+    w->p2p_bytes += ds->layout.total_bytes;
+    for (uint32_t t0 = 0; t0 < ds->layout.n_tokens; t0 += chunk) {
+      uint32_t n = ds->layout.n_tokens - t0 < chunk ? ds->layout.n_tokens - t0 : chunk;
+      kv_fpga_run_args a = {sect, 0, ds->layout, t0, n, ds->pos_base,
+                            w->k <= KV_FPGA_MAX_TOPK ? w->k : 0, query, blocks[slot], topk[slot]};
+      kv_fpga_run *r;
+      if ((rc = kv_fpga_run_start(w->dev, &a, &r, &w->err)))
+        goto out;
+      w->runs++;
+      w->tokens += n;
+      w->bytes += (uint64_t)n * ds->layout.row_bytes;
+      if (pending != NULL) { /* merge the previous chunk while this one runs */
+        kv_fpga_run *p = pending;
+        pending = NULL;
+        if ((rc = kv_fpga_run_wait(p, &w->err)) ||
+            (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp))) {
+          (void)kv_fpga_run_wait(r, NULL);
+          goto out;
+        }
+      }
+      pending = r;
+      pending_n = n;
+      pending_slot = slot;
+      slot ^= 1;
+    }
+  }
+  if (pending != NULL) {
+    kv_fpga_run *r = pending;
+    pending = NULL;
+    if ((rc = kv_fpga_run_wait(r, &w->err)) ||
+        (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp)))
+      goto out;
+  }
+out:
+  if (pending != NULL)
+    (void)kv_fpga_run_wait(pending, NULL);
+  for (int s = 0; s < 2; s++) {
+    kv_fpga_buf_free(blocks[s]);
+    kv_fpga_buf_free(topk[s]);
+  }
+  kv_fpga_buf_free(query);
+  kv_fpga_buf_free(sect);
+  free(tmp);
+  free(qpack);
+  return rc;
+}
+
+static void *dev_main(void *arg)
+{
+  dev_work *w = arg;
+  uint64_t t = now_ns();
+  w->rc = dev_run_all(w);
+  w->ns = now_ns() - t;
+  return NULL;
+}
+
+kv_fpga_status kv_hie_topk(kv_fpga_dev *dev, const kv_hie_job *job, uint32_t k, uint32_t *out_pos,
+                           float *out_scores, uint32_t *n_out, kv_hie_stats *stats,
+                           kv_fpga_err *err)
+{
+  uint64_t t_start = now_ns();
+  if (n_out != NULL)
+    *n_out = 0;
+  if (job == NULL || job->q == NULL)
+    return FAIL(err, KV_FPGA_EINVAL, "NULL job or query", 0, 0);
+  if (out_pos == NULL && out_scores == NULL)
+    return FAIL(err, KV_FPGA_EINVAL, "NULL outputs (both positions and scores)", 0, 0);
+  if (k == 0)
+    return FAIL(err, KV_FPGA_EINVAL, "k is 0", 0, 1);
+  if (job->n_dev > 0 && (dev == NULL || job->dev == NULL))
+    return FAIL(err, KV_FPGA_EINVAL, "device spans without a device", job->n_dev, 0);
+  if (job->n_host > 0 && job->host == NULL)
+    return FAIL(err, KV_FPGA_EINVAL, "NULL host spans", job->n_host, 0);
+  if (job->chunk_tokens % 64 != 0)
+    return FAIL(err, KV_FPGA_EINVAL, "chunk_tokens must be a multiple of 64", job->chunk_tokens, 64);
+  uint64_t n_host = 0, n_dev = 0, host_bytes = 0;
+  for (size_t i = 0; i < job->n_host; i++) {
+    n_host += job->host[i].n;
+    if (job->host[i].view != NULL)
+      host_bytes += (uint64_t)job->host[i].n * job->host[i].view->layout.row_bytes;
+  }
+  for (size_t i = 0; i < job->n_dev; i++) {
+    const kv_hie_dev_span *d = &job->dev[i];
+    kv_score_layout chk;
+    if (kv_score_layout_init(&chk, d->layout.n_tokens, d->layout.head_dim, d->layout.bits, NULL) !=
+            KV_SCORE_OK ||
+        memcmp(&chk, &d->layout, sizeof chk) != 0)
+      return FAIL(err, KV_FPGA_EINVAL, "device span layout is not a kv_score_layout (value: span)",
+                  i, 0);
+    if (d->file_off % 4096 != 0)
+      return FAIL(err, KV_FPGA_EINVAL, "device span not 4096-aligned in the file (value: span)", i,
+                  4096);
+    if (d->layout.head_dim != kv_score_query_head_dim(job->q))
+      return FAIL(err, KV_FPGA_EINVAL, "device span head_dim differs from the query's", i, 0);
+    n_dev += d->layout.n_tokens;
+  }
+  if (k > n_host + n_dev)
+    return FAIL(err, KV_FPGA_EINVAL, "k is larger than the number of tokens", k, n_host + n_dev);
+
+  dev_work w;
+  memset(&w, 0, sizeof w);
+  w.dev = dev;
+  w.job = job;
+  w.k = k;
+  void *dev_mem = NULL, *fin_mem = NULL;
+  uint32_t *hpos = NULL;
+  float *hsc = NULL;
+  kv_fpga_status rc = KV_FPGA_OK;
+  pthread_t tid;
+  int started = 0;
+  if (n_dev > 0) {
+    dev_mem = malloc(kv_score_acc_bytes(k));
+    if (dev_mem == NULL)
+      return FAIL(err, KV_FPGA_ENOMEM, "out of memory for the device top k", k, 0);
+    (void)kv_score_acc_init(&w.acc, k, dev_mem, kv_score_acc_bytes(k), NULL);
+    started = pthread_create(&tid, NULL, dev_main, &w) == 0;
+  }
+  /* the host's own tokens, meanwhile */
+  uint32_t kh = n_host < k ? (uint32_t)n_host : k, got_h = 0;
+  uint64_t t_host = now_ns();
+  if (kh > 0) {
+    hpos = malloc((size_t)kh * 4);
+    hsc = malloc((size_t)kh * 4);
+    kv_score_err se;
+    if (hpos == NULL || hsc == NULL) {
+      rc = FAIL(err, KV_FPGA_ENOMEM, "out of memory for the host top k", kh, 0);
+    } else if (kv_score_topk(job->q, job->host, job->n_host, kh, &job->host_opts, NULL, 0, hpos,
+                             hsc, &got_h, &se) != KV_SCORE_OK) {
+      rc = FAIL(err, se.code == KV_SCORE_ENOMEM ? KV_FPGA_ENOMEM : KV_FPGA_EINVAL,
+                se.what ? se.what : "host scoring failed", se.value, se.limit);
+    }
+  }
+  t_host = now_ns() - t_host;
+  if (n_dev > 0) {
+    if (started)
+      pthread_join(tid, NULL);
+    else
+      dev_main(&w);
+    if (rc == KV_FPGA_OK && w.rc != KV_FPGA_OK) {
+      rc = w.rc;
+      if (err != NULL)
+        *err = w.err;
+    }
+  }
+  if (rc == KV_FPGA_OK) {
+    fin_mem = malloc(kv_score_acc_bytes(k));
+    kv_score_acc fin;
+    if (fin_mem == NULL) {
+      rc = FAIL(err, KV_FPGA_ENOMEM, "out of memory for the merged top k", k, 0);
+    } else {
+      (void)kv_score_acc_init(&fin, k, fin_mem, kv_score_acc_bytes(k), NULL);
+      for (uint32_t i = 0; i < got_h; i++)
+        kv_score_acc_push(&fin, hpos[i], hsc[i]);
+      if (n_dev > 0)
+        kv_score_acc_merge(&fin, &w.acc);
+      uint32_t got = kv_score_acc_finish(&fin, out_pos, out_scores);
+      if (n_out != NULL)
+        *n_out = got;
+    }
+  }
+  if (stats != NULL) {
+    stats->host_tokens = n_host;
+    stats->dev_tokens = w.tokens;
+    stats->host_bytes = host_bytes;
+    stats->dev_bytes = w.bytes;
+    stats->p2p_bytes = w.p2p_bytes;
+    stats->to_host_bytes = w.to_host;
+    stats->dev_runs = w.runs;
+    stats->host_ns = kh > 0 ? t_host : 0;
+    stats->dev_ns = w.ns;
+    stats->total_ns = now_ns() - t_start;
+  }
+  free(dev_mem);
+  free(fin_mem);
+  free(hpos);
+  free(hsc);
+  return rc;
+}

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * fpga/tests/test_fpga_hie.c — HIE (HillInfer §4.2): a context's blocks split at random between
+ * the host (in-memory views) and the device (sections in a file, emulated device), random chunk
+ * sizes, k below and above the on-chip capacity; kv_hie_topk must equal kv_score_topk over all
+ * tokens bit for bit, and its statistics must account for every token and byte. APP (§4.3):
+ * Eq. 4 against hand-computed values, Eq. 2 balanced by the split, Eq. 3 binding, the alpha = 0
+ * case beta = f_c / f_s, the skewness correction, bad profiles.
+ */
+#include "fpga_test.h"
+
+#include <math.h>
+
+static void test_hie_random_splits(void)
+{
+  t_rng r = {17};
+  kv_fpga_dev *dev;
+  kv_fpga_err e;
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  const uint32_t shapes[][4] = {{6000, 128, 8, 256}, {5000, 128, 4, 512}, {3000, 64, 8, 1000},
+                                {2000, 8, 4, 300}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    t_ctx c;
+    t_ctx_make(&c, &r, shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+    uint32_t d = c.head_dim, N = c.n_tokens;
+    float *q = malloc((size_t)4 * d * 4);
+    for (uint32_t j = 0; j < 4 * d; j++)
+      q[j] = t_gauss(&r);
+    kv_score_query *qq;
+    REQUIRE(kv_score_query_create(KV_SCORE_F32, q, 4, d, (size_t)d * 4,
+                                  si % 2 ? KV_SCORE_MAX : KV_SCORE_SUM, &qq, NULL) == KV_SCORE_OK,
+            "query");
+    /* the reference: every block on the host */
+    kv_score_span *all = malloc(c.n_blocks * sizeof *all);
+    for (uint32_t b = 0; b < c.n_blocks; b++)
+      all[b] = (kv_score_span){&c.views[b], 0, c.views[b].layout.n_tokens, b * c.block_tokens};
+    uint32_t *rpos = malloc((size_t)N * 4), *pos = malloc((size_t)N * 4);
+    float *rsc = malloc((size_t)N * 4), *sc = malloc((size_t)N * 4);
+    kv_score_span *host = malloc(2 * c.n_blocks * sizeof *host); /* up to two per block */
+    kv_hie_dev_span *ds = malloc(c.n_blocks * sizeof *ds);
+    const uint32_t ks[] = {1, 10, 64, 65, N / 20, N / 10, N};
+    for (int trial = 0; trial < 12; trial++) {
+      uint32_t k = ks[trial % 7];
+      uint32_t got = 0;
+      REQUIRE(kv_score_topk(qq, all, c.n_blocks, k, NULL, NULL, 0, rpos, rsc, &got, NULL) ==
+                  KV_SCORE_OK,
+              "reference");
+      /* random split: 0 %, 100 % or a random share of the blocks on the device; host blocks
+       * further cut into two spans at a random token */
+      size_t nh = 0, nd = 0;
+      int mode = trial % 4;
+      for (uint32_t b = 0; b < c.n_blocks; b++) {
+        int on_dev = mode == 0 ? 0 : mode == 1 ? 1 : (int)t_below(&r, 2);
+        if (on_dev) {
+          ds[nd++] = (kv_hie_dev_span){c.file_off[b], c.views[b].layout, b * c.block_tokens};
+        } else {
+          uint32_t m = c.views[b].layout.n_tokens, cut = t_below(&r, m + 1);
+          if (cut > 0)
+            host[nh++] = (kv_score_span){&c.views[b], 0, cut, b * c.block_tokens};
+          if (cut < m)
+            host[nh++] = (kv_score_span){&c.views[b], cut, m - cut, b * c.block_tokens};
+        }
+      }
+      kv_hie_job job = {0};
+      job.q = qq;
+      job.host = host;
+      job.n_host = nh;
+      job.fd = c.fd;
+      job.dev = ds;
+      job.n_dev = nd;
+      job.chunk_tokens = 64 * (1 + t_below(&r, 12));
+      kv_score_opts_init(&job.host_opts);
+      job.host_opts.n_threads = 1 + t_below(&r, 3);
+      kv_hie_stats st;
+      uint32_t got2 = 0;
+      kv_fpga_status rc = kv_hie_topk(dev, &job, k, pos, sc, &got2, &st, &e);
+      REQUIRE(rc == KV_FPGA_OK, "hie: %s", t_fpga_errtext(&e));
+      int bad = -1;
+      for (uint32_t i = 0; i < k && bad < 0; i++)
+        if (pos[i] != rpos[i] || memcmp(&sc[i], &rsc[i], 4) != 0)
+          bad = (int)i;
+      CHECK(got2 == k && bad < 0,
+            "shape %zu trial %d (k=%u, %zu host spans, %zu device sections, chunk %u): rank %d "
+            "got (%u, %.9g) want (%u, %.9g)",
+            si, trial, k, nh, nd, job.chunk_tokens, bad, pos[bad < 0 ? 0 : bad],
+            (double)sc[bad < 0 ? 0 : bad], rpos[bad < 0 ? 0 : bad], (double)rsc[bad < 0 ? 0 : bad]);
+      uint64_t dev_tok = 0, p2p = 0;
+      for (size_t i = 0; i < nd; i++) {
+        dev_tok += ds[i].layout.n_tokens;
+        p2p += ds[i].layout.total_bytes;
+      }
+      CHECK(st.host_tokens + st.dev_tokens == N && st.dev_tokens == dev_tok && st.p2p_bytes == p2p,
+            "stats: host %llu + device %llu tokens, p2p %llu bytes",
+            (unsigned long long)st.host_tokens, (unsigned long long)st.dev_tokens,
+            (unsigned long long)st.p2p_bytes);
+      uint64_t per_chunk = k <= KV_FPGA_MAX_TOPK ? (uint64_t)k * 8 : 0;
+      if (nd > 0 && per_chunk > 0)
+        CHECK(st.to_host_bytes <= st.dev_runs * per_chunk,
+              "k <= 64: only the on-chip top k crosses (%llu bytes for %llu runs)",
+              (unsigned long long)st.to_host_bytes, (unsigned long long)st.dev_runs);
+      if (nd > 0 && per_chunk == 0)
+        CHECK(st.to_host_bytes == dev_tok * 8, "k > 64: whole score blocks cross");
+    }
+    free(q);
+    free(all);
+    free(rpos);
+    free(pos);
+    free(rsc);
+    free(sc);
+    free(host);
+    free(ds);
+    kv_score_query_free(qq);
+    t_ctx_free(&c);
+  }
+  /* bad input */
+  kv_hie_job job = {0};
+  uint32_t pos[4];
+  CHECK(kv_hie_topk(dev, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL, "no query");
+  float qf[128] = {1};
+  kv_score_query *qq;
+  kv_score_query_create(KV_SCORE_F32, qf, 1, 128, 0, KV_SCORE_SUM, &qq, NULL);
+  job.q = qq;
+  CHECK(kv_hie_topk(dev, &job, 0, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "k is 0") != NULL,
+        "k = 0: %s", t_fpga_errtext(&e));
+  CHECK(kv_hie_topk(dev, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "larger than the number of tokens") != NULL,
+        "k > N: %s", t_fpga_errtext(&e));
+  kv_hie_dev_span ds1 = {100, {0}, 0};
+  kv_score_layout_init(&ds1.layout, 10, 128, 8, NULL);
+  job.dev = &ds1;
+  job.n_dev = 1;
+  CHECK(kv_hie_topk(dev, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "4096") != NULL,
+        "unaligned device span: %s", t_fpga_errtext(&e));
+  CHECK(kv_hie_topk(NULL, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL,
+        "device spans without a device");
+  job.chunk_tokens = 100;
+  ds1.file_off = 0;
+  CHECK(kv_hie_topk(dev, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "multiple of 64") != NULL,
+        "chunk not a multiple of 64: %s", t_fpga_errtext(&e));
+  job.chunk_tokens = 64;
+  job.fd = -1;
+  CHECK(kv_hie_topk(dev, &job, 1, pos, NULL, NULL, NULL, &e) == KV_FPGA_EINVAL,
+        "device error surfaces (bad fd)");
+  kv_score_query_free(qq);
+  kv_fpga_close(dev);
+}
+
+static int near(double a, double b)
+{
+  return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b)));
+}
+
+static void test_app(void)
+{
+  /* HillInfer-like numbers: CPU scoring 20 GB/s, SmartSSD 3 GB/s, PCIe 4.0 x16 25 GB/s to the
+   * GPU, SmartSSD 3 GB/s to the host */
+  kv_app_profile p = {20e9, 3e9, 25e9, 3e9};
+  double alpha = 0.1;
+  double want = p.B_c * p.f_c * (p.B_s + alpha * p.f_s) / (p.B_s * p.f_s * (p.B_c + alpha * p.f_c));
+  CHECK(near(kv_app_beta(&p, alpha), want), "Eq. 4: %.12g vs %.12g", kv_app_beta(&p, alpha), want);
+  /* by hand: 25e9*20e9*(3e9+0.3e9) / (3e9*3e9*(25e9+2e9)) = 1.65e30 / 2.43e29 */
+  CHECK(near(kv_app_beta(&p, alpha), 1.65e30 / 2.43e29), "Eq. 4 by hand");
+  CHECK(near(kv_app_beta(&p, 0), p.f_c / p.f_s), "alpha = 0: beta = f_c / f_s (seed 000)");
+  kv_app_split s;
+  kv_fpga_err e;
+  double M = 64e9;
+  REQUIRE(kv_app_split_compute(&p, alpha, alpha, M, 1e12, &s, &e) == KV_FPGA_OK, "split");
+  CHECK(!s.capped && near(s.beta, want) && near(s.M_c + s.M_s, M) && near(s.M_c / s.M_s, want),
+        "split follows Eq. 4");
+  CHECK(near(s.T_cpu, s.T_ssd), "Eq. 2 balanced: T_cpu %.9g T_ssd %.9g", s.T_cpu, s.T_ssd);
+  CHECK(near(s.T_cpu, s.M_c / p.f_c + alpha * s.M_c / p.B_c), "T_CPU as in Eq. 2");
+  /* Eq. 3 binds */
+  REQUIRE(kv_app_split_compute(&p, alpha, alpha, M, 8e9, &s, &e) == KV_FPGA_OK, "split capped");
+  CHECK(s.capped && near(s.M_c, 8e9) && near(s.M_s, M - 8e9) && near(s.beta, 8e9 / (M - 8e9)) &&
+            s.T_ssd > s.T_cpu,
+        "Eq. 3: M_c = M_0, the SmartSSD path is the longer");
+  /* skewness correction: more selected data in the hot pool -> a smaller CPU share */
+  kv_app_split s2;
+  REQUIRE(kv_app_split_compute(&p, 0.2, 0.05, M, 1e12, &s2, &e) == KV_FPGA_OK, "skew");
+  CHECK(near(s2.T_cpu, s2.T_ssd) &&
+            near(s2.beta, (1 / p.f_s + 0.05 / p.B_s) / (1 / p.f_c + 0.2 / p.B_c)),
+        "per-side alpha balances Eq. 2");
+  /* bad input */
+  kv_app_profile bad = p;
+  bad.f_s = 0;
+  CHECK(kv_app_split_compute(&bad, alpha, alpha, M, M, &s, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "rate") != NULL,
+        "zero rate: %s", t_fpga_errtext(&e));
+  bad = p;
+  bad.B_c = NAN;
+  CHECK(kv_app_split_compute(&bad, alpha, alpha, M, M, &s, &e) == KV_FPGA_EINVAL, "NaN rate");
+  CHECK(kv_app_split_compute(&p, 1.5, alpha, M, M, &s, &e) == KV_FPGA_EINVAL, "alpha > 1");
+  CHECK(kv_app_split_compute(&p, alpha, alpha, -1, M, &s, &e) == KV_FPGA_EINVAL, "M < 0");
+  CHECK(kv_app_split_compute(NULL, alpha, alpha, M, M, &s, &e) == KV_FPGA_EINVAL, "NULL");
+  /* profile update from HIE statistics */
+  kv_app_profile pr = {0, 0, 1, 1};
+  kv_hie_stats st = {0};
+  st.host_bytes = 2000000000;
+  st.host_ns = 100000000; /* 20 GB/s */
+  st.dev_bytes = 300000000;
+  st.dev_ns = 100000000; /* 3 GB/s */
+  kv_app_profile_update(&pr, &st, 0.5);
+  CHECK(near(pr.f_c, 20e9) && near(pr.f_s, 3e9), "first measurement taken as is");
+  st.host_ns = 200000000; /* 10 GB/s */
+  kv_app_profile_update(&pr, &st, 0.5);
+  CHECK(near(pr.f_c, 15e9) && near(pr.f_s, 3e9), "moving average");
+}
+
+int main(void)
+{
+  test_hie_random_splits();
+  test_app();
+  return t_finish("test_fpga_hie");
+}
