@@ -325,8 +325,8 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
                                   uint32_t s1, kv_cdec *d, uint8_t *data)
 {
   for (uint32_t s = s0; s < s1; s++) {
-    const uint8_t *rows;
-    uint32_t n_rows;
+    const uint8_t *rows = NULL;
+    uint32_t n_rows = 0;
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
     if (n_rows != h->g.n_tokens)
       return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "

@@ -512,8 +512,8 @@ int refmodel_detokenize(const refmodel_tokenizer *tok, int prev_token, const int
     return rm_fail(REFMODEL_EINVAL, "refmodel_detokenize: NULL argument");
   size_t total = 0;
   for (size_t i = 0; i < n; i++) {
-    const char *piece;
-    size_t len;
+    const char *piece = NULL;
+    size_t len = 0;
     int rc = refmodel_decode(tok, i > 0 ? tokens[i - 1] : prev_token, tokens[i], &piece, &len);
     if (rc != 0)
       return rm_fail(rc, "refmodel_detokenize: tokens[%zu] = %d out of range [0, %d)", i, tokens[i],
