@@ -3,7 +3,9 @@
 # kvdb set-up on a fresh Debian 12 machine, then the main job or the whole test suite.
 #
 #   ./setup.sh demo    install what is missing, build, run the main job on ./demo-db
-#   ./setup.sh test    install what is missing, build, run every test suite
+#   ./setup.sh test    install what is missing, build, run every test suite; then again under
+#                      AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan), and the
+#                      tests that run threads under ThreadSanitizer (./build-tsan), with clang
 #
 # Packages are installed with apt-get when run as root; otherwise the exact apt-get line is
 # printed and nothing else happens. The build goes to ./build (meson + ninja).
@@ -17,6 +19,11 @@ case "$mode" in
 esac
 
 pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev python3 libxrt-dev uuid-dev"
+if [ "$mode" = test ]; then
+  # the sanitizer builds: clang, its sanitizer run-times (only recommended by clang, so not
+  # installed with it here) and llvm-symbolizer for readable reports
+  pkgs="$pkgs clang libclang-rt-14-dev llvm"
+fi
 missing=""
 for p in $pkgs; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -52,4 +59,22 @@ if [ "$mode" = demo ]; then
   ./build/tools/kvdb-admin/kvdb-admin ls "$db"
 else
   meson test -C build --print-errorlogs --num-processes 2
+  # Every suite again under ASan + UBSan (crash loops at full length: they are where recovery
+  # code runs), then the tests that run threads (suite `concurrency`: the api test's shared
+  # handle and the 4 x 4 stress test) under TSan. Any report fails the run.
+  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  export ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  for san in asan tsan; do
+    if [ ! -f "build-$san/build.ninja" ]; then
+      if [ $san = asan ]; then opt=address,undefined; else opt=thread; fi
+      CC=clang meson setup "build-$san" --buildtype=debugoptimized -Db_sanitize=$opt \
+        -Db_lundef=false -Dbench=false
+    fi
+    ninja -C "build-$san"
+  done
+  echo "== the test suite under AddressSanitizer + UndefinedBehaviorSanitizer"
+  meson test -C build-asan --print-errorlogs --num-processes 2
+  echo "== the tests that run threads, under ThreadSanitizer"
+  meson test -C build-tsan --print-errorlogs --num-processes 2 --suite concurrency
 fi

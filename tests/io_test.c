@@ -149,6 +149,8 @@ static void lose_power(void)
 static int t_open(kv_io *io, const char *path, int flags, int *is_direct, kv_file **out)
 {
   (void)io;
+  if (T.cfg.before_open != NULL)
+    T.cfg.before_open(path, T.cfg.before_open_ctx);
   int rc = fault(IOT_OPEN, NULL);
   if (rc != 0)
     return rc;

@@ -31,6 +31,10 @@ typedef struct iot_config {
   long crash_at_sync; /* 1-based; 0 = never */
   int loss;           /* enum iot_loss */
   unsigned long long seed;
+  /* called with the path before every open (tests that act between a reader's catalog snapshot
+   * and its opening of a file); NULL for none */
+  void (*before_open)(const char *path, void *ctx);
+  void *before_open_ctx;
 } iot_config;
 
 /* Configure; must be called before kvdb_open (sets kv_io_test_wrap). */

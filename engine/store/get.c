@@ -408,6 +408,18 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
   return delivered;
 }
 
+/* 1 when a compaction committed since a snapshot that saw catalog generation `gen`. */
+static int gen_moved(kvdb *db, uint64_t gen)
+{
+  MDB_txn *txn;
+  uint64_t now = gen;
+  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
+    return 0;
+  kv_cat_get_u64(&db->cat, txn, "gen", &now);
+  mdb_txn_abort(txn);
+  return now != gen;
+}
+
 kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                      const kvdb_kv_view *out, size_t *hit_tokens)
 {
@@ -418,22 +430,33 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   KV_RET(kv_check_view(out, m, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  walk w = {0};
-  kvdb_status rc = do_walk(db, txn, m, bt, tokens, n, &w);
-  if (rc == KVDB_OK && w.n > 0) {
-    *hit_tokens = fetch(db, m, bt, &w, out);
-    /* the context whose last block is the last block delivered, if there is one */
-    for (size_t i = w.n; i-- > 0;)
-      if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
-        kv_note_access(db, w.h[i].hash);
-        break;
-      }
+  /* A compaction in any handle may move blocks of the hit and remove their old segment file
+   * between this snapshot and the reads; the hit then comes back short and is read again from
+   * a fresh snapshot. Compactions bump "gen"; a block that fails verification does not. */
+  kvdb_status rc;
+  for (int attempt = 0;; attempt++) {
+    MDB_txn *txn;
+    KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+    kv_files_prune(db, txn);
+    uint64_t gen = 0;
+    kv_cat_get_u64(&db->cat, txn, "gen", &gen);
+    walk w = {0};
+    rc = do_walk(db, txn, m, bt, tokens, n, &w);
+    if (rc == KVDB_OK && w.n > 0) {
+      *hit_tokens = fetch(db, m, bt, &w, out);
+      /* the context whose last block is the last block delivered, if there is one */
+      for (size_t i = w.n; i-- > 0;)
+        if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
+          kv_note_access(db, w.h[i].hash);
+          break;
+        }
+    }
+    mdb_txn_abort(txn);
+    int again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && attempt < 3 && gen_moved(db, gen);
+    free(w.h);
+    if (!again)
+      break;
   }
-  mdb_txn_abort(txn);
-  free(w.h);
   kv_clear_error();
   return rc;
 }
@@ -821,9 +844,13 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   if (layer >= m->n_layers)
     return kv_fail(KVDB_INVALID, "layer %u out of range (model has %u layers)", layer,
                    m->n_layers);
+  int attempt = 0;
+again:;
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_files_prune(db, txn);
+  uint64_t gen = 0;
+  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
   kv_ctx_rec cr;
   char hx[33];
   uint8_t mh[16];
@@ -862,6 +889,8 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   if (rc == KVDB_OK)
     kv_note_access(db, context->b);
   mdb_txn_abort(txn);
+  if (rc != KVDB_OK && attempt++ < 3 && gen_moved(db, gen))
+    goto again; /* a compaction moved a block and removed its old file meanwhile (see kvdb_get) */
   return rc;
 }
 
@@ -881,9 +910,13 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     return kv_fail(KVDB_INVALID, "n_tokens %zu out of range 1..%u", n_tokens, bt);
   kvdb_key ck;
   KV_RET(kvdb_block_context(m, key, &ck));
+  int attempt = 0;
+again:;
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_files_prune(db, txn);
+  uint64_t gen = 0;
+  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
   kv_block_rec br;
   char hx[33];
   kvdb_status rc = kv_cat_get_block(&db->cat, txn, ck.b, &br);
@@ -937,6 +970,8 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     kv_note_access(db, ck.b);
   }
   mdb_txn_abort(txn);
+  if (rc != KVDB_OK && attempt++ < 3 && gen_moved(db, gen))
+    goto again; /* a compaction moved the block and removed its old file meanwhile */
   return rc;
 }
 

@@ -87,6 +87,19 @@ static void problem(vctx *v, kvdb_status st, const char *fmt, ...)
   }
 }
 
+/* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
+ * moved its blocks and removed its file while verify read an older snapshot. Not a problem. */
+static int seg_gone_now(kvdb *db, uint64_t id)
+{
+  MDB_txn *txn;
+  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
+    return 0;
+  kv_seg_rec sr;
+  int gone = kv_cat_get_seg(&db->cat, txn, id, &sr) == KVDB_NOTFOUND;
+  mdb_txn_abort(txn);
+  return gone;
+}
+
 kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress, void *ctx,
                         kvdb_verify_report *report)
 {
@@ -161,9 +174,12 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
               kv_hex16(k.mv_data, hx), br.segment);
       continue;
     }
-    if (br.offset + br.bytes > sr.end)
+    if (br.bytes > sr.end || br.offset > sr.end - br.bytes) {
+      /* not read: its `bytes` may be anything (an allocation of petabytes) */
       problem(&v, KVDB_CORRUPT, "block %s lies past the committed end of segment %" PRIu64,
               kv_hex16(k.mv_data, hx), br.segment);
+      continue;
+    }
     uint8_t segkey[16] = {0};
     kv_put_le64(segkey, br.segment);
     uint64_t *l = kmap_slot(&live, segkey);
@@ -180,10 +196,10 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
     }
     kv_block_hdr hdr;
     kvdb_status st = kv_block_read_verify(db, &br, k.mv_data, buf, &hdr);
-    if (st != KVDB_OK)
-      problem(&v, st, "%s", kvdb_errmsg());
-    else
+    if (st == KVDB_OK)
       report->bytes_checked += br.bytes;
+    else if (!(st == KVDB_NOTFOUND && seg_gone_now(db, br.segment)))
+      problem(&v, st, "%s", kvdb_errmsg());
   }
   mdb_cursor_close(cur);
   kv_free_aligned(buf);
@@ -207,8 +223,10 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
     if (sr.end == 0)
       continue;
     kv_segfile *sf;
-    if (kv_segfile_get(db, id, &sf) != KVDB_OK) {
-      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 ": %s", id, kvdb_errmsg());
+    kvdb_status st = kv_segfile_get(db, id, &sf);
+    if (st != KVDB_OK) {
+      if (!(st == KVDB_NOTFOUND && seg_gone_now(db, id)))
+        problem(&v, KVDB_CORRUPT, "segment %" PRIu64 ": %s", id, kvdb_errmsg());
       continue;
     }
     uint64_t size = 0;
@@ -247,12 +265,16 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   size_t n = 0, cap = 0;
   kvdb_status rc = KVDB_OK;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_seg_rec vic;
+  if (kv_cat_get_seg(&db->cat, txn, id, &vic) != KVDB_OK)
+    vic.end = 0; /* gone already: nothing to move */
   mdb_cursor_open(txn, db->cat.blocks, &cur);
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     kv_block_rec br;
+    /* a record lying past the segment's end is corrupt (verify says so): left alone */
     if (k.mv_size != 16 || kv_block_rec_decode(val.mv_data, val.mv_size, &br) != KVDB_OK ||
-        br.segment != id)
+        br.segment != id || br.bytes > vic.end || br.offset > vic.end - br.bytes)
       continue;
     if (n == cap) {
       cap = cap ? cap * 2 : 64;
@@ -290,8 +312,11 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
       }
     }
     kv_block_hdr hdr;
-    if (kv_block_read_verify(db, &br, list[i].hash, buf, &hdr) != KVDB_OK) {
-      kv_log(&db->log, 0, "compaction leaves a corrupt block in place: %s", kvdb_errmsg());
+    kvdb_status vr = kv_block_read_verify(db, &br, list[i].hash, buf, &hdr);
+    if (vr != KVDB_OK) {
+      /* NOTFOUND: another handle compacted this segment away meanwhile (see `gone`) */
+      kv_log(&db->log, vr == KVDB_CORRUPT ? 0 : 2, "compaction leaves a block in place: %s",
+             kvdb_errmsg());
       continue;
     }
     int e = db->io->ops->pwrite(db->io, kv_writer_file(w), buf, br.bytes, w->end + written);
@@ -311,13 +336,15 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     if (e != 0)
       rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
   }
-  int sealed = 0, removed = 0;
+  int sealed = 0, removed = 0, gone = 0;
   uint64_t moved_bytes = 0, moved_blocks = 0, old_end = 0;
   if (rc == KVDB_OK)
     rc = kv_txn_begin(&db->cat, 1, &txn);
   if (rc == KVDB_OK) {
     kv_seg_rec old, nw;
     rc = kv_cat_get_seg(&db->cat, txn, id, &old);
+    if (rc == KVDB_NOTFOUND)
+      gone = 1; /* another handle compacted it meanwhile: our copies are dead, undone below */
     old_end = old.end;
     uint8_t *rb = malloc(kv_block_rec_size(4096));
     if (rb == NULL && rc == KVDB_OK)
@@ -403,7 +430,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     db->bytes_written += written;
   }
   free(list);
-  return rc;
+  return gone ? KVDB_OK : rc;
 }
 
 kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,

@@ -3,9 +3,10 @@
  * engine/store/segment.c — segment files: writers, the read-handle cache, open-time recovery.
  *
  * A segment is an append-only file of 4 KiB-aligned block objects (FORMAT.md §1). Its catalog
- * record is created (state OPEN, end 0) before the file; the writing handle holds an exclusive
- * flock on the file for as long as it appends, so another process can tell a live writer from
- * a dead one. Each put advances the record's `end` in the transaction that publishes its
+ * record is created (state OPEN, end 0) in the write transaction that creates the file; the
+ * writing handle holds an exclusive flock on the file, taken before that transaction commits,
+ * for as long as it appends, so another process can tell a live writer from a dead one. Each
+ * put advances the record's `end` in the transaction that publishes its
  * blocks; bytes past `end` were never acknowledged. Recovery truncates them away in segments
  * whose writer is gone (the flock can be taken) and seals those segments.
  */
@@ -81,38 +82,45 @@ kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out)
     *out = w;
     return KVDB_OK;
   }
-  /* a new segment: record first (state OPEN, end 0), then the file */
-  MDB_txn *txn;
+  /* A new segment: its record (state OPEN, end 0) and its file, created and locked inside the
+   * same write transaction. Recovery in another process runs in a write transaction too, so it
+   * never sees the record without a locked file (it would take the segment for a dead
+   * writer's: delete the record, or truncate and seal the file under the new writer). */
+  MDB_txn *txn = NULL;
   kvdb_status rc;
   uint64_t id = 0;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  w = calloc(1, sizeof *w);
+  if (w == NULL)
+    return kv_fail(KVDB_NOMEM, "cannot allocate a segment writer");
+  KV_ERR(kv_txn_begin(&db->cat, 1, &txn));
   KV_ERR(kv_cat_get_u64(&db->cat, txn, "next_segment", &id));
   KV_ERR(kv_cat_put_u64(&db->cat, txn, "next_segment", id + 1));
   kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_OPEN, .owner_pid = (uint32_t)getpid()};
   KV_ERR(kv_cat_put_seg(&db->cat, txn, id, &sr));
-  rc = kv_txn_commit(txn);
-  txn = NULL;
-  if (rc != KVDB_OK)
-    return rc;
-  w = calloc(1, sizeof *w);
-  if (w == NULL)
-    return kv_fail(KVDB_NOMEM, "cannot allocate a segment writer");
   w->seg_id = id;
-  rc = open_segment_file(db, id, 1, 0, &w->f);
-  if (rc != KVDB_OK) {
-    free(w);
-    return rc;
-  }
+  KV_ERR(open_segment_file(db, id, 1, 0, &w->f));
   int lrc = db->io->ops->lock(db->io, w->f, 1);
   if (lrc != 0) {
-    db->io->ops->close(db->io, w->f);
-    free(w);
-    return kv_fail_errno(-lrc, "cannot lock new segment %" PRIu64, id);
+    rc = kv_fail_errno(-lrc, "cannot lock new segment %" PRIu64, id);
+    goto out;
   }
-  *out = w;
-  return KVDB_OK;
+  rc = kv_txn_commit(txn);
+  txn = NULL;
+  if (rc == KVDB_OK) {
+    *out = w;
+    return KVDB_OK;
+  }
 out:
-  mdb_txn_abort(txn);
+  if (txn != NULL)
+    mdb_txn_abort(txn);
+  if (w->f != NULL) { /* the file has no record: remove it (recovery would) */
+    char path[4200];
+    db->io->ops->lock(db->io, w->f, 0);
+    db->io->ops->close(db->io, w->f);
+    if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK)
+      db->io->ops->unlink(db->io, path);
+  }
+  free(w);
   return rc;
 }
 
@@ -228,9 +236,13 @@ void kv_segfile_put(kvdb *db, kv_segfile *sf)
 void kv_files_prune(kvdb *db, MDB_txn *txn)
 {
   uint64_t gen = 0;
-  if (kv_cat_get_u64(&db->cat, txn, "gen", &gen) != KVDB_OK || gen == db->files_gen)
+  if (kv_cat_get_u64(&db->cat, txn, "gen", &gen) != KVDB_OK)
     return;
-  pthread_mutex_lock(&db->mu);
+  pthread_mutex_lock(&db->mu); /* files_gen too: another thread may be pruning */
+  if (gen == db->files_gen) {
+    pthread_mutex_unlock(&db->mu);
+    return;
+  }
   db->files_gen = gen;
   kv_segfile **pp = &db->files;
   while (*pp != NULL) {

@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/fuzz/make_seeds.c — writes the seed corpora of the engine's fuzz targets:
+ *
+ *     fuzz_make_seeds tests/fuzz/corpora
+ *
+ * writes corpora/block/ (block objects sealed by kv_block_seal, whole, cut short, damaged,
+ * with the repair flags of fuzz_block.c), corpora/catalog/ (records from the catalog's own
+ * encoders, and a few refused ones) and corpora/api_ops/ (op scripts for fuzz_api_ops.c that
+ * reach every op). Output is deterministic; rerun after a format change. Files found by
+ * fuzzing are added beside these under their libFuzzer names.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "block.h"
+#include "catalog/catalog.h"
+#include "kvdb.h"
+
+static const char *root;
+
+static void put_file(const char *dir, const char *name, const uint8_t *a, size_t alen,
+                     const uint8_t *b, size_t blen)
+{
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", root, dir);
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    perror(path);
+    exit(1);
+  }
+  snprintf(path, sizeof path, "%s/%s/%s", root, dir, name);
+  FILE *f = fopen(path, "wb");
+  if (f == NULL || fwrite(a, 1, alen, f) != alen || (blen && fwrite(b, 1, blen, f) != blen) ||
+      fclose(f) != 0) {
+    perror(path);
+    exit(1);
+  }
+}
+
+/* A sealed block object (caller frees); data bytes are a pattern, padding zero. */
+static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, uint32_t bt,
+                           uint32_t n, kv_block_geom *g)
+{
+  if (kv_block_geom_init(g, nl, nh, hd, dt, bt, n) != KVDB_OK) {
+    fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
+    exit(1);
+  }
+  uint8_t *buf = calloc(1, g->total_bytes);
+  uint32_t tok[4096];
+  for (uint32_t i = 0; i < n; i++)
+    tok[i] = 100 + i * 7;
+  for (uint32_t s = 0; s < g->n_sections; s++)
+    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+      uint8_t *p = buf + kv_block_group_off(g, s, grp);
+      uint32_t len = kv_block_group_len(g, grp);
+      for (uint32_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(s * 31 + grp * 7 + i);
+    }
+  uint8_t h[16], parent[16], model[16];
+  for (int i = 0; i < 16; i++) {
+    h[i] = (uint8_t)(0xa0 + i);
+    parent[i] = (uint8_t)(0x50 + i);
+    model[i] = (uint8_t)(0x10 + i);
+  }
+  kv_block_seal(g, h, parent, model, tok, buf);
+  return buf;
+}
+
+static void block_seeds(void)
+{
+  kv_block_geom g;
+  uint8_t f0 = 0, fall = 0x0f, fhdr = 0x08;
+  uint8_t *b = make_block(2, 1, 16, KVDB_F16, 16, 5, &g); /* packed sections */
+  put_file("block", "packed_f16.bin", &f0, 1, b, g.total_bytes);
+  b[g.meta_bytes + 3] ^= 0x40;
+  put_file("block", "packed_f16_bad_data.bin", &f0, 1, b, g.total_bytes);
+  put_file("block", "packed_f16_bad_data_repair.bin", &fall, 1, b, g.total_bytes);
+  free(b);
+  b = make_block(1, 1, 128, KVDB_F16, 32, 20, &g); /* paged: two groups per section */
+  put_file("block", "paged_f16.bin", &f0, 1, b, g.total_bytes);
+  put_file("block", "paged_f16_meta_only.bin", &f0, 1, b, g.meta_bytes);
+  put_file("block", "paged_f16_one_section.bin", &f0, 1, b, g.meta_bytes + g.section_bytes);
+  free(b);
+  b = make_block(1, 2, 32, KVDB_F32, 16, 16, &g);
+  put_file("block", "packed_f32_repair.bin", &fall, 1, b, g.total_bytes);
+  free(b);
+  b = make_block(1, 1, 8, KVDB_BF16, 16, 16, &g);
+  put_file("block", "bf16_header_only.bin", &f0, 1, b, KV_BLOCK_HDR_BYTES);
+  b[4] = 2; /* format version 2: KVDB_VERSION */
+  put_file("block", "version2_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
+  free(b);
+}
+
+static void catalog_seeds(void)
+{
+  uint8_t buf[72 + 4 * 64];
+  kv_model_rec mr = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, 32, 8, 128,
+                     KVDB_F16, 256};
+  kv_model_rec_encode(&mr, buf);
+  put_file("catalog", "model.bin", buf, kv_model_rec_size(), NULL, 0);
+  kv_block_rec br = {.refcount = 2, .tier = KVDB_TIER_SSD, .n_tokens = 16, .segment = 3,
+                     .offset = 8192, .bytes = 20480};
+  memset(br.parent, 0x11, 16);
+  memset(br.model, 0x22, 16);
+  uint32_t tok[64];
+  for (int i = 0; i < 64; i++)
+    tok[i] = 1000u + (uint32_t)i;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.n_tokens = 1;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block1.bin", buf, kv_block_rec_size(1), NULL, 0);
+  buf[0] = 2; /* a newer record version */
+  put_file("catalog", "block1_version2.bin", buf, kv_block_rec_size(1), NULL, 0);
+  uint8_t blocks[3 * 16];
+  for (int i = 0; i < 48; i++)
+    blocks[i] = (uint8_t)(i * 5);
+  kv_ctx_rec cr = {.flags = 0, .n_blocks = 3, .n_tokens = 40, .bytes = 61440, .created_ms = 1,
+                   .last_access_ms = 2};
+  memset(cr.model, 0x22, 16);
+  kv_ctx_rec_encode(&cr, blocks, buf);
+  put_file("catalog", "context3.bin", buf, kv_ctx_rec_size(&cr, 3), NULL, 0);
+  cr.flags = KV_CTX_EXPLICIT;
+  cr.n_blocks = 1;
+  cr.n_tokens = 7;
+  kv_ctx_rec_encode(&cr, blocks, buf);
+  put_file("catalog", "context_explicit.bin", buf, kv_ctx_rec_size(&cr, 1), NULL, 0);
+  cr.flags = 0;
+  cr.n_blocks = 2;
+  cr.n_tokens = 20;
+  if (kvdb_config_parse("int4", &cr.config) != KVDB_OK) { /* a version-2 record */
+    fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
+    exit(1);
+  }
+  kv_ctx_rec_encode(&cr, blocks, buf);
+  put_file("catalog", "context_int4.bin", buf, kv_ctx_rec_size(&cr, 2), NULL, 0);
+  br.n_tokens = 16;
+  br.bflags = KV_BLK_COMPRESSED;
+  br.method = cr.config.method;
+  br.bits = cr.config.bits;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_int4.bin", buf, kv_block_rec_size(16), NULL, 0);
+  static kv_profile_rec pr;
+  pr.n_probes = 8;
+  pr.measured_ms = 1700000000000ull;
+  pr.n_entries = 2;
+  pr.e[0].bytes = 1 << 20;
+  pr.e[0].quality = 1.0;
+  pr.e[1].config = cr.config;
+  pr.e[1].bytes = 300000;
+  pr.e[1].quality = 0.9969;
+  pr.e[1].rel_l2 = 0.05;
+  pr.e[1].reported_quality = -1.0;
+  uint8_t pbuf[256];
+  kv_profile_rec_encode(&pr, pbuf);
+  put_file("catalog", "profile2.bin", pbuf, kv_profile_rec_size(2), NULL, 0);
+  kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_SEALED, .owner_pid = 1234,
+                   .end = 1 << 20, .live_bytes = 4096 * 9, .live_blocks = 3};
+  kv_seg_rec_encode(&sr, buf);
+  put_file("catalog", "segment.bin", buf, kv_seg_rec_size(), NULL, 0);
+  put_file("catalog", "segment_truncated.bin", buf, kv_seg_rec_size() - 1, NULL, 0);
+}
+
+/* Opcodes of fuzz_api_ops.c */
+enum { PUT, PUT2, GET, LOOKUP, DEL, GET_TOKENS, COMPACT, REOPEN, VERIFY, PUT_BLOCK, GET_BLOCK,
+       DEL_BLOCK, COUNT, CORRUPT_SEG, CORRUPT_CAT };
+
+static void api_seed(const char *name, const uint8_t *s, size_t n)
+{
+  put_file("api_ops", name, s, n, NULL, 0);
+}
+
+static void api_seeds(void)
+{
+  /* recipe byte: family in bits 0..1, variant in bits 2..4; length byte: 1 + b % 96 tokens */
+  static const uint8_t basic[] = {
+    0x00,
+    PUT, 0, 62,  PUT, 4, 69,  PUT2, 1, 30,  GET, 0, 95,  LOOKUP, 5, 49,  LOOKUP, 8, 44,
+    GET_TOKENS, 0, 1, 3, 0, 17, 60,  COUNT,  DEL, 0,  GET, 0, 95,  LOOKUP, 4, 80,
+    COMPACT, 200,  REOPEN,  VERIFY,  COUNT,  GET, 4, 95};
+  api_seed("basic.bin", basic, sizeof basic);
+  /* durable puts of many distinct contexts seal segments; deletes then make them sparse */
+  uint8_t seal[256] = {0x01};
+  size_t n = 1;
+  for (int i = 0; i < 28; i++) {
+    seal[n++] = PUT;
+    seal[n++] = (uint8_t)(i & 31);
+    seal[n++] = (uint8_t)(60 + i);
+  }
+  for (int i = 0; i < 12; i++) {
+    seal[n++] = DEL;
+    seal[n++] = (uint8_t)(i * 3);
+  }
+  seal[n++] = COMPACT;
+  seal[n++] = 255;
+  seal[n++] = VERIFY;
+  seal[n++] = COUNT;
+  seal[n++] = GET;
+  seal[n++] = 7;
+  seal[n++] = 90;
+  api_seed("seal_and_compact.bin", seal, n);
+  static const uint8_t explicit_keys[] = {
+    0x02,
+    PUT_BLOCK, 1, 3, 15, 10,  PUT_BLOCK, 2, 3, 4, 0,  PUT_BLOCK, 1, 3, 15, 10,
+    PUT_BLOCK, 1, 5, 7, 2,  GET_BLOCK, 1, 0, 0,  GET_BLOCK, 1, 1, 0,  GET_BLOCK, 2, 2, 3, 5,
+    COUNT,  DEL_BLOCK, 1,  DEL_BLOCK, 1,  GET_BLOCK, 1, 0, 0,  PUT, 3, 40,  COUNT,  REOPEN,
+    GET_BLOCK, 2, 1, 0};
+  api_seed("explicit_keys.bin", explicit_keys, sizeof explicit_keys);
+  static const uint8_t damaged_segment[] = {
+    0x02,
+    PUT, 0, 62,  PUT, 4, 69,  PUT, 2, 95,  REOPEN,  CORRUPT_SEG, 0, 1, 9, 0x20,
+    GET, 0, 62,  GET, 4, 95,  LOOKUP, 2, 95,  GET_TOKENS, 1, 0, 2, 5, 40,  VERIFY,
+    CORRUPT_SEG, 0, 0, 3, 0x01,  GET, 2, 95,  COMPACT, 255,  VERIFY};
+  api_seed("damaged_segment.bin", damaged_segment, sizeof damaged_segment);
+  static const uint8_t damaged_catalog[] = {
+    0x00,
+    PUT, 0, 62,  PUT, 4, 69,  PUT_BLOCK, 3, 1, 9, 0,
+    CORRUPT_CAT, 1, 0, 0, 8, 0x80,  GET, 0, 95,  LOOKUP, 4, 69,  COUNT,
+    CORRUPT_CAT, 2, 1, 1, 20, 0,  GET_TOKENS, 1, 0, 1, 3,  DEL, 1,  VERIFY,
+    CORRUPT_CAT, 3, 0, 2, 3, 0, 1, 2, 3,  COMPACT, 255,  REOPEN,  PUT, 1, 50,  GET, 1, 50};
+  api_seed("damaged_catalog.bin", damaged_catalog, sizeof damaged_catalog);
+  /* a block record whose size field says petabytes: verify reports it without reading it (it
+   * used to stop with KVDB_NOMEM) and compaction leaves it alone */
+  static const uint8_t huge_block_bytes[] = {
+    0x00,
+    PUT, 0, 62,  CORRUPT_CAT, 1, 0, 0, 38, 0x10,  VERIFY,  COMPACT, 255,  VERIFY};
+  api_seed("huge_block_bytes.bin", huge_block_bytes, sizeof huge_block_bytes);
+  static const uint8_t direct_uring[] = {
+    0x0d,
+    PUT, 0, 95,  PUT, 1, 95,  GET, 0, 95,  GET_TOKENS, 0, 1, 4, 0, 31, 32, 94,  REOPEN,
+    GET, 1, 95,  DEL, 0,  DEL, 0,  COUNT,  VERIFY};
+  api_seed("direct_uring.bin", direct_uring, sizeof direct_uring);
+}
+
+int main(int argc, char **argv)
+{
+  if (argc != 2) {
+    fprintf(stderr, "usage: fuzz_make_seeds CORPORA_DIR\n");
+    return 2;
+  }
+  root = argv[1];
+  block_seeds();
+  catalog_seeds();
+  api_seeds();
+  printf("seeds written under %s/{block,catalog,api_ops}\n", root);
+  return 0;
+}
