@@ -286,13 +286,59 @@ static size_t next_from_disk(kvdb *db, const walk *w, size_t i)
   return j;
 }
 
+/* 1 when a block record's object size is possible for its geometry: a raw object is exactly
+ * meta + data; a compressed one never more than twice that plus a page per section (a section
+ * that does not shrink is stored raw; quantization scales and the section table are smaller
+ * than the raw rows they describe). Checked before any buffer is sized from the record, so a
+ * damaged catalog record cannot ask for an absurd allocation. */
+static int rec_bytes_plausible(const kv_block_geom *g, const kv_block_rec *rec)
+{
+  uint64_t raw = (uint64_t)g->meta_bytes + g->data_bytes;
+  if (rec->bytes == 0 || rec->bytes % KV_PAGE != 0)
+    return 0;
+  if (!(rec->bflags & KV_BLK_COMPRESSED))
+    return rec->bytes == raw;
+  return rec->bytes <= 2 * raw + (uint64_t)g->n_sections * KV_PAGE;
+}
+
+/* The hit's tokens as the block itself stores them (its meta region, checksum verified) must be
+ * the query's: the walk matched them against the catalog record's copy, which has no checksum
+ * of its own. */
+static kvdb_status check_hit_tokens(const hit *x, const uint8_t *buf, const uint32_t *tokens)
+{
+  const uint8_t *bt = buf + KV_BLOCK_HDR_BYTES;
+  for (uint32_t i = 0; i < x->n_copy; i++)
+    if (kv_get_le32(bt + 4 * i) != tokens[x->t0 + i]) {
+      char hx[33];
+      return kv_fail(KVDB_CORRUPT,
+                     "block %s in segment %" PRIu64 " at offset %" PRIu64
+                     ": its token %u is not the one its catalog record lists",
+                     kv_hex16(x->hash, hx), x->rec.segment, x->rec.offset, i);
+    }
+  return KVDB_OK;
+}
+
 /* Fetch the hits into `out`; returns how many tokens were delivered (a failure ends it). */
-static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const kvdb_kv_view *out)
+static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const uint32_t *tokens,
+                    const kvdb_kv_view *out)
 {
   size_t biggest = 0;
-  for (size_t i = 0; i < w->n; i++)
+  for (size_t i = 0; i < w->n; i++) {
+    kv_block_geom gi;
+    if (kv_block_geom_init(&gi, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                           w->h[i].rec.n_tokens) != KVDB_OK ||
+        !rec_bytes_plausible(&gi, &w->h[i].rec)) {
+      char hx[33];
+      db->corrupt_blocks++;
+      kv_fail(KVDB_CORRUPT, "block %s: its catalog record gives %" PRIu64 " bytes for %u tokens",
+              kv_hex16(w->h[i].hash, hx), w->h[i].rec.bytes, w->h[i].rec.n_tokens);
+      kv_log(&db->log, 0, "%s", kvdb_errmsg());
+      w->n = i; /* deliver the hits before it */
+      break;
+    }
     if (w->h[i].rec.bytes > biggest)
       biggest = w->h[i].rec.bytes;
+  }
   rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0, 0}, {NULL, NULL, SIZE_MAX, 0, 0}};
   kv_batch *bat = NULL;
   size_t delivered = 0;
@@ -372,6 +418,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const k
       }
       if (rr == KVDB_OK && k == 0)
         rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
+      if (rr == KVDB_OK && k == 0)
+        rr = check_hit_tokens(x, buf, tokens);
       /* each layer's sections are verified, then scattered while they are still in cache:
        * one pass over the data in memory instead of two (5.0 + 4.7 ms per 32 MiB apart) */
       uint32_t l1 = k + 1 == wv.n ? g.n_layers : (k + 1) * wv.layers_per;
@@ -443,7 +491,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     walk w = {0};
     rc = do_walk(db, txn, m, bt, tokens, n, &w);
     if (rc == KVDB_OK && w.n > 0) {
-      *hit_tokens = fetch(db, m, bt, &w, out);
+      *hit_tokens = fetch(db, m, bt, &w, tokens, out);
       /* the context whose last block is the last block delivered, if there is one */
       for (size_t i = w.n; i-- > 0;)
         if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {

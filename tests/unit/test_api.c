@@ -816,6 +816,87 @@ static int t_set_format_version(const char *dir, unsigned v)
   return rc;
 }
 
+/* Rewrite one block record of the catalog in place: `edit` changes its value bytes. */
+static void t_edit_block_record(const char *dir, const kvdb_key *hash,
+                                void (*edit)(uint8_t *rec, size_t len))
+{
+  kv_catalog c;
+  ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
+  MDB_txn *txn;
+  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
+  MDB_val k = {16, (void *)hash->b}, v;
+  ASSERT_EQ(mdb_get(txn, c.blocks, &k, &v), 0);
+  uint8_t *rec = malloc(v.mv_size);
+  memcpy(rec, v.mv_data, v.mv_size);
+  edit(rec, v.mv_size);
+  MDB_val nv = {v.mv_size, rec};
+  ASSERT_EQ(mdb_put(txn, c.blocks, &k, &nv, 0), 0);
+  ASSERT_OK(kv_txn_commit(txn));
+  kv_catalog_close(&c);
+  free(rec);
+}
+
+/* the stored tail block's tokens 4..7 become the query's (catalog record offset 72 + 4 i) */
+static uint32_t g_query_tail[8];
+static void edit_tail_tokens(uint8_t *rec, size_t len)
+{
+  ASSERT(len >= 72 + 4 * 8);
+  for (int i = 4; i < 8; i++)
+    memcpy(rec + 72 + 4 * i, &g_query_tail[i], 4);
+}
+static void edit_huge_bytes(uint8_t *rec, size_t len)
+{
+  ASSERT(len >= 40);
+  uint64_t huge = 1ull << 50; /* a multiple of 4096: only the geometry shows it is wrong */
+  memcpy(rec + 32, &huge, 8);
+}
+
+/* A catalog record has no checksum of its own (LMDB's pages have none): what it says about a
+ * block is checked against the block before KV is delivered or a buffer is sized from it. */
+static void test_damaged_block_record(void)
+{
+  char *dir = t_tmpdir("rec");
+  const kvdb_model *m = &M_SMALL; /* 16-token blocks */
+  uint32_t stored[24], query[24];
+  make_tokens(stored, 24, 4242);
+  memcpy(query, stored, sizeof stored);
+  for (int i = 20; i < 24; i++)
+    query[i] = stored[i] + 1; /* the query shares 4 of the stored tail's 8 tokens */
+  memcpy(g_query_tail, query + 16, sizeof g_query_tail);
+  kvdb *db = t_open(dir);
+  put_ctx(db, m, stored, 24, NULL);
+  kvdb_close(db);
+  kvdb_key h[2];
+  ASSERT_OK(kvdb_chain_hashes(m, stored, 24, h, 2));
+
+  /* intact: the tail matches on 4 tokens */
+  db = t_open(dir);
+  ASSERT_EQ(get_check(db, m, query, 24), 20);
+  kvdb_close(db);
+
+  /* the record's copy of the tail tokens says the query's tokens 20..23 are stored: the
+   * block's own tokens (checksummed) say they are not, so no KV of other tokens is delivered */
+  t_edit_block_record(dir, &h[1], edit_tail_tokens);
+  db = t_open(dir);
+  size_t hit;
+  ASSERT_OK(kvdb_lookup(db, m, query, 24, &hit));
+  ASSERT_EQ(hit, 24); /* lookup trusts the catalog; get verifies */
+  ASSERT_EQ(get_check(db, m, query, 24), 16);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT(st.corrupt_blocks >= 1);
+  kvdb_close(db);
+
+  /* a record asking for 2^50 bytes: no allocation is sized from it, the hit ends before it */
+  t_edit_block_record(dir, &h[0], edit_huge_bytes);
+  db = t_open(dir);
+  ASSERT_EQ(get_check(db, m, stored, 24), 0);
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT(st.corrupt_blocks >= 1);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 static void test_ssd_capacity_evicts_lru(void)
 {
   char *dir = t_tmpdir("cap");
@@ -867,6 +948,7 @@ int main(void)
   test_missing_and_truncated_segment();
   test_newer_version_and_readonly();
   test_ssd_capacity_evicts_lru();
+  test_damaged_block_record();
   printf("test_api: all passed\n");
   return 0;
 }
