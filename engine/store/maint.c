@@ -100,6 +100,13 @@ static int seg_gone_now(kvdb *db, uint64_t id)
   return gone;
 }
 
+/* mdb_cursor_open, its failure (ENOMEM) as a status */
+static kvdb_status cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
+{
+  int mrc = mdb_cursor_open(txn, dbi, cur);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
+}
+
 kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress, void *ctx,
                         kvdb_verify_report *report)
 {
@@ -112,7 +119,8 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   MDB_stat ms;
-  mdb_stat(txn, db->cat.blocks, &ms);
+  if (mdb_stat(txn, db->cat.blocks, &ms) != 0)
+    ms.ms_entries = 0; /* only sizes the maps */
   uint64_t n_blocks = ms.ms_entries;
   kmap refs, live;
   kvdb_status rc = KVDB_OK;
@@ -125,7 +133,8 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
   MDB_val k, val;
   int mrc;
   /* contexts: every listed block exists */
-  mdb_cursor_open(txn, db->cat.contexts, &cur);
+  if ((rc = cursor_open(txn, db->cat.contexts, &cur, "verify: contexts")) != KVDB_OK)
+    goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     report->contexts_checked++;
@@ -152,7 +161,8 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
   /* blocks: refcounts, locations, data */
   uint8_t *buf = NULL;
   size_t buf_cap = 0;
-  mdb_cursor_open(txn, db->cat.blocks, &cur);
+  if ((rc = cursor_open(txn, db->cat.blocks, &cur, "verify: blocks")) != KVDB_OK)
+    goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     report->blocks_checked++;
@@ -204,7 +214,8 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
   mdb_cursor_close(cur);
   kv_free_aligned(buf);
   /* segments: files present, long enough, live bytes add up */
-  mdb_cursor_open(txn, db->cat.segments, &cur);
+  if ((rc = cursor_open(txn, db->cat.segments, &cur, "verify: segments")) != KVDB_OK)
+    goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     report->segments_checked++;
@@ -268,7 +279,10 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   kv_seg_rec vic;
   if (kv_cat_get_seg(&db->cat, txn, id, &vic) != KVDB_OK)
     vic.end = 0; /* gone already: nothing to move */
-  mdb_cursor_open(txn, db->cat.blocks, &cur);
+  if ((rc = cursor_open(txn, db->cat.blocks, &cur, "compaction: blocks")) != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     kv_block_rec br;
@@ -454,8 +468,11 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
   MDB_cursor *cur;
   MDB_val k, v;
   int mrc;
-  kvdb_status rc = KVDB_OK;
-  mdb_cursor_open(txn, db->cat.segments, &cur);
+  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
   for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     kv_seg_rec sr;

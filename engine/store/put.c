@@ -127,6 +127,10 @@ void kv_note_access(kvdb *db, const uint8_t key[16])
       db->n_pending = 0; /* full: forget the oldest batch; access times are advisory */
     }
   }
+  if (db->cap_pending == 0) { /* no memory for even the first batch: forget this one */
+    pthread_mutex_unlock(&db->mu);
+    return;
+  }
   memcpy(db->pending[db->n_pending].key, key, 16);
   db->pending[db->n_pending].ms = kv_now_ms();
   db->n_pending++;
