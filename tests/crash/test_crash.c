@@ -11,6 +11,8 @@
  *   test_crash powerloss  the same with tests/io_test.c in power-loss mode: at a chosen
  *                         fdatasync the unsynced segment writes are dropped, kept or torn
  *                         and the child dies there (SQLite's test6.c idea).
+ * The child also compacts and re-encodes (kvdb_compact, kvdb_recompress to lossless) every
+ * other put, so crashes land inside those too; the summary counts them.
  */
 #include "kvdb_test.h"
 
@@ -85,6 +87,34 @@ static void child(const char *dir, int wfd, uint64_t first_seed, int powerloss)
       if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
         _exit(6);
     }
+    /* maintenance, early in every child so crashes land in it too: a compaction of the
+     * segments deletes thinned, and a re-encode (to lossless: still bit-exact) of an older
+     * context. Neither changes what is promised. */
+    uint64_t k = seed - first_seed;
+    if (k % 4 == 1 || k % 4 == 3) {
+      uint64_t what = (k % 4 == 1 ? 1 : 2) | (1ull << 61);
+      if (write(wfd, &what, 8) != 8) /* "maintenance begins" */
+        _exit(4);
+      if (k % 4 == 1) {
+        rc = kvdb_compact(db, 0.99, NULL, NULL, NULL);
+      } else {
+        kvdb_key h[13];
+        size_t vn = ctx_tokens(seed > 4 ? seed - 4 : 1, tok, 200);
+        kvdb_chain_hashes(&M, tok, vn, h, 13);
+        kvdb_config to;
+        kvdb_config_parse("lossless", &to);
+        rc = kvdb_recompress(db, &M, &h[(vn + 15) / 16 - 1], &to, NULL);
+        if (rc == KVDB_NOTFOUND || rc == KVDB_INVALID) /* deleted, or lossless already */
+          rc = KVDB_OK;
+      }
+      if (rc != KVDB_OK) {
+        fprintf(stderr, "child: %s: %s\n", k % 4 == 1 ? "compact" : "recompress", kvdb_errmsg());
+        _exit(7);
+      }
+      what = 1ull << 60;
+      if (write(wfd, &what, 8) != 8) /* "maintenance ends" */
+        _exit(4);
+    }
   }
 }
 
@@ -136,7 +166,7 @@ int main(int argc, char **argv)
   size_t cap = 1 << 16;
   uint8_t *acked = calloc(cap, 1);
   uint64_t next_seed = 1;
-  long crashes = 0, clean_exits = 0, acks_total = 0;
+  long crashes = 0, clean_exits = 0, acks_total = 0, crashes_compact = 0, crashes_recompress = 0;
   for (int round = 0; round < iters; round++) {
     int p[2];
     ASSERT(pipe(p) == 0);
@@ -159,9 +189,13 @@ int main(int argc, char **argv)
       kill(pid, SIGKILL);
     }
     /* read reports until the child is gone */
-    uint64_t msg, inflight = 0, in_delete = 0;
+    uint64_t msg, inflight = 0, in_delete = 0, in_maint = 0;
     while (read(p[0], &msg, 8) == 8) {
-      if (msg & (1ull << 63)) {
+      if (msg & (1ull << 61)) {
+        in_maint = msg & 3;
+      } else if (msg & (1ull << 60)) {
+        in_maint = 0;
+      } else if (msg & (1ull << 63)) {
         uint64_t s = msg & ~(1ull << 63);
         if (s >= cap)
           continue;
@@ -183,8 +217,13 @@ int main(int argc, char **argv)
     close(p[0]);
     int status;
     waitpid(pid, &status, 0);
-    if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == IOT_CRASH_EXIT))
+    if (WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == IOT_CRASH_EXIT)) {
       crashes++;
+      if (in_maint == 1)
+        crashes_compact++;
+      else if (in_maint == 2)
+        crashes_recompress++;
+    }
     else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       fprintf(stderr, "round %d: child failed with exit %d\n", round, WEXITSTATUS(status));
       return T_EXIT_FAIL;
@@ -233,9 +272,10 @@ int main(int argc, char **argv)
     }
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
-  printf("test_crash %s: %d rounds, %ld crashes, %ld acknowledged puts, %ld live contexts "
-         "checked at the end: all intact\n",
-         powerloss ? "powerloss" : "kill", iters, crashes, acks_total, checked);
+  printf("test_crash %s: %d rounds, %ld crashes (%ld during a compaction, %ld during a "
+         "re-encode), %ld acknowledged puts, %ld live contexts checked at the end: all intact\n",
+         powerloss ? "powerloss" : "kill", iters, crashes, crashes_compact, crashes_recompress,
+         acks_total, checked);
   free(acked);
   t_rmdir(dir);
   return 0;
