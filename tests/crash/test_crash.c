@@ -11,7 +11,10 @@
  *   test_crash powerloss  the same with tests/io_test.c in power-loss mode: at a chosen
  *                         fdatasync the unsynced segment writes are dropped, kept or torn
  *                         and the child dies there (SQLite's test6.c idea).
- * The child also compacts and re-encodes (kvdb_compact, kvdb_recompress to lossless) every
+ *   test_crash syncpoints a fixed maintenance workload (compact, re-encode, puts, delete,
+ *                         compact) loses power at its 1st, 2nd, ... segment sync in turn, with
+ *                         each loss mode, on a fresh copy of the same database each time.
+ * The child of the first two also compacts and re-encodes (kvdb_compact, kvdb_recompress to lossless) every
  * other put, so crashes land inside those too; the summary counts them.
  */
 #include "kvdb_test.h"
@@ -38,12 +41,14 @@ static size_t ctx_tokens(uint64_t seed, uint32_t *tok, size_t cap)
   return n;
 }
 
+static uint64_t g_segment_bytes = 2 << 20;
+
 static kvdb_options opts(void)
 {
   kvdb_options o;
   kvdb_options_init(&o);
   o.dram_bytes = 1 << 20;
-  o.segment_bytes = 2 << 20; /* seal often: recovery then meets sealed and open segments */
+  o.segment_bytes = g_segment_bytes; /* seal often: recovery meets sealed and open segments */
   o.log_level = -1;
   return o;
 }
@@ -150,8 +155,170 @@ static int check_ctx(kvdb *db, uint64_t seed, int must_exist)
   return ok;
 }
 
+/* ---- every sync point of maintenance in turn ---------------------------------------------- */
+
+static kvdb_status put_seed(kvdb *db, uint64_t seed, uint32_t *tok, uint16_t *buf)
+{
+  size_t n = ctx_tokens(seed, tok, 200);
+  t_fill_kv(&M, tok, n, buf);
+  kvdb_kv_view v;
+  kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD);
+  return kvdb_put(db, &M, tok, n, &v, NULL);
+}
+
+static kvdb_key key_of_seed(uint64_t seed, uint32_t *tok)
+{
+  kvdb_key h[13];
+  size_t n = ctx_tokens(seed, tok, 200);
+  kvdb_chain_hashes(&M, tok, n, h, 13);
+  return h[(n + 15) / 16 - 1];
+}
+
+#define SP_BASE 30 /* seeds 1..30 stored first (1 MiB segments: four sealed), every 3rd deleted */
+
+/* The maintenance workload on a database holding seeds 1..SP_BASE with 2, 5, 8, ... deleted:
+ * compact, re-encode seed 3 to lossless, put seeds SP_BASE+1 and +2, delete seed 4, compact
+ * again. Reports as the child of the random loops does. Returns the syncs it made (when it
+ * does not crash). */
+static long maint_child(const char *dir, int wfd)
+{
+  kvdb_options o = opts();
+  kvdb *db;
+  if (kvdb_open(dir, &o, &db) != KVDB_OK)
+    _exit(3);
+  uint32_t tok[200];
+  uint16_t *buf = malloc(200 * kvdb_model_token_bytes(&M));
+  if (kvdb_compact(db, 0.99, NULL, NULL, NULL) != KVDB_OK)
+    _exit(7);
+  kvdb_config to;
+  kvdb_config_parse("lossless", &to);
+  kvdb_key k = key_of_seed(3, tok);
+  if (kvdb_recompress(db, &M, &k, &to, NULL) != KVDB_OK)
+    _exit(7);
+  for (uint64_t seed = SP_BASE + 1; seed <= SP_BASE + 2; seed++) {
+    if (write(wfd, &seed, 8) != 8)
+      _exit(4);
+    if (put_seed(db, seed, tok, buf) != KVDB_OK)
+      _exit(5);
+    uint64_t ack = seed | (1ull << 63);
+    if (write(wfd, &ack, 8) != 8)
+      _exit(4);
+  }
+  uint64_t del = 4 | (1ull << 62);
+  if (write(wfd, &del, 8) != 8)
+    _exit(4);
+  k = key_of_seed(4, tok);
+  if (kvdb_delete(db, &k) != KVDB_OK)
+    _exit(6);
+  if (kvdb_compact(db, 0.99, NULL, NULL, NULL) != KVDB_OK)
+    _exit(7);
+  kvdb_close(db);
+  free(buf);
+  return iot_count(IOT_SYNC);
+}
+
+/* Power loss at sync point 1, 2, ... of maintenance, each loss mode; every round on a fresh
+ * copy of the same database. Returns the crash points survived. */
+static int maint_syncpoints(void)
+{
+  static const char *loss_name[3] = {"drop", "keep", "garble"};
+  long syncs = -1, points = 0;
+  for (long at = 0; syncs < 0 || at <= syncs; at++) {
+    for (int loss = 0; loss < 3; loss++) {
+      if (at == 0 && loss > 0)
+        continue; /* round 0 counts the syncs: no crash */
+      char *dir = t_tmpdir("syncpoint");
+      kvdb_options o = opts();
+      kvdb *db;
+      ASSERT_OK(kvdb_open(dir, &o, &db));
+      uint32_t tok[200];
+      uint16_t *buf = malloc(200 * kvdb_model_token_bytes(&M));
+      for (uint64_t seed = 1; seed <= SP_BASE; seed++)
+        ASSERT_OK(put_seed(db, seed, tok, buf));
+      for (uint64_t seed = 2; seed <= SP_BASE; seed += 3) {
+        kvdb_key k = key_of_seed(seed, tok);
+        ASSERT_OK(kvdb_delete(db, &k));
+      }
+      kvdb_close(db);
+      free(buf);
+      int p[2];
+      ASSERT(pipe(p) == 0);
+      iot_config c = {.fail_kind = -1, .powerloss = 1, .crash_at_sync = at, .loss = loss,
+                      .seed = (unsigned long long)(at * 3 + loss)};
+      iot_install(&c);
+      pid_t pid = fork();
+      if (pid == 0) {
+        close(p[0]);
+        long n = maint_child(dir, p[1]);
+        if (write(p[1], &n, 8) != 8)
+          _exit(4);
+        _exit(0);
+      }
+      iot_uninstall();
+      close(p[1]);
+      int acked[SP_BASE + 3] = {0};
+      for (uint64_t s = 1; s <= SP_BASE; s++)
+        acked[s] = s % 3 != 2;
+      uint64_t msg, inflight = 0;
+      long n_syncs = -1;
+      int status;
+      while (read(p[0], &msg, 8) == 8) {
+        if (msg & (1ull << 63)) {
+          uint64_t sd = msg & ~(1ull << 63);
+          ASSERT(sd < SP_BASE + 3);
+          acked[sd] = 1;
+          inflight = 0;
+        } else if (msg & (1ull << 62)) {
+          uint64_t sd = msg & ~(1ull << 62);
+          ASSERT(sd < SP_BASE + 3);
+          acked[sd] = 0;
+        } else if (msg >= SP_BASE + 1 && msg <= SP_BASE + 2) {
+          inflight = msg;
+        } else {
+          n_syncs = (long)msg; /* the last message of a clean run */
+        }
+      }
+      close(p[0]);
+      waitpid(pid, &status, 0);
+      int crashed = WIFEXITED(status) && WEXITSTATUS(status) == IOT_CRASH_EXIT;
+      if (at == 0) {
+        ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0 && n_syncs > 0);
+        syncs = n_syncs;
+      } else if (!crashed) {
+        fprintf(stderr, "sync point %ld (%s): the child did not crash (status %d)\n", at,
+                loss_name[loss], status);
+        return -1;
+      }
+      ASSERT_OK(kvdb_open(dir, &o, &db));
+      int ok = 1;
+      for (uint64_t s = 1; s <= SP_BASE + 2; s++)
+        if (acked[s])
+          ok &= check_ctx(db, s, 1);
+      if (inflight)
+        ok &= check_ctx(db, inflight, 0);
+      if (kvdb_verify(db, NULL, NULL, NULL, NULL) != KVDB_OK) {
+        fprintf(stderr, "sync point %ld (%s): verify: %s\n", at, loss_name[loss], kvdb_errmsg());
+        ok = 0;
+      }
+      kvdb_close(db);
+      if (!ok) {
+        fprintf(stderr, "power loss at sync point %ld (%s) lost data\n", at, loss_name[loss]);
+        return -1;
+      }
+      t_rmdir(dir);
+      points += at > 0;
+    }
+  }
+  printf("test_crash syncpoints: the maintenance workload (compact, re-encode, 2 puts, delete, "
+         "compact) makes %ld segment syncs; a power loss at each, dropping, keeping or garbling "
+         "the unsynced writes: %ld crash points, all intact\n", syncs, points);
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
+  if (argc > 1 && strcmp(argv[1], "syncpoints") == 0 && (g_segment_bytes = 1 << 20) != 0)
+    return maint_syncpoints() == 0 ? T_EXIT_PASS : T_EXIT_FAIL;
   int powerloss = argc > 1 && strcmp(argv[1], "powerloss") == 0;
   const char *it_env = getenv("KVDB_CRASH_ITERS");
   int iters = it_env ? atoi(it_env) : (getenv("KVDB_SLOW") ? 2000 : powerloss ? 120 : 200);
