@@ -18,7 +18,7 @@
 static inline __m256i reduce8(const __m256i a[8])
 {
   __m256i x[4];
-  #pragma GCC unroll 16
+  KV_UNROLL
   for (int i = 0; i < 4; i++)
     x[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
                             _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
@@ -34,16 +34,16 @@ dots8(const kv_score_query *q, uint32_t v, const uint8_t *blk, uint32_t rb, unsi
 {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[8];
-  #pragma GCC unroll 16
+  KV_UNROLL
   for (int i = 0; i < 8; i++)
     acc[i] = _mm256_setzero_si256();
   const uint32_t P = fixed ? fixed : rb / 32;
   if (bits == 8) {
     const int8_t *qv = q->q8 + (size_t)v * q->q8_stride;
-    #pragma GCC unroll 16
+    KV_UNROLL
     for (uint32_t i = 0; i < m; i++) {
       const uint8_t *row = blk + (size_t)i * rb;
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t p = 0; p < P; p++) {
         __m256i kv = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * p));
         __m256i qq = _mm256_loadu_si256((const __m256i *)(const void *)(qv + 32 * p));
@@ -55,10 +55,10 @@ dots8(const kv_score_query *q, uint32_t v, const uint8_t *blk, uint32_t rb, unsi
     const __m256i mk = _mm256_set1_epi8(0x0f);
     const int8_t *lo = q->q4lo + (size_t)v * q->q4_stride;
     const int8_t *hi = q->q4hi + (size_t)v * q->q4_stride;
-    #pragma GCC unroll 16
+    KV_UNROLL
     for (uint32_t i = 0; i < m; i++) {
       const uint8_t *row = blk + (size_t)i * rb;
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t p = 0; p < P; p++) {
         __m256i kv = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * p));
         __m256i ql = _mm256_loadu_si256((const __m256i *)(const void *)(lo + 32 * p));
@@ -76,7 +76,7 @@ dots8(const kv_score_query *q, uint32_t v, const uint8_t *blk, uint32_t rb, unsi
   if (32 * P < rb) { /* scalar tail of each row */
     int32_t t[8];
     _mm256_storeu_si256((__m256i *)(void *)t, d);
-    #pragma GCC unroll 16
+    KV_UNROLL
     for (uint32_t i = 0; i < m; i++) {
       const uint8_t *row = blk + (size_t)i * rb;
       if (bits == 8) {
@@ -130,7 +130,7 @@ run_fixed(const kv_score_query *q, const uint8_t *codes, uint32_t rb, unsigned b
       _mm256_storeu_si256((__m256i *)(void *)dots[v],
                           dots8(q, v, codes + (size_t)t0 * rb, rb, bits, m, fixed, corr4[v]));
     int32_t d[KV_SCORE_MAX_Q_HEADS];
-    #pragma GCC unroll 16
+    KV_UNROLL
     for (uint32_t i = 0; i < m; i++) {
       for (uint32_t v = 0; v < q->n_vec; v++)
         d[v] = dots[v][i];

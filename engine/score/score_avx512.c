@@ -24,11 +24,11 @@
 static inline __m512i reduce16(const __m512i a[16])
 {
   __m512i x[8], y[4];
-  #pragma GCC unroll 16
+  KV_UNROLL
   for (int i = 0; i < 8; i++)
     x[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
                             _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
-  #pragma GCC unroll 16
+  KV_UNROLL
   for (int i = 0; i < 4; i++)
     y[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(x[2 * i], x[2 * i + 1]),
                             _mm512_unpackhi_epi64(x[2 * i], x[2 * i + 1]));
@@ -59,7 +59,7 @@ dots16(const kv_score_query *q, uint32_t v, const uint8_t *codes, uint32_t rb, u
        uint32_t m, const uint32_t fixed)
 {
   __m512i acc[16];
-  #pragma GCC unroll 16
+  KV_UNROLL
   for (int i = 0; i < 16; i++)
     acc[i] = _mm512_setzero_si512();
   const uint32_t P = fixed ? fixed : (rb + 63) / 64;
@@ -69,21 +69,21 @@ dots16(const kv_score_query *q, uint32_t v, const uint8_t *codes, uint32_t rb, u
     const int8_t *qv = q->q8 + (size_t)v * q->q8_stride;
     if (fixed) {
       __m512i qp[4];
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t p = 0; p < P; p++)
         qp[p] = _mm512_loadu_si512((const void *)(qv + 64 * p));
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t i = 0; i < m; i++) {
         const uint8_t *row = codes + (size_t)i * rb;
-        #pragma GCC unroll 16
+        KV_UNROLL
         for (uint32_t p = 0; p < P; p++)
           acc[i] = piece8(acc[i], _mm512_loadu_si512((const void *)(row + 64 * p)), qp[p]);
       }
     } else {
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t i = 0; i < m; i++) {
         const uint8_t *row = codes + (size_t)i * rb;
-        #pragma GCC unroll 16
+        KV_UNROLL
         for (uint32_t p = 0; p < P; p++) {
           __mmask64 mk = p + 1 == P ? last : ~(__mmask64)0;
           acc[i] = piece8(acc[i], _mm512_maskz_loadu_epi8(mk, row + 64 * p),
@@ -96,23 +96,23 @@ dots16(const kv_score_query *q, uint32_t v, const uint8_t *codes, uint32_t rb, u
     const int8_t *hi = q->q4hi + (size_t)v * q->q4_stride;
     if (fixed) {
       __m512i ql[4], qh[4];
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t p = 0; p < P; p++) {
         ql[p] = _mm512_loadu_si512((const void *)(lo + 64 * p));
         qh[p] = _mm512_loadu_si512((const void *)(hi + 64 * p));
       }
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t i = 0; i < m; i++) {
         const uint8_t *row = codes + (size_t)i * rb;
-        #pragma GCC unroll 16
+        KV_UNROLL
         for (uint32_t p = 0; p < P; p++)
           acc[i] = piece4(acc[i], _mm512_loadu_si512((const void *)(row + 64 * p)), ql[p], qh[p]);
       }
     } else {
-      #pragma GCC unroll 16
+      KV_UNROLL
       for (uint32_t i = 0; i < m; i++) {
         const uint8_t *row = codes + (size_t)i * rb;
-        #pragma GCC unroll 16
+        KV_UNROLL
         for (uint32_t p = 0; p < P; p++) {
           __mmask64 mk = p + 1 == P ? last : ~(__mmask64)0;
           acc[i] = piece4(acc[i], _mm512_maskz_loadu_epi8(mk, row + 64 * p),
