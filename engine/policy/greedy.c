@@ -1,0 +1,792 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/policy/greedy.c — EvicPress Algorithm 1 (Appendix A), cascading down the tiers as
+ * §4.4 describes, and the plans of kv_policy_rebalance / kv_policy_admit.
+ *
+ * State: one placement per context (tier, option, cached). Tiers are resolved from the top
+ * down. For an over-full tier t, every context on it gets its cheapest operation (op_next);
+ * a 4-ary heap orders contexts by that cost (ties: lower index). The loop takes the cheapest,
+ * applies it, and puts the context back with its next operation while it is still on t.
+ * An operation changes only its own context's utility, so the other keys stay valid and no
+ * decrease-key is needed.
+ *
+ * Speed: the heap loop visits contexts in cost order, i.e. at random, so what it reads of a
+ * context is packed: one `cst` (two cache lines) and the context's compact options (`copt`,
+ * 16 bytes each); the caller's arrays are read once, in order, at the start.
+ *
+ * INVARIANTS
+ *   G1. used[] is always the sum of the placements' bytes (checked against a recount from the
+ *       caller's options at the end: a mismatch is KVDB_PANIC).
+ *   G2. An operation applied while resolving tier t never adds bytes to a tier above t
+ *       (recompressing a cached context on a persistent tier must not grow its tier-0 copy),
+ *       so tiers already resolved stay within capacity.
+ *   G3. Every operation strictly lowers used[t] on the tier being resolved, and every context
+ *       on it has at least one (evict), so the loop ends with used[t] <= cap[t].
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy_int.h"
+
+enum { OP_RECOMPRESS = 0, OP_EVICT = 1 };
+
+typedef struct op {
+  double key;      /* cost the heap orders by (never NaN: see cost()) */
+  int32_t kind;    /* OP_RECOMPRESS / OP_EVICT */
+  int32_t target;  /* option for OP_RECOMPRESS */
+} op;
+
+/* An operation being chosen: with the bytes it keeps on the tier (a tie-break). */
+typedef struct opc {
+  op op;
+  uint64_t keep;
+} opc;
+
+/* An option as the hot loops read it: bytes on the tier, and alpha * quality - decode seconds
+ * (co: stored bytes, decoding tiers; cd: decoded bytes and no decode, DECODED tiers). */
+typedef struct copt {
+  uint64_t bytes;
+  double base;
+} copt;
+
+/* What the greedy keeps of a context: one cache line, as the heap loop reads it at random. */
+#define BEST_NONE 0xffffu
+typedef struct cst {
+  op op;                              /* its operation on the tier being resolved */
+  double f;                           /* frequency */
+  double evu;                         /* U after evicting from the tier (NaN: unchanged) */
+  uint64_t off;                       /* its options in co, cd, ord and aux */
+  int32_t option;                     /* placement: option (KV_POLICY_NONE) */
+  uint16_t k;                         /* options (<= KV_POLICY_MAX_OPTIONS) */
+  uint16_t cnt;                       /* valid entries of aux */
+  int8_t tier;                        /* placement: tier (KV_POLICY_NONE) */
+  uint8_t cached, scan, built;
+  uint16_t best[KV_POLICY_MAX_TIERS]; /* best option per serving tier, BEST_NONE = recompute */
+} cst;
+_Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
+
+typedef struct hent {
+  double key;
+  uint32_t i;
+} hent;
+
+typedef struct sbyte {
+  uint64_t b;
+  uint16_t a;
+} sbyte;
+
+typedef struct gstate {
+  const pol_model *m;
+  cst *cs;             /* [n] */
+  copt *co;            /* [sum k] */
+  copt *cd;            /* [sum k] or NULL (no DECODED tier) */
+  uint16_t *ord;       /* [sum k] per tier: a context's candidates by bytes (see build) */
+  uint16_t *aux;       /* [sum k] per tier: prefix-best positions / convex hull (see build) */
+  sbyte *sk;           /* [max k] scratch of build() */
+  hent *heap;          /* [n] */
+  size_t hn;
+  uint64_t used[KV_POLICY_MAX_TIERS];
+  uint64_t n_recompress, n_evict;
+} gstate;
+
+/* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
+static int op_better(const opc *a, const opc *b)
+{
+  if (a->op.key != b->op.key)
+    return a->op.key < b->op.key;
+  if (a->op.kind != b->op.kind)
+    return a->op.kind < b->op.kind;
+  if (a->keep != b->keep)
+    return a->keep > b->keep;
+  return a->op.target < b->op.target;
+}
+
+/* The cost of an operation; NaN (impossible from checked input) becomes +inf. */
+static double cost(const pol_model *m, double drop, uint64_t freed)
+{
+  double c = m->p->rule == KV_POLICY_PER_BYTE ? drop / (double)freed : drop;
+  return isnan(c) ? INFINITY : c;
+}
+
+static inline const copt *copt_of(const gstate *g, uint32_t t, const cst *c, uint32_t o)
+{
+  return &(g->m->decoded[t] ? g->cd : g->co)[c->off + o];
+}
+
+/* U(t, o) of a context (pol_util up to rounding). */
+static inline double util(const gstate *g, uint32_t t, const cst *c, uint32_t o)
+{
+  const copt *x = copt_of(g, t, c, o);
+  return (x->base - g->m->lat[t] - (double)x->bytes * g->m->inv_bw[t]) * c->f;
+}
+
+/* Bytes of option o on tier t (pol_bytes). */
+static inline uint64_t obytes(const gstate *g, uint32_t t, const cst *c, uint32_t o)
+{
+  return copt_of(g, t, c, o)->bytes;
+}
+
+static inline int on_tier(const gstate *g, uint32_t t, const cst *c)
+{
+  if (g->m->incl && t == 0)
+    return c->cached != 0;
+  return c->tier == (int32_t)t;
+}
+
+static inline uint32_t serving(const cst *c)
+{
+  return c->cached ? 0u : (uint32_t)c->tier;
+}
+
+/* Add (+1) or remove (-1) a context's bytes to/from used[]. */
+static inline void use(gstate *g, const cst *c, int sign)
+{
+  if (c->tier == KV_POLICY_NONE)
+    return;
+  uint32_t t = (uint32_t)c->tier, o = (uint32_t)c->option;
+  uint64_t b = obytes(g, t, c, o);
+  g->used[t] = sign > 0 ? g->used[t] + b : g->used[t] - b;
+  if (c->cached) {
+    uint64_t b0 = obytes(g, 0, c, o);
+    g->used[0] = sign > 0 ? g->used[0] + b0 : g->used[0] - b0;
+  }
+}
+
+static inline void set_none(cst *c)
+{
+  c->tier = (int8_t)KV_POLICY_NONE;
+  c->option = KV_POLICY_NONE;
+  c->cached = 0;
+}
+
+/* A context taking its best option on tier t (admission, demotion, uncaching) takes
+ * c->best[t]: KV_POLICY_NONE when recomputing beats every option there (see policy.h). */
+static inline int32_t best_of(const cst *c, uint32_t t)
+{
+  return c->best[t] == BEST_NONE ? KV_POLICY_NONE : (int32_t)c->best[t];
+}
+
+/* The utility a context has with its best option on tier t. */
+static double best_utility(const gstate *g, uint32_t t, const cst *c, size_t i)
+{
+  int32_t o = best_of(c, t);
+  return o == KV_POLICY_NONE ? pol_util_none(g->m, &g->m->ctx[i]) : util(g, t, c, (uint32_t)o);
+}
+
+/* The utility after evicting context i from tier t (NaN: unchanged, a cached context whose
+ * persistent copy moves down). */
+static double evict_utility(const gstate *g, uint32_t t, const cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  if (m->incl && t == 0) /* drop the cached copy; the persistent copy takes its best option */
+    return best_utility(g, (uint32_t)c->tier, c, i);
+  if (t + 1 < m->T)
+    return c->cached ? NAN : best_utility(g, t + 1, c, i);
+  return pol_util_none(m, &m->ctx[i]);
+}
+
+/* The cheapest operation of a context on tier t by scanning every option: the reference the
+ * O(1) steps reproduce (POL_FORCE_SCAN), and what a cached context recompressed on its
+ * persistent tier uses when a tier is DECODED: its tier-0 copy must not grow [G2]. */
+static op op_scan(const gstate *g, uint32_t t, const cst *c)
+{
+  uint32_t cur = (uint32_t)c->option, serve = serving(c);
+  double ucur = util(g, serve, c, cur);
+  uint64_t bcur = obytes(g, t, c, cur);
+  int guard0 = c->cached && t != 0;
+  uint64_t b0cur = guard0 ? obytes(g, 0, c, cur) : 0;
+  opc best = {{INFINITY, OP_EVICT, -1}, 0};
+  int have = 0;
+  for (uint32_t o = 0; o < c->k; o++) {
+    uint64_t b = obytes(g, t, c, o);
+    if (b >= bcur || (guard0 && obytes(g, 0, c, o) > b0cur))
+      continue;
+    opc x = {{cost(g->m, ucur - util(g, serve, c, o), bcur - b), OP_RECOMPRESS, (int32_t)o}, b};
+    if (!have || op_better(&x, &best)) {
+      best = x;
+      have = 1;
+    }
+  }
+  double ua = isnan(c->evu) ? ucur : c->evu;
+  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  if (!have || op_better(&x, &best))
+    best = x;
+  return best.op;
+}
+
+/* A context enters tier t's heap: its eviction target, and whether its operations must come
+ * from op_scan. Its first operation is found by a scan; build() prepares the O(1) steps when it
+ * is first recompressed. */
+static void prepare(const gstate *g, uint32_t t, cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  c->evu = evict_utility(g, t, c, i);
+  c->scan = c->cached && t != 0 && (m->decoded[0] || m->decoded[t]);
+#ifdef POL_FORCE_SCAN /* tests: every operation by a full scan */
+  c->scan = 1;
+#endif
+  c->built = 0;
+}
+
+/*
+ * A context was just recompressed on tier t. Its further recompressions are to options with
+ * fewer bytes on t than the current one, i.e. a prefix S[0..lo) of its options sorted by bytes
+ * on t, and each one shrinks that prefix, so the candidates of every later step are known now:
+ *   least drop: aux[j] = the position in S of the best option of S[0..j] (highest utility,
+ *     then more bytes, then lower index); the next operation's target is aux[lo - 1].
+ *   per byte: the upper convex hull of the (bytes, utility) points of S[0..lo) plus the
+ *     current option (last). The cheapest drop per byte from a hull vertex is the previous
+ *     vertex (concavity; points under the hull cost more), so each step moves one vertex left.
+ * Either way each later operation costs O(1), and picks what op_scan would (tested).
+ */
+static void build(gstate *g, uint32_t t, cst *c)
+{
+  uint32_t k = c->k, cur = (uint32_t)c->option, serve = serving(c);
+  uint16_t *S = g->ord + c->off, *aux = g->aux + c->off;
+  uint64_t bcur = obytes(g, t, c, cur);
+  uint32_t lo = 0;
+  for (uint32_t a = 0; a < k; a++) { /* candidates by bytes: insertion sort, ties lower index */
+    uint64_t b = obytes(g, t, c, a);
+    if (b >= bcur)
+      continue;
+    sbyte x = {b, (uint16_t)a};
+    uint32_t j = lo++;
+    while (j > 0 && g->sk[j - 1].b > b) {
+      g->sk[j] = g->sk[j - 1];
+      j--;
+    }
+    g->sk[j] = x;
+  }
+  for (uint32_t j = 0; j < lo; j++)
+    S[j] = g->sk[j].a;
+  c->built = 1;
+  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+    uint32_t bp = 0;
+    double bu = 0;
+    for (uint32_t j = 0; j < lo; j++) {
+      double u = util(g, serve, c, S[j]);
+      uint64_t bj = g->sk[j].b, bb = g->sk[bp].b;
+      /* S is by bytes ascending: a later equal-utility option keeps more bytes, unless its
+       * bytes are equal (then the lower index, already held, wins) */
+      if (j == 0 || u > bu || (u == bu && bj > bb)) {
+        bu = u;
+        bp = j;
+      }
+      aux[j] = (uint16_t)bp;
+    }
+    c->cnt = (uint16_t)lo;
+    return;
+  }
+  /* per byte: monotone chain, upper hull, collinear points kept (the tie rule prefers the
+   * nearer one: more bytes kept) */
+  uint32_t h = 0;
+  for (uint32_t j = 0; j <= lo; j++) {
+    uint32_t o;
+    double x, y;
+    if (j == lo) {
+      o = cur;
+      x = (double)bcur;
+      y = util(g, serve, c, cur);
+    } else {
+      /* options with equal bytes: only the best of the run (highest utility, then lower
+       * index) is a candidate; the run is handled at its last position */
+      if (j + 1 < lo && g->sk[j + 1].b == g->sk[j].b)
+        continue;
+      uint32_t r = j;
+      while (r > 0 && g->sk[r - 1].b == g->sk[j].b)
+        r--;
+      o = S[r];
+      y = util(g, serve, c, o);
+      for (uint32_t q = r + 1; q <= j; q++) {
+        double u = util(g, serve, c, S[q]);
+        if (u > y || (u == y && S[q] < o)) {
+          y = u;
+          o = S[q];
+        }
+      }
+      x = (double)g->sk[j].b;
+    }
+    while (h >= 2) {
+      uint32_t a = aux[h - 2], b = aux[h - 1];
+      double ax = (double)obytes(g, t, c, a), ay = util(g, serve, c, a);
+      double bx = (double)obytes(g, t, c, b), by = util(g, serve, c, b);
+      /* b strictly under the segment a-(x, y): not on the upper hull */
+      if ((by - ay) * (x - ax) < (y - ay) * (bx - ax))
+        h--;
+      else
+        break;
+    }
+    aux[h++] = (uint16_t)o;
+  }
+  c->cnt = (uint16_t)h;
+}
+
+/* The cheapest operation of a context on tier t, in O(1) once build() ran. */
+static op op_next(const gstate *g, uint32_t t, const cst *c)
+{
+  if (c->scan || !c->built)
+    return op_scan(g, t, c);
+  uint32_t cur = (uint32_t)c->option, serve = serving(c);
+  double ucur = util(g, serve, c, cur);
+  uint64_t bcur = obytes(g, t, c, cur);
+  const uint16_t *aux = g->aux + c->off;
+  opc best = {{INFINITY, OP_EVICT, -1}, 0};
+  int have = 0;
+  uint32_t target = UINT32_MAX;
+  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+    if (c->cnt > 0)
+      target = g->ord[c->off + aux[c->cnt - 1]];
+  } else if (c->cnt >= 2) {
+    target = aux[c->cnt - 2];
+  }
+  if (target != UINT32_MAX) {
+    uint64_t b = obytes(g, t, c, target);
+    best.op.key = cost(g->m, ucur - util(g, serve, c, target), bcur - b);
+    best.op.kind = OP_RECOMPRESS;
+    best.op.target = (int32_t)target;
+    best.keep = b;
+    have = 1;
+  }
+  double ua = isnan(c->evu) ? ucur : c->evu;
+  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  if (!have || op_better(&x, &best))
+    best = x;
+  return best.op;
+}
+
+static void op_apply(gstate *g, uint32_t t, cst *c, const op *x)
+{
+  const pol_model *m = g->m;
+  use(g, c, -1);
+  if (x->kind == OP_RECOMPRESS) {
+    c->option = x->target;
+    g->n_recompress++;
+    if (c->scan) {
+      /* every operation by a scan */
+    } else if (!c->built) {
+      build(g, t, c);
+    } else if (m->p->rule == KV_POLICY_LEAST_DROP) { /* shrink the candidates (see build) */
+      const uint16_t *S = g->ord + c->off;
+      uint32_t p = g->aux[c->off + c->cnt - 1];
+      uint64_t b = obytes(g, t, c, S[p]);
+      while (p > 0 && obytes(g, t, c, S[p - 1]) == b)
+        p--;
+      c->cnt = (uint16_t)p;
+    } else {
+      c->cnt--;
+    }
+  } else {
+    g->n_evict++;
+    if (m->incl && t == 0) {
+      c->cached = 0;
+      c->option = best_of(c, (uint32_t)c->tier);
+      if (c->option == KV_POLICY_NONE)
+        set_none(c);
+    } else if (t + 1 < m->T) {
+      c->tier = (int8_t)(t + 1);
+      if (!c->cached) {
+        c->option = best_of(c, t + 1);
+        if (c->option == KV_POLICY_NONE)
+          set_none(c);
+      }
+    } else {
+      set_none(c);
+    }
+  }
+  use(g, c, +1);
+}
+
+/* ---- the heap: 4-ary, entries carry their key (sifting touches one array) ------------------- */
+
+static inline int h_less(const hent *a, const hent *b)
+{
+  return a->key < b->key || (a->key == b->key && a->i < b->i);
+}
+
+static void h_down(gstate *g, size_t k)
+{
+  hent *h = g->heap;
+  size_t n = g->hn;
+  hent v = h[k];
+  for (;;) {
+    size_t c = 4 * k + 1;
+    if (c >= n)
+      break;
+    size_t s = c, e = c + 4 < n ? c + 4 : n;
+    for (size_t x = c + 1; x < e; x++)
+      if (h_less(&h[x], &h[s]))
+        s = x;
+    if (!h_less(&h[s], &v))
+      break;
+    h[k] = h[s];
+    k = s;
+  }
+  h[k] = v;
+}
+
+/* ---- the workspace ----------------------------------------------------------------------- */
+
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_N };
+
+struct kv_policy_ws {
+  void *buf[WS_N];
+  size_t cap[WS_N];
+};
+
+kv_policy_ws *kv_policy_ws_create(void)
+{
+  return calloc(1, sizeof(kv_policy_ws));
+}
+
+void kv_policy_ws_free(kv_policy_ws *ws)
+{
+  if (ws == NULL)
+    return;
+  for (int k = 0; k < WS_N; k++)
+    free(ws->buf[k]);
+  free(ws);
+}
+
+/* Buffer k of at least `bytes` (64-byte aligned; contents undefined), or NULL. */
+static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
+{
+  bytes = (bytes + 63) / 64 * 64;
+  if (bytes == 0)
+    bytes = 64;
+  if (ws->cap[k] >= bytes)
+    return ws->buf[k];
+  free(ws->buf[k]);
+  ws->buf[k] = aligned_alloc(64, bytes);
+  ws->cap[k] = ws->buf[k] != NULL ? bytes : 0;
+  return ws->buf[k];
+}
+
+/* ---- Algorithm 1 ---------------------------------------------------------------------------- */
+
+static void gstate_free(gstate *g)
+{
+  (void)g; /* the buffers belong to the workspace */
+}
+
+kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                       kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
+                       kv_policy_err *err)
+{
+  gstate g;
+  memset(&g, 0, sizeof g);
+  g.m = m;
+  size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
+  uint32_t kmax = 1;
+  int any_decoded = 0;
+  for (uint32_t t = 0; t < m->T; t++)
+    any_decoded |= m->decoded[t];
+  for (size_t i = 0; i < n; i++) {
+    sk += m->ctx[i].n_options;
+    kmax = m->ctx[i].n_options > kmax ? m->ctx[i].n_options : kmax;
+  }
+  size_t skk = sk > 0 ? sk : 1;
+  g.cs = ws_get(ws, WS_CS, nn * sizeof *g.cs);
+  g.co = ws_get(ws, WS_CO, skk * sizeof *g.co);
+  g.cd = any_decoded ? ws_get(ws, WS_CD, skk * sizeof *g.cd) : NULL;
+  g.ord = ws_get(ws, WS_ORD, skk * sizeof *g.ord);
+  g.aux = ws_get(ws, WS_AUX, skk * sizeof *g.aux);
+  g.sk = ws_get(ws, WS_SK, kmax * sizeof *g.sk);
+  g.heap = ws_get(ws, WS_HEAP, nn * sizeof *g.heap);
+  if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap) {
+    gstate_free(&g);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts, %zu options)", n, sk);
+  }
+  /* one pass over the caller's contexts and options: checks (when pol_model_init left them to
+   * us), compact options, each context's best option per tier; then Algorithm 1 lines 1-4: an
+   * incoming context takes its best option on the top tier */
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    const kv_policy_context *x = &m->ctx[i];
+    cst *c = &g.cs[i];
+    memset(c, 0, sizeof *c);
+    c->off = off;
+    c->k = (uint16_t)x->n_options;
+    c->f = x->frequency;
+    double unone = pol_util_none(m, x);
+    off += c->k;
+    double bu[KV_POLICY_MAX_TIERS] = {0};
+    int32_t bo[KV_POLICY_MAX_TIERS] = {0};
+    for (uint32_t a = 0; a < c->k; a++) {
+      const kv_policy_option *opt = &x->options[a];
+      if (!m->options_checked) {
+        kvdb_status st = pol_check_option(i, a, opt, err);
+        if (st != KVDB_OK) {
+          gstate_free(&g);
+          return st;
+        }
+      }
+      double bps = opt->decode_bps;
+      if (!(bps > 0.0))
+        bps = opt->config.method < 4 ? m->p->decode_bps[opt->config.method] : 0.0;
+      double aq = m->p->alpha * opt->quality;
+      g.co[c->off + a].bytes = opt->bytes;
+      g.co[c->off + a].base = aq - (bps > 0.0 ? (double)x->raw_bytes / bps : 0.0);
+      if (g.cd != NULL) {
+        g.cd[c->off + a].bytes = opt->decoded_bytes != 0 ? opt->decoded_bytes : x->raw_bytes;
+        g.cd[c->off + a].base = aq;
+      }
+      for (uint32_t t = 0; t < m->T; t++) { /* best option per tier: highest U, lowest index */
+        double u = util(&g, t, c, a);
+        if (a == 0 || u > bu[t]) {
+          bu[t] = u;
+          bo[t] = (int32_t)a;
+        }
+      }
+    }
+    for (uint32_t t = 0; t < m->T; t++)
+      c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
+    if (incoming == NULL || incoming[i]) {
+      if (best_of(c, 0) == KV_POLICY_NONE) {
+        set_none(c);
+      } else {
+        c->tier = (int8_t)(m->incl ? 1 : 0);
+        c->option = best_of(c, 0);
+        c->cached = m->incl ? 1 : 0;
+      }
+    } else if (x->current.tier == KV_POLICY_NONE) {
+      set_none(c);
+    } else {
+      c->tier = (int8_t)x->current.tier;
+      c->option = x->current.option;
+      c->cached = x->current.cached ? 1 : 0;
+    }
+    use(&g, c, +1);
+  }
+  /* lines 5-14, tier by tier from the top (§4.4: "applied recursively if the lower-tier
+   * storage is also full") */
+  for (uint32_t t = 0; t < m->T; t++) {
+    if (g.used[t] <= m->cap[t])
+      continue;
+    g.hn = 0;
+    for (size_t i = 0; i < n; i++) {
+      cst *c = &g.cs[i];
+      if (on_tier(&g, t, c)) {
+        prepare(&g, t, c, i);
+        c->op = op_next(&g, t, c);
+        g.heap[g.hn].key = c->op.key;
+        g.heap[g.hn].i = (uint32_t)i;
+        g.hn++;
+      }
+    }
+    for (size_t k = (g.hn + 2) / 4; k-- > 0;)
+      h_down(&g, k);
+    while (g.used[t] > m->cap[t]) {
+      if (g.hn == 0) { /* [G3] cannot happen: bytes on t belong to contexts on t */
+        gstate_free(&g);
+        return pol_fail(err, KVDB_PANIC, "tier %u over capacity with no context on it", t);
+      }
+      cst *c = &g.cs[g.heap[0].i];
+#if defined(__GNUC__)
+      /* the next top is one of the root's children: start fetching them (random contexts) */
+      for (size_t q = 1; q <= 4 && q < g.hn; q++)
+        __builtin_prefetch(&g.cs[g.heap[q].i]);
+#endif
+      op x = c->op;
+      op_apply(&g, t, c, &x);
+      if (on_tier(&g, t, c)) { /* replace the top with its next operation */
+        c->op = op_next(&g, t, c);
+        g.heap[0].key = c->op.key;
+      } else {
+        g.heap[0] = g.heap[--g.hn];
+      }
+      if (g.hn > 0)
+        h_down(&g, 0);
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    out[i].tier = g.cs[i].tier;
+    out[i].option = g.cs[i].option;
+    out[i].cached = g.cs[i].cached;
+  }
+  uint64_t counted[KV_POLICY_MAX_TIERS];
+  memcpy(counted, g.used, sizeof counted);
+  gstate_free(&g);
+  /* [G1], [G2]: recount from the caller's options and check every tier */
+  uint64_t used[KV_POLICY_MAX_TIERS] = {0};
+  for (size_t i = 0; i < n; i++)
+    pol_use(m, &m->ctx[i], &out[i], used, +1);
+  for (uint32_t t = 0; t < m->T; t++)
+    if (used[t] != counted[t] || used[t] > m->cap[t])
+      return pol_fail(err, KVDB_PANIC,
+                      "tier %u: %llu bytes placed (%llu counted), capacity %llu", t,
+                      (unsigned long long)used[t], (unsigned long long)counted[t],
+                      (unsigned long long)m->cap[t]);
+  *n_recompress = g.n_recompress;
+  *n_evict = g.n_evict;
+  return KVDB_OK;
+}
+
+/* ---- plans ---------------------------------------------------------------------------------- */
+
+/* Execution order: leaving the store first, then by destination tier from the slowest up
+ * (uncached before cached), then context index. */
+static int move_rank(const kv_policy_move *mv, int32_t T)
+{
+  if (mv->to.tier == KV_POLICY_NONE)
+    return 0;
+  return 1 + 2 * (T - 1 - mv->to.tier) + (mv->to.cached ? 1 : 0);
+}
+
+/* Stable counting sort by rank: moves are produced in context order, so within a rank they
+ * stay in context order. */
+static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *tmp)
+{
+  size_t count[2 * KV_POLICY_MAX_TIERS + 2] = {0};
+  for (size_t i = 0; i < n; i++)
+    count[move_rank(&mv[i], T)]++;
+  size_t pos[2 * KV_POLICY_MAX_TIERS + 2], s = 0;
+  for (size_t r = 0; r < 2 * KV_POLICY_MAX_TIERS + 2; r++) {
+    pos[r] = s;
+    s += count[r];
+  }
+  for (size_t i = 0; i < n; i++)
+    tmp[pos[move_rank(&mv[i], T)]++] = mv[i];
+  memcpy(mv, tmp, n * sizeof *mv);
+}
+
+static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                             kv_policy_plan *plan, kv_policy_err *err)
+{
+  size_t n = m->n;
+  memset(plan, 0, sizeof *plan);
+  plan->n_contexts = n;
+  plan->place = malloc((n > 0 ? n : 1) * sizeof *plan->place);
+  if (plan->place == NULL)
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  kvdb_status st =
+      pol_greedy(ws, m, incoming, plan->place, &plan->n_recompress, &plan->n_evict, err);
+  if (st != KVDB_OK) {
+    kv_policy_plan_free(plan);
+    return st;
+  }
+  size_t n_moves = 0;
+  for (size_t i = 0; i < n; i++) {
+    const kv_policy_context *c = &m->ctx[i];
+    plan->utility_before += pol_util_place(m, c, &c->current);
+    plan->utility_after += pol_util_place(m, c, &plan->place[i]);
+    pol_use(m, c, &c->current, plan->used_before, +1);
+    pol_use(m, c, &plan->place[i], plan->used_after, +1);
+    if (!pol_place_eq(&c->current, &plan->place[i]))
+      n_moves++;
+  }
+  if (n_moves > 0) {
+    plan->moves = malloc(n_moves * sizeof *plan->moves);
+    kv_policy_move *tmp = ws_get(ws, WS_MOVES, n_moves * sizeof *tmp);
+    if (plan->moves == NULL || tmp == NULL) {
+      kv_policy_plan_free(plan);
+      return pol_fail(err, KVDB_NOMEM, "out of memory (%zu moves)", n_moves);
+    }
+    for (size_t i = 0; i < n; i++) {
+      const kv_policy_context *c = &m->ctx[i];
+      if (pol_place_eq(&c->current, &plan->place[i]))
+        continue;
+      kv_policy_move *mv = &plan->moves[plan->n_moves++];
+      memset(mv, 0, sizeof *mv);
+      mv->context = (uint32_t)i;
+      mv->from = c->current;
+      if (mv->from.tier == KV_POLICY_NONE)
+        mv->from = kv_policy_place_none();
+      mv->to = plan->place[i];
+      uint64_t a[KV_POLICY_MAX_TIERS] = {0}, b[KV_POLICY_MAX_TIERS] = {0};
+      pol_use(m, c, &mv->from, a, +1);
+      pol_use(m, c, &mv->to, b, +1);
+      for (uint32_t t = 0; t < m->T; t++)
+        mv->bytes_delta[t] = (int64_t)b[t] - (int64_t)a[t];
+      mv->utility_from = pol_util_place(m, c, &mv->from);
+      mv->utility_to = pol_util_place(m, c, &mv->to);
+    }
+    sort_moves(plan->moves, plan->n_moves, (int32_t)m->T, tmp);
+  }
+  (void)incoming;
+  return KVDB_OK;
+}
+
+/* A workspace of the call's own (*own) when the caller gave none. */
+static kvdb_status with_ws(kv_policy_ws *ws, kv_policy_ws **own, kv_policy_err *err)
+{
+  *own = NULL;
+  if (ws != NULL)
+    return KVDB_OK;
+  if ((*own = kv_policy_ws_create()) == NULL)
+    return pol_fail(err, KVDB_NOMEM, "out of memory (workspace)");
+  return KVDB_OK;
+}
+
+kvdb_status kv_policy_rebalance_ws(kv_policy_ws *ws, const kv_policy_params *p,
+                                   const kv_policy_context *ctx, size_t n, kv_policy_plan *plan,
+                                   kv_policy_err *err)
+{
+  if (plan == NULL)
+    return pol_fail(err, KVDB_INVALID, "plan is NULL");
+  memset(plan, 0, sizeof *plan);
+  pol_model m;
+  kvdb_status st = pol_model_init_ex(&m, p, ctx, n, 0, err);
+  if (st != KVDB_OK)
+    return st;
+  kv_policy_ws *own;
+  if ((st = with_ws(ws, &own, err)) != KVDB_OK)
+    return st;
+  st = make_plan(ws != NULL ? ws : own, &m, NULL, plan, err);
+  kv_policy_ws_free(own);
+  return st;
+}
+
+kvdb_status kv_policy_rebalance(const kv_policy_params *p, const kv_policy_context *ctx, size_t n,
+                                kv_policy_plan *plan, kv_policy_err *err)
+{
+  return kv_policy_rebalance_ws(NULL, p, ctx, n, plan, err);
+}
+
+kvdb_status kv_policy_admit_ws(kv_policy_ws *ws, const kv_policy_params *p,
+                               const kv_policy_context *ctx, size_t n, const size_t *incoming,
+                               size_t n_incoming, kv_policy_plan *plan, kv_policy_err *err)
+{
+  if (plan == NULL)
+    return pol_fail(err, KVDB_INVALID, "plan is NULL");
+  memset(plan, 0, sizeof *plan);
+  pol_model m;
+  kvdb_status st = pol_model_init_ex(&m, p, ctx, n, 0, err);
+  if (st != KVDB_OK)
+    return st;
+  if (n_incoming > 0 && incoming == NULL)
+    return pol_fail(err, KVDB_INVALID, "incoming is NULL with n_incoming %zu", n_incoming);
+  kv_policy_ws *own;
+  if ((st = with_ws(ws, &own, err)) != KVDB_OK)
+    return st;
+  if (ws == NULL)
+    ws = own;
+  uint8_t *in = ws_get(ws, WS_FLAGS, n > 0 ? n : 1);
+  if (in == NULL) {
+    kv_policy_ws_free(own);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  }
+  memset(in, 0, n > 0 ? n : 1);
+  for (size_t k = 0; k < n_incoming; k++) {
+    if (incoming[k] >= n) {
+      kv_policy_ws_free(own);
+      return pol_fail(err, KVDB_INVALID, "incoming[%zu] = %zu is not a context (n = %zu)", k,
+                      incoming[k], n);
+    }
+    if (in[incoming[k]]) {
+      kv_policy_ws_free(own);
+      return pol_fail(err, KVDB_INVALID, "incoming[%zu]: context %zu is listed twice", k,
+                      incoming[k]);
+    }
+    in[incoming[k]] = 1;
+  }
+  st = make_plan(ws, &m, in, plan, err);
+  kv_policy_ws_free(own);
+  return st;
+}
+
+kvdb_status kv_policy_admit(const kv_policy_params *p, const kv_policy_context *ctx, size_t n,
+                            const size_t *incoming, size_t n_incoming, kv_policy_plan *plan,
+                            kv_policy_err *err)
+{
+  return kv_policy_admit_ws(NULL, p, ctx, n, incoming, n_incoming, plan, err);
+}
