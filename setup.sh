@@ -49,14 +49,33 @@ ninja -C build
 if [ "$mode" = demo ]; then
   db=${KVDB_DEMO_DIR:-./demo-db}
   rm -rf "$db"
-  echo "== one process stores prompts that share a prefix"
-  ./build/tools/demo/kvdb-demo put "$db"
-  echo "== a fresh process looks them up and reads their KV back"
-  ./build/tools/demo/kvdb-demo get "$db"
+  # The real-model demo uses test data that is not part of the repository: the stories260K model
+  # and the TinyStories corpus of ../shared (KVDB_SHARED_DIR, or KVDB_MODEL_DIR and
+  # KVDB_CORPUS_DIR, say where they are). Without them the synthetic demo runs instead.
+  shared=${KVDB_SHARED_DIR:-../shared}
+  model_dir=${KVDB_MODEL_DIR:-$shared/models}/stories260K
+  corpus=${KVDB_CORPUS_DIR:-$shared/corpora}/tinystories/tinystories_validation_head.txt
+  docs=${KVDB_DEMO_DOCS:-400}
+  if [ -f "$model_dir/stories260K.bin" ] && [ -f "$model_dir/tok512.bin" ] && [ -f "$corpus" ]; then
+    echo "== kvdb-ingest: the first $docs TinyStories documents through stories260K, their KV into $db"
+    ./build/tools/ingest/kvdb-ingest --jobs 2 --max-docs "$docs" \
+      --model "$model_dir/stories260K.bin" --tokenizer "$model_dir/tok512.bin" "$db" "$corpus"
+    echo "== a fresh process continues prompts that extend ingested documents, from the stored KV"
+    ./build/tools/demo/kvdb-demo prefix "$db" --max-docs "$docs" \
+      --model "$model_dir/stories260K.bin" --tokenizer "$model_dir/tok512.bin" --corpus "$corpus"
+  else
+    echo "== the real-model demo needs the stories260K model and the TinyStories corpus; looked for"
+    echo "   '$model_dir/stories260K.bin', '$model_dir/tok512.bin' and '$corpus'"
+    echo "   (set KVDB_SHARED_DIR, or KVDB_MODEL_DIR and KVDB_CORPUS_DIR): running the synthetic demo"
+    echo "== one process stores prompts that share a prefix"
+    ./build/tools/demo/kvdb-demo put "$db"
+    echo "== a fresh process looks them up and reads their KV back"
+    ./build/tools/demo/kvdb-demo get "$db"
+  fi
   echo "== kvdb-admin info $db"
   ./build/tools/kvdb-admin/kvdb-admin info "$db"
-  echo "== kvdb-admin ls $db"
-  ./build/tools/kvdb-admin/kvdb-admin ls "$db"
+  echo "== kvdb-admin ls $db (the first contexts)"
+  ./build/tools/kvdb-admin/kvdb-admin ls "$db" | head -n 8
 else
   meson test -C build --print-errorlogs --num-processes 2
   # Every suite again under ASan + UBSan (crash loops at full length: they are where recovery

@@ -103,7 +103,7 @@ typedef struct bench_env {
   FILE *out;             /* human-readable report */
   const char *revision;  /* git describe of the build, or "unknown" */
   const char *buildtype; /* meson buildtype */
-  const char *model_dir; /* --model-dir, or NULL (compress, policy: then $KVDB_MODEL_DIR, the
+  const char *model_dir; /* --model-dir, or NULL (compress, prefix: then $KVDB_MODEL_DIR, the
                             default) */
 } bench_env;
 
@@ -120,6 +120,7 @@ typedef struct bench_cmd {
 int bench_store(const bench_env *env, bench_json *j);
 int bench_compress(const bench_env *env, bench_json *j);
 int bench_score(const bench_env *env, bench_json *j);
+int bench_prefix(const bench_env *env, bench_json *j);
 int bench_policy(const bench_env *env, bench_json *j);
 
 /* ---- files, memory, page cache ------------------------------------------------------------ */

@@ -9,22 +9,31 @@
  * sections (K then V), n_tokens rows of head_dim fp16 elements (codec.h SECTION):
  *   real       the stories260K model (shared/models, tools/refmodel: float32 forward pass) run
  *              over windows of TinyStories text (shared/corpora): each context is BOS + the next
- *              511 tokens of the text, prefilled at positions 0..511 (the model's seq_len); K
- *              (after RoPE) and V of every layer and KV head, rounded to fp16. 5 layers x 4 KV
- *              heads x head_dim 8: 20 heads and 8 KiB per section per context. Skipped, with
- *              the paths it looked for, when the model or the corpus is not found.
+ *              511 tokens of the text at positions 0..511 (the model's seq_len): the first 496
+ *              prefilled, the last CB_REAL_OBS = 16 fed one by one with refmodel_forward to
+ *              capture their queries (refmodel_state_query: every layer, all 8 query heads,
+ *              after RoPE). K (after RoPE) and V of every layer and KV head, rounded to fp16.
+ *              5 layers x 4 KV heads x head_dim 8: 20 heads and 8 KiB per section per context.
+ *              Skipped, with the paths it looked for, when the model or the corpus is not found.
  *   synthetic  Llama-3-8B-shaped KV from datagen.c (32 layers x 8 KV heads x head_dim 128, four
  *              outlier key channels per head), one context of 1024 tokens: 256 KiB per section.
+ *              No model, so no queries.
  *
  * Methods (rows of the report, keys of the JSON): raw; zstd-planes at the default level
  * ("lossless"); kivi int8/int4/int2 (group 32, no residual: every row quantized), int4 with
- * group 16 and int2 with a 128-row full-precision residual (KIVI-2 as the paper runs it);
- * knorm, keydiff and snapkv dropping at keep ratios 0.9 .. 0.1 (kept rows raw); and drop +
- * quantize combinations. Token selection runs once per head on K (kv_drop_select), then K and V are
- * encoded with those positions, as the engine does; its time is part of the encode time.
- * SnapKV's observation window is the head's last CB_SNAP_OBS keys, each scaled to norm
- * sqrt(head_dim) (the model's queries are not exposed by refmodel; keys live in the same
- * rotary frame), with tail_window = 1, average pooling, kernel 7.
+ * group 16, and KIVI's recipe with a full-precision residual of the last R tokens (int4 R = 64
+ * and 128, int2 R = 128; R = 128 is 25% of a real context's 512 tokens, 12.5% of the synthetic
+ * 1024); knorm, keydiff and snapkv dropping at keep ratios 0.9 .. 0.1 (kept rows raw); and
+ * drop + quantize combinations. Token selection runs once per head on K (kv_drop_select), then
+ * K and V are encoded with those positions, as the engine does; its time is part of the encode
+ * time. A section is the whole context, i.e. what the engine stores for a context of one block
+ * (block_tokens 512 on the real set): selection and the residual apply to all its tokens.
+ * SnapKV's observation window (average pooling, kernel 7, tail_window = 1: the queries are the
+ * context's own last tokens, causally masked) is built as the engine builds it from
+ * kvdb_put_opts.queries (engine/store/cblock.c): on the real set the model's queries of the
+ * last 16 positions, every query head of the KV head's group (16 x 2 rows); on the synthetic
+ * set, without queries, the head's last CB_SNAP_OBS keys scaled to norm sqrt(head_dim) (keys
+ * live in the same rotary frame) as a stand-in.
  *
  * Measurement (one thread; GB/s = 1e9 bytes of ORIGINAL fp16 KV per second, for every method:
  * a drop method that writes half the rows still counts the whole context's bytes, i.e. the
@@ -40,10 +49,15 @@
  *            kv_codec_dctx_set_stream: what a get of a whole context into a buffer nobody reads
  *            next should use)
  *   memcpy   the same bytes copied into the same output buffer: the ceiling of any decoder
- *   quality  per head, kv_quality_*: probes derived from the original K
- *            (kv_quality_derive_probes: the last 8 keys and 8 spread ones, norm sqrt(d));
- *            attention outputs over the decoded rows against those over the original rows;
- *            quality = mean over heads of the mean cosine; rel L2 pooled over heads
+ *   quality  per head, kv_quality_*: attention outputs of probe queries over the decoded rows
+ *            against those over the original rows; quality = mean over heads of the mean
+ *            cosine; rel L2 pooled over heads. Probes, as the engine's profile takes them
+ *            (engine/store/profile.c): on the real set the model's real queries, the last 16
+ *            positions x the query heads of the KV head's group (32 per head); beside them
+ *            ("derived", JSON keys *_quality_derived) the probes the engine derives when a put
+ *            gives no queries (kv_quality_derive_probes: the last 8 keys and 8 spread ones,
+ *            norm sqrt(d)), measured on the same decoded bytes. The synthetic set has derived
+ *            probes only.
  * Lossless decodes are checked bit-exact against the source (untimed).
  */
 #define _GNU_SOURCE
@@ -71,7 +85,9 @@
  * CB_REAL_TOKENS      : tokens per real context (stories260K's seq_len).
  * CB_REAL_CTX_*       : real contexts (each 20 heads x 2 sections of 8 KiB).
  * CB_SYN_*            : the synthetic set: Llama-3-8B shape, layers in full / quick mode.
- * CB_SNAP_OBS         : SnapKV observation window (tokens).
+ * CB_SNAP_OBS         : SnapKV observation window of the synthetic set (keys as queries).
+ * CB_REAL_OBS         : the real set's last positions whose queries are captured: quality
+ *                       probes and SnapKV's observation window.
  * CB_*_MIN_NS         : minimum timed time per method and direction; passes repeat until it.
  * CB_DEC_MIN_PASSES   : minimum decode passes.
  */
@@ -85,6 +101,7 @@
 #define CB_SYN_HEAD_DIM 128u
 #define CB_SYN_VOCAB 128256u
 #define CB_SNAP_OBS 32u
+#define CB_REAL_OBS 16u
 #define CB_ENC_MIN_NS_FULL 200000000ull
 #define CB_ENC_MIN_NS_QUICK 20000000ull
 #define CB_DEC_MIN_NS_FULL 500000000ull
@@ -166,8 +183,11 @@ static size_t method_list(method *m)
   n = add_method(m, n, KV_CODEC_ID_KIVI, 8, 0, 0, KV_DROP_NONE, 0);
   n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0);
   n = add_method(m, n, KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0);
-  /* the group and residual options: smaller groups, and KIVI-2 as the paper runs it */
+  /* the group and residual options: smaller groups, and KIVI as the paper runs it, with the
+   * last R tokens in full precision (Liu et al. 2024 §4: R = 128, group 32) */
   n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 16, 0, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 0, 64, KV_DROP_NONE, 0);
+  n = add_method(m, n, KV_CODEC_ID_KIVI, 4, 0, 128, KV_DROP_NONE, 0);
   n = add_method(m, n, KV_CODEC_ID_KIVI, 2, 0, 128, KV_DROP_NONE, 0);
   for (unsigned d = KV_DROP_KNORM; d <= KV_DROP_SNAPKV; d++)
     for (unsigned k = 900; k >= 100; k -= 100)
@@ -190,23 +210,36 @@ typedef struct kvset {
   size_t sec_bytes;   /* n_tokens * head_dim * 2 */
   size_t total;       /* 2 * n_heads * sec_bytes */
   uint16_t *kv;       /* head h: K section at 2h, V section at 2h + 1 */
-  /* per head, computed once: probes, the original attention outputs, SnapKV's window */
-  float *probes;      /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
-  uint32_t *n_probes; /* [n_heads] */
-  float *ref;         /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
-  float *win;         /* [n_heads][CB_SNAP_OBS][d] */
+  /* the real set's queries as captured: [n_ctx][CB_REAL_OBS][n_layers][n_q_heads][d]; NULL
+   * for a set without a model */
+  float *queries;
+  uint32_t n_layers, n_kv_heads, n_q_heads;
+  /* per head, computed once: probes and the original attention outputs, SnapKV's window */
+  uint32_t max_probes; /* rows per head of probes and ref */
+  float *probes;       /* [n_heads][max_probes][d]: real queries, else derived from K */
+  uint32_t *n_probes;  /* [n_heads] */
+  float *ref;          /* [n_heads][max_probes][d] */
+  float *dprobes;      /* real set: [n_heads][KV_QUALITY_MAX_DERIVED][d] from K; else NULL */
+  uint32_t *n_dprobes; /* [n_heads] */
+  float *dref;         /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
+  uint32_t win_obs, win_qh; /* SnapKV window: observed positions x query heads per KV head */
+  float *win;               /* [n_heads][win_obs][win_qh][d] */
 } kvset;
 
 static void kvset_free(kvset *s)
 {
   bench_free(s->kv);
+  free(s->queries);
   free(s->probes);
   free(s->n_probes);
   free(s->ref);
+  free(s->dprobes);
+  free(s->n_dprobes);
+  free(s->dref);
   free(s->win);
   s->kv = NULL;
-  s->probes = s->ref = s->win = NULL;
-  s->n_probes = NULL;
+  s->queries = s->probes = s->ref = s->dprobes = s->dref = s->win = NULL;
+  s->n_probes = s->n_dprobes = NULL;
 }
 
 static const uint8_t *sec_ptr(const kvset *s, const void *base, size_t sec)
@@ -265,33 +298,88 @@ static void keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float 
   }
 }
 
-/* Per head: derived probes, the original attention outputs, SnapKV's window queries. */
+/* Probes derived from head h's K (kv_quality_derive_probes) into pr, and the original
+ * attention outputs for them into ref. */
+static int derive_and_attend(kvset *s, scratch *ws, uint32_t h, float *pr, uint32_t *np,
+                             float *ref)
+{
+  kv_section_shape ks = sec_shape(s, KV_SECTION_K);
+  kv_codec_err err;
+  const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
+  if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, KV_QUALITY_MAX_DERIVED, np, &err) !=
+      KV_CODEC_OK)
+    return cfail("kv_quality_derive_probes", &err);
+  if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, s->head_dim, k, v, pr, *np, ws->p, ws->cap,
+                        ref, &err) != KV_CODEC_OK)
+    return cfail("kv_quality_attend", &err);
+  return 0;
+}
+
+/*
+ * Per head: probes, the original attention outputs, SnapKV's window. With the model's queries
+ * (real set) both are built as the engine builds them from kvdb_put_opts.queries
+ * (engine/store/profile.c, cblock.c): for KV head g every query head g * grp .. g * grp + grp - 1
+ * of every observed position, position-major; the probes derived from K go beside them. Without
+ * queries (synthetic set) the probes are derived from K and the window is the last CB_SNAP_OBS
+ * keys scaled like queries.
+ */
 static int kvset_prepare(kvset *s, scratch *ws)
 {
-  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
-  s->probes = malloc((size_t)s->n_heads * np * d * sizeof(float));
-  s->ref = malloc((size_t)s->n_heads * np * d * sizeof(float));
-  s->n_probes = malloc((size_t)s->n_heads * sizeof(uint32_t));
-  s->win = malloc((size_t)s->n_heads * CB_SNAP_OBS * d * sizeof(float));
-  if (!s->probes || !s->ref || !s->n_probes || !s->win) {
+  uint32_t d = s->head_dim, nh = s->n_heads;
+  uint32_t grp = s->queries != NULL ? s->n_q_heads / s->n_kv_heads : 1;
+  s->max_probes = s->queries != NULL ? CB_REAL_OBS * grp : KV_QUALITY_MAX_DERIVED;
+  s->win_obs = s->queries != NULL ? CB_REAL_OBS : CB_SNAP_OBS;
+  s->win_qh = grp;
+  size_t row = (size_t)d * sizeof(float), per = (size_t)s->max_probes * row;
+  s->probes = malloc(nh * per);
+  s->ref = malloc(nh * per);
+  s->n_probes = malloc(nh * sizeof(uint32_t));
+  s->win = malloc(nh * (size_t)s->win_obs * s->win_qh * row);
+  int ok = s->probes && s->ref && s->n_probes && s->win;
+  if (ok && s->queries != NULL) {
+    s->dprobes = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
+    s->dref = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
+    s->n_dprobes = malloc(nh * sizeof(uint32_t));
+    ok = s->dprobes && s->dref && s->n_dprobes;
+  }
+  if (!ok) {
     bench_log("out of memory preparing the %s set", s->name);
     return -1;
   }
-  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, np)) != 0)
+  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
+  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, most)) != 0)
     return -1;
-  kv_section_shape ks = sec_shape(s, KV_SECTION_K);
   kv_codec_err err;
-  for (uint32_t h = 0; h < s->n_heads; h++) {
+  for (uint32_t h = 0; h < nh; h++) {
+    float *pr = s->probes + (size_t)h * s->max_probes * d;
+    float *ref = s->ref + (size_t)h * s->max_probes * d;
+    float *win = s->win + (size_t)h * s->win_obs * s->win_qh * d;
+    if (s->queries == NULL) {
+      if (derive_and_attend(s, ws, h, pr, &s->n_probes[h], ref) != 0)
+        return -1;
+      const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
+      keys_as_queries((const uint16_t *)(const void *)k + (size_t)(s->n_tokens - CB_SNAP_OBS) * d,
+                      CB_SNAP_OBS, d, win);
+      continue;
+    }
+    /* head h = (context c, layer l, KV head g), as make_real lays the sections out */
+    uint32_t g = h % s->n_kv_heads, l = (h / s->n_kv_heads) % s->n_layers;
+    uint32_t c = h / (s->n_kv_heads * s->n_layers), np = 0;
+    for (uint32_t o = 0; o < CB_REAL_OBS; o++)
+      for (uint32_t j = 0; j < grp; j++, np++)
+        memcpy(pr + (size_t)np * d,
+               s->queries + ((((size_t)c * CB_REAL_OBS + o) * s->n_layers + l) * s->n_q_heads +
+                             (size_t)g * grp + j) * d,
+               row);
+    s->n_probes[h] = np;
+    memcpy(win, pr, (size_t)np * row);
     const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-    float *pr = s->probes + (size_t)h * np * d;
-    if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, np, &s->n_probes[h], &err) !=
+    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, np, ws->p, ws->cap, ref, &err) !=
         KV_CODEC_OK)
-      return cfail("kv_quality_derive_probes", &err);
-    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, s->n_probes[h], ws->p, ws->cap,
-                          s->ref + (size_t)h * np * d, &err) != KV_CODEC_OK)
       return cfail("kv_quality_attend", &err);
-    keys_as_queries((const uint16_t *)(const void *)k + (size_t)(s->n_tokens - CB_SNAP_OBS) * d,
-                    CB_SNAP_OBS, d, s->win + (size_t)h * CB_SNAP_OBS * d);
+    if (derive_and_attend(s, ws, h, s->dprobes + (size_t)h * KV_QUALITY_MAX_DERIVED * d,
+                          &s->n_dprobes[h], s->dref + (size_t)h * KV_QUALITY_MAX_DERIVED * d) != 0)
+      return -1;
   }
   return 0;
 }
@@ -471,9 +559,14 @@ static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
   s->head_dim = d;
   s->sec_bytes = (size_t)n * d * 2;
   s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
+  s->n_layers = L;
+  s->n_kv_heads = H;
+  s->n_q_heads = (uint32_t)cf->n_heads;
+  size_t q_step = (size_t)L * s->n_q_heads * d; /* floats of one position's queries */
   s->kv = bench_alloc(s->total);
+  s->queries = malloc((size_t)n_ctx * CB_REAL_OBS * q_step * sizeof(float));
   int *ctx = malloc(n * sizeof *ctx);
-  if (s->kv == NULL || ctx == NULL) {
+  if (s->kv == NULL || s->queries == NULL || ctx == NULL) {
     free(ctx);
     bench_log("out of memory (%zu bytes of real KV)", s->total);
     goto out;
@@ -486,10 +579,24 @@ static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
   for (uint32_t c = 0; c < n_ctx; c++) {
     ctx[0] = REFMODEL_TOKEN_BOS;
     memcpy(ctx + 1, toks + (size_t)c * (n - 1), (n - 1) * sizeof *ctx);
-    if ((r = refmodel_prefill(st, ctx, (int)n, 0, NULL)) != REFMODEL_OK) {
+    /* the first n - CB_REAL_OBS tokens at once; the last ones one by one, keeping the query
+     * each step computes (the prompt's last queries a caller of kvdb_put_ex would give) */
+    if ((r = refmodel_prefill(st, ctx, (int)(n - CB_REAL_OBS), 0, NULL)) != REFMODEL_OK) {
       free(ctx);
       rfail("refmodel_prefill", r);
       goto out;
+    }
+    for (uint32_t o = 0; o < CB_REAL_OBS; o++) {
+      uint32_t t = n - CB_REAL_OBS + o;
+      if ((r = refmodel_forward(st, ctx[t], (int)t, NULL)) != REFMODEL_OK) {
+        free(ctx);
+        rfail("refmodel_forward", r);
+        goto out;
+      }
+      float *qo = s->queries + ((size_t)c * CB_REAL_OBS + o) * q_step;
+      for (uint32_t l = 0; l < L; l++)
+        memcpy(qo + (size_t)l * s->n_q_heads * d, refmodel_state_query(st, (int)l),
+               (size_t)s->n_q_heads * d * sizeof(float));
     }
     for (uint32_t l = 0; l < L; l++) {
       const float *kb = refmodel_state_key(st, (int)l, 0);
@@ -508,8 +615,9 @@ static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
   snprintf(s->desc, sizeof s->desc,
            "stories260K (refmodel, float32 forward pass, K after RoPE, rounded to f16) over "
            "TinyStories: %u contexts x %u tokens (BOS + consecutive text windows), %u layers x "
-           "%u KV heads x head_dim %u",
-           n_ctx, n, L, H, d);
+           "%u KV heads x head_dim %u; the queries of each context's last %u positions (%u query "
+           "heads) captured as quality probes and SnapKV window",
+           n_ctx, n, L, H, d, CB_REAL_OBS, s->n_q_heads);
   rc = 0;
 out:
   refmodel_state_free(st);
@@ -576,8 +684,8 @@ static int encode_pass(void *payload, size_t iter)
   for (uint32_t h = 0; h < s->n_heads; h++) {
     const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
     if (r->m->id == KV_CODEC_ID_DROP) {
-      kv_snapkv_window w = {s->win + (size_t)h * CB_SNAP_OBS * s->head_dim, CB_SNAP_OBS, 1, 0,
-                            KV_POOL_AVG, 1};
+      kv_snapkv_window w = {s->win + (size_t)h * s->win_obs * s->win_qh * s->head_dim,
+                            s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
       uint32_t nk = 0;
       if (kv_drop_select(r->m->drop, &sh[0], k, s->sec_bytes, r->m->permille,
                          r->m->drop == KV_DROP_SNAPKV ? &w : NULL, r->w->ws.p, r->w->ws.cap,
@@ -626,7 +734,8 @@ typedef struct result {
   double ratio, enc_gbps, dec_gbps;
   double dec_noctx_gbps;  /* decode without a kv_codec_dctx (zstd-planes only) */
   double dec_stream_gbps; /* decode with streaming stores (quantized methods only) */
-  double quality, cos_min, rel_l2;
+  double quality, cos_min, rel_l2; /* the set's probes: real queries, else derived */
+  double quality_d, cos_min_d, rel_l2_d; /* derived probes beside real queries; NAN if none */
   uint64_t comp_bytes;
   size_t enc_passes, dec_passes;
 } result;
@@ -657,6 +766,56 @@ static int timed(run *r, bench_fn fn, size_t min_iters, uint64_t min_ns, double 
   return rc == 0 ? 0 : -1;
 }
 
+/*
+ * Quality of the decoded set (decoded sections at `out`, encoded ones in wk->arena) for one probe
+ * set: probes and original outputs `ref` of head h at h * stride rows, n_probes[h] of them.
+ * *quality = mean over heads of the mean cosine, *cos_min = the worst probe of any head,
+ * *rel_l2 pooled over heads (sum ||o - o'||^2 / sum ||o||^2).
+ */
+static int head_quality(const kvset *s, workspace *wk, const uint8_t *out, const float *probes,
+                        const uint32_t *n_probes, const float *refs, uint32_t stride,
+                        double *quality, double *cos_min, double *rel_l2)
+{
+  uint32_t d = s->head_dim;
+  scratch *ws = &wk->ws;
+  float *test = malloc((size_t)stride * d * sizeof *test);
+  if (test == NULL) {
+    bench_log("out of memory (quality)");
+    return -1;
+  }
+  double qsum = 0, qmin = 1, diff2 = 0, ref2 = 0;
+  for (uint32_t h = 0; h < s->n_heads; h++) {
+    kv_section_info info;
+    kv_codec_err err;
+    const uint8_t *ksec = wk->arena + wk->off[2 * (size_t)h];
+    if (kv_section_parse(ksec, wk->len[2 * (size_t)h], &info, &err) != KV_CODEC_OK) {
+      free(test);
+      return cfail("kv_section_parse", &err);
+    }
+    const uint8_t *kd = sec_ptr(s, out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
+    const float *pr = probes + (size_t)h * stride * d, *ref = refs + (size_t)h * stride * d;
+    kv_quality q;
+    if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, pr, n_probes[h], ws->p, ws->cap,
+                          test, &err) != KV_CODEC_OK ||
+        kv_quality_compare(ref, test, n_probes[h], d, &q, &err) != KV_CODEC_OK) {
+      free(test);
+      return cfail("quality", &err);
+    }
+    qsum += q.cos_mean;
+    qmin = q.cos_min < qmin ? q.cos_min : qmin;
+    double r2 = 0;
+    for (size_t i = 0; i < (size_t)n_probes[h] * d; i++)
+      r2 += (double)ref[i] * ref[i];
+    diff2 += q.rel_l2 * q.rel_l2 * r2;
+    ref2 += r2;
+  }
+  free(test);
+  *quality = qsum / s->n_heads;
+  *cos_min = qmin;
+  *rel_l2 = ref2 > 0 ? sqrt(diff2 / ref2) : 0;
+  return 0;
+}
+
 static int run_method(const bench_env *env, const kvset *s, const method *m, workspace *wk,
                       result *res)
 {
@@ -679,14 +838,14 @@ static int run_method(const bench_env *env, const kvset *s, const method *m, wor
     sc = dsc > sc ? dsc : sc;
   }
   if (m->id == KV_CODEC_ID_DROP) {
-    kv_snapkv_window w = {s->win, CB_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
+    kv_snapkv_window w = {s->win, s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
     size_t e = kv_drop_scratch_bytes(m->drop, s->n_tokens, s->head_dim,
                                      m->drop == KV_DROP_SNAPKV ? &w : NULL);
     sc = e > sc ? e : sc;
   }
-  sc = sc > kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, KV_QUALITY_MAX_DERIVED)
-         ? sc
-         : kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, KV_QUALITY_MAX_DERIVED);
+  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
+  size_t qsc = kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, most);
+  sc = sc > qsc ? sc : qsc;
   if (scratch_need(ws, sc) != 0)
     return -1;
   if (bound > wk->arena_cap) {
@@ -730,41 +889,14 @@ static int run_method(const bench_env *env, const kvset *s, const method *m, wor
     bench_log("%s: decoded bytes differ from the source on the %s set", m->label, s->name);
     return -1;
   }
-  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
-  float *test = malloc((size_t)np * d * sizeof *test);
-  if (test == NULL)
+  res->quality_d = res->cos_min_d = res->rel_l2_d = NAN;
+  if (head_quality(s, wk, out, s->probes, s->n_probes, s->ref, s->max_probes, &res->quality,
+                   &res->cos_min, &res->rel_l2) != 0)
     return -1;
-  double qsum = 0, qmin = 1, diff2 = 0, ref2 = 0;
-  for (uint32_t h = 0; h < s->n_heads; h++) {
-    kv_section_info info;
-    kv_codec_err err;
-    const uint8_t *ksec = wk->arena + wk->off[2 * (size_t)h];
-    if (kv_section_parse(ksec, wk->len[2 * (size_t)h], &info, &err) != KV_CODEC_OK) {
-      free(test);
-      return cfail("kv_section_parse", &err);
-    }
-    const uint8_t *kd = sec_ptr(s, out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
-    const float *pr = s->probes + (size_t)h * np * d, *ref = s->ref + (size_t)h * np * d;
-    kv_quality q;
-    if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, pr, s->n_probes[h], ws->p, ws->cap,
-                          test, &err) != KV_CODEC_OK ||
-        kv_quality_compare(ref, test, s->n_probes[h], d, &q, &err) != KV_CODEC_OK) {
-      free(test);
-      return cfail("quality", &err);
-    }
-    qsum += q.cos_mean;
-    qmin = q.cos_min < qmin ? q.cos_min : qmin;
-    /* pool rel L2 over heads: sum ||o - o'||^2 / sum ||o||^2 */
-    double r2 = 0;
-    for (size_t i = 0; i < (size_t)s->n_probes[h] * d; i++)
-      r2 += (double)ref[i] * ref[i];
-    diff2 += q.rel_l2 * q.rel_l2 * r2;
-    ref2 += r2;
-  }
-  free(test);
-  res->quality = qsum / s->n_heads;
-  res->cos_min = qmin;
-  res->rel_l2 = ref2 > 0 ? sqrt(diff2 / ref2) : 0;
+  if (s->dprobes != NULL &&
+      head_quality(s, wk, out, s->dprobes, s->n_dprobes, s->dref, KV_QUALITY_MAX_DERIVED,
+                   &res->quality_d, &res->cos_min_d, &res->rel_l2_d) != 0)
+    return -1;
   return 0;
 }
 
@@ -875,12 +1007,14 @@ static void json_key(char *buf, size_t cap, const kvset *s, const char *stem, co
 
 static void print_row(FILE *o, const char *label, const result *r, int lossy)
 {
-  char st[16] = "";
+  char st[16] = "", qd[48] = "";
   if (r->dec_stream_gbps > 0)
     snprintf(st, sizeof st, "%9.3f", r->dec_stream_gbps);
+  if (!isnan(r->quality_d))
+    snprintf(qd, sizeof qd, "   %9.6f %9.2e", r->quality_d, r->rel_l2_d);
   if (lossy)
-    fprintf(o, "  %-24s %8.3f %9.3f %9.3f %9s   %9.6f %9.6f %9.2e\n", label, r->ratio,
-            r->enc_gbps, r->dec_gbps, st, r->quality, r->cos_min, r->rel_l2);
+    fprintf(o, "  %-24s %8.3f %9.3f %9.3f %9s   %9.6f %9.6f %9.2e%s\n", label, r->ratio,
+            r->enc_gbps, r->dec_gbps, st, r->quality, r->cos_min, r->rel_l2, qd);
   else
     fprintf(o, "  %-24s %8.3f %9.3f %9.3f %9s   %9s\n", label, r->ratio, r->enc_gbps, r->dec_gbps,
             st, "exact");
@@ -889,6 +1023,7 @@ static void print_row(FILE *o, const char *label, const result *r, int lossy)
 typedef struct set_figures {
   int ok;
   double lossless_vs_bound, lossless_dec, int8_q, int4_q, int4_dec;
+  double int8_qd, int4_qd, int4_r128_q; /* derived probes (NAN if none); int4:r128 */
 } set_figures;
 
 static const char *met(int ok)
@@ -966,8 +1101,18 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
   fprintf(o, "  %u heads x (K, V) = %zu sections of %u x %u f16 (%zu bytes each), %.2f MB in all; "
              "measured in %.1f s\n",
           s->n_heads, n_sec, s->n_tokens, s->head_dim, s->sec_bytes, (double)s->total / 1e6, secs);
-  fprintf(o, "  %-24s %8s %9s %9s %9s   %9s %9s %9s\n", "method", "ratio", "enc GB/s",
-          "dec GB/s", "stream", "quality", "cos min", "rel L2");
+  if (s->queries != NULL)
+    fprintf(o, "  quality, cos min, rel L2: the model's queries of the last %u positions x %u "
+               "query heads per KV head (%u probes per head); derived: kvdb's fallback probes "
+               "derived from K (%u per head) on the same decoded bytes\n",
+            CB_REAL_OBS, s->win_qh, s->max_probes, KV_QUALITY_MAX_DERIVED);
+  else
+    fprintf(o, "  quality, cos min, rel L2: probes derived from K (%u per head; no model, no "
+               "queries); SnapKV's window: the last %u keys as queries\n",
+            KV_QUALITY_MAX_DERIVED, CB_SNAP_OBS);
+  fprintf(o, "  %-24s %8s %9s %9s %9s   %9s %9s %9s%s\n", "method", "ratio", "enc GB/s",
+          "dec GB/s", "stream", "quality", "cos min", "rel L2",
+          s->queries != NULL ? "   derived q   rel L2" : "");
   fprintf(o, "  %-24s %8s %9s %9.3f %9s   (same bytes into the same output buffer)\n", "memcpy",
           "", "", mc.dec_gbps, "");
   fprintf(o, "  %-24s %8.3f %9s %9s %9s   (order-0 per byte plane, per section)\n",
@@ -984,12 +1129,14 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
              "%.3f GB/s\n",
           ll->dec_noctx_gbps);
 
-  const result *r8 = NULL, *r4 = NULL;
+  const result *r8 = NULL, *r4 = NULL, *r4r = NULL;
   for (size_t i = 0; i < n_m; i++) {
     if (strcmp(ms[i].key, "int8") == 0)
       r8 = &res[i];
     if (strcmp(ms[i].key, "int4") == 0)
       r4 = &res[i];
+    if (strcmp(ms[i].key, "int4_r128") == 0)
+      r4r = &res[i];
   }
   fig->ok = 1;
   fig->lossless_vs_bound = ll_vs_bound;
@@ -997,6 +1144,9 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
   fig->int8_q = r8->quality;
   fig->int4_q = r4->quality;
   fig->int4_dec = r4->dec_gbps;
+  fig->int8_qd = r8->quality_d;
+  fig->int4_qd = r4->quality_d;
+  fig->int4_r128_q = r4r->quality;
 
   snprintf(k, sizeof k, "%slossless_vs_bound", s->prefix);
   bench_json_num(j, k, ll_vs_bound);
@@ -1035,7 +1185,23 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
     bench_json_num(j, k, res[i].quality);
     json_key(k, sizeof k, s, ms[i].key, "rel_l2");
     bench_json_num(j, k, res[i].rel_l2);
+    if (!isnan(res[i].quality_d)) {
+      json_key(k, sizeof k, s, ms[i].key, "quality_derived");
+      bench_json_num(j, k, res[i].quality_d);
+      json_key(k, sizeof k, s, ms[i].key, "rel_l2_derived");
+      bench_json_num(j, k, res[i].rel_l2_d);
+    }
   }
+  snprintf(k, sizeof k, "%squality_probes", s->prefix);
+  bench_json_str(j, k, s->queries != NULL
+                           ? "model queries: last positions x query heads of the KV head's group"
+                           : "derived from K (kv_quality_derive_probes): no model, no queries");
+  snprintf(k, sizeof k, "%squality_probes_per_head", s->prefix);
+  bench_json_int(j, k, (int64_t)s->max_probes);
+  snprintf(k, sizeof k, "%ssnapkv_window", s->prefix);
+  bench_json_int(j, k, (int64_t)s->win_obs);
+  snprintf(k, sizeof k, "%ssnapkv_window_query_heads", s->prefix);
+  bench_json_int(j, k, (int64_t)s->win_qh);
   snprintf(k, sizeof k, "%sbytes", s->prefix);
   bench_json_int(j, k, (int64_t)s->total);
   snprintf(k, sizeof k, "%scontexts", s->prefix);
@@ -1086,8 +1252,9 @@ int bench_compress(const bench_env *env, bench_json *j)
              "with streaming stores (kv_codec_dctx_set_stream; quantized methods); ratio = "
              "original bytes / encoded bytes (headers, group tables and bitmaps included); "
              "quality = mean over heads of the mean cosine of attention outputs (decoded vs "
-             "original KV) for 16 probe queries derived from K; cos min = worst probe of any "
-             "head\n");
+             "original KV) for probe queries: on real KV the model's queries, as kvdb_put_ex "
+             "takes them (derived-probe figures beside them), on synthetic KV 16 probes derived "
+             "from K; cos min = worst probe of any head\n");
   if (rr == 0) {
     if (bench_set(env, j, &real, &fr) != 0)
       goto out;
@@ -1129,12 +1296,15 @@ int bench_compress(const bench_env *env, bench_json *j)
   }
   fprintf(o, "targets met: %d of 5 on real KV%s (synthetic KV: %d of 5)\n", n_real,
           fr.ok ? "" : " (skipped)", n_syn);
+  if (fr.ok)
+    fprintf(o, "real-KV quality is on the model's queries; with probes derived from K: int8 "
+               "%.6f, int4 %.6f. KIVI's residual: int4:r128 %.6f (128 of %u tokens "
+               "full precision)\n",
+            fr.int8_qd, fr.int4_qd, fr.int4_r128_q, real.n_tokens);
 
   bench_json_bool(j, "real_kv", rr == 0);
   bench_json_str(j, "real_kv_skipped", rr == 0 ? "" : why);
   bench_json_str(j, "gbps_unit", "1e9 bytes of original f16 KV per second, one core, median pass");
-  bench_json_str(j, "quality_probes", "derived from K (kv_quality_derive_probes)");
-  bench_json_int(j, "snapkv_window", CB_SNAP_OBS);
   bench_json_bool(j, "cpu_avx2", __builtin_cpu_supports("avx2"));
   bench_json_int(j, "zstd_version", (int64_t)ZSTD_versionNumber());
   bench_json_int(j, "targets_met", n_real);

@@ -35,6 +35,8 @@ static const bench_cmd CMDS[] = {
    bench_compress},
   {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "
    "the emulated SmartSSD", bench_score},
+  {"prefix", "time to first token with a stored prefix vs a full prefill (stories260K); ingest "
+   "tokens/s", bench_prefix},
   {"policy", "EvicPress placement vs LRU and fixed compression + LRU on a trace (measured tiers, "
    "real-KV profiles)", bench_policy},
 };
@@ -58,7 +60,7 @@ static void usage(FILE *f)
           "              else /var/tmp); it is deleted at the end\n"
           "  --keep      do not delete the data directory at the end\n"
           "  --seed N    seed of the synthetic data and random choices (default 1)\n"
-          "  --model-dir DIR  compress, policy: the folder holding stories260K/ (default\n"
+          "  --model-dir DIR  compress, prefix, policy: the folder holding stories260K/ (default\n"
           "              $KVDB_MODEL_DIR, else " BENCH_MODEL_DIR ")\n"
           "  -h, --help  this text\n"
           "\n"

@@ -30,6 +30,8 @@
 #include <xxhash.h>
 
 #include "kv_db.h"
+#include "store/kv_place.h"
+#include "store/kv_score.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvdb hashes token arrays as stored in memory: a big-endian port must convert them"
@@ -54,6 +56,7 @@ void kvdb_options_init(kvdb_options *opt)
   opt->use_direct_io = 1;
   opt->use_io_uring = 1;
   opt->log_level = 1;
+  kv_place_options_init(opt);
 }
 
 kvdb_status kv_check_db(kvdb *db)
@@ -78,6 +81,12 @@ kvdb_status kv_check_model(const kvdb_model *m, uint32_t *bt)
   kvdb_status rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, *bt, 1);
   if (rc != KVDB_OK)
     return kv_fail(rc, "model '%s': %s", m->id, kvdb_errmsg());
+  if (m->score_bits != 0 && m->score_bits != 8 && m->score_bits != 4)
+    return kv_fail(KVDB_INVALID, "model '%s': score_bits %u is not 0, 8 or 4", m->id,
+                   m->score_bits);
+  if (m->score_bits == 4 && m->head_dim % 2 != 0)
+    return kv_fail(KVDB_INVALID, "model '%s': int4 score copies need an even head_dim, not %u",
+                   m->id, m->head_dim);
   return KVDB_OK;
 }
 
@@ -101,8 +110,13 @@ void kv_model_hash(const kvdb_model *m, uint32_t bt, uint8_t out[16])
   kv_put_le32(p + 8, m->head_dim);
   kv_put_le32(p + 12, m->dtype);
   kv_put_le32(p + 16, bt);
+  size_t len = (size_t)(p + 20 - buf);
+  if (m->score_bits != 0) { /* appended only when set: fingerprints without it are unchanged */
+    kv_put_le32(p + 20, m->score_bits);
+    len += 4;
+  }
   XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, XXH3_128bits(buf, (size_t)(p + 20 - buf)));
+  XXH128_canonicalFromHash(&c, XXH3_128bits(buf, len));
   memcpy(out, c.digest, 16);
 }
 
@@ -270,6 +284,7 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
     return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
                    (int)opt.sync_mode);
+  KV_RET(kv_place_options_check(&opt));
   int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
   int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
 
@@ -324,6 +339,9 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
       goto fail;
     }
   }
+  rc = kv_place_open(db); /* SmartSSD directory (recovery needs it), placement state */
+  if (rc != KVDB_OK)
+    goto fail;
   db->magic = KVDB_MAGIC_OPEN;
   if (!rdonly) {
     rc = kv_recover(db);
@@ -361,6 +379,8 @@ void kvdb_close(kvdb *db)
     kv_rbufs_free(db);
     kv_files_free(db);
   }
+  kv_place_close(db);
+  kv_score_close(db);
   kv_catalog_close(&db->cat);
   kv_io_destroy(db->os_io);
   kv_dram_destroy(db->dram);

@@ -191,6 +191,11 @@ kvdb_status kvdb_config_check(const kvdb_model *m, const kvdb_config *c)
                    "config '%s': group %u is larger than the model's block_tokens %u (K is "
                    "quantized over groups of tokens of one block)",
                    nm, c->group, bt);
+  if (m->score_bits != 0 && c->method == KVDB_METHOD_DROP)
+    return kv_fail(KVDB_INVALID,
+                   "config '%s' drops tokens, which model '%s' (score_bits %u) cannot: kvdb_score "
+                   "ranks every token and kvdb_get_tokens must fetch the ones it picks",
+                   nm, m->id, m->score_bits);
   return KVDB_OK;
 }
 

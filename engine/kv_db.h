@@ -2,7 +2,8 @@
 /*
  * engine/kv_db.h — the handle behind kvdb* and the engine's internal interfaces.
  *
- * Layout on disk (FORMAT.md §1): <dir>/catalog.mdb (+ catalog.mdb-lock), <dir>/ssd/seg-N.kvs.
+ * Layout on disk (FORMAT.md §1): <dir>/catalog.mdb (+ catalog.mdb-lock), <dir>/ssd/seg-N.kvs,
+ * and the SmartSSD tier's segments in its own directory (<dir>/smartssd or smartssd_dir).
  *
  * LOCKING
  *   db->mu guards the writer pool, the read-buffer pool, the segment file cache and the
@@ -26,9 +27,18 @@
 #define KVDB_MAGIC_OPEN 0x6b766462u
 #define KVDB_MAGIC_CLOSED 0xdeadbeefu
 
+/* Segment ids carry their tier: a SmartSSD segment's id has this bit set (FORMAT.md §1), so a
+ * segment's file is found from its id alone; SSD segments keep plain ids. */
+#define KV_SEG_SMARTSSD_BIT (1ull << 62)
+static inline uint32_t kv_seg_tier(uint64_t id)
+{
+  return (id & KV_SEG_SMARTSSD_BIT) ? KVDB_TIER_SMARTSSD : KVDB_TIER_SSD;
+}
+
 /* A segment this process appends to (one writer at a time). */
 typedef struct kv_writer {
   uint64_t seg_id;
+  uint32_t tier;     /* KVDB_TIER_SSD or KVDB_TIER_SMARTSSD (of seg_id) */
   kv_file *f;
   uint64_t end;      /* append position = committed end after each commit */
   uint8_t *stage[2]; /* aligned staging buffers, reused */
@@ -61,6 +71,9 @@ struct kvdb {
   uint32_t magic;
   char *dir;
   char *seg_dir;
+  char *smart_dir;        /* the SmartSSD tier's segment directory (store/place.c) */
+  struct kv_place *place; /* placement state (store/place.c); NULL when placement is off */
+  struct kv_score_devs *score_devs; /* near-data devices kvdb_score keeps (store/score_ctx.c) */
   kvdb_options opt;
   kv_logger log;
   kv_catalog cat;
@@ -77,12 +90,15 @@ struct kvdb {
   size_t n_pending, cap_pending;
   kv_dram *dram;
   _Atomic uint64_t ssd_hits, ssd_misses, corrupt_blocks, bytes_read, bytes_written;
+  _Atomic uint64_t smart_hits; /* blocks read from the SmartSSD tier */
 };
 
 /* ---- segments (store/segment.c) ---- */
 kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap);
-/* Take a writer (an open segment owned by this handle), creating a segment if needed. */
+/* Take a writer (an open segment owned by this handle), creating a segment if needed: of the
+ * SSD tier, or of `tier` (KVDB_TIER_SSD or KVDB_TIER_SMARTSSD). */
 kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out);
+kvdb_status kv_writer_acquire_tier(kvdb *db, uint32_t tier, kv_writer **out);
 /* Give it back; sealed (past segment_bytes) writers are closed. */
 void kv_writer_release(kvdb *db, kv_writer *w, int sealed);
 static inline kv_file *kv_writer_file(kv_writer *w)
@@ -181,6 +197,12 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
 /* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
 kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
                              kv_model_rec *rec);
+
+/* ---- tiers of contexts (store/place.c) ---- */
+/* The tier of a context's persistent copy: that of its last block (SSD when unreadable). */
+uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
+/* How many contexts have their persistent copy on `tier`. */
+kvdb_status kv_count_tier_contexts(kvdb *db, MDB_txn *txn, uint32_t tier, uint64_t *n);
 
 /* ---- maintenance (store/maint.c) ---- */
 void kv_note_access(kvdb *db, const uint8_t key[16]);

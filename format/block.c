@@ -6,18 +6,18 @@
  *   OFF SIZE FIELD
  *     0   4  magic 0xB10CDB4B
  *     4   2  format version (1)
- *     6   2  flags (reserved, 0)
+ *     6   2  flags: bit 0 the object ends with a score region (score_region.h); others 0
  *     8   4  meta_bytes
  *    12   4  n_tokens
  *    16  16  block hash h_i
  *    32  16  parent hash h_{i-1}
  *    48  16  model fingerprint hash h_{-1}
  *    64   4  n_layers      68 4 n_kv_heads      72 4 head_dim
- *    76   1  dtype         77 1 codec (0 raw)   78 2 reserved (0)
+ *    76   1  dtype         77 1 codec (0 raw)   78 1 score bits (flag 0; else 0)  79 1 0
  *    80   4  block_tokens  84 4 n_sections      88 4 group_tokens   92 4 n_groups
  *    96   8  data_bytes
  *   104   8  meta checksum: XXH3-64 of [tokens_off, cksum_off) of the meta region
- *   112   8  reserved (0)
+ *   112   8  offset of the score region (flag 0: meta + data bytes; else 0)
  *   120   8  header checksum: XXH3-64 of bytes [0, 120)
  */
 #include <xxhash.h>
@@ -26,6 +26,42 @@
 #endif
 
 #include "block.h"
+#include "score_region.h"
+
+/*
+ * Every checksum of this file goes through xxh64() / xxh64_seed(). libxxhash's run-time dispatch
+ * (Debian 0.8.1) returns from its AVX2 / AVX-512 code without `vzeroupper`, so the upper halves
+ * of the vector registers stay dirty after a kvdb call; legacy-SSE code the caller runs next
+ * (any non-VEX code, e.g. an inference loop built for baseline x86-64) then pays a false
+ * dependency on them in every instruction. Measured on the reference machine: a stories260K
+ * forward step (tools/refmodel) took 0.29 ms alone and 4.0 ms right after one dispatched
+ * XXH3_64bits_withSeed. So we clear the upper state after each hash, where the CPU has AVX
+ * (vzeroupper keeps the low 128 bits; the clobbers tell the compiler the registers changed). A
+ * few cycles per call, against hundreds for the hash itself.
+ */
+static inline void xxh_clear_avx_upper(void)
+{
+#if defined(KVDB_HAVE_XXH_DISPATCH) && defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx"))
+    __asm__ volatile("vzeroupper" ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6",
+                     "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14",
+                     "xmm15");
+#endif
+}
+
+static uint64_t xxh64(const void *p, size_t len)
+{
+  uint64_t h = XXH3_64bits(p, len);
+  xxh_clear_avx_upper();
+  return h;
+}
+
+static uint64_t xxh64_seed(const void *p, size_t len, uint64_t seed)
+{
+  uint64_t h = XXH3_64bits_withSeed(p, len, seed);
+  xxh_clear_avx_upper();
+  return h;
+}
 
 #define OFF_MAGIC 0
 #define OFF_VERSION 4
@@ -126,7 +162,7 @@ static uint64_t group_seed(const uint8_t *block_hash, uint32_t s, uint32_t grp)
 uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp,
                                  const uint8_t *group, uint32_t len)
 {
-  return XXH3_64bits_withSeed(group, len, group_seed(h->block_hash, s, grp));
+  return xxh64_seed(group, len, group_seed(h->block_hash, s, grp));
 }
 
 void kv_block_checksum_sections(const kv_block_geom *g, const uint8_t block_hash[16], uint32_t s0,
@@ -174,10 +210,10 @@ void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
     kv_put_le64(ent, g->meta_bytes + (uint64_t)s * g->section_bytes);
     kv_put_le32(ent + 8, (uint32_t)g->section_bytes);
     kv_put_le32(ent + 12, g->n_groups);
-    kv_put_le64(ent + 16, XXH3_64bits(buf + kv_block_cksum_off(g, s, 0), 8u * g->n_groups));
+    kv_put_le64(ent + 16, xxh64(buf + kv_block_cksum_off(g, s, 0), 8u * g->n_groups));
   }
-  kv_put_le64(buf + OFF_METACK, XXH3_64bits(buf + g->tokens_off, g->cksum_off - g->tokens_off));
-  kv_put_le64(buf + OFF_HDRCK, XXH3_64bits(buf, OFF_HDRCK));
+  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, g->cksum_off - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
 
 void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
@@ -186,6 +222,38 @@ void kv_block_seal(const kv_block_geom *g, const uint8_t block_hash[16],
 {
   kv_block_checksum_sections(g, block_hash, 0, g->n_sections, buf);
   kv_block_seal_meta(g, block_hash, parent_hash, model_hash, tokens, buf);
+}
+
+/* The score region a header announces (flag bit 0): right after the object, its size from
+ * the block's shape and the bits; obj.total_bytes then includes it (FORMAT.md §3c). */
+static kvdb_status parse_score(const uint8_t *buf, kv_block_hdr *out)
+{
+  if (!(out->flags & KV_BLOCK_F_SCORE))
+    return KVDB_OK;
+  unsigned bits = buf[OFF_RSV16];
+  uint64_t off = kv_get_le64(buf + OFF_RSV64);
+  kv_sregion r;
+  if (kv_sregion_init(&r, &out->g, bits) != KVDB_OK)
+    return kv_fail(KVDB_CORRUPT, "block header announces score copies of %u bits: %s", bits,
+                   kvdb_errmsg());
+  if (off != out->obj.total_bytes)
+    return kv_fail(KVDB_CORRUPT,
+                   "block header puts its score region at %llu, not after its data (%llu)",
+                   (unsigned long long)off, (unsigned long long)out->obj.total_bytes);
+  out->score_bits = bits;
+  out->score_off = off;
+  out->score_bytes = r.bytes;
+  out->obj.total_bytes += r.bytes;
+  return KVDB_OK;
+}
+
+void kv_block_mark_score(uint8_t *buf, unsigned bits, uint64_t score_off)
+{
+  kv_put_le16(buf + OFF_FLAGS, (uint16_t)(kv_get_le16(buf + OFF_FLAGS) | KV_BLOCK_F_SCORE));
+  buf[OFF_RSV16] = (uint8_t)bits;
+  buf[OFF_RSV16 + 1] = 0;
+  kv_put_le64(buf + OFF_RSV64, score_off);
+  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
 
 kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *out)
@@ -197,7 +265,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   uint32_t magic = kv_get_le32(buf + OFF_MAGIC);
   if (magic != KV_BLOCK_MAGIC)
     return kv_fail(KVDB_CORRUPT, "bad block magic 0x%08x", magic);
-  if (kv_get_le64(buf + OFF_HDRCK) != XXH3_64bits(buf, OFF_HDRCK))
+  if (kv_get_le64(buf + OFF_HDRCK) != xxh64(buf, OFF_HDRCK))
     return kv_fail(KVDB_CORRUPT, "block header checksum mismatch");
   uint32_t version = kv_get_le16(buf + OFF_VERSION);
   if (version > KV_BLOCK_VERSION_MAX)
@@ -205,10 +273,12 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
                    KV_BLOCK_VERSION_MAX);
   if (version == 0)
     return kv_fail(KVDB_CORRUPT, "block format version 0");
-  if (kv_get_le16(buf + OFF_FLAGS) != 0 || kv_get_le16(buf + OFF_RSV16) != 0 ||
-      kv_get_le64(buf + OFF_RSV64) != 0)
+  uint32_t flags = kv_get_le16(buf + OFF_FLAGS);
+  if ((flags & ~KV_BLOCK_F_SCORE) != 0 || buf[OFF_RSV16 + 1] != 0 ||
+      (!(flags & KV_BLOCK_F_SCORE) && (buf[OFF_RSV16] != 0 || kv_get_le64(buf + OFF_RSV64) != 0)))
     return kv_fail(KVDB_CORRUPT, "reserved block header field is not zero");
   out->version = version;
+  out->flags = flags;
   out->codec = buf[OFF_CODEC];
   uint32_t want_codec = version == 1 ? KV_CODEC_RAW : KV_CODEC_SECTIONS;
   if (out->codec != want_codec)
@@ -231,7 +301,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
         kv_get_le64(buf + OFF_DATA) != g->data_bytes)
       return kv_fail(KVDB_CORRUPT, "block header geometry does not match its dimensions");
     out->obj = (kv_block_geom_obj){g->meta_bytes, g->data_bytes, g->total_bytes};
-    return KVDB_OK;
+    return parse_score(buf, out);
   }
   /* format 2: the data region holds data_pages pages of encoded sections */
   uint32_t pages = kv_get_le32(buf + OFF_NG);
@@ -244,7 +314,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
       kv_get_le64(buf + OFF_DATA) != out->cl.data_bytes)
     return kv_fail(KVDB_CORRUPT, "compressed block header sizes do not match its page count");
   out->obj = (kv_block_geom_obj){out->cl.meta_bytes, out->cl.data_bytes, out->cl.total_bytes};
-  return KVDB_OK;
+  return parse_score(buf, out);
 }
 
 kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
@@ -252,7 +322,7 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
   const kv_block_geom *g = &h->g;
   if (h->version >= 2) {
     const kv_cblock_layout *l = &h->cl;
-    if (XXH3_64bits(meta + g->tokens_off, l->pcks_end - g->tokens_off) != h->meta_checksum)
+    if (xxh64(meta + g->tokens_off, l->pcks_end - g->tokens_off) != h->meta_checksum)
       return kv_fail(KVDB_CORRUPT,
                      "block meta checksum mismatch (tokens, section table or page checksums)");
     uint64_t at = l->meta_bytes, end = l->meta_bytes + l->data_bytes;
@@ -272,14 +342,14 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
                      (unsigned long long)(end - at));
     return KVDB_OK;
   }
-  if (XXH3_64bits(meta + g->tokens_off, g->cksum_off - g->tokens_off) != h->meta_checksum)
+  if (xxh64(meta + g->tokens_off, g->cksum_off - g->tokens_off) != h->meta_checksum)
     return kv_fail(KVDB_CORRUPT, "block meta checksum mismatch (tokens or section table)");
   for (uint32_t s = 0; s < g->n_sections; s++) {
     const uint8_t *ent = meta + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
     if (kv_get_le64(ent) != g->meta_bytes + (uint64_t)s * g->section_bytes ||
         kv_get_le32(ent + 8) != g->section_bytes || kv_get_le32(ent + 12) != g->n_groups)
       return kv_fail(KVDB_CORRUPT, "section table entry %u does not match the geometry", s);
-    if (kv_get_le64(ent + 16) != XXH3_64bits(meta + kv_block_cksum_off(g, s, 0), 8u * g->n_groups))
+    if (kv_get_le64(ent + 16) != xxh64(meta + kv_block_cksum_off(g, s, 0), 8u * g->n_groups))
       return kv_fail(KVDB_CORRUPT, "checksum table of section %u does not match its digest", s);
   }
   return KVDB_OK;
@@ -301,7 +371,7 @@ void kv_cblock_layout_init(const kv_block_geom *g, uint64_t sections_bytes, kv_c
 uint64_t kv_cblock_page_checksum(const kv_block_hdr *h, uint32_t p, const uint8_t *page)
 {
   /* the (0xffffffff << 32) half keeps these seeds apart from format 1's (section, group) */
-  return XXH3_64bits_withSeed(page, KV_PAGE,
+  return xxh64_seed(page, KV_PAGE,
                               kv_get_le64(h->block_hash) ^ ((0xffffffffull << 32) | p));
 }
 
@@ -343,8 +413,8 @@ void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uin
   for (uint32_t p = 0; p < l->data_pages; p++)
     kv_put_le64(buf + l->pcks_off + 8u * p,
                 kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
-  kv_put_le64(buf + OFF_METACK, XXH3_64bits(buf + g->tokens_off, l->pcks_end - g->tokens_off));
-  kv_put_le64(buf + OFF_HDRCK, XXH3_64bits(buf, OFF_HDRCK));
+  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
 
 void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,

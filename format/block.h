@@ -73,6 +73,7 @@ typedef struct kv_cblock_layout {
 typedef struct kv_block_hdr {
   uint32_t version;
   uint32_t codec;
+  uint32_t flags;         /* KV_BLOCK_F_* */
   uint8_t block_hash[16];
   uint8_t parent_hash[16];
   uint8_t model_hash[16];
@@ -80,7 +81,14 @@ typedef struct kv_block_hdr {
   kv_block_geom g;        /* the raw geometry of the block's shape (what decoding yields) */
   kv_block_geom_obj obj;  /* the object as stored: meta, data and total bytes */
   kv_cblock_layout cl;    /* codec KV_CODEC_SECTIONS only */
+  /* KV_BLOCK_F_SCORE: the score region (score_region.h) of score_bits copies, score_bytes long
+   * at score_off (= meta + data bytes); obj.total_bytes includes it. Else all 0. */
+  uint32_t score_bits;
+  uint64_t score_off, score_bytes;
 } kv_block_hdr;
+
+/* Header flags (byte 6). Bit 0: the object ends with a score region (FORMAT.md §3c). */
+#define KV_BLOCK_F_SCORE 1u
 
 /* Size of one element of a stored dtype (kvdb_dtype), 0 for an unknown one. */
 uint32_t kv_dtype_bytes(uint32_t dtype);
@@ -149,6 +157,13 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
  * entry against the geometry (format 2: sections back to back inside the data region).
  */
 kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta);
+
+/*
+ * kv_block_mark_score() - record in a sealed block header (the first 128 bytes of `buf`) that
+ * the object ends with a score region of `bits` copies at `score_off` (the object's meta + data
+ * bytes): flag bit 0, byte 78, bytes 112..119; the header checksum is recomputed.
+ */
+void kv_block_mark_score(uint8_t *buf, unsigned bits, uint64_t score_off);
 
 /* XXH3-64 of one group's bytes with the block's seed (block hash, section and group index). */
 uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp,

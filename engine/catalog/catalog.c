@@ -25,6 +25,7 @@ void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst)
   memset(dst, 0, 36);
   dst[0] = KV_REC_VERSION;
   dst[1] = (uint8_t)r->dtype;
+  dst[2] = (uint8_t)r->score_bits;
   kv_put_le32(dst + 4, r->n_layers);
   kv_put_le32(dst + 8, r->n_kv_heads);
   kv_put_le32(dst + 12, r->head_dim);
@@ -64,6 +65,10 @@ kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
   if (len != 36)
     return kv_fail(KVDB_CORRUPT, "model record is %zu bytes, not 36", len);
   r->dtype = src[1];
+  r->score_bits = src[2]; /* reserved (0) before format 3 */
+  if ((r->score_bits != 0 && r->score_bits != 8 && r->score_bits != 4) || src[3] != 0)
+    return kv_fail(KVDB_CORRUPT, "model record has score bits %u and reserved byte %u",
+                   src[2], src[3]);
   r->n_layers = kv_get_le32(src + 4);
   r->n_kv_heads = kv_get_le32(src + 8);
   r->head_dim = kv_get_le32(src + 12);
@@ -128,7 +133,7 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
                    (unsigned long long)r->bytes);
   /* bytes 2, 3, 12..15 were reserved (0 = raw) in format 1: how the block is stored */
   int compressed = (r->bflags & KV_BLK_COMPRESSED) != 0, drops = (r->bflags & KV_BLK_DROPS) != 0;
-  if ((r->bflags & ~3u) != 0 || r->method > KVDB_METHOD_DROP ||
+  if ((r->bflags & ~15u) != 0 || (r->bflags & 12u) == 12u || r->method > KVDB_METHOD_DROP ||
       compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
       (r->method == KVDB_METHOD_RAW && (r->bits || r->drop || r->keep_permille)))
     return kv_fail(KVDB_CORRUPT, "block record says flags %u, method %u, bits %u, drop %u",
@@ -257,7 +262,7 @@ kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec
     e->reported_quality = bitsd(kv_get_le64(p + 40));
     e->n_reports = kv_get_le32(p + 48);
     e->n_probes = r->n_probes;
-    if ((e->flags & ~3u) != 0 || kv_get_le32(p + 52) != 0)
+    if ((e->flags & ~7u) != 0 || kv_get_le32(p + 52) != 0) /* bit 2: format 3 */
       return kv_fail(KVDB_CORRUPT, "profile entry %u has flags %u", i, e->flags);
   }
   return KVDB_OK;
@@ -475,6 +480,12 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
     c->has_profiles = 1;
   else if (mrc != MDB_NOTFOUND)
     return kv_mdb_fail(mrc, "open database 'profiles'");
+  /* ctxstats came with the placement policy (builds that do not know it ignore it) */
+  mrc = mdb_dbi_open(txn, "ctxstats", create, &c->ctxstats);
+  if (mrc == 0)
+    c->has_ctxstats = 1;
+  else if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "open database 'ctxstats'");
   return KVDB_OK;
 }
 
@@ -551,15 +562,22 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     KV_ERR(open_dbs(c, txn, 0));
     mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
-    if (c->has_profiles || rdonly)
+    if ((c->has_profiles && c->has_ctxstats) || rdonly)
       return KVDB_OK;
-    KV_ERR(kv_txn_begin(c, 1, &txn)); /* a format-1 catalog: add the (empty) profiles database */
-    int pm = mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
+    /* an older catalog: add the (empty) profiles and ctxstats databases it lacks */
+    KV_ERR(kv_txn_begin(c, 1, &txn));
+    int pm = c->has_profiles ? 0 : mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
     if (pm != 0) {
       rc = kv_mdb_fail(pm, "create database 'profiles'");
       goto out;
     }
     c->has_profiles = 1;
+    pm = c->has_ctxstats ? 0 : mdb_dbi_open(txn, "ctxstats", MDB_CREATE, &c->ctxstats);
+    if (pm != 0) {
+      rc = kv_mdb_fail(pm, "create database 'ctxstats'");
+      goto out;
+    }
+    c->has_ctxstats = 1;
     rc = kv_txn_commit(txn);
     txn = NULL;
     if (rc == KVDB_OK)

@@ -12,6 +12,7 @@
  *   atime     last access (8, big-endian) || context key -> "" : LRU order for tier capacity
  *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
  *   profiles  context key (16) -> the context's quality profile (format 2)
+ *   ctxstats  context key (16) -> decayed access count and placement (ctxstats.h)
  *
  * INVARIANTS
  *   C1. A block record exists iff some context lists it; refcount = number of such contexts.
@@ -34,18 +35,21 @@
 #define KV_CTX_REC_VERSION 2u /* version 2: the context's storage config after the header */
 #define KV_PROFILE_REC_VERSION 1u
 
-/* kv_block_rec.bflags */
-enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2 };
+/* kv_block_rec.bflags; SCORE8 / SCORE4: the object ends with a score region of int8 / int4
+ * copies (FORMAT.md §3c; the model's score_bits) */
+enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4 = 8 };
 
 typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
   uint32_t n_layers, n_kv_heads, head_dim, dtype, block_tokens;
+  uint32_t score_bits; /* 0, 8 or 4 (kvdb_model.score_bits) */
 } kv_model_rec;
 
 typedef struct kv_block_rec {
   uint32_t refcount;
   uint32_t tier;
-  uint32_t bflags;        /* KV_BLK_*: a compressed (format 2) object; tokens dropped */
+  uint32_t bflags;        /* KV_BLK_*: a compressed (format 2) object; tokens dropped; score
+                             copies at the end (format 3) */
   uint8_t method, bits, drop; /* how it is stored (kvdb_config fields; 0 = raw) */
   uint16_t keep_permille;
   uint32_t n_tokens;
@@ -130,6 +134,8 @@ typedef struct kv_catalog {
   MDB_env *env;
   MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
   int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
+  MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
+  int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
 } kv_catalog;
 

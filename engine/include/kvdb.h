@@ -58,9 +58,10 @@ KVDB_API unsigned kvdb_version_number(void);
 /**
  * @brief The newest on-disk format version this build reads and writes. A new database is
  * created at version 1; it becomes version 2 with its first compressed block or quality
- * profile (so builds that know only version 1 refuse it then, with KVDB_VERSION).
+ * profile, and version 3 with its first segment on the SmartSSD tier or its first block with
+ * score copies (so builds that know an older version refuse it then, with KVDB_VERSION).
  */
-#define KVDB_FORMAT_VERSION 2
+#define KVDB_FORMAT_VERSION 3
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup status Status codes. Values are pinned: never renumbered or reused. */
@@ -111,6 +112,13 @@ typedef struct kvdb_model {
   uint32_t head_dim;     /**< 1..4096 */
   kvdb_dtype dtype;      /**< KVDB_F16, KVDB_BF16 or KVDB_F32 */
   uint32_t block_tokens; /**< tokens per block: a power of two from 16 to 4096; 0 = 256 */
+  /**
+   * 0 (default): no scoring. 8 or 4: every block also stores an int8 or int4 copy of its keys
+   * (one scale per token) that kvdb_score ranks tokens on (4 needs an even head_dim). Part of
+   * the fingerprint: contexts put with and without score copies never share blocks, and one
+   * id keeps one value (else KVDB_MISMATCH).
+   */
+  uint32_t score_bits;
 } kvdb_model;
 
 /** @brief Bytes of K and V of one token for all layers and heads. Cannot fail (0 if m is bad). */
@@ -256,6 +264,16 @@ typedef enum kvdb_tier {
   KVDB_TIER_COUNT = 3,
 } kvdb_tier;
 
+/** How contexts are placed on the tiers (kvdb_options.placement). */
+typedef enum kvdb_placement {
+  KVDB_PLACEMENT_OFF = 0,       /**< as asked: puts store with their config on the SSD tier, the
+                                     DRAM tier caches what gets read (least recently used first)
+                                     and ssd_bytes evicts least recently used contexts */
+  KVDB_PLACEMENT_EVICPRESS = 1, /**< EvicPress (seed 004 §4.2-§4.4): Algorithm 1, the
+                                     operation of least utility drop first */
+  KVDB_PLACEMENT_PER_BYTE = 2,  /**< the same greedy by least utility drop per byte freed */
+} kvdb_placement;
+
 /** Log callback: level 0 error, 1 warning, 2 info. `msg` is valid during the call only. */
 typedef void (*kvdb_log_fn)(void *ctx, int level, const char *msg);
 
@@ -276,6 +294,50 @@ typedef struct kvdb_options {
   kvdb_log_fn log_fn;        /**< default NULL: warnings and errors to stderr */
   void *log_ctx;
   int log_level;             /**< highest level passed to log_fn; default 1 (warnings) */
+  /**
+   * The SmartSSD tier (a third, persistent tier: segment files in their own directory, e.g. on
+   * the SmartSSD's filesystem). `smartssd_bytes` is its capacity in live bytes; 0 (the
+   * default) = no SmartSSD tier: nothing new goes there (contexts already there stay
+   * readable). `smartssd_dir` is its directory (copied at open, not retained); NULL (default)
+   * = DIR/smartssd. The directory is recorded in the catalog with the tier's first segment;
+   * later opens use the recorded one when smartssd_dir is NULL and refuse another one
+   * (KVDB_INVALID). Its first segment makes the database format 3.
+   */
+  const char *smartssd_dir;
+  uint64_t smartssd_bytes;
+  /**
+   * Placement (EvicPress). Off by default. When on, every context has a place — the tier of
+   * its persistent copy (SSD or SmartSSD), its storage config, and whether the DRAM tier holds
+   * it too — chosen by the utility U = (alpha * quality - TTFT) * frequency (§4.2), where
+   * quality comes from the context's quality profile (a reported quality wins), TTFT = tier
+   * latency + stored bytes / tier bandwidth + decode time (the tier figures are probed once per
+   * database and directory, cached in the catalog, and refined online from cold gets; see
+   * kvdb_tier_probe), and frequency is the context's access count halved every
+   * freq_half_life_s (kept in the catalog). Then:
+   * - a put measures the context's profile (as with KVDB_PUT_PROFILE, over "lossless,int8,int4,
+   *   int2" unless opts->profile_space says otherwise) and, once the put is durable, places
+   *   it: the context takes its best (tier, config); then, while a tier holds more than its
+   *   capacity (dram_bytes, ssd_bytes, smartssd_bytes), the cheapest operation — re-encode a
+   *   context on that tier to a smaller config, or move it to the next tier — is applied,
+   *   tier after tier (Algorithm 1). A context pushed off the last tier is deleted (recomputing
+   *   it is worth more than keeping it). Each move is a kvdb_relocate (one transaction);
+   * - the DRAM tier (an inclusive cache: the persistent copy stays) holds only the contexts
+   *   the placement puts there, filled by gets;
+   * - kvdb_rebalance_plan / kvdb_rebalance_execute place every context anew.
+   * Not chosen by the placement: token-dropping configs (kvdb_get cannot serve them), configs a
+   * context's stored one cannot be re-encoded to (see kvdb_recompress). A context without a
+   * profile keeps its config (it can still move between tiers). A put returns the put's status;
+   * a placement that fails after it is logged and retried by the next placement.
+   */
+  kvdb_placement placement;
+  double placement_alpha;     /**< alpha: seconds of TTFT worth one unit of quality, >= 0;
+                                   default 1 */
+  double freq_half_life_s;    /**< half-life of the access counts, seconds, > 0; default 3600 */
+  double reprofile_drift_pct; /**< re-profile and re-place a context when a reported quality
+                                   falls this many percent below its profiled quality (see
+                                   kvdb_report_quality); 0..100, 0 = never; default 5 */
+  double prefill_tokens_per_s;/**< how fast the caller recomputes a context (the TTFT of one
+                                   that is not stored), > 0; default 10000 */
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -475,9 +537,12 @@ typedef struct kvdb_context_info {
   uint64_t created_unix_ms;
   uint64_t last_access_unix_ms; /**< put, or a get through any handle (flushed lazily) */
   uint32_t in_dram_blocks;      /**< of its blocks, how many this handle holds in DRAM */
-  uint32_t tier;                /**< kvdb_tier of its persistent copy */
+  uint32_t tier;                /**< kvdb_tier of its persistent copy (of its last block) */
   kvdb_config config;           /**< how its put (or last re-encoding) stored it */
   uint32_t has_profile;         /**< 1 when a quality profile is recorded */
+  uint32_t cached;              /**< 1 when the placement keeps it in the DRAM tier */
+  double frequency;             /**< its decayed access count now (placement; 0 when none is
+                                     kept: accesses are counted with placement on) */
 } kvdb_context_info;
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
@@ -520,6 +585,130 @@ typedef struct kvdb_stats {
 
 /** @brief Fill *out. @return KVDB_OK; KVDB_INVALID; KVDB_IOERR. */
 KVDB_API kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out);
+
+/** How fast a tier reads (the placement's TTFT model). */
+typedef struct kvdb_tier_perf {
+  double read_bps;        /**< sequential read bandwidth, bytes per second; 0 = no such tier */
+  double latency_s;       /**< one small read, seconds */
+  uint64_t probed_unix_ms;/**< when the probe ran (0 for DRAM: measured at each open) */
+  uint64_t reads;         /**< cold reads of this handle that refined the figures since */
+} kvdb_tier_perf;
+
+/**
+ * @brief The tiers' read figures, per kvdb_tier: DRAM by a memory copy at open; SSD and
+ * SmartSSD by a probe of their directory (a 32 MiB file written, synced, dropped from the page
+ * cache and read back, then removed) cached in the catalog per directory and device, refined
+ * by every cold kvdb_get of this handle (an exponentially weighted fit of block read time
+ * against bytes). With `reprobe` set the persistent tiers are probed now and the cache
+ * replaced (kvdb-admin probe). Works with placement off too. Tiers that are not configured
+ * read 0.
+ * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY (reprobe on a read-only handle); KVDB_FULL;
+ *   KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_tier_probe(kvdb *db, int reprobe, kvdb_tier_perf out[KVDB_TIER_COUNT]);
+
+/**
+ * @defgroup placement Rebalancing and placement statistics (EvicPress §4.4 on every context)
+ *
+ * A rebalance places every stored context anew: each takes its best (tier, config) by the
+ * utility, then Algorithm 1 resolves each over-full tier from the top (see
+ * kvdb_options.placement). It uses the handle's placement settings (capacities, alpha,
+ * half-life, prefill speed, rule) when the handle has placement on; otherwise the settings the
+ * database recorded at its last read-write open with placement on (so `kvdb-admin rebalance`
+ * plans as the serving processes would), else it fails with KVDB_INVALID.
+ */
+
+/** kvdb_place_move.from_tier / to_tier of a context that is not stored (recomputed). */
+#define KVDB_TIER_NONE KVDB_TIER_COUNT
+
+/** One context whose place a plan changes. */
+typedef struct kvdb_place_move {
+  kvdb_key context;
+  uint32_t from_tier, to_tier;     /**< kvdb_tier of the persistent copy; KVDB_TIER_NONE for
+                                        to_tier: the context is deleted (recomputing it is
+                                        worth more than keeping it) */
+  uint32_t from_cached, to_cached; /**< 1: also held by the DRAM tier */
+  kvdb_config from_config, to_config;
+  uint64_t from_bytes, to_bytes;   /**< stored bytes of the persistent copy (0: not stored) */
+  double utility_from, utility_to; /**< U = (alpha * quality - TTFT) * frequency */
+} kvdb_place_move;
+
+/** A rebalance plan. Free with kvdb_place_plan_free(). */
+typedef struct kvdb_place_plan {
+  kvdb_place_move *moves;  /**< n_moves moves in execution order (room is freed before it is
+                                used); owned by the plan */
+  size_t n_moves;
+  uint64_t n_contexts;     /**< contexts placed */
+  uint64_t capacity[KVDB_TIER_COUNT];     /**< per kvdb_tier; 0 = not placed on (no such tier)
+                                               or, for the SSD tier, unlimited */
+  uint64_t bytes_before[KVDB_TIER_COUNT]; /**< bytes placed on each tier now and after the plan
+                                               (DRAM: decoded bytes of the cached contexts) */
+  uint64_t bytes_after[KVDB_TIER_COUNT];
+  double utility_before, utility_after;   /**< sum of U over all contexts */
+  uint64_t n_recompress, n_evict;         /**< greedy operations behind the plan */
+} kvdb_place_plan;
+
+/**
+ * @brief Plan a rebalance from the catalog as it is now (no data is moved). A read-write
+ * handle first writes its pending access counts. The plan holds no reference to the handle.
+ * @param[out] plan filled on KVDB_OK (free with kvdb_place_plan_free); zeroed on failure.
+ * @return KVDB_OK; KVDB_INVALID (no placement settings); KVDB_NOMEM; KVDB_IOERR; KVDB_CORRUPT.
+ */
+KVDB_API kvdb_status kvdb_rebalance_plan(kvdb *db, kvdb_place_plan *plan);
+/** @brief Free a plan's moves and zero it. NULL is a no-op. Cannot fail. */
+KVDB_API void kvdb_place_plan_free(kvdb_place_plan *plan);
+
+/** What kvdb_rebalance_execute did. */
+typedef struct kvdb_rebalance_report {
+  uint64_t relocated;   /**< moves carried out by a relocation (one transaction each) */
+  uint64_t deleted;     /**< contexts deleted (pushed off the last tier) */
+  uint64_t skipped;     /**< moves whose context changed or vanished since the plan */
+  uint64_t cache_changes; /**< contexts entering or leaving the DRAM tier */
+} kvdb_rebalance_report;
+
+/**
+ * @brief Carry out a plan: each move whose context is still where the plan found it becomes a
+ * kvdb_relocate (its own transaction) or a delete; the others are skipped (plan again for
+ * them). Then the DRAM flags of the moved contexts are recorded and every handle's DRAM tier
+ * follows them. A crash at any point leaves each context either where it was or where the plan
+ * puts it, readable either way (nothing else is lost). Callers may keep working meanwhile.
+ * @param report optional (NULL).
+ * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_CORRUPT; KVDB_NOMEM.
+ *   On an error the moves before it are done.
+ */
+KVDB_API kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
+                                            kvdb_rebalance_report *report);
+
+/** Contexts stored with one config on one tier (the EvicPress Figure 11 view). */
+typedef struct kvdb_config_use {
+  kvdb_config config;
+  uint32_t tier;     /**< kvdb_tier of the persistent copy */
+  uint32_t cached;   /**< 1: these are also in the DRAM tier */
+  uint64_t contexts;
+  uint64_t bytes;    /**< their stored bytes */
+} kvdb_config_use;
+
+typedef struct kvdb_placement_stats {
+  uint64_t contexts;                     /**< stored contexts */
+  uint64_t served_from[KVDB_TIER_COUNT]; /**< contexts served from each tier now (DRAM: the
+                                              cached ones) */
+  double utility;                        /**< sum of U now (placement settings as for a plan) */
+  double utility_from[KVDB_TIER_COUNT];  /**< ... of the contexts served from each tier */
+  double frequency;                      /**< sum of the decayed access counts */
+  uint64_t blocks_read[KVDB_TIER_COUNT]; /**< blocks gets served from each tier, by every handle
+                                              with placement on, as far as flushed to the
+                                              catalog: the tiers' hit counts */
+  kvdb_tier_perf perf[KVDB_TIER_COUNT];  /**< the figures the utility used */
+  size_t n_uses;                         /**< entries kvdb_placement_stat found */
+} kvdb_placement_stats;
+
+/**
+ * @brief Placement statistics: configs in use per tier into `uses` (up to `cap`; out->n_uses
+ * says how many exist), contexts and utility by serving tier, tier hit counts and figures.
+ * @return KVDB_OK; KVDB_INVALID (no placement settings, NULL out); KVDB_NOMEM; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
+                                         kvdb_config_use *uses, size_t cap);
 
 /** One problem found by kvdb_verify. */
 typedef struct kvdb_problem {
@@ -579,6 +768,8 @@ KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn p
 enum {
   KVDB_PROFILE_STORED = 1u << 0, /**< the config the context is stored in */
   KVDB_PROFILE_EXACT = 1u << 1,  /**< `bytes` is measured, not extrapolated */
+  KVDB_PROFILE_RESCALED = 1u << 2, /**< `quality` re-profiled from the caller's reports (see
+                                        kvdb_report_quality), not the proxy's measure */
 };
 
 typedef struct kvdb_profile_entry {
@@ -611,6 +802,14 @@ KVDB_API kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_pr
 /**
  * @brief Record a quality the caller measured for a context in a config (0..1, e.g. answer
  * accuracy). Repeated reports are averaged; the entry is created if the profile lacks it.
+ * Re-profiling (EvicPress §4.3), with placement on and reprofile_drift_pct > 0: when the
+ * average reported quality of the config the context is stored in falls more than that
+ * percentage below its profiled quality Q, the profile is re-scaled to the caller's measure —
+ * every other entry without reports of its own gets quality 1 - min(1, k (1 - quality)),
+ * k = (1 - reported) / (1 - Q), flag KVDB_PROFILE_RESCALED; the stored entry's profiled quality
+ * becomes the reported one — and the context is placed again (it may be re-encoded, moved or,
+ * when recomputing it is worth more, deleted). A context stored exactly (Q = 1) is not
+ * re-scaled: its reports say nothing about compression.
  * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID (quality not in [0, 1], bad config); KVDB_READONLY.
  */
 KVDB_API kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context,
@@ -628,6 +827,140 @@ KVDB_API kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context,
  */
 KVDB_API kvdb_status kvdb_recompress(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                      const kvdb_config *to, const kvdb_put_opts *opts);
+
+/**
+ * @brief Move a stored context to `tier` (KVDB_TIER_SSD or KVDB_TIER_SMARTSSD) and re-encode
+ * it to config `to` (NULL = keep its config), in one transaction, as kvdb_recompress does:
+ * its blocks are written anew on the target tier (copied as they are when only the tier
+ * changes, re-encoded otherwise) and synced, then one catalog commit moves them; readers keep
+ * reading the old copies until then, and a crash before the commit leaves the old ones. Blocks
+ * the context shares with other contexts stay where and how they are. Moving a context to
+ * the tier and config it has is a no-op. Decoded copies in the DRAM tier stay valid when only
+ * the tier changes and are dropped when the config changes.
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID (also: no such tier, or a
+ *   SmartSSD tier without smartssd_bytes; an unreachable config as for kvdb_recompress);
+ *   KVDB_READONLY; KVDB_FULL; KVDB_BUSY (the context changed meanwhile: retry); KVDB_CORRUPT;
+ *   KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_relocate(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                   const kvdb_config *to, kvdb_tier tier,
+                                   const kvdb_put_opts *opts);
+
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup score Top-k token scoring (near-data on the SmartSSD tier)
+ *
+ * Sparse-attention decoders (H2O, Quest, HillInfer) score every stored token against the
+ * current query and attend to the top k. A model whose kvdb_model.score_bits is 8 or 4 stores
+ * with every block an int8 or int4 copy of each (layer, KV head)'s keys, one scale per token,
+ * page-grouped (FORMAT.md §3c). kvdb_score ranks a stored context's tokens by the RAW inner
+ * product q·k on that copy (HillInfer §4.4: no softmax, no 1/sqrt(d), which keep the order) and
+ * returns the top k positions; kvdb_get_tokens then fetches their full-precision K and V,
+ * reading only their pages. Where a block's copy is scored:
+ *   - a block this handle holds in the DRAM tier: its copies are kept in DRAM beside it (read
+ *     once, whole) and scored on the CPU (AVX-512 VNNI, AVX2 or portable kernels, threads,
+ *     a streaming top k that never holds all N scores);
+ *   - any other block: the host reads only the copy it needs (plus the region's checksum
+ *     table page) and scores it on the CPU; or, with kvdb_score_opts.device, a block on a tier
+ *     of device_tiers is scored by the near-data device (a SmartSSD's FPGA through XRT, or its
+ *     emulation: the same kernel on the CPU, fed O_DIRECT reads), which streams <pos, score>
+ *     blocks back while the host scores the DRAM-resident copies and merges (HIE, HillInfer
+ *     §4.2). Only positions and scores cross to the host.
+ * Every path gives the same positions and scores, bit for bit.
+ *
+ * SCORE. A query vector (f32, f16 or bf16) is quantized to int8 with one scale; the score of
+ * token t is its exact integer dot with t's codes, times the query's scale, times t's scale
+ * (engine/score/score.h "SCORE OF TOKEN t"). Grouped-query attention: the G query heads that
+ * share one KV head are combined by KVDB_SCORE_SUM (default), the sum of their raw scores,
+ * sum_g q_g·k = (sum_g q_g)·k — one dot with the summed query (summed in double, then
+ * quantized), ranking like the group's mean; or by KVDB_SCORE_MAX, the largest of the G raw
+ * scores per token (G dots). kvdb_score takes one vector: pass a group's sum for SUM.
+ * ORDER. Higher score first; equal scores: the lower position first, so the top k is unique.
+ * Positions are 0-based token indices of the context.
+ */
+
+/** How the query heads of one KV head combine (see ORDER above). */
+typedef enum kvdb_score_combine {
+  KVDB_SCORE_SUM = 0, /**< the sum of the heads' raw scores = (sum of the heads)·k (default) */
+  KVDB_SCORE_MAX = 1, /**< the largest of the heads' raw scores */
+} kvdb_score_combine;
+
+/** Who scores the copies of blocks that are not in the DRAM tier. */
+typedef enum kvdb_score_device {
+  KVDB_SCORE_CPU = 0,       /**< the host: it reads each copy's pages (default) */
+  KVDB_SCORE_NEAR_DATA = 1, /**< the near-data device for blocks on device_tiers: XRT when its
+                                 environment, a device and an xclbin are present, else the
+                                 emulated device */
+  KVDB_SCORE_EMULATED = 2,  /**< the emulated device for blocks on device_tiers, always */
+} kvdb_score_device; /* an opened device is kept by the handle for later calls (kvdb_close) */
+
+/** Options of kvdb_score_batch(). Call kvdb_score_opts_init() first; read during the call. */
+typedef struct kvdb_score_opts {
+  uint32_t struct_size;       /**< set by kvdb_score_opts_init() */
+  kvdb_score_combine combine; /**< default KVDB_SCORE_SUM */
+  uint32_t n_threads;         /**< host scoring threads; 0 (default): the online CPUs */
+  kvdb_score_device device;   /**< default KVDB_SCORE_CPU */
+  uint32_t device_tiers;      /**< tiers whose blocks the device scores, bits (1u << kvdb_tier);
+                                   0 (default): the SmartSSD tier. A real SmartSSD reads only
+                                   files on its own flash; the emulation reads any segment. */
+  const char *xclbin_path;    /**< NEAR_DATA with XRT: the kernel (NULL: $KVDB_XCLBIN) */
+  uint32_t chunk_tokens;      /**< tokens per device run and score block (HIE's n): a multiple
+                                   of 64; 0 = 16384 */
+} kvdb_score_opts;
+
+/** @brief Fill *o with defaults. Cannot fail. */
+KVDB_API void kvdb_score_opts_init(kvdb_score_opts *o);
+
+/** Where the work of one kvdb_score_batch() went (bytes are exact, counted as read). */
+typedef struct kvdb_score_stats {
+  uint64_t tokens;          /**< tokens scored, summed over the requests */
+  uint64_t dram_copies;     /**< block copies scored from the DRAM tier */
+  uint64_t host_copies;     /**< block copies the host read from a segment file and scored */
+  uint64_t device_copies;   /**< block copies the near-data device scored */
+  uint64_t host_bytes;      /**< bytes the host read from segment files (copies, checksum
+                                 table pages, whole regions copied into the DRAM tier) */
+  uint64_t device_bytes;    /**< bytes the device read from segment files (P2P) */
+  uint64_t device_to_host_bytes; /**< <pos, score> pairs the device sent to the host */
+} kvdb_score_stats;
+
+/** One scoring request of kvdb_score_batch(). */
+typedef struct kvdb_score_req {
+  uint32_t layer;       /**< 0 .. n_layers - 1 */
+  uint32_t kv_head;     /**< 0 .. n_kv_heads - 1 */
+  const void *q;        /**< n_q query vectors of head_dim elements (q_dtype), back to back */
+  uint32_t n_q;         /**< query heads sharing this KV head: 1 .. 256 (0 means 1) */
+  uint32_t k;           /**< 1 .. the context's tokens */
+  uint32_t *positions;  /**< out: k positions, best first */
+  float *scores;        /**< out, optional (NULL): their scores */
+} kvdb_score_req;
+
+/**
+ * @brief The top k tokens of a stored context for one query vector against one layer and KV
+ * head (see the group's comment). `q` holds head_dim elements of q_dtype (finite); positions
+ * (and scores, optional) receive k entries, best first. Same as kvdb_score_batch with one
+ * request and default options.
+ * @return KVDB_OK; KVDB_UNSUPPORTED (the model keeps no score copies: score_bits 0);
+ *   KVDB_INVALID (NULL, k 0 or larger than the context, layer or kv_head out of range, a bad
+ *   q_dtype, a non-finite query element); KVDB_NOTFOUND (no such context); KVDB_MISMATCH (the
+ *   context belongs to another model); KVDB_CORRUPT (a copy failed its checksum: names the
+ *   segment, offset and block); KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_score(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                uint32_t layer, uint32_t kv_head, const void *q,
+                                kvdb_dtype q_dtype, uint32_t k, uint32_t *positions,
+                                float *scores);
+
+/**
+ * @brief Several scoring requests over one context at once (heads, layers, or both): each
+ * block's copies are read once for all of them. Each request's result is what kvdb_score
+ * gives for it. opts NULL = defaults; stats (optional) receives where the work went.
+ * @return as kvdb_score; KVDB_INVALID names the request; KVDB_UNSUPPORTED also when a device
+ *   that was asked for (KVDB_SCORE_NEAR_DATA with an xclbin, XRT present) cannot be opened.
+ */
+KVDB_API kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                      kvdb_dtype q_dtype, const kvdb_score_req *reqs,
+                                      size_t n_reqs, const kvdb_score_opts *opts,
+                                      kvdb_score_stats *stats);
 
 /** @brief Hex of a key (32 chars + NUL) into buf (>= 33 bytes). Returns buf. Cannot fail. */
 KVDB_API char *kvdb_key_hex(const kvdb_key *key, char *buf);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "kv_db.h"
+#include "kv_score.h"
 
 kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                                 const uint8_t *buf, kv_block_hdr *hdr)
@@ -20,7 +21,8 @@ kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                    kv_hex16(hash, hx), rec->segment, rec->offset, kvdb_errmsg());
   if (memcmp(hdr->block_hash, hash, 16) != 0 || hdr->g.n_tokens != rec->n_tokens ||
       hdr->obj.total_bytes != rec->bytes ||
-      (hdr->version >= 2) != ((rec->bflags & KV_BLK_COMPRESSED) != 0))
+      (hdr->version >= 2) != ((rec->bflags & KV_BLK_COMPRESSED) != 0) ||
+      hdr->score_bits != kv_rec_score_bits(rec))
     return kv_fail(KVDB_CORRUPT,
                    "block %s in segment %" PRIu64 " at offset %" PRIu64
                    ": the object there is another block (stale location)",
@@ -51,7 +53,8 @@ kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], cons
                            kv_block_hdr *hdr)
 {
   KV_RET(kv_block_check_meta(rec, hash, buf, hdr));
-  return kv_block_check_sections(rec, hash, hdr, buf, 0, hdr->g.n_sections);
+  KV_RET(kv_block_check_sections(rec, hash, hdr, buf, 0, hdr->g.n_sections));
+  return kv_score_region_check(rec, hash, hdr, buf);
 }
 
 /* ---- read buffers, reused across calls ---- */

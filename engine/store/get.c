@@ -16,6 +16,8 @@
 
 #include "kv_cblock.h"
 #include "kv_db.h"
+#include "kv_place.h"
+#include "kv_score.h"
 
 #define KV_TAIL_SCAN_MAX 64
 
@@ -221,7 +223,7 @@ typedef struct waves {
 static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, waves *wv)
 {
   wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
-  wv->total = rec->bytes;
+  wv->total = kv_rec_body_bytes(g, rec); /* a score region after the data is not read */
   if ((rec->bflags & KV_BLK_COMPRESSED) || wv->layer_bytes % KV_PAGE != 0 ||
       g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
     wv->n = 1;
@@ -294,11 +296,12 @@ static size_t next_from_disk(kvdb *db, const walk *w, size_t i)
 static int rec_bytes_plausible(const kv_block_geom *g, const kv_block_rec *rec)
 {
   uint64_t raw = (uint64_t)g->meta_bytes + g->data_bytes;
+  uint64_t score = kv_score_region_bytes(g, kv_rec_score_bits(rec)); /* after the object */
   if (rec->bytes == 0 || rec->bytes % KV_PAGE != 0)
     return 0;
   if (!(rec->bflags & KV_BLK_COMPRESSED))
-    return rec->bytes == raw;
-  return rec->bytes <= 2 * raw + (uint64_t)g->n_sections * KV_PAGE;
+    return rec->bytes == raw + score;
+  return rec->bytes <= 2 * raw + (uint64_t)g->n_sections * KV_PAGE + score;
 }
 
 /* The hit's tokens as the block itself stores them (its meta region, checksum verified) must be
@@ -363,6 +366,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       delivered = x->t0 + x->n_copy;
       continue;
     }
+    uint64_t t_blk = kv_place_now_ns(); /* the block's share of the get (placement figures) */
     if (bat == NULL) {
       bat = kv_batch_begin(db->io);
       sl[0].buf = kv_rbuf_acquire(db, biggest);
@@ -382,7 +386,10 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       if (issue(db, bat, &sl[s], x, &g, i, 0) != 0)
         break;
     }
-    db->ssd_hits++;
+    if (x->rec.tier == KVDB_TIER_SMARTSSD)
+      db->smart_hits++;
+    else
+      db->ssd_hits++;
     const uint8_t *buf = sl[s].buf->p;
     waves wv;
     plan_waves(&g, &x->rec, &wv);
@@ -438,8 +445,9 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       kv_log(&db->log, 0, "%s", kvdb_errmsg());
       break;
     }
-    db->bytes_read += x->rec.bytes;
-    if (db->dram != NULL)
+    db->bytes_read += kv_rec_body_bytes(&g, &x->rec);
+    kv_place_observe(db, x->rec.tier, kv_rec_body_bytes(&g, &x->rec), kv_place_now_ns() - t_blk);
+    if (db->dram != NULL && kv_place_dram_admits(db, x->hash))
       kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
     delivered = x->t0 + x->n_copy;
   }
@@ -486,6 +494,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     MDB_txn *txn;
     KV_RET(kv_txn_begin(&db->cat, 0, &txn));
     kv_files_prune(db, txn);
+    kv_place_refresh(db, txn); /* placement on: which blocks the DRAM tier may take */
     uint64_t gen = 0;
     kv_cat_get_u64(&db->cat, txn, "gen", &gen);
     walk w = {0};
@@ -607,7 +616,8 @@ static kvdb_status tokens_from_cblock(kvdb *db, const kv_block_rec *rec, const u
   KV_ERR(kv_segfile_get(db, rec->segment, &sf));
   cp.sf = sf;
   /* 1. the header and the meta region (64 KiB at once: the meta of most blocks) */
-  uint64_t first = rec->bytes < (64u << 10) ? rec->bytes : (64u << 10);
+  uint64_t body = kv_rec_body_bytes(g, rec); /* not its score region */
+  uint64_t first = body < (64u << 10) ? body : (64u << 10);
   int e = db->io->ops->pread(db->io, sf->f, cp.buf, first, rec->offset);
   if (e != 0) {
     rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
@@ -1003,7 +1013,7 @@ again:;
     if (rc == KVDB_OK) {
       db->bytes_read += br.bytes;
       kv_scatter(&g, data, 0, br.n_tokens, out, 0);
-      if (db->dram != NULL)
+      if (db->dram != NULL && kv_place_dram_admits(db, ck.b))
         kv_dram_insert(db->dram, ck.b, data, g.data_bytes);
     } else if (rc == KVDB_CORRUPT) {
       db->corrupt_blocks++;
@@ -1036,8 +1046,9 @@ static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const k
   out->bytes = cr->bytes;
   out->created_unix_ms = cr->created_ms;
   out->last_access_unix_ms = cr->last_access_ms;
-  out->tier = KVDB_TIER_SSD;
+  out->tier = kv_ctx_tier(db, txn, cr);
   out->config = cr->config;
+  kv_place_info(db, txn, key, cr->last_access_ms, &out->frequency, &out->cached);
   if (db->cat.has_profiles) {
     MDB_val pk = {16, (void *)(uintptr_t)key}, pv;
     out->has_profile = mdb_get(txn, db->cat.profiles, &pk, &pv) == 0;
@@ -1170,9 +1181,16 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
       out->n_segments++;
       out->segment_file_bytes += sr.end;
       out->live_bytes += sr.live_bytes;
+      if (sr.tier == KVDB_TIER_SMARTSSD) {
+        out->tier[sr.tier].bytes += sr.live_bytes;
+        out->tier[sr.tier].blocks += sr.live_blocks;
+      }
     }
     mdb_cursor_close(cur);
   }
+  uint64_t smart_contexts = 0;
+  if (rc == KVDB_OK && out->tier[KVDB_TIER_SMARTSSD].blocks > 0)
+    rc = kv_count_tier_contexts(db, txn, KVDB_TIER_SMARTSSD, &smart_contexts);
   mdb_txn_abort(txn);
   char path[4200];
   struct stat st;
@@ -1184,12 +1202,15 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
   out->bytes_written = db->bytes_written;
   out->direct_io = db->direct;
   out->io_uring = db->os_io->uring;
-  kvdb_tier_stats *ssd = &out->tier[KVDB_TIER_SSD];
+  kvdb_tier_stats *ssd = &out->tier[KVDB_TIER_SSD], *smart = &out->tier[KVDB_TIER_SMARTSSD];
   ssd->capacity_bytes = db->opt.ssd_bytes;
-  ssd->bytes = out->live_bytes;
-  ssd->blocks = out->n_blocks;
-  ssd->contexts = out->n_contexts;
+  ssd->bytes = out->live_bytes - smart->bytes;
+  ssd->blocks = out->n_blocks - (smart->blocks < out->n_blocks ? smart->blocks : out->n_blocks);
+  ssd->contexts = out->n_contexts - smart_contexts;
   ssd->hits = db->ssd_hits;
+  smart->capacity_bytes = db->opt.smartssd_bytes;
+  smart->contexts = smart_contexts;
+  smart->hits = db->smart_hits;
   if (db->dram != NULL) {
     kv_dram_stats ds;
     kv_dram_stat(db->dram, &ds);

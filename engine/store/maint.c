@@ -311,7 +311,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   uint8_t *buf = NULL;
   size_t buf_cap = 0;
   if (rc == KVDB_OK && n > 0)
-    rc = kv_writer_acquire(db, &w);
+    rc = kv_writer_acquire_tier(db, kv_seg_tier(id), &w); /* a tier's blocks stay on it */
   for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
     kv_block_rec br;
     if (kv_cat_get_block(&db->cat, txn, list[i].hash, &br) != KVDB_OK)

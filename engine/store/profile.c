@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kv_place.h"
 #include "kv_profile.h"
 
 static const char *const DEFAULT_SPACE =
@@ -419,6 +420,7 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
   }
   kv_ctx_rec cr;
   char hx[33];
+  int drifted = 0;
   rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
   if (rc == KVDB_NOTFOUND)
     rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
@@ -452,7 +454,9 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
       double prev = e->n_reports ? e->reported_quality : 0.0;
       e->reported_quality = (prev * e->n_reports + quality) / (e->n_reports + 1);
       e->n_reports++;
-      rc = kv_cat_put_profile(&db->cat, txn, context->b, p);
+      rc = kv_place_drift(db, txn, &cr, p, &drifted); /* placement on: re-profile (§4.3) */
+      if (rc == KVDB_OK)
+        rc = kv_cat_put_profile(&db->cat, txn, context->b, p);
     }
   }
   free(p);
@@ -460,5 +464,8 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
     mdb_txn_abort(txn);
     return rc;
   }
-  return kv_txn_commit(txn);
+  rc = kv_txn_commit(txn);
+  if (rc == KVDB_OK && drifted)
+    kv_place_context(db, context->b); /* and place it again */
+  return rc;
 }

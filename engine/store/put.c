@@ -12,7 +12,10 @@
 
 #include "kv_cblock.h"
 #include "kv_db.h"
+#include "catalog/ctxstats.h"
+#include "kv_place.h"
 #include "kv_profile.h"
+#include "kv_score.h"
 
 /* One block of a put. */
 typedef struct put_blk {
@@ -59,9 +62,10 @@ static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int inser
     if (memcmp(mr.hash, r->mh, 16) != 0)
       return kv_fail(KVDB_MISMATCH,
                      "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
-                     "block_tokens %u; this call has %u, %u, %u, %u, %u",
+                     "block_tokens %u, score_bits %u; this call has %u, %u, %u, %u, %u, %u",
                      r->m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
-                     r->m->n_layers, r->m->n_kv_heads, r->m->head_dim, (unsigned)r->m->dtype, r->bt);
+                     mr.score_bits, r->m->n_layers, r->m->n_kv_heads, r->m->head_dim,
+                     (unsigned)r->m->dtype, r->bt, r->m->score_bits);
     return KVDB_OK;
   }
   if (mrc != MDB_NOTFOUND)
@@ -69,7 +73,8 @@ static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int inser
   if (!insert)
     return KVDB_OK;
   kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
-                     .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt};
+                     .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt,
+                     .score_bits = r->m->score_bits};
   memcpy(mr.hash, r->mh, 16);
   uint8_t buf[64];
   kv_model_rec_encode(&mr, buf);
@@ -185,9 +190,14 @@ kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
   }
   pthread_mutex_unlock(&db->mu);
   kvdb_status rc = KVDB_OK;
-  for (size_t i = 0; p != NULL && i < n && rc == KVDB_OK; i++)
+  for (size_t i = 0; p != NULL && i < n && rc == KVDB_OK; i++) {
     rc = set_atime(db, txn, p[i].key, p[i].ms);
+    if (rc == KVDB_OK) /* placement on: every access counts (frequency) */
+      rc = kv_place_touch(db, txn, p[i].key, p[i].ms);
+  }
   free(p);
+  if (rc == KVDB_OK) /* placement on: the tiers' hit counts */
+    rc = kv_place_flush_stats(db, txn);
   return rc;
 }
 
@@ -232,6 +242,7 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
   mdb_del(txn, db->cat.atime, &akv, NULL);
   if (db->cat.has_profiles)
     mdb_del(txn, db->cat.profiles, &k, NULL); /* its profile, if one was recorded */
+  KV_ERR(kv_cat_del_ctxstats(&db->cat, txn, key)); /* and its access count */
   mrc = mdb_del(txn, db->cat.contexts, &k, NULL);
   if (mrc != 0) {
     rc = kv_mdb_fail(mrc, "delete context");
@@ -489,6 +500,7 @@ static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t
                          .model_hash = r->mh, .tokens = b->tokens};
     uint8_t *obj = w->stage[cur] + fill;
     KV_ERR(kv_cblock_build(&src, &enc, obj, w->stage_cap - fill, &b->obj_bytes));
+    KV_ERR(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
     b->off = base + fill;
     kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, b->obj_bytes, b->off);
     busy[cur] = 1;
@@ -527,9 +539,10 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   for (uint32_t i = 0; i < r->n; i++) {
     if (!r->b[i].write)
       continue;
-    total += r->b[i].g.total_bytes;
-    if (r->b[i].g.total_bytes > biggest)
-      biggest = r->b[i].g.total_bytes;
+    uint64_t obj = r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, r->m->score_bits);
+    total += obj;
+    if (obj > biggest)
+      biggest = obj;
   }
   *written = 0;
   if (biggest == 0)
@@ -564,7 +577,11 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     if (!b->write)
       continue;
     const kv_block_geom *g = &b->g;
-    if (fill + g->total_bytes > w->stage_cap) { /* switch to the other buffer */
+    kv_sregion sr; /* the score region after the object, for a model with score_bits */
+    uint64_t sb = r->m->score_bits ? kv_score_region_bytes(g, r->m->score_bits) : 0;
+    if (sb != 0)
+      KV_ERR(kv_sregion_init(&sr, g, r->m->score_bits));
+    if (fill + g->total_bytes + sb > w->stage_cap) { /* switch to the other buffer */
       base += fill;
       cur ^= 1;
       fill = 0;
@@ -589,6 +606,8 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
     for (uint32_t s = 0; s < g->n_sections; s++) {
       kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
+      if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
+        KV_ERR(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
       kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
       int last = s + 1 == g->n_sections;
       uint64_t ready = last ? g->total_bytes
@@ -601,11 +620,17 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
       }
     }
     kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
+    if (sb != 0) {
+      kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
+      kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
+      kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + g->total_bytes, sb,
+                     at + g->total_bytes);
+    }
     kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, g->meta_bytes, at);
     busy[cur] = 1;
     b->off = at;
-    b->obj_bytes = g->total_bytes;
-    fill += g->total_bytes;
+    b->obj_bytes = g->total_bytes + sb;
+    fill += g->total_bytes + sb;
   }
   for (int k = 0; k < 2; k++) {
     if (busy[k]) {
@@ -676,6 +701,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         br.offset = b->off;
         br.bytes = b->obj_bytes;
         kv_block_rec_set_config(&br, &r->cfg);
+        br.bflags |= kv_score_rec_flags(r->m->score_bits);
         new_bytes += br.bytes;
         new_blocks++;
         info->blocks_written++;
@@ -692,6 +718,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       br = (kv_block_rec){.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = b->n_tok,
                           .segment = w->seg_id, .offset = b->off, .bytes = b->obj_bytes};
       kv_block_rec_set_config(&br, &r->cfg);
+      br.bflags |= kv_score_rec_flags(r->m->score_bits);
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
       kv_block_rec_encode(&br, b->tokens, buf);
@@ -730,6 +757,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   memcpy(cr.model, r->mh, 16);
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
+  if (r->m->score_bits != 0)
+    KV_ERR(kv_cat_require_format(&db->cat, txn, 3)); /* blocks with score regions */
   size_t clen = kv_ctx_rec_size(&cr, r->n);
   buf = malloc(clen);
   uint8_t *hashes = malloc(16 * (size_t)r->n);
@@ -772,7 +801,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     kv_profile_mark_stored(r->profile, &r->cfg, ctx_bytes);
     KV_ERR(kv_cat_put_profile(&db->cat, txn, r->ctx, r->profile));
   }
-  if (db->opt.ssd_bytes > 0 && new_bytes > 0)
+  if (db->opt.ssd_bytes > 0 && new_bytes > 0 && db->place == NULL) /* else the placement's */
     KV_ERR(make_room(db, txn, r->ctx, 0));
   KV_ERR(kv_flush_atime(db, txn));
   free(buf);
@@ -907,6 +936,7 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     return kv_fail(KVDB_INVALID, "n %zu is too large", n);
   kvdb_put_opts o;
   KV_RET(copy_opts(opts, &o));
+  kv_place_put_opts(db, &o); /* placement on: profile the context */
   if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
     return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
   KV_RET(kvdb_config_check(m, &o.config));
@@ -936,6 +966,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
                               b->n_tok));
     if (r.cfg.method != KVDB_METHOD_RAW) {
       b->bound = kv_cblock_bound(&r.cfg, &b->g);
+      if (b->bound != 0)
+        b->bound += kv_score_region_bytes(&b->g, m->score_bits);
       if (b->bound == 0) {
         char nm[48];
         rc = kv_fail(KVDB_INVALID, "config '%s' cannot store block %u (%u tokens x %u dims)",
@@ -956,6 +988,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     KV_ERR(kv_profile_measure(&ps, r.profile));
   }
   rc = put_run(db, &r, info);
+  if (rc == KVDB_OK)
+    kv_place_after_put(db, r.ctx); /* placement on: place it (Algorithm 1) */
 out:
   free(r.profile);
   free(r.b);
@@ -986,235 +1020,4 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   return put_run(db, &r, NULL);
 }
 
-/* ---- re-encoding a stored context (kvdb_recompress) ---- */
-
-/* Publish re-encoded blocks: each must still be the one planned (same place, only this
- * context using it); the context record takes the new config and size. */
-static kvdb_status recompress_commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end,
-                                     int *sealed)
-{
-  MDB_txn *txn;
-  kvdb_status rc;
-  uint8_t *buf = NULL;
-  char hx[33];
-  *sealed = 0;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  kv_ctx_rec cr;
-  rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_BUSY, "context %s was deleted during its re-encoding", kv_hex16(r->ctx, hx));
-  if (rc != KVDB_OK)
-    goto out;
-  buf = malloc(kv_block_rec_size(r->bt));
-  if (buf == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "block record");
-    goto out;
-  }
-  uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
-  for (uint32_t i = 0; i < r->n; i++) {
-    put_blk *b = &r->b[i];
-    kv_block_rec br;
-    KV_ERR(kv_cat_get_block(&db->cat, txn, b->hash, &br));
-    if (b->write) {
-      if (br.segment != b->old.segment || br.offset != b->old.offset || br.refcount != 1) {
-        rc = kv_fail(KVDB_BUSY, "block %u of context %s changed during its re-encoding", i,
-                     kv_hex16(r->ctx, hx));
-        goto out;
-      }
-      KV_ERR(kv_seg_unref(db, txn, br.segment, br.bytes));
-      br.segment = w->seg_id;
-      br.offset = b->off;
-      br.bytes = b->obj_bytes;
-      kv_block_rec_set_config(&br, &r->cfg);
-      kv_block_rec_encode(&br, NULL, buf);
-      MDB_val bk = {16, b->hash}, bv = {kv_block_rec_size(br.n_tokens), buf};
-      int mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-      if (mrc != 0) {
-        rc = kv_mdb_fail(mrc, "put block");
-        goto out;
-      }
-      new_bytes += br.bytes;
-      new_blocks++;
-    }
-    ctx_bytes += br.bytes;
-  }
-  uint8_t *blocks = malloc(16 * (size_t)cr.n_blocks);
-  if (blocks == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "context record");
-    goto out;
-  }
-  memcpy(blocks, cr.blocks, 16 * (size_t)cr.n_blocks);
-  cr.config = r->cfg;
-  cr.bytes = ctx_bytes;
-  size_t clen = kv_ctx_rec_size(&cr, cr.n_blocks);
-  uint8_t *cbuf = malloc(clen);
-  if (cbuf == NULL) {
-    free(blocks);
-    rc = kv_fail(KVDB_NOMEM, "context record");
-    goto out;
-  }
-  kv_ctx_rec_encode(&cr, blocks, cbuf);
-  free(blocks);
-  MDB_val ck = {16, r->ctx}, cv = {clen, cbuf};
-  int mrc = mdb_put(txn, db->cat.contexts, &ck, &cv, 0);
-  free(cbuf);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "put context");
-    goto out;
-  }
-  if (r->cfg.method != KVDB_METHOD_RAW)
-    KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
-  kv_profile_rec *p = malloc(sizeof *p);
-  if (p == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "profile");
-    goto out;
-  }
-  rc = kv_cat_get_profile(&db->cat, txn, r->ctx, p);
-  if (rc == KVDB_OK) { /* the profile now says where the context is */
-    kv_profile_mark_stored(p, &r->cfg, ctx_bytes);
-    rc = kv_cat_put_profile(&db->cat, txn, r->ctx, p);
-  } else if (rc == KVDB_NOTFOUND) {
-    rc = KVDB_OK;
-  }
-  free(p);
-  if (rc != KVDB_OK)
-    goto out;
-  if (w != NULL) {
-    kv_seg_rec sr;
-    KV_ERR(kv_cat_get_seg(&db->cat, txn, w->seg_id, &sr));
-    sr.end = new_end;
-    sr.live_bytes += new_bytes;
-    sr.live_blocks += new_blocks;
-    if (sr.end >= db->opt.segment_bytes) {
-      sr.state = KV_SEG_SEALED;
-      *sealed = 1;
-    }
-    KV_ERR(kv_cat_put_seg(&db->cat, txn, w->seg_id, &sr));
-  }
-  KV_ERR(kv_flush_atime(db, txn));
-  free(buf);
-  rc = kv_txn_commit(txn);
-  if (rc != KVDB_OK)
-    *sealed = 0;
-  return rc;
-out:
-  free(buf);
-  mdb_txn_abort(txn);
-  *sealed = 0;
-  return rc;
-}
-
-kvdb_status kvdb_recompress(kvdb *db, const kvdb_model *m, const kvdb_key *context,
-                            const kvdb_config *to, const kvdb_put_opts *opts)
-{
-  uint32_t bt;
-  KV_RET(kv_check_db(db));
-  KV_RET(kv_check_model(m, &bt));
-  if (context == NULL || to == NULL)
-    return kv_fail(KVDB_INVALID, "context or config is NULL");
-  if (db->cat.rdonly)
-    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
-  KV_RET(kvdb_config_check(m, to));
-  kvdb_put_opts o;
-  KV_RET(copy_opts(opts, &o));
-  kv_queries qs;
-  const kv_queries *q;
-  KV_RET(kv_opts_queries(&o, m, &qs, &q));
-  if (to->method == KVDB_METHOD_DROP && to->drop == KVDB_DROP_SNAPKV && q == NULL)
-    return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries (opts->queries)");
-  kvdb_context_info ci;
-  KV_RET(kvdb_context_stat(db, context, &ci));
-  char have_nm[48], to_nm[48], hx[33];
-  kvdb_config_name(&ci.config, have_nm, sizeof have_nm);
-  kvdb_config_name(to, to_nm, sizeof to_nm);
-  if (kv_config_equal(&ci.config, to))
-    return KVDB_OK;
-  if (!kv_config_reachable(&ci.config, to))
-    return kv_fail(KVDB_INVALID,
-                   "context %s is stored as '%s': re-encoding it to '%s' would need precision "
-                   "or tokens it no longer has",
-                   kv_hex16(context->b, hx), have_nm, to_nm);
-  /* the context as stored, decoded, in vLLM's layout */
-  size_t tb = kvdb_model_token_bytes(m);
-  uint8_t *kvbuf = kv_alloc_aligned(ci.n_tokens * tb);
-  uint32_t *tokens = malloc(ci.n_tokens * sizeof *tokens);
-  put_req r = {.m = m, .bt = bt, .n_tokens = ci.n_tokens, .cfg = *to, .q = q};
-  memcpy(r.ctx, context->b, 16);
-  kv_model_hash(m, bt, r.mh);
-  kvdb_kv_view v;
-  kvdb_status rc = KVDB_OK;
-  if (kvbuf == NULL || tokens == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "cannot allocate the context's %" PRIu64 " tokens", ci.n_tokens);
-    goto out;
-  }
-  KV_ERR(kvdb_kv_view_packed(&v, kvbuf, m, ci.n_tokens, KVDB_LAYOUT_LKTHD));
-  KV_ERR(kvdb_get_context(db, m, context, &v, NULL, NULL));
-  r.kv = &v;
-  /* the blocks, their tokens, and which ones this context owns alone */
-  MDB_txn *txn;
-  KV_ERR(kv_txn_begin(&db->cat, 0, &txn));
-  kv_ctx_rec cr;
-  rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
-  if (rc == KVDB_OK) {
-    r.n = cr.n_blocks;
-    r.b = calloc(r.n, sizeof *r.b);
-    if (r.b == NULL)
-      rc = kv_fail(KVDB_NOMEM, "re-encoding of %u blocks", r.n);
-  }
-  uint64_t t0 = 0;
-  for (uint32_t i = 0; rc == KVDB_OK && i < r.n; i++) {
-    put_blk *b = &r.b[i];
-    memcpy(b->hash, cr.blocks + 16 * i, 16);
-    rc = kv_cat_get_block(&db->cat, txn, b->hash, &b->old);
-    if (rc != KVDB_OK || t0 + b->old.n_tokens > ci.n_tokens) {
-      rc = rc != KVDB_OK ? rc : kv_fail(KVDB_CORRUPT, "context %s has more tokens in its blocks",
-                                        kv_hex16(context->b, hx));
-      break;
-    }
-    for (uint32_t t = 0; t < b->old.n_tokens; t++)
-      tokens[t0 + t] = kv_get_le32(b->old.tokens + 4 * t);
-    memcpy(b->parent, b->old.parent, 16);
-    b->t0 = t0;
-    b->n_tok = b->old.n_tokens;
-    b->tokens = tokens + t0;
-    b->old.tokens = NULL; /* points into the transaction */
-    b->write = b->old.refcount == 1; /* shared blocks keep how they are stored */
-    rc = kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
-                            b->n_tok);
-    if (rc == KVDB_OK && to->method != KVDB_METHOD_RAW && (b->bound = kv_cblock_bound(to, &b->g)) == 0)
-      rc = kv_fail(KVDB_INVALID, "config '%s' cannot store block %u", to_nm, i);
-    t0 += b->n_tok;
-  }
-  mdb_txn_abort(txn);
-  if (rc != KVDB_OK)
-    goto out;
-  kv_writer *w = NULL;
-  uint64_t written = 0;
-  int need_write = 0, sealed = 0;
-  for (uint32_t i = 0; i < r.n; i++)
-    need_write |= r.b[i].write;
-  if (need_write) {
-    KV_ERR(kv_writer_acquire(db, &w));
-    rc = write_blocks(db, &r, w, &written);
-  }
-  if (rc == KVDB_OK)
-    rc = recompress_commit(db, &r, w, w ? w->end + written : 0, &sealed);
-  if (w != NULL) {
-    if (rc == KVDB_OK) {
-      w->end += written;
-      db->bytes_written += written;
-    } else if (db->io->ops->truncate(db->io, kv_writer_file(w), w->end) != 0) {
-      w->end += written;
-    }
-    kv_writer_release(db, w, sealed);
-  }
-  if (rc == KVDB_OK && db->dram != NULL) /* decoded copies of the old encoding */
-    for (uint32_t i = 0; i < r.n; i++)
-      if (r.b[i].write)
-        kv_dram_remove(db->dram, r.b[i].hash);
-out:
-  free(r.b);
-  free(tokens);
-  kv_free_aligned(kvbuf);
-  return rc;
-}
+/* kvdb_recompress: store/relocate.c (a re-encoding is a relocation that keeps the tier) */

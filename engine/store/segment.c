@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "kv_db.h"
+#include "kv_place.h"
 
 /* I/O buffers of at least KV_HUGE_MIN bytes are 2 MiB-aligned and asked to be huge pages. */
 #define KV_HUGE (2u << 20)
@@ -28,9 +29,13 @@
 
 kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap)
 {
-  int n = snprintf(buf, cap, "%s/seg-%016" PRIx64 ".kvs", db->seg_dir, id);
+  const char *dir = kv_seg_tier(id) == KVDB_TIER_SMARTSSD ? db->smart_dir : db->seg_dir;
+  if (dir == NULL)
+    return kv_fail(KVDB_INVALID, "segment %" PRIx64 " is on the SmartSSD tier, whose directory "
+                   "is not known", id);
+  int n = snprintf(buf, cap, "%s/seg-%016" PRIx64 ".kvs", dir, id);
   if (n < 0 || (size_t)n >= cap)
-    return kv_fail(KVDB_INVALID, "segment path under '%s' is too long", db->seg_dir);
+    return kv_fail(KVDB_INVALID, "segment path under '%s' is too long", dir);
   return KVDB_OK;
 }
 
@@ -72,11 +77,20 @@ static kvdb_status open_segment_file(kvdb *db, uint64_t id, int create, int rdon
 
 kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out)
 {
+  return kv_writer_acquire_tier(db, KVDB_TIER_SSD, out);
+}
+
+kvdb_status kv_writer_acquire_tier(kvdb *db, uint32_t tier, kv_writer **out)
+{
   *out = NULL;
+  if (tier != KVDB_TIER_SSD && tier != KVDB_TIER_SMARTSSD)
+    return kv_fail(KVDB_INVALID, "tier %u has no segments", tier);
   pthread_mutex_lock(&db->mu);
-  kv_writer *w = db->idle_writers;
+  kv_writer *w, **pp = &db->idle_writers;
+  while ((w = *pp) != NULL && w->tier != tier)
+    pp = &w->next;
   if (w != NULL)
-    db->idle_writers = w->next;
+    *pp = w->next;
   pthread_mutex_unlock(&db->mu);
   if (w != NULL) {
     *out = w;
@@ -95,9 +109,14 @@ kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out)
   KV_ERR(kv_txn_begin(&db->cat, 1, &txn));
   KV_ERR(kv_cat_get_u64(&db->cat, txn, "next_segment", &id));
   KV_ERR(kv_cat_put_u64(&db->cat, txn, "next_segment", id + 1));
-  kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_OPEN, .owner_pid = (uint32_t)getpid()};
+  if (tier == KVDB_TIER_SMARTSSD) { /* a format-3 unit: builds before it would not find it */
+    id |= KV_SEG_SMARTSSD_BIT;
+    KV_ERR(kv_place_smart_dir_ready(db, txn));
+  }
+  kv_seg_rec sr = {.tier = tier, .state = KV_SEG_OPEN, .owner_pid = (uint32_t)getpid()};
   KV_ERR(kv_cat_put_seg(&db->cat, txn, id, &sr));
   w->seg_id = id;
+  w->tier = tier;
   KV_ERR(open_segment_file(db, id, 1, 0, &w->f));
   int lrc = db->io->ops->lock(db->io, w->f, 1);
   if (lrc != 0) {
@@ -320,6 +339,29 @@ static kvdb_status recover_segment(kvdb *db, MDB_txn *txn, uint64_t id, kv_seg_r
   return kv_cat_put_seg(&db->cat, txn, id, sr);
 }
 
+/* Remove the segment files of tier `tier` in `dir` (NULL: none) that have no record. */
+static void remove_orphans(kvdb *db, MDB_txn *txn, const char *dir, uint32_t tier)
+{
+  DIR *d = dir != NULL ? opendir(dir) : NULL;
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    uint64_t id;
+    char tail[8];
+    if (sscanf(e->d_name, "seg-%16" SCNx64 ".%4s", &id, tail) != 2 || strcmp(tail, "kvs") != 0 ||
+        kv_seg_tier(id) != tier)
+      continue;
+    kv_seg_rec sr;
+    if (kv_cat_get_seg(&db->cat, txn, id, &sr) == KVDB_NOTFOUND) {
+      char path[4200];
+      if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK && db->io->ops->unlink(db->io, path) == 0)
+        kv_log(&db->log, 2, "recovery: removed unreferenced segment file '%s'", path);
+    }
+  }
+  closedir(d);
+}
+
 kvdb_status kv_recover(kvdb *db)
 {
   MDB_txn *txn;
@@ -365,22 +407,9 @@ kvdb_status kv_recover(kvdb *db)
     }
   }
   /* files without a record: a compaction that crashed between its commit and the unlink */
-  DIR *d = rc == KVDB_OK ? opendir(db->seg_dir) : NULL;
-  if (d != NULL) {
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-      uint64_t id;
-      char tail[8];
-      if (sscanf(e->d_name, "seg-%16" SCNx64 ".%4s", &id, tail) != 2 || strcmp(tail, "kvs") != 0)
-        continue;
-      kv_seg_rec sr;
-      if (kv_cat_get_seg(&db->cat, txn, id, &sr) == KVDB_NOTFOUND) {
-        char path[4200];
-        if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK && db->io->ops->unlink(db->io, path) == 0)
-          kv_log(&db->log, 2, "recovery: removed unreferenced segment file '%s'", path);
-      }
-    }
-    closedir(d);
+  if (rc == KVDB_OK) {
+    remove_orphans(db, txn, db->seg_dir, KVDB_TIER_SSD);
+    remove_orphans(db, txn, db->smart_dir, KVDB_TIER_SMARTSSD);
   }
   free(ids);
   if (rc == KVDB_OK) {

@@ -13,6 +13,8 @@
  *   bit 1  recompute each section-table entry's digest of its checksums
  *   bit 2  recompute the meta checksum (tokens + section table) in the header
  *   bit 3  recompute the header checksum (always done after bits 0..2 changed the header)
+ *   bit 4  recompute the score region's table (kv_sregion_seal) when the header announces one
+ *          and the input holds all of it
  * Then, as the engine does: kv_block_parse_header(); when it passes and the meta region is
  * present, kv_block_verify_meta(); when that passes, kv_block_verify_sections() over the
  * sections present (as a cold get does, wave by wave). Must never crash or read outside the
@@ -25,6 +27,13 @@
  *     nothing the validator accepts can differ from what a writer produces in a field that is
  *     read. (The alignment padding after the tokens is covered by the meta checksum but not
  *     required to be zero; it is never read.)
+ * A header that announces a score region (flag bit 0, FORMAT.md §3c; raw or compressed object)
+ * has it decoded as kvdb_score and kvdb_verify do: the table's head, every copy wholly present
+ * against its checksum and parsed (engine/score), and the whole region when present.
+ * Properties: the region lies right after the object's data and is as big as its shape and bits
+ * say; a copy that verifies scores the same bits on every kernel path; a region that verifies
+ * is canonical (kv_sregion_seal over its copies writes the same table); a whole object that
+ * verifies re-seals to the same header with kv_block_mark_score().
  * Seeds: tests/fuzz/corpora/block/ (made by `fuzz_make_seeds DIR`, tests/fuzz/make_seeds.c).
  */
 #include <stdint.h>
@@ -33,6 +42,7 @@
 #include <xxhash.h>
 
 #include "block.h"
+#include "score_region.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -40,6 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FIX_DIGESTS 2u
 #define FIX_META 4u
 #define FIX_HEADER 8u
+#define FIX_SCORE 16u
 
 static void check_geometry(const kv_block_geom *g)
 {
@@ -74,6 +85,83 @@ static void fix_header_checksum(uint8_t *buf)
   kv_put_le64(buf + 120, XXH3_64bits(buf, 120));
 }
 
+/* The score region a parsed header announces, decoded as the engine does. */
+static void check_score_region(const kv_block_hdr *h, uint8_t *buf, size_t len, unsigned flags)
+{
+  if (h->score_bits == 0) {
+    if (h->score_off != 0 || h->score_bytes != 0)
+      abort();
+    return;
+  }
+  kv_sregion r;
+  if (kv_sregion_init(&r, &h->g, h->score_bits) != KVDB_OK || r.bytes != h->score_bytes ||
+      h->score_off != (uint64_t)h->obj.meta_bytes + h->obj.data_bytes ||
+      h->obj.total_bytes != h->score_off + h->score_bytes || h->score_off % KV_PAGE != 0)
+    abort(); /* right after the data, as big as the shape says */
+  uint64_t tb = (uint64_t)r.table_pages * KV_PAGE;
+  if (len < h->score_off + tb)
+    return;
+  uint8_t *reg = buf + h->score_off;
+  size_t have = len - h->score_off;
+  if ((flags & FIX_SCORE) && have >= r.bytes)
+    kv_sregion_seal(&r, h->block_hash, reg);
+  kvdb_status rc = kv_sregion_check_head(&r, reg);
+  if (rc != KVDB_OK) {
+    if (rc != KVDB_CORRUPT && rc != KVDB_VERSION)
+      abort();
+    return;
+  }
+  static const float q[KV_SCORE_MAX_HEAD_DIM] = {1.0f, -2.0f, 0.5f, 3.0f, -1.0f, 0.25f, 7.0f};
+  kv_score_query *kq = NULL;
+  if (kv_score_query_create(KV_SCORE_F32, q, 1, h->g.head_dim, 0, KV_SCORE_SUM, &kq, NULL) !=
+      KV_SCORE_OK)
+    abort();
+  float *s1 = malloc(4u * h->g.n_tokens), *s2 = malloc(4u * h->g.n_tokens);
+  if (s1 == NULL || s2 == NULL)
+    abort();
+  for (uint32_t c = 0; c < r.n_copies && kv_sregion_copy_off(&r, c) + r.copy_bytes <= have; c++) {
+    kv_score_view v;
+    uint64_t bad = 0;
+    rc = kv_sregion_verify_copy(&r, h->block_hash, reg, c, reg + kv_sregion_copy_off(&r, c), &v,
+                                &bad);
+    if (rc != KVDB_OK) {
+      if (rc != KVDB_CORRUPT || bad != kv_sregion_copy_off(&r, c))
+        abort();
+      continue;
+    }
+    if (v.layout.n_tokens != h->g.n_tokens || v.layout.head_dim != h->g.head_dim ||
+        v.layout.bits != h->score_bits || v.codes < reg || v.codes >= reg + r.bytes)
+      abort();
+    /* what a parsed copy holds scores the same on every kernel path */
+    if (kv_score_tokens(kq, &v, 0, v.layout.n_tokens, KV_SCORE_IMPL_PORTABLE, s1, NULL) !=
+            KV_SCORE_OK ||
+        kv_score_tokens(kq, &v, 0, v.layout.n_tokens, KV_SCORE_IMPL_AUTO, s2, NULL) !=
+            KV_SCORE_OK ||
+        memcmp(s1, s2, 4u * v.layout.n_tokens) != 0)
+      abort();
+  }
+  free(s1);
+  free(s2);
+  kv_score_query_free(kq);
+  if (have < r.bytes)
+    return;
+  uint64_t bad = 0;
+  rc = kv_sregion_verify(&r, h->block_hash, reg, &bad);
+  if (rc != KVDB_OK) {
+    if ((rc != KVDB_CORRUPT && rc != KVDB_VERSION) || bad >= r.bytes)
+      abort();
+    return;
+  }
+  uint8_t *copy = malloc(r.bytes); /* canonical: the table is what sealing the copies writes */
+  if (copy == NULL)
+    abort();
+  memcpy(copy, reg, r.bytes);
+  kv_sregion_seal(&r, h->block_hash, copy);
+  if (memcmp(copy, reg, r.bytes) != 0)
+    abort();
+  free(copy);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   if (size < 1)
@@ -96,15 +184,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   }
   const kv_block_geom *g = &h.g;
   check_geometry(g);
+  check_score_region(&h, buf, len, flags);
   if (h.codec != KV_CODEC_RAW) { /* format 2 */
-    if (h.version != 2 || h.obj.total_bytes != (uint64_t)h.obj.meta_bytes + h.obj.data_bytes ||
+    if (h.version != 2 ||
+        h.obj.total_bytes != (uint64_t)h.obj.meta_bytes + h.obj.data_bytes + h.score_bytes ||
         h.obj.meta_bytes % KV_PAGE != 0 || h.obj.data_bytes % KV_PAGE != 0)
       abort();
     goto done;
   }
   if (h.version != 1 || h.obj.meta_bytes != g->meta_bytes || h.obj.data_bytes != g->data_bytes ||
-      h.obj.total_bytes != g->total_bytes)
-    abort(); /* a raw object is stored exactly as its geometry says */
+      h.obj.total_bytes != g->total_bytes + h.score_bytes)
+    abort(); /* a raw object is stored exactly as its geometry says (and its score region) */
   if (len < g->meta_bytes)
     goto done; /* the engine never verifies a meta region it has not read whole */
 
@@ -169,6 +259,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   /* the token padding is the one thing kept from the input (and so its checksums redone) */
   uint32_t tok_end = g->tokens_off + 4 * g->n_tokens;
   memcpy(again + tok_end, buf + tok_end, g->sectab_off - tok_end);
+  if (h.score_bits != 0)
+    kv_block_mark_score(again, h.score_bits, h.score_off);
   kv_put_le64(again + 104, XXH3_64bits(again + g->tokens_off, g->cksum_off - g->tokens_off));
   fix_header_checksum(again);
   if (memcmp(again, buf, kv_block_cksum_off(g, g->n_sections, 0)) != 0)

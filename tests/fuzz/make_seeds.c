@@ -19,6 +19,7 @@
 #include "block.h"
 #include "catalog/catalog.h"
 #include "kvdb.h"
+#include "score_region.h"
 
 static const char *root;
 
@@ -69,6 +70,56 @@ static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, u
   return buf;
 }
 
+/* The block of make_block() with a score region of `bits` appended (FORMAT.md §3c): copies of
+ * small synthetic keys (not the block's bytes), sealed with the block's hash, header marked. */
+static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned bits, size_t *len)
+{
+  kv_sregion r;
+  if (kv_sregion_init(&r, g, bits) != KVDB_OK) {
+    fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
+    exit(1);
+  }
+  uint8_t *o = calloc(1, g->total_bytes + r.bytes);
+  uint16_t *rows = malloc((size_t)g->n_tokens * g->head_dim * 2);
+  memcpy(o, b, g->total_bytes);
+  free(b);
+  uint8_t h[16];
+  for (int i = 0; i < 16; i++)
+    h[i] = (uint8_t)(0xa0 + i); /* make_block's block hash */
+  for (uint32_t c = 0; c < r.n_copies; c++) {
+    for (uint32_t i = 0; i < g->n_tokens * g->head_dim; i++)
+      rows[i] = kv_score_f32_to_f16((float)((int)((i * 37 + c * 11) % 29) - 14) * 0.125f);
+    if (kv_score_copy_encode(KV_SCORE_F16, rows, (size_t)g->head_dim * 2, g->n_tokens,
+                             g->head_dim, bits, o + g->total_bytes + kv_sregion_copy_off(&r, c),
+                             (size_t)r.copy_bytes, NULL, NULL) != KV_SCORE_OK) {
+      fprintf(stderr, "make_seeds: score copy\n");
+      exit(1);
+    }
+  }
+  free(rows);
+  kv_sregion_seal(&r, h, o + g->total_bytes);
+  kv_block_mark_score(o, bits, g->total_bytes);
+  *len = g->total_bytes + r.bytes;
+  return o;
+}
+
+static void score_seeds(void)
+{
+  kv_block_geom g;
+  uint8_t f0 = 0, fscore = 0x10;
+  size_t len;
+  uint8_t *b = with_score_region(make_block(1, 2, 128, KVDB_F16, 32, 20, &g), &g, 8, &len);
+  put_file("block", "score8_paged_f16.bin", &f0, 1, b, len);
+  put_file("block", "score8_table_only.bin", &f0, 1, b, g.total_bytes + KV_PAGE);
+  b[g.total_bytes + KV_PAGE + 4096 + 9] ^= 0x20; /* a code byte of copy 0 */
+  put_file("block", "score8_bad_copy.bin", &f0, 1, b, len);
+  put_file("block", "score8_bad_copy_fix.bin", &fscore, 1, b, len);
+  free(b);
+  b = with_score_region(make_block(2, 1, 16, KVDB_F16, 16, 5, &g), &g, 4, &len);
+  put_file("block", "score4_packed_f16.bin", &f0, 1, b, len);
+  free(b);
+}
+
 static void block_seeds(void)
 {
   kv_block_geom g;
@@ -92,6 +143,7 @@ static void block_seeds(void)
   b[4] = 2; /* format version 2: KVDB_VERSION */
   put_file("block", "version2_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
   free(b);
+  score_seeds();
 }
 
 static void catalog_seeds(void)
@@ -143,6 +195,12 @@ static void catalog_seeds(void)
   br.bits = cr.config.bits;
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_int4.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags |= KV_BLK_SCORE8; /* and a score region of int8 copies (format 3) */
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_int4_score8.bin", buf, kv_block_rec_size(16), NULL, 0);
+  mr.score_bits = 4;
+  kv_model_rec_encode(&mr, buf);
+  put_file("catalog", "model_score4.bin", buf, kv_model_rec_size(), NULL, 0);
   static kv_profile_rec pr;
   pr.n_probes = 8;
   pr.measured_ms = 1700000000000ull;

@@ -1,14 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tools/demo/demo.c — kvdb-demo, the Quick start's main job (synthetic KV until the ingest
- * issue brings a real model).
+ * tools/demo/demo.c — kvdb-demo, the Quick start's main job.
+ *
+ *   kvdb-demo prefix DIR  (demo_prefix.c) with real KV: after kvdb-ingest stored TinyStories
+ *                       documents with the stories260K model in DIR, a fresh process continues
+ *                       prompts that extend them from the stored KV and from scratch, and prints
+ *                       the hit, the time to first token both ways and the identical continuation
+ *
+ * and, where the model or the corpus is not available, the synthetic demo:
  *
  *   kvdb-demo put DIR   one process stores the KV of prompts that share a system prefix
  *   kvdb-demo get DIR   a fresh process looks each prompt up, gets the prefix KV, checks it
  *                       bit-exact and prints hit tokens, bytes, GB/s and per-call latency
  *
- * Shapes are Llama-3-8B's: 32 layers, 8 KV heads, head_dim 128, fp16, 256-token blocks
- * (128 KiB of KV per token). Uses only the public header.
+ * The synthetic shapes are Llama-3-8B's: 32 layers, 8 KV heads, head_dim 128, fp16, 256-token
+ * blocks (128 KiB of KV per token). Uses only the public header (and tools/refkv, tools/ingest).
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -189,10 +195,15 @@ static int do_get(const char *dir)
   return 0;
 }
 
+int demo_prefix(int argc, char **argv); /* demo_prefix.c */
+
 int main(int argc, char **argv)
 {
+  if (argc >= 2 && strcmp(argv[1], "prefix") == 0)
+    return demo_prefix(argc, argv);
   if (argc != 3 || (strcmp(argv[1], "put") != 0 && strcmp(argv[1], "get") != 0)) {
-    fprintf(stderr, "usage: kvdb-demo put|get DIR\n");
+    fprintf(stderr, "usage: kvdb-demo put|get DIR\n"
+                    "       kvdb-demo prefix DIR [options]   (kvdb-demo prefix --help)\n");
     return 2;
   }
   return strcmp(argv[1], "put") == 0 ? do_put(argv[2]) : do_get(argv[2]);

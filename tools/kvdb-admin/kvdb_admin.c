@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tools/kvdb-admin/kvdb_admin.c — kvdb-admin, the operator tool: info, ls, show, verify and
- * compact on a database directory. Manual: kvdb-admin.1.md beside this file.
+ * tools/kvdb-admin/kvdb_admin.c — kvdb-admin, the operator tool: info, ls, show, verify,
+ * compact, and the placement's rebalance, stats and probe on a database directory. Manual:
+ * kvdb-admin.1.md beside this file.
  *
  * It uses only the public header kvdb.h, so it also shows that the public API is enough to
  * run a database. info, ls, show and verify open the database with KVDB_O_RDONLY: they work on
@@ -56,6 +57,7 @@ typedef struct cli {
   int quiet;
   int have_threshold;
   double threshold;
+  int dry_run; /* rebalance --dry-run */
 } cli;
 
 typedef struct command {
@@ -743,6 +745,227 @@ static int cmd_compact(const cli *c)
   return finish(&r, EXIT_OKAY);
 }
 
+/* ---- placement: rebalance, stats, probe --------------------------------------------------- */
+
+static const char *place_name(uint32_t tier, uint32_t cached, const kvdb_config *c, char *buf,
+                              size_t cap)
+{
+  char nm[48];
+  if (tier == KVDB_TIER_NONE)
+    snprintf(buf, cap, "(deleted)");
+  else
+    snprintf(buf, cap, "%s/%s%s", tier_name(tier), kvdb_config_name(c, nm, sizeof nm),
+             cached ? "+dram" : "");
+  return buf;
+}
+
+static void json_tier_bytes(jw *j, const char *key, const uint64_t *v)
+{
+  jw_obj(j, key);
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+    jw_u64(j, tier_name(t), v[t]);
+  jw_end(j);
+}
+
+static int cmd_rebalance(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, !c->dry_run);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_place_plan plan;
+  st = kvdb_rebalance_plan(r.db, &plan);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_rebalance_report rep;
+  memset(&rep, 0, sizeof rep);
+  if (!c->dry_run && (st = kvdb_rebalance_execute(r.db, &plan, &rep)) != KVDB_OK) {
+    kvdb_place_plan_free(&plan);
+    return finish(&r, fail_kv(&r, st));
+  }
+  char hx[33], a[96], b[96], s1[32], s2[32];
+  if (c->json) {
+    jw *j = &r.j;
+    jw_bool(j, "dry_run", c->dry_run);
+    jw_u64(j, "contexts", plan.n_contexts);
+    json_tier_bytes(j, "capacity", plan.capacity);
+    json_tier_bytes(j, "bytes_before", plan.bytes_before);
+    json_tier_bytes(j, "bytes_after", plan.bytes_after);
+    jw_num(j, "utility_before", plan.utility_before);
+    jw_num(j, "utility_after", plan.utility_after);
+    jw_arr(j, "moves");
+    for (size_t i = 0; i < plan.n_moves; i++) {
+      const kvdb_place_move *m = &plan.moves[i];
+      jw_obj(j, NULL);
+      jw_str(j, "key", kvdb_key_hex(&m->context, hx));
+      jw_str(j, "from", place_name(m->from_tier, m->from_cached, &m->from_config, a, sizeof a));
+      jw_str(j, "to", place_name(m->to_tier, m->to_cached, &m->to_config, b, sizeof b));
+      jw_u64(j, "bytes_from", m->from_bytes);
+      jw_u64(j, "bytes_to", m->to_bytes);
+      jw_num(j, "utility_from", m->utility_from);
+      jw_num(j, "utility_to", m->utility_to);
+      jw_end(j);
+    }
+    jw_end(j);
+    if (!c->dry_run) {
+      jw_obj(j, "done");
+      jw_u64(j, "relocated", rep.relocated);
+      jw_u64(j, "deleted", rep.deleted);
+      jw_u64(j, "skipped", rep.skipped);
+      jw_u64(j, "cache_changes", rep.cache_changes);
+      jw_end(j);
+    }
+    kvdb_place_plan_free(&plan);
+    return finish(&r, EXIT_OKAY);
+  }
+  for (size_t i = 0; i < plan.n_moves; i++) {
+    const kvdb_place_move *m = &plan.moves[i];
+    kvdb_key_hex(&m->context, hx);
+    hx[16] = 0; /* a prefix is enough to tell them apart */
+    printf("%s  %-26s -> %-26s  %9s -> %-9s  U %+.6g (%.6g -> %.6g)\n", hx,
+           place_name(m->from_tier, m->from_cached, &m->from_config, a, sizeof a),
+           place_name(m->to_tier, m->to_cached, &m->to_config, b, sizeof b),
+           fmt_size(m->from_bytes, s1, sizeof s1), fmt_size(m->to_bytes, s2, sizeof s2),
+           m->utility_to - m->utility_from, m->utility_from, m->utility_to);
+  }
+  if (!c->quiet) {
+    kv_line("contexts", "%" PRIu64 " placed, %zu to move%s", plan.n_contexts, plan.n_moves,
+            c->dry_run ? " (dry run: nothing moved)" : "");
+    for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
+      if (plan.capacity[t] == 0 && plan.bytes_before[t] == 0 && plan.bytes_after[t] == 0)
+        continue;
+      char lab[32], cp[32];
+      snprintf(lab, sizeof lab, "%s bytes", tier_name(t));
+      kv_line(lab, "%s -> %s of %s", fmt_size(plan.bytes_before[t], s1, sizeof s1),
+              fmt_size(plan.bytes_after[t], s2, sizeof s2),
+              plan.capacity[t] ? fmt_size(plan.capacity[t], cp, sizeof cp) : "unlimited");
+    }
+    kv_line("utility", "%.6g -> %.6g", plan.utility_before, plan.utility_after);
+    if (!c->dry_run)
+      kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted, %" PRIu64 " skipped (changed "
+              "since the plan), %" PRIu64 " DRAM changes", rep.relocated, rep.deleted,
+              rep.skipped, rep.cache_changes);
+  }
+  kvdb_place_plan_free(&plan);
+  return finish(&r, EXIT_OKAY);
+}
+
+#define STATS_USES 256
+
+static int cmd_stats(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_placement_stats ps;
+  kvdb_config_use *uses = calloc(STATS_USES, sizeof *uses);
+  if (uses == NULL)
+    return finish(&r, fail(&r, KVDB_NOMEM, "out of memory"));
+  st = kvdb_placement_stat(r.db, &ps, uses, STATS_USES);
+  if (st != KVDB_OK) {
+    free(uses);
+    return finish(&r, fail_kv(&r, st));
+  }
+  size_t n_uses = ps.n_uses < STATS_USES ? ps.n_uses : STATS_USES;
+  uint64_t reads = 0;
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+    reads += ps.blocks_read[t];
+  char nm[48], s1[32];
+  if (c->json) {
+    jw *j = &r.j;
+    jw_u64(j, "contexts", ps.contexts);
+    jw_num(j, "utility", ps.utility);
+    jw_num(j, "frequency", ps.frequency);
+    jw_obj(j, "tiers");
+    for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
+      jw_obj(j, tier_name(t));
+      jw_u64(j, "served_contexts", ps.served_from[t]);
+      jw_num(j, "utility", ps.utility_from[t]);
+      jw_u64(j, "blocks_read", ps.blocks_read[t]);
+      if (reads > 0)
+        jw_num(j, "hit_rate", (double)ps.blocks_read[t] / (double)reads);
+      else
+        jw_null(j, "hit_rate");
+      jw_num(j, "read_gbps", ps.perf[t].read_bps / 1e9);
+      jw_num(j, "latency_us", ps.perf[t].latency_s * 1e6);
+      jw_end(j);
+    }
+    jw_end(j);
+    jw_arr(j, "configs");
+    for (size_t k = 0; k < n_uses; k++) {
+      jw_obj(j, NULL);
+      jw_str(j, "tier", tier_name(uses[k].tier));
+      jw_bool(j, "cached", uses[k].cached != 0);
+      jw_str(j, "config", kvdb_config_name(&uses[k].config, nm, sizeof nm));
+      jw_u64(j, "contexts", uses[k].contexts);
+      jw_u64(j, "bytes", uses[k].bytes);
+      jw_end(j);
+    }
+    jw_end(j);
+    free(uses);
+    return finish(&r, EXIT_OKAY);
+  }
+  kv_line("contexts", "%" PRIu64 " (utility %.6g, decayed accesses %.6g)", ps.contexts,
+          ps.utility, ps.frequency);
+  printf("%-9s %9s %12s %12s %9s %10s %10s\n", "tier", "contexts", "utility", "blocks read",
+         "hit rate", "GB/s", "latency us");
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
+    char hr[16];
+    if (reads > 0)
+      snprintf(hr, sizeof hr, "%.1f%%", 100.0 * (double)ps.blocks_read[t] / (double)reads);
+    else
+      snprintf(hr, sizeof hr, "-");
+    printf("%-9s %9" PRIu64 " %12.6g %12" PRIu64 " %9s %10.3g %10.3g\n", tier_name(t),
+           ps.served_from[t], ps.utility_from[t], ps.blocks_read[t], hr,
+           ps.perf[t].read_bps / 1e9, ps.perf[t].latency_s * 1e6);
+  }
+  printf("configs in use (tier, config, contexts, bytes):\n");
+  for (size_t k = 0; k < n_uses; k++) {
+    char cfg[64];
+    snprintf(cfg, sizeof cfg, "%s%s", kvdb_config_name(&uses[k].config, nm, sizeof nm),
+             uses[k].cached ? "+dram" : "");
+    printf("  %-9s %-20s %6" PRIu64 "  %s\n", tier_name(uses[k].tier), cfg, uses[k].contexts,
+           fmt_size(uses[k].bytes, s1, sizeof s1));
+  }
+  free(uses);
+  return finish(&r, EXIT_OKAY);
+}
+
+static int cmd_probe(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 1);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_tier_perf f[KVDB_TIER_COUNT];
+  st = kvdb_tier_probe(r.db, 1, f);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  if (c->json) {
+    jw *j = &r.j;
+    jw_obj(j, "tiers");
+    for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++) {
+      if (f[t].read_bps <= 0)
+        continue;
+      jw_obj(j, tier_name(t));
+      jw_num(j, "read_gbps", f[t].read_bps / 1e9);
+      jw_num(j, "latency_us", f[t].latency_s * 1e6);
+      jw_u64(j, "probed_unix_ms", f[t].probed_unix_ms);
+      jw_end(j);
+    }
+    jw_end(j);
+    return finish(&r, EXIT_OKAY);
+  }
+  for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++)
+    if (f[t].read_bps > 0)
+      kv_line(tier_name(t), "%.3g GB/s, %.3g us", f[t].read_bps / 1e9, f[t].latency_s * 1e6);
+  return finish(&r, EXIT_OKAY);
+}
+
 /* ---- command line ------------------------------------------------------------------------- */
 
 static const command commands[] = {
@@ -779,6 +1002,33 @@ static const command commands[] = {
    "\n"
    "  --threshold F   live fraction under which a segment is rewritten (0 = default 0.5)\n",
    cmd_compact},
+  {"rebalance", "DIR [--dry-run]", 1, "place every context anew (EvicPress), or print the plan",
+   "Plan a rebalance of the placement (every context takes its best tier and config by the\n"
+   "utility (alpha * quality - TTFT) * frequency, then over-full tiers are resolved from the\n"
+   "top by the cheapest recompression or move down) with the settings the database recorded\n"
+   "when it was last opened with placement on, and print each move: key prefix, from -> to\n"
+   "(tier/config, +dram when the DRAM tier holds it, (deleted) when it leaves the last tier),\n"
+   "stored bytes before and after, and the change of its utility; then the bytes per tier\n"
+   "before and after against the capacities, and the total utility. Without --dry-run the\n"
+   "plan is then carried out, each move in its own transaction (a crash leaves every context\n"
+   "where it was or where the plan puts it); moves of contexts that changed since the plan are\n"
+   "skipped. Opens the database read-write (read-only with --dry-run).\n"
+   "\n"
+   "  --dry-run       print the plan only\n",
+   cmd_rebalance},
+  {"stats", "DIR", 1, "placement: configs in use per tier, tier hit rates, utility",
+   "Print the placement's view: per tier the contexts served from it (DRAM: those the\n"
+   "placement keeps there), their utility, the blocks gets read from it (every handle with\n"
+   "placement on, as flushed to the catalog) as hit rates, and the read figures; then the\n"
+   "configs in use per tier with their contexts and bytes (EvicPress Figure 11's view). Uses\n"
+   "the recorded placement settings. Opens the database read-only.\n",
+   cmd_stats},
+  {"probe", "DIR", 1, "measure the tiers' read bandwidth and latency again",
+   "Probe the SSD tier's directory (and the SmartSSD tier's, when the database has one): a\n"
+   "32 MiB file written, synced, dropped from the page cache and read back, then removed; and\n"
+   "record the figures for the placement (replacing the cached ones). Opens the database\n"
+   "read-write.\n",
+   cmd_probe},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -796,7 +1046,7 @@ static void print_usage(FILE *f)
 {
   fprintf(f, "usage: %s [-q] [--json] COMMAND DIR [ARGS]\n", PROG);
   fprintf(f, "       %s --help | --version | COMMAND --help\n\n", PROG);
-  fputs("Inspect, check and compact a kvdb database directory.\n\ncommands:\n", f);
+  fputs("Inspect, check, compact and rebalance a kvdb database directory.\n\ncommands:\n", f);
   for (size_t i = 0; i < N_COMMANDS; i++) {
     char syn[64];
     snprintf(syn, sizeof syn, "%s %s", commands[i].name, commands[i].args);
@@ -870,6 +1120,8 @@ int main(int argc, char **argv)
         help = 1;
       else if (strcmp(a, "--version") == 0)
         version = 1;
+      else if (strcmp(a, "--dry-run") == 0)
+        c.dry_run = 1;
       else if (strcmp(a, "--threshold") == 0) {
         if (i + 1 < argc)
           threshold_arg = argv[++i];
@@ -922,6 +1174,8 @@ int main(int argc, char **argv)
     c.threshold = t;
     c.have_threshold = 1;
   }
+  if (c.dry_run && c.cmd->run != cmd_rebalance)
+    return usage_error(c.cmd, "option '--dry-run' applies to rebalance only");
   if (c.n_pos < c.cmd->n_pos)
     return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
   if (c.n_pos > c.cmd->n_pos || n_extra > 0)

@@ -35,7 +35,8 @@ int rm_fail(int rc, const char *fmt, ...) RM_PRINTF(2, 3);
 
 struct refmodel_model {
   refmodel_config cfg;
-  float *data; /* every tensor of the file, back to back */
+  uint64_t digest; /* refmodel_model_digest(): of the header and weight bytes as stored */
+  float *data;     /* every tensor of the file, back to back */
   const float *tok_emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final;
   const float *wcls; /* tok_emb when the classifier is shared */
 };
@@ -43,10 +44,12 @@ struct refmodel_model {
 struct refmodel_state {
   const refmodel_model *m;
   int max_pos;
-  float *x, *xb, *xb2, *q, *hb, *hb2; /* activations */
+  float *x, *xb, *xb2, *hb, *hb2;     /* activations */
+  float *q;                           /* [n_layers][dim]: each layer's query of the last step */
   float *att;                         /* [n_heads][max_pos] attention weights */
   float *rope_cos, *rope_sin;         /* [head_size / 2] for the current position */
   float *logits;                      /* [vocab_size] */
+  uint8_t *absent; /* NULL, or [n_layers][n_kv_heads][max_pos]: 1 = row dropped (set_absent) */
   float *key_cache, *value_cache;     /* [n_layers][max_pos][kv_dim] each */
 };
 
@@ -98,6 +101,37 @@ static int32_t rd_i32(const unsigned char *p)
   int32_t v;
   memcpy(&v, &u, sizeof v);
   return v;
+}
+
+/*
+ * Content digest (refmodel_model_digest): each 8-byte little-endian word is multiplied into the
+ * state and rotated (a multiply-rotate mix in the manner of FNV-1a over words), trailing bytes
+ * one at a time, then the splitmix64 finalizer with the byte count. Independent of the host's
+ * byte order. Not cryptographic: it tells checkpoints apart, it does not authenticate them.
+ */
+#define DIGEST_SEED 0x6b76646272656631ull /* "kvdbref1" */
+
+static uint64_t digest_update(uint64_t h, const unsigned char *p, size_t n)
+{
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w = 0;
+    for (int b = 7; b >= 0; b--)
+      w = w << 8 | p[i + (size_t)b];
+    h ^= w * 0x9e3779b97f4a7c15ull;
+    h = (h << 27 | h >> 37) * 0x100000001b3ull;
+  }
+  for (; i < n; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static uint64_t digest_final(uint64_t h, uint64_t n_bytes)
+{
+  uint64_t z = h ^ (n_bytes * 0xbf58476d1ce4e5b9ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
 }
 
 /* Byte-swap n floats in place when the host is big-endian (the file is little-endian). */
@@ -285,6 +319,10 @@ int refmodel_model_load_buffer(const void *data, size_t size, const char *name,
       rc = rm_fail(REFMODEL_ENOMEM, "'%s': out of memory for %zu bytes of weights", name, n_bytes);
     else {
       memcpy(m->data, (const unsigned char *)data + HEADER_BYTES, n_bytes);
+      m->digest = digest_final(
+          digest_update(digest_update(DIGEST_SEED, data, HEADER_BYTES),
+                        (const unsigned char *)m->data, n_bytes),
+          (uint64_t)size);
       floats_from_le(m->data, n_bytes / 4);
       rc = finish_load(m, name);
     }
@@ -346,6 +384,10 @@ int refmodel_model_load(const char *path, refmodel_model **out)
                  ferror(f) ? strerror(errno) : "file shrank while reading");
     goto done;
   }
+  m->digest = digest_final(
+      digest_update(digest_update(DIGEST_SEED, hdr, HEADER_BYTES),
+                    (const unsigned char *)m->data, n_bytes),
+      want);
   floats_from_le(m->data, n_bytes / 4);
   rc = finish_load(m, path);
 done:
@@ -369,6 +411,11 @@ void refmodel_model_free(refmodel_model *m)
 const refmodel_config *refmodel_model_config(const refmodel_model *m)
 {
   return &m->cfg;
+}
+
+uint64_t refmodel_model_digest(const refmodel_model *m)
+{
+  return m->digest;
 }
 
 /* ---- state ----------------------------------------------------------------------------- */
@@ -407,7 +454,7 @@ int refmodel_state_new(const refmodel_model *m, int max_pos, refmodel_state **ou
   st->x = calloc(dim, sizeof(float));
   st->xb = calloc(dim, sizeof(float));
   st->xb2 = calloc(dim, sizeof(float));
-  st->q = calloc(dim, sizeof(float));
+  st->q = calloc(dim * (size_t)c->n_layers, sizeof(float));
   st->hb = calloc(hidden, sizeof(float));
   st->hb2 = calloc(hidden, sizeof(float));
   st->rope_cos = calloc((size_t)c->head_size / 2, sizeof(float));
@@ -443,6 +490,7 @@ void refmodel_state_free(refmodel_state *st)
   free(st->att);
   free(st->key_cache);
   free(st->value_cache);
+  free(st->absent);
   free(st);
 }
 
@@ -480,6 +528,47 @@ float *refmodel_state_value(refmodel_state *st, int layer, int pos)
 const float *refmodel_state_logits(const refmodel_state *st)
 {
   return st->logits;
+}
+
+const float *refmodel_state_query(const refmodel_state *st, int layer)
+{
+  if (st == NULL || layer < 0 || layer >= st->m->cfg.n_layers) {
+    rm_fail(REFMODEL_EINVAL, "refmodel_state_query: layer %d out of range (%d layers)", layer,
+            st != NULL ? st->m->cfg.n_layers : 0);
+    return NULL;
+  }
+  return st->q + (size_t)layer * (size_t)st->m->cfg.dim;
+}
+
+int refmodel_state_set_absent(refmodel_state *st, int layer, int kv_head, int pos, int absent)
+{
+  if (st == NULL)
+    return rm_fail(REFMODEL_EINVAL, "refmodel_state_set_absent: state is NULL");
+  const refmodel_config *c = &st->m->cfg;
+  if (layer < 0 || layer >= c->n_layers || kv_head < 0 || kv_head >= c->n_kv_heads || pos < 0 ||
+      pos >= st->max_pos)
+    return rm_fail(REFMODEL_EINVAL,
+                   "refmodel_state_set_absent: layer %d, KV head %d, pos %d out of range (%d "
+                   "layers, %d KV heads, %d positions)",
+                   layer, kv_head, pos, c->n_layers, c->n_kv_heads, st->max_pos);
+  if (st->absent == NULL) {
+    if (!absent)
+      return REFMODEL_OK;
+    st->absent = calloc((size_t)c->n_layers * (size_t)c->n_kv_heads, (size_t)st->max_pos);
+    if (st->absent == NULL)
+      return rm_fail(REFMODEL_ENOMEM, "refmodel_state_set_absent: out of memory");
+  }
+  st->absent[((size_t)layer * (size_t)c->n_kv_heads + (size_t)kv_head) * (size_t)st->max_pos +
+             (size_t)pos] = absent != 0;
+  return REFMODEL_OK;
+}
+
+void refmodel_state_clear_absent(refmodel_state *st)
+{
+  if (st == NULL)
+    return;
+  free(st->absent);
+  st->absent = NULL;
 }
 
 /* ---- forward pass ---------------------------------------------------------------------- */
@@ -575,10 +664,13 @@ static void forward_step(refmodel_state *st, int token, int pos)
   size_t dim = (size_t)c->dim, hidden = (size_t)c->hidden_dim, kv_dim = (size_t)c->kv_dim;
   size_t hs = (size_t)c->head_size, max_pos = (size_t)st->max_pos, p = (size_t)pos;
   size_t kv_mul = (size_t)(c->n_heads / c->n_kv_heads);
-  float *x = st->x, *xb = st->xb, *xb2 = st->xb2, *q = st->q, *hb = st->hb, *hb2 = st->hb2;
+  float *x = st->x, *xb = st->xb, *xb2 = st->xb2, *hb = st->hb, *hb2 = st->hb2;
   float att_scale = (float)(1.0 / sqrt((double)hs));
 
   memcpy(x, m->tok_emb + (size_t)token * dim, dim * sizeof(float));
+  if (st->absent != NULL) /* the row written now is present everywhere */
+    for (size_t lh = 0; lh < (size_t)c->n_layers * (size_t)c->n_kv_heads; lh++)
+      st->absent[lh * max_pos + p] = 0;
   for (size_t i = 0; i < hs / 2; i++) {
     double freq = pow(10000.0, -(double)(2 * i) / (double)hs);
     double angle = (double)pos * freq;
@@ -590,6 +682,7 @@ static void forward_step(refmodel_state *st, int token, int pos)
     float *key_layer = st->key_cache + l * max_pos * kv_dim;
     float *value_layer = st->value_cache + l * max_pos * kv_dim;
     float *k = key_layer + p * kv_dim, *v = value_layer + p * kv_dim;
+    float *q = st->q + l * dim; /* kept per layer for refmodel_state_query() */
 
     rmsnorm(xb, x, m->rms_att + l * dim, dim);
     matmul(q, xb, m->wq + l * dim * dim, dim, dim);
@@ -606,6 +699,15 @@ static void forward_step(refmodel_state *st, int token, int pos)
       for (size_t t = 0; t <= p; t++) {
         att[t] = dot(qh, key_layer + t * kv_dim + kv_off, hs) * att_scale;
         mx = att[t] > mx ? att[t] : mx;
+      }
+      if (st->absent != NULL) { /* dropped rows: no attention; the max over the rest */
+        const uint8_t *ab = st->absent + (l * (size_t)c->n_kv_heads + h / kv_mul) * max_pos;
+        mx = -INFINITY;
+        for (size_t t = 0; t <= p; t++) {
+          if (ab[t])
+            att[t] = -INFINITY;
+          mx = att[t] > mx ? att[t] : mx; /* finite: position p is present */
+        }
       }
       /* Causal softmax; the division by the sum is applied once, to the output. */
       for (size_t t = 0; t <= p; t++)

@@ -38,6 +38,7 @@
 #define REFMODEL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -128,6 +129,15 @@ void refmodel_model_free(refmodel_model *m);
 /* The model's configuration. Never NULL for a loaded model; valid until the model is freed. */
 const refmodel_config *refmodel_model_config(const refmodel_model *m);
 
+/*
+ * A 64-bit digest of the checkpoint's bytes (header and weights, as stored in the file), computed
+ * at load: the same file loaded from a path or a buffer, on any host, gives the same value, and a
+ * change to any byte almost surely changes it. Used to name a model's stored KV (two checkpoints
+ * of the same shape compute different KV for the same tokens). Not cryptographic. Cannot fail for
+ * a loaded model.
+ */
+uint64_t refmodel_model_digest(const refmodel_model *m);
+
 /* ---------------------------------------------------------------------------------------- */
 /* Forward pass and KV cache                                                                  */
 /* ---------------------------------------------------------------------------------------- */
@@ -181,6 +191,31 @@ float *refmodel_state_value(refmodel_state *st, int layer, int pos);
  * Owned by st; overwritten by the next forward step; valid until st is freed.
  */
 const float *refmodel_state_logits(const refmodel_state *st);
+
+/*
+ * The query of layer `layer` computed by the last forward step: dim floats (n_heads query heads
+ * of head_size, after RoPE, in the same rotary frame as the cached keys; query head h attends
+ * with KV head h / (n_heads / n_kv_heads)). All zero before the first step. Overwritten by the
+ * next step; valid until st is freed. NULL (and the error message set) for a bad layer. Used to
+ * give a store the prompt's last queries (SnapKV's observation window, quality probes).
+ */
+const float *refmodel_state_query(const refmodel_state *st, int layer);
+
+/*
+ * Mark cached position pos of KV head kv_head in layer `layer` absent (absent != 0) or present
+ * again. The query heads that share that KV head give an absent position no attention (its
+ * score is -inf before the softmax), as if the row had been dropped from the cache: how a
+ * token-dropping KV compression (K-norm, KeyDiff, SnapKV keep some rows per layer and KV head)
+ * looks to the model. A forward step at pos makes pos present in every layer and head. A new
+ * state has every position present; so has one after refmodel_state_clear_absent(). The K and V
+ * of an absent row are not read for its weight (0 × them is added: keep them finite).
+ * Errors: REFMODEL_EINVAL (st NULL, layer, kv_head or pos out of range), REFMODEL_ENOMEM (the
+ * first mark allocates n_layers * n_kv_heads * max_pos bytes).
+ */
+int refmodel_state_set_absent(refmodel_state *st, int layer, int kv_head, int pos, int absent);
+
+/* Make every position present again (and free the marks). NULL is a harmless no-op. */
+void refmodel_state_clear_absent(refmodel_state *st);
 
 /*
  * Feed token at position pos: writes K and V of position pos in every layer, attends over
