@@ -9,8 +9,11 @@
  *     int8 and int4; paged and packed sections; f32 and f16 queries; GQA sum and max;
  *   - the same from the SSD tier (host reads, in one wave and in many small ones), the DRAM tier
  *     (regions kept beside the blocks), the emulated near-data device (HIE), and mixes of them;
+ *   - a context on the SmartSSD tier (kvdb_relocate), scored by the device by default;
  *   - after reopening, in a second process; after a compaction moved the blocks (the regions
  *     kept in DRAM are read again); from four threads on one handle at once;
+ *   - a context re-encoded (kvdb_recompress) still scores, on copies rebuilt from the keys the
+ *     re-encoding read (raw: the keys as put);
  *   - a damaged byte of a score copy: KVDB_CORRUPT from kvdb_score (host and DRAM paths) and
  *     kvdb_verify, while kvdb_get, which never reads the region, still hits the whole context;
  *   - kvdb_get reads exactly the objects without their regions;
@@ -396,6 +399,40 @@ static void test_compaction(void)
   t_rmdir(dir);
 }
 
+/* A context moved to the SmartSSD tier: the default device_tiers send its blocks to the
+ * near-data device (the emulation here); the host CPU reads the same segments otherwise. */
+static void test_smartssd(void)
+{
+  const kvdb_model *m = &M8;
+  char *dir = t_tmpdir("score");
+  kvdb_options opt;
+  kvdb_options_init(&opt);
+  opt.dram_bytes = 0;
+  opt.log_level = -1;
+  opt.smartssd_bytes = 256 << 20;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &opt, &db));
+  ctx c;
+  make_ctx(&c, m, 41);
+  put_ctx(db, m, &c, NULL);
+  ASSERT_OK(kvdb_relocate(db, m, &c.key, NULL, KVDB_TIER_SMARTSSD, NULL));
+  uint32_t copies = m->n_layers * m->n_kv_heads;
+  kvdb_score_opts o;
+  kvdb_score_opts_init(&o);
+  o.device = KVDB_SCORE_NEAR_DATA; /* no XRT here: the emulation */
+  kvdb_score_stats st;
+  check_batch(db, m, &c, c.kv, &o, &st, 1200);
+  ASSERT_EQ(st.device_copies, (uint64_t)n_blocks(m) * copies);
+  ASSERT_EQ(st.host_copies, 0);
+  check_batch(db, m, &c, c.kv, NULL, &st, 1201);
+  ASSERT_EQ(st.host_copies, (uint64_t)n_blocks(m) * copies);
+  kvdb_verify_report vr;
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &vr));
+  free(c.kv);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 /* Four threads score on one handle (DRAM tier shared: regions inserted and pinned
  * concurrently; half of them through the emulated device). */
 typedef struct thr_arg {
@@ -604,6 +641,16 @@ static void test_compressed(void)
   o.config = cfg;
   ASSERT_STATUS(KVDB_INVALID, kvdb_put_ex(db, m, c2.tok, N_TOK, &v, &o, NULL));
   ASSERT_MSG_HAS("drops tokens");
+  /* re-encoding rebuilds the copies from the keys it re-encodes: here, raw, the keys as put */
+  put_ctx(db, m, &c2, NULL);
+  ASSERT_OK(kvdb_config_parse("int8", &cfg));
+  ASSERT_OK(kvdb_recompress(db, m, &c2.key, &cfg, NULL));
+  uint16_t *dec2 = read_back(db, m, &c2);
+  ASSERT(memcmp(dec2, c2.kv, N_TOK * kvdb_model_token_bytes(m)) != 0); /* re-encoded */
+  check_single(db, m, &c2, c2.kv);
+  kvdb_verify_report vr;
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &vr));
+  free(dec2);
   free(dec);
   free(c.kv);
   free(c2.kv);
@@ -696,6 +743,7 @@ int main(void)
   test_host_and_gqa(&M4);
   test_tiers_and_reopen();
   test_compaction();
+  test_smartssd();
   test_threads();
   test_corrupt_copy();
   test_get_reads();
