@@ -10,6 +10,8 @@
  *    get_tokens, delete and compact. Every call returns a status (never crashes), the
  *    database reopens, kvdb_verify passes, and every put acknowledged before or after the
  *    fault reads back bit-exact. The loop ends when the workload runs without the fault firing.
+ * 3. The same with placement on (EvicPress): puts placed by Algorithm 1, a rebalance planned
+ *    and executed, gets, a delete, a compaction — for write, fsync, read and fallocate faults.
  */
 #include "kvdb_test.h"
 
@@ -187,6 +189,102 @@ static long fault_loop(int kind, int err, int short_write, const char *name)
   return points;
 }
 
+/* ---- placement and rebalance under faults ------------------------------------------------ */
+
+static kvdb_options place_opts(void)
+{
+  kvdb_options o = opts();
+  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  o.placement_alpha = 1e6; /* quality first: contexts stay exact (raw or lossless) */
+  o.dram_bytes = 256 << 10;
+  o.ssd_bytes = 192 << 10; /* about 3 of the contexts: the others go to the SmartSSD tier */
+  o.smartssd_bytes = 64 << 20;
+  return o;
+}
+
+/* Puts placed by Algorithm 1 (profile, relocations), a rebalance planned and executed, gets,
+ * a delete, a compaction; acked as in workload(). */
+static void workload_place(kvdb *db, int *acked)
+{
+  for (int i = 4; i < 7; i++)
+    if (put_i(db, i) == KVDB_OK)
+      acked[i] = 1;
+  kvdb_place_plan plan;
+  if (kvdb_rebalance_plan(db, &plan) == KVDB_OK) {
+    kvdb_rebalance_report rep;
+    (void)kvdb_rebalance_execute(db, &plan, &rep);
+    if (getenv("KVDB_TEST_DEBUG"))
+      fprintf(stderr, "plan: %zu moves\n", plan.n_moves);
+    kvdb_place_plan_free(&plan);
+  }
+  for (int i = 0; i < 7; i++)
+    (void)intact(db, i);
+  kvdb_key k = key_of(1);
+  if (kvdb_delete(db, &k) == KVDB_OK)
+    acked[1] = 0;
+  else
+    acked[1] = -acked[1];
+  (void)kvdb_compact(db, 0.99, NULL, NULL, NULL);
+}
+
+/* Each round on a copy of one database (placement settings and tier figures recorded, so no
+ * probe runs under the fault): every fault point of the placement workload. */
+static long place_fault_loop(const char *base, int kind, int err, const char *name)
+{
+  long points = 0;
+  for (long at = 1;; at++) {
+    char *dir = t_tmpdir("placefault");
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", base, dir);
+    ASSERT(system(cmd) == 0);
+    int acked[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
+    iot_config c = {.fail_kind = kind, .fail_at = at, .fail_errno = err};
+    iot_install(&c);
+    kvdb_options o = place_opts();
+    kvdb *db = NULL;
+    if (kvdb_open(dir, &o, &db) == KVDB_OK) {
+      workload_place(db, acked);
+      kvdb_close(db);
+    }
+    int fired = iot_fired();
+    iot_uninstall();
+    ASSERT_OK(kvdb_open(dir, &o, &db));
+    for (int i = 0; i < 7; i++)
+      if (acked[i] == 1 && !intact(db, i)) {
+        fprintf(stderr, "placement, %s fault at %ld: acknowledged context %d lost\n", name, at, i);
+        abort();
+      }
+    if (kvdb_verify(db, NULL, NULL, NULL, NULL) != KVDB_OK) {
+      fprintf(stderr, "placement, %s fault at %ld: verify: %s\n", name, at, kvdb_errmsg());
+      abort();
+    }
+    kvdb_close(db);
+    t_rmdir(dir);
+    if (!fired)
+      break;
+    points++;
+  }
+  printf("fault loop placement %-12s: %ld fault points, all recovered\n", name, points);
+  return points;
+}
+
+static long place_faults(void)
+{
+  char *base = t_tmpdir("placebase");
+  kvdb_options o = place_opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(base, &o, &db)); /* probes the tier once, records the settings */
+  for (int i = 0; i < 4; i++)
+    ASSERT_OK(put_i(db, i));
+  kvdb_close(db);
+  long n = place_fault_loop(base, IOT_WRITE, EIO, "write EIO");
+  n += place_fault_loop(base, IOT_SYNC, EIO, "fsync EIO");
+  n += place_fault_loop(base, IOT_READ, EIO, "read EIO");
+  n += place_fault_loop(base, IOT_ALLOC, ENOSPC, "fallocate");
+  t_rmdir(base);
+  return n;
+}
+
 int main(void)
 {
   test_full_disk(IOT_ALLOC);
@@ -199,6 +297,7 @@ int main(void)
   total += fault_loop(IOT_OPEN, EIO, 0, "open EIO");
   total += fault_loop(IOT_TRUNC, EIO, 0, "truncate EIO");
   total += fault_loop(IOT_ALLOC, ENOSPC, 0, "fallocate ENOSPC");
+  total += place_faults();
   printf("test_fault: full disk ok; %ld fault points survived\n", total);
   return 0;
 }
