@@ -411,7 +411,8 @@ typedef struct kvdb_put_opts {
   uint32_t n_q_heads;        /**< a multiple of the model's n_kv_heads */
   /** Configs the profile measures, names separated by commas; NULL = "lossless,int8,int4,int2,
    * knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,keydiff30" plus the same
-   * snapkv ratios when queries are given. */
+   * snapkv ratios when queries are given, leaving out those the model cannot take (e.g. token
+   * dropping for a scoring model); a named config the model cannot take is KVDB_INVALID. */
   const char *profile_space;
   uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
 } kvdb_put_opts;

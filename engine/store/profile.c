@@ -46,8 +46,11 @@ int kv_config_reachable(const kvdb_config *have, const kvdb_config *want)
   return want->bits != 0 ? want->bits <= have->bits : want->method == KVDB_METHOD_DROP;
 }
 
+/* The configs named in `list` into out. A config the model cannot take is an error when the
+ * caller named it; in the default space (`skip_unfit`) it is left out (a scoring model takes
+ * no token dropping; a small block_tokens no large quantization group). */
 static kvdb_status add_names(const char *list, const kvdb_model *m, kvdb_config *out, uint32_t cap,
-                             uint32_t *n)
+                             uint32_t *n, int skip_unfit)
 {
   const char *p = list;
   while (*p) {
@@ -60,7 +63,13 @@ static kvdb_status add_names(const char *list, const kvdb_model *m, kvdb_config 
     name[len] = 0;
     kvdb_config c;
     KV_RET(kvdb_config_parse(name, &c));
-    KV_RET(kvdb_config_check(m, &c));
+    if (kvdb_config_check(m, &c) != KVDB_OK) {
+      if (!skip_unfit)
+        return KVDB_INVALID; /* kvdb_config_check's message names the field */
+      kv_clear_error();
+      p += len + (e != NULL);
+      continue;
+    }
     int dup = 0;
     for (uint32_t i = 0; i < *n && !dup; i++)
       dup = kv_config_equal(&out[i], &c);
@@ -79,15 +88,15 @@ kvdb_status kv_profile_space(const char *space, int have_queries, const kvdb_mod
 {
   *n = 0;
   if (space != NULL && *space) {
-    KV_RET(add_names(space, m, out, cap, n));
+    KV_RET(add_names(space, m, out, cap, n, 0));
     for (uint32_t i = 0; i < *n; i++)
       if (out[i].method == KVDB_METHOD_DROP && out[i].drop == KVDB_DROP_SNAPKV && !have_queries)
         return kv_fail(KVDB_INVALID, "profile space: snapkv configs need queries");
     return KVDB_OK;
   }
-  KV_RET(add_names(DEFAULT_SPACE, m, out, cap, n));
+  KV_RET(add_names(DEFAULT_SPACE, m, out, cap, n, 1));
   if (have_queries)
-    KV_RET(add_names(DEFAULT_SNAPKV, m, out, cap, n));
+    KV_RET(add_names(DEFAULT_SNAPKV, m, out, cap, n, 1));
   return KVDB_OK;
 }
 

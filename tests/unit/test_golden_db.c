@@ -3,7 +3,7 @@
  * tests/unit/test_golden_db.c — databases written by earlier builds must keep opening, reading
  * and verifying, and must keep working after this build writes to them.
  *
- *   test_golden_db DIR            verify tests/golden/db/format1 and format2 (the meson test)
+ *   test_golden_db DIR            verify tests/golden/db/format1, 2 and 3 (the meson test)
  *   test_golden_db --write DIR    write them: only when a new catalog or block format version is
  *                                 introduced, into a new formatN folder; never rewrite a
  *                                 released format's files
@@ -23,6 +23,9 @@
  *                                     kvdb_get_context's rows, positions and row counts
  *   block KEY N HASH T0 ...           kvdb_get_block of an explicit-key block
  *   absent KEY                        a deleted context: KVDB_NOTFOUND
+ *   tier KEY TIER                     kvdb_context_stat's tier (format 3: the SmartSSD tier)
+ *   score KEY LAYER HEAD K HASH       kvdb_score of a fixed query (format 3: score regions):
+ *                                     the hash of the top K positions and scores
  *   profile KEY CONFIG BYTES QUALITY RELL2 REPORTED NREPORTS   one kvdb_profile_get entry
  *                                     (doubles printed with %a, compared exactly)
  *
@@ -50,7 +53,13 @@
 #include <math.h>
 #include <sys/stat.h>
 
+#define GOLDEN_FORMATS 3
+
 static const kvdb_model GM = {"test/golden", 2, 2, 32, KVDB_F16, 32};
+/* format 3: a model with int8 score copies (every block carries a score region) */
+static const kvdb_model GM3 = {"test/golden-score", 2, 2, 32, KVDB_F16, 32, 8};
+/* the model the writer uses */
+static const kvdb_model *WM = &GM;
 
 /* ---- hashing and data -------------------------------------------------------------------- */
 
@@ -172,6 +181,26 @@ static uint64_t block_hash(kvdb *db, const kvdb_model *m, const kvdb_key *key, c
   return h;
 }
 
+/* kvdb_score of a fixed query (a formula, not a generator) at (layer, head): the hash of the
+ * top k positions and their scores' bits. */
+static uint64_t score_hash(kvdb *db, const kvdb_model *m, const kvdb_key *key, uint32_t layer,
+                           uint32_t head, uint32_t k)
+{
+  float q[4096];
+  ASSERT(m->head_dim <= 4096);
+  for (uint32_t d = 0; d < m->head_dim; d++)
+    q[d] = (float)((int)((d * 7 + layer * 3 + head * 5) % 11) - 5) / 4.0f;
+  uint32_t *pos = calloc(k, sizeof *pos);
+  float *sc = calloc(k, sizeof *sc);
+  ASSERT(pos != NULL && sc != NULL);
+  ASSERT_OK(kvdb_score(db, m, key, layer, head, q, KVDB_F32, k, pos, sc));
+  uint64_t h = fnv(FNV0, pos, k * sizeof *pos);
+  h = fnv(h, sc, k * sizeof *sc);
+  free(pos);
+  free(sc);
+  return h;
+}
+
 /* ---- writing ------------------------------------------------------------------------------ */
 
 static kvdb_options golden_opts(void)
@@ -186,15 +215,15 @@ static kvdb_options golden_opts(void)
 static kvdb_put_info put_cfg(kvdb *db, const uint32_t *tok, size_t n, uint64_t seed,
                              const char *cfg, uint32_t flags)
 {
-  uint16_t *kv = make_kv(&GM, n, seed);
+  uint16_t *kv = make_kv(WM, n, seed);
   kvdb_put_opts po;
   kvdb_put_opts_init(&po);
   ASSERT_OK(kvdb_config_parse(cfg, &po.config));
   po.flags = flags;
   kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, kv, &GM, n, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&v, kv, WM, n, KVDB_LAYOUT_LKTHD));
   kvdb_put_info info;
-  ASSERT_OK(kvdb_put_ex(db, &GM, tok, n, &v, &po, &info));
+  ASSERT_OK(kvdb_put_ex(db, WM, tok, n, &v, &po, &info));
   free(kv);
   return info;
 }
@@ -202,7 +231,7 @@ static kvdb_put_info put_cfg(kvdb *db, const uint32_t *tok, size_t n, uint64_t s
 static void emit_get(FILE *mf, kvdb *db, const uint32_t *tok, size_t n)
 {
   size_t hit = 0;
-  uint64_t h = get_hash(db, &GM, tok, n, &hit);
+  uint64_t h = get_hash(db, WM, tok, n, &hit);
   fprintf(mf, "get %zu %zu %016" PRIx64, n, hit, h);
   for (size_t i = 0; i < n; i++)
     fprintf(mf, " %" PRIu32, tok[i]);
@@ -213,7 +242,7 @@ static void emit_context(FILE *mf, kvdb *db, const kvdb_key *key)
 {
   char hex[33], cfg[48];
   uint64_t n = 0;
-  uint64_t h = context_hash(db, &GM, key, cfg, &n);
+  uint64_t h = context_hash(db, WM, key, cfg, &n);
   fprintf(mf, "context %s %s %" PRIu64 " %016" PRIx64 "\n", kvdb_key_hex(key, hex), cfg, n, h);
 }
 
@@ -350,6 +379,55 @@ static int copy_file(const char *from, const char *to)
 }
 
 /* Copies a golden database (files and one level of sub-folders), skipping MANIFEST. */
+/* Format 3: score regions (a scoring model) and the SmartSSD tier. */
+static void write_format3(const char *dir)
+{
+  kvdb *db;
+  kvdb_options o = golden_opts();
+  o.smartssd_bytes = 64 << 20; /* DIR/smartssd, recorded as the database's */
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  WM = &GM3;
+  uint32_t p[64], q[40], r[70];
+  make_tokens(p, 64, 31);
+  make_tokens(q, 40, 32);
+  memcpy(r, p, 32 * sizeof *r); /* shares p's first block */
+  make_tokens(r + 32, 38, 33);
+  kvdb_put_info ip = put_cfg(db, p, 64, 31, "raw", 0);
+  kvdb_put_info iq = put_cfg(db, q, 40, 32, "int8", 0);
+  kvdb_put_info ir = put_cfg(db, r, 70, 33, "lossless", 0);
+  kvdb_config cfg;
+  ASSERT_OK(kvdb_config_parse("int8", &cfg));
+  ASSERT_OK(kvdb_relocate(db, WM, &iq.context, &cfg, KVDB_TIER_SMARTSSD, NULL));
+  ASSERT_OK(kvdb_config_parse("lossless", &cfg));
+  ASSERT_OK(kvdb_relocate(db, WM, &ir.context, &cfg, KVDB_TIER_SMARTSSD, NULL));
+
+  char path[4200];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *mf = fopen(path, "w");
+  ASSERT(mf != NULL);
+  fprintf(mf, "model %s %u %u %u %u %u %u\n", WM->id, WM->n_layers, WM->n_kv_heads, WM->head_dim,
+          (unsigned)WM->dtype, WM->block_tokens, WM->score_bits);
+  emit_stats(mf, db);
+  emit_get(mf, db, p, 64);
+  emit_get(mf, db, q, 40);
+  emit_get(mf, db, r, 70);
+  const kvdb_key *keys[] = {&ip.context, &iq.context, &ir.context};
+  char hex[33];
+  for (size_t i = 0; i < 3; i++) {
+    emit_context(mf, db, keys[i]);
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, keys[i], &ci));
+    fprintf(mf, "tier %s %u\n", kvdb_key_hex(keys[i], hex), ci.tier);
+    for (uint32_t l = 0; l < WM->n_layers; l++)
+      for (uint32_t h = 0; h < WM->n_kv_heads; h++)
+        fprintf(mf, "score %s %u %u 10 %016" PRIx64 "\n", hex, l, h,
+                score_hash(db, WM, keys[i], l, h, 10));
+  }
+  ASSERT(fclose(mf) == 0);
+  kvdb_close(db);
+  WM = &GM;
+}
+
 static void copy_db(const char *from, const char *to)
 {
   ASSERT(mkdir(to, 0755) == 0 || errno == EEXIST);
@@ -398,10 +476,10 @@ static void read_manifest(const char *dir, manifest *mf)
   }
   free(line);
   fclose(f);
-  unsigned l, h, d, dt, bt;
-  ASSERT(mf->n > 0 && sscanf(mf->lines[0], "model %63s %u %u %u %u %u", mf->model_id, &l, &h, &d,
-                             &dt, &bt) == 6);
-  mf->model = (kvdb_model){mf->model_id, l, h, d, (kvdb_dtype)dt, bt};
+  unsigned l, h, d, dt, bt, sb = 0; /* score_bits: format 3 on */
+  ASSERT(mf->n > 0 && sscanf(mf->lines[0], "model %63s %u %u %u %u %u %u", mf->model_id, &l, &h,
+                             &d, &dt, &bt, &sb) >= 6);
+  mf->model = (kvdb_model){mf->model_id, l, h, d, (kvdb_dtype)dt, bt, sb};
 }
 
 static size_t parse_tokens(char **save, uint32_t **tok, size_t n)
@@ -485,6 +563,26 @@ static void check_all(kvdb *db, const manifest *mf, int written)
         abort();
       }
       free(tok);
+    } else if (strcmp(op, "tier") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      unsigned want = (unsigned)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      kvdb_context_info ci;
+      ASSERT_OK(kvdb_context_stat(db, &key, &ci));
+      ASSERT_EQ(ci.tier, want);
+    } else if (strcmp(op, "score") == 0) {
+      kvdb_key key;
+      ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
+      uint32_t l = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      uint32_t hd = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      uint32_t k = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
+      uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+      uint64_t h = score_hash(db, m, &key, l, hd, k);
+      if (h != want) {
+        fprintf(stderr, "test_golden_db: line %zu: score hash %016" PRIx64 ", expected %016" PRIx64
+                        "\n", i + 1, h, want);
+        abort();
+      }
     } else if (strcmp(op, "absent") == 0) {
       kvdb_key key;
       ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
@@ -575,7 +673,7 @@ static void verify_one(const char *golden, const char *scratch, unsigned format)
   uint64_t new_hash = hash_lkthd(&m, out, 50, 50);
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
-  ASSERT_EQ(st.format_version, 2);
+  ASSERT_EQ(st.format_version, format < 2 ? 2 : format);
   kvdb_compact_report cr;
   ASSERT_OK(kvdb_compact(db, 1.0, NULL, NULL, &cr));
   if (format == 1)
@@ -683,21 +781,22 @@ int main(int argc, char **argv)
     return 0;
   }
   if (argc == 3 && strcmp(argv[1], "--write") == 0) {
-    char d1[4096], d2[4096], lock[4200];
-    snprintf(d1, sizeof d1, "%s/format1", argv[2]);
-    snprintf(d2, sizeof d2, "%s/format2", argv[2]);
-    struct stat st;
-    if (stat(d1, &st) == 0 || stat(d2, &st) == 0) {
-      fprintf(stderr, "test_golden_db: %s already holds golden databases; released formats are "
-                      "never rewritten\n", argv[2]);
-      return T_EXIT_FAIL;
+    /* only the formats not written yet: released formats are never rewritten (format 1 can
+     * only be written by a build of that format) */
+    void (*writers[])(const char *) = {write_format1, write_format2, write_format3};
+    for (unsigned f = 1; f <= GOLDEN_FORMATS; f++) {
+      char dir[4096], lock[4200];
+      snprintf(dir, sizeof dir, "%s/format%u", argv[2], f);
+      struct stat st;
+      if (stat(dir, &st) == 0) {
+        printf("format%u exists: kept\n", f);
+        continue;
+      }
+      writers[f - 1](dir);
+      snprintf(lock, sizeof lock, "%s/catalog.mdb-lock", dir);
+      unlink(lock);
+      printf("format%u written\n", f);
     }
-    write_format1(d1);
-    write_format2(d2);
-    snprintf(lock, sizeof lock, "%s/catalog.mdb-lock", d1);
-    unlink(lock);
-    snprintf(lock, sizeof lock, "%s/catalog.mdb-lock", d2);
-    unlink(lock);
     return 0;
   }
   if (argc != 2) {
@@ -705,7 +804,7 @@ int main(int argc, char **argv)
     return T_EXIT_FAIL;
   }
   char *tmpl = t_tmpdir("golden");
-  for (unsigned f = 1; f <= 2; f++) {
+  for (unsigned f = 1; f <= GOLDEN_FORMATS; f++) {
     char golden[4096], scratch[4200];
     snprintf(golden, sizeof golden, "%s/format%u", argv[1], f);
     snprintf(scratch, sizeof scratch, "%s/format%u", tmpl, f);
