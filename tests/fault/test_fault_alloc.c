@@ -238,6 +238,64 @@ static int check(const char *dir, const int *acked, long at, const char *what)
   return ok;
 }
 
+/* ---- with placement on: puts placed by Algorithm 1, a rebalance -------------------------- */
+
+static kvdb_options place_opts(void)
+{
+  kvdb_options o = opts();
+  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  o.placement_alpha = 1e6; /* quality first: contexts stay exact */
+  o.dram_bytes = 256 << 10;
+  o.ssd_bytes = 192 << 10; /* about 3 contexts: the others go to the SmartSSD tier */
+  o.smartssd_bytes = 64 << 20;
+  return o;
+}
+
+static char g_place_base[4096];
+
+static void place_workload(const char *dir, int *acked)
+{
+  kvdb_options o = place_opts();
+  kvdb *db = NULL;
+  if (kvdb_open(dir, &o, &db) != KVDB_OK)
+    return;
+  for (int i = 4; i < 7; i++)
+    if (put_i(db, i, NULL) == KVDB_OK)
+      acked[i] = 1;
+  kvdb_place_plan plan;
+  if (kvdb_rebalance_plan(db, &plan) == KVDB_OK) {
+    kvdb_rebalance_report rep;
+    (void)kvdb_rebalance_execute(db, &plan, &rep);
+    kvdb_place_plan_free(&plan);
+  }
+  for (int i = 0; i < 7; i++)
+    (void)intact(db, i, 0);
+  kvdb_close(db);
+}
+
+/* each round on a copy of a database whose placement settings and tier figures are recorded */
+static long place_loop(void)
+{
+  long points = 0;
+  for (long at = 1;; at++) {
+    char *dir = t_tmpdir("allocplace");
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", g_place_base, dir);
+    ASSERT(system(cmd) == 0);
+    int acked[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
+    arm(at, 0);
+    place_workload(dir, acked);
+    int fired = disarm();
+    if (!check(dir, acked, at, "allocation failure with placement"))
+      abort();
+    t_rmdir(dir);
+    if (!fired)
+      break;
+    points++;
+  }
+  return points;
+}
+
 static long loop(int sticky)
 {
   long points = 0;
@@ -277,11 +335,25 @@ int main(void)
   ASSERT(check(dir, acked, 0, "no failure"));
   t_rmdir(dir);
   long one = loop(0), sticky = loop(1);
+  /* placement: a base database (placement settings, probed tier figures, 4 contexts) */
+  char *base = t_tmpdir("allocbase");
+  snprintf(g_place_base, sizeof g_place_base, "%s", base);
+  {
+    kvdb_options o = place_opts();
+    kvdb *db;
+    ASSERT_OK(kvdb_open(base, &o, &db));
+    for (int i = 0; i < 4; i++)
+      ASSERT_OK(put_i(db, i, NULL));
+    kvdb_close(db);
+  }
+  long placed = place_loop();
+  t_rmdir(base);
   /* the count varies a little between runs (when the access-time flush happens depends on the
    * clock): each loop ran until the workload made fewer allocations than its N */
   ASSERT(one > total / 2 && sticky > total / 2);
   printf("test_fault_alloc: the workload makes %ld allocations; %ld single and %ld sticky "
-         "allocation-failure points survived\n", total, one, sticky);
+         "allocation-failure points survived; with placement on (puts placed, a rebalance): "
+         "%ld more\n", total, one, sticky, placed);
   for (int i = 0; i < 9; i++)
     free(g_buf[i]);
   return 0;
