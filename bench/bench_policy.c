@@ -13,8 +13,14 @@
  *    speed (bytes of original KV per second, one core) of compress/'s codecs on Llama-3-8B-shaped
  *    KV (datagen.c: 8 KV heads x head_dim 128, f16), and the quality proxy on REAL KV: the
  *    stories260K model run by tools/refmodel over TinyStories, as `kvdb-bench compress` does
- *    (per head: probes derived from the keys, attention outputs of the decoded rows against the
- *    original's, mean cosine; a context's quality = the mean over its 20 heads).
+ *    (each context prefilled but for its last PB_REAL_OBS positions, which are fed one by one
+ *    to capture the model's queries, refmodel_state_query; per head the probes are those
+ *    queries, every query head of the KV head's group, as kvdb_put_ex takes them, and SnapKV's
+ *    observation window is built from the same queries as engine/store/cblock.c builds it;
+ *    attention outputs of the decoded rows against the original's, mean cosine; a context's
+ *    quality = the mean over its 20 heads). The profiles on the probes kvdb derives from K
+ *    when a put gives no queries (kv_quality_derive_probes) are measured beside them, and the
+ *    decoded-DRAM scenario is run again on them for comparison (JSON *_derived).
  * 3. The trace: N contexts, each from one of the six datasets of EvicPress §3.1 / Table 1 (its
  *    mean length, and a compression sensitivity drawn from that dataset's median, 0.34-0.76,
  *    with a coefficient of variation in 0.078-0.394), built on one of the real contexts'
@@ -54,7 +60,7 @@
  *                                    U_none), U_none = the utility of storing nothing (utility
  *                                    can be negative, so a plain ratio means nothing), bound =
  *                                    kv_policy_upper_bound (LP relaxation); the smallest over
- *                                    the alpha sweep
+ *                                    the alpha sweep up to PB_ALPHA_BOUND_MAX
  *      place_100k_ms                 kv_policy_rebalance of 100,000 contexts x every config x 3
  *                                    tiers (DRAM 4%, SSD 20%, SmartSSD 20%), median of 5 runs,
  *                                    the slower of the two rules
@@ -94,6 +100,9 @@
  *                       magnitude; the model is not run here).
  * PB_TOKEN_BYTES      : KV bytes per token of Llama-3-8B in f16 (32 x 8 x 128 x 2 x 2).
  * PB_REAL_CTX_*       : real contexts whose profiles are measured.
+ * PB_REAL_OBS         : a real context's last positions whose queries are captured: quality
+ *                       probes and SnapKV's observation window (as bench_compress.c).
+ * PB_SNAP_OBS         : SnapKV's window without a model (synthetic set): the last keys.
  * PB_SYN_LAYERS_*     : layers of the Llama-shaped synthetic KV (ratios, decode speeds).
  * PB_PROBE_*          : bytes of the DRAM and SSD probes.
  */
@@ -118,6 +127,7 @@
 #define PB_SYN_HEADS 8u
 #define PB_SYN_HEAD_DIM 128u
 #define PB_SNAP_OBS 32u
+#define PB_REAL_OBS 16u
 #define PB_DRAM_PROBE_FULL (256u << 20)
 #define PB_DRAM_PROBE_QUICK (64u << 20)
 #define PB_SSD_PROBE_FULL (1024u << 20)
@@ -146,10 +156,17 @@ static const char *const PB_SPACE[] = {
 #define CFG_RAW 0u
 #define PB_SENS_CFG "keydiff10"
 
-/* alpha sweep (seconds per unit of quality) */
-static const double PB_ALPHA[] = {0,  0.02, 0.05, 0.1, 0.2, 0.35, 0.5,  0.75,  1,    1.5, 2,
-                                  3,  5,    8,    13,  20,  50,   100,  300,   1000, 3000, 10000};
+/* alpha sweep (seconds per unit of quality). The last three make sure some run reaches the
+ * quality of the near-lossless baselines of the real-query profiles (snapkv90+lru: 0.99995 on
+ * the full trace, 0.999994 on the quick one, where alpha 10000 stops at 0.99998). The greedy's
+ * ratio to the bound is taken over alpha <= PB_ALPHA_BOUND_MAX (the first 22), as before they
+ * were added, and reported over all of them beside it. */
+static const double PB_ALPHA[] = {0,     0.02, 0.05,  0.1,    0.2,   0.35, 0.5,
+                                  0.75,  1,    1.5,   2,      3,     5,    8,
+                                  13,    20,   50,    100,    300,   1000, 3000,
+                                  10000, 30000, 100000, 300000};
 #define N_ALPHA (sizeof PB_ALPHA / sizeof PB_ALPHA[0])
+#define PB_ALPHA_BOUND_MAX 10000.0
 
 /* EvicPress §3.1 / Table 1: mean length (tokens) and median sensitivity per dataset; the
  * coefficients of variation span the paper's 0.078-0.394 (which dataset has which is not
@@ -327,17 +344,32 @@ typedef struct kvset {
   uint32_t n_ctx, heads_per_ctx, n_heads, n_tokens, head_dim;
   size_t sec_bytes, total;
   uint16_t *kv;
-  float *probes, *ref, *win; /* per head: derived probes, original outputs, SnapKV window */
-  uint32_t *n_probes;
+  /* the real set's queries as captured: [n_ctx][PB_REAL_OBS][n_layers][n_q_heads][d]; NULL
+   * for a set without a model */
+  float *queries;
+  uint32_t n_layers, n_kv_heads, n_q_heads;
+  /* per head: probes (real queries, else derived from K) and the original outputs for them,
+   * max_probes rows each; beside real queries the derived probes (dprobes, dref; else NULL);
+   * SnapKV's window, win_obs positions x win_qh query heads; beside real queries also the
+   * window without them (kwin: the last PB_SNAP_OBS keys as queries, the bench's stand-in
+   * before queries were captured; else NULL) */
+  uint32_t max_probes, win_obs, win_qh;
+  float *probes, *ref, *dprobes, *dref, *win, *kwin;
+  uint32_t *n_probes, *n_dprobes;
 } kvset;
 
 static void kvset_free(kvset *s)
 {
   bench_free(s->kv);
+  free(s->queries);
   free(s->probes);
   free(s->ref);
+  free(s->dprobes);
+  free(s->dref);
   free(s->win);
+  free(s->kwin);
   free(s->n_probes);
+  free(s->n_dprobes);
   memset(s, 0, sizeof *s);
 }
 
@@ -382,36 +414,91 @@ static void keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float 
   }
 }
 
-static int kvset_prepare(kvset *s, scratch *ws, int with_quality)
+/* Probes derived from head h's K (kv_quality_derive_probes) into pr, and the original
+ * attention outputs for them into ref. */
+static int derive_and_attend(const kvset *s, scratch *ws, uint32_t h, float *pr, uint32_t *np,
+                             float *ref)
 {
-  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
-  s->win = malloc((size_t)s->n_heads * PB_SNAP_OBS * d * sizeof(float));
-  if (s->win == NULL)
-    return -1;
-  if (with_quality) {
-    s->probes = malloc((size_t)s->n_heads * np * d * sizeof(float));
-    s->ref = malloc((size_t)s->n_heads * np * d * sizeof(float));
-    s->n_probes = malloc((size_t)s->n_heads * sizeof(uint32_t));
-    if (!s->probes || !s->ref || !s->n_probes)
-      return -1;
-    if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, np)) != 0)
-      return -1;
-  }
-  kv_section_shape ks = {KV_CODEC_F16, KV_SECTION_K, s->n_tokens, d};
+  kv_section_shape ks = {KV_CODEC_F16, KV_SECTION_K, s->n_tokens, s->head_dim};
   kv_codec_err err;
-  for (uint32_t h = 0; h < s->n_heads; h++) {
+  const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
+  if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, KV_QUALITY_MAX_DERIVED, np, &err) !=
+      KV_CODEC_OK)
+    return cfail("kv_quality_derive_probes", &err);
+  if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, s->head_dim, k, v, pr, *np, ws->p, ws->cap,
+                        ref, &err) != KV_CODEC_OK)
+    return cfail("kv_quality_attend", &err);
+  return 0;
+}
+
+/*
+ * Per head: probes, the original attention outputs, SnapKV's window, as bench_compress.c builds
+ * them. With the model's queries (real set) both come from the queries the way the engine takes
+ * kvdb_put_opts.queries (engine/store/profile.c, cblock.c): for KV head g every query head
+ * g * grp .. g * grp + grp - 1 of every captured position, position-major; the probes derived
+ * from K go beside them (the engine's fallback when a put gives no queries). Without queries
+ * (synthetic set) the probes are derived from K and the window is the last PB_SNAP_OBS keys
+ * scaled like queries.
+ */
+static int kvset_prepare(kvset *s, scratch *ws)
+{
+  uint32_t d = s->head_dim, nh = s->n_heads;
+  uint32_t grp = s->queries != NULL ? s->n_q_heads / s->n_kv_heads : 1;
+  s->max_probes = s->queries != NULL ? PB_REAL_OBS * grp : KV_QUALITY_MAX_DERIVED;
+  s->win_obs = s->queries != NULL ? PB_REAL_OBS : PB_SNAP_OBS;
+  s->win_qh = grp;
+  size_t row = (size_t)d * sizeof(float), per = (size_t)s->max_probes * row;
+  s->probes = malloc(nh * per);
+  s->ref = malloc(nh * per);
+  s->n_probes = malloc(nh * sizeof(uint32_t));
+  s->win = malloc(nh * (size_t)s->win_obs * s->win_qh * row);
+  int ok = s->probes && s->ref && s->n_probes && s->win;
+  if (ok && s->queries != NULL) {
+    s->dprobes = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
+    s->dref = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
+    s->n_dprobes = malloc(nh * sizeof(uint32_t));
+    s->kwin = malloc(nh * (size_t)PB_SNAP_OBS * row);
+    ok = s->dprobes && s->dref && s->n_dprobes && s->kwin;
+  }
+  if (!ok) {
+    bench_log("out of memory (probes)");
+    return -1;
+  }
+  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
+  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, most)) != 0)
+    return -1;
+  kv_codec_err err;
+  for (uint32_t h = 0; h < nh; h++) {
+    float *pr = s->probes + (size_t)h * s->max_probes * d;
+    float *ref = s->ref + (size_t)h * s->max_probes * d;
+    float *win = s->win + (size_t)h * s->win_obs * s->win_qh * d;
     const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-    keys_as_queries((const uint16_t *)(const void *)k + (size_t)(s->n_tokens - PB_SNAP_OBS) * d,
-                    PB_SNAP_OBS, d, s->win + (size_t)h * PB_SNAP_OBS * d);
-    if (!with_quality)
+    const uint16_t *last =
+        (const uint16_t *)(const void *)k + (size_t)(s->n_tokens - PB_SNAP_OBS) * d;
+    if (s->queries == NULL) {
+      if (derive_and_attend(s, ws, h, pr, &s->n_probes[h], ref) != 0)
+        return -1;
+      keys_as_queries(last, PB_SNAP_OBS, d, win);
       continue;
-    float *pr = s->probes + (size_t)h * np * d;
-    if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, np, &s->n_probes[h], &err) !=
+    }
+    keys_as_queries(last, PB_SNAP_OBS, d, s->kwin + (size_t)h * PB_SNAP_OBS * d);
+    /* head h = (context c, layer l, KV head g), as make_real lays the sections out */
+    uint32_t g = h % s->n_kv_heads, l = (h / s->n_kv_heads) % s->n_layers;
+    uint32_t c = h / (s->n_kv_heads * s->n_layers), np = 0;
+    for (uint32_t o = 0; o < PB_REAL_OBS; o++)
+      for (uint32_t j = 0; j < grp; j++, np++)
+        memcpy(pr + (size_t)np * d,
+               s->queries + ((((size_t)c * PB_REAL_OBS + o) * s->n_layers + l) * s->n_q_heads +
+                             (size_t)g * grp + j) * d,
+               row);
+    s->n_probes[h] = np;
+    memcpy(win, pr, (size_t)np * row);
+    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, np, ws->p, ws->cap, ref, &err) !=
         KV_CODEC_OK)
-      return cfail("kv_quality_derive_probes", &err);
-    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, s->n_probes[h], ws->p, ws->cap,
-                          s->ref + (size_t)h * np * d, &err) != KV_CODEC_OK)
       return cfail("kv_quality_attend", &err);
+    if (derive_and_attend(s, ws, h, s->dprobes + (size_t)h * KV_QUALITY_MAX_DERIVED * d,
+                          &s->n_dprobes[h], s->dref + (size_t)h * KV_QUALITY_MAX_DERIVED * d) != 0)
+      return -1;
   }
   return 0;
 }
@@ -572,9 +659,14 @@ static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
   s->head_dim = d;
   s->sec_bytes = (size_t)n * d * 2;
   s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
+  s->n_layers = L;
+  s->n_kv_heads = H;
+  s->n_q_heads = (uint32_t)cf->n_heads;
+  size_t q_step = (size_t)L * s->n_q_heads * d; /* floats of one position's queries */
   s->kv = bench_alloc(s->total);
+  s->queries = malloc((size_t)n_ctx * PB_REAL_OBS * q_step * sizeof(float));
   ctx = malloc(n * sizeof *ctx);
-  if (s->kv == NULL || ctx == NULL) {
+  if (s->kv == NULL || s->queries == NULL || ctx == NULL) {
     bench_log("out of memory (%zu bytes of real KV)", s->total);
     goto out;
   }
@@ -585,9 +677,28 @@ static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
   for (uint32_t c = 0; c < n_ctx; c++) {
     ctx[0] = REFMODEL_TOKEN_BOS;
     memcpy(ctx + 1, toks + (size_t)c * (n - 1), (n - 1) * sizeof *ctx);
-    if ((r = refmodel_prefill(st, ctx, (int)n, 0, NULL)) != REFMODEL_OK) {
+    /* the first n - PB_REAL_OBS tokens at once; the last ones one by one, keeping the query
+     * each step computes (the prompt's last queries a caller of kvdb_put_ex would give, as
+     * bench_compress.c captures them) */
+    if ((r = refmodel_prefill(st, ctx, (int)(n - PB_REAL_OBS), 0, NULL)) != REFMODEL_OK) {
       rfail("refmodel_prefill", r);
       goto out;
+    }
+    for (uint32_t o = 0; o < PB_REAL_OBS; o++) {
+      uint32_t t = n - PB_REAL_OBS + o;
+      if ((r = refmodel_forward(st, ctx[t], (int)t, NULL)) != REFMODEL_OK) {
+        rfail("refmodel_forward", r);
+        goto out;
+      }
+      float *qo = s->queries + ((size_t)c * PB_REAL_OBS + o) * q_step;
+      for (uint32_t l = 0; l < L; l++) {
+        const float *q = refmodel_state_query(st, (int)l);
+        if (q == NULL) {
+          rfail("refmodel_state_query", REFMODEL_EINVAL);
+          goto out;
+        }
+        memcpy(qo + (size_t)l * s->n_q_heads * d, q, (size_t)s->n_q_heads * d * sizeof(float));
+      }
     }
     for (uint32_t l = 0; l < L; l++) {
       const float *kb = refmodel_state_key(st, (int)l, 0);
@@ -652,6 +763,7 @@ typedef struct cfg_run {
   uint8_t *out;
   void *dctx_mem;
   kv_codec_dctx *dctx;
+  int key_window; /* SnapKV: choose with s->kwin instead of s->win */
   kv_codec_err err;
 } cfg_run;
 
@@ -677,12 +789,18 @@ static int encode_set(cfg_run *r)
     need_scr = dsc > need_scr ? dsc : need_scr;
   }
   if (id == KV_CODEC_ID_DROP) {
-    kv_snapkv_window w = {s->win, PB_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
+    kv_snapkv_window w = {s->win, s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
+    kv_snapkv_window wk = {s->kwin, PB_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
     size_t e = kv_drop_scratch_bytes(p.drop_method, s->n_tokens, s->head_dim,
                                      p.drop_method == KV_DROP_SNAPKV ? &w : NULL);
     need_scr = e > need_scr ? e : need_scr;
+    if (s->kwin != NULL && p.drop_method == KV_DROP_SNAPKV) {
+      e = kv_drop_scratch_bytes(p.drop_method, s->n_tokens, s->head_dim, &wk);
+      need_scr = e > need_scr ? e : need_scr;
+    }
   }
-  size_t qa = kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, KV_QUALITY_MAX_DERIVED);
+  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
+  size_t qa = kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, most);
   need_scr = qa > need_scr ? qa : need_scr;
   if (scratch_need(r->ws, need_scr) != 0)
     return -1;
@@ -700,8 +818,11 @@ static int encode_set(cfg_run *r)
     const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
     kv_codec_params pk[2] = {p, p};
     if (id == KV_CODEC_ID_DROP) {
-      kv_snapkv_window w = {s->win + (size_t)h * PB_SNAP_OBS * s->head_dim, PB_SNAP_OBS, 1, 0,
-                            KV_POOL_AVG, 1};
+      kv_snapkv_window w = {s->win + (size_t)h * s->win_obs * s->win_qh * s->head_dim,
+                            s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
+      if (r->key_window && s->kwin != NULL)
+        w = (kv_snapkv_window){s->kwin + (size_t)h * PB_SNAP_OBS * s->head_dim, PB_SNAP_OBS, 1, 0,
+                               KV_POOL_AVG, 1};
       uint32_t nk = 0;
       if (kv_drop_select(p.drop_method, &sh[0], k, s->sec_bytes, p.keep_permille,
                          p.drop_method == KV_DROP_SNAPKV ? &w : NULL, r->ws->p, r->ws->cap,
@@ -739,12 +860,14 @@ static int decode_pass(void *payload, size_t iter)
   return 0;
 }
 
-/* Quality of the decoded set per context (mean over its heads of the mean cosine). */
-static int set_quality(cfg_run *r, double *q_ctx)
+/* Quality of the decoded set per context (mean over its heads of the mean cosine) for one probe
+ * set: head h's probes and original outputs at h * stride rows, n_probes[h] of them. */
+static int probe_quality(cfg_run *r, const float *probes, const uint32_t *n_probes,
+                         const float *refs, uint32_t stride, double *q_ctx)
 {
   const kvset *s = r->s;
-  uint32_t d = s->head_dim, np = KV_QUALITY_MAX_DERIVED;
-  float *test = malloc((size_t)np * d * sizeof *test);
+  uint32_t d = s->head_dim;
+  float *test = malloc((size_t)stride * d * sizeof *test);
   if (test == NULL)
     return -1;
   for (uint32_t c = 0; c < s->n_ctx; c++)
@@ -759,9 +882,9 @@ static int set_quality(cfg_run *r, double *q_ctx)
     }
     const uint8_t *kd = sec_ptr(s, r->out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
     kv_quality q;
-    if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, s->probes + (size_t)h * np * d,
-                          s->n_probes[h], r->ws->p, r->ws->cap, test, &err) != KV_CODEC_OK ||
-        kv_quality_compare(s->ref + (size_t)h * np * d, test, s->n_probes[h], d, &q, &err) !=
+    if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, probes + (size_t)h * stride * d,
+                          n_probes[h], r->ws->p, r->ws->cap, test, &err) != KV_CODEC_OK ||
+        kv_quality_compare(refs + (size_t)h * stride * d, test, n_probes[h], d, &q, &err) !=
             KV_CODEC_OK) {
       free(test);
       return cfail("quality", &err);
@@ -770,6 +893,13 @@ static int set_quality(cfg_run *r, double *q_ctx)
   }
   free(test);
   return 0;
+}
+
+/* The set's quality per context on its probes (real queries, else derived from K). */
+static int set_quality(cfg_run *r, double *q_ctx)
+{
+  const kvset *s = r->s;
+  return probe_quality(r, s->probes, s->n_probes, s->ref, s->max_probes, q_ctx);
 }
 
 typedef struct cfgm {
@@ -1675,9 +1805,11 @@ static void json_key(char *buf, size_t cap, const char *prefix, const char *name
 /* One scenario: the policy model, every simulation, the comparisons, the bound, 100k. */
 typedef struct scen {
   int decoded;
+  int derived; /* the trace built on derived-probe profiles: a shorter report, no 100k timing */
   result *res, *fixed, *ev[2];
   gains g[2], g_drop[2];
-  double gvb[2];
+  double gvb[2];     /* the greedy / the bound, smallest over alpha <= PB_ALPHA_BOUND_MAX */
+  double gvb_all[2]; /* the same over the whole sweep */
   double place_ms;
   big_m big;
 } scen;
@@ -1698,7 +1830,10 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   const char *title = sc->decoded ? "DRAM tier as kvdb has it: decoded blocks (no decode on a "
                                     "DRAM hit; quantized contexts take their full size there)"
                                   : "DRAM tier holding compressed bytes (EvicPress's model)";
-  fprintf(o, "\n=== scenario: %s\n", title);
+  fprintf(o, "\n=== scenario: %s%s\n", title,
+          sc->derived ? "; profiles on the probes DERIVED from K (kvdb's fallback without "
+                        "queries), for comparison"
+                      : "");
   if (model_init(&md, tr, tm, sc->decoded) != 0) {
     bench_log("out of memory (model)");
     goto out;
@@ -1711,8 +1846,10 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   sc->ev[0] = sc->res + n_fixed;
   sc->ev[1] = sc->res + n_fixed + n_ev;
   result *fixed = sc->fixed;
-  bench_log("policy (%s DRAM): LRU and fixed compression + LRU (%zu runs)",
-            sc->decoded ? "decoded" : "compressed", n_fixed);
+  const char *sname = sc->derived   ? "decoded DRAM, derived probes"
+                      : sc->decoded ? "decoded DRAM"
+                                    : "compressed DRAM";
+  bench_log("policy (%s): LRU and fixed compression + LRU (%zu runs)", sname, n_fixed);
   for (size_t k = 0; k < NCFG; k++) {
     if (sim_lru(tr, &md, (uint32_t)k, &fixed[k]) != 0)
       goto out;
@@ -1723,8 +1860,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     fixed[k].kind = k == 0 ? 0 : 1;
   }
   for (int r = 0; r < 2; r++) {
-    bench_log("policy (%s DRAM): %s over %zu values of alpha", sc->decoded ? "decoded" : "compressed",
-              r ? "per byte" : "EvicPress", n_ev);
+    bench_log("policy (%s): %s over %zu values of alpha", sname, r ? "per byte" : "EvicPress",
+              n_ev);
     for (size_t a = 0; a < n_ev; a++) {
       result *x = &sc->ev[r][a];
       if (sim_evicpress(tr, &md, cm, PB_ALPHA[a], (kv_policy_rule)r, x) != 0)
@@ -1736,7 +1873,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   }
   fprintf(o, "%-22s %9s %8s %8s %8s %8s %9s\n", "policy", "TTFT s", "quality", "DRAM hit",
           "SSD hit", "miss", "GB w/req");
-  for (size_t k = 0; k < n_fixed + 2 * n_ev; k++) {
+  for (size_t k = 0; k < (sc->derived ? 1 : n_fixed + 2 * n_ev); k++) {
     const result *x = &sc->res[k];
     fprintf(o, "%-22s %9.4f %8.4f %8.3f %8.3f %8.3f %9.3f\n", x->name, x->ttft, x->quality,
             x->hit_dram, x->hit_ssd, x->miss, x->write_gb_per_req);
@@ -1802,7 +1939,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
 
   /* the greedy against the bound */
   bench_log("policy: greedy against the LP bound over the alpha sweep");
-  sc->gvb[0] = sc->gvb[1] = INFINITY;
+  sc->gvb[0] = sc->gvb[1] = sc->gvb_all[0] = sc->gvb_all[1] = INFINITY;
   fprintf(o, "\ngreedy vs upper bound, (greedy - none) / (bound - none), all %u contexts placed "
              "from scratch with their end-of-trace frequencies:\n  %-9s", tr->n, "alpha");
   rows = calloc(n_ev, sizeof *rows);
@@ -1811,8 +1948,12 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   for (size_t a = 0; a < n_ev; a++) {
     if (greedy_vs_bound(tr, &md, PB_ALPHA[a], &rows[a]) != 0)
       goto out;
-    for (int r = 0; r < 2; r++)
-      sc->gvb[r] = rows[a].ratio[r] < sc->gvb[r] ? rows[a].ratio[r] : sc->gvb[r];
+    for (int r = 0; r < 2; r++) {
+      if (PB_ALPHA[a] <= PB_ALPHA_BOUND_MAX && rows[a].ratio[r] < sc->gvb[r])
+        sc->gvb[r] = rows[a].ratio[r];
+      if (rows[a].ratio[r] < sc->gvb_all[r])
+        sc->gvb_all[r] = rows[a].ratio[r];
+    }
     fprintf(o, " %7g", PB_ALPHA[a]);
   }
   for (int r = 0; r < 2; r++) {
@@ -1820,9 +1961,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     for (size_t a = 0; a < n_ev; a++)
       fprintf(o, " %7.4f", rows[a].ratio[r]);
   }
-  fprintf(o, "\n  min: EvicPress %.4f, per byte %.4f\n", sc->gvb[0], sc->gvb[1]);
+  fprintf(o, "\n  min over alpha <= %g: EvicPress %.4f, per byte %.4f; over every alpha: %.4f, "
+             "%.4f\n",
+          PB_ALPHA_BOUND_MAX, sc->gvb[0], sc->gvb[1], sc->gvb_all[0], sc->gvb_all[1]);
 
-  /* 100k contexts */
+  /* 100k contexts (timed once, on the real-query profiles) */
+  if (sc->derived) {
+    rc = 0;
+    goto out;
+  }
   bench_log("policy: placing %u contexts x %zu configs x 3 tiers", PB_BIG_N, NCFG);
   if (place_100k(env, tr, tm, sc->decoded, &sc->big) != 0)
     goto out;
@@ -1850,10 +1997,11 @@ int bench_policy(const bench_env *env, bench_json *j)
   kvset syn, real;
   scratch ws = {NULL, 0};
   cfg_run run;
-  double *q_real = NULL;
-  trace tr;
-  scen sc[2];
+  double *q_real = NULL, *q_der = NULL;
+  trace tr, tr_d;
+  scen sc[3]; /* decoded DRAM, compressed DRAM, decoded DRAM on derived-probe profiles */
   memset(sc, 0, sizeof sc);
+  memset(&tr_d, 0, sizeof tr_d);
   memset(&syn, 0, sizeof syn);
   memset(&real, 0, sizeof real);
   memset(&run, 0, sizeof run);
@@ -1881,7 +2029,7 @@ int bench_policy(const bench_env *env, bench_json *j)
     }
   }
   bench_log("policy: config ratios and decode speeds on Llama-shaped KV");
-  if (make_synthetic(&syn, env) != 0 || kvset_prepare(&syn, &ws, 1) != 0 ||
+  if (make_synthetic(&syn, env) != 0 || kvset_prepare(&syn, &ws) != 0 ||
       cfg_run_init(&run, &syn, &ws) != 0)
     goto out;
   for (size_t k = 0; k < NCFG; k++) {
@@ -1913,7 +2061,8 @@ int bench_policy(const bench_env *env, bench_json *j)
     goto out;
   }
   run.c = &sens_cfg;
-  if (encode_set(&run) != 0 || decode_pass(&run, 0) != 0 || set_quality(&run, &cm[0].sens_syn) != 0)
+  if (encode_set(&run) != 0 || decode_pass(&run, 0) != 0 ||
+      set_quality(&run, &cm[0].sens_syn) != 0)
     goto out;
   cfg_run_free(&run);
   memset(&run, 0, sizeof run);
@@ -1923,17 +2072,30 @@ int bench_policy(const bench_env *env, bench_json *j)
   if (rr < 0)
     goto out;
   uint32_t n_real = rr == 0 ? real.n_ctx : 1;
-  q_real = malloc((NCFG + 1) * (size_t)n_real * sizeof *q_real); /* row NCFG: PB_SENS_CFG */
-  if (q_real == NULL)
+  /* [cfg][ctx], row NCFG: PB_SENS_CFG; q_real on the model's queries, q_der on derived probes */
+  q_real = malloc((NCFG + 1) * (size_t)n_real * sizeof *q_real);
+  q_der = malloc((NCFG + 1) * (size_t)n_real * sizeof *q_der);
+  if (q_real == NULL || q_der == NULL)
     goto out;
   if (rr == 0) {
-    bench_log("policy: real-KV quality of %u stories260K contexts", real.n_ctx);
-    if (kvset_prepare(&real, &ws, 1) != 0 || cfg_run_init(&run, &real, &ws) != 0)
+    bench_log("policy: real-KV quality of %u stories260K contexts (their queries as probes)",
+              real.n_ctx);
+    if (kvset_prepare(&real, &ws) != 0 || cfg_run_init(&run, &real, &ws) != 0)
       goto out;
     for (size_t k = 0; k <= NCFG; k++) {
       run.c = k < NCFG ? &cm[k].cfg : &sens_cfg;
+      run.key_window = 0;
       if (encode_set(&run) != 0 || decode_pass(&run, 0) != 0 ||
           set_quality(&run, q_real + k * n_real) != 0)
+        goto out;
+      /* derived: this bench before the queries were captured, probes derived from K and
+       * SnapKV choosing with the last keys as queries (the engine refuses SnapKV without
+       * queries); the other configs' decoded bytes do not change */
+      int snap = run.c->method == KVDB_METHOD_DROP && run.c->drop == KVDB_DROP_SNAPKV;
+      run.key_window = 1;
+      if ((snap && (encode_set(&run) != 0 || decode_pass(&run, 0) != 0)) ||
+          probe_quality(&run, real.dprobes, real.n_dprobes, real.dref, KV_QUALITY_MAX_DERIVED,
+                        q_der + k * n_real) != 0)
         goto out;
     }
     cfg_run_free(&run);
@@ -1948,26 +2110,41 @@ int bench_policy(const bench_env *env, bench_json *j)
              "%u KV heads x %u tokens, one core); proxy quality on %s\n",
           NCFG, env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL, PB_SYN_HEADS,
           PB_SYN_TOKENS,
-          rr == 0 ? "real KV (stories260K, mean [min .. max] over contexts)" : "synthetic KV");
-  fprintf(o, "  %-16s %7s %8s   %s\n", "config", "ratio", "dec GB/s", "quality");
+          rr == 0 ? "real KV (stories260K, mean [min .. max] over contexts), probes = the "
+                    "model's queries of the last 16 positions x the KV head's query heads "
+                    "(SnapKV's window from the same queries); derived = kvdb's fallback probes "
+                    "derived from K, on the same decoded bytes"
+                  : "synthetic KV (probes derived from K)");
+  fprintf(o, "  %-16s %7s %8s   %s\n", "config", "ratio", "dec GB/s",
+          rr == 0 ? "quality                      derived" : "quality");
+  double q_mean[NCFG + 1], qd_mean[NCFG + 1];
   for (size_t k = 0; k <= NCFG; k++) {
-    double mn = 1e9, mx = -1e9, sum = 0;
+    double mn = 1e9, mx = -1e9, sum = 0, sum_d = 0;
     for (uint32_t c = 0; c < n_real; c++) {
       double q = q_real[k * n_real + c];
       mn = q < mn ? q : mn;
       mx = q > mx ? q : mx;
       sum += q;
+      sum_d += rr == 0 ? q_der[k * n_real + c] : 0;
     }
+    q_mean[k] = sum / n_real;
+    qd_mean[k] = sum_d / n_real;
+    char dq[32] = "";
+    if (rr == 0)
+      snprintf(dq, sizeof dq, "   %.4f", qd_mean[k]);
     if (k < NCFG)
-      fprintf(o, "  %-16s %7.3f %8.2f   %.4f [%.4f .. %.4f]\n", cm[k].name, cm[k].ratio,
-              cm[k].decode_bps / 1e9, sum / n_real, mn, mx);
+      fprintf(o, "  %-16s %7.3f %8.2f   %.4f [%.4f .. %.4f]%s\n", cm[k].name, cm[k].ratio,
+              cm[k].decode_bps / 1e9, q_mean[k], mn, mx, dq);
     else
-      fprintf(o, "  %-16s %7s %8s   %.4f [%.4f .. %.4f]  (defines the sensitivity; not placed)\n",
-              PB_SENS_CFG, "-", "-", sum / n_real, mn, mx);
+      fprintf(o, "  %-16s %7s %8s   %.4f [%.4f .. %.4f]%s  (defines the sensitivity; not "
+                 "placed)\n",
+              PB_SENS_CFG, "-", "-", q_mean[k], mn, mx, dq);
   }
 
-  /* 3. the trace */
-  if (build_trace(env, cm, q_real, n_real, &tr) != 0)
+  /* 3. the trace; with real KV also the same trace on the derived-probe profiles (same seed:
+   * the same contexts, lengths, sensitivities and requests; only the profiles differ) */
+  if (build_trace(env, cm, q_real, n_real, &tr) != 0 ||
+      (rr == 0 && build_trace(env, cm, q_der, n_real, &tr_d) != 0))
     goto out;
   double sens_mean = 0;
   for (uint32_t i = 0; i < tr.n; i++)
@@ -1987,6 +2164,11 @@ int bench_policy(const bench_env *env, bench_json *j)
     if (run_scenario(env, o, &tr, &tm, cm, &sc[d]) != 0)
       goto out;
   }
+  /* the first scenario again on the derived-probe profiles: what kvdb decides when a put gives
+   * no queries (the 100k timing is not repeated) */
+  sc[2].decoded = sc[2].derived = 1;
+  if (rr == 0 && run_scenario(env, o, &tr_d, &tm, cm, &sc[2]) != 0)
+    goto out;
 
   /* targets: the scenario of kvdb as it is */
   const scen *h = &sc[0];
@@ -2028,6 +2210,8 @@ int bench_policy(const bench_env *env, bench_json *j)
     bench_json_num(j, JK("perbyte_ttft_gain_vs_compress_lru"), x->g[1].vs_compress);
     bench_json_num(j, JK("perbyte_ttft_gain_vs_lru_within_3pct"), x->g[1].vs_lru_3pct);
     bench_json_num(j, JK("perbyte_greedy_vs_upper_bound"), x->gvb[1]);
+    bench_json_num(j, JK("greedy_vs_upper_bound_every_alpha"), x->gvb_all[0]);
+    bench_json_num(j, JK("perbyte_greedy_vs_upper_bound_every_alpha"), x->gvb_all[1]);
     bench_json_num(j, JK("place_100k_ms_least_drop"), x->big.ms[0]);
     bench_json_num(j, JK("place_100k_ms_per_byte"), x->big.ms[1]);
     bench_json_num(j, JK("place_100k_ms_no_workspace"),
@@ -2064,6 +2248,28 @@ int bench_policy(const bench_env *env, bench_json *j)
       }
 #undef JK
   }
+  if (rr == 0) {
+    const scen *x = &sc[2];
+    bench_json_num(j, "ttft_gain_vs_compress_lru_derived", x->g[0].vs_compress);
+    bench_json_num(j, "ttft_gain_vs_lru_within_3pct_derived", x->g[0].vs_lru_3pct);
+    bench_json_num(j, "greedy_vs_upper_bound_derived", x->gvb[0]);
+    bench_json_str(j, "ttft_gain_vs_compress_lru_worst_baseline_derived",
+                   x->g[0].n_points ? x->fixed[x->g[0].worst_point].name : "");
+    bench_json_num(j, "ttft_gain_vs_token_dropping_lru_derived", x->g_drop[0].vs_compress);
+    bench_json_num(j, "perbyte_ttft_gain_vs_compress_lru_derived", x->g[1].vs_compress);
+    bench_json_num(j, "perbyte_greedy_vs_upper_bound_derived", x->gvb[1]);
+  }
+  bench_json_str(j, "quality_probes",
+                 rr == 0 ? "model queries: last 16 positions x query heads of the KV head's group"
+                         : "derived from K (kv_quality_derive_probes): no model, no queries");
+  for (size_t k = 0; k <= NCFG; k++) {
+    json_key(key, sizeof key, "profile_quality_", k < NCFG ? cm[k].name : PB_SENS_CFG);
+    bench_json_num(j, key, q_mean[k]);
+    if (rr == 0) {
+      json_key(key, sizeof key, "profile_quality_derived_", k < NCFG ? cm[k].name : PB_SENS_CFG);
+      bench_json_num(j, key, qd_mean[k]);
+    }
+  }
   bench_json_num(j, "lru_quality", sc[0].fixed[0].quality);
   bench_json_num(j, "dram_gbps", tm.dram_bps / 1e9);
   bench_json_num(j, "dram_latency_us", tm.dram_lat_s * 1e6);
@@ -2096,13 +2302,15 @@ int bench_policy(const bench_env *env, bench_json *j)
   bench_json_int(j, "targets_total", 4);
   rc = 0;
 out:
-  for (int d = 0; d < 2; d++)
+  for (int d = 0; d < 3; d++)
     free(sc[d].res);
   cfg_run_free(&run);
   bench_free(ws.p);
   kvset_free(&syn);
   kvset_free(&real);
   free(q_real);
+  free(q_der);
   trace_free(&tr);
+  trace_free(&tr_d);
   return rc;
 }
