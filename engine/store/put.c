@@ -456,6 +456,27 @@ out:
  * The space is not reserved first: the objects' sizes are known only once encoded (and the
  * encoding, 0.1-0.6 GB/s per core, dominates these puts).
  */
+/* The end of a put's writes: wait for both batches in flight (the first failure wins), then
+ * make the segment durable (KVDB_SYNC_FULL) before the catalog commit that publishes it. */
+static kvdb_status drain_and_sync(kvdb *db, kv_writer *w, kv_batch *bt[2], int busy[2],
+                                  kvdb_status rc)
+{
+  for (int k = 0; k < 2; k++) {
+    if (busy[k]) {
+      int e = kv_batch_wait(db->io, bt[k]);
+      busy[k] = 0;
+      if (e != 0 && rc == KVDB_OK)
+        rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+    }
+  }
+  if (rc == KVDB_OK && db->opt.sync_mode == KVDB_SYNC_FULL) {
+    int e = db->io->ops->sync(db->io, kv_writer_file(w));
+    if (e != 0)
+      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
+  }
+  return rc;
+}
+
 static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
   uint64_t biggest = 0;
@@ -507,19 +528,7 @@ static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t
     fill += b->obj_bytes;
     *written = b->off + b->obj_bytes - w->end;
   }
-  for (int k = 0; k < 2; k++) {
-    if (busy[k]) {
-      int e = kv_batch_wait(db->io, bt[k]);
-      busy[k] = 0;
-      if (e != 0 && rc == KVDB_OK)
-        rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-    }
-  }
-  if (rc == KVDB_OK && db->opt.sync_mode == KVDB_SYNC_FULL) {
-    int e = db->io->ops->sync(db->io, kv_writer_file(w));
-    if (e != 0)
-      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
-  }
+  rc = drain_and_sync(db, w, bt, busy, rc);
 out:
   for (int k = 0; k < 2; k++) {
     if (bt[k] != NULL && busy[k])
@@ -632,19 +641,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     b->obj_bytes = g->total_bytes + sb;
     fill += g->total_bytes + sb;
   }
-  for (int k = 0; k < 2; k++) {
-    if (busy[k]) {
-      int e = kv_batch_wait(db->io, bt[k]);
-      busy[k] = 0;
-      if (e != 0 && rc == KVDB_OK)
-        rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-    }
-  }
-  if (rc == KVDB_OK && db->opt.sync_mode == KVDB_SYNC_FULL) {
-    int e = db->io->ops->sync(db->io, kv_writer_file(w));
-    if (e != 0)
-      rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
-  }
+  rc = drain_and_sync(db, w, bt, busy, rc);
 out:
   for (int k = 0; k < 2; k++) {
     if (bt[k] != NULL && busy[k])
