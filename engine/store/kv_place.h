@@ -31,6 +31,18 @@ typedef struct kv_place_set {
   uint64_t smartssd_bytes; /* 0: no SmartSSD tier */
 } kv_place_set;
 
+/* The catalog records of this module (FORMAT.md §2), for the fuzz target too: meta
+ * "placement" (the settings serving handles record) and "perf.<tier>" (cached probe figures).
+ * The decoders return KVDB_CORRUPT, with a message, for a record they refuse. */
+#define KV_PLACE_SET_BYTES 56
+#define KV_PLACE_PERF_BYTES 32
+void kv_place_set_encode(const kv_place_set *s, uint8_t b[KV_PLACE_SET_BYTES]);
+kvdb_status kv_place_set_decode(const uint8_t b[KV_PLACE_SET_BYTES], kv_place_set *s);
+void kv_place_perf_encode(uint64_t dev, const kv_tier_perf *f, uint64_t ms,
+                          uint8_t b[KV_PLACE_PERF_BYTES]);
+kvdb_status kv_place_perf_decode(const uint8_t b[KV_PLACE_PERF_BYTES], uint64_t *dev,
+                                 kv_tier_perf *f, uint64_t *ms);
+
 /* KVDB_INVALID when the handle has placement off and the catalog has no recorded settings. */
 kvdb_status kv_place_settings(kvdb *db, MDB_txn *txn, kv_place_set *out);
 /* The read figures a placement with `set` uses: the handle's (probe + online fit) when it has

@@ -40,8 +40,8 @@
 #define META_PLACE_GEN "place_gen"
 #define META_PLACEMENT "placement"
 #define META_STAT_BLOCKS "stat.blocks"
-#define SET_REC_BYTES 56
-#define PERF_REC_BYTES 32
+#define SET_REC_BYTES KV_PLACE_SET_BYTES
+#define PERF_REC_BYTES KV_PLACE_PERF_BYTES
 #define PERF_PRIOR_WEIGHT 8.0 /* the probe counts as this many reads in the online fit */
 #define MEM_PROBE_BYTES (16u << 20)
 
@@ -218,13 +218,7 @@ static kvdb_status probe_tier(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64
     return kv_fail_errno(-e, "cannot probe the tier directory '%s'", dir);
   *ms = kv_now_ms();
   uint8_t b[PERF_REC_BYTES];
-  uint64_t u;
-  kv_put_le64(b, (uint64_t)st.st_dev);
-  memcpy(&u, &out->read_bps, 8);
-  kv_put_le64(b + 8, u);
-  memcpy(&u, &out->latency_s, 8);
-  kv_put_le64(b + 16, u);
-  kv_put_le64(b + 24, *ms);
+  kv_place_perf_encode((uint64_t)st.st_dev, out, *ms, b);
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_cat_put_blob(&db->cat, txn, perf_key(tier), b, sizeof b);
@@ -237,6 +231,35 @@ static kvdb_status probe_tier(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64
   return kv_txn_commit(txn);
 }
 
+/* meta "perf.ssd" / "perf.smartssd" (32 bytes): device u64, read bandwidth f64 (bytes/s),
+ * latency f64 (s), probed at Unix ms u64. */
+void kv_place_perf_encode(uint64_t dev, const kv_tier_perf *f, uint64_t ms,
+                          uint8_t b[KV_PLACE_PERF_BYTES])
+{
+  uint64_t u;
+  kv_put_le64(b, dev);
+  memcpy(&u, &f->read_bps, 8);
+  kv_put_le64(b + 8, u);
+  memcpy(&u, &f->latency_s, 8);
+  kv_put_le64(b + 16, u);
+  kv_put_le64(b + 24, ms);
+}
+
+kvdb_status kv_place_perf_decode(const uint8_t b[KV_PLACE_PERF_BYTES], uint64_t *dev,
+                                 kv_tier_perf *f, uint64_t *ms)
+{
+  uint64_t u;
+  *dev = kv_get_le64(b);
+  u = kv_get_le64(b + 8);
+  memcpy(&f->read_bps, &u, 8);
+  u = kv_get_le64(b + 16);
+  memcpy(&f->latency_s, &u, 8);
+  *ms = kv_get_le64(b + 24);
+  if (!(isfinite(f->read_bps) && f->read_bps > 0 && isfinite(f->latency_s) && f->latency_s >= 0))
+    return kv_fail(KVDB_CORRUPT, "catalog tier figures are not finite and positive");
+  return KVDB_OK;
+}
+
 /* The cached figures of a tier when they are for this directory's device: 1, else 0. */
 static int cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64_t *ms)
 {
@@ -247,16 +270,11 @@ static int cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64_t *ms)
     return 0;
   kvdb_status rc = kv_cat_get_blob(&db->cat, txn, perf_key(tier), b, sizeof b);
   mdb_txn_abort(txn);
-  kv_clear_error();
-  if (rc != KVDB_OK || kv_get_le64(b) != (uint64_t)st.st_dev)
-    return 0;
-  uint64_t u = kv_get_le64(b + 8);
-  memcpy(&out->read_bps, &u, 8);
-  u = kv_get_le64(b + 16);
-  memcpy(&out->latency_s, &u, 8);
-  *ms = kv_get_le64(b + 24);
-  return isfinite(out->read_bps) && out->read_bps > 0 && isfinite(out->latency_s) &&
-         out->latency_s >= 0;
+  uint64_t dev = 0;
+  int ok = rc == KVDB_OK && kv_place_perf_decode(b, &dev, out, ms) == KVDB_OK &&
+           dev == (uint64_t)st.st_dev;
+  kv_clear_error(); /* a missing or damaged cache is probed again */
+  return ok;
 }
 
 /* Figures of one persistent tier: cached, else probed (a read-only handle that finds none
@@ -549,7 +567,7 @@ static void set_from_opts(const kvdb *db, kv_place_set *s)
 
 /* meta "placement" (56 bytes): version u8 (1), rule u8, reserved u16 and u32 (0), alpha f64,
  * half-life s f64, prefill tokens/s f64, dram / ssd / smartssd bytes u64. */
-static void set_encode(const kv_place_set *s, uint8_t b[SET_REC_BYTES])
+void kv_place_set_encode(const kv_place_set *s, uint8_t b[KV_PLACE_SET_BYTES])
 {
   uint64_t u;
   memset(b, 0, SET_REC_BYTES);
@@ -566,7 +584,7 @@ static void set_encode(const kv_place_set *s, uint8_t b[SET_REC_BYTES])
   kv_put_le64(b + 48, s->smartssd_bytes);
 }
 
-static kvdb_status set_decode(const uint8_t b[SET_REC_BYTES], kv_place_set *s)
+kvdb_status kv_place_set_decode(const uint8_t b[KV_PLACE_SET_BYTES], kv_place_set *s)
 {
   uint64_t u;
   if (b[0] != 1 || b[2] != 0 || b[3] != 0 || kv_get_le32(b + 4) != 0)
@@ -604,7 +622,7 @@ kvdb_status kv_place_settings(kvdb *db, MDB_txn *txn, kv_place_set *out)
     return kv_fail(KVDB_INVALID, "database '%s' has no placement settings: open it once with "
                    "kvdb_options.placement on (or use this handle with it on)", db->dir);
   KV_RET(rc);
-  KV_RET(set_decode(b, out));
+  KV_RET(kv_place_set_decode(b, out));
   if (out->smartssd_bytes > 0 && db->smart_dir == NULL)
     out->smartssd_bytes = 0; /* the tier's directory is not known here */
   return KVDB_OK;
@@ -687,7 +705,7 @@ static kvdb_status record_settings(kvdb *db)
   kv_place_set set;
   set_from_opts(db, &set);
   uint8_t b[SET_REC_BYTES], old[SET_REC_BYTES];
-  set_encode(&set, b);
+  kv_place_set_encode(&set, b);
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   int same = kv_cat_get_blob(&db->cat, txn, META_PLACEMENT, old, sizeof old) == KVDB_OK &&

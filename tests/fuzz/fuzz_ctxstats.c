@@ -1,13 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/fuzz/fuzz_ctxstats.c — the placement policy's catalog record decoder
- * (engine/catalog/ctxstats.c, FORMAT.md §2 "ctxstats record") on untrusted bytes.
+ * tests/fuzz/fuzz_ctxstats.c — the placement's catalog record decoders on untrusted bytes. The
+ * first input byte picks the decoder, the rest is the record:
+ *   0  the ctxstats record (engine/catalog/ctxstats.c, FORMAT.md §2 "ctxstats record");
+ *   1  meta "placement", the settings serving handles record (kv_place_set_decode);
+ *   2  meta "perf.<tier>", cached tier figures (kv_place_perf_decode).
  *
  * Must never crash or read outside the input. Properties (abort when broken):
- *   - a refusal is KVDB_CORRUPT or KVDB_VERSION with a message;
- *   - an accepted record is 32 bytes, its tier is a persistent tier, its frequency finite and
- *     >= 0, and encoding it gives back exactly the input (no field is lost or normalized);
- *   - the decayed frequency is finite, >= 0 and never above the stored one.
+ *   - a refusal is KVDB_CORRUPT (or KVDB_VERSION for ctxstats) with a message;
+ *   - ctxstats: an accepted record is 32 bytes, its tier is a persistent tier, its frequency
+ *     finite and >= 0, and encoding it gives back exactly the input (no field is lost or
+ *     normalized); the decayed frequency is finite, >= 0 and never above the stored one;
+ *   - placement settings: accepted ones are valid kvdb_options placement fields (a rule that
+ *     is not off) and encode back to the input;
+ *   - tier figures: accepted ones are finite, bandwidth > 0, latency >= 0, and encode back.
  * Seeds: tests/fuzz/corpora/ctxstats/.
  */
 #include <math.h>
@@ -16,18 +22,24 @@
 #include <string.h>
 
 #include "catalog/ctxstats.h"
+#include "store/kv_place.h"
 #include "kvdb.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void refused(kvdb_status rc, int version_ok)
+{
+  if ((rc != KVDB_CORRUPT && !(version_ok && rc == KVDB_VERSION)) || kvdb_errmsg()[0] == 0)
+    abort();
+}
+
+static void ctxstats(const uint8_t *data, size_t size)
 {
   kv_ctxstats r;
   kvdb_status rc = kv_ctxstats_decode(data, size, &r);
   if (rc != KVDB_OK) {
-    if ((rc != KVDB_CORRUPT && rc != KVDB_VERSION) || kvdb_errmsg()[0] == 0)
-      abort();
-    return 0;
+    refused(rc, 1);
+    return;
   }
   if (size != KV_CTXSTATS_REC_BYTES || r.tier < KVDB_TIER_SSD || r.tier >= KVDB_TIER_COUNT ||
       !isfinite(r.freq) || r.freq < 0)
@@ -39,5 +51,65 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   double f = kv_ctxstats_freq_at(&r, r.freq_ms + 3600000, 600000.0);
   if (!isfinite(f) || f < 0 || f > r.freq)
     abort();
+}
+
+static void settings(const uint8_t *data, size_t size)
+{
+  if (size != KV_PLACE_SET_BYTES) /* the catalog reads exactly this many bytes or refuses */
+    return;
+  kv_place_set s;
+  kvdb_status rc = kv_place_set_decode(data, &s);
+  if (rc != KVDB_OK) {
+    refused(rc, 0);
+    return;
+  }
+  kvdb_options o;
+  memset(&o, 0, sizeof o);
+  o.placement = s.rule;
+  o.placement_alpha = s.alpha;
+  o.freq_half_life_s = s.half_life_s;
+  o.prefill_tokens_per_s = s.prefill_tps;
+  if (s.rule == KVDB_PLACEMENT_OFF || kv_place_options_check(&o) != KVDB_OK)
+    abort();
+  uint8_t buf[KV_PLACE_SET_BYTES];
+  kv_place_set_encode(&s, buf);
+  if (memcmp(buf, data, size) != 0)
+    abort();
+}
+
+static void figures(const uint8_t *data, size_t size)
+{
+  if (size != KV_PLACE_PERF_BYTES)
+    return;
+  uint64_t dev, ms;
+  kv_tier_perf f;
+  kvdb_status rc = kv_place_perf_decode(data, &dev, &f, &ms);
+  if (rc != KVDB_OK) {
+    refused(rc, 0);
+    return;
+  }
+  if (!isfinite(f.read_bps) || !(f.read_bps > 0) || !isfinite(f.latency_s) || f.latency_s < 0)
+    abort();
+  uint8_t buf[KV_PLACE_PERF_BYTES];
+  kv_place_perf_encode(dev, &f, ms, buf);
+  if (memcmp(buf, data, size) != 0)
+    abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+  if (size == 0)
+    return 0;
+  switch (data[0] % 3) {
+  case 0:
+    ctxstats(data + 1, size - 1);
+    break;
+  case 1:
+    settings(data + 1, size - 1);
+    break;
+  default:
+    figures(data + 1, size - 1);
+    break;
+  }
   return 0;
 }
