@@ -149,46 +149,6 @@ static void workload(kvdb *db, int *acked)
       acked[i] = 1;
 }
 
-static long fault_loop(int kind, int err, int short_write, const char *name)
-{
-  long points = 0;
-  for (long at = 1;; at++) {
-    char *dir = t_tmpdir("faultloop");
-    int acked[9] = {0};
-    iot_config c = {.fail_kind = kind, .fail_at = at, .fail_errno = err, .short_write = short_write};
-    iot_install(&c);
-    kvdb_options o = opts();
-    kvdb *db = NULL;
-    kvdb_status rc = kvdb_open(dir, &o, &db);
-    if (rc == KVDB_OK) {
-      workload(db, acked);
-      kvdb_close(db);
-    }
-    int fired = iot_fired();
-    iot_uninstall();
-    /* reopen with the real I/O: everything acknowledged is there, verify is clean */
-    ASSERT_OK(kvdb_open(dir, &o, &db));
-    for (int i = 0; i < 9; i++)
-      if (acked[i] == 1 && !intact(db, i)) {
-        fprintf(stderr, "%s fault at %ld: acknowledged context %d lost\n", name, at, i);
-        abort();
-      }
-    kvdb_verify_report rep;
-    rc = kvdb_verify(db, NULL, NULL, NULL, &rep);
-    if (rc != KVDB_OK) {
-      fprintf(stderr, "%s fault at %ld: verify: %s\n", name, at, kvdb_errmsg());
-      abort();
-    }
-    kvdb_close(db);
-    t_rmdir(dir);
-    if (!fired)
-      break;
-    points++;
-  }
-  printf("fault loop %-14s: %ld fault points, all recovered\n", name, points);
-  return points;
-}
-
 /* ---- placement and rebalance under faults ------------------------------------------------ */
 
 static kvdb_options place_opts(void)
@@ -227,35 +187,49 @@ static void workload_place(kvdb *db, int *acked)
   (void)kvdb_compact(db, 0.99, NULL, NULL, NULL);
 }
 
-/* Each round on a copy of one database (placement settings and tier figures recorded, so no
- * probe runs under the fault): every fault point of the placement workload. */
-static long place_fault_loop(const char *base, int kind, int err, const char *name)
+/* Every fault point of a workload: for N = 1, 2, ... the Nth operation of `kind` fails; then
+ * the real I/O reopens the database, every acknowledged context reads back and verify is clean.
+ * `base` NULL: the plain workload on a new database; else the placement workload, each round on
+ * a copy of `base` (its placement settings and tier figures recorded: no probe under the
+ * fault) whose contexts 0..3 are stored. */
+static long fault_loop(int kind, int err, int short_write, const char *name, const char *base)
 {
   long points = 0;
   for (long at = 1;; at++) {
-    char *dir = t_tmpdir("placefault");
-    char cmd[8400];
-    snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", base, dir);
-    ASSERT(system(cmd) == 0);
-    int acked[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
-    iot_config c = {.fail_kind = kind, .fail_at = at, .fail_errno = err};
+    char *dir = t_tmpdir("faultloop");
+    int acked[9] = {0};
+    if (base != NULL) {
+      char cmd[8400];
+      snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", base, dir);
+      ASSERT(system(cmd) == 0);
+      for (int i = 0; i < 4; i++)
+        acked[i] = 1;
+    }
+    iot_config c = {.fail_kind = kind, .fail_at = at, .fail_errno = err, .short_write = short_write};
     iot_install(&c);
-    kvdb_options o = place_opts();
+    kvdb_options o = base != NULL ? place_opts() : opts();
     kvdb *db = NULL;
-    if (kvdb_open(dir, &o, &db) == KVDB_OK) {
-      workload_place(db, acked);
+    kvdb_status rc = kvdb_open(dir, &o, &db);
+    if (rc == KVDB_OK) {
+      if (base != NULL)
+        workload_place(db, acked);
+      else
+        workload(db, acked);
       kvdb_close(db);
     }
     int fired = iot_fired();
     iot_uninstall();
+    /* reopen with the real I/O: everything acknowledged is there, verify is clean */
     ASSERT_OK(kvdb_open(dir, &o, &db));
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 9; i++)
       if (acked[i] == 1 && !intact(db, i)) {
-        fprintf(stderr, "placement, %s fault at %ld: acknowledged context %d lost\n", name, at, i);
+        fprintf(stderr, "%s fault at %ld: acknowledged context %d lost\n", name, at, i);
         abort();
       }
-    if (kvdb_verify(db, NULL, NULL, NULL, NULL) != KVDB_OK) {
-      fprintf(stderr, "placement, %s fault at %ld: verify: %s\n", name, at, kvdb_errmsg());
+    kvdb_verify_report rep;
+    rc = kvdb_verify(db, NULL, NULL, NULL, &rep);
+    if (rc != KVDB_OK) {
+      fprintf(stderr, "%s fault at %ld: verify: %s\n", name, at, kvdb_errmsg());
       abort();
     }
     kvdb_close(db);
@@ -264,7 +238,8 @@ static long place_fault_loop(const char *base, int kind, int err, const char *na
       break;
     points++;
   }
-  printf("fault loop placement %-12s: %ld fault points, all recovered\n", name, points);
+  printf("fault loop %s%-14s: %ld fault points, all recovered\n", base != NULL ? "placement " : "",
+         name, points);
   return points;
 }
 
@@ -277,10 +252,10 @@ static long place_faults(void)
   for (int i = 0; i < 4; i++)
     ASSERT_OK(put_i(db, i));
   kvdb_close(db);
-  long n = place_fault_loop(base, IOT_WRITE, EIO, "write EIO");
-  n += place_fault_loop(base, IOT_SYNC, EIO, "fsync EIO");
-  n += place_fault_loop(base, IOT_READ, EIO, "read EIO");
-  n += place_fault_loop(base, IOT_ALLOC, ENOSPC, "fallocate");
+  long n = fault_loop(IOT_WRITE, EIO, 0, "write EIO", base);
+  n += fault_loop(IOT_SYNC, EIO, 0, "fsync EIO", base);
+  n += fault_loop(IOT_READ, EIO, 0, "read EIO", base);
+  n += fault_loop(IOT_ALLOC, ENOSPC, 0, "fallocate", base);
   t_rmdir(base);
   return n;
 }
@@ -290,13 +265,13 @@ int main(void)
   test_full_disk(IOT_ALLOC);
   test_full_disk(IOT_WRITE);
   long total = 0;
-  total += fault_loop(IOT_WRITE, EIO, 0, "write EIO");
-  total += fault_loop(IOT_WRITE, ENOSPC, 1, "short write");
-  total += fault_loop(IOT_SYNC, EIO, 0, "fsync EIO");
-  total += fault_loop(IOT_READ, EIO, 0, "read EIO");
-  total += fault_loop(IOT_OPEN, EIO, 0, "open EIO");
-  total += fault_loop(IOT_TRUNC, EIO, 0, "truncate EIO");
-  total += fault_loop(IOT_ALLOC, ENOSPC, 0, "fallocate ENOSPC");
+  total += fault_loop(IOT_WRITE, EIO, 0, "write EIO", NULL);
+  total += fault_loop(IOT_WRITE, ENOSPC, 1, "short write", NULL);
+  total += fault_loop(IOT_SYNC, EIO, 0, "fsync EIO", NULL);
+  total += fault_loop(IOT_READ, EIO, 0, "read EIO", NULL);
+  total += fault_loop(IOT_OPEN, EIO, 0, "open EIO", NULL);
+  total += fault_loop(IOT_TRUNC, EIO, 0, "truncate EIO", NULL);
+  total += fault_loop(IOT_ALLOC, ENOSPC, 0, "fallocate ENOSPC", NULL);
   total += place_faults();
   printf("test_fault: full disk ok; %ld fault points survived\n", total);
   return 0;

@@ -273,39 +273,32 @@ static void place_workload(const char *dir, int *acked)
   kvdb_close(db);
 }
 
-/* each round on a copy of a database whose placement settings and tier figures are recorded */
-static long place_loop(void)
-{
-  long points = 0;
-  for (long at = 1;; at++) {
-    char *dir = t_tmpdir("allocplace");
-    char cmd[8400];
-    snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", g_place_base, dir);
-    ASSERT(system(cmd) == 0);
-    int acked[9] = {1, 1, 1, 1, 0, 0, 0, 0, 0};
-    arm(at, 0);
-    place_workload(dir, acked);
-    int fired = disarm();
-    if (!check(dir, acked, at, "allocation failure with placement"))
-      abort();
-    t_rmdir(dir);
-    if (!fired)
-      break;
-    points++;
-  }
-  return points;
-}
-
-static long loop(int sticky)
+/* Every allocation point of a workload: for N = 1, 2, ... the Nth allocation fails (`sticky`:
+ * and every one after it), then the database is checked without faults. `place`: the placement
+ * workload, each round on a copy of g_place_base (placement settings and tier figures recorded,
+ * contexts 0..3 stored); else the plain workload on a new database. */
+static long loop(int sticky, int place)
 {
   long points = 0;
   for (long at = 1;; at++) {
     char *dir = t_tmpdir("alloc");
     int acked[9] = {0};
+    if (place) {
+      char cmd[8400];
+      snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", g_place_base, dir);
+      ASSERT(system(cmd) == 0);
+      for (int i = 0; i < 4; i++)
+        acked[i] = 1;
+    }
     arm(at, sticky);
-    workload(dir, acked);
+    if (place)
+      place_workload(dir, acked);
+    else
+      workload(dir, acked);
     int fired = disarm();
-    if (!check(dir, acked, at, sticky ? "sticky allocation failure" : "allocation failure"))
+    if (!check(dir, acked, at,
+               place ? "allocation failure with placement"
+                     : sticky ? "sticky allocation failure" : "allocation failure"))
       abort();
     t_rmdir(dir);
     if (!fired)
@@ -334,7 +327,7 @@ int main(void)
     ASSERT(i == 2 ? acked[i] == 0 : acked[i] > 0);
   ASSERT(check(dir, acked, 0, "no failure"));
   t_rmdir(dir);
-  long one = loop(0), sticky = loop(1);
+  long one = loop(0, 0), sticky = loop(1, 0);
   /* placement: a base database (placement settings, probed tier figures, 4 contexts) */
   char *base = t_tmpdir("allocbase");
   snprintf(g_place_base, sizeof g_place_base, "%s", base);
@@ -346,7 +339,7 @@ int main(void)
       ASSERT_OK(put_i(db, i, NULL));
     kvdb_close(db);
   }
-  long placed = place_loop();
+  long placed = loop(0, 1);
   t_rmdir(base);
   /* the count varies a little between runs (when the access-time flush happens depends on the
    * clock): each loop ran until the workload made fewer allocations than its N */
