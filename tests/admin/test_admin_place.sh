@@ -14,46 +14,8 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/kvdb-admin-place-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 trap 'exit 1' INT TERM
 
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-
-run() {
-  set +e
-  "$ADMIN" "$@" >"$T/out" 2>"$T/err"
-  rc=$?
-  set -e
-}
-
-expect() {
-  want=$1
-  shift
-  run "$@"
-  if [ "$rc" -ne "$want" ]; then
-    echo "--- stdout" >&2
-    cat "$T/out" >&2
-    echo "--- stderr" >&2
-    cat "$T/err" >&2
-    fail "kvdb-admin $* exited $rc, expected $want"
-  fi
-}
-
-pyjson() {
-  python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-if not isinstance(d, dict) or not eval("(" + sys.argv[1] + ")"):
-    sys.exit("JSON check failed: " + sys.argv[1] + "\n" + json.dumps(d, indent=1))
-' "$1" <"$T/out" || fail "JSON check: $1"
-}
-
-has() {
-  grep -Eq -- "$1" "$T/out" || { cat "$T/out" >&2; fail "stdout lacks /$1/"; }
-}
-has_err() {
-  grep -Eq -- "$1" "$T/err" || { cat "$T/err" >&2; fail "stderr lacks /$1/"; }
-}
+# fail, run, expect, pyjson, has, has_err, lines
+. "$(dirname "$0")/admin_lib.sh"
 
 DB=$T/db
 "$FIX" create "$DB" || fail "fixture create"
