@@ -132,6 +132,9 @@ kvdb_status kv_block_read_verify(kvdb *db, const kv_block_rec *rec, const uint8_
  * meta region first and then its sections [s0, s1) as they arrive. */
 kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], const uint8_t *buf,
                            kv_block_hdr *hdr);
+/* 1 when a compaction committed since a read snapshot that saw catalog generation `gen` (its
+ * blocks may have moved: the read is worth doing again from a fresh snapshot). get.c. */
+int kv_gen_moved(kvdb *db, uint64_t gen);
 kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                                 const uint8_t *buf, kv_block_hdr *hdr);
 kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[16],

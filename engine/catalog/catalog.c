@@ -201,20 +201,6 @@ kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
 #define PROF_HDR 16
 #define PROF_ENT 56
 
-static uint64_t dbits(double d)
-{
-  uint64_t u;
-  memcpy(&u, &d, 8);
-  return u;
-}
-
-static double bitsd(uint64_t u)
-{
-  double d;
-  memcpy(&d, &u, 8);
-  return d;
-}
-
 size_t kv_profile_rec_size(uint32_t n_entries)
 {
   return PROF_HDR + PROF_ENT * (size_t)n_entries;
@@ -233,9 +219,9 @@ void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst)
     kv_config_encode(&e->config, p);
     kv_put_le32(p + 12, e->flags);
     kv_put_le64(p + 16, e->bytes);
-    kv_put_le64(p + 24, dbits(e->quality));
-    kv_put_le64(p + 32, dbits(e->rel_l2));
-    kv_put_le64(p + 40, dbits(e->reported_quality));
+    kv_put_lef64(p + 24, e->quality);
+    kv_put_lef64(p + 32, e->rel_l2);
+    kv_put_lef64(p + 40, e->reported_quality);
     kv_put_le32(p + 48, e->n_reports);
   }
 }
@@ -257,9 +243,9 @@ kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec
     KV_RET(kv_config_decode(p, &e->config));
     e->flags = kv_get_le32(p + 12);
     e->bytes = kv_get_le64(p + 16);
-    e->quality = bitsd(kv_get_le64(p + 24));
-    e->rel_l2 = bitsd(kv_get_le64(p + 32));
-    e->reported_quality = bitsd(kv_get_le64(p + 40));
+    e->quality = kv_get_lef64(p + 24);
+    e->rel_l2 = kv_get_lef64(p + 32);
+    e->reported_quality = kv_get_lef64(p + 40);
     e->n_reports = kv_get_le32(p + 48);
     e->n_probes = r->n_probes;
     if ((e->flags & ~7u) != 0 || kv_get_le32(p + 52) != 0) /* bit 2: format 3 */

@@ -13,27 +13,13 @@
 
 #include "ctxstats.h"
 
-static uint64_t dbits(double d)
-{
-  uint64_t u;
-  memcpy(&u, &d, 8);
-  return u;
-}
-
-static double bitsd(uint64_t u)
-{
-  double d;
-  memcpy(&d, &u, 8);
-  return d;
-}
-
 void kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_BYTES])
 {
   memset(dst, 0, KV_CTXSTATS_REC_BYTES);
   dst[0] = KV_CTXSTATS_REC_VERSION;
   dst[1] = (uint8_t)r->flags;
   dst[2] = (uint8_t)r->tier;
-  kv_put_le64(dst + 8, dbits(r->freq));
+  kv_put_lef64(dst + 8, r->freq);
   kv_put_le64(dst + 16, r->freq_ms);
   kv_put_le64(dst + 24, r->accesses);
 }
@@ -50,7 +36,7 @@ kvdb_status kv_ctxstats_decode(const uint8_t *src, size_t len, kv_ctxstats *r)
                    KV_CTXSTATS_REC_VERSION);
   r->flags = src[1];
   r->tier = src[2];
-  r->freq = bitsd(kv_get_le64(src + 8));
+  r->freq = kv_get_lef64(src + 8);
   r->freq_ms = kv_get_le64(src + 16);
   r->accesses = kv_get_le64(src + 24);
   if ((r->flags & ~(uint32_t)KV_CTXS_CACHED) != 0 || src[3] != 0 || kv_get_le32(src + 4) != 0 ||

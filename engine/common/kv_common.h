@@ -89,6 +89,20 @@ static inline uint64_t kv_get_le64(const uint8_t *p)
 {
   return (uint64_t)kv_get_le32(p) | ((uint64_t)kv_get_le32(p + 4) << 32);
 }
+/* A double as its IEEE-754 bits, little-endian (catalog records keep doubles bit-exact). */
+static inline void kv_put_lef64(uint8_t *p, double d)
+{
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  kv_put_le64(p, u);
+}
+static inline double kv_get_lef64(const uint8_t *p)
+{
+  uint64_t u = kv_get_le64(p);
+  double d;
+  memcpy(&d, &u, 8);
+  return d;
+}
 
 /* Hex of a 16-byte key, 32 chars + NUL. */
 char *kv_hex16(const uint8_t *b, char *buf);

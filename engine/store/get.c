@@ -464,8 +464,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
   return delivered;
 }
 
-/* 1 when a compaction committed since a snapshot that saw catalog generation `gen`. */
-static int gen_moved(kvdb *db, uint64_t gen)
+int kv_gen_moved(kvdb *db, uint64_t gen)
 {
   MDB_txn *txn;
   uint64_t now = gen;
@@ -509,7 +508,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
         }
     }
     mdb_txn_abort(txn);
-    int again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && attempt < 3 && gen_moved(db, gen);
+    int again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && attempt < 3 && kv_gen_moved(db, gen);
     free(w.h);
     if (!again)
       break;
@@ -947,7 +946,7 @@ again:;
   if (rc == KVDB_OK)
     kv_note_access(db, context->b);
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && gen_moved(db, gen))
+  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
     goto again; /* a compaction moved a block and removed its old file meanwhile (see kvdb_get) */
   return rc;
 }
@@ -1028,7 +1027,7 @@ again:;
     kv_note_access(db, ck.b);
   }
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && gen_moved(db, gen))
+  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
     goto again; /* a compaction moved the block and removed its old file meanwhile */
   return rc;
 }

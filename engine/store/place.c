@@ -236,24 +236,18 @@ static kvdb_status probe_tier(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64
 void kv_place_perf_encode(uint64_t dev, const kv_tier_perf *f, uint64_t ms,
                           uint8_t b[KV_PLACE_PERF_BYTES])
 {
-  uint64_t u;
   kv_put_le64(b, dev);
-  memcpy(&u, &f->read_bps, 8);
-  kv_put_le64(b + 8, u);
-  memcpy(&u, &f->latency_s, 8);
-  kv_put_le64(b + 16, u);
+  kv_put_lef64(b + 8, f->read_bps);
+  kv_put_lef64(b + 16, f->latency_s);
   kv_put_le64(b + 24, ms);
 }
 
 kvdb_status kv_place_perf_decode(const uint8_t b[KV_PLACE_PERF_BYTES], uint64_t *dev,
                                  kv_tier_perf *f, uint64_t *ms)
 {
-  uint64_t u;
   *dev = kv_get_le64(b);
-  u = kv_get_le64(b + 8);
-  memcpy(&f->read_bps, &u, 8);
-  u = kv_get_le64(b + 16);
-  memcpy(&f->latency_s, &u, 8);
+  f->read_bps = kv_get_lef64(b + 8);
+  f->latency_s = kv_get_lef64(b + 16);
   *ms = kv_get_le64(b + 24);
   if (!(isfinite(f->read_bps) && f->read_bps > 0 && isfinite(f->latency_s) && f->latency_s >= 0))
     return kv_fail(KVDB_CORRUPT, "catalog tier figures are not finite and positive");
@@ -569,16 +563,12 @@ static void set_from_opts(const kvdb *db, kv_place_set *s)
  * half-life s f64, prefill tokens/s f64, dram / ssd / smartssd bytes u64. */
 void kv_place_set_encode(const kv_place_set *s, uint8_t b[KV_PLACE_SET_BYTES])
 {
-  uint64_t u;
   memset(b, 0, SET_REC_BYTES);
   b[0] = 1;
   b[1] = (uint8_t)s->rule;
-  memcpy(&u, &s->alpha, 8);
-  kv_put_le64(b + 8, u);
-  memcpy(&u, &s->half_life_s, 8);
-  kv_put_le64(b + 16, u);
-  memcpy(&u, &s->prefill_tps, 8);
-  kv_put_le64(b + 24, u);
+  kv_put_lef64(b + 8, s->alpha);
+  kv_put_lef64(b + 16, s->half_life_s);
+  kv_put_lef64(b + 24, s->prefill_tps);
   kv_put_le64(b + 32, s->dram_bytes);
   kv_put_le64(b + 40, s->ssd_bytes);
   kv_put_le64(b + 48, s->smartssd_bytes);
@@ -586,16 +576,12 @@ void kv_place_set_encode(const kv_place_set *s, uint8_t b[KV_PLACE_SET_BYTES])
 
 kvdb_status kv_place_set_decode(const uint8_t b[KV_PLACE_SET_BYTES], kv_place_set *s)
 {
-  uint64_t u;
   if (b[0] != 1 || b[2] != 0 || b[3] != 0 || kv_get_le32(b + 4) != 0)
     return kv_fail(KVDB_CORRUPT, "catalog meta 'placement' has version %u", b[0]);
   s->rule = (kvdb_placement)b[1];
-  u = kv_get_le64(b + 8);
-  memcpy(&s->alpha, &u, 8);
-  u = kv_get_le64(b + 16);
-  memcpy(&s->half_life_s, &u, 8);
-  u = kv_get_le64(b + 24);
-  memcpy(&s->prefill_tps, &u, 8);
+  s->alpha = kv_get_lef64(b + 8);
+  s->half_life_s = kv_get_lef64(b + 16);
+  s->prefill_tps = kv_get_lef64(b + 24);
   s->dram_bytes = kv_get_le64(b + 32);
   s->ssd_bytes = kv_get_le64(b + 40);
   s->smartssd_bytes = kv_get_le64(b + 48);

@@ -641,17 +641,6 @@ out:
   return rc;
 }
 
-static int gen_changed(kvdb *db, uint64_t gen)
-{
-  MDB_txn *txn;
-  uint64_t now = gen;
-  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
-    return 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &now);
-  mdb_txn_abort(txn);
-  return now != gen;
-}
-
 static kvdb_status attempt(sctx *x, const kvdb_key *context, uint64_t *gen)
 {
   kvdb *db = x->db;
@@ -878,7 +867,7 @@ kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_key *cont
     free(x.b);
     x.b = NULL;
     x.n_b = 0;
-    if (rc == KVDB_OK || tries >= 3 || rc == KVDB_INVALID || !gen_changed(db, gen))
+    if (rc == KVDB_OK || tries >= 3 || rc == KVDB_INVALID || !kv_gen_moved(db, gen))
       break;
     rc = KVDB_OK; /* a compaction moved blocks meanwhile: again from a fresh snapshot */
   }
