@@ -179,16 +179,18 @@ void kv_block_checksum_sections(const kv_block_geom *g, const uint8_t block_hash
   }
 }
 
-void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
-                        const uint8_t parent_hash[16], const uint8_t model_hash[16],
-                        const uint32_t *tokens, uint8_t *buf)
+/* The fixed header fields both formats share and the tokens after it (the header checksums
+ * and the format's own tables are the callers'): format 1 (raw, group_tokens and n_groups of
+ * the geometry) and format 2 (sections: 0 and its data pages). */
+static void put_fixed(uint8_t *buf, const kv_block_geom *g, uint16_t version, uint8_t codec,
+                      uint32_t meta_bytes, uint32_t group_tokens, uint32_t n_groups,
+                      uint64_t data_bytes, const uint8_t block_hash[16],
+                      const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                      const uint32_t *tokens)
 {
-  uint32_t cks_end = kv_block_cksum_off(g, g->n_sections, 0);
-  memset(buf, 0, g->cksum_off);
-  memset(buf + cks_end, 0, g->meta_bytes - cks_end);
   kv_put_le32(buf + OFF_MAGIC, KV_BLOCK_MAGIC);
-  kv_put_le16(buf + OFF_VERSION, KV_BLOCK_VERSION);
-  kv_put_le32(buf + OFF_META, g->meta_bytes);
+  kv_put_le16(buf + OFF_VERSION, version);
+  kv_put_le32(buf + OFF_META, meta_bytes);
   kv_put_le32(buf + OFF_NTOK, g->n_tokens);
   memcpy(buf + OFF_HASH, block_hash, 16);
   memcpy(buf + OFF_PARENT, parent_hash, 16);
@@ -197,14 +199,25 @@ void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
   kv_put_le32(buf + OFF_NH, g->n_kv_heads);
   kv_put_le32(buf + OFF_HD, g->head_dim);
   buf[OFF_DTYPE] = (uint8_t)g->dtype;
-  buf[OFF_CODEC] = KV_CODEC_RAW;
+  buf[OFF_CODEC] = codec;
   kv_put_le32(buf + OFF_BT, g->block_tokens);
   kv_put_le32(buf + OFF_NSECT, g->n_sections);
-  kv_put_le32(buf + OFF_GT, g->group_tokens);
-  kv_put_le32(buf + OFF_NG, g->n_groups);
-  kv_put_le64(buf + OFF_DATA, g->data_bytes);
+  kv_put_le32(buf + OFF_GT, group_tokens);
+  kv_put_le32(buf + OFF_NG, n_groups);
+  kv_put_le64(buf + OFF_DATA, data_bytes);
   for (uint32_t i = 0; i < g->n_tokens; i++)
     kv_put_le32(buf + g->tokens_off + 4 * i, tokens[i]);
+}
+
+void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
+                        const uint8_t parent_hash[16], const uint8_t model_hash[16],
+                        const uint32_t *tokens, uint8_t *buf)
+{
+  uint32_t cks_end = kv_block_cksum_off(g, g->n_sections, 0);
+  memset(buf, 0, g->cksum_off);
+  memset(buf + cks_end, 0, g->meta_bytes - cks_end);
+  put_fixed(buf, g, KV_BLOCK_VERSION, KV_CODEC_RAW, g->meta_bytes, g->group_tokens, g->n_groups,
+            g->data_bytes, block_hash, parent_hash, model_hash, tokens);
   for (uint32_t s = 0; s < g->n_sections; s++) {
     uint8_t *ent = buf + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
     kv_put_le64(ent, g->meta_bytes + (uint64_t)s * g->section_bytes);
@@ -381,25 +394,8 @@ void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uin
                     const uint32_t *tokens, uint8_t *buf)
 {
   memset(buf, 0, l->meta_bytes);
-  kv_put_le32(buf + OFF_MAGIC, KV_BLOCK_MAGIC);
-  kv_put_le16(buf + OFF_VERSION, 2);
-  kv_put_le32(buf + OFF_META, l->meta_bytes);
-  kv_put_le32(buf + OFF_NTOK, g->n_tokens);
-  memcpy(buf + OFF_HASH, block_hash, 16);
-  memcpy(buf + OFF_PARENT, parent_hash, 16);
-  memcpy(buf + OFF_MODEL, model_hash, 16);
-  kv_put_le32(buf + OFF_NL, g->n_layers);
-  kv_put_le32(buf + OFF_NH, g->n_kv_heads);
-  kv_put_le32(buf + OFF_HD, g->head_dim);
-  buf[OFF_DTYPE] = (uint8_t)g->dtype;
-  buf[OFF_CODEC] = KV_CODEC_SECTIONS;
-  kv_put_le32(buf + OFF_BT, g->block_tokens);
-  kv_put_le32(buf + OFF_NSECT, g->n_sections);
-  kv_put_le32(buf + OFF_GT, 0);
-  kv_put_le32(buf + OFF_NG, l->data_pages);
-  kv_put_le64(buf + OFF_DATA, l->data_bytes);
-  for (uint32_t i = 0; i < g->n_tokens; i++)
-    kv_put_le32(buf + g->tokens_off + 4 * i, tokens[i]);
+  put_fixed(buf, g, 2, KV_CODEC_SECTIONS, l->meta_bytes, 0, l->data_pages, l->data_bytes,
+            block_hash, parent_hash, model_hash, tokens);
   uint64_t at = l->meta_bytes;
   for (uint32_t s = 0; s < g->n_sections; s++) {
     uint8_t *ent = buf + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
