@@ -135,6 +135,10 @@ kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], cons
 /* 1 when a compaction committed since a read snapshot that saw catalog generation `gen` (its
  * blocks may have moved: the read is worth doing again from a fresh snapshot). get.c. */
 int kv_gen_moved(kvdb *db, uint64_t gen);
+/* The context record `key` when it belongs to model m (model_hash = its h_{-1}): else
+ * KVDB_NOTFOUND or KVDB_MISMATCH with a message naming the context. context.c. */
+kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
 kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                                 const uint8_t *buf, kv_block_hdr *hdr);
 kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[16],

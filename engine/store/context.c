@@ -20,6 +20,20 @@ typedef struct ctx_reader {
   kv_cdec dec;
 } ctx_reader;
 
+kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out)
+{
+  char hx[33];
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, out);
+  if (rc == KVDB_NOTFOUND)
+    return kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(key, hx));
+  if (rc == KVDB_OK && memcmp(out->model, model_hash, 16) != 0)
+    return kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'%s",
+                   kv_hex16(key, hx), m->id,
+                   m->score_bits ? " (with its score_bits: they are part of the shape)" : "");
+  return rc;
+}
+
 static void reader_free(kvdb *db, ctx_reader *r)
 {
   kv_rbuf_release(db, r->buf);
@@ -145,12 +159,7 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   char hx[33], hb[33];
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
-  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
-  if (rc == KVDB_OK && memcmp(cr.model, mh, 16) != 0)
-    rc = kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'",
-                 kv_hex16(context->b, hx), m->id);
+  kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
   uint32_t LH = m->n_layers * m->n_kv_heads;
   uint32_t *base = rc == KVDB_OK ? calloc(LH, sizeof *base) : NULL;
   ctx_reader rd;

@@ -912,12 +912,7 @@ again:;
   char hx[33];
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
-  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
-  if (rc == KVDB_OK && memcmp(cr.model, mh, 16) != 0)
-    rc = kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'",
-                 kv_hex16(context->b, hx), m->id);
+  kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
   for (size_t i = 0; rc == KVDB_OK && i < n_pos; i++)
     if (positions[i] >= cr.n_tokens)
       rc = kv_fail(KVDB_INVALID, "positions[%zu] = %u out of range (context has %" PRIu64

@@ -70,16 +70,9 @@ static kvdb_status survey(kvdb *db, reloc *r, kv_ctx_rec *cr_out)
   char hx[33];
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_ctx_rec cr;
-  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(r->ctx, hx));
+  kvdb_status rc = kv_ctx_of_model(db, txn, r->ctx, r->mh, r->m, &cr);
   if (rc != KVDB_OK)
     goto out;
-  if (memcmp(cr.model, r->mh, 16) != 0) {
-    rc = kv_fail(KVDB_MISMATCH, "context %s belongs to another model than '%s'",
-                 kv_hex16(r->ctx, hx), r->m->id);
-    goto out;
-  }
   *cr_out = cr;
   cr_out->blocks = NULL;
   r->n = cr.n_blocks;

@@ -582,17 +582,9 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, uint64_t *gen)
   kv_cat_get_u64(&db->cat, txn, "gen", gen);
   kv_model_hash(m, bt, mh);
   kv_ctx_rec cr;
-  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
+  kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
   if (rc != KVDB_OK)
     goto out;
-  if (memcmp(cr.model, mh, 16) != 0) {
-    rc = kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s' "
-                                "(score_bits %u)",
-                 kv_hex16(context->b, hx), m->id, m->score_bits);
-    goto out;
-  }
   x->b = calloc(cr.n_blocks, sizeof *x->b);
   if (x->b == NULL) {
     rc = kv_fail(KVDB_NOMEM, "context of %u blocks", cr.n_blocks);
