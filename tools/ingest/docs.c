@@ -24,11 +24,7 @@
 
 #define JSONL_MAX_VALUES (1u << 24)
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int
-fail(char *err, size_t cap, const char *fmt, ...)
+int ingest_errf(char *err, size_t cap, const char *fmt, ...)
 {
   if (cap > 0) {
     va_list ap;
@@ -65,13 +61,13 @@ static int add_file(src_list *l, size_t *cap, const char *path, src_kind kind, u
     size_t nc = *cap ? *cap * 2 : 16;
     src_file *nf = realloc(l->f, nc * sizeof *nf);
     if (nf == NULL)
-      return fail(err, err_cap, "out of memory listing input files");
+      return ingest_errf(err, err_cap, "out of memory listing input files");
     l->f = nf;
     *cap = nc;
   }
   char *p = strdup(path);
   if (p == NULL)
-    return fail(err, err_cap, "out of memory listing input files");
+    return ingest_errf(err, err_cap, "out of memory listing input files");
   l->f[l->n++] = (src_file){p, kind, bytes};
   if (kind != SRC_SAFETENSORS)
     l->n_text++;
@@ -86,10 +82,10 @@ static int cmp_names(const void *a, const void *b)
 static int walk(src_list *l, size_t *cap, const char *dir, int depth, char *err, size_t err_cap)
 {
   if (depth > 64)
-    return fail(err, err_cap, "'%s': folders nested more than 64 deep", dir);
+    return ingest_errf(err, err_cap, "'%s': folders nested more than 64 deep", dir);
   DIR *d = opendir(dir);
   if (d == NULL)
-    return fail(err, err_cap, "'%s': cannot open folder: %s", dir, strerror(errno));
+    return ingest_errf(err, err_cap, "'%s': cannot open folder: %s", dir, strerror(errno));
   char **names = NULL;
   size_t n = 0, ncap = 0;
   int rc = 0;
@@ -101,13 +97,13 @@ static int walk(src_list *l, size_t *cap, const char *dir, int depth, char *err,
       ncap = ncap ? ncap * 2 : 32;
       char **nn = realloc(names, ncap * sizeof *nn);
       if (nn == NULL) {
-        rc = fail(err, err_cap, "out of memory listing '%s'", dir);
+        rc = ingest_errf(err, err_cap, "out of memory listing '%s'", dir);
         break;
       }
       names = nn;
     }
     if ((names[n] = strdup(e->d_name)) == NULL) {
-      rc = fail(err, err_cap, "out of memory listing '%s'", dir);
+      rc = ingest_errf(err, err_cap, "out of memory listing '%s'", dir);
       break;
     }
     n++;
@@ -119,13 +115,13 @@ static int walk(src_list *l, size_t *cap, const char *dir, int depth, char *err,
     size_t plen = strlen(dir) + strlen(names[i]) + 2;
     char *path = malloc(plen);
     if (path == NULL) {
-      rc = fail(err, err_cap, "out of memory listing '%s'", dir);
+      rc = ingest_errf(err, err_cap, "out of memory listing '%s'", dir);
       break;
     }
     snprintf(path, plen, "%s/%s", dir, names[i]);
     struct stat sb;
     if (stat(path, &sb) != 0) {
-      rc = fail(err, err_cap, "'%s': %s", path, strerror(errno));
+      rc = ingest_errf(err, err_cap, "'%s': %s", path, strerror(errno));
     } else if (S_ISDIR(sb.st_mode)) {
       rc = walk(l, cap, path, depth + 1, err, err_cap);
     } else if (S_ISREG(sb.st_mode) && kind_of(path) != 0) {
@@ -149,14 +145,14 @@ int src_list_build(const char *const *inputs, size_t n_inputs, src_list *out, ch
   for (size_t i = 0; i < n_inputs; i++) {
     struct stat sb;
     if (stat(inputs[i], &sb) != 0) {
-      fail(err, err_cap, "input '%s': %s", inputs[i], strerror(errno));
+      ingest_errf(err, err_cap, "input '%s': %s", inputs[i], strerror(errno));
       goto fail;
     }
     if (S_ISDIR(sb.st_mode)) {
       if (walk(out, &cap, inputs[i], 0, err, err_cap) != 0)
         goto fail;
     } else if (kind_of(inputs[i]) == 0) {
-      fail(err, err_cap,
+      ingest_errf(err, err_cap,
            "input '%s': unknown kind of file (expected a name ending in .txt, .jsonl or "
            ".safetensors, or a folder)",
            inputs[i]);
@@ -167,7 +163,7 @@ int src_list_build(const char *const *inputs, size_t n_inputs, src_list *out, ch
     }
   }
   if (out->n == 0) {
-    fail(err, err_cap,
+    ingest_errf(err, err_cap,
          "no .txt, .jsonl or .safetensors files in the input%s (%zu other files "
          "ignored)",
          n_inputs > 1 ? "s" : "", out->ignored);
@@ -215,12 +211,12 @@ static int map_file(doc_reader *r, const src_file *f, char *err, size_t err_cap)
 {
   int fd = open(f->path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return fail(err, err_cap, "'%s': cannot open: %s", f->path, strerror(errno));
+    return ingest_errf(err, err_cap, "'%s': cannot open: %s", f->path, strerror(errno));
   struct stat sb;
   if (fstat(fd, &sb) != 0) {
     int e = errno;
     close(fd);
-    return fail(err, err_cap, "'%s': cannot stat: %s", f->path, strerror(e));
+    return ingest_errf(err, err_cap, "'%s': cannot stat: %s", f->path, strerror(e));
   }
   static const char empty[1];
   r->map = empty;
@@ -231,7 +227,7 @@ static int map_file(doc_reader *r, const src_file *f, char *err, size_t err_cap)
       int e = errno;
       close(fd);
       r->map = NULL;
-      return fail(err, err_cap, "'%s': cannot map: %s", f->path, strerror(e));
+      return ingest_errf(err, err_cap, "'%s': cannot map: %s", f->path, strerror(e));
     }
     r->map = m;
     r->map_len = (size_t)sb.st_size;
@@ -321,22 +317,22 @@ static int jsonl_doc(const doc_reader *r, size_t a, size_t b, uint64_t line, cha
   js_doc d;
   char jerr[200];
   if (js_parse(&d, s, n, JSONL_MAX_VALUES, jerr, sizeof jerr) != 0)
-    return fail(err, err_cap, "'%s' line %llu: not valid JSON: %s", path, (unsigned long long)line,
+    return ingest_errf(err, err_cap, "'%s' line %llu: not valid JSON: %s", path, (unsigned long long)line,
                 jerr);
   int rc = 0;
   if (d.v[0].type != JS_OBJECT) {
-    rc = fail(err, err_cap, "'%s' line %llu: a JSON %s, expected an object with a \"%s\" string",
+    rc = ingest_errf(err, err_cap, "'%s' line %llu: a JSON %s, expected an object with a \"%s\" string",
               path, (unsigned long long)line, js_type_name(d.v[0].type), r->field);
   } else {
     size_t vi = js_get(&d, 0, r->field);
     if (vi == 0)
-      rc = fail(err, err_cap, "'%s' line %llu: no \"%s\" member (set the field with --text-field)",
+      rc = ingest_errf(err, err_cap, "'%s' line %llu: no \"%s\" member (set the field with --text-field)",
                 path, (unsigned long long)line, r->field);
     else if (d.v[vi].type != JS_STRING)
-      rc = fail(err, err_cap, "'%s' line %llu: \"%s\" is a JSON %s, expected a string", path,
+      rc = ingest_errf(err, err_cap, "'%s' line %llu: \"%s\" is a JSON %s, expected a string", path,
                 (unsigned long long)line, r->field, js_type_name(d.v[vi].type));
     else if (js_string(&d, vi, text, len) != 0)
-      rc = fail(err, err_cap, "'%s' line %llu: out of memory", path, (unsigned long long)line);
+      rc = ingest_errf(err, err_cap, "'%s' line %llu: out of memory", path, (unsigned long long)line);
   }
   js_free(&d);
   return rc;
@@ -371,7 +367,7 @@ int doc_reader_next(doc_reader *r, doc *d, char *err, size_t err_cap)
     if (f->kind == SRC_TXT) {
       d->text = txt_doc(r->map, a, b, &d->len);
       if (d->text == NULL)
-        return fail(err, err_cap, "'%s' line %llu: out of memory", f->path,
+        return ingest_errf(err, err_cap, "'%s' line %llu: out of memory", f->path,
                     (unsigned long long)line);
     } else if (jsonl_doc(r, a, b, line, &d->text, &d->len, err, err_cap) != 0) {
       return -1;

@@ -77,4 +77,11 @@ void doc_reader_close(doc_reader *r);
 int docs_count(const src_list *l, uint64_t max_docs, uint64_t *n_docs, uint64_t *n_bytes, char *err,
                size_t err_cap);
 
+/* Format a reason into err (cap bytes; nothing when cap is 0) and return -1: the error
+ * convention of this folder's functions that report into a caller's buffer. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+int ingest_errf(char *err, size_t cap, const char *fmt, ...);
+
 #endif

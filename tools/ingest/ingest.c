@@ -338,47 +338,32 @@ void ingest_opts_init(ingest_opts *o)
   o->progress_interval_s = 1.0;
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int
-efail(char *err, size_t cap, const char *fmt, ...)
-{
-  if (cap > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 /* Load the model and tokenizer and check the window options against the model. */
 static int load_model(run *r, char *err, size_t cap)
 {
   const ingest_opts *o = r->o;
   if (o->model_path == NULL || o->tokenizer_path == NULL)
-    return efail(err, cap, "text inputs need a model and a tokenizer (--model, --tokenizer)");
+    return ingest_errf(err, cap, "text inputs need a model and a tokenizer (--model, --tokenizer)");
   int rc = refmodel_model_load(o->model_path, &r->rm);
   if (rc != REFMODEL_OK)
-    return efail(err, cap, "model: %s: %s", refmodel_strerror(rc), refmodel_errmsg());
+    return ingest_errf(err, cap, "model: %s: %s", refmodel_strerror(rc), refmodel_errmsg());
   const refmodel_config *c = refmodel_model_config(r->rm);
   rc = refmodel_tokenizer_load(o->tokenizer_path, c->vocab_size, &r->tok);
   if (rc != REFMODEL_OK)
-    return efail(err, cap, "tokenizer: %s: %s", refmodel_strerror(rc), refmodel_errmsg());
+    return ingest_errf(err, cap, "tokenizer: %s: %s", refmodel_strerror(rc), refmodel_errmsg());
   if (refkv_model_init(&r->km, r->rm, o->model_id, o->model_path, o->storage, o->block_tokens) !=
           KVDB_OK ||
       refkv_model_set_config(&r->km, o->config != NULL ? o->config : "raw") != KVDB_OK)
-    return efail(err, cap, "%s", refkv_errmsg());
+    return ingest_errf(err, cap, "%s", refkv_errmsg());
   r->window = o->window ? o->window : c->seq_len;
   if (r->window < 2 || r->window > c->seq_len)
-    return efail(err, cap,
+    return ingest_errf(err, cap,
                  "--window %d: must be 2..%d (BOS and at least one token; the model's "
                  "seq_len is %d)",
                  r->window, c->seq_len, c->seq_len);
   r->stride = o->stride ? o->stride : r->window - 1;
   if (r->stride < 1 || r->stride > r->window - 1)
-    return efail(err, cap,
+    return ingest_errf(err, cap,
                  "--stride %d: must be 1..%d (window - 1; a larger stride would skip "
                  "text)",
                  o->stride, r->window - 1);
@@ -393,37 +378,37 @@ int ingest_run(const ingest_opts *o, ingest_stats *stats, char *err, size_t err_
   int rc = -1, n_started = 0, mu_ready = 0;
   memset(stats, 0, sizeof *stats);
   if (r == NULL)
-    return efail(err, err_cap, "out of memory");
+    return ingest_errf(err, err_cap, "out of memory");
   r->o = o;
   r->t0 = r->last_progress = now_s();
   int jobs = o->jobs ? o->jobs : 1;
   if (o->db_dir == NULL || o->n_inputs == 0) {
-    efail(err, err_cap, "no %s given", o->db_dir == NULL ? "database directory" : "input");
+    ingest_errf(err, err_cap, "no %s given", o->db_dir == NULL ? "database directory" : "input");
     goto out;
   }
   if (jobs < 1 || jobs > MAX_JOBS) {
-    efail(err, err_cap, "--jobs %d: must be 1..%d", jobs, MAX_JOBS);
+    ingest_errf(err, err_cap, "--jobs %d: must be 1..%d", jobs, MAX_JOBS);
     goto out;
   }
   if (o->quality_steps < 0 || o->quality_steps > 4096) {
-    efail(err, err_cap, "--quality-steps %d: must be 0..4096", o->quality_steps);
+    ingest_errf(err, err_cap, "--quality-steps %d: must be 0..4096", o->quality_steps);
     goto out;
   }
   if (o->config != NULL) {
     kvdb_config kc;
     kvdb_status crc = kvdb_config_parse(o->config, &kc);
     if (crc != KVDB_OK) {
-      efail(err, err_cap, "--config: %s", kvdb_errmsg());
+      ingest_errf(err, err_cap, "--config: %s", kvdb_errmsg());
       goto out;
     }
   }
   if (refkv_storage_name(o->storage) == NULL) {
-    efail(err, err_cap, "storage %d is not a refkv_storage", (int)o->storage);
+    ingest_errf(err, err_cap, "storage %d is not a refkv_storage", (int)o->storage);
     goto out;
   }
   uint32_t bt = o->block_tokens ? o->block_tokens : 16;
   if (bt < 16 || bt > 4096 || (bt & (bt - 1)) != 0) {
-    efail(err, err_cap, "--block-tokens %u: must be a power of two from 16 to 4096", bt);
+    ingest_errf(err, err_cap, "--block-tokens %u: must be a power of two from 16 to 4096", bt);
     goto out;
   }
   if (src_list_build(o->inputs, o->n_inputs, &r->list, err, err_cap) != 0)
@@ -447,12 +432,12 @@ int ingest_run(const ingest_opts *o, ingest_stats *stats, char *err, size_t err_
   ko.sync_mode = o->sync_mode;
   kvdb_status ks = kvdb_open(o->db_dir, &ko, &r->db);
   if (ks != KVDB_OK) {
-    efail(err, err_cap, "cannot open the database '%s': %s: %s", o->db_dir, kvdb_status_name(ks),
+    ingest_errf(err, err_cap, "cannot open the database '%s': %s: %s", o->db_dir, kvdb_status_name(ks),
           kvdb_errmsg());
     goto out;
   }
   if (pthread_mutex_init(&r->mu, NULL) != 0) {
-    efail(err, err_cap, "cannot create a mutex");
+    ingest_errf(err, err_cap, "cannot create a mutex");
     goto out;
   }
   mu_ready = 1;
@@ -461,7 +446,7 @@ int ingest_run(const ingest_opts *o, ingest_stats *stats, char *err, size_t err_
   ws = calloc((size_t)jobs, sizeof *ws);
   th = calloc((size_t)jobs, sizeof *th);
   if (ws == NULL || th == NULL) {
-    efail(err, err_cap, "out of memory");
+    ingest_errf(err, err_cap, "out of memory");
     goto out;
   }
   for (int i = 0; i < jobs; i++) {
@@ -477,7 +462,7 @@ int ingest_run(const ingest_opts *o, ingest_stats *stats, char *err, size_t err_
       w->uctx = malloc((size_t)r->window * sizeof *w->uctx);
       w->queries = malloc(N_QUERIES * r->km.q_floats * sizeof *w->queries);
       if (mrc != REFMODEL_OK || w->ctx == NULL || w->uctx == NULL || w->queries == NULL) {
-        efail(err, err_cap, "out of memory for worker %d", i + 1);
+        ingest_errf(err, err_cap, "out of memory for worker %d", i + 1);
         goto join;
       }
     }
@@ -494,11 +479,11 @@ join:
     pthread_join(th[i], NULL);
   if (n_started == jobs) {
     if (r->failed)
-      efail(err, err_cap, "%s", r->err);
+      ingest_errf(err, err_cap, "%s", r->err);
     else
       rc = 0;
   } else if (r->failed) {
-    efail(err, err_cap, "%s", r->err);
+    ingest_errf(err, err_cap, "%s", r->err);
   }
   pthread_mutex_lock(&r->mu);
   maybe_progress(r, 1);
