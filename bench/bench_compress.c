@@ -5,16 +5,13 @@
  * attention-output quality; beside them, in the same run and on the same bytes, plain zstd -1
  * and -3 on the raw bytes, the byte-plane entropy bound, and memcpy of the same bytes.
  *
- * Two data sets, each a list of heads; a head is one (context, layer, KV head) and owns two
- * sections (K then V), n_tokens rows of head_dim fp16 elements (codec.h SECTION):
- *   real       the stories260K model (shared/models, tools/refmodel: float32 forward pass) run
- *              over windows of TinyStories text (shared/corpora): each context is BOS + the next
- *              511 tokens of the text at positions 0..511 (the model's seq_len): the first 496
- *              prefilled, the last CB_REAL_OBS = 16 fed one by one with refmodel_forward to
- *              capture their queries (refmodel_state_query: every layer, all 8 query heads,
- *              after RoPE). K (after RoPE) and V of every layer and KV head, rounded to fp16.
- *              5 layers x 4 KV heads x head_dim 8: 20 heads and 8 KiB per section per context.
- *              Skipped, with the paths it looked for, when the model or the corpus is not found.
+ * Two data sets (bench/kvset.h, shared with `kvdb-bench policy`), each a list of heads; a head
+ * is one (context, layer, KV head) and owns two sections (K then V), n_tokens rows of head_dim
+ * fp16 elements (codec.h SECTION):
+ *   real       stories260K's K (after RoPE) and V over 512-token windows of TinyStories, with
+ *              the queries of each context's last 16 positions: 5 layers x 4 KV heads x
+ *              head_dim 8, 20 heads and 8 KiB per section per context. Skipped, with the paths
+ *              it looked for, when the model or the corpus is not found.
  *   synthetic  Llama-3-8B-shaped KV from datagen.c (32 layers x 8 KV heads x head_dim 128, four
  *              outlier key channels per head), one context of 1024 tokens: 256 KiB per section.
  *              No model, so no queries.
@@ -32,7 +29,7 @@
  * context's own last tokens, causally masked) is built as the engine builds it from
  * kvdb_put_opts.queries (engine/store/cblock.c): on the real set the model's queries of the
  * last 16 positions, every query head of the KV head's group (16 x 2 rows); on the synthetic
- * set, without queries, the head's last CB_SNAP_OBS keys scaled to norm sqrt(head_dim) (keys
+ * set, without queries, the head's last 32 keys scaled to norm sqrt(head_dim) (keys
  * live in the same rotary frame) as a stand-in.
  *
  * Measurement (one thread; GB/s = 1e9 bytes of ORIGINAL fp16 KV per second, for every method:
@@ -61,47 +58,26 @@
  * Lossless decodes are checked bit-exact against the source (untimed).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <zstd.h>
 
 #include "bench.h"
 #include "codec.h"
-#include "datagen.h"
-#include "refmodel.h"
-
-#ifndef BENCH_MODEL_DIR
-#define BENCH_MODEL_DIR "../shared/models"
-#endif
-#ifndef BENCH_CORPUS_DIR
-#define BENCH_CORPUS_DIR "../shared/corpora"
-#endif
+#include "kvset.h"
 
 /*
- * CB_REAL_TOKENS      : tokens per real context (stories260K's seq_len).
  * CB_REAL_CTX_*       : real contexts (each 20 heads x 2 sections of 8 KiB).
- * CB_SYN_*            : the synthetic set: Llama-3-8B shape, layers in full / quick mode.
- * CB_SNAP_OBS         : SnapKV observation window of the synthetic set (keys as queries).
- * CB_REAL_OBS         : the real set's last positions whose queries are captured: quality
- *                       probes and SnapKV's observation window.
+ * CB_SYN_LAYERS_*     : layers of the synthetic set in full / quick mode.
  * CB_*_MIN_NS         : minimum timed time per method and direction; passes repeat until it.
  * CB_DEC_MIN_PASSES   : minimum decode passes.
  */
-#define CB_REAL_TOKENS 512u
 #define CB_REAL_CTX_FULL 64u
 #define CB_REAL_CTX_QUICK 8u
-#define CB_SYN_TOKENS 1024u
 #define CB_SYN_LAYERS_FULL 32u
 #define CB_SYN_LAYERS_QUICK 4u
-#define CB_SYN_HEADS 8u
-#define CB_SYN_HEAD_DIM 128u
-#define CB_SYN_VOCAB 128256u
-#define CB_SNAP_OBS 32u
-#define CB_REAL_OBS 16u
 #define CB_ENC_MIN_NS_FULL 200000000ull
 #define CB_ENC_MIN_NS_QUICK 20000000ull
 #define CB_DEC_MIN_NS_FULL 500000000ull
@@ -198,443 +174,19 @@ static size_t method_list(method *m)
   return n;
 }
 
-/* ---- data sets ------------------------------------------------------------------------------ */
+/* ---- data sets (kvset.h) -------------------------------------------------------------------- */
 
-typedef struct kvset {
-  const char *name;   /* "real" / "synthetic" */
-  const char *prefix; /* JSON key prefix: "" / "synthetic_" */
-  char desc[512];
-  uint32_t n_ctx;     /* contexts */
-  uint32_t n_heads;   /* heads (context x layer x KV head); sections = 2 * n_heads */
-  uint32_t n_tokens, head_dim;
-  size_t sec_bytes;   /* n_tokens * head_dim * 2 */
-  size_t total;       /* 2 * n_heads * sec_bytes */
-  uint16_t *kv;       /* head h: K section at 2h, V section at 2h + 1 */
-  /* the real set's queries as captured: [n_ctx][CB_REAL_OBS][n_layers][n_q_heads][d]; NULL
-   * for a set without a model */
-  float *queries;
-  uint32_t n_layers, n_kv_heads, n_q_heads;
-  /* per head, computed once: probes and the original attention outputs, SnapKV's window */
-  uint32_t max_probes; /* rows per head of probes and ref */
-  float *probes;       /* [n_heads][max_probes][d]: real queries, else derived from K */
-  uint32_t *n_probes;  /* [n_heads] */
-  float *ref;          /* [n_heads][max_probes][d] */
-  float *dprobes;      /* real set: [n_heads][KV_QUALITY_MAX_DERIVED][d] from K; else NULL */
-  uint32_t *n_dprobes; /* [n_heads] */
-  float *dref;         /* [n_heads][KV_QUALITY_MAX_DERIVED][d] */
-  uint32_t win_obs, win_qh; /* SnapKV window: observed positions x query heads per KV head */
-  float *win;               /* [n_heads][win_obs][win_qh][d] */
-} kvset;
-
-static void kvset_free(kvset *s)
-{
-  bench_free(s->kv);
-  free(s->queries);
-  free(s->probes);
-  free(s->n_probes);
-  free(s->ref);
-  free(s->dprobes);
-  free(s->n_dprobes);
-  free(s->dref);
-  free(s->win);
-  s->kv = NULL;
-  s->queries = s->probes = s->ref = s->dprobes = s->dref = s->win = NULL;
-  s->n_probes = s->n_dprobes = NULL;
-}
-
-static const uint8_t *sec_ptr(const kvset *s, const void *base, size_t sec)
-{
-  return (const uint8_t *)base + sec * s->sec_bytes;
-}
-
-static kv_section_shape sec_shape(const kvset *s, kv_section_kind kind)
+static kv_section_shape sec_shape(const bench_kvset *s, kv_section_kind kind)
 {
   kv_section_shape sh = {KV_CODEC_F16, kind, s->n_tokens, s->head_dim};
   return sh;
-}
-
-static int cfail(const char *what, const kv_codec_err *err)
-{
-  char msg[512];
-  kv_codec_errmsg(err, msg, sizeof msg);
-  bench_log("%s: %s", what, msg);
-  return -1;
-}
-
-/* Growable scratch shared by every codec call (reallocated outside timed regions only). */
-typedef struct scratch {
-  void *p;
-  size_t cap;
-} scratch;
-
-static int scratch_need(scratch *s, size_t n)
-{
-  if (n <= s->cap)
-    return 0;
-  bench_free(s->p);
-  s->p = bench_alloc(n);
-  s->cap = s->p ? n : 0;
-  if (s->p == NULL) {
-    bench_log("out of memory (%zu bytes of scratch)", n);
-    return -1;
-  }
-  return 0;
-}
-
-/* rows x d floats: each row of K scaled to norm sqrt(d) (a unit-variance query's norm). */
-static void keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float *q)
-{
-  kv_codec_to_f32(KV_CODEC_F16, k, (size_t)rows * d, q);
-  for (uint32_t r = 0; r < rows; r++) {
-    float *x = q + (size_t)r * d;
-    double ss = 0;
-    for (uint32_t j = 0; j < d; j++)
-      ss += (double)x[j] * x[j];
-    if (ss > 0) {
-      float f = (float)sqrt((double)d / ss);
-      for (uint32_t j = 0; j < d; j++)
-        x[j] *= f;
-    }
-  }
-}
-
-/* Probes derived from head h's K (kv_quality_derive_probes) into pr, and the original
- * attention outputs for them into ref. */
-static int derive_and_attend(kvset *s, scratch *ws, uint32_t h, float *pr, uint32_t *np,
-                             float *ref)
-{
-  kv_section_shape ks = sec_shape(s, KV_SECTION_K);
-  kv_codec_err err;
-  const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-  if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, KV_QUALITY_MAX_DERIVED, np, &err) !=
-      KV_CODEC_OK)
-    return cfail("kv_quality_derive_probes", &err);
-  if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, s->head_dim, k, v, pr, *np, ws->p, ws->cap,
-                        ref, &err) != KV_CODEC_OK)
-    return cfail("kv_quality_attend", &err);
-  return 0;
-}
-
-/*
- * Per head: probes, the original attention outputs, SnapKV's window. With the model's queries
- * (real set) both are built as the engine builds them from kvdb_put_opts.queries
- * (engine/store/profile.c, cblock.c): for KV head g every query head g * grp .. g * grp + grp - 1
- * of every observed position, position-major; the probes derived from K go beside them. Without
- * queries (synthetic set) the probes are derived from K and the window is the last CB_SNAP_OBS
- * keys scaled like queries.
- */
-static int kvset_prepare(kvset *s, scratch *ws)
-{
-  uint32_t d = s->head_dim, nh = s->n_heads;
-  uint32_t grp = s->queries != NULL ? s->n_q_heads / s->n_kv_heads : 1;
-  s->max_probes = s->queries != NULL ? CB_REAL_OBS * grp : KV_QUALITY_MAX_DERIVED;
-  s->win_obs = s->queries != NULL ? CB_REAL_OBS : CB_SNAP_OBS;
-  s->win_qh = grp;
-  size_t row = (size_t)d * sizeof(float), per = (size_t)s->max_probes * row;
-  s->probes = malloc(nh * per);
-  s->ref = malloc(nh * per);
-  s->n_probes = malloc(nh * sizeof(uint32_t));
-  s->win = malloc(nh * (size_t)s->win_obs * s->win_qh * row);
-  int ok = s->probes && s->ref && s->n_probes && s->win;
-  if (ok && s->queries != NULL) {
-    s->dprobes = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
-    s->dref = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
-    s->n_dprobes = malloc(nh * sizeof(uint32_t));
-    ok = s->dprobes && s->dref && s->n_dprobes;
-  }
-  if (!ok) {
-    bench_log("out of memory preparing the %s set", s->name);
-    return -1;
-  }
-  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
-  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, most)) != 0)
-    return -1;
-  kv_codec_err err;
-  for (uint32_t h = 0; h < nh; h++) {
-    float *pr = s->probes + (size_t)h * s->max_probes * d;
-    float *ref = s->ref + (size_t)h * s->max_probes * d;
-    float *win = s->win + (size_t)h * s->win_obs * s->win_qh * d;
-    if (s->queries == NULL) {
-      if (derive_and_attend(s, ws, h, pr, &s->n_probes[h], ref) != 0)
-        return -1;
-      const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
-      keys_as_queries((const uint16_t *)(const void *)k + (size_t)(s->n_tokens - CB_SNAP_OBS) * d,
-                      CB_SNAP_OBS, d, win);
-      continue;
-    }
-    /* head h = (context c, layer l, KV head g), as make_real lays the sections out */
-    uint32_t g = h % s->n_kv_heads, l = (h / s->n_kv_heads) % s->n_layers;
-    uint32_t c = h / (s->n_kv_heads * s->n_layers), np = 0;
-    for (uint32_t o = 0; o < CB_REAL_OBS; o++)
-      for (uint32_t j = 0; j < grp; j++, np++)
-        memcpy(pr + (size_t)np * d,
-               s->queries + ((((size_t)c * CB_REAL_OBS + o) * s->n_layers + l) * s->n_q_heads +
-                             (size_t)g * grp + j) * d,
-               row);
-    s->n_probes[h] = np;
-    memcpy(win, pr, (size_t)np * row);
-    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, np, ws->p, ws->cap, ref, &err) !=
-        KV_CODEC_OK)
-      return cfail("kv_quality_attend", &err);
-    if (derive_and_attend(s, ws, h, s->dprobes + (size_t)h * KV_QUALITY_MAX_DERIVED * d,
-                          &s->n_dprobes[h], s->dref + (size_t)h * KV_QUALITY_MAX_DERIVED * d) != 0)
-      return -1;
-  }
-  return 0;
-}
-
-/* ---- the synthetic set ---------------------------------------------------------------------- */
-
-static int make_synthetic(kvset *s, const bench_env *env)
-{
-  uint32_t L = env->quick ? CB_SYN_LAYERS_QUICK : CB_SYN_LAYERS_FULL;
-  uint32_t H = CB_SYN_HEADS, d = CB_SYN_HEAD_DIM, n = CB_SYN_TOKENS;
-  memset(s, 0, sizeof *s);
-  s->name = "synthetic";
-  s->prefix = "synthetic_";
-  s->n_ctx = 1;
-  s->n_heads = L * H;
-  s->n_tokens = n;
-  s->head_dim = d;
-  s->sec_bytes = (size_t)n * d * 2;
-  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
-  dg_kv_model m;
-  if (dg_kv_model_init(&m, L, H, d, env->seed) != 0)
-    return -1;
-  uint32_t *tok = malloc(n * sizeof *tok);
-  uint16_t *lkthd = malloc(s->total);
-  s->kv = bench_alloc(s->total);
-  if (tok != NULL)
-    dg_tokens(tok, n, env->seed, CB_SYN_VOCAB);
-  if (tok == NULL || lkthd == NULL || s->kv == NULL || dg_kv_fill_f16(&m, tok, n, lkthd) != 0) {
-    bench_log("out of memory generating synthetic KV (%zu bytes)", s->total);
-    free(tok);
-    free(lkthd);
-    dg_kv_model_free(&m);
-    return -1;
-  }
-  /* [layer][K,V][token][head][dim] -> head (layer, head): K section, V section */
-  for (uint32_t l = 0; l < L; l++)
-    for (uint32_t h = 0; h < H; h++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        uint16_t *dst = s->kv + ((size_t)(l * H + h) * 2 + kv) * n * d;
-        for (uint32_t t = 0; t < n; t++)
-          memcpy(dst + (size_t)t * d, lkthd + ((((size_t)l * 2 + kv) * n + t) * H + h) * d, 2 * d);
-      }
-  free(tok);
-  free(lkthd);
-  dg_kv_model_free(&m);
-  snprintf(s->desc, sizeof s->desc,
-           "datagen.c, Llama-3-8B shape: 1 context x %u tokens, %u layers x %u KV heads x "
-           "head_dim %u, f16 (4 outlier key channels per head, seed %llu)",
-           n, L, H, d, (unsigned long long)env->seed);
-  return 0;
-}
-
-/* ---- the real set --------------------------------------------------------------------------- */
-
-static int file_exists(const char *p)
-{
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* Read a whole (small) file. NULL on failure. */
-static char *slurp(const char *path, size_t *len)
-{
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return NULL;
-  char *b = NULL;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long n = ftell(f);
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) != NULL) {
-      if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-      } else {
-        *len = (size_t)n;
-      }
-    }
-  }
-  fclose(f);
-  return b;
-}
-
-/*
- * Where the model and the corpus are: --model-dir, else $KVDB_MODEL_DIR, else the build's
- * default (shared/models beside the source tree); the corpus: $KVDB_CORPUS_DIR, else
- * <model dir>/../corpora, else the build's default. `looked` lists every path tried.
- */
-static int find_inputs(const bench_env *env, char *bin, char *tok, char *text, size_t cap,
-                       char *looked, size_t looked_cap)
-{
-  const char *md = env->model_dir ? env->model_dir : getenv("KVDB_MODEL_DIR");
-  if (md == NULL || md[0] == 0)
-    md = BENCH_MODEL_DIR;
-  snprintf(bin, cap, "%.4000s/stories260K/stories260K.bin", md);
-  snprintf(tok, cap, "%.4000s/stories260K/tok512.bin", md);
-  if (!file_exists(bin) || !file_exists(tok)) {
-    snprintf(looked, looked_cap, "model not found: looked for %.2000s and %.2000s", bin, tok);
-    return -1;
-  }
-  const char *env_c = getenv("KVDB_CORPUS_DIR");
-  char cand[3][4096];
-  int nc = 0;
-  if (env_c != NULL && env_c[0] != 0)
-    snprintf(cand[nc++], sizeof cand[0], "%s", env_c);
-  snprintf(cand[nc++], sizeof cand[0], "%.4000s/../corpora", md);
-  snprintf(cand[nc++], sizeof cand[0], "%s", BENCH_CORPUS_DIR);
-  size_t used = (size_t)snprintf(looked, looked_cap, "corpus not found: looked for");
-  for (int i = 0; i < nc; i++) {
-    snprintf(text, cap, "%.4000s/tinystories/tinystories_validation_head.txt", cand[i]);
-    if (file_exists(text))
-      return 0;
-    if (used < looked_cap)
-      used += (size_t)snprintf(looked + used, looked_cap - used, "%s %.4100s", i ? "," : "", text);
-  }
-  return -1;
-}
-
-static int rfail(const char *what, int rc)
-{
-  bench_log("%s: %s: %s", what, refmodel_strerror(rc), refmodel_errmsg());
-  return -1;
-}
-
-/*
- * Real KV: returns 0 and fills s; 1 when the inputs are missing (why in `why`); -1 on error.
- */
-static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
-{
-  char bin[4200], tokp[4200], textp[4200];
-  memset(s, 0, sizeof *s);
-  s->name = "real";
-  s->prefix = "";
-  if (find_inputs(env, bin, tokp, textp, sizeof bin, why, why_cap) != 0)
-    return 1;
-  refmodel_model *m = NULL;
-  refmodel_tokenizer *tk = NULL;
-  refmodel_state *st = NULL;
-  int *toks = NULL, rc = -1, r;
-  char *text = NULL;
-  if ((r = refmodel_model_load(bin, &m)) != REFMODEL_OK)
-    return rfail("loading the model", r);
-  const refmodel_config *cf = refmodel_model_config(m);
-  uint32_t n_ctx = env->quick ? CB_REAL_CTX_QUICK : CB_REAL_CTX_FULL, n = CB_REAL_TOKENS;
-  uint32_t L = (uint32_t)cf->n_layers, H = (uint32_t)cf->n_kv_heads, d = (uint32_t)cf->head_size;
-  size_t need = (size_t)n_ctx * (n - 1), len = 0, n_tok = 0;
-  if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
-    rfail("loading the tokenizer", r);
-    goto out;
-  }
-  if ((text = slurp(textp, &len)) == NULL) {
-    bench_log("cannot read '%s': %s", textp, strerror(errno));
-    goto out;
-  }
-  /* ~2.1 bytes per token in this corpus: encode 4 bytes per token needed, all if too few */
-  size_t take = need * 4 < len ? need * 4 : len;
-  for (;;) {
-    free(toks);
-    toks = malloc(refmodel_encode_bound(take) * sizeof *toks);
-    if (toks == NULL)
-      goto out;
-    if ((r = refmodel_encode(tk, text, take, 0, toks, refmodel_encode_bound(take), &n_tok)) !=
-        REFMODEL_OK) {
-      rfail("tokenizing the corpus", r);
-      goto out;
-    }
-    if (n_tok > need || take == len)
-      break;
-    take = len;
-  }
-  if (n_tok < need) {
-    bench_log("the corpus has %zu tokens, %zu needed", n_tok, need);
-    goto out;
-  }
-  s->n_ctx = n_ctx;
-  s->n_heads = n_ctx * L * H;
-  s->n_tokens = n;
-  s->head_dim = d;
-  s->sec_bytes = (size_t)n * d * 2;
-  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
-  s->n_layers = L;
-  s->n_kv_heads = H;
-  s->n_q_heads = (uint32_t)cf->n_heads;
-  size_t q_step = (size_t)L * s->n_q_heads * d; /* floats of one position's queries */
-  s->kv = bench_alloc(s->total);
-  s->queries = malloc((size_t)n_ctx * CB_REAL_OBS * q_step * sizeof(float));
-  int *ctx = malloc(n * sizeof *ctx);
-  if (s->kv == NULL || s->queries == NULL || ctx == NULL) {
-    free(ctx);
-    bench_log("out of memory (%zu bytes of real KV)", s->total);
-    goto out;
-  }
-  if ((r = refmodel_state_new(m, (int)n, &st)) != REFMODEL_OK) {
-    free(ctx);
-    rfail("refmodel_state_new", r);
-    goto out;
-  }
-  for (uint32_t c = 0; c < n_ctx; c++) {
-    ctx[0] = REFMODEL_TOKEN_BOS;
-    memcpy(ctx + 1, toks + (size_t)c * (n - 1), (n - 1) * sizeof *ctx);
-    /* the first n - CB_REAL_OBS tokens at once; the last ones one by one, keeping the query
-     * each step computes (the prompt's last queries a caller of kvdb_put_ex would give) */
-    if ((r = refmodel_prefill(st, ctx, (int)(n - CB_REAL_OBS), 0, NULL)) != REFMODEL_OK) {
-      free(ctx);
-      rfail("refmodel_prefill", r);
-      goto out;
-    }
-    for (uint32_t o = 0; o < CB_REAL_OBS; o++) {
-      uint32_t t = n - CB_REAL_OBS + o;
-      if ((r = refmodel_forward(st, ctx[t], (int)t, NULL)) != REFMODEL_OK) {
-        free(ctx);
-        rfail("refmodel_forward", r);
-        goto out;
-      }
-      float *qo = s->queries + ((size_t)c * CB_REAL_OBS + o) * q_step;
-      for (uint32_t l = 0; l < L; l++)
-        memcpy(qo + (size_t)l * s->n_q_heads * d, refmodel_state_query(st, (int)l),
-               (size_t)s->n_q_heads * d * sizeof(float));
-    }
-    for (uint32_t l = 0; l < L; l++) {
-      const float *kb = refmodel_state_key(st, (int)l, 0);
-      const float *vb = refmodel_state_value(st, (int)l, 0);
-      for (uint32_t h = 0; h < H; h++)
-        for (uint32_t kv = 0; kv < 2; kv++) {
-          const float *src = (kv == 0 ? kb : vb) + (size_t)h * d;
-          uint16_t *dst = s->kv + (((size_t)(c * L + l) * H + h) * 2 + kv) * n * d;
-          for (uint32_t t = 0; t < n; t++)
-            kv_codec_from_f32(KV_CODEC_F16, src + (size_t)t * (size_t)cf->kv_dim, d,
-                              dst + (size_t)t * d);
-        }
-    }
-  }
-  free(ctx);
-  snprintf(s->desc, sizeof s->desc,
-           "stories260K (refmodel, float32 forward pass, K after RoPE, rounded to f16) over "
-           "TinyStories: %u contexts x %u tokens (BOS + consecutive text windows), %u layers x "
-           "%u KV heads x head_dim %u; the queries of each context's last %u positions (%u query "
-           "heads) captured as quality probes and SnapKV window",
-           n_ctx, n, L, H, d, CB_REAL_OBS, s->n_q_heads);
-  rc = 0;
-out:
-  refmodel_state_free(st);
-  refmodel_tokenizer_free(tk);
-  refmodel_model_free(m);
-  free(toks);
-  free(text);
-  if (rc != 0)
-    kvset_free(s);
-  return rc;
 }
 
 /* ---- one method on one set ------------------------------------------------------------------ */
 
 /* Buffers of one set, allocated (and first touched) once and reused by every method. */
 typedef struct workspace {
-  scratch ws;         /* codec, selection and quality scratch */
+  bench_scratch ws;         /* codec, selection and quality scratch */
   uint8_t *arena;     /* encoded sections, back to back */
   size_t arena_cap;
   size_t *off, *len;  /* [2 * n_heads] */
@@ -645,7 +197,7 @@ typedef struct workspace {
 } workspace;
 
 typedef struct run {
-  const kvset *s;
+  const bench_kvset *s;
   const method *m;
   workspace *w;
   kv_codec_dctx *ctx; /* the context decode passes use (NULL: none) */
@@ -655,7 +207,7 @@ typedef struct run {
 
 /* The codec parameters of a method for K or V sections of the set (a V group is at most
  * head_dim channels: group 16 on head_dim 8 is group 8). */
-static void method_params(const method *m, const kvset *s, kv_section_kind kind,
+static void method_params(const method *m, const bench_kvset *s, kv_section_kind kind,
                           kv_codec_params *p)
 {
   kv_codec_params_init(p);
@@ -673,7 +225,7 @@ static void method_params(const method *m, const kvset *s, kv_section_kind kind,
 static int encode_pass(void *payload, size_t iter)
 {
   run *r = payload;
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   const kv_codec *c = kv_codec_by_id(r->m->id);
   kv_section_shape sh[2] = {sec_shape(s, KV_SECTION_K), sec_shape(s, KV_SECTION_V)};
   kv_codec_params p[2];
@@ -682,7 +234,7 @@ static int encode_pass(void *payload, size_t iter)
   method_params(r->m, s, KV_SECTION_K, &p[0]);
   method_params(r->m, s, KV_SECTION_V, &p[1]);
   for (uint32_t h = 0; h < s->n_heads; h++) {
-    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
+    const uint8_t *k = bench_kvset_sec(s, s->kv, 2 * (size_t)h);
     if (r->m->id == KV_CODEC_ID_DROP) {
       kv_snapkv_window w = {s->win + (size_t)h * s->win_obs * s->win_qh * s->head_dim,
                             s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
@@ -717,7 +269,7 @@ static int encode_pass(void *payload, size_t iter)
 static int decode_pass(void *payload, size_t iter)
 {
   run *r = payload;
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   workspace *w = r->w;
   (void)iter;
   for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++)
@@ -755,7 +307,7 @@ static int timed(run *r, bench_fn fn, size_t min_iters, uint64_t min_ns, double 
   int rc = bench_fn_run(&o, &sm);
   if (rc != 0) {
     if (r->fail != NULL)
-      cfail(r->fail, &r->err);
+      bench_codec_fail(r->fail, &r->err);
     else
       bench_log("out of memory recording samples");
   } else {
@@ -772,12 +324,12 @@ static int timed(run *r, bench_fn fn, size_t min_iters, uint64_t min_ns, double 
  * *quality = mean over heads of the mean cosine, *cos_min = the worst probe of any head,
  * *rel_l2 pooled over heads (sum ||o - o'||^2 / sum ||o||^2).
  */
-static int head_quality(const kvset *s, workspace *wk, const uint8_t *out, const float *probes,
+static int head_quality(const bench_kvset *s, workspace *wk, const uint8_t *out, const float *probes,
                         const uint32_t *n_probes, const float *refs, uint32_t stride,
                         double *quality, double *cos_min, double *rel_l2)
 {
   uint32_t d = s->head_dim;
-  scratch *ws = &wk->ws;
+  bench_scratch *ws = &wk->ws;
   float *test = malloc((size_t)stride * d * sizeof *test);
   if (test == NULL) {
     bench_log("out of memory (quality)");
@@ -790,16 +342,16 @@ static int head_quality(const kvset *s, workspace *wk, const uint8_t *out, const
     const uint8_t *ksec = wk->arena + wk->off[2 * (size_t)h];
     if (kv_section_parse(ksec, wk->len[2 * (size_t)h], &info, &err) != KV_CODEC_OK) {
       free(test);
-      return cfail("kv_section_parse", &err);
+      return bench_codec_fail("kv_section_parse", &err);
     }
-    const uint8_t *kd = sec_ptr(s, out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
+    const uint8_t *kd = bench_kvset_sec(s, out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
     const float *pr = probes + (size_t)h * stride * d, *ref = refs + (size_t)h * stride * d;
     kv_quality q;
     if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, pr, n_probes[h], ws->p, ws->cap,
                           test, &err) != KV_CODEC_OK ||
         kv_quality_compare(ref, test, n_probes[h], d, &q, &err) != KV_CODEC_OK) {
       free(test);
-      return cfail("quality", &err);
+      return bench_codec_fail("quality", &err);
     }
     qsum += q.cos_mean;
     qmin = q.cos_min < qmin ? q.cos_min : qmin;
@@ -816,10 +368,10 @@ static int head_quality(const kvset *s, workspace *wk, const uint8_t *out, const
   return 0;
 }
 
-static int run_method(const bench_env *env, const kvset *s, const method *m, workspace *wk,
+static int run_method(const bench_env *env, const bench_kvset *s, const method *m, workspace *wk,
                       result *res)
 {
-  scratch *ws = &wk->ws;
+  bench_scratch *ws = &wk->ws;
   const kv_codec *c = kv_codec_by_id(m->id);
   kv_section_shape sh[2] = {sec_shape(s, KV_SECTION_K), sec_shape(s, KV_SECTION_V)};
   size_t bound = 0, sc = 0;
@@ -846,7 +398,7 @@ static int run_method(const bench_env *env, const kvset *s, const method *m, wor
   uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
   size_t qsc = kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, most);
   sc = sc > qsc ? sc : qsc;
-  if (scratch_need(ws, sc) != 0)
+  if (bench_scratch_need(ws, sc) != 0)
     return -1;
   if (bound > wk->arena_cap) {
     bench_free(wk->arena);
@@ -903,7 +455,7 @@ static int run_method(const bench_env *env, const kvset *s, const method *m, wor
 /* ---- baselines on the same bytes ----------------------------------------------------------- */
 
 typedef struct zraw {
-  const kvset *s;
+  const bench_kvset *s;
   int level;
   ZSTD_CCtx *cctx;
   ZSTD_DCtx *dctx;
@@ -919,7 +471,7 @@ static int zraw_enc(void *payload, size_t iter)
   (void)iter;
   for (size_t sec = 0; sec < 2 * (size_t)z->s->n_heads; sec++) {
     size_t r = ZSTD_compressCCtx(z->cctx, z->buf + sec * z->slot, z->slot,
-                                 sec_ptr(z->s, z->s->kv, sec), z->s->sec_bytes, z->level);
+                                 bench_kvset_sec(z->s, z->s->kv, sec), z->s->sec_bytes, z->level);
     if (ZSTD_isError(r))
       return -1;
     z->len[sec] = r;
@@ -941,7 +493,7 @@ static int zraw_dec(void *payload, size_t iter)
 }
 
 /* Plain zstd at `level` on each section's raw bytes (one frame per section). */
-static int run_zstd_raw(const bench_env *env, const kvset *s, int level, uint8_t *out, result *res)
+static int run_zstd_raw(const bench_env *env, const bench_kvset *s, int level, uint8_t *out, result *res)
 {
   size_t n_sec = 2 * (size_t)s->n_heads;
   zraw z = {s, level, ZSTD_createCCtx(), ZSTD_createDCtx(), NULL, ZSTD_compressBound(s->sec_bytes),
@@ -986,7 +538,7 @@ out:
 }
 
 typedef struct mcp {
-  const kvset *s;
+  const bench_kvset *s;
   uint8_t *out;
 } mcp;
 
@@ -1000,7 +552,7 @@ static int memcpy_pass(void *payload, size_t iter)
 
 /* ---- reporting ------------------------------------------------------------------------------ */
 
-static void json_key(char *buf, size_t cap, const kvset *s, const char *stem, const char *what)
+static void json_key(char *buf, size_t cap, const bench_kvset *s, const char *stem, const char *what)
 {
   snprintf(buf, cap, "%.16s%.32s_%.24s", s->prefix, stem, what);
 }
@@ -1032,7 +584,7 @@ static const char *met(int ok)
 }
 
 /* Measure everything on one set; print its table and add its JSON fields. */
-static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures *fig)
+static int bench_set(const bench_env *env, bench_json *j, bench_kvset *s, set_figures *fig)
 {
   FILE *o = env->out;
   method ms[CB_MAX_METHODS];
@@ -1056,7 +608,7 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
     goto out;
   }
   uint64_t t0 = bench_now_ns();
-  if (kvset_prepare(s, &wk.ws) != 0)
+  if (bench_kvset_prepare(s, &wk.ws) != 0)
     goto out;
 
   /* entropy bound, zstd on raw bytes, memcpy */
@@ -1065,9 +617,9 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
   for (size_t sec = 0; sec < n_sec; sec++) {
     kv_section_shape sh = sec_shape(s, sec & 1 ? KV_SECTION_V : KV_SECTION_K);
     double b;
-    if (kv_lossless_entropy_bound(&sh, sec_ptr(s, s->kv, sec), s->sec_bytes, &b, &err) !=
+    if (kv_lossless_entropy_bound(&sh, bench_kvset_sec(s, s->kv, sec), s->sec_bytes, &b, &err) !=
         KV_CODEC_OK) {
-      cfail("kv_lossless_entropy_bound", &err);
+      bench_codec_fail("kv_lossless_entropy_bound", &err);
       goto out;
     }
     bound += b;
@@ -1105,11 +657,11 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
     fprintf(o, "  quality, cos min, rel L2: the model's queries of the last %u positions x %u "
                "query heads per KV head (%u probes per head); derived: kvdb's fallback probes "
                "derived from K (%u per head) on the same decoded bytes\n",
-            CB_REAL_OBS, s->win_qh, s->max_probes, KV_QUALITY_MAX_DERIVED);
+            BENCH_KVSET_REAL_OBS, s->win_qh, s->max_probes, KV_QUALITY_MAX_DERIVED);
   else
     fprintf(o, "  quality, cos min, rel L2: probes derived from K (%u per head; no model, no "
                "queries); SnapKV's window: the last %u keys as queries\n",
-            KV_QUALITY_MAX_DERIVED, CB_SNAP_OBS);
+            KV_QUALITY_MAX_DERIVED, BENCH_KVSET_SNAP_OBS);
   fprintf(o, "  %-24s %8s %9s %9s %9s   %9s %9s %9s%s\n", "method", "ratio", "enc GB/s",
           "dec GB/s", "stream", "quality", "cos min", "rel L2",
           s->queries != NULL ? "   derived q   rel L2" : "");
@@ -1214,7 +766,7 @@ static int bench_set(const bench_env *env, bench_json *j, kvset *s, set_figures 
   bench_json_int(j, k, (int64_t)s->head_dim);
   rc = 0;
 out:
-  bench_free(wk.ws.p);
+  bench_scratch_free(&wk.ws);
   bench_free(wk.arena);
   bench_free(wk.out);
   free(wk.off);
@@ -1230,20 +782,20 @@ out:
 int bench_compress(const bench_env *env, bench_json *j)
 {
   FILE *o = env->out;
-  kvset real, syn;
+  bench_kvset real, syn;
   set_figures fr = {0}, fs = {0};
   char why[8192] = "";
   int rc = -1;
   memset(&syn, 0, sizeof syn);
 
   bench_log("computing real KV (stories260K) ...");
-  int rr = make_real(&real, env, why, sizeof why);
+  int rr = bench_kvset_real(&real, env, env->quick ? CB_REAL_CTX_QUICK : CB_REAL_CTX_FULL, why, sizeof why);
   if (rr < 0)
     return -1;
   if (rr > 0)
     bench_log("real KV skipped: %s (set --model-dir or KVDB_MODEL_DIR; KVDB_CORPUS_DIR)", why);
   bench_log("generating synthetic KV ...");
-  if (make_synthetic(&syn, env) != 0)
+  if (bench_kvset_synthetic(&syn, env, env->quick ? CB_SYN_LAYERS_QUICK : CB_SYN_LAYERS_FULL) != 0)
     goto out;
 
   fprintf(o, "GB/s = 1e9 bytes of original f16 KV per second on one core (drop methods too: "
@@ -1322,7 +874,7 @@ int bench_compress(const bench_env *env, bench_json *j)
   rc = 0;
 out:
   if (rr == 0)
-    kvset_free(&real);
-  kvset_free(&syn);
+    bench_kvset_free(&real);
+  bench_kvset_free(&syn);
   return rc;
 }

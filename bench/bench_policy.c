@@ -13,7 +13,7 @@
  *    speed (bytes of original KV per second, one core) of compress/'s codecs on Llama-3-8B-shaped
  *    KV (datagen.c: 8 KV heads x head_dim 128, f16), and the quality proxy on REAL KV: the
  *    stories260K model run by tools/refmodel over TinyStories, as `kvdb-bench compress` does
- *    (each context prefilled but for its last PB_REAL_OBS positions, which are fed one by one
+ *    (each context prefilled but for its last 16 positions, which are fed one by one
  *    to capture the model's queries, refmodel_state_query; per head the probes are those
  *    queries, every query head of the KV head's group, as kvdb_put_ex takes them, and SnapKV's
  *    observation window is built from the same queries as engine/store/cblock.c builds it;
@@ -79,15 +79,9 @@
 #include "codec.h"
 #include "datagen.h"
 #include "kvdb.h"
+#include "kvset.h"
 #include "policy.h"
-#include "refmodel.h"
 
-#ifndef BENCH_MODEL_DIR
-#define BENCH_MODEL_DIR "../shared/models"
-#endif
-#ifndef BENCH_CORPUS_DIR
-#define BENCH_CORPUS_DIR "../shared/corpora"
-#endif
 
 /*
  * PB_N_CTX_*          : contexts of the trace.
@@ -100,9 +94,6 @@
  *                       magnitude; the model is not run here).
  * PB_TOKEN_BYTES      : KV bytes per token of Llama-3-8B in f16 (32 x 8 x 128 x 2 x 2).
  * PB_REAL_CTX_*       : real contexts whose profiles are measured.
- * PB_REAL_OBS         : a real context's last positions whose queries are captured: quality
- *                       probes and SnapKV's observation window (as bench_compress.c).
- * PB_SNAP_OBS         : SnapKV's window without a model (synthetic set): the last keys.
  * PB_SYN_LAYERS_*     : layers of the Llama-shaped synthetic KV (ratios, decode speeds).
  * PB_PROBE_*          : bytes of the DRAM and SSD probes.
  */
@@ -118,16 +109,10 @@
 #define PB_SSD_FRAC 0.40
 #define PB_PREFILL_TPS 10000.0
 #define PB_TOKEN_BYTES 131072u
-#define PB_REAL_TOKENS 512u
 #define PB_REAL_CTX_FULL 32u
 #define PB_REAL_CTX_QUICK 8u
-#define PB_SYN_TOKENS 1024u
 #define PB_SYN_LAYERS_FULL 8u
 #define PB_SYN_LAYERS_QUICK 2u
-#define PB_SYN_HEADS 8u
-#define PB_SYN_HEAD_DIM 128u
-#define PB_SNAP_OBS 32u
-#define PB_REAL_OBS 16u
 #define PB_DRAM_PROBE_FULL (256u << 20)
 #define PB_DRAM_PROBE_QUICK (64u << 20)
 #define PB_SSD_PROBE_FULL (1024u << 20)
@@ -215,14 +200,6 @@ static double median(double *v, size_t n)
 {
   qsort(v, n, sizeof *v, cmp_double);
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-static int cfail(const char *what, const kv_codec_err *err)
-{
-  char msg[512];
-  kv_codec_errmsg(err, msg, sizeof msg);
-  bench_log("%s: %s", what, msg);
-  return -1;
 }
 
 static int pfail(const char *what, kvdb_status st, const kv_policy_err *err)
@@ -339,393 +316,6 @@ out:
 
 /* ---- 2. configs: ratios and decode speeds (synthetic Llama shape), quality (real KV) ------- */
 
-/* A set of heads; head h owns sections 2h (K) and 2h + 1 (V) of n_tokens x head_dim f16. */
-typedef struct kvset {
-  uint32_t n_ctx, heads_per_ctx, n_heads, n_tokens, head_dim;
-  size_t sec_bytes, total;
-  uint16_t *kv;
-  /* the real set's queries as captured: [n_ctx][PB_REAL_OBS][n_layers][n_q_heads][d]; NULL
-   * for a set without a model */
-  float *queries;
-  uint32_t n_layers, n_kv_heads, n_q_heads;
-  /* per head: probes (real queries, else derived from K) and the original outputs for them,
-   * max_probes rows each; beside real queries the derived probes (dprobes, dref; else NULL);
-   * SnapKV's window, win_obs positions x win_qh query heads; beside real queries also the
-   * window without them (kwin: the last PB_SNAP_OBS keys as queries, the bench's stand-in
-   * before queries were captured; else NULL) */
-  uint32_t max_probes, win_obs, win_qh;
-  float *probes, *ref, *dprobes, *dref, *win, *kwin;
-  uint32_t *n_probes, *n_dprobes;
-} kvset;
-
-static void kvset_free(kvset *s)
-{
-  bench_free(s->kv);
-  free(s->queries);
-  free(s->probes);
-  free(s->ref);
-  free(s->dprobes);
-  free(s->dref);
-  free(s->win);
-  free(s->kwin);
-  free(s->n_probes);
-  free(s->n_dprobes);
-  memset(s, 0, sizeof *s);
-}
-
-typedef struct scratch {
-  void *p;
-  size_t cap;
-} scratch;
-
-static int scratch_need(scratch *s, size_t n)
-{
-  if (n <= s->cap)
-    return 0;
-  bench_free(s->p);
-  s->p = bench_alloc(n);
-  s->cap = s->p ? n : 0;
-  if (s->p == NULL) {
-    bench_log("out of memory (%zu bytes of scratch)", n);
-    return -1;
-  }
-  return 0;
-}
-
-static const uint8_t *sec_ptr(const kvset *s, const void *base, size_t sec)
-{
-  return (const uint8_t *)base + sec * s->sec_bytes;
-}
-
-/* rows x d floats: each key scaled to norm sqrt(d) (SnapKV's window, as bench_compress.c). */
-static void keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float *q)
-{
-  kv_codec_to_f32(KV_CODEC_F16, k, (size_t)rows * d, q);
-  for (uint32_t r = 0; r < rows; r++) {
-    float *x = q + (size_t)r * d;
-    double ss = 0;
-    for (uint32_t j = 0; j < d; j++)
-      ss += (double)x[j] * x[j];
-    if (ss > 0) {
-      float f = (float)sqrt((double)d / ss);
-      for (uint32_t j = 0; j < d; j++)
-        x[j] *= f;
-    }
-  }
-}
-
-/* Probes derived from head h's K (kv_quality_derive_probes) into pr, and the original
- * attention outputs for them into ref. */
-static int derive_and_attend(const kvset *s, scratch *ws, uint32_t h, float *pr, uint32_t *np,
-                             float *ref)
-{
-  kv_section_shape ks = {KV_CODEC_F16, KV_SECTION_K, s->n_tokens, s->head_dim};
-  kv_codec_err err;
-  const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-  if (kv_quality_derive_probes(&ks, k, s->sec_bytes, pr, KV_QUALITY_MAX_DERIVED, np, &err) !=
-      KV_CODEC_OK)
-    return cfail("kv_quality_derive_probes", &err);
-  if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, s->head_dim, k, v, pr, *np, ws->p, ws->cap,
-                        ref, &err) != KV_CODEC_OK)
-    return cfail("kv_quality_attend", &err);
-  return 0;
-}
-
-/*
- * Per head: probes, the original attention outputs, SnapKV's window, as bench_compress.c builds
- * them. With the model's queries (real set) both come from the queries the way the engine takes
- * kvdb_put_opts.queries (engine/store/profile.c, cblock.c): for KV head g every query head
- * g * grp .. g * grp + grp - 1 of every captured position, position-major; the probes derived
- * from K go beside them (the engine's fallback when a put gives no queries). Without queries
- * (synthetic set) the probes are derived from K and the window is the last PB_SNAP_OBS keys
- * scaled like queries.
- */
-static int kvset_prepare(kvset *s, scratch *ws)
-{
-  uint32_t d = s->head_dim, nh = s->n_heads;
-  uint32_t grp = s->queries != NULL ? s->n_q_heads / s->n_kv_heads : 1;
-  s->max_probes = s->queries != NULL ? PB_REAL_OBS * grp : KV_QUALITY_MAX_DERIVED;
-  s->win_obs = s->queries != NULL ? PB_REAL_OBS : PB_SNAP_OBS;
-  s->win_qh = grp;
-  size_t row = (size_t)d * sizeof(float), per = (size_t)s->max_probes * row;
-  s->probes = malloc(nh * per);
-  s->ref = malloc(nh * per);
-  s->n_probes = malloc(nh * sizeof(uint32_t));
-  s->win = malloc(nh * (size_t)s->win_obs * s->win_qh * row);
-  int ok = s->probes && s->ref && s->n_probes && s->win;
-  if (ok && s->queries != NULL) {
-    s->dprobes = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
-    s->dref = malloc(nh * (size_t)KV_QUALITY_MAX_DERIVED * row);
-    s->n_dprobes = malloc(nh * sizeof(uint32_t));
-    s->kwin = malloc(nh * (size_t)PB_SNAP_OBS * row);
-    ok = s->dprobes && s->dref && s->n_dprobes && s->kwin;
-  }
-  if (!ok) {
-    bench_log("out of memory (probes)");
-    return -1;
-  }
-  uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
-  if (scratch_need(ws, kv_quality_attend_scratch_bytes(s->n_tokens, d, most)) != 0)
-    return -1;
-  kv_codec_err err;
-  for (uint32_t h = 0; h < nh; h++) {
-    float *pr = s->probes + (size_t)h * s->max_probes * d;
-    float *ref = s->ref + (size_t)h * s->max_probes * d;
-    float *win = s->win + (size_t)h * s->win_obs * s->win_qh * d;
-    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h), *v = k + s->sec_bytes;
-    const uint16_t *last =
-        (const uint16_t *)(const void *)k + (size_t)(s->n_tokens - PB_SNAP_OBS) * d;
-    if (s->queries == NULL) {
-      if (derive_and_attend(s, ws, h, pr, &s->n_probes[h], ref) != 0)
-        return -1;
-      keys_as_queries(last, PB_SNAP_OBS, d, win);
-      continue;
-    }
-    keys_as_queries(last, PB_SNAP_OBS, d, s->kwin + (size_t)h * PB_SNAP_OBS * d);
-    /* head h = (context c, layer l, KV head g), as make_real lays the sections out */
-    uint32_t g = h % s->n_kv_heads, l = (h / s->n_kv_heads) % s->n_layers;
-    uint32_t c = h / (s->n_kv_heads * s->n_layers), np = 0;
-    for (uint32_t o = 0; o < PB_REAL_OBS; o++)
-      for (uint32_t j = 0; j < grp; j++, np++)
-        memcpy(pr + (size_t)np * d,
-               s->queries + ((((size_t)c * PB_REAL_OBS + o) * s->n_layers + l) * s->n_q_heads +
-                             (size_t)g * grp + j) * d,
-               row);
-    s->n_probes[h] = np;
-    memcpy(win, pr, (size_t)np * row);
-    if (kv_quality_attend(KV_CODEC_F16, s->n_tokens, d, k, v, pr, np, ws->p, ws->cap, ref, &err) !=
-        KV_CODEC_OK)
-      return cfail("kv_quality_attend", &err);
-    if (derive_and_attend(s, ws, h, s->dprobes + (size_t)h * KV_QUALITY_MAX_DERIVED * d,
-                          &s->n_dprobes[h], s->dref + (size_t)h * KV_QUALITY_MAX_DERIVED * d) != 0)
-      return -1;
-  }
-  return 0;
-}
-
-static int make_synthetic(kvset *s, const bench_env *env)
-{
-  uint32_t L = env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL;
-  uint32_t H = PB_SYN_HEADS, d = PB_SYN_HEAD_DIM, n = PB_SYN_TOKENS;
-  memset(s, 0, sizeof *s);
-  s->n_ctx = 1;
-  s->heads_per_ctx = s->n_heads = L * H;
-  s->n_tokens = n;
-  s->head_dim = d;
-  s->sec_bytes = (size_t)n * d * 2;
-  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
-  dg_kv_model m;
-  if (dg_kv_model_init(&m, L, H, d, env->seed) != 0)
-    return -1;
-  uint32_t *tok = malloc(n * sizeof *tok);
-  uint16_t *lkthd = malloc(s->total);
-  s->kv = bench_alloc(s->total);
-  if (tok != NULL)
-    dg_tokens(tok, n, env->seed, 128256u);
-  if (tok == NULL || lkthd == NULL || s->kv == NULL || dg_kv_fill_f16(&m, tok, n, lkthd) != 0) {
-    bench_log("out of memory generating synthetic KV");
-    free(tok);
-    free(lkthd);
-    dg_kv_model_free(&m);
-    return -1;
-  }
-  for (uint32_t l = 0; l < L; l++)
-    for (uint32_t h = 0; h < H; h++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        uint16_t *dst = s->kv + ((size_t)(l * H + h) * 2 + kv) * n * d;
-        for (uint32_t t = 0; t < n; t++)
-          memcpy(dst + (size_t)t * d, lkthd + ((((size_t)l * 2 + kv) * n + t) * H + h) * d, 2 * d);
-      }
-  free(tok);
-  free(lkthd);
-  dg_kv_model_free(&m);
-  return 0;
-}
-
-static int file_exists(const char *p)
-{
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-static char *slurp(const char *path, size_t *len)
-{
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return NULL;
-  char *b = NULL;
-  if (fseek(f, 0, SEEK_END) == 0) {
-    long n = ftell(f);
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (b = malloc((size_t)n + 1)) != NULL) {
-      if (fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-      } else {
-        *len = (size_t)n;
-      }
-    }
-  }
-  fclose(f);
-  return b;
-}
-
-/* The model and corpus, found as `kvdb-bench compress` finds them (bench/README.md). */
-static int find_inputs(const bench_env *env, char *bin, char *tok, char *text, size_t cap,
-                       char *looked, size_t looked_cap)
-{
-  const char *md = env->model_dir ? env->model_dir : getenv("KVDB_MODEL_DIR");
-  if (md == NULL || md[0] == 0)
-    md = BENCH_MODEL_DIR;
-  snprintf(bin, cap, "%.4000s/stories260K/stories260K.bin", md);
-  snprintf(tok, cap, "%.4000s/stories260K/tok512.bin", md);
-  if (!file_exists(bin) || !file_exists(tok)) {
-    snprintf(looked, looked_cap, "model not found: looked for %.2000s and %.2000s", bin, tok);
-    return -1;
-  }
-  const char *env_c = getenv("KVDB_CORPUS_DIR");
-  char cand[3][4096];
-  int nc = 0;
-  if (env_c != NULL && env_c[0] != 0)
-    snprintf(cand[nc++], sizeof cand[0], "%s", env_c);
-  snprintf(cand[nc++], sizeof cand[0], "%.4000s/../corpora", md);
-  snprintf(cand[nc++], sizeof cand[0], "%s", BENCH_CORPUS_DIR);
-  size_t used = (size_t)snprintf(looked, looked_cap, "corpus not found: looked for");
-  for (int i = 0; i < nc; i++) {
-    snprintf(text, cap, "%.4000s/tinystories/tinystories_validation_head.txt", cand[i]);
-    if (file_exists(text))
-      return 0;
-    if (used < looked_cap)
-      used += (size_t)snprintf(looked + used, looked_cap - used, "%s %.4100s", i ? "," : "", text);
-  }
-  return -1;
-}
-
-static int rfail(const char *what, int rc)
-{
-  bench_log("%s: %s: %s", what, refmodel_strerror(rc), refmodel_errmsg());
-  return -1;
-}
-
-/* Real KV of n_ctx contexts (BOS + 511 tokens of TinyStories each). 0, 1 = inputs missing
- * (why in `why`), -1 = error. */
-static int make_real(kvset *s, const bench_env *env, char *why, size_t why_cap)
-{
-  char bin[4200], tokp[4200], textp[4200];
-  memset(s, 0, sizeof *s);
-  if (find_inputs(env, bin, tokp, textp, sizeof bin, why, why_cap) != 0)
-    return 1;
-  refmodel_model *m = NULL;
-  refmodel_tokenizer *tk = NULL;
-  refmodel_state *st = NULL;
-  int *toks = NULL, *ctx = NULL, rc = -1, r;
-  char *text = NULL;
-  if ((r = refmodel_model_load(bin, &m)) != REFMODEL_OK)
-    return rfail("loading the model", r);
-  const refmodel_config *cf = refmodel_model_config(m);
-  uint32_t n_ctx = env->quick ? PB_REAL_CTX_QUICK : PB_REAL_CTX_FULL, n = PB_REAL_TOKENS;
-  uint32_t L = (uint32_t)cf->n_layers, H = (uint32_t)cf->n_kv_heads, d = (uint32_t)cf->head_size;
-  size_t need = (size_t)n_ctx * (n - 1), len = 0, n_tok = 0;
-  if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
-    rfail("loading the tokenizer", r);
-    goto out;
-  }
-  if ((text = slurp(textp, &len)) == NULL) {
-    bench_log("cannot read '%s': %s", textp, strerror(errno));
-    goto out;
-  }
-  size_t take = need * 4 < len ? need * 4 : len;
-  for (;;) {
-    free(toks);
-    toks = malloc(refmodel_encode_bound(take) * sizeof *toks);
-    if (toks == NULL)
-      goto out;
-    if ((r = refmodel_encode(tk, text, take, 0, toks, refmodel_encode_bound(take), &n_tok)) !=
-        REFMODEL_OK) {
-      rfail("tokenizing the corpus", r);
-      goto out;
-    }
-    if (n_tok > need || take == len)
-      break;
-    take = len;
-  }
-  if (n_tok < need) {
-    bench_log("the corpus has %zu tokens, %zu needed", n_tok, need);
-    goto out;
-  }
-  s->n_ctx = n_ctx;
-  s->heads_per_ctx = L * H;
-  s->n_heads = n_ctx * L * H;
-  s->n_tokens = n;
-  s->head_dim = d;
-  s->sec_bytes = (size_t)n * d * 2;
-  s->total = 2 * (size_t)s->n_heads * s->sec_bytes;
-  s->n_layers = L;
-  s->n_kv_heads = H;
-  s->n_q_heads = (uint32_t)cf->n_heads;
-  size_t q_step = (size_t)L * s->n_q_heads * d; /* floats of one position's queries */
-  s->kv = bench_alloc(s->total);
-  s->queries = malloc((size_t)n_ctx * PB_REAL_OBS * q_step * sizeof(float));
-  ctx = malloc(n * sizeof *ctx);
-  if (s->kv == NULL || s->queries == NULL || ctx == NULL) {
-    bench_log("out of memory (%zu bytes of real KV)", s->total);
-    goto out;
-  }
-  if ((r = refmodel_state_new(m, (int)n, &st)) != REFMODEL_OK) {
-    rfail("refmodel_state_new", r);
-    goto out;
-  }
-  for (uint32_t c = 0; c < n_ctx; c++) {
-    ctx[0] = REFMODEL_TOKEN_BOS;
-    memcpy(ctx + 1, toks + (size_t)c * (n - 1), (n - 1) * sizeof *ctx);
-    /* the first n - PB_REAL_OBS tokens at once; the last ones one by one, keeping the query
-     * each step computes (the prompt's last queries a caller of kvdb_put_ex would give, as
-     * bench_compress.c captures them) */
-    if ((r = refmodel_prefill(st, ctx, (int)(n - PB_REAL_OBS), 0, NULL)) != REFMODEL_OK) {
-      rfail("refmodel_prefill", r);
-      goto out;
-    }
-    for (uint32_t o = 0; o < PB_REAL_OBS; o++) {
-      uint32_t t = n - PB_REAL_OBS + o;
-      if ((r = refmodel_forward(st, ctx[t], (int)t, NULL)) != REFMODEL_OK) {
-        rfail("refmodel_forward", r);
-        goto out;
-      }
-      float *qo = s->queries + ((size_t)c * PB_REAL_OBS + o) * q_step;
-      for (uint32_t l = 0; l < L; l++) {
-        const float *q = refmodel_state_query(st, (int)l);
-        if (q == NULL) {
-          rfail("refmodel_state_query", REFMODEL_EINVAL);
-          goto out;
-        }
-        memcpy(qo + (size_t)l * s->n_q_heads * d, q, (size_t)s->n_q_heads * d * sizeof(float));
-      }
-    }
-    for (uint32_t l = 0; l < L; l++) {
-      const float *kb = refmodel_state_key(st, (int)l, 0);
-      const float *vb = refmodel_state_value(st, (int)l, 0);
-      for (uint32_t h = 0; h < H; h++)
-        for (uint32_t kv = 0; kv < 2; kv++) {
-          const float *src = (kv == 0 ? kb : vb) + (size_t)h * d;
-          uint16_t *dst = s->kv + (((size_t)(c * L + l) * H + h) * 2 + kv) * n * d;
-          for (uint32_t t = 0; t < n; t++)
-            kv_codec_from_f32(KV_CODEC_F16, src + (size_t)t * (size_t)cf->kv_dim, d,
-                              dst + (size_t)t * d);
-        }
-    }
-  }
-  rc = 0;
-out:
-  refmodel_state_free(st);
-  refmodel_tokenizer_free(tk);
-  refmodel_model_free(m);
-  free(toks);
-  free(ctx);
-  free(text);
-  if (rc != 0)
-    kvset_free(s);
-  return rc;
-}
-
 /* The codec, parameters and codec id of a config for a section kind. */
 static unsigned cfg_codec(const kvdb_config *c, kv_codec_params *p)
 {
@@ -753,9 +343,9 @@ static unsigned cfg_codec(const kvdb_config *c, kv_codec_params *p)
 
 /* What one config does to a set: encoded bytes, decode time, quality per context. */
 typedef struct cfg_run {
-  const kvset *s;
+  const bench_kvset *s;
   const kvdb_config *c;
-  scratch *ws;
+  bench_scratch *ws;
   uint8_t *arena;
   size_t arena_cap;
   size_t *off, *len;
@@ -769,7 +359,7 @@ typedef struct cfg_run {
 
 static int encode_set(cfg_run *r)
 {
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   kv_codec_params p;
   unsigned id = cfg_codec(r->c, &p);
   const kv_codec *codec = kv_codec_by_id(id);
@@ -790,7 +380,7 @@ static int encode_set(cfg_run *r)
   }
   if (id == KV_CODEC_ID_DROP) {
     kv_snapkv_window w = {s->win, s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
-    kv_snapkv_window wk = {s->kwin, PB_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
+    kv_snapkv_window wk = {s->kwin, BENCH_KVSET_SNAP_OBS, 1, 0, KV_POOL_AVG, 1};
     size_t e = kv_drop_scratch_bytes(p.drop_method, s->n_tokens, s->head_dim,
                                      p.drop_method == KV_DROP_SNAPKV ? &w : NULL);
     need_scr = e > need_scr ? e : need_scr;
@@ -802,7 +392,7 @@ static int encode_set(cfg_run *r)
   uint32_t most = s->max_probes > KV_QUALITY_MAX_DERIVED ? s->max_probes : KV_QUALITY_MAX_DERIVED;
   size_t qa = kv_quality_attend_scratch_bytes(s->n_tokens, s->head_dim, most);
   need_scr = qa > need_scr ? qa : need_scr;
-  if (scratch_need(r->ws, need_scr) != 0)
+  if (bench_scratch_need(r->ws, need_scr) != 0)
     return -1;
   if (bound > r->arena_cap) {
     bench_free(r->arena);
@@ -815,19 +405,19 @@ static int encode_set(cfg_run *r)
   }
   size_t pos = 0;
   for (uint32_t h = 0; h < s->n_heads; h++) {
-    const uint8_t *k = sec_ptr(s, s->kv, 2 * (size_t)h);
+    const uint8_t *k = bench_kvset_sec(s, s->kv, 2 * (size_t)h);
     kv_codec_params pk[2] = {p, p};
     if (id == KV_CODEC_ID_DROP) {
       kv_snapkv_window w = {s->win + (size_t)h * s->win_obs * s->win_qh * s->head_dim,
                             s->win_obs, s->win_qh, 0, KV_POOL_AVG, 1};
       if (r->key_window && s->kwin != NULL)
-        w = (kv_snapkv_window){s->kwin + (size_t)h * PB_SNAP_OBS * s->head_dim, PB_SNAP_OBS, 1, 0,
+        w = (kv_snapkv_window){s->kwin + (size_t)h * BENCH_KVSET_SNAP_OBS * s->head_dim, BENCH_KVSET_SNAP_OBS, 1, 0,
                                KV_POOL_AVG, 1};
       uint32_t nk = 0;
       if (kv_drop_select(p.drop_method, &sh[0], k, s->sec_bytes, p.keep_permille,
                          p.drop_method == KV_DROP_SNAPKV ? &w : NULL, r->ws->p, r->ws->cap,
                          r->keep_pos, s->n_tokens, &nk, &r->err) != KV_CODEC_OK)
-        return cfail("kv_drop_select", &r->err);
+        return bench_codec_fail("kv_drop_select", &r->err);
       for (int kv = 0; kv < 2; kv++) {
         pk[kv].keep_pos = r->keep_pos;
         pk[kv].n_keep = nk;
@@ -838,7 +428,7 @@ static int encode_set(cfg_run *r)
       if (kv_codec_encode(codec, &sh[kv], k + (size_t)kv * s->sec_bytes, s->sec_bytes, &pk[kv],
                           r->ws->p, r->ws->cap, r->arena + pos, r->arena_cap - pos, &n,
                           &r->err) != KV_CODEC_OK)
-        return cfail("kv_codec_encode", &r->err);
+        return bench_codec_fail("kv_codec_encode", &r->err);
       r->off[sec] = pos;
       r->len[sec] = n;
       pos += n;
@@ -850,7 +440,7 @@ static int encode_set(cfg_run *r)
 static int decode_pass(void *payload, size_t iter)
 {
   cfg_run *r = payload;
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   (void)iter;
   for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++)
     if (kv_section_decode_dctx(r->dctx, r->arena + r->off[sec], r->len[sec], r->ws->p,
@@ -865,7 +455,7 @@ static int decode_pass(void *payload, size_t iter)
 static int probe_quality(cfg_run *r, const float *probes, const uint32_t *n_probes,
                          const float *refs, uint32_t stride, double *q_ctx)
 {
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   uint32_t d = s->head_dim;
   float *test = malloc((size_t)stride * d * sizeof *test);
   if (test == NULL)
@@ -878,16 +468,16 @@ static int probe_quality(cfg_run *r, const float *probes, const uint32_t *n_prob
     if (kv_section_parse(r->arena + r->off[2 * (size_t)h], r->len[2 * (size_t)h], &info, &err) !=
         KV_CODEC_OK) {
       free(test);
-      return cfail("kv_section_parse", &err);
+      return bench_codec_fail("kv_section_parse", &err);
     }
-    const uint8_t *kd = sec_ptr(s, r->out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
+    const uint8_t *kd = bench_kvset_sec(s, r->out, 2 * (size_t)h), *vd = kd + s->sec_bytes;
     kv_quality q;
     if (kv_quality_attend(KV_CODEC_F16, info.n_rows, d, kd, vd, probes + (size_t)h * stride * d,
                           n_probes[h], r->ws->p, r->ws->cap, test, &err) != KV_CODEC_OK ||
         kv_quality_compare(refs + (size_t)h * stride * d, test, n_probes[h], d, &q, &err) !=
             KV_CODEC_OK) {
       free(test);
-      return cfail("quality", &err);
+      return bench_codec_fail("quality", &err);
     }
     q_ctx[h / s->heads_per_ctx] += q.cos_mean / s->heads_per_ctx;
   }
@@ -898,7 +488,7 @@ static int probe_quality(cfg_run *r, const float *probes, const uint32_t *n_prob
 /* The set's quality per context on its probes (real queries, else derived from K). */
 static int set_quality(cfg_run *r, double *q_ctx)
 {
-  const kvset *s = r->s;
+  const bench_kvset *s = r->s;
   return probe_quality(r, s->probes, s->n_probes, s->ref, s->max_probes, q_ctx);
 }
 
@@ -911,7 +501,7 @@ typedef struct cfgm {
   double sens_syn;    /* PB_SENS_CFG's quality on the synthetic set (cm[0] only) */
 } cfgm;
 
-static int cfg_run_init(cfg_run *r, const kvset *s, scratch *ws)
+static int cfg_run_init(cfg_run *r, const bench_kvset *s, bench_scratch *ws)
 {
   memset(r, 0, sizeof *r);
   r->s = s;
@@ -1994,8 +1584,8 @@ int bench_policy(const bench_env *env, bench_json *j)
   FILE *o = env->out;
   int rc = -1;
   cfgm cm[NCFG];
-  kvset syn, real;
-  scratch ws = {NULL, 0};
+  bench_kvset syn, real;
+  bench_scratch ws = {NULL, 0};
   cfg_run run;
   double *q_real = NULL, *q_der = NULL;
   trace tr, tr_d;
@@ -2029,7 +1619,7 @@ int bench_policy(const bench_env *env, bench_json *j)
     }
   }
   bench_log("policy: config ratios and decode speeds on Llama-shaped KV");
-  if (make_synthetic(&syn, env) != 0 || kvset_prepare(&syn, &ws) != 0 ||
+  if (bench_kvset_synthetic(&syn, env, env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL) != 0 || bench_kvset_prepare(&syn, &ws) != 0 ||
       cfg_run_init(&run, &syn, &ws) != 0)
     goto out;
   for (size_t k = 0; k < NCFG; k++) {
@@ -2044,7 +1634,7 @@ int bench_policy(const bench_env *env, bench_json *j)
     bench_fn_opts fo = {decode_pass, &run, 3, 0, env->quick ? 50000000ull : 200000000ull};
     if (bench_fn_run(&fo, &sm) != 0) {
       bench_samples_free(&sm);
-      cfail("kv_section_decode", &run.err);
+      bench_codec_fail("kv_section_decode", &run.err);
       goto out;
     }
     double gbps = bench_gbps(syn.total, bench_samples_pct(&sm, 50));
@@ -2068,7 +1658,7 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(&run, 0, sizeof run);
 
   char why[4600] = "";
-  int rr = make_real(&real, env, why, sizeof why);
+  int rr = bench_kvset_real(&real, env, env->quick ? PB_REAL_CTX_QUICK : PB_REAL_CTX_FULL, why, sizeof why);
   if (rr < 0)
     goto out;
   uint32_t n_real = rr == 0 ? real.n_ctx : 1;
@@ -2080,7 +1670,7 @@ int bench_policy(const bench_env *env, bench_json *j)
   if (rr == 0) {
     bench_log("policy: real-KV quality of %u stories260K contexts (their queries as probes)",
               real.n_ctx);
-    if (kvset_prepare(&real, &ws) != 0 || cfg_run_init(&run, &real, &ws) != 0)
+    if (bench_kvset_prepare(&real, &ws) != 0 || cfg_run_init(&run, &real, &ws) != 0)
       goto out;
     for (size_t k = 0; k <= NCFG; k++) {
       run.c = k < NCFG ? &cm[k].cfg : &sens_cfg;
@@ -2108,8 +1698,8 @@ int bench_policy(const bench_env *env, bench_json *j)
   }
   fprintf(o, "\nconfig space (%zu): ratio and decode GB/s on Llama-3-8B-shaped KV (%u layers x "
              "%u KV heads x %u tokens, one core); proxy quality on %s\n",
-          NCFG, env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL, PB_SYN_HEADS,
-          PB_SYN_TOKENS,
+          NCFG, env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL, BENCH_KVSET_SYN_HEADS,
+          BENCH_KVSET_SYN_TOKENS,
           rr == 0 ? "real KV (stories260K, mean [min .. max] over contexts), probes = the "
                     "model's queries of the last 16 positions x the KV head's query heads "
                     "(SnapKV's window from the same queries); derived = kvdb's fallback probes "
@@ -2305,9 +1895,9 @@ out:
   for (int d = 0; d < 3; d++)
     free(sc[d].res);
   cfg_run_free(&run);
-  bench_free(ws.p);
-  kvset_free(&syn);
-  kvset_free(&real);
+  bench_scratch_free(&ws);
+  bench_kvset_free(&syn);
+  bench_kvset_free(&real);
   free(q_real);
   free(q_der);
   trace_free(&tr);
