@@ -122,6 +122,7 @@ int bench_compress(const bench_env *env, bench_json *j);
 int bench_score(const bench_env *env, bench_json *j);
 int bench_prefix(const bench_env *env, bench_json *j);
 int bench_policy(const bench_env *env, bench_json *j);
+int bench_policy_puts(const bench_env *env, bench_json *j); /* part of policy */
 
 /* ---- files, memory, page cache ------------------------------------------------------------ */
 

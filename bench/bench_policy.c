@@ -61,6 +61,8 @@
  *                                    can be negative, so a plain ratio means nothing), bound =
  *                                    kv_policy_upper_bound (LP relaxation); the smallest over
  *                                    the alpha sweep up to PB_ALPHA_BOUND_MAX
+ * 6. Placement on put through the engine (bench_place_put.c): a put's time as the store grows,
+ *    with placement off, and on with slack 5% and 0 (JSON put_*).
  *      place_100k_ms                 kv_policy_rebalance of 100,000 contexts x every config x 3
  *                                    tiers (DRAM 4%, SSD 20%, SmartSSD 20%), median of 5 runs,
  *                                    the slower of the two rules
@@ -1890,6 +1892,8 @@ int bench_policy(const bench_env *env, bench_json *j)
   bench_json_bool(j, "target_place_100k_ms_met", m4);
   bench_json_int(j, "targets_met", m1 + m2 + m3 + m4);
   bench_json_int(j, "targets_total", 4);
+  if (bench_policy_puts(env, j) != 0) /* 6. placement on put through the engine */
+    goto out;
   rc = 0;
 out:
   for (int d = 0; d < 3; d++)

@@ -336,10 +336,67 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
   return KVDB_OK;
 }
 
+static _Thread_local uint64_t last_commit; /* kv_txn_last_commit */
+
 kvdb_status kv_txn_commit(MDB_txn *txn)
 {
+  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  uint64_t id = mdb_txn_id(txn);
+  int stamped = 0;
+  if (c != NULL && c->track) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+      b[i] = (uint8_t)(id >> (8 * i));
+    MDB_val k = {6, (void *)(uintptr_t)"wstamp"}, v = {8, b};
+    /* EACCES: a read transaction (nothing to stamp); another failure leaves the commit to
+     * fail or to go unrecorded (a view then takes it for someone else's: conservative) */
+    stamped = mdb_put(txn, c->meta, &k, &v, 0) == 0;
+  }
   int mrc = mdb_txn_commit(txn);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "commit");
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "commit");
+  if (stamped) {
+    pthread_mutex_lock(&c->own_mu);
+    c->own_ids[c->own_next++ % KV_CAT_OWN_IDS] = id;
+    pthread_mutex_unlock(&c->own_mu);
+    last_commit = id;
+  }
+  return KVDB_OK;
+}
+
+uint64_t kv_txn_last_commit(void)
+{
+  return last_commit;
+}
+
+kvdb_status kv_cat_track_commits(kv_catalog *c)
+{
+  if (c->rdonly)
+    return kv_fail(KVDB_READONLY, "commit tracking on a read-only catalog");
+  if (!c->track) {
+    int e = pthread_mutex_init(&c->own_mu, NULL);
+    if (e != 0)
+      return kv_fail(KVDB_NOMEM, "commit tracking: pthread_mutex_init: %s", strerror(e));
+    c->track = 1;
+  }
+  return KVDB_OK;
+}
+
+int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto)
+{
+  if (!c->track || upto < since || upto - since > KV_CAT_OWN_IDS)
+    return upto == since;
+  int all = 1;
+  pthread_mutex_lock(&c->own_mu);
+  unsigned n = c->own_next < KV_CAT_OWN_IDS ? c->own_next : KV_CAT_OWN_IDS;
+  for (uint64_t id = since + 1; id <= upto && all; id++) {
+    int found = 0;
+    for (unsigned i = 0; i < n && !found; i++)
+      found = c->own_ids[i] == id;
+    all = found;
+  }
+  pthread_mutex_unlock(&c->own_mu);
+  return all;
 }
 
 static kvdb_status cat_get(MDB_txn *txn, MDB_dbi dbi, const void *k, size_t klen, MDB_val *v,
@@ -483,6 +540,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   int mrc = mdb_env_create(&c->env);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create environment");
+  mdb_env_set_userctx(c->env, c); /* kv_txn_commit finds the catalog by its environment */
   mdb_env_set_maxdbs(c->env, 16);
   mdb_env_set_maxreaders(c->env, 1024);
   mdb_env_set_mapsize(c->env, (size_t)map_bytes);
@@ -600,4 +658,7 @@ void kv_catalog_close(kv_catalog *c)
   if (c->env != NULL)
     mdb_env_close(c->env);
   c->env = NULL;
+  if (c->track)
+    pthread_mutex_destroy(&c->own_mu);
+  c->track = 0;
 }

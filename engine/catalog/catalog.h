@@ -27,6 +27,7 @@
 #define KV_CATALOG_H
 
 #include <lmdb.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kv_common.h"
@@ -130,6 +131,8 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 }
 
 /* The catalog environment and its databases. */
+#define KV_CAT_OWN_IDS 64u
+
 typedef struct kv_catalog {
   MDB_env *env;
   MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
@@ -137,6 +140,11 @@ typedef struct kv_catalog {
   MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
+  /* own-commit tracking (kv_cat_track_commits): the txn ids of this catalog's last commits */
+  int track;
+  pthread_mutex_t own_mu;
+  uint64_t own_ids[KV_CAT_OWN_IDS];
+  unsigned own_next;
 } kv_catalog;
 
 /*
@@ -153,7 +161,23 @@ kvdb_status kv_mdb_fail(int mrc, const char *what);
 
 /* Begin a transaction (rdonly or write). */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
+/* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
+ * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
+ * successful one has a txn id of its own) and its id is recorded once committed. */
 kvdb_status kv_txn_commit(MDB_txn *txn);
+
+/*
+ * Own-commit tracking, for a view of the catalog kept between transactions that must know
+ * whether anything else wrote meanwhile (placer.c): kv_cat_track_commits turns it on (a
+ * read-write catalog; call before other threads use it). kv_cat_own_since(c, since, upto) is 1
+ * when every transaction committed with an id in (since, upto] is one this catalog committed
+ * through kv_txn_commit (recorded: at most KV_CAT_OWN_IDS of them), else 0: another handle or
+ * process wrote, or too many commits to tell. kv_txn_last_commit is the id of the last write
+ * transaction the calling thread committed through kv_txn_commit with tracking on (0: none).
+ */
+kvdb_status kv_cat_track_commits(kv_catalog *c);
+int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto);
+uint64_t kv_txn_last_commit(void);
 
 /* Typed gets: KVDB_NOTFOUND when absent, KVDB_CORRUPT when the record does not decode. */
 kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r);

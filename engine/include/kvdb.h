@@ -319,8 +319,11 @@ typedef struct kvdb_options {
    *   it: the context takes its best (tier, config); then, while a tier holds more than its
    *   capacity (dram_bytes, ssd_bytes, smartssd_bytes), the cheapest operation — re-encode a
    *   context on that tier to a smaller config, or move it to the next tier — is applied,
-   *   tier after tier (Algorithm 1). A context pushed off the last tier is deleted (recomputing
-   *   it is worth more than keeping it). Each move is a kvdb_relocate (one transaction);
+   *   tier after tier (Algorithm 1), down to placement_slack_pct below the capacities. While
+   *   the context's best place fits, only it is read and moved; the other contexts are read
+   *   only when a tier overflows (or after another handle wrote). A context pushed off the
+   *   last tier is deleted (recomputing it is worth more than keeping it). Each move is a
+   *   kvdb_relocate (one transaction);
    * - the DRAM tier (an inclusive cache: the persistent copy stays) holds only the contexts
    *   the placement puts there, filled by gets;
    * - kvdb_rebalance_plan / kvdb_rebalance_execute place every context anew.
@@ -338,6 +341,17 @@ typedef struct kvdb_options {
                                    kvdb_report_quality); 0..100, 0 = never; default 5 */
   double prefill_tokens_per_s;/**< how fast the caller recomputes a context (the TTFT of one
                                    that is not stored), > 0; default 10000 */
+  /**
+   * Room the placement leaves after a put (percent of each limited tier's capacity), 0..50;
+   * default 5. A put places its context alone when its best place fits (the outcome of
+   * Algorithm 1's first step, without reading the other contexts); when it does not, Algorithm
+   * 1 runs over every context and re-encodes or demotes until each tier is this far below its
+   * capacity, so that the whole-store run (its cost grows with the contexts stored) comes once
+   * per that much new data rather than on every put of a full tier. 0 = resolve exactly to the
+   * capacities (the paper's Algorithm 1 on every put that overflows a tier). Rebalances and
+   * re-profiling always resolve to the capacities.
+   */
+  double placement_slack_pct;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */

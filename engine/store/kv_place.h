@@ -116,10 +116,20 @@ void kv_place_info(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t last_
 kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
                         const kvdb_config *to, uint32_t tier, const kv_queries *q, int smart_ok);
 
-/* placer.c's share of the state: its lock (one placement at a time in a handle) and the
- * generation bump that tells every handle to reload its DRAM admission set. */
+/* placer.c's share of the state: its lock (one placement at a time in a handle), the
+ * generation bump that tells every handle to reload its DRAM admission set, and its view of
+ * the tiers between puts (placer.c "BETWEEN PUTS"): kv_place_view_of, under the run lock;
+ * kv_place_view_drop (any thread, no lock) makes the next placement rebuild it, for a change
+ * of the tiers' contents that this handle made outside the placement (kvdb_relocate, ...). */
+typedef struct kv_place_view {
+  int valid;
+  uint64_t used[KVDB_TIER_COUNT]; /* the policy's bytes on each kvdb tier */
+  uint64_t txnid;                 /* catalog txn id the view is right as of */
+} kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
 kvdb_status kv_place_bump_gen(kvdb *db, MDB_txn *txn);
+kv_place_view *kv_place_view_of(kvdb *db);
+void kv_place_view_drop(kvdb *db);
 
 /* ---- placer.c ---- */
 

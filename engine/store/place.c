@@ -63,6 +63,8 @@ struct kv_place {
   uint64_t want_gen;
   int want_loaded;
   uint64_t flushed[KVDB_TIER_COUNT]; /* served-block counts already added to the catalog's */
+  kv_place_view view;     /* placer.c's, under run_mu */
+  int view_stale;         /* set (atomically) by kv_place_view_drop */
 };
 
 /* ---- options ----------------------------------------------------------------------------- */
@@ -74,6 +76,7 @@ void kv_place_options_init(kvdb_options *o)
   o->freq_half_life_s = 3600.0;
   o->reprofile_drift_pct = 5.0;
   o->prefill_tokens_per_s = 10000.0;
+  o->placement_slack_pct = 5.0;
 }
 
 kvdb_status kv_place_options_check(const kvdb_options *o)
@@ -93,6 +96,9 @@ kvdb_status kv_place_options_check(const kvdb_options *o)
   if (!(isfinite(o->prefill_tokens_per_s) && o->prefill_tokens_per_s > 0))
     return kv_fail(KVDB_INVALID, "prefill_tokens_per_s %g is not a positive number",
                    o->prefill_tokens_per_s);
+  if (!(o->placement_slack_pct >= 0 && o->placement_slack_pct <= 50))
+    return kv_fail(KVDB_INVALID, "placement_slack_pct %g is not in 0..50",
+                   o->placement_slack_pct);
   return KVDB_OK;
 }
 
@@ -751,8 +757,10 @@ kvdb_status kv_place_open(kvdb *db)
     KV_RET(tier_figures(db, t, 0, &f, &ms));
     fit_reset(p, t, &f, ms);
   }
-  if (!db->cat.rdonly)
+  if (!db->cat.rdonly) {
     KV_RET(record_settings(db));
+    KV_RET(kv_cat_track_commits(&db->cat)); /* placer.c's view between puts */
+  }
   return kv_place_reload(db);
 }
 
@@ -804,6 +812,20 @@ kvdb_status kv_count_tier_contexts(kvdb *db, MDB_txn *txn, uint32_t tier, uint64
 pthread_mutex_t *kv_place_run_lock(kvdb *db)
 {
   return &db->place->run_mu;
+}
+
+kv_place_view *kv_place_view_of(kvdb *db)
+{
+  struct kv_place *p = db->place;
+  if (__atomic_exchange_n(&p->view_stale, 0, __ATOMIC_ACQ_REL))
+    p->view.valid = 0;
+  return &p->view;
+}
+
+void kv_place_view_drop(kvdb *db)
+{
+  if (db->place != NULL)
+    __atomic_store_n(&db->place->view_stale, 1, __ATOMIC_RELEASE);
 }
 
 kvdb_status kv_place_bump_gen(kvdb *db, MDB_txn *txn)

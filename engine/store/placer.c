@@ -320,6 +320,34 @@ static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
   return rc;
 }
 
+/* Context `key` alone (the others are not read), as of txn; in->n is 0 when it is gone. */
+static kvdb_status inst_one(kvdb *db, MDB_txn *txn, const uint8_t key[16], pinst *in)
+{
+  memset(in, 0, sizeof *in);
+  in->now_ms = kv_now_ms();
+  KV_RET(kv_place_settings(db, txn, &in->set));
+  kv_tier_perf f[KVDB_TIER_COUNT];
+  KV_RET(kv_place_figures(db, &in->set, f));
+  inst_tiers(in, f);
+  kv_ctx_rec cr;
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
+  if (rc == KVDB_NOTFOUND) {
+    kv_clear_error();
+    return KVDB_OK;
+  }
+  KV_RET(rc);
+  kv_profile_rec *prof = malloc(sizeof *prof);
+  if (prof == NULL)
+    return kv_fail(KVDB_NOMEM, "profile");
+  rc = inst_add(db, txn, in, key, &cr, prof);
+  free(prof);
+  if (rc == KVDB_OK && in->n == 1)
+    in->pc[0].options = &in->opt[in->meta[0].opt0];
+  if (rc != KVDB_OK)
+    inst_free(in);
+  return rc;
+}
+
 /* ---- plans in public form ---------------------------------------------------------------- */
 
 static uint32_t pub_tier(const pinst *in, int32_t ptier)
@@ -543,34 +571,105 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
 
 /* ---- after a put ------------------------------------------------------------------------- */
 
-static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
+/*
+ * BETWEEN PUTS. Algorithm 1 after a put looks at every context only when a tier overflows:
+ * the incoming context takes its best (tier, config) whatever the others are, and only an
+ * over-full tier makes the others move. So the handle keeps a view of the tiers (the policy's
+ * bytes on each, kv_place_view) and a put first places its context alone (a one-context
+ * instance with unlimited tiers: its best place); when that place fits beside the view's bytes
+ * on every tier, the outcome is Algorithm 1's and only the incoming context is read and moved.
+ * Otherwise (or without a valid view) the whole instance is built from the catalog and
+ * Algorithm 1 runs over every context, resolving the tiers down to placement_slack_pct below
+ * their capacities (slack 0: exactly to them), so that the next puts fit in the room it left
+ * and the O(contexts) run comes once per that much data instead of on every put. The view is
+ * right as of a catalog txn id; it is rebuilt when anything but this handle has committed
+ * since (kv_cat_own_since: another handle or process wrote) or this handle changed the tiers
+ * outside the placement (kv_place_view_drop), and after a run whose moves were not all made.
+ * Deletes only free bytes: the view then overstates the tiers, which costs an earlier full
+ * run, never an over-full tier.
+ */
+
+/* The incoming context placed alone; *fits = 1 when that place fits beside the view on every
+ * tier (then it is carried out and added to the view). */
+static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int *fits)
 {
-  /* a put is an access; pending accesses of this handle count too */
+  *fits = 0;
   MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  kvdb_status rc = kv_flush_atime(db, txn);
-  if (rc == KVDB_OK && access)
-    rc = kv_place_touch(db, txn, key, kv_now_ms());
-  if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
-    return rc;
-  }
-  KV_RET(kv_txn_commit(txn));
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
-  KV_RET(inst_now(db, &in));
-  size_t idx = in.n;
-  for (size_t i = 0; i < in.n; i++)
-    if (memcmp(in.meta[i].key, key, 16) == 0)
-      idx = i;
-  if (idx == in.n) { /* deleted meanwhile */
-    inst_free(&in);
+  kvdb_status rc = inst_one(db, txn, key, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  if (in.n == 0) { /* deleted meanwhile */
+    *fits = 1;
     return KVDB_OK;
   }
+  uint64_t cap[KVDB_TIER_COUNT];
+  for (uint32_t t = 0; t < in.n_tiers; t++) {
+    cap[t] = in.tiers[t].capacity_bytes;
+    in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
+  }
+  kv_policy_plan plan;
+  kv_policy_err perr;
+  size_t zero = 0;
+  rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
+  if (rc != KVDB_OK) {
+    inst_free(&in);
+    return kv_fail(rc, "placement: %s", perr.msg);
+  }
+  int ok = 1;
+  for (uint32_t t = 0; t < in.n_tiers && ok; t++)
+    ok = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + plan.used_after[t] <= cap[t];
+  kvdb_place_plan pub;
+  memset(&pub, 0, sizeof pub);
+  if (ok)
+    rc = to_public(&in, &plan, &pub);
+  uint64_t add[KVDB_TIER_COUNT] = {0};
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    add[in.ktier[t]] = plan.used_after[t];
+  kv_policy_plan_free(&plan);
+  inst_free(&in);
+  if (!ok || rc != KVDB_OK) {
+    kvdb_place_plan_free(&pub);
+    return rc;
+  }
+  kvdb_rebalance_report rep;
+  rc = execute(db, pub.moves, pub.n_moves, &rep);
+  kvdb_place_plan_free(&pub);
+  if (rc == KVDB_OK && rep.skipped == 0) {
+    for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+      v->used[t] += add[t];
+    *fits = 1;
+  } else {
+    v->valid = 0;
+  }
+  return rc;
+}
+
+/* Algorithm 1 over every context (the incoming one, if any, first takes its best place), the
+ * tiers resolved to `slack_pct` below their capacities; the view is rebuilt from the plan. */
+static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct)
+{
+  v->valid = 0;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  uint64_t snap = mdb_txn_id(txn);
+  pinst in;
+  kvdb_status rc = inst_build(db, txn, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  size_t idx = in.n;
+  for (size_t i = 0; key != NULL && i < in.n; i++)
+    if (memcmp(in.meta[i].key, key, 16) == 0)
+      idx = i;
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    if (in.tiers[t].capacity_bytes != KV_POLICY_UNLIMITED)
+      in.tiers[t].capacity_bytes -= (uint64_t)((double)in.tiers[t].capacity_bytes * slack_pct / 100);
   kv_policy_plan plan;
   kv_policy_err perr;
   kvdb_place_plan pub;
   memset(&pub, 0, sizeof pub);
-  rc = kv_policy_admit(&in.p, in.pc, in.n, &idx, 1, &plan, &perr);
+  rc = kv_policy_admit(&in.p, in.pc, in.n, &idx, idx < in.n ? 1 : 0, &plan, &perr);
   if (rc != KVDB_OK) {
     rc = kv_fail(rc, "placement: %s", perr.msg);
   } else {
@@ -581,9 +680,46 @@ static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
   if (rc == KVDB_OK) {
     kvdb_rebalance_report rep;
     rc = execute(db, pub.moves, pub.n_moves, &rep);
+    kv_log(&db->log, 2, "placement: Algorithm 1 over %" PRIu64 " contexts (slack %g%%): %zu "
+           "moves", pub.n_contexts, slack_pct, pub.n_moves);
+    if (rc == KVDB_OK && rep.skipped == 0) {
+      memcpy(v->used, pub.bytes_after, sizeof v->used);
+      v->txnid = snap;
+      v->valid = 1;
+    }
   }
   kvdb_place_plan_free(&pub);
   return rc;
+}
+
+static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
+{
+  /* a put is an access; pending accesses of this handle count too */
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  uint64_t touch = mdb_txn_id(txn);
+  kvdb_status rc = kv_flush_atime(db, txn);
+  if (rc == KVDB_OK && access)
+    rc = kv_place_touch(db, txn, key, kv_now_ms());
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  KV_RET(kv_txn_commit(txn));
+  kv_place_view *v = kv_place_view_of(db);
+  /* the view holds when every commit since it was made is this handle's (the touch was one) */
+  if (v->valid && !kv_cat_own_since(&db->cat, v->txnid, touch))
+    v->valid = 0;
+  if (v->valid && access) { /* a put: Algorithm 1's first step alone, when it fits */
+    int fits;
+    rc = admit_alone(db, v, key, &fits);
+    if (rc != KVDB_OK || fits) {
+      if (rc == KVDB_OK && v->valid)
+        v->txnid = touch;
+      return rc;
+    }
+  }
+  return admit_all(db, v, key, access ? db->opt.placement_slack_pct : 0);
 }
 
 static void place_one(kvdb *db, const uint8_t key[16], int access, const char *why)
@@ -692,6 +828,7 @@ kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
   pthread_mutex_t *lk = db->place != NULL ? kv_place_run_lock(db) : NULL;
   if (lk != NULL)
     pthread_mutex_lock(lk);
+  kv_place_view_drop(db); /* the plan was made from the catalog, not from the view */
   kvdb_status rc = execute(db, plan->moves, plan->n_moves, report);
   if (lk != NULL)
     pthread_mutex_unlock(lk);

@@ -444,6 +444,7 @@ static kvdb_status relocate_api(kvdb *db, const kvdb_model *m, const kvdb_key *c
   KV_RET(opts_queries(opts, m, &qs, &q));
   if (to != NULL && to->method == KVDB_METHOD_DROP && to->drop == KVDB_DROP_SNAPKV && q == NULL)
     return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries (opts->queries)");
+  kv_place_view_drop(db); /* the tiers' contents change outside the placement */
   return kv_relocate(db, m, context->b, to, tier, q, db->opt.smartssd_bytes > 0);
 }
 

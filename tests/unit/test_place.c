@@ -10,12 +10,17 @@
  * every put, every stored context readable (exact configs bit-exact, lossy ones exactly as a
  * re-encoding to the chosen config gives), the hottest context kept in DRAM and the DRAM tier
  * admitting only what the placement keeps there; tier figures (kvdb_tier_probe); option checks.
+ * Between puts: a put places its context alone while it fits (Algorithm 1 over every context
+ * only on overflow, fewer times with more slack), and after another process wrote or this
+ * handle relocated outside the placement, Algorithm 1 runs over everything again.
  */
 #include "kvdb_test.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "catalog/ctxstats.h"
 #include "kv_db.h"
@@ -476,6 +481,121 @@ static void test_place_on_put(kvdb_placement rule)
   t_rmdir(dir);
 }
 
+/* ---- placement between puts (placer.c "BETWEEN PUTS") ------------------------------------ */
+
+/* Counts the placements that ran Algorithm 1 over every context (an info line each). */
+static void count_full_runs(void *ctx, int level, const char *msg)
+{
+  if (level == 2 && strncmp(msg, "placement: Algorithm 1 over", 27) == 0)
+    (*(int *)ctx)++;
+}
+
+/* Puts of PL_N contexts with slack `slack`: every tier within its capacity after each put.
+ * Returns how many puts ran Algorithm 1 over every context. */
+static int puts_with_slack(double slack)
+{
+  char *dir = t_tmpdir("place-slack");
+  kvdb_options o = place_opts();
+  int runs = 0;
+  o.placement_slack_pct = slack;
+  o.log_fn = count_full_runs;
+  o.log_ctx = &runs;
+  o.log_level = 2;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key keys[PL_N];
+  for (int i = 0; i < PL_N; i++) {
+    keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+    check_capacity(db, &o, keys, i + 1);
+  }
+  ASSERT(check_contexts(db, keys, PL_N) >= PL_N / 2);
+  verify_clean(db);
+  kvdb_close(db);
+  t_rmdir(dir);
+  return runs;
+}
+
+static void test_place_between_puts(void)
+{
+  /* room on every tier: after the first put (no view yet), each put places its context alone,
+   * at its best place, which a rebalance (every context placed anew) confirms */
+  char *dir = t_tmpdir("place-view");
+  kvdb_options o = place_opts();
+  int runs = 0;
+  o.dram_bytes = 8 << 20;
+  o.ssd_bytes = 64 << 20;
+  o.log_fn = count_full_runs;
+  o.log_ctx = &runs;
+  o.log_level = 2;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key keys[8];
+  for (int i = 0; i < 8; i++)
+    keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+  ASSERT_EQ(runs, 1);
+  kvdb_place_plan plan;
+  ASSERT_OK(kvdb_rebalance_plan(db, &plan));
+  ASSERT_EQ(plan.n_moves, 0);
+  kvdb_place_plan_free(&plan);
+  /* a relocation outside the placement: the next put rebuilds the view */
+  ASSERT_OK(kvdb_recompress(db, &M, &keys[0], &(kvdb_config){.method = KVDB_METHOD_LOSSLESS},
+                            NULL));
+  (void)put_ctx(db, 9000, PL_TOKENS, "raw");
+  ASSERT_EQ(runs, 2);
+  (void)put_ctx(db, 9100, PL_TOKENS, "raw");
+  ASSERT_EQ(runs, 2);
+  kvdb_close(db);
+  t_rmdir(dir);
+
+  /* full tiers: slack 0 runs Algorithm 1 over everything on each put that overflows; a large
+   * slack leaves room, so fewer puts do (and every tier stays within capacity either way) */
+  int r0 = puts_with_slack(0), r50 = puts_with_slack(50);
+  printf("placement between puts: %d contexts, Algorithm 1 over every context on %d puts with "
+         "slack 0, %d with slack 50%%\n", PL_N, r0, r50);
+  ASSERT(r0 > 2);
+  ASSERT(r50 < r0);
+
+  /* another process writes: the view cannot know what, so the next put places everything
+   * (a stale view would take the new context as fitting and leave the SSD over capacity) */
+  dir = t_tmpdir("place-foreign");
+  o = place_opts();
+  o.dram_bytes = 8 << 20; /* room for this handle's puts: only the other's overfill the SSD */
+  o.ssd_bytes = 2 << 20;
+  runs = 0;
+  o.log_fn = count_full_runs;
+  o.log_ctx = &runs;
+  o.log_level = 2;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key mine[2];
+  for (int i = 0; i < 2; i++)
+    mine[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+  ASSERT_EQ(runs, 1);
+  pid_t pid = fork();
+  if (pid == 0) { /* placement off: its puts land on the SSD, whatever its capacity */
+    kvdb_options oc = opts(0);
+    kvdb *db2;
+    if (kvdb_open(dir, &oc, &db2) != KVDB_OK)
+      _exit(1);
+    for (int i = 0; i < 12; i++)
+      (void)put_ctx(db2, 5000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+    kvdb_close(db2);
+    _exit(0);
+  }
+  int status;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT(st.tier[KVDB_TIER_SSD].bytes > o.ssd_bytes); /* the other process overfilled it */
+  kvdb_key last = put_ctx(db, 1200, PL_TOKENS, "raw");
+  ASSERT_EQ(runs, 2);
+  check_capacity(db, &o, mine, 2);
+  check_capacity(db, &o, &last, 1);
+  verify_clean(db);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 /* The configs, tiers and DRAM flags of keys[0..n) (tier KVDB_TIER_NONE: deleted). */
 typedef struct where {
   uint32_t tier, cached;
@@ -847,6 +967,12 @@ static void test_tier_probe_and_options(void)
   b.prefill_tokens_per_s = -1;
   ASSERT_STATUS(KVDB_INVALID, kvdb_open(dir, &b, &db));
   ASSERT_MSG_HAS("prefill_tokens_per_s");
+  b = place_opts();
+  b.placement_slack_pct = 60;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_open(dir, &b, &db));
+  ASSERT_MSG_HAS("placement_slack_pct");
+  b.placement_slack_pct = NAN;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_open(dir, &b, &db));
   t_rmdir(dir);
 }
 
@@ -954,6 +1080,7 @@ int main(int argc, char **argv)
   test_score_model();
   test_place_on_put(KVDB_PLACEMENT_EVICPRESS);
   test_place_on_put(KVDB_PLACEMENT_PER_BYTE);
+  test_place_between_puts();
   test_rebalance();
   test_reprofile();
   test_tier_probe_and_options();
