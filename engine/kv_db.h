@@ -139,6 +139,10 @@ int kv_gen_moved(kvdb *db, uint64_t gen);
  * KVDB_NOTFOUND or KVDB_MISMATCH with a message naming the context. context.c. */
 kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
                             const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
+/* The record of block `hash`, which context `key` lists: a block the catalog lacks is
+ * KVDB_CORRUPT, and any failure's message names the context and the block. context.c. */
+kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+                         kv_block_rec *out);
 kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                                 const uint8_t *buf, kv_block_hdr *hdr);
 kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[16],

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Status and errors                                                                           */
@@ -30,6 +31,7 @@ const char *kv_fpga_status_name(kv_fpga_status rc)
   case KV_FPGA_ENOMEM: return "KV_FPGA_ENOMEM";
   case KV_FPGA_EDEVICE: return "KV_FPGA_EDEVICE";
   case KV_FPGA_EUNSUPPORTED: return "KV_FPGA_EUNSUPPORTED";
+  case KV_FPGA_ECORRUPT: return "KV_FPGA_ECORRUPT";
   }
   return "KV_FPGA_E?";
 }
@@ -123,9 +125,9 @@ static kv_fpga_status emu_run_start(kv_fpga_dev *dev, const kv_fpga_run_args *a,
   kv_fpga_kargs k;
   kv_fpga_kargs_of(a, &k);
   const kvk_word *sect = (const kvk_word *)(const void *)a->sect->host;
-  kvk_pair *tk = a->topk ? (kvk_pair *)(void *)a->topk->host : (kvk_pair *)(void *)a->blocks->host;
-  kv_score_kernel(sect, sect, (const kvk_word *)(const void *)a->query->host,
-                  (kvk_pair *)(void *)a->blocks->host, tk, k.scale_word, k.code_word, k.t0, k.n,
+  kvk_pair *blocks = (kvk_pair *)(void *)(a->blocks->host + a->blocks_off);
+  kvk_pair *tk = a->topk ? (kvk_pair *)(void *)a->topk->host : blocks;
+  kv_score_kernel(sect, sect, (const kvk_word *)(const void *)a->query->host, blocks, tk, k.scale_word, k.code_word, k.t0, k.n,
                   k.pos_base, k.row_bytes, k.bits, k.k);
   return KV_FPGA_OK;
 }
@@ -137,13 +139,51 @@ static kv_fpga_status emu_run_wait(kv_fpga_run *run, kv_fpga_err *err)
   return KV_FPGA_OK;
 }
 
+/* The emulated device checks each group's XXH3-64 against the checksum table page the same
+ * P2P pass read (what a kernel XXH3 unit would do, gather_kernel.c), then runs the kernel. */
+static kv_fpga_status emu_gather(kv_fpga_dev *dev, const kv_fpga_gather_args *a, int *verified,
+                                 kv_fpga_err *err)
+{
+  (void)dev;
+  const uint8_t *src = a->src->host;
+  for (uint32_t i = 0; i < a->n_checks; i++) {
+    const kv_fpga_gcheck *c = &a->checks[i];
+    uint64_t want = 0;
+    for (int b = 7; b >= 0; b--)
+      want = (want << 8) | src[c->sum_off + (unsigned)b];
+    if (XXH3_64bits_withSeed(src + c->data_off, c->len, c->seed) != want)
+      return FAIL(err, KV_FPGA_ECORRUPT,
+                  "page group checksum mismatch on the device (value: check, limit: its offset "
+                  "in the P2P buffer)",
+                  i, c->data_off);
+  }
+  kv_gather_kernel((const kvk_word *)(const void *)src,
+                   (const kvk_word *)(const void *)a->desc->host, (kvk_word *)(void *)a->dst->host,
+                   a->n_rows, a->row_bytes);
+  *verified = 1;
+  return KV_FPGA_OK;
+}
+
+static kv_fpga_status emu_select(kv_fpga_dev *dev, const kv_fpga_select_args *a,
+                                 kv_fpga_err *err)
+{
+  (void)dev;
+  (void)err;
+  kv_select_kernel((const kvk_pair *)(const void *)a->in->host,
+                   (const kvk_word *)(const void *)a->desc->host, (kvk_pair *)(void *)a->out->host,
+                   a->n_segs, a->k);
+  return KV_FPGA_OK;
+}
+
 static void emu_close(kv_fpga_dev *dev)
 {
   (void)dev;
 }
 
-static const kv_fpga_ops emu_ops = {emu_load_kernel, emu_buf_alloc, emu_buf_free, emu_buf_write,
-                                    emu_buf_read,    emu_run_start, emu_run_wait, emu_close};
+static const kv_fpga_ops emu_ops = {emu_load_kernel, emu_buf_alloc, emu_buf_free,
+                                    emu_buf_write,   emu_buf_read,  emu_run_start,
+                                    emu_run_wait,    emu_gather,    emu_select,
+                                    emu_close};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Opening                                                                                     */
@@ -462,9 +502,12 @@ kv_fpga_status kv_fpga_run_check(const kv_fpga_run_args *a, kv_fpga_err *err)
   if (!(a->query->flags & KV_FPGA_BUF_IN) || a->query->size < KV_FPGA_QUERY_BYTES)
     return FAIL(err, KV_FPGA_EINVAL, "query buffer not IN or smaller than KV_FPGA_QUERY_BYTES",
                 a->query->size, KV_FPGA_QUERY_BYTES);
-  if (!(a->blocks->flags & KV_FPGA_BUF_OUT) || a->blocks->size < (size_t)a->n * 8)
-    return FAIL(err, KV_FPGA_EINVAL, "score block buffer not OUT or smaller than 8 bytes per token",
-                a->blocks->size, (size_t)a->n * 8);
+  if (a->blocks_off % 64 != 0)
+    return FAIL(err, KV_FPGA_EINVAL, "score block offset not a multiple of 64", a->blocks_off, 64);
+  if (!(a->blocks->flags & KV_FPGA_BUF_OUT) || a->blocks->size < a->blocks_off ||
+      (a->blocks->size - a->blocks_off) / 8 < a->n)
+    return FAIL(err, KV_FPGA_EINVAL, "score block buffer not OUT or smaller than 8 bytes per token "
+                                     "from its offset", a->blocks->size, a->blocks_off + (size_t)a->n * 8);
   if (a->k > 0 && (a->topk == NULL || !(a->topk->flags & KV_FPGA_BUF_OUT) ||
                    a->topk->size < (size_t)a->k * 8))
     return FAIL(err, KV_FPGA_EINVAL, "top-k buffer missing, not OUT or smaller than 8k bytes", a->k,
@@ -522,4 +565,105 @@ kv_fpga_status kv_fpga_run_wait(kv_fpga_run *run, kv_fpga_err *err)
   kv_fpga_status rc = run->dev->ops->run_wait(run, err);
   free(run);
   return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Gathering rows                                                                              */
+
+kv_fpga_status kv_fpga_gather(kv_fpga_dev *dev, const kv_fpga_gather_args *a, int *verified,
+                              kv_fpga_err *err)
+{
+  if (verified != NULL)
+    *verified = 0;
+  if (dev == NULL || a == NULL || a->src == NULL || a->desc == NULL || a->dst == NULL ||
+      a->row_off == NULL || (a->checks == NULL && a->n_checks > 0))
+    return FAIL(err, KV_FPGA_EINVAL, "NULL device, gather arguments, buffers or offsets", 0, 0);
+  if (a->src->dev != dev || a->desc->dev != dev || a->dst->dev != dev)
+    return FAIL(err, KV_FPGA_EINVAL, "buffers of another device", 0, 0);
+  if (!dev->kernel_loaded)
+    return FAIL(err, KV_FPGA_EINVAL, "no kernel loaded (kv_fpga_load_kernel)", 0, 0);
+  if (!(a->src->flags & KV_FPGA_BUF_P2P) || !(a->desc->flags & KV_FPGA_BUF_IN) ||
+      !(a->dst->flags & KV_FPGA_BUF_OUT))
+    return FAIL(err, KV_FPGA_EINVAL, "gather buffers: src P2P, desc IN, dst OUT", 0, 0);
+  if (a->n_rows == 0 || a->n_rows > (1u << 24))
+    return FAIL(err, KV_FPGA_EINVAL, "gather of 0 or more than 2^24 rows", a->n_rows, 1u << 24);
+  if (a->row_bytes == 0 || a->row_bytes > KVG_MAX_ROW)
+    return FAIL(err, KV_FPGA_EINVAL, "gather row size out of range", a->row_bytes, KVG_MAX_ROW);
+  if (a->desc->size < (size_t)a->n_rows * 8)
+    return FAIL(err, KV_FPGA_EINVAL, "gather descriptor buffer smaller than 8 bytes per row",
+                a->desc->size, (size_t)a->n_rows * 8);
+  if (a->dst->size / KV_FPGA_ROW_STRIDE(a->row_bytes) < a->n_rows)
+    return FAIL(err, KV_FPGA_EINVAL, "gather output buffer too small (value: its size)",
+                a->dst->size, (size_t)a->n_rows * KV_FPGA_ROW_STRIDE(a->row_bytes));
+  for (uint32_t i = 0; i < a->n_rows; i++)
+    if (a->row_off[i] > a->src->size || a->row_bytes > a->src->size - a->row_off[i])
+      return FAIL(err, KV_FPGA_EINVAL, "gathered row past the end of the P2P buffer (value: "
+                                       "its offset)", a->row_off[i], a->src->size);
+  for (uint32_t i = 0; i < a->n_checks; i++) {
+    const kv_fpga_gcheck *c = &a->checks[i];
+    if (c->data_off > a->src->size || c->len > a->src->size - c->data_off ||
+        c->sum_off > a->src->size - 8 || a->src->size < 8)
+      return FAIL(err, KV_FPGA_EINVAL, "checked group or its checksum past the end of the P2P "
+                                       "buffer (value: check)", i, a->src->size);
+  }
+  /* the offsets, little-endian, 8 per 64-byte word */
+  uint8_t *d = malloc((size_t)a->n_rows * 8);
+  if (d == NULL)
+    return FAIL(err, KV_FPGA_ENOMEM, "out of memory for the gather descriptors", a->n_rows, 0);
+  for (uint32_t i = 0; i < a->n_rows; i++)
+    for (int b = 0; b < 8; b++)
+      d[(size_t)i * 8 + (unsigned)b] = (uint8_t)(a->row_off[i] >> (8 * b));
+  kv_fpga_status rc = kv_fpga_buf_write(dev, a->desc, 0, d, (size_t)a->n_rows * 8, err);
+  free(d);
+  if (rc != KV_FPGA_OK)
+    return rc;
+  int v = 0;
+  rc = dev->ops->gather(dev, a, &v, err);
+  if (rc == KV_FPGA_OK && verified != NULL)
+    *verified = v;
+  return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Selecting the top k of many score blocks                                                    */
+
+kv_fpga_status kv_fpga_select(kv_fpga_dev *dev, const kv_fpga_select_args *a, kv_fpga_err *err)
+{
+  if (dev == NULL || a == NULL || a->in == NULL || a->desc == NULL || a->out == NULL ||
+      a->segs == NULL)
+    return FAIL(err, KV_FPGA_EINVAL, "NULL device, select arguments, buffers or segments", 0, 0);
+  if (a->in->dev != dev || a->desc->dev != dev || a->out->dev != dev)
+    return FAIL(err, KV_FPGA_EINVAL, "buffers of another device", 0, 0);
+  if (!dev->kernel_loaded)
+    return FAIL(err, KV_FPGA_EINVAL, "no kernel loaded (kv_fpga_load_kernel)", 0, 0);
+  if (!(a->in->flags & KV_FPGA_BUF_OUT) || !(a->desc->flags & KV_FPGA_BUF_IN) ||
+      !(a->out->flags & KV_FPGA_BUF_OUT))
+    return FAIL(err, KV_FPGA_EINVAL, "select buffers: in OUT, desc IN, out OUT", 0, 0);
+  if (a->n_segs == 0 || a->n_segs > (1u << 24))
+    return FAIL(err, KV_FPGA_EINVAL, "select of 0 or more than 2^24 segments", a->n_segs, 1u << 24);
+  if (a->desc->size / 8 < a->n_segs)
+    return FAIL(err, KV_FPGA_EINVAL, "select descriptor buffer smaller than 8 bytes per segment",
+                a->desc->size, (size_t)a->n_segs * 8);
+  uint64_t pairs = 0;
+  for (uint32_t i = 0; i < a->n_segs; i++) {
+    uint64_t first = a->segs[2 * i], count = a->segs[2 * i + 1];
+    if ((first + count) * 8 > a->in->size)
+      return FAIL(err, KV_FPGA_EINVAL, "select segment past the end of its buffer (value: "
+                                       "segment)", i, a->in->size);
+    pairs += count;
+  }
+  if (a->k == 0 || a->k > pairs)
+    return FAIL(err, KV_FPGA_EINVAL, "select k is 0 or more than the pairs", a->k, pairs);
+  if (a->out->size / 8 < a->k)
+    return FAIL(err, KV_FPGA_EINVAL, "select output buffer smaller than 8 k bytes", a->out->size,
+                (size_t)a->k * 8);
+  uint8_t *d = malloc((size_t)a->n_segs * 8);
+  if (d == NULL)
+    return FAIL(err, KV_FPGA_ENOMEM, "out of memory for the select descriptors", a->n_segs, 0);
+  for (size_t i = 0; i < (size_t)a->n_segs * 2; i++)
+    for (int b = 0; b < 4; b++)
+      d[i * 4 + (unsigned)b] = (uint8_t)(a->segs[i] >> (8 * b));
+  kv_fpga_status rc = kv_fpga_buf_write(dev, a->desc, 0, d, (size_t)a->n_segs * 8, err);
+  free(d);
+  return rc == KV_FPGA_OK ? dev->ops->select(dev, a, err) : rc;
 }

@@ -13,6 +13,10 @@
  *     kv_fpga_buf_write             host -> device (the packed query)
  *     kv_fpga_run_start/_wait       run the kernel on a chunk of a section
  *     kv_fpga_buf_read              device -> host (<pos, score> blocks, the chunk's top k)
+ *     kv_fpga_select                the best k of many runs' score blocks (device memory)
+ *     kv_fpga_gather                rows of page groups in a P2P buffer -> an output buffer
+ *                                   (after checking the groups' checksums where the device
+ *                                   can), then kv_fpga_buf_read of just those rows
  *     kv_fpga_close
  *
  * BACKENDS
@@ -36,9 +40,10 @@
  *
  * HIE (HillInfer §4.2, Algorithm 1 of seed 000): kv_hie_topk() scores device-resident tokens on
  * the device in chunks of n tokens while the calling thread (and its helpers) score the
- * host-resident ones; each chunk's score block (or its on-chip top k) comes back as soon as
- * the chunk is done and is merged incrementally into the device-side top k; the two are merged
- * at the end. Only positions and scores cross to the host.
+ * host-resident ones; each chunk's on-chip top k (k <= 64) comes back as soon as the chunk is
+ * done and is merged incrementally into the device-side top k; with a larger k the chunks'
+ * score blocks stay in device memory and kv_fpga_select sends the device's top k once. The two
+ * sides are merged at the end. Only positions and scores cross to the host.
  *
  * APP (HillInfer §4.3, Eq. 2-4): kv_app_split() gives the host/device split beta.
  *
@@ -67,6 +72,7 @@ typedef enum kv_fpga_status {
   KV_FPGA_ENOMEM = 4,      /**< allocation failed (host or device) */
   KV_FPGA_EDEVICE = 5,     /**< the device or XRT reported an error; err->value has its code */
   KV_FPGA_EUNSUPPORTED = 6,/**< shape the kernel cannot take, or a backend not built in */
+  KV_FPGA_ECORRUPT = 7,    /**< a group failed its checksum on the device; err->value: which */
 } kv_fpga_status;
 
 typedef struct kv_fpga_err {
@@ -164,6 +170,9 @@ typedef struct kv_fpga_run_args {
   kv_fpga_buf *query;    /**< packed query (kv_fpga_query_pack) */
   kv_fpga_buf *blocks;   /**< out: n <pos, score> pairs */
   kv_fpga_buf *topk;     /**< out: min(k, n) pairs (may be NULL when k = 0) */
+  size_t blocks_off;     /**< byte offset of the pairs in blocks (a multiple of 64; XRT passes
+                              a sub-buffer there, xrtBOSubAlloc), so that many runs' blocks can
+                              stay side by side in device memory for kv_fpga_select */
 } kv_fpga_run_args;
 
 #define KV_FPGA_MAX_TOPK 64u
@@ -176,6 +185,68 @@ kv_fpga_status kv_fpga_run_start(kv_fpga_dev *dev, const kv_fpga_run_args *a, kv
                                  kv_fpga_err *err);
 /** @brief Wait for a run and release it (also on error). */
 kv_fpga_status kv_fpga_run_wait(kv_fpga_run *run, kv_fpga_err *err);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Gathering rows: the token-level step of dual-step loading (InstInfer §IV-C) on the device   */
+
+/** One page group to verify before gathering: XXH3-64 with `seed` of its `len` bytes at
+ * data_off must equal the little-endian u64 at sum_off (both byte offsets in the P2P buffer,
+ * where the block's checksum table page was read by the same P2P pass). */
+typedef struct kv_fpga_gcheck {
+  uint64_t data_off;
+  uint64_t sum_off;
+  uint64_t seed;
+  uint32_t len;
+} kv_fpga_gcheck;
+
+/** Bytes of one gathered row in the output buffer (rows start on 64-byte words). */
+#define KV_FPGA_ROW_STRIDE(row_bytes) (((size_t)(row_bytes) + 63u) / 64u * 64u)
+
+typedef struct kv_fpga_gather_args {
+  kv_fpga_buf *src;        /**< P2P buffer holding the page groups */
+  kv_fpga_buf *desc;       /**< IN buffer for the row offsets (>= 8 * n_rows bytes) */
+  kv_fpga_buf *dst;        /**< OUT buffer: row i at i * KV_FPGA_ROW_STRIDE(row_bytes) */
+  const uint64_t *row_off; /**< n_rows byte offsets in src (host memory; written to desc) */
+  uint32_t n_rows;         /**< 1 .. 2^24 */
+  uint32_t row_bytes;      /**< 1 .. 65536 */
+  const kv_fpga_gcheck *checks; /**< groups to verify first (NULL when n_checks is 0) */
+  uint32_t n_checks;
+} kv_fpga_gather_args;
+
+/**
+ * @brief Gather rows of a P2P buffer into an output buffer on the device (kernel
+ * kv_gather_kernel, fpga/kernel/gather_kernel.h); the host then reads n_rows *
+ * KV_FPGA_ROW_STRIDE(row_bytes) bytes of dst with kv_fpga_buf_read. Synchronous.
+ * Checksums: the emulated device verifies every check before gathering and sets *verified to 1;
+ * the XRT backend's kernel has no XXH3 unit yet, so it gathers unchecked and sets *verified to 0
+ * (a real device needs XXH3-64 over each group in the kernel, gather_kernel.c).
+ * @return KV_FPGA_OK; KV_FPGA_ECORRUPT (err->value: the failing check's index, err->limit its
+ * data_off); KV_FPGA_EINVAL (a row or check outside src, buffers too small or of the wrong kind);
+ * KV_FPGA_EUNSUPPORTED (the loaded xclbin has no kv_gather_kernel); KV_FPGA_EDEVICE.
+ */
+kv_fpga_status kv_fpga_gather(kv_fpga_dev *dev, const kv_fpga_gather_args *a, int *verified,
+                              kv_fpga_err *err);
+
+/** The select kernel's arguments: the best k pairs of segments of score blocks in `in`. */
+typedef struct kv_fpga_select_args {
+  kv_fpga_buf *in;         /**< OUT buffer the runs wrote their blocks to */
+  kv_fpga_buf *desc;       /**< IN buffer for the segments (>= 8 * n_segs bytes) */
+  kv_fpga_buf *out;        /**< OUT buffer for the k pairs (>= 8 k bytes) */
+  const uint32_t *segs;    /**< n_segs (first pair index, pair count) in `in` (host memory) */
+  uint32_t n_segs;         /**< 1 .. 2^24 */
+  uint32_t k;              /**< 1 .. the pairs of all segments */
+} kv_fpga_select_args;
+
+/**
+ * @brief The best k pairs (score.h ORDER) of score blocks kept in device memory, selected on the
+ * device (kernel kv_select_kernel, fpga/kernel/select_kernel.h: an exact radix select), written
+ * to a->out in segment order (not sorted); the host reads 8 k bytes of it. The pairs' positions
+ * must be distinct. Synchronous.
+ * @return KV_FPGA_OK; KV_FPGA_EINVAL (a segment outside `in`, k 0 or above the pairs, buffers
+ * too small or of the wrong kind); KV_FPGA_EUNSUPPORTED (the xclbin has no kv_select_kernel);
+ * KV_FPGA_EDEVICE.
+ */
+kv_fpga_status kv_fpga_select(kv_fpga_dev *dev, const kv_fpga_select_args *a, kv_fpga_err *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* HIE: hierarchical importance evaluation (HillInfer §4.2)                                    */
@@ -199,20 +270,28 @@ typedef struct kv_hie_job {
   kv_score_opts host_opts;   /**< kernel path and threads for the host part */
 } kv_hie_job;
 
+/** Device tokens of one job up to which k > 64 is selected on the device (8 bytes of device
+ * memory per token). */
+#define KV_HIE_SELECT_MAX_TOKENS (1u << 24)
+
 typedef struct kv_hie_stats {
   uint64_t host_tokens, dev_tokens;
   uint64_t host_bytes, dev_bytes;      /**< code bytes scored on each side */
   uint64_t p2p_bytes;                  /**< file bytes read into device memory */
   uint64_t to_host_bytes;              /**< score blocks / top-k lists that crossed to the host */
-  uint64_t dev_runs;
+  uint64_t dev_runs;                   /**< scoring kernel runs */
+  uint64_t dev_selects;                /**< selection runs (kv_fpga_select: k > 64) */
   uint64_t host_ns, dev_ns, total_ns;  /**< host scoring; device thread; the whole call */
 } kv_hie_stats;
 
 /**
  * @brief Global top k of host and device tokens (score.h ORDER), equal to kv_score_topk over all
  * of them. The device part runs on its own thread; chunks whose top k fits on chip
- * (k <= KV_FPGA_MAX_TOPK) return only that list, otherwise the whole score block returns and
- * is filtered by the running threshold. dev may be NULL when n_dev = 0.
+ * (k <= KV_FPGA_MAX_TOPK) return only that list; with a larger k every chunk's score block stays
+ * in device memory (side by side, blocks_off) and one kv_fpga_select returns the device's top
+ * min(k, device tokens), so 8 bytes per selected token cross instead of 8 per token (beyond
+ * KV_HIE_SELECT_MAX_TOKENS device tokens the whole blocks return and are merged as they come).
+ * dev may be NULL when n_dev = 0.
  * @return KV_FPGA_OK or the first error of either side (k = 0 or k > all tokens: EINVAL).
  */
 kv_fpga_status kv_hie_topk(kv_fpga_dev *dev, const kv_hie_job *job, uint32_t k, uint32_t *out_pos,

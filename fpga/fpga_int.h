@@ -8,7 +8,9 @@
 #define KV_FPGA_INT_H
 
 #include "device.h"
+#include "kernel/gather_kernel.h"
 #include "kernel/score_kernel.h"
+#include "kernel/select_kernel.h"
 
 struct kv_fpga_buf {
   kv_fpga_dev *dev;
@@ -21,6 +23,7 @@ struct kv_fpga_buf {
 struct kv_fpga_run {
   kv_fpga_dev *dev;
   void *handle; /* XRT: xrtRunHandle */
+  void *sub;    /* XRT: the sub-buffer of blocks at blocks_off (freed after the wait) */
 };
 
 typedef struct kv_fpga_ops {
@@ -34,6 +37,11 @@ typedef struct kv_fpga_ops {
   kv_fpga_status (*run_start)(kv_fpga_dev *dev, const kv_fpga_run_args *a, kv_fpga_run *run,
                               kv_fpga_err *err);
   kv_fpga_status (*run_wait)(kv_fpga_run *run, kv_fpga_err *err);
+  /* rows of a checked gather (device.c wrote a->row_off to a->desc); sets *verified */
+  kv_fpga_status (*gather)(kv_fpga_dev *dev, const kv_fpga_gather_args *a, int *verified,
+                           kv_fpga_err *err);
+  /* a checked selection (device.c wrote the segments to a->desc) */
+  kv_fpga_status (*select)(kv_fpga_dev *dev, const kv_fpga_select_args *a, kv_fpga_err *err);
   void (*close)(kv_fpga_dev *dev);
 } kv_fpga_ops;
 

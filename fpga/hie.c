@@ -13,10 +13,17 @@
  * kernel inside run_start, on that thread, concurrently with the host's scoring). Both threads
  * are joined before the call returns.
  *
+ * k > 64 (beyond the on-chip insertion array): a chunk's top min(k, n) would be its whole block
+ * (8 bytes per token to the host: with kvdb's 256-token blocks, each its own section, every
+ * run is a chunk smaller than k). Instead each run writes its block at its own place of one
+ * device buffer (kv_fpga_run_args.blocks_off) and after the last run one kv_fpga_select sends
+ * the device's top min(k, N_dev) pairs: the merge of Algorithm 1 line 11 moves onto the device
+ * for the part that would not fit on chip, and min(k, N_dev) pairs cross instead of N_dev.
+ *
  * Correctness: the global top k is contained in the union of the host's top min(k, N_host) and
- * every chunk's top min(k, n) (a chunk's on-chip top k when k <= 64, else its whole block
- * through the accumulator's threshold), and score.h ORDER is total, so the result equals
- * kv_score_topk over all tokens bit for bit (tests/unit: test_fpga_hie).
+ * every chunk's top min(k, n) (a chunk's on-chip top k when k <= 64), or the device's top
+ * min(k, N_dev) (the select kernel's exact radix select), and score.h ORDER is total, so the
+ * result equals kv_score_topk over all tokens bit for bit (tests/unit: test_fpga_hie).
  */
 #define _GNU_SOURCE
 #include "fpga_int.h"
@@ -42,7 +49,7 @@ typedef struct dev_work {
   kv_score_acc acc;
   kv_fpga_status rc;
   kv_fpga_err err;
-  uint64_t p2p_bytes, to_host, runs, ns, bytes, tokens;
+  uint64_t p2p_bytes, to_host, runs, selects, ns, bytes, tokens;
 } dev_work;
 
 /* Read the results of a finished run and merge them into the device-side accumulator. */
@@ -59,39 +66,84 @@ static kv_fpga_status merge_run(dev_work *w, kv_fpga_buf *blocks, kv_fpga_buf *t
   return KV_FPGA_OK;
 }
 
+/* Select mode (k > KV_FPGA_MAX_TOPK): where each run's block lies in the shared blocks buffer
+ * (pairs, 8-aligned: 64-byte offsets), and the total. */
+static uint64_t select_layout(const kv_hie_job *job, uint32_t chunk, uint32_t *segs)
+{
+  uint64_t at = 0;
+  size_t r = 0;
+  for (size_t i = 0; i < job->n_dev; i++)
+    for (uint32_t t0 = 0; t0 < job->dev[i].layout.n_tokens; t0 += chunk) {
+      uint32_t n = job->dev[i].layout.n_tokens - t0 < chunk ? job->dev[i].layout.n_tokens - t0 : chunk;
+      if (segs != NULL) {
+        segs[2 * r] = (uint32_t)at;
+        segs[2 * r + 1] = n;
+      }
+      r++;
+      at += (n + 7u) / 8u * 8u;
+    }
+  return at;
+}
+
 static kv_fpga_status dev_run_all(dev_work *w)
 {
   const kv_hie_job *job = w->job;
   uint32_t chunk = job->chunk_tokens ? job->chunk_tokens : 16384;
-  uint64_t max_sect = 0;
-  for (size_t i = 0; i < job->n_dev; i++)
+  uint64_t max_sect = 0, n_dev = 0;
+  size_t n_runs = 0;
+  for (size_t i = 0; i < job->n_dev; i++) {
     if (job->dev[i].layout.total_bytes > max_sect)
       max_sect = job->dev[i].layout.total_bytes;
+    n_dev += job->dev[i].layout.n_tokens;
+    n_runs += (job->dev[i].layout.n_tokens + chunk - 1) / chunk;
+  }
+  /* on-chip top k, or (k > 64) every block kept on the device and one selection, or (too many
+   * tokens for that) every block to the host */
+  int on_chip = w->k <= KV_FPGA_MAX_TOPK;
+  int sel = !on_chip && n_dev <= KV_HIE_SELECT_MAX_TOKENS;
+  uint32_t ksel = (uint32_t)(w->k < n_dev ? w->k : n_dev);
   kv_fpga_buf *sect = NULL, *query = NULL, *blocks[2] = {NULL, NULL}, *topk[2] = {NULL, NULL};
-  kv_score_pair *tmp = malloc((size_t)chunk * sizeof *tmp);
+  kv_fpga_buf *all = NULL, *sdesc = NULL, *sout = NULL;
+  uint32_t *segs = NULL;
+  size_t tmp_n = sel ? ksel : chunk;
+  kv_score_pair *tmp = malloc(tmp_n * sizeof *tmp);
   uint8_t *qpack = malloc(KV_FPGA_QUERY_BYTES);
   kv_fpga_status rc = KV_FPGA_OK;
   kv_fpga_run *pending = NULL;
   uint32_t pending_n = 0;
   int pending_slot = 0;
   if (tmp == NULL || qpack == NULL) {
-    rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the score block staging", chunk, 0);
+    rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the score block staging", tmp_n, 0);
     goto out;
   }
   if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)max_sect, KV_FPGA_BUF_P2P, &sect, &w->err)) ||
       (rc = kv_fpga_buf_alloc(w->dev, KV_FPGA_QUERY_BYTES, KV_FPGA_BUF_IN, &query, &w->err)))
     goto out;
-  for (int s = 0; s < 2; s++) {
-    if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)chunk * 8, KV_FPGA_BUF_OUT, &blocks[s], &w->err)))
+  if (sel) {
+    segs = malloc(n_runs * 2 * sizeof *segs);
+    if (segs == NULL) {
+      rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the select segments", n_runs, 0);
       goto out;
-    if (w->k <= KV_FPGA_MAX_TOPK &&
-        (rc = kv_fpga_buf_alloc(w->dev, (size_t)w->k * 8, KV_FPGA_BUF_OUT, &topk[s], &w->err)))
+    }
+    uint64_t pairs = select_layout(job, chunk, segs);
+    if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)pairs * 8, KV_FPGA_BUF_OUT, &all, &w->err)) ||
+        (rc = kv_fpga_buf_alloc(w->dev, n_runs * 8, KV_FPGA_BUF_IN, &sdesc, &w->err)) ||
+        (rc = kv_fpga_buf_alloc(w->dev, (size_t)ksel * 8, KV_FPGA_BUF_OUT, &sout, &w->err)))
       goto out;
+  } else {
+    for (int s = 0; s < 2; s++) {
+      if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)chunk * 8, KV_FPGA_BUF_OUT, &blocks[s], &w->err)))
+        goto out;
+      if (on_chip &&
+          (rc = kv_fpga_buf_alloc(w->dev, (size_t)w->k * 8, KV_FPGA_BUF_OUT, &topk[s], &w->err)))
+        goto out;
+    }
   }
   if ((rc = kv_fpga_query_pack(job->q, qpack, KV_FPGA_QUERY_BYTES, &w->err)) ||
       (rc = kv_fpga_buf_write(w->dev, query, 0, qpack, KV_FPGA_QUERY_BYTES, &w->err)))
     goto out;
   int slot = 0;
+  size_t run_i = 0;
   for (size_t i = 0; i < job->n_dev; i++) {
     const kv_hie_dev_span *ds = &job->dev[i];
     /* the previous section's runs must be done before its buffer is overwritten */
@@ -99,17 +151,18 @@ static kv_fpga_status dev_run_all(dev_work *w)
       kv_fpga_run *r = pending;
       pending = NULL;
       if ((rc = kv_fpga_run_wait(r, &w->err)) ||
-          (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp)))
+          (!sel && (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp))))
         goto out;
     }
     if ((rc = kv_fpga_p2p_read(w->dev, sect, 0, job->fd, ds->file_off,
                                (size_t)ds->layout.total_bytes, &w->err)))
       goto out;
     w->p2p_bytes += ds->layout.total_bytes;
-    for (uint32_t t0 = 0; t0 < ds->layout.n_tokens; t0 += chunk) {
+    for (uint32_t t0 = 0; t0 < ds->layout.n_tokens; t0 += chunk, run_i++) {
       uint32_t n = ds->layout.n_tokens - t0 < chunk ? ds->layout.n_tokens - t0 : chunk;
-      kv_fpga_run_args a = {sect, 0, ds->layout, t0, n, ds->pos_base,
-                            w->k <= KV_FPGA_MAX_TOPK ? w->k : 0, query, blocks[slot], topk[slot]};
+      kv_fpga_run_args a = {sect, 0, ds->layout, t0, n, ds->pos_base, on_chip ? w->k : 0, query,
+                            sel ? all : blocks[slot], on_chip ? topk[slot] : NULL,
+                            sel ? (size_t)segs[2 * run_i] * 8 : 0};
       kv_fpga_run *r;
       if ((rc = kv_fpga_run_start(w->dev, &a, &r, &w->err)))
         goto out;
@@ -120,7 +173,7 @@ static kv_fpga_status dev_run_all(dev_work *w)
         kv_fpga_run *p = pending;
         pending = NULL;
         if ((rc = kv_fpga_run_wait(p, &w->err)) ||
-            (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp))) {
+            (!sel && (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp)))) {
           (void)kv_fpga_run_wait(r, NULL);
           goto out;
         }
@@ -135,8 +188,17 @@ static kv_fpga_status dev_run_all(dev_work *w)
     kv_fpga_run *r = pending;
     pending = NULL;
     if ((rc = kv_fpga_run_wait(r, &w->err)) ||
-        (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp)))
+        (!sel && (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp))))
       goto out;
+  }
+  if (sel && n_runs > 0) { /* the device's top k, selected where the blocks are */
+    kv_fpga_select_args a = {all, sdesc, sout, segs, (uint32_t)n_runs, ksel};
+    if ((rc = kv_fpga_select(w->dev, &a, &w->err)) ||
+        (rc = kv_fpga_buf_read(w->dev, sout, 0, tmp, (size_t)ksel * sizeof *tmp, &w->err)))
+      goto out;
+    w->selects++;
+    w->to_host += (uint64_t)ksel * sizeof *tmp;
+    kv_score_acc_push_pairs(&w->acc, tmp, ksel);
   }
 out:
   if (pending != NULL)
@@ -145,8 +207,12 @@ out:
     kv_fpga_buf_free(blocks[s]);
     kv_fpga_buf_free(topk[s]);
   }
+  kv_fpga_buf_free(all);
+  kv_fpga_buf_free(sdesc);
+  kv_fpga_buf_free(sout);
   kv_fpga_buf_free(query);
   kv_fpga_buf_free(sect);
+  free(segs);
   free(tmp);
   free(qpack);
   return rc;
@@ -273,6 +339,7 @@ kv_fpga_status kv_hie_topk(kv_fpga_dev *dev, const kv_hie_job *job, uint32_t k, 
     stats->p2p_bytes = w.p2p_bytes;
     stats->to_host_bytes = w.to_host;
     stats->dev_runs = w.runs;
+    stats->dev_selects = w.selects;
     stats->host_ns = kh > 0 ? t_host : 0;
     stats->dev_ns = w.ns;
     stats->total_ns = now_ns() - t_start;

@@ -58,6 +58,7 @@ kv_fpga_status kv_fpga_xrt_open(kv_fpga_dev *dev, const kv_fpga_opts *o, kv_fpga
   X(xrtKernelArgGroupId)                                                                           \
   X(xrtBOAlloc)                                                                                    \
   X(xrtBOFree)                                                                                     \
+  X(xrtBOSubAlloc)                                                                                 \
   X(xrtBOMap)                                                                                      \
   X(xrtBOSync)                                                                                     \
   X(xrtRunOpen)                                                                                    \
@@ -76,11 +77,20 @@ typedef struct xrt_api {
 enum { ARG_KEYS = 0, ARG_META, ARG_QUERY, ARG_BLOCKS, ARG_TOPK, ARG_SCALE_WORD, ARG_CODE_WORD,
        ARG_T0, ARG_N, ARG_POS_BASE, ARG_ROW_BYTES, ARG_BITS, ARG_K };
 
+/* kv_gather_kernel and kv_select_kernel have the same argument shape: three buffers (source,
+ * descriptors, output), then two unsigned ints (gather_kernel.h, select_kernel.h). */
+enum { XARG_SRC = 0, XARG_DESC, XARG_DST, XARG_N, XARG_M };
+enum { XK_GATHER = 0, XK_SELECT = 1 };
+static const char *const xk_name[2] = {"kv_gather_kernel", "kv_select_kernel"};
+
 typedef struct xrt_state {
   void *lib;
   xrt_api api;
   xrtDeviceHandle dev;
   xrtKernelHandle kernel;
+  xrtKernelHandle extra[2]; /* XK_*: kernels of the same xclbin, opened at their first use */
+  int extra_missing[2];     /* the xclbin has no such kernel */
+  xuid_t uuid;              /* of the loaded xclbin */
 } xrt_state;
 
 #define FAIL KV_FPGA_FAIL
@@ -133,6 +143,12 @@ static kv_fpga_status xrt_load_kernel(kv_fpga_dev *dev, const char *xclbin, cons
     x->api.xrtKernelClose(x->kernel);
     x->kernel = NULL;
   }
+  for (int i = 0; i < 2; i++) {
+    if (x->extra[i] != NULL)
+      x->api.xrtKernelClose(x->extra[i]);
+    x->extra[i] = NULL;
+    x->extra_missing[i] = 0;
+  }
   int rc = x->api.xrtDeviceLoadXclbinFile(x->dev, xclbin);
   if (rc != 0)
     return FAIL(err, KV_FPGA_EDEVICE, "xrtDeviceLoadXclbinFile failed (value: its return)",
@@ -143,6 +159,7 @@ static kv_fpga_status xrt_load_kernel(kv_fpga_dev *dev, const char *xclbin, cons
   if (rc != 0)
     return FAIL(err, KV_FPGA_EDEVICE, "xrtDeviceGetXclbinUUID failed (value: its return)",
                 (uint64_t)(int64_t)rc, 0);
+  memcpy(x->uuid, uuid, sizeof(xuid_t));
   x->kernel = x->api.xrtPLKernelOpen(x->dev, uuid, name);
   if (x->kernel == NULL)
     return FAIL(err, KV_FPGA_EDEVICE, "xrtPLKernelOpen found no such kernel in the xclbin", 0, 0);
@@ -211,31 +228,44 @@ static kv_fpga_status xrt_run_start(kv_fpga_dev *dev, const kv_fpga_run_args *a,
   xrt_state *x = dev->impl;
   kv_fpga_kargs k;
   kv_fpga_kargs_of(a, &k);
+  /* blocks at an offset: a sub-buffer there (freed after the wait) */
+  void *blocks = a->blocks->bo, *sub = NULL;
+  if (a->blocks_off != 0) {
+    sub = x->api.xrtBOSubAlloc(a->blocks->bo, (size_t)a->n * 8, a->blocks_off);
+    if (sub == NULL)
+      return FAIL(err, KV_FPGA_EDEVICE, "xrtBOSubAlloc of the score blocks failed (value: "
+                                        "offset)", a->blocks_off, a->blocks->size);
+    blocks = sub;
+  }
   xrtRunHandle r = x->api.xrtRunOpen(x->kernel);
-  if (r == NULL)
+  if (r == NULL) {
+    if (sub != NULL)
+      x->api.xrtBOFree(sub);
     return FAIL(err, KV_FPGA_EDEVICE, "xrtRunOpen failed", 0, 0);
+  }
   /* buffers go by handle, scalars as unsigned int (the varargs promotion of uint32_t) */
-  void *topk = a->topk ? a->topk->bo : a->blocks->bo; /* k = 0: never written */
+  void *topk = a->topk ? a->topk->bo : blocks; /* k = 0: never written */
   int bad = -1;
   bad = x->api.xrtRunSetArg(r, ARG_KEYS, a->sect->bo) ? ARG_KEYS : bad;
   bad = x->api.xrtRunSetArg(r, ARG_META, a->sect->bo) ? ARG_META : bad;
   bad = x->api.xrtRunSetArg(r, ARG_QUERY, a->query->bo) ? ARG_QUERY : bad;
-  bad = x->api.xrtRunSetArg(r, ARG_BLOCKS, a->blocks->bo) ? ARG_BLOCKS : bad;
+  bad = x->api.xrtRunSetArg(r, ARG_BLOCKS, blocks) ? ARG_BLOCKS : bad;
   bad = x->api.xrtRunSetArg(r, ARG_TOPK, topk) ? ARG_TOPK : bad;
   const uint32_t sc[8] = {k.scale_word, k.code_word, k.t0, k.n, k.pos_base, k.row_bytes, k.bits, k.k};
   for (int i = 0; i < 8; i++)
     bad = x->api.xrtRunSetArg(r, ARG_SCALE_WORD + i, (unsigned)sc[i]) ? ARG_SCALE_WORD + i : bad;
-  if (bad >= 0) {
-    x->api.xrtRunClose(r);
-    return FAIL(err, KV_FPGA_EDEVICE, "xrtRunSetArg failed (value: argument index)", bad, 0);
-  }
-  int rc = x->api.xrtRunStart(r);
+  int rc = bad >= 0 ? -1 : x->api.xrtRunStart(r);
   if (rc != 0) {
     x->api.xrtRunClose(r);
-    return FAIL(err, KV_FPGA_EDEVICE, "xrtRunStart failed (value: its return)",
-                (uint64_t)(int64_t)rc, 0);
+    if (sub != NULL)
+      x->api.xrtBOFree(sub);
+    return bad >= 0 ? FAIL(err, KV_FPGA_EDEVICE, "xrtRunSetArg failed (value: argument index)",
+                           bad, 0)
+                    : FAIL(err, KV_FPGA_EDEVICE, "xrtRunStart failed (value: its return)",
+                           (uint64_t)(int64_t)rc, 0);
   }
   run->handle = r;
+  run->sub = sub;
   return KV_FPGA_OK;
 }
 
@@ -244,6 +274,8 @@ static kv_fpga_status xrt_run_wait(kv_fpga_run *run, kv_fpga_err *err)
   xrt_state *x = run->dev->impl;
   enum ert_cmd_state st = x->api.xrtRunWait(run->handle);
   x->api.xrtRunClose(run->handle);
+  if (run->sub != NULL)
+    x->api.xrtBOFree(run->sub);
   if (st != ERT_CMD_STATE_COMPLETED)
     return FAIL(err, KV_FPGA_EDEVICE,
                 "kernel run did not complete (value: ert_cmd_state, 4 = completed)", st,
@@ -251,11 +283,80 @@ static kv_fpga_status xrt_run_wait(kv_fpga_run *run, kv_fpga_err *err)
   return KV_FPGA_OK;
 }
 
+/*
+ * The row gather (kv_fpga_gather) and the selection (kv_fpga_select): kv_gather_kernel /
+ * kv_select_kernel of the loaded xclbin on the source buffer (the P2P buffer the pages were read
+ * into, or the BO the score runs wrote their blocks to), the descriptors (synced TO_DEVICE by
+ * kv_fpga_buf_write) and the output BO, which the caller then syncs FROM_DEVICE for just the
+ * rows or the k pairs (a partial xrtBOSync range). Their buffer arguments must be connected to
+ * the banks the buffers were allocated in (kv_score_kernel's keys / query / blocks banks: on the
+ * SmartSSD's single DDR bank they are all DDR[0], fpga/README.md).
+ */
+static kv_fpga_status xrt_run3(kv_fpga_dev *dev, int which, void *bo0, void *bo1, void *bo2,
+                               uint32_t n, uint32_t m, kv_fpga_err *err)
+{
+  xrt_state *x = dev->impl;
+  if (x->extra[which] == NULL && !x->extra_missing[which]) {
+    x->extra[which] = x->api.xrtPLKernelOpen(x->dev, x->uuid, xk_name[which]);
+    x->extra_missing[which] = x->extra[which] == NULL;
+  }
+  if (x->extra[which] == NULL)
+    return FAIL(err, KV_FPGA_EUNSUPPORTED, which == XK_GATHER
+                                               ? "the xclbin has no kv_gather_kernel (link "
+                                                 "gather_kernel.xo into it, fpga/README.md)"
+                                               : "the xclbin has no kv_select_kernel (link "
+                                                 "select_kernel.xo into it, fpga/README.md)",
+                0, 0);
+  xrtRunHandle r = x->api.xrtRunOpen(x->extra[which]);
+  if (r == NULL)
+    return FAIL(err, KV_FPGA_EDEVICE, "xrtRunOpen failed (gather or select kernel)", 0, 0);
+  int bad = -1;
+  bad = x->api.xrtRunSetArg(r, XARG_SRC, bo0) ? XARG_SRC : bad;
+  bad = x->api.xrtRunSetArg(r, XARG_DESC, bo1) ? XARG_DESC : bad;
+  bad = x->api.xrtRunSetArg(r, XARG_DST, bo2) ? XARG_DST : bad;
+  bad = x->api.xrtRunSetArg(r, XARG_N, (unsigned)n) ? XARG_N : bad;
+  bad = x->api.xrtRunSetArg(r, XARG_M, (unsigned)m) ? XARG_M : bad;
+  if (bad >= 0) {
+    x->api.xrtRunClose(r);
+    return FAIL(err, KV_FPGA_EDEVICE, "xrtRunSetArg of the gather or select kernel failed "
+                                      "(value: argument index)", bad, 0);
+  }
+  int rc = x->api.xrtRunStart(r);
+  if (rc != 0) {
+    x->api.xrtRunClose(r);
+    return FAIL(err, KV_FPGA_EDEVICE, "xrtRunStart of the gather or select kernel failed (value: "
+                                      "its return)", (uint64_t)(int64_t)rc, 0);
+  }
+  enum ert_cmd_state st = x->api.xrtRunWait(r);
+  x->api.xrtRunClose(r);
+  if (st != ERT_CMD_STATE_COMPLETED)
+    return FAIL(err, KV_FPGA_EDEVICE, "the gather or select kernel did not complete (value: "
+                                      "ert_cmd_state, 4 = completed)", st, ERT_CMD_STATE_COMPLETED);
+  return KV_FPGA_OK;
+}
+
+/* No checksum unit in the gather kernel (gather_kernel.c): *verified = 0. */
+static kv_fpga_status xrt_gather(kv_fpga_dev *dev, const kv_fpga_gather_args *a, int *verified,
+                                 kv_fpga_err *err)
+{
+  *verified = 0;
+  return xrt_run3(dev, XK_GATHER, a->src->bo, a->desc->bo, a->dst->bo, a->n_rows, a->row_bytes,
+                  err);
+}
+
+static kv_fpga_status xrt_select(kv_fpga_dev *dev, const kv_fpga_select_args *a, kv_fpga_err *err)
+{
+  return xrt_run3(dev, XK_SELECT, a->in->bo, a->desc->bo, a->out->bo, a->n_segs, a->k, err);
+}
+
 static void xrt_close(kv_fpga_dev *dev)
 {
   xrt_state *x = dev->impl;
   if (x == NULL)
     return;
+  for (int i = 0; i < 2; i++)
+    if (x->extra[i] != NULL)
+      x->api.xrtKernelClose(x->extra[i]);
   if (x->kernel != NULL)
     x->api.xrtKernelClose(x->kernel);
   if (x->dev != NULL)
@@ -264,8 +365,10 @@ static void xrt_close(kv_fpga_dev *dev)
   dev->impl = NULL;
 }
 
-static const kv_fpga_ops xrt_ops = {xrt_load_kernel, xrt_buf_alloc, xrt_buf_free, xrt_buf_write,
-                                    xrt_buf_read,    xrt_run_start, xrt_run_wait, xrt_close};
+static const kv_fpga_ops xrt_ops = {xrt_load_kernel, xrt_buf_alloc, xrt_buf_free,
+                                    xrt_buf_write,   xrt_buf_read,  xrt_run_start,
+                                    xrt_run_wait,    xrt_gather,    xrt_select,
+                                    xrt_close};
 
 kv_fpga_status kv_fpga_xrt_open(kv_fpga_dev *dev, const kv_fpga_opts *o, kv_fpga_err *err)
 {

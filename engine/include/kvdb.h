@@ -558,6 +558,8 @@ typedef struct kvdb_context_info {
   uint32_t cached;              /**< 1 when the placement keeps it in the DRAM tier */
   double frequency;             /**< its decayed access count now (placement; 0 when none is
                                      kept: accesses are counted with placement on) */
+  uint32_t score_bits;          /**< its model's score_bits: 8 or 4 when its blocks keep score
+                                     copies for kvdb_score, else 0 */
 } kvdb_context_info;
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
@@ -870,8 +872,10 @@ KVDB_API kvdb_status kvdb_relocate(kvdb *db, const kvdb_model *m, const kvdb_key
  * with every block an int8 or int4 copy of each (layer, KV head)'s keys, one scale per token,
  * page-grouped (FORMAT.md §3c). kvdb_score ranks a stored context's tokens by the RAW inner
  * product q·k on that copy (HillInfer §4.4: no softmax, no 1/sqrt(d), which keep the order) and
- * returns the top k positions; kvdb_get_tokens then fetches their full-precision K and V,
- * reading only their pages. Where a block's copy is scored:
+ * returns the top k positions; kvdb_get_head_tokens (one KV head; on the near-data device for
+ * blocks on its tiers, so that only the chosen rows reach the host) or kvdb_get_tokens (every
+ * head of a layer) then fetches their full-precision K and V, reading only their pages. Where a
+ * block's copy is scored:
  *   - a block this handle holds in the DRAM tier: its copies are kept in DRAM beside it (read
  *     once, whole) and scored on the CPU (AVX-512 VNNI, AVX2 or portable kernels, threads,
  *     a streaming top k that never holds all N scores);
@@ -879,8 +883,10 @@ KVDB_API kvdb_status kvdb_relocate(kvdb *db, const kvdb_model *m, const kvdb_key
  *     table page) and scores it on the CPU; or, with kvdb_score_opts.device, a block on a tier
  *     of device_tiers is scored by the near-data device (a SmartSSD's FPGA through XRT, or its
  *     emulation: the same kernel on the CPU, fed O_DIRECT reads), which streams <pos, score>
- *     blocks back while the host scores the DRAM-resident copies and merges (HIE, HillInfer
- *     §4.2). Only positions and scores cross to the host.
+ *     blocks back (for k > 64: keeps them and sends its top k once) while the host scores the
+ *     DRAM-resident copies and merges (HIE, HillInfer §4.2). Only positions and scores cross to
+ *     the host. The host may take a share of those blocks meanwhile, so that both sides finish
+ *     together (APP, HillInfer §4.3: kvdb_score_opts.host_share_permille).
  * Every path gives the same positions and scores, bit for bit.
  *
  * SCORE. A query vector (f32, f16 or bf16) is quantized to int8 with one scale; the score of
@@ -921,6 +927,13 @@ typedef struct kvdb_score_opts {
   const char *xclbin_path;    /**< NEAR_DATA with XRT: the kernel (NULL: $KVDB_XCLBIN) */
   uint32_t chunk_tokens;      /**< tokens per device run and score block (HIE's n): a multiple
                                    of 64; 0 = 16384 */
+  int32_t host_share_permille;/**< with a device: the share (0..1000) of the device-tier blocks
+                                   the host reads and scores itself while the device scores the
+                                   rest; -1 (default): HillInfer's APP split (§4.3, Eq. 4) from
+                                   the rates this handle measured on earlier calls (the first
+                                   call splits evenly; the chosen beta is logged at level 3);
+                                   0: the device scores all, 1000: the host does. The results
+                                   are the same whatever the share */
 } kvdb_score_opts;
 
 /** @brief Fill *o with defaults. Cannot fail. */
@@ -937,6 +950,19 @@ typedef struct kvdb_score_stats {
   uint64_t device_bytes;    /**< bytes the device read from segment files (P2P) */
   uint64_t device_to_host_bytes; /**< <pos, score> pairs the device sent to the host */
 } kvdb_score_stats;
+
+/** Where the work of one kvdb_get_head_tokens() went (bytes are exact, counted as read). */
+typedef struct kvdb_fetch_stats {
+  uint64_t rows;                 /**< positions fetched (a K and a V row each) */
+  uint64_t dram_blocks;          /**< blocks served from the DRAM tier */
+  uint64_t host_blocks;          /**< blocks whose pages the host read and verified */
+  uint64_t device_blocks;        /**< blocks the near-data device read and gathered from */
+  uint64_t decoded_blocks;       /**< compressed blocks decoded on the host */
+  uint64_t host_bytes;           /**< bytes the host read from segment files */
+  uint64_t device_bytes;         /**< bytes the device read from segment files (P2P) */
+  uint64_t device_to_host_bytes; /**< gathered rows the device sent to the host */
+  uint64_t unverified_groups;    /**< page groups gathered by a device that cannot check them */
+} kvdb_fetch_stats;
 
 /** One scoring request of kvdb_score_batch(). */
 typedef struct kvdb_score_req {
@@ -964,6 +990,30 @@ KVDB_API kvdb_status kvdb_score(kvdb *db, const kvdb_model *m, const kvdb_key *c
                                 uint32_t layer, uint32_t kv_head, const void *q,
                                 kvdb_dtype q_dtype, uint32_t k, uint32_t *positions,
                                 float *scores);
+
+/**
+ * @brief The full-precision K and V rows of `n_pos` positions of one layer and KV head of a
+ * stored context (the fetch after kvdb_score: each head its own top k), reading only that
+ * head's page groups that hold them. k_out and v_out receive n_pos rows of head_dim elements of
+ * the model's dtype, in the order of `positions`. With opts->device set, blocks on the device
+ * tiers are read by the near-data device, which checks the groups and gathers the rows so that
+ * only they cross to the host (HillInfer §4.2; InstInfer §IV-C's token step on the device).
+ * The emulated device checks every group's checksum before gathering; a SmartSSD through XRT
+ * cannot yet (its kernel has no XXH3 unit: stats->unverified_groups counts those groups).
+ * Compressed (format 2) blocks are decoded on the host through kvdb_get_tokens (every KV head of
+ * the layer is read for those positions; their bytes are counted from the handle's read
+ * counter). The rows equal kvdb_get_tokens's for the same positions, bit for bit, on every
+ * path. Of opts only device, device_tiers and xclbin_path are used. opts NULL = defaults; stats
+ * optional.
+ * @return KVDB_OK; KVDB_INVALID (NULL, n_pos 0, layer or kv_head out of range, a position past
+ *   the context); KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_CORRUPT (a group failed its checksum);
+ *   KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                          uint32_t layer, uint32_t kv_head,
+                                          const uint32_t *positions, size_t n_pos, void *k_out,
+                                          void *v_out, const kvdb_score_opts *opts,
+                                          kvdb_fetch_stats *stats);
 
 /**
  * @brief Several scoring requests over one context at once (heads, layers, or both): each

@@ -34,6 +34,18 @@ kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
   return rc;
 }
 
+kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+                         kv_block_rec *out)
+{
+  kvdb_status rc = kv_cat_get_block(&db->cat, txn, hash, out);
+  if (rc == KVDB_OK)
+    return KVDB_OK;
+  char hx[33], hb[33];
+  return kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
+                 kv_hex16(key, hx), kv_hex16(hash, hb),
+                 rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+}
+
 static void reader_free(kvdb *db, ctx_reader *r)
 {
   kv_rbuf_release(db, r->buf);
@@ -156,7 +168,6 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_files_prune(db, txn);
   kv_ctx_rec cr;
-  char hx[33], hb[33];
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
   kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
@@ -175,13 +186,9 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   for (uint32_t b = 0; rc == KVDB_OK && b < cr.n_blocks; b++) {
     const uint8_t *h = cr.blocks + 16 * b;
     kv_block_rec br;
-    rc = kv_cat_get_block(&db->cat, txn, h, &br);
-    if (rc != KVDB_OK) {
-      rc = kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
-                   kv_hex16(context->b, hx), kv_hex16(h, hb),
-                   rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+    rc = kv_ctx_block(db, txn, context->b, h, &br);
+    if (rc != KVDB_OK)
       break;
-    }
     rc = block_out(db, &rd, m, bt, &br, h, t0, cr.n_tokens, out, positions, base);
     t0 += br.n_tokens;
   }

@@ -909,7 +909,6 @@ again:;
   uint64_t gen = 0;
   kv_cat_get_u64(&db->cat, txn, "gen", &gen);
   kv_ctx_rec cr;
-  char hx[33];
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
   kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
@@ -921,12 +920,9 @@ again:;
   for (uint32_t b = 0; rc == KVDB_OK && b < cr.n_blocks; b++) {
     const uint8_t *h = cr.blocks + 16 * b;
     kv_block_rec br;
-    rc = kv_cat_get_block(&db->cat, txn, h, &br);
-    if (rc != KVDB_OK) {
-      rc = kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
-                   kv_hex16(context->b, hx), kv_hex16(h, hx), rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+    rc = kv_ctx_block(db, txn, context->b, h, &br);
+    if (rc != KVDB_OK)
       break;
-    }
     int wanted = 0;
     for (size_t i = 0; i < n_pos && !wanted; i++)
       wanted = positions[i] >= pos0 && positions[i] < pos0 + br.n_tokens;
@@ -1047,8 +1043,11 @@ static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const k
     MDB_val pk = {16, (void *)(uintptr_t)key}, pv;
     out->has_profile = mdb_get(txn, db->cat.profiles, &pk, &pv) == 0;
   }
-  if (kv_model_by_hash(db, txn, cr->model, out->model_id, NULL) != KVDB_OK)
+  kv_model_rec mr;
+  if (kv_model_by_hash(db, txn, cr->model, out->model_id, &mr) != KVDB_OK)
     snprintf(out->model_id, sizeof out->model_id, "?");
+  else
+    out->score_bits = mr.score_bits;
   if (db->dram != NULL) {
     for (uint32_t i = 0; i < cr->n_blocks; i++) {
       const uint8_t *d;

@@ -12,6 +12,7 @@
 #ifndef KV_SCORE_ENGINE_H
 #define KV_SCORE_ENGINE_H
 
+#include "device.h"
 #include "kv_db.h"
 #include "score_region.h"
 
@@ -74,6 +75,22 @@ kvdb_status kv_score_block_append(const kvdb_model *m, const kv_block_geom *g,
 
 /* Close the near-data devices kvdb_score keeps in the handle (kvdb_close). */
 void kv_score_close(kvdb *db);
+
+/* ---- the near-data device, shared by scoring (score_ctx.c) and the row fetch (fetch.c) ---- */
+
+/* Options as the caller gave them (struct_size honoured), defaults for the rest, checked:
+ * KVDB_INVALID names the field. */
+kvdb_status kv_score_opts_get(const kvdb_score_opts *opts, kvdb_score_opts *o);
+/* A kvdb_status and message for a failed fpga/ call (`what` first). */
+kvdb_status kv_score_fpga_fail(kv_fpga_status st, const kv_fpga_err *err, const char *what);
+/* Open segment file `seg` for the device's own reads (O_DIRECT where the file system allows). */
+kvdb_status kv_score_open_direct(kvdb *db, uint64_t seg, int *fd);
+/* A device of the kind o asks for (o->device NEAR_DATA or EMULATED, o->xclbin_path): the
+ * handle's kept one if free, else a new one; give it back with kv_score_dev_release. */
+kvdb_status kv_score_dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev **dev,
+                                 int *slot, int *kept);
+void kv_score_dev_release(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *dev, int slot,
+                          int kept);
 
 /* Verify a whole block's score region (kvdb_verify, a whole-block read): buf holds the object
  * as read (rec->bytes), hdr its parsed header. KVDB_CORRUPT names segment, offset, block. */

@@ -36,19 +36,30 @@
  *
  * NOT VERIFIED ON THE DEVICE PATH: the device reads copies the host never sees, and the kernel
  * has no XXH3 unit, so per-query checksums are not checked there (kvdb_verify checks every
- * copy, and the fetch of the chosen tokens by kvdb_get_tokens verifies what reaches the host).
+ * copy, and the fetch of the chosen tokens by kvdb_get_tokens or kvdb_get_head_tokens verifies
+ * their groups: on the host, or on the emulated device).
+ *
+ * APP (HillInfer §4.3). With a device, a share of the device-tier blocks is read and scored by
+ * the host instead (opts.host_share_permille, or -1: Eq. 4 from the rates the handle measured on
+ * earlier calls, app_host_blocks), on the calling thread, while the device part runs on a thread
+ * of its own with its own accumulators (device_part); both sides' rates are folded into the
+ * handle's profile after each call (kv_app_profile_update). The split changes who scores a
+ * block, never a score: the results are the same.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <pthread.h>
+#include <time.h>
 
 #include "device.h"
+#include "kv_place.h"
 #include "kv_score.h"
 
 uint64_t kv_score_wave_bytes = 16u << 20; /* kv_score.h */
@@ -61,7 +72,27 @@ struct kv_score_devs {
   kv_fpga_dev *dev[2]; /* [0] emulated, [1] AUTO (XRT when present) */
   char *xclbin[2];     /* the path it was opened with (NULL: none) */
   int busy[2];
+  kv_app_profile app[2]; /* APP rates per kind of device (f_c, f_s measured; 0: not yet) */
 };
+
+/* The work of the device part of a call, run on its own thread while the calling thread reads
+ * and scores the host's blocks (APP: both finish together), with its own accumulators. */
+typedef struct dev_task {
+  kv_fpga_dev *dev;
+  uint32_t *idx;
+  uint32_t n_idx;
+  const kv_score_view *dviews;
+  const struct sblk *const *dblk;
+  size_t n_d;
+  kv_score_acc *accs; /* per request */
+  void **acc_mem;
+  uint32_t *tpos;
+  float *tscore;
+  kvdb_score_stats st;
+  uint64_t bytes, ns; /* copy bytes of the device blocks; time of the part */
+  kvdb_status rc;
+  char msg[512];      /* kvdb_errmsg() of the thread that failed */
+} dev_task;
 
 typedef struct sreq {
   uint32_t c;    /* copy index */
@@ -109,6 +140,7 @@ void kvdb_score_opts_init(kvdb_score_opts *o)
     return;
   memset(o, 0, sizeof *o);
   o->struct_size = sizeof *o;
+  o->host_share_permille = -1; /* APP decides */
 }
 
 /* ---- scoring a set of views into the requests' accumulators ---- */
@@ -374,19 +406,20 @@ out:
 
 /* ---- the near-data device ---- */
 
-static kvdb_status fpga_fail(kv_fpga_status st, const kv_fpga_err *err, const char *what)
+kvdb_status kv_score_fpga_fail(kv_fpga_status st, const kv_fpga_err *err, const char *what)
 {
   char msg[256];
   kv_fpga_errmsg(err, msg, sizeof msg);
   kvdb_status rc = st == KV_FPGA_ENOMEM    ? KVDB_NOMEM
                    : st == KV_FPGA_EIO      ? KVDB_IOERR
+                   : st == KV_FPGA_ECORRUPT ? KVDB_CORRUPT
                    : st == KV_FPGA_EINVAL   ? KVDB_PANIC /* arguments this file computed */
                                             : KVDB_UNSUPPORTED;
   return kv_fail(rc, "%s: %s", what, msg);
 }
 
 /* Open a segment file for the device's own reads (O_DIRECT where the filesystem allows). */
-static kvdb_status open_direct(kvdb *db, uint64_t seg, int *fd)
+kvdb_status kv_score_open_direct(kvdb *db, uint64_t seg, int *fd)
 {
   char path[4200];
   KV_RET(kv_seg_path(db, seg, path, sizeof path));
@@ -410,10 +443,14 @@ static int by_segment(const void *a, const void *b, void *ctx)
  * the DRAM-resident views ride along as the host part of each request's first job, so the host
  * scores them while the device works.
  */
-static kvdb_status device_jobs(sctx *x, kv_fpga_dev *dev, uint32_t *idx, uint32_t n_idx,
-                               const kv_score_view *dviews, const sblk *const *dblk, size_t n_d)
+static kvdb_status device_jobs(sctx *x, dev_task *t)
 {
   kvdb *db = x->db;
+  kv_fpga_dev *dev = t->dev;
+  uint32_t *idx = t->idx, n_idx = t->n_idx;
+  const kv_score_view *dviews = t->dviews;
+  const sblk *const *dblk = (const sblk *const *)t->dblk;
+  size_t n_d = t->n_d;
   qsort_r(idx, n_idx, sizeof *idx, by_segment, x->b);
   kvdb_status rc = KVDB_OK;
   kv_hie_dev_span *ds = malloc((n_idx ? n_idx : 1) * sizeof *ds);
@@ -427,7 +464,7 @@ static kvdb_status device_jobs(sctx *x, kv_fpga_dev *dev, uint32_t *idx, uint32_
   /* one fd per segment */
   for (uint32_t i = 0; i < n_idx; i++)
     if (i == 0 || x->b[idx[i]].rec.segment != x->b[idx[i - 1]].rec.segment) {
-      KV_ERR(open_direct(db, x->b[idx[i]].rec.segment, &fds[n_seg]));
+      KV_ERR(kv_score_open_direct(db, x->b[idx[i]].rec.segment, &fds[n_seg]));
       n_seg++;
     }
   for (size_t r = 0; r < x->n_rq; r++) {
@@ -456,26 +493,185 @@ static kvdb_status device_jobs(sctx *x, kv_fpga_dev *dev, uint32_t *idx, uint32_
       uint32_t kk = q->k < tokens ? q->k : (uint32_t)tokens, n = 0;
       kv_hie_stats hst;
       kv_fpga_err err;
-      kv_fpga_status st = kv_hie_topk(dev, &job, kk, x->tpos, x->tscore, &n, &hst, &err);
+      kv_fpga_status st = kv_hie_topk(dev, &job, kk, t->tpos, t->tscore, &n, &hst, &err);
       if (st != KV_FPGA_OK) {
-        rc = fpga_fail(st, &err, "near-data scoring");
+        rc = kv_score_fpga_fail(st, &err, "near-data scoring");
         goto out;
       }
       for (uint32_t j = 0; j < n; j++)
-        kv_score_acc_push(&q->acc, x->tpos[j], x->tscore[j]);
-      x->st.tokens += tokens;
-      x->st.device_bytes += hst.p2p_bytes;
-      x->st.device_to_host_bytes += hst.to_host_bytes;
+        kv_score_acc_push(&t->accs[r], t->tpos[j], t->tscore[j]);
+      t->st.tokens += tokens;
+      t->st.device_bytes += hst.p2p_bytes;
+      t->st.device_to_host_bytes += hst.to_host_bytes;
       i0 = i1;
     }
   }
-  x->st.device_copies += (uint64_t)n_idx * x->n_copies;
+  t->st.device_copies += (uint64_t)n_idx * x->n_copies;
 out:
   for (uint32_t s = 0; fds != NULL && s < n_seg; s++)
     close(fds[s]);
   free(ds);
   free(hs);
   free(fds);
+  return rc;
+}
+
+/* ---- APP: the host's share of the device-tier blocks (HillInfer §4.3) ---- */
+
+/* The profile of the device kind in `slot` (zeros until measured). */
+static kv_app_profile app_profile(kvdb *db, int slot)
+{
+  kv_app_profile p;
+  memset(&p, 0, sizeof p);
+  struct kv_score_devs *ds = db->score_devs;
+  if (ds != NULL) {
+    pthread_mutex_lock(&ds->mu);
+    p = ds->app[slot];
+    pthread_mutex_unlock(&ds->mu);
+  }
+  return p;
+}
+
+/*
+ * How many of the n_dev device-tier blocks the host reads and scores itself. Eq. 2-4 with
+ * M = the blocks' copy bytes (all blocks have the same size but the last), no M_0 cap (the
+ * host does not keep them: they stay on the SmartSSD), alpha = the fraction of tokens selected
+ * (the largest k over the context), f_c and f_s the rates the handle measured on earlier calls
+ * (copy bytes per second of the host's part, reads included, and of the device's), B_c = B_s
+ * the SmartSSD tier's read bandwidth (placement's figures; HARDWARE.md's 2.3 GB/s sync P2P
+ * without them): the selected K and V come from the same flash whoever scored them. Before
+ * both rates are known the blocks are split evenly, which measures them.
+ */
+static uint32_t app_host_blocks(sctx *x, int slot, uint32_t n_dev)
+{
+  int32_t pm = x->o->host_share_permille;
+  if (pm >= 0)
+    return (uint32_t)(((uint64_t)n_dev * (uint32_t)pm + 500) / 1000);
+  kv_app_profile p = app_profile(x->db, slot);
+  if (!(p.f_c > 0) || !(p.f_s > 0)) /* first use: both sides get work (the device first) */
+    return n_dev / 2;
+  kv_tier_perf perf[KVDB_TIER_COUNT];
+  kv_place_perf(x->db, perf);
+  p.B_c = p.B_s = perf[KVDB_TIER_SMARTSSD].read_bps > 0 ? perf[KVDB_TIER_SMARTSSD].read_bps
+                                                         : 2.3e9;
+  double alpha = x->n_tokens ? (double)x->max_k / (double)x->n_tokens : 1.0;
+  kv_app_split sp;
+  if (kv_app_split_compute(&p, alpha > 1 ? 1 : alpha, alpha > 1 ? 1 : alpha, (double)n_dev,
+                           (double)n_dev, &sp, NULL) != KV_FPGA_OK)
+    return n_dev / 2;
+  double nh = sp.M_c + 0.5;
+  uint32_t h = nh >= (double)n_dev ? n_dev : (uint32_t)nh;
+  kv_log(&x->db->log, 3,
+         "score: APP beta %.4g (f_c %.3g, f_s %.3g, B %.3g bytes/s, alpha %.4f): the host scores "
+         "%u of %u device-tier blocks, the device %u (T_cpu %.3g s, T_ssd %.3g s per block)",
+         sp.beta, p.f_c, p.f_s, p.B_c, alpha, h, n_dev, n_dev - h, sp.T_cpu / n_dev,
+         sp.T_ssd / n_dev);
+  return h;
+}
+
+/* Fold one call's measured rates into the handle's profile (exponential average). */
+static void app_update(kvdb *db, int slot, uint64_t host_bytes, uint64_t host_ns,
+                       uint64_t dev_bytes, uint64_t dev_ns)
+{
+  struct kv_score_devs *ds = db->score_devs;
+  if (ds == NULL)
+    return;
+  kv_hie_stats hs;
+  memset(&hs, 0, sizeof hs);
+  hs.host_bytes = host_bytes;
+  hs.host_ns = host_ns;
+  hs.dev_bytes = dev_bytes;
+  hs.dev_ns = dev_ns;
+  pthread_mutex_lock(&ds->mu);
+  kv_app_profile_update(&ds->app[slot], &hs, 0.5);
+  pthread_mutex_unlock(&ds->mu);
+}
+
+static uint64_t now_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *dev_main(void *arg)
+{
+  void **a = arg;
+  sctx *x = a[0];
+  dev_task *t = a[1];
+  uint64_t t0 = now_ns();
+  t->rc = device_jobs(x, t);
+  t->ns = now_ns() - t0;
+  if (t->rc != KVDB_OK)
+    snprintf(t->msg, sizeof t->msg, "%s", kvdb_errmsg());
+  return NULL;
+}
+
+/*
+ * The device's blocks (devb) on a thread of their own (with the DRAM views as HIE's host part)
+ * while this thread reads and scores the host's blocks (host: the SSD tier's, and the share of
+ * the device tier's APP gave the host); then the device's accumulators are merged into the
+ * requests' and the measured rates into the profile.
+ */
+static kvdb_status device_part(sctx *x, kv_fpga_dev *dev, int slot, uint32_t *devb,
+                               uint32_t n_dev, const kv_score_view *dviews, const sblk **dblk,
+                               size_t n_dram, uint32_t *host, uint32_t n_host)
+{
+  dev_task t;
+  memset(&t, 0, sizeof t);
+  t.dev = dev;
+  t.idx = devb;
+  t.n_idx = n_dev;
+  t.dviews = dviews;
+  t.dblk = (const struct sblk *const *)dblk;
+  t.n_d = n_dram;
+  t.accs = calloc(x->n_rq, sizeof *t.accs);
+  t.acc_mem = calloc(x->n_rq, sizeof *t.acc_mem);
+  t.tpos = malloc((size_t)x->max_k * sizeof *t.tpos);
+  t.tscore = malloc((size_t)x->max_k * sizeof *t.tscore);
+  kvdb_status rc = KVDB_OK;
+  if (t.accs == NULL || t.acc_mem == NULL || t.tpos == NULL || t.tscore == NULL)
+    rc = kv_fail(KVDB_NOMEM, "device top-k lists");
+  for (size_t r = 0; rc == KVDB_OK && r < x->n_rq; r++) {
+    size_t bytes = kv_score_acc_bytes(x->rq[r].k);
+    if ((t.acc_mem[r] = malloc(bytes)) == NULL ||
+        kv_score_acc_init(&t.accs[r], x->rq[r].k, t.acc_mem[r], bytes, NULL) != KV_SCORE_OK)
+      rc = kv_fail(KVDB_NOMEM, "device top-k of %u", x->rq[r].k);
+  }
+  uint64_t host_bytes = 0, host_ns = 0;
+  for (uint32_t i = 0; i < n_dev; i++)
+    t.bytes += (uint64_t)x->n_copies * x->b[devb[i]].r.copy_bytes;
+  for (uint32_t i = 0; i < n_host; i++)
+    host_bytes += (uint64_t)x->n_copies * x->b[host[i]].r.copy_bytes;
+  if (rc == KVDB_OK) {
+    void *arg[2] = {x, &t};
+    pthread_t tid;
+    int threaded = n_host > 0 && pthread_create(&tid, NULL, dev_main, arg) == 0;
+    if (!threaded)
+      dev_main(arg);
+    uint64_t h0 = now_ns();
+    rc = host_waves(x, host, n_host);
+    host_ns = now_ns() - h0;
+    if (threaded)
+      pthread_join(tid, NULL);
+    if (rc == KVDB_OK && t.rc != KVDB_OK)
+      rc = kv_fail(t.rc, "%s", t.msg);
+  }
+  if (rc == KVDB_OK) {
+    for (size_t r = 0; r < x->n_rq; r++)
+      kv_score_acc_merge(&x->rq[r].acc, &t.accs[r]);
+    x->st.tokens += t.st.tokens;
+    x->st.device_bytes += t.st.device_bytes;
+    x->st.device_to_host_bytes += t.st.device_to_host_bytes;
+    x->st.device_copies += t.st.device_copies;
+    app_update(x->db, slot, host_bytes, host_ns, t.bytes, t.ns);
+  }
+  for (size_t r = 0; t.acc_mem != NULL && r < x->n_rq; r++)
+    free(t.acc_mem[r]);
+  free(t.acc_mem);
+  free(t.accs);
+  free(t.tpos);
+  free(t.tscore);
   return rc;
 }
 
@@ -488,8 +684,8 @@ static int same_path(const char *a, const char *b)
 
 /* A device of the kind opts ask for: the handle's kept one if free, else a new one. *slot
  * receives its place (0/1) and *kept whether it is the kept one. */
-static kvdb_status dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev **dev, int *slot,
-                               int *kept)
+kvdb_status kv_score_dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev **dev,
+                                 int *slot, int *kept)
 {
   *dev = NULL;
   *kept = 0;
@@ -524,11 +720,12 @@ static kvdb_status dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *
   kv_fpga_err err;
   kv_fpga_status st = kv_fpga_open(&fo, dev, &err);
   if (st != KV_FPGA_OK)
-    return fpga_fail(st, &err, "cannot open the near-data scoring device");
+    return kv_score_fpga_fail(st, &err, "cannot open the near-data scoring device");
   return KVDB_OK;
 }
 
-static void dev_release(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *dev, int slot, int kept)
+void kv_score_dev_release(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *dev, int slot,
+                          int kept)
 {
   if (dev == NULL)
     return;
@@ -594,13 +791,9 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, uint64_t *gen)
   for (uint32_t i = 0; i < cr.n_blocks; i++) {
     sblk *b = &x->b[i];
     memcpy(b->hash, cr.blocks + 16 * i, 16);
-    rc = kv_cat_get_block(&db->cat, txn, b->hash, &b->rec);
-    if (rc != KVDB_OK) {
-      rc = kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
-                   kv_hex16(context->b, hx), kv_hex16(b->hash, hx2),
-                   rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+    rc = kv_ctx_block(db, txn, context->b, b->hash, &b->rec);
+    if (rc != KVDB_OK)
       goto out;
-    }
     b->rec.tokens = NULL;
     b->pos0 = (uint32_t)pos;
     x->n_b = i + 1;
@@ -679,15 +872,28 @@ static kvdb_status attempt(sctx *x, const kvdb_key *context, uint64_t *gen)
   if (n_dev > 0) {
     kv_fpga_dev *dev;
     int slot, kept;
-    KV_ERR(dev_acquire(db, x->o, &dev, &slot, &kept));
-    rc = device_jobs(x, dev, devb, n_dev, dviews, dblk, n_dram);
-    dev_release(db, x->o, dev, slot, kept);
+    KV_ERR(kv_score_dev_acquire(db, x->o, &dev, &slot, &kept));
+    /* APP: the host's share of the device-tier blocks, spread over them */
+    uint32_t nh = app_host_blocks(x, slot, n_dev), kept_dev = 0;
+    for (uint32_t i = 0; i < n_dev; i++) {
+      if ((uint64_t)(i + 1) * nh / n_dev != (uint64_t)i * nh / n_dev) {
+        x->b[devb[i]].where = SB_HOST;
+        host[n_host++] = devb[i];
+      } else {
+        devb[kept_dev++] = devb[i];
+      }
+    }
+    n_dev = kept_dev;
+    if (n_dev > 0)
+      rc = device_part(x, dev, slot, devb, n_dev, dviews, dblk, n_dram, host, n_host);
+    kv_score_dev_release(db, x->o, dev, slot, kept);
     if (rc != KVDB_OK)
       goto out;
-  } else {
-    KV_ERR(score_views(x, dviews, dblk, n_dram, spans));
   }
-  KV_ERR(host_waves(x, host, n_host));
+  if (n_dev == 0) {
+    KV_ERR(score_views(x, dviews, dblk, n_dram, spans));
+    KV_ERR(host_waves(x, host, n_host));
+  }
 out:
   dram_release(x);
   free(idx);
@@ -698,6 +904,31 @@ out:
 }
 
 /* ---- the API ---- */
+
+kvdb_status kv_score_opts_get(const kvdb_score_opts *opts, kvdb_score_opts *o)
+{
+  kvdb_score_opts_init(o);
+  if (opts != NULL) {
+    if (opts->struct_size < offsetof(kvdb_score_opts, n_threads) || opts->struct_size > 4096)
+      return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_score_opts_init() first",
+                     opts->struct_size);
+    memcpy(o, opts, opts->struct_size < sizeof *o ? opts->struct_size : sizeof *o);
+    o->struct_size = sizeof *o;
+  }
+  if (o->combine != KVDB_SCORE_SUM && o->combine != KVDB_SCORE_MAX)
+    return kv_fail(KVDB_INVALID, "opts->combine %d is not KVDB_SCORE_SUM or KVDB_SCORE_MAX",
+                   (int)o->combine);
+  if (o->device != KVDB_SCORE_CPU && o->device != KVDB_SCORE_NEAR_DATA &&
+      o->device != KVDB_SCORE_EMULATED)
+    return kv_fail(KVDB_INVALID, "opts->device %d is not a kvdb_score_device", (int)o->device);
+  if (o->chunk_tokens % 64 != 0)
+    return kv_fail(KVDB_INVALID, "opts->chunk_tokens %u is not a multiple of 64",
+                   o->chunk_tokens);
+  if (o->host_share_permille < -1 || o->host_share_permille > 1000)
+    return kv_fail(KVDB_INVALID, "opts->host_share_permille %d is not -1 (APP) or 0..1000",
+                   (int)o->host_share_permille);
+  return KVDB_OK;
+}
 
 static int cmp_u32(const void *a, const void *b)
 {
@@ -812,23 +1043,7 @@ kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   if (n_reqs > (1u << 20))
     return kv_fail(KVDB_INVALID, "n_reqs %zu is more than 2^20", n_reqs);
   kvdb_score_opts o;
-  kvdb_score_opts_init(&o);
-  if (opts != NULL) {
-    if (opts->struct_size < offsetof(kvdb_score_opts, n_threads) || opts->struct_size > 4096)
-      return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_score_opts_init() first",
-                     opts->struct_size);
-    memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
-    o.struct_size = sizeof o;
-  }
-  if (o.combine != KVDB_SCORE_SUM && o.combine != KVDB_SCORE_MAX)
-    return kv_fail(KVDB_INVALID, "opts->combine %d is not KVDB_SCORE_SUM or KVDB_SCORE_MAX",
-                   (int)o.combine);
-  if (o.device != KVDB_SCORE_CPU && o.device != KVDB_SCORE_NEAR_DATA &&
-      o.device != KVDB_SCORE_EMULATED)
-    return kv_fail(KVDB_INVALID, "opts->device %d is not a kvdb_score_device", (int)o.device);
-  if (o.chunk_tokens % 64 != 0)
-    return kv_fail(KVDB_INVALID, "opts->chunk_tokens %u is not a multiple of 64",
-                   o.chunk_tokens);
+  KV_RET(kv_score_opts_get(opts, &o));
   sctx x;
   memset(&x, 0, sizeof x);
   x.db = db;
@@ -846,7 +1061,7 @@ kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_key *cont
       kv_fpga_err err;
       kv_fpga_status st = kv_fpga_query_pack(x.rq[r].q, qp, KV_FPGA_QUERY_BYTES, &err);
       if (st != KV_FPGA_OK)
-        rc = fpga_fail(st, &err, "the scoring kernel cannot take this query");
+        rc = kv_score_fpga_fail(st, &err, "the scoring kernel cannot take this query");
     }
     free(qp);
   }

@@ -29,16 +29,6 @@ static uint32_t rd32(const uint8_t *p)
   return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 
-/* score.h ORDER: the float's total order as an unsigned key; NaN lowest (key 0). */
-static uint32_t sort_key(float s)
-{
-  kvk_bits b;
-  b.f = s;
-  if ((b.u & 0x7fffffffu) > 0x7f800000u)
-    return 0;
-  return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
-}
-
 static float key_score(uint32_t key)
 {
   kvk_bits b;
@@ -199,7 +189,7 @@ void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word 
       if (k == 0)
         continue;
       /* systolic insertion: walk down, swap whenever the carried entry is better */
-      uint64_t carry = ((uint64_t)sort_key(score) << 32) | (uint32_t)~pos;
+      uint64_t carry = ((uint64_t)kvk_sort_key(score) << 32) | (uint32_t)~pos;
       if (tk_n == k && carry <= tk[k - 1])
         continue;
       for (uint32_t j = 0; j < KVK_MAX_TOPK; j++) {

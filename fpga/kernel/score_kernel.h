@@ -49,6 +49,20 @@ typedef struct kvk_pair {
   float score;
 } kvk_pair;
 
+/** score.h ORDER as an unsigned key: a greater key is a better score; every NaN is 0 (lowest).
+ * Shared by the score kernel's on-chip top k and the select kernel. */
+static inline uint32_t kvk_sort_key(float s)
+{
+  union {
+    uint32_t u;
+    float f;
+  } b;
+  b.f = s;
+  if ((b.u & 0x7fffffffu) > 0x7f800000u)
+    return 0;
+  return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
+}
+
 /**
  * Score tokens [t0, t0 + n) of the section whose scales start at word scale_word and whose code
  * pages start at word code_word; token t gets position pos_base + t. Writes blocks[0..n) and

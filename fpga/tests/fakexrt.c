@@ -7,7 +7,10 @@
  *     bytes between them, so a missing or misdirected sync changes the results;
  *   - a P2P BO's mapping IS device memory (pread lands there); syncing it is logged as a misuse;
  *   - xrtRunStart runs the real kernel (fpga/kernel/score_kernel.c) on the device copies with the
- *     arguments set by xrtRunSetArg (buffer handles for 0..4, unsigned ints for 5..12);
+ *     arguments set by xrtRunSetArg (buffer handles for 0..4, unsigned ints for 5..12), or for
+ *     kv_gather_kernel / kv_select_kernel the real gather / selection (fpga/kernel/
+ *     gather_kernel.c, select_kernel.c: buffers 0..2, ints 3..4); sub-buffers share their
+ *     parent's host and device memory;
  *   - faults on demand: fakexrt_fail("xrtBOAlloc", 3) makes the 3rd xrtBOAlloc from now fail,
  *     fakexrt_fail("xrtRunWait", 1) returns ERT_CMD_STATE_ERROR, "xrtDeviceOpen" returns NULL.
  * The test reads the log with fakexrt_log() (dlsym on the same library handle).
@@ -24,7 +27,9 @@
 #include <xrt/xrt_device.h>
 #include <xrt/xrt_kernel.h>
 
+#include "kernel/gather_kernel.h"
 #include "kernel/score_kernel.h"
+#include "kernel/select_kernel.h"
 
 /* Test hooks (not XRT functions). */
 const char *fakexrt_log(void);
@@ -85,6 +90,7 @@ typedef struct fdev {
 typedef struct fkernel {
   int magic;
   fdev *d;
+  int kind; /* 0 kv_score_kernel, 1 kv_gather_kernel, 2 kv_select_kernel */
 } fkernel;
 typedef struct fbo {
   int magic;
@@ -93,6 +99,7 @@ typedef struct fbo {
   uint32_t grp;
   uint8_t *host; /* the mapping */
   uint8_t *dev;  /* device memory (== host for P2P) */
+  int sub;       /* a sub-buffer: the memory is its parent's */
 } fbo;
 typedef struct frun {
   int magic;
@@ -157,11 +164,14 @@ xrtKernelHandle xrtPLKernelOpen(xrtDeviceHandle dhdl, const xuid_t xclbinId, con
   logf_("xrtPLKernelOpen(%s)\n", name ? name : "(null)");
   if (xclbinId[0] != 0xa0 || xclbinId[15] != 0xaf)
     logf_("MISUSE xrtPLKernelOpen: uuid not the loaded xclbin's\n");
-  if (should_fail("xrtPLKernelOpen") || name == NULL || strcmp(name, "kv_score_kernel") != 0)
+  if (should_fail("xrtPLKernelOpen") || name == NULL ||
+      (strcmp(name, "kv_score_kernel") != 0 && strcmp(name, "kv_gather_kernel") != 0 &&
+       strcmp(name, "kv_select_kernel") != 0))
     return NULL;
   fkernel *k = calloc(1, sizeof *k);
   k->magic = M_KER;
   k->d = d;
+  k->kind = strcmp(name, "kv_gather_kernel") == 0 ? 1 : strcmp(name, "kv_select_kernel") == 0 ? 2 : 0;
   live++;
   return k;
 }
@@ -221,13 +231,35 @@ int xrtBOFree(xrtBufferHandle bhdl)
     logf_("MISUSE xrtBOFree: bad handle\n");
     return -22;
   }
-  if (b->dev != b->host)
-    free(b->dev);
-  free(b->host);
+  if (!b->sub) {
+    if (b->dev != b->host)
+      free(b->dev);
+    free(b->host);
+  }
   b->magic = 0;
   free(b);
   live--;
   return 0;
+}
+
+xrtBufferHandle xrtBOSubAlloc(xrtBufferHandle parent, size_t size, size_t offset)
+{
+  fbo *p = parent;
+  logf_("xrtBOSubAlloc(%zu, %zu)\n", size, offset);
+  if (p == NULL || p->magic != M_BO || offset > p->size || size > p->size - offset) {
+    logf_("MISUSE xrtBOSubAlloc: bad parent or range\n");
+    return NULL;
+  }
+  if (should_fail("xrtBOSubAlloc"))
+    return NULL;
+  fbo *b = calloc(1, sizeof *b);
+  *b = *p;
+  b->size = size;
+  b->host = p->host + offset;
+  b->dev = p->dev + offset;
+  b->sub = 1;
+  live++;
+  return b;
 }
 
 void *xrtBOMap(xrtBufferHandle bhdl)
@@ -274,6 +306,30 @@ int xrtRunSetArg(xrtRunHandle rhdl, int index, ...)
   frun *r = rhdl;
   va_list ap;
   va_start(ap, index);
+  if (r->k->kind != 0) { /* source (gather: P2P, bank 1), descriptors, output, two ints */
+    const char *kn = r->k->kind == 1 ? "gather" : "select";
+    if (index >= 0 && index < 3) {
+      fbo *b = va_arg(ap, void *);
+      r->bo[index] = b;
+      logf_("xrtRunSetArg(%s %d, bo%s)\n", kn, index,
+            b && b->magic == M_BO ? ((b->flags & XRT_BO_FLAGS_P2P) ? " P2P" : "") : " BAD");
+      int p2p = r->k->kind == 1 && index == 0;
+      if (b && b->magic == M_BO && !(b->flags & XRT_BO_FLAGS_P2P) != !p2p)
+        logf_("MISUSE %s argument %d: P2P flag\n", kn, index);
+      if (b && b->magic == M_BO && b->grp != (uint32_t)(p2p ? 1 : 0))
+        logf_("MISUSE %s argument %d in memory bank %u\n", kn, index, b->grp);
+    } else if (index >= 3 && index < 5) {
+      unsigned v = va_arg(ap, unsigned);
+      r->scalar[index - 3] = v;
+      logf_("xrtRunSetArg(%s %d, %u)\n", kn, index, v);
+    } else {
+      logf_("MISUSE xrtRunSetArg: kv_%s_kernel has no argument %d\n", kn, index);
+      va_end(ap);
+      return -22;
+    }
+    va_end(ap);
+    return 0;
+  }
   if (index >= 0 && index < 5) {
     fbo *b = va_arg(ap, void *);
     r->bo[index] = b;
@@ -299,7 +355,26 @@ int xrtRunSetArg(xrtRunHandle rhdl, int index, ...)
 int xrtRunStart(xrtRunHandle rhdl)
 {
   frun *r = rhdl;
-  logf_("xrtRunStart\n");
+  logf_("xrtRunStart%s\n", r->k->kind == 1 ? " gather" : r->k->kind == 2 ? " select" : "");
+  if (r->k->kind != 0) {
+    for (int i = 0; i < 3; i++)
+      if (r->bo[i] == NULL || r->bo[i]->magic != M_BO) {
+        logf_("MISUSE xrtRunStart: argument %d not set\n", i);
+        return -22;
+      }
+    if (should_fail("xrtRunStart"))
+      return -5;
+    if (r->k->kind == 1)
+      kv_gather_kernel((const kvk_word *)(void *)r->bo[0]->dev,
+                       (const kvk_word *)(void *)r->bo[1]->dev, (kvk_word *)(void *)r->bo[2]->dev,
+                       r->scalar[0], r->scalar[1]);
+    else
+      kv_select_kernel((const kvk_pair *)(void *)r->bo[0]->dev,
+                       (const kvk_word *)(void *)r->bo[1]->dev, (kvk_pair *)(void *)r->bo[2]->dev,
+                       r->scalar[0], r->scalar[1]);
+    r->started = 1;
+    return 0;
+  }
   for (int i = 0; i < 5; i++)
     if (r->bo[i] == NULL || r->bo[i]->magic != M_BO) {
       logf_("MISUSE xrtRunStart: argument %d not set\n", i);

@@ -9,6 +9,8 @@
  */
 #include "fpga_test.h"
 
+#include <math.h>
+
 static void test_equal_cpu(void)
 {
   t_rng r = {31};
@@ -241,9 +243,155 @@ static void test_errors(void)
   t_ctx_free(&c);
 }
 
+/* Rows gathered on the device equal the file's; a group whose bytes differ from its checksum is
+ * KV_FPGA_ECORRUPT before anything is gathered; bad gather arguments are refused. */
+static void test_gather(void)
+{
+  t_rng r = {77};
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  kv_fpga_dev *dev;
+  kv_fpga_err e;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  int verified = -1;
+  for (int round = 0; round < 3; round++)
+    CHECK(t_gather_run(dev, &r, 0, &verified, &e) == KV_FPGA_OK, "gather: %s", t_fpga_errtext(&e));
+  CHECK(verified == 1, "the emulated device verifies the groups");
+  CHECK(t_gather_run(dev, &r, 1, &verified, &e) == KV_FPGA_ECORRUPT &&
+            strstr(t_fpga_errtext(&e), "checksum") != NULL && e.limit == 3 * 4096,
+        "a damaged group: %s", t_fpga_errtext(&e));
+  /* misuse */
+  kv_fpga_buf *src, *in, *out;
+  REQUIRE(kv_fpga_buf_alloc(dev, 8192, KV_FPGA_BUF_P2P, &src, &e) == KV_FPGA_OK &&
+              kv_fpga_buf_alloc(dev, 4096, KV_FPGA_BUF_IN, &in, &e) == KV_FPGA_OK &&
+              kv_fpga_buf_alloc(dev, 4096, KV_FPGA_BUF_OUT, &out, &e) == KV_FPGA_OK,
+          "buffers");
+  uint64_t off[2] = {0, 8192 - 256};
+  kv_fpga_gcheck ck = {4096, 0, 1, 4096};
+  kv_fpga_gather_args a = {src, in, out, off, 2, 256, &ck, 1};
+  kv_fpga_gather_args b = a;
+  b.row_off = (const uint64_t[]){0, 8000};
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "past the end") != NULL,
+        "row past the buffer: %s", t_fpga_errtext(&e));
+  b = a;
+  b.n_rows = 17; /* 17 x 256 > 4096 */
+  b.row_off = (const uint64_t[17]){0};
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL &&
+            strstr(t_fpga_errtext(&e), "output buffer too small") != NULL,
+        "small output: %s", t_fpga_errtext(&e));
+  b = a;
+  b.src = in;
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL, "source not P2P");
+  b = a;
+  b.checks = (const kv_fpga_gcheck[]){{4096, 8190, 1, 4096}};
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL, "checksum past the end");
+  b = a;
+  b.row_bytes = 0;
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL, "row of 0 bytes");
+  b = a;
+  b.checks = NULL;
+  CHECK(kv_fpga_gather(dev, &b, NULL, &e) == KV_FPGA_EINVAL, "NULL checks");
+  CHECK(kv_fpga_gather(dev, NULL, NULL, &e) == KV_FPGA_EINVAL, "NULL arguments");
+  kv_fpga_buf_free(src);
+  kv_fpga_buf_free(in);
+  kv_fpga_buf_free(out);
+  kv_fpga_close(dev);
+}
+
+/* kv_fpga_select: the best k of segments of pairs (gaps between them, equal scores, -0 and +0,
+ * NaN, infinities) equals the CPU accumulator's top k as a set; bad arguments are refused. */
+static void test_select(void)
+{
+  t_rng r = {91};
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  kv_fpga_dev *dev;
+  kv_fpga_err e;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  enum { SLOTS = 3000 };
+  kv_score_pair *in = malloc(SLOTS * sizeof *in), *all = malloc(SLOTS * sizeof *all);
+  kv_score_pair *got = malloc(SLOTS * sizeof *got);
+  uint32_t *rpos = malloc(SLOTS * 4);
+  float *rsc = malloc(SLOTS * 4);
+  void *mem = malloc(kv_score_acc_bytes(SLOTS));
+  kv_fpga_buf *bin, *desc, *out;
+  REQUIRE(kv_fpga_buf_alloc(dev, SLOTS * 8, KV_FPGA_BUF_IN | KV_FPGA_BUF_OUT, &bin, &e) ==
+                  KV_FPGA_OK &&
+              kv_fpga_buf_alloc(dev, 4096, KV_FPGA_BUF_IN, &desc, &e) == KV_FPGA_OK &&
+              kv_fpga_buf_alloc(dev, SLOTS * 8, KV_FPGA_BUF_OUT, &out, &e) == KV_FPGA_OK,
+          "buffers");
+  for (int trial = 0; trial < 20; trial++) {
+    static const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, 1e30f, -1e30f};
+    for (uint32_t i = 0; i < SLOTS; i++) {
+      uint32_t c = t_below(&r, 12);
+      float f = c < 6 ? special[c] : c == 6 ? NAN : c == 7 ? INFINITY : (float)t_below(&r, 50) - 25;
+      in[i] = (kv_score_pair){1000000u + i * 7u, f};
+    }
+    REQUIRE(kv_fpga_buf_write(dev, bin, 0, in, SLOTS * 8, &e) == KV_FPGA_OK, "write");
+    uint32_t segs[64], n_segs = 0, n = 0;
+    for (uint32_t at = t_below(&r, 50); at < SLOTS && n_segs < 32;) { /* segments with gaps */
+      uint32_t cnt = 1 + t_below(&r, 200);
+      if (at + cnt > SLOTS)
+        cnt = SLOTS - at;
+      segs[2 * n_segs] = at;
+      segs[2 * n_segs + 1] = cnt;
+      n_segs++;
+      for (uint32_t i = 0; i < cnt; i++)
+        all[n++] = in[at + i];
+      at += cnt + t_below(&r, 40);
+    }
+    uint32_t k = trial == 0 ? n : trial == 1 ? 1 : 1 + t_below(&r, n);
+    kv_fpga_select_args a = {bin, desc, out, segs, n_segs, k};
+    REQUIRE(kv_fpga_select(dev, &a, &e) == KV_FPGA_OK, "select: %s", t_fpga_errtext(&e));
+    REQUIRE(kv_fpga_buf_read(dev, out, 0, got, (size_t)k * 8, &e) == KV_FPGA_OK, "read");
+    kv_score_acc acc, acc2;
+    REQUIRE(kv_score_acc_init(&acc, k, mem, kv_score_acc_bytes(k), NULL) == KV_SCORE_OK, "acc");
+    kv_score_acc_push_pairs(&acc, all, n);
+    uint32_t m = kv_score_acc_finish(&acc, rpos, rsc);
+    /* the device's k pairs, ordered by the same accumulator, must be the same list */
+    uint32_t *gpos = malloc((size_t)k * 4);
+    float *gsc = malloc((size_t)k * 4);
+    REQUIRE(kv_score_acc_init(&acc2, k, mem, kv_score_acc_bytes(k), NULL) == KV_SCORE_OK, "acc");
+    kv_score_acc_push_pairs(&acc2, got, k);
+    uint32_t m2 = kv_score_acc_finish(&acc2, gpos, gsc);
+    CHECK(m == k && m2 == k && memcmp(gpos, rpos, (size_t)k * 4) == 0 &&
+              memcmp(gsc, rsc, (size_t)k * 4) == 0,
+          "trial %d: select k=%u of %u pairs in %u segments equals the CPU top k", trial, k, n,
+          n_segs);
+    free(gpos);
+    free(gsc);
+  }
+  uint32_t bad_seg[2] = {3070, 5}; /* the buffer holds 24576 / 8 = 3072 pairs */
+  kv_fpga_select_args b = {bin, desc, out, bad_seg, 1, 5};
+  CHECK(kv_fpga_select(dev, &b, &e) == KV_FPGA_EINVAL && strstr(t_fpga_errtext(&e), "past the end"),
+        "segment past the buffer: %s", t_fpga_errtext(&e));
+  uint32_t seg[2] = {0, 10};
+  b = (kv_fpga_select_args){bin, desc, out, seg, 1, 11};
+  CHECK(kv_fpga_select(dev, &b, &e) == KV_FPGA_EINVAL, "k above the pairs");
+  b.k = 0;
+  CHECK(kv_fpga_select(dev, &b, &e) == KV_FPGA_EINVAL, "k = 0");
+  b = (kv_fpga_select_args){bin, out, out, seg, 1, 5};
+  CHECK(kv_fpga_select(dev, &b, &e) == KV_FPGA_EINVAL, "descriptors not IN");
+  kv_fpga_buf_free(bin);
+  kv_fpga_buf_free(desc);
+  kv_fpga_buf_free(out);
+  kv_fpga_close(dev);
+  free(in);
+  free(all);
+  free(got);
+  free(rpos);
+  free(rsc);
+  free(mem);
+}
+
 int main(void)
 {
   test_equal_cpu();
   test_errors();
+  test_gather();
+  test_select();
   return t_finish("test_fpga_emu");
 }

@@ -102,7 +102,10 @@ static void test_hie_random_splits(void)
               "k <= 64: only the on-chip top k crosses (%llu bytes for %llu runs)",
               (unsigned long long)st.to_host_bytes, (unsigned long long)st.dev_runs);
       if (nd > 0 && per_chunk == 0)
-        CHECK(st.to_host_bytes == dev_tok * 8, "k > 64: whole score blocks cross");
+        CHECK(st.to_host_bytes == (k < dev_tok ? k : dev_tok) * 8 && st.dev_selects == 1,
+              "k > 64: the blocks stay on the device, its top k crosses once (%llu bytes, %llu "
+              "selections)",
+              (unsigned long long)st.to_host_bytes, (unsigned long long)st.dev_selects);
     }
     free(q);
     free(all);

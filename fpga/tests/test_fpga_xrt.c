@@ -3,8 +3,10 @@
  * fpga/tests/test_fpga_xrt.c — the XRT backend's call sequence against a fake libxrt_coreutil
  * built from the real Debian headers (fakexrt.c; its path is argv[1]): open, xclbin, kernel,
  * P2P buffers in the keys argument's bank, query synced to the device, results synced back,
- * runs with 13 arguments, everything freed; HIE through XRT equals the CPU top k bit for bit
- * (the fake runs the real kernel on its device copies); faults (no device, BO allocation, run
+ * runs with 13 arguments, k > 64 selected on the device (blocks in sub-buffers, kv_select_kernel),
+ * everything freed; HIE through XRT equals the CPU top k bit for bit
+ * (the fake runs the real kernel on its device copies); the row gather's sequence (its kernel,
+ * descriptors synced in, rows synced out, unverified); faults (no device, BO allocation, run
  * error, bad xclbin, wrong kernel) give clean errors and leak nothing; and without the XRT
  * environment the library is never called.
  */
@@ -107,7 +109,28 @@ static void test_sequence_and_results(void)
   CHECK(log_has("xrtRunSetArg(0, bo P2P)") && log_has("xrtRunSetArg(1, bo P2P)") &&
             log_has("xrtRunSetArg(12, 10)") && log_has("xrtRunSetArg(12, 0)"),
         "arguments: keys/meta P2P, k = 10 on chip, k = 500 through whole blocks");
+  CHECK(log_has("xrtBOSubAlloc(") && log_order("xrtPLKernelOpen(kv_select_kernel)", "xrtRunStart select") &&
+            log_order("xrtRunStart select", "xrtBOSync(FROM_DEVICE, 4000, 0)"),
+        "k = 500: blocks at offsets (sub-buffers), one selection, 500 pairs synced back:\n%s",
+        flog());
   CHECK(!log_has("MISUSE"), "no misuse:\n%s", strstr(flog(), "MISUSE"));
+  /* the row gather: kv_gather_kernel of the same xclbin, descriptors synced to the device
+   * before the run, only the rows synced back; no checksum unit (verified = 0), so a damaged
+   * group is gathered as it is */
+  freset();
+  int verified = -1;
+  CHECK(t_gather_run(dev, &r, 0, &verified, &e) == KV_FPGA_OK, "gather: %s", t_fpga_errtext(&e));
+  CHECK(verified == 0, "XRT gathers unverified");
+  CHECK(log_order("xrtPLKernelOpen(kv_gather_kernel)", "xrtBOSync(TO_DEVICE") &&
+            log_order("xrtBOSync(TO_DEVICE", "xrtRunStart gather") &&
+            log_order("xrtRunStart gather", "xrtRunWait") &&
+            log_order("xrtRunWait", "xrtBOSync(FROM_DEVICE"),
+        "gather sequence:\n%s", flog());
+  CHECK(log_has("xrtRunSetArg(gather 0, bo P2P)") && log_has("xrtRunSetArg(gather 4, 256)"),
+        "gather arguments:\n%s", flog());
+  CHECK(!log_has("MISUSE"), "no misuse in the gather:\n%s", strstr(flog(), "MISUSE"));
+  CHECK(t_gather_run(dev, &r, 1, &verified, &e) == KV_FPGA_OK && verified == 0,
+        "a damaged group is not caught on XRT: %s", t_fpga_errtext(&e));
   kv_fpga_close(dev);
   CHECK(log_order("xrtKernelClose", "xrtDeviceClose"), "close sequence");
   CHECK(flive() == live0, "every XRT object freed (%d live)", flive() - live0);
@@ -151,6 +174,16 @@ static void test_sequence_and_results(void)
   }
   CHECK(strstr(t_fpga_errtext(&e), "xrtBOSync") != NULL, "message names xrtBOSync: %s",
         t_fpga_errtext(&e));
+  /* an xclbin without kv_gather_kernel */
+  freset();
+  REQUIRE(open_xrt(&dev, &e, NULL) == KV_FPGA_OK, "open");
+  ffail("xrtPLKernelOpen", 1);
+  verified = -1;
+  CHECK(t_gather_run(dev, &r, 0, &verified, &e) == KV_FPGA_EUNSUPPORTED &&
+            strstr(t_fpga_errtext(&e), "kv_gather_kernel") != NULL,
+        "no gather kernel: %s", t_fpga_errtext(&e));
+  kv_fpga_close(dev);
+  CHECK(flive() == live0, "no leak after a missing gather kernel");
   /* buffers need the kernel's memory banks: open without an xclbin, allocate */
   freset();
   kv_fpga_opts o;

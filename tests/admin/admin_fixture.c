@@ -8,6 +8,8 @@
  *                                         branch  48 tokens sharing the first 2 blocks of long
  *                                         other   40 tokens (2 blocks + a partial one)
  *                                         block   one explicit-key block (kvdb_put_block)
+ *   admin_fixture scored DIR            two contexts under models with score_bits 8 and 4
+ *                                       (prints "s8 KEYHEX", "s4 KEYHEX")
  *   admin_fixture twins DIR             a database with two explicit-key blocks whose context
  *                                       keys share their first 8 hex digits (found by a birthday
  *                                       search over kvdb_block_context); prints both keys
@@ -118,6 +120,35 @@ static int do_create(const char *dir)
     if (!bad) {
       char hx[33];
       printf("block %s\n", kvdb_key_hex(&ctx, hx));
+    }
+  }
+  kvdb_close(db);
+  return bad;
+}
+
+/* Two contexts of 32 tokens under models of the same shape that keep score copies (score_bits
+ * 8 and 4); prints "s8 KEYHEX" and "s4 KEYHEX". */
+static int do_scored(const char *dir)
+{
+  kvdb *db;
+  if (check(open_db(dir, KVDB_O_CREATE, &db), "open"))
+    return 1;
+  int bad = 0;
+  for (uint32_t bits = 8; bits >= 4 && !bad; bits -= 4) {
+    kvdb_model m = model;
+    m.id = bits == 8 ? "test/tiny-llama-s8" : "test/tiny-llama-s4";
+    m.score_bits = bits;
+    uint32_t tok[32];
+    for (uint32_t i = 0; i < 32; i++)
+      tok[i] = 5000 + bits * 100 + i;
+    kvdb_kv_view v;
+    uint16_t *buf = make_kv(tok, 32, &v);
+    kvdb_put_info info;
+    bad = buf == NULL || check(kvdb_put(db, &m, tok, 32, &v, &info), m.id);
+    free(buf);
+    if (!bad) {
+      char hx[33];
+      printf("s%u %s\n", bits, kvdb_key_hex(&info.context, hx));
     }
   }
   kvdb_close(db);
@@ -303,6 +334,8 @@ int main(int argc, char **argv)
 {
   if (argc == 3 && strcmp(argv[1], "profiled") == 0)
     return do_profiled(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "scored") == 0)
+    return do_scored(argv[2]);
   if (argc == 3 && strcmp(argv[1], "create") == 0)
     return do_create(argv[2]);
   if (argc == 3 && strcmp(argv[1], "twins") == 0)

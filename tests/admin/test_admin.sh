@@ -127,6 +127,33 @@ expect 0 info --json "$DB4"
 pyjson 'd["format_version"] == 2'
 expect 0 verify "$DB4"
 
+# ---- score bits: contexts whose models keep int8 / int4 score copies (and the plain ones)
+expect 0 show "$DB" "$LONG"
+has '^score bits +0 \(no score copies\)$'
+expect 0 info "$DB"
+has '^score copies +0 contexts int8 \(score_bits 8\), 0 int4, 4 none$'
+DB5=$T/db5
+"$FIX" scored "$DB5" >"$T/scored" || fail "admin_fixture scored"
+S8=$(awk '$1 == "s8" { print $2 }' "$T/scored")
+S4=$(awk '$1 == "s4" { print $2 }' "$T/scored")
+[ -n "$S8" ] && [ -n "$S4" ] || fail "fixture scored printed: $(cat "$T/scored")"
+expect 0 show "$DB5" "$S8"
+has '^model +test/tiny-llama-s8$'
+has '^score bits +8 \(int8 key copies for kvdb_score\)$'
+expect 0 show "$DB5" "$S4"
+has '^score bits +4 \(int4 key copies for kvdb_score\)$'
+expect 0 show --json "$DB5" "$S8"
+pyjson 'd["context"]["score_bits"] == 8 and d["context"]["model"] == "test/tiny-llama-s8"'
+expect 0 ls --json "$DB5"
+pyjson 'sorted(c["score_bits"] for c in d["contexts"]) == [4, 8]'
+expect 0 info "$DB5"
+has '^score copies +1 contexts int8 \(score_bits 8\), 1 int4, 0 none$'
+expect 0 info --json "$DB5"
+pyjson 'd["score_bits_contexts"] == {"0": 0, "4": 1, "8": 1} and d["models"] == 2'
+expect 0 info --json "$DB"
+pyjson 'd["score_bits_contexts"] == {"0": 4, "4": 0, "8": 0}'
+expect 0 verify "$DB5"
+
 # ---- show with an ambiguous prefix: two contexts whose keys share 8 hex digits
 DB3=$T/db3
 "$FIX" twins "$DB3" >"$T/twins" || fail "admin_fixture twins"

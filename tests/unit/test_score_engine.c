@@ -300,6 +300,7 @@ static void test_tiers_and_reopen(void)
   o.device = KVDB_SCORE_EMULATED;
   o.device_tiers = 1u << KVDB_TIER_SSD;
   o.chunk_tokens = 64;
+  o.host_share_permille = 0; /* the device scores every device-tier block (no APP split) */
   check_batch(db, m, &c, keys, &o, &st, 902);
   ASSERT_EQ(st.dram_copies, (uint64_t)in_dram * copies);
   ASSERT_EQ(st.device_copies, (uint64_t)(nb - in_dram) * copies);
@@ -420,10 +421,43 @@ static void test_smartssd(void)
   kvdb_score_opts o;
   kvdb_score_opts_init(&o);
   o.device = KVDB_SCORE_NEAR_DATA; /* no XRT here: the emulation */
+  o.host_share_permille = 0;
   kvdb_score_stats st;
   check_batch(db, m, &c, c.kv, &o, &st, 1200);
   ASSERT_EQ(st.device_copies, (uint64_t)n_blocks(m) * copies);
   ASSERT_EQ(st.host_copies, 0);
+  /* APP: whatever share of the device-tier blocks the host takes (forced, or chosen by Eq. 4
+   * from the rates the handle measured: the first call splits evenly), the same top k; every
+   * block is scored by exactly one side; a request with k > 64 (selected on the device) too */
+  const int32_t shares[] = {-1, 1, 250, 500, 999, 1000, -1, -1};
+  for (size_t i = 0; i < sizeof shares / sizeof shares[0]; i++) {
+    o.host_share_permille = shares[i];
+    o.chunk_tokens = i % 2 ? 64 : 0;
+    check_batch(db, m, &c, c.kv, &o, &st, 1200); /* the same queries: the same results */
+    ASSERT_EQ(st.device_copies + st.host_copies, (uint64_t)n_blocks(m) * copies);
+    uint64_t want_host = ((uint64_t)n_blocks(m) * (uint32_t)(shares[i] < 0 ? 0 : shares[i]) + 500) /
+                         1000 * copies;
+    if (shares[i] >= 0)
+      ASSERT_EQ(st.host_copies, want_host);
+    if (i == 0) /* the first APP call: the host's rate is unknown, an even split measures it */
+      ASSERT_EQ(st.host_copies, (uint64_t)(n_blocks(m) / 2) * copies);
+  }
+  float qa[128];
+  make_query(m, 1, 4242, qa, NULL);
+  uint32_t pa[200], pb[200];
+  float sa[200], sb[200];
+  kvdb_score_req ra = {1, 1, qa, 1, 200, pa, sa}, rb = {1, 1, qa, 1, 200, pb, sb};
+  o.host_share_permille = 0;
+  ASSERT_OK(kvdb_score_batch(db, m, &c.key, KVDB_F32, &ra, 1, &o, &st));
+  ASSERT_EQ(st.device_to_host_bytes, 200 * 8); /* k > 64: the device's top k once */
+  o.host_share_permille = 1000;
+  ASSERT_OK(kvdb_score_batch(db, m, &c.key, KVDB_F32, &rb, 1, &o, &st));
+  ASSERT_EQ(st.device_copies, 0);
+  ASSERT(memcmp(pa, pb, sizeof pa) == 0 && memcmp(sa, sb, sizeof sa) == 0);
+  o.host_share_permille = 1001;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_score_batch(db, m, &c.key, KVDB_F32, &ra, 1, &o, &st));
+  ASSERT_MSG_HAS("host_share_permille");
+  o.host_share_permille = -1;
   check_batch(db, m, &c, c.kv, NULL, &st, 1201);
   ASSERT_EQ(st.host_copies, (uint64_t)n_blocks(m) * copies);
   kvdb_verify_report vr;

@@ -249,7 +249,18 @@ static void json_context(jw *j, const char *key, const kvdb_context_info *ci)
   char cfg[48];
   jw_str(j, "config", kvdb_config_name(&ci->config, cfg, sizeof cfg));
   jw_bool(j, "has_profile", ci->has_profile != 0);
+  jw_u64(j, "score_bits", ci->score_bits);
   jw_end(j);
+}
+
+/* "8 (int8 key copies for kvdb_score)" or "0 (none)". */
+static const char *score_text(uint32_t bits, char *buf, size_t cap)
+{
+  if (bits == 0)
+    snprintf(buf, cap, "0 (no score copies)");
+  else
+    snprintf(buf, cap, "%" PRIu32 " (int%" PRIu32 " key copies for kvdb_score)", bits, bits);
+  return buf;
 }
 
 /* ---- info --------------------------------------------------------------------------------- */
@@ -267,6 +278,24 @@ static int cmd_info(const cli *c)
     return finish(&r, fail_kv(&r, st));
   uint64_t dead = s.segment_file_bytes > s.live_bytes ? s.segment_file_bytes - s.live_bytes : 0;
   double dead_frac = s.segment_file_bytes > 0 ? (double)dead / (double)s.segment_file_bytes : 0.0;
+  /* contexts by their model's score_bits (kvdb_score copies): 0, 4, 8 */
+  uint64_t by_bits[3] = {0, 0, 0};
+  kvdb_iter *it;
+  st = kvdb_iter_open(r.db, &it);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  for (;;) {
+    kvdb_context_info ci;
+    st = kvdb_iter_next(it, &ci);
+    if (st == KVDB_NOTFOUND)
+      break;
+    if (st != KVDB_OK) {
+      kvdb_iter_close(it);
+      return finish(&r, fail_kv(&r, st));
+    }
+    by_bits[ci.score_bits == 8 ? 2 : ci.score_bits == 4 ? 1 : 0]++;
+  }
+  kvdb_iter_close(it);
 
   if (c->json) {
     jw *j = &r.j;
@@ -282,6 +311,11 @@ static int cmd_info(const cli *c)
     jw_u64(j, "catalog_bytes", s.catalog_bytes);
     jw_bool(j, "direct_io", s.direct_io);
     jw_bool(j, "io_uring", s.io_uring);
+    jw_obj(j, "score_bits_contexts"); /* contexts by their model's score_bits */
+    jw_u64(j, "0", by_bits[0]);
+    jw_u64(j, "4", by_bits[1]);
+    jw_u64(j, "8", by_bits[2]);
+    jw_end(j);
     jw_obj(j, "tiers");
     for (int t = 0; t < KVDB_TIER_COUNT; t++) {
       jw_obj(j, tier_name((uint32_t)t));
@@ -300,6 +334,8 @@ static int cmd_info(const cli *c)
   kv_line("format version", "%" PRIu32, s.format_version);
   kv_line("models", "%" PRIu32, s.n_models);
   kv_line("contexts", "%" PRIu64, s.n_contexts);
+  kv_line("score copies", "%" PRIu64 " contexts int8 (score_bits 8), %" PRIu64 " int4, %" PRIu64
+          " none", by_bits[2], by_bits[1], by_bits[0]);
   kv_line("blocks", "%" PRIu64, s.n_blocks);
   kv_line("segments", "%" PRIu64, s.n_segments);
   kv_line("segment files", "%s", size_exact(s.segment_file_bytes, b, sizeof b));
@@ -579,6 +615,7 @@ static int cmd_show(const cli *c)
   kv_line("last access", "%s", fmt_time(ci.last_access_unix_ms, 1, b, sizeof b));
   char nm[48];
   kv_line("config", "%s", kvdb_config_name(&ci.config, nm, sizeof nm));
+  kv_line("score bits", "%s", score_text(ci.score_bits, b, sizeof b));
   if (n_prof == 0) {
     kv_line("profile", "none (kvdb_put_ex with KVDB_PUT_PROFILE, or kvdb_profile)");
     return finish(&r, EXIT_OKAY);
@@ -970,7 +1007,8 @@ static int cmd_probe(const cli *c)
 
 static const command commands[] = {
   {"info", "DIR", 1, "format version, tiers, segments, space and I/O mode",
-   "Print the on-disk format version, the number of models, contexts, blocks and segments,\n"
+   "Print the on-disk format version, the number of models, contexts (and how many keep int8\n"
+   "or int4 score copies for kvdb_score: their model's score_bits), blocks and segments,\n"
    "the bytes of the segment files against the live bytes in them (the dead fraction is what\n"
    "compact can reclaim), the catalog size, whether segment I/O uses O_DIRECT and io_uring,\n"
    "and per tier its capacity, bytes, blocks and contexts. Opens the database read-only.\n",
@@ -984,7 +1022,9 @@ static const command commands[] = {
   {"show", "DIR KEY", 2, "one context in detail",
    "Print one context in detail. KEY is the context key, 32 hex digits as ls prints it, or a\n"
    "prefix of at least 8 hex digits that only one context key starts with. An ambiguous prefix\n"
-   "is an error that names the candidates. Opens the database read-only.\n",
+   "is an error that names the candidates. Also shows its config, its model's score bits (8 or\n"
+   "4: int8 or int4 key copies kvdb_score ranks tokens on; 0: none) and its quality profile.\n"
+   "Opens the database read-only.\n",
    cmd_show},
   {"verify", "DIR", 1, "read every block, check every checksum and the catalog",
    "Read every block and check every checksum, and check the catalog against the segment\n"
