@@ -10,16 +10,24 @@
  * order-0 bound; the noisy planes do not shrink and are stored raw, so they cost a memcpy to
  * decode. Each page group is compressed alone (codec.h "PAGE GROUPS").
  *
- * zstd runs on static contexts carved from the caller's scratch (ZSTD_initStaticCCtx /
- * ZSTD_initStaticDCtx): no allocation. Single-shot decompression into a flat buffer of the
- * exact plane size needs no window buffer, so a hostile frame cannot make the decoder write
+ * Decoding runs on a static context carved from the caller's scratch (ZSTD_initStaticDCtx) or
+ * the caller's kv_codec_dctx: no allocation. Single-shot decompression into a flat buffer of
+ * the exact plane size needs no window buffer, so a hostile frame cannot make the decoder write
  * outside that buffer or ask for memory.
+ *
+ * Encoding uses one zstd compression context per thread, made at the thread's first encode and
+ * freed when the thread exits (thread_cctx): building a context runs libzstd's CPUID check,
+ * which traps to the hypervisor in a VM (~20 us here: longer than compressing a 4 KiB plane, and
+ * the profile of one put encodes hundreds of sections). Where that context cannot be had (out of
+ * memory), the section is encoded on a static context in the caller's scratch, as before: no
+ * call fails for it.
  */
 #define KV_CODEC_INTERNAL
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_initStatic*, ZSTD_estimate* (exported by libzstd.so) */
 #include "codec.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #include <zstd.h>
 #include <zstd_errors.h>
@@ -247,6 +255,33 @@ static size_t zp_scratch_bytes(const kv_section_shape *shape, const kv_codec_par
   return 0;
 }
 
+/* This thread's compression context (see the file's comment), or NULL. */
+static pthread_key_t cctx_key;
+static int cctx_key_ok;
+static pthread_once_t cctx_once = PTHREAD_ONCE_INIT;
+
+static void cctx_free(void *c)
+{
+  ZSTD_freeCCtx(c);
+}
+
+static void cctx_key_make(void)
+{
+  cctx_key_ok = pthread_key_create(&cctx_key, cctx_free) == 0;
+}
+
+static ZSTD_CCtx *thread_cctx(void)
+{
+  if (pthread_once(&cctx_once, cctx_key_make) != 0 || !cctx_key_ok)
+    return NULL;
+  ZSTD_CCtx *c = pthread_getspecific(cctx_key);
+  if (c == NULL && (c = ZSTD_createCCtx()) != NULL && pthread_setspecific(cctx_key, c) != 0) {
+    ZSTD_freeCCtx(c);
+    c = NULL;
+  }
+  return c;
+}
+
 static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src, size_t src_len,
                                  const kv_codec_params *p, void *scratch, size_t scratch_cap,
                                  void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
@@ -267,8 +302,8 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
   size_t cap = scratch_cap;
   uint8_t *ws = kv_codec_scratch_align(scratch, &cap);
   size_t cctx_bytes = align64(zp_cctx_bytes(&info));
-  ZSTD_CCtx *cctx = ZSTD_initStaticCCtx(ws, cctx_bytes);
-  if (cctx == NULL)
+  ZSTD_CCtx *cctx = thread_cctx(), *own = NULL; /* own: the scratch one, made when needed */
+  if (cctx == NULL && (cctx = own = ZSTD_initStaticCCtx(ws, cctx_bytes)) == NULL)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", cctx_bytes, 0);
   uint8_t *plane = ws + cctx_bytes;
 
@@ -298,6 +333,14 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
       if (n > 1 && avail > 0) {
         size_t r = ZSTD_compressCCtx(cctx, d + pos, avail < n - 1 ? avail : n - 1, plane, n,
                                      info.params.zstd_level);
+        if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation &&
+            own == NULL) { /* the thread's context could not grow: the scratch one */
+          if ((cctx = own = ZSTD_initStaticCCtx(ws, cctx_bytes)) == NULL)
+            return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", cctx_bytes,
+                                 0);
+          r = ZSTD_compressCCtx(cctx, d + pos, avail < n - 1 ? avail : n - 1, plane, n,
+                                info.params.zstd_level);
+        }
         if (!ZSTD_isError(r))
           len = r;
         else if (ZSTD_getErrorCode(r) != ZSTD_error_dstSize_tooSmall)
