@@ -8,10 +8,10 @@
  * put one after another into a fresh database, each with distinct tokens, and the mean time of
  * a put is taken over windows of PP_WINDOW puts ending at n_small and at n_large contexts:
  *   off       placement off (the baseline: what a put costs without it)
- *   slack 5   placement EvicPress, DRAM 4 MiB, SSD 8 MiB, no SmartSSD: the tiers overflow long
- *             before n_large, contexts pushed off the SSD are deleted; default slack (5%)
- *   slack 0   the same with placement_slack_pct 0: Algorithm 1 over every context on each put
- *             that overflows a tier
+ *   slack 5   placement EvicPress, DRAM 4 MiB (overflowing long before n_small), SSD unlimited
+ *             (every context stays stored: the store grows), no SmartSSD; default slack (5%)
+ *   slack 0   the same with placement_slack_pct 0: Algorithm 1 over every stored context on
+ *             each put that overflows the DRAM tier
  * and the puts that ran Algorithm 1 over every context are counted (the engine's info line).
  * Figures: per mode ms per put at both sizes; put_ms_growth_<mode> = ms at n_large / ms at
  * n_small (1 = independent of the store's size); put_ms_vs_off = slack 5 at n_large / off.
@@ -49,7 +49,7 @@ static int run_mode(const bench_env *env, const char *name, int placement, doubl
   o.dram_bytes = 4u << 20;
   if (placement) {
     o.placement = KVDB_PLACEMENT_EVICPRESS;
-    o.ssd_bytes = 8u << 20;
+    o.ssd_bytes = 0; /* unlimited: every context stays stored, so the store grows */
     o.placement_slack_pct = slack;
   }
   *full = 0;
@@ -110,7 +110,7 @@ int bench_policy_puts(const bench_env *env, bench_json *j)
       return -1;
   }
   fprintf(o, "\n## placement on put through the engine: %u-token contexts (8 KiB of KV), DRAM "
-             "4 MiB, SSD 8 MiB; ms per put over %u puts ending at %u and %u stored contexts\n",
+             "4 MiB, SSD unlimited; ms per put over %u puts ending at %u and %u stored contexts\n",
           PP_TOKENS, PP_WINDOW, n_small, n_large);
   fprintf(o, "  %-22s %10s %10s %8s %22s\n", "mode", "ms@small", "ms@large", "growth",
           "Algorithm 1 on all (puts)");
