@@ -282,8 +282,8 @@ static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key
   return KVDB_OK;
 }
 
-/* Every stored context, as of txn. */
-static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
+/* An instance without contexts: the settings, the tiers and their figures, as of txn. */
+static kvdb_status inst_start(kvdb *db, MDB_txn *txn, pinst *in)
 {
   memset(in, 0, sizeof *in);
   in->now_ms = kv_now_ms();
@@ -291,6 +291,13 @@ static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
   kv_tier_perf f[KVDB_TIER_COUNT];
   KV_RET(kv_place_figures(db, &in->set, f));
   inst_tiers(in, f);
+  return KVDB_OK;
+}
+
+/* Every stored context, as of txn. */
+static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
+{
+  KV_RET(inst_start(db, txn, in));
   kv_profile_rec *prof = malloc(sizeof *prof);
   if (prof == NULL)
     return kv_fail(KVDB_NOMEM, "profile");
@@ -323,12 +330,7 @@ static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
 /* Context `key` alone (the others are not read), as of txn; in->n is 0 when it is gone. */
 static kvdb_status inst_one(kvdb *db, MDB_txn *txn, const uint8_t key[16], pinst *in)
 {
-  memset(in, 0, sizeof *in);
-  in->now_ms = kv_now_ms();
-  KV_RET(kv_place_settings(db, txn, &in->set));
-  kv_tier_perf f[KVDB_TIER_COUNT];
-  KV_RET(kv_place_figures(db, &in->set, f));
-  inst_tiers(in, f);
+  KV_RET(inst_start(db, txn, in));
   kv_ctx_rec cr;
   kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
   if (rc == KVDB_NOTFOUND) {
