@@ -315,8 +315,9 @@ typedef struct kvdb_options {
    * kvdb_tier_probe), and frequency is the context's access count halved every
    * freq_half_life_s (kept in the catalog). Then:
    * - a put measures the context's profile (as with KVDB_PUT_PROFILE, over "lossless,int8,int4,
-   *   int2" unless opts->profile_space says otherwise) and, once the put is durable, places
-   *   it: the context takes its best (tier, config); then, while a tier holds more than its
+   *   int2" unless opts->profile_space says otherwise), is written in the config its best
+   *   place on the SSD tier has (whatever opts->config asks: it is written once), and, once
+   *   durable, is placed: the context takes its best (tier, config); then, while a tier holds more than its
    *   capacity (dram_bytes, ssd_bytes, smartssd_bytes), the cheapest operation — re-encode a
    *   context on that tier to a smaller config, or move it to the next tier — is applied,
    *   tier after tier (Algorithm 1), down to placement_slack_pct below the capacities. While

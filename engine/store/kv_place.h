@@ -138,6 +138,15 @@ void kv_place_view_drop(kvdb *db);
  * (the put stands). */
 void kv_place_after_put(kvdb *db, const uint8_t key[16]);
 
+/* Before a put with placement on, from the context's measured profile alone: when its best
+ * place is the SSD tier (cached in DRAM or not), *cfg becomes the config the placement will
+ * choose there, so that the put writes it once (kv_place_after_put then finds it placed; when
+ * other contexts make it place the context elsewhere, it moves it as before). *cfg is left as
+ * it is otherwise (a SmartSSD place: the put writes to the SSD first). */
+kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_tokens,
+                                const uint8_t model_hash[16], uint64_t n_tokens,
+                                const kv_profile_rec *prof, kvdb_config *cfg);
+
 /* Re-profiling (EvicPress §4.3), in kvdb_report_quality's write transaction with the context's
  * record `cr` and its profile `p` (the report already averaged in): when placement is on and
  * the stored config's reported quality has drifted below its profiled quality by more than

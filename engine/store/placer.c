@@ -187,13 +187,12 @@ static void inst_tiers(pinst *in, const kv_tier_perf *f)
   in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE ? KV_POLICY_PER_BYTE : KV_POLICY_LEAST_DROP;
 }
 
-/* One context into the instance. */
-static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key[16],
-                            const kv_ctx_rec *cr, kv_profile_rec *prof)
+/* One context into the instance, from what the catalog (or a put about to be written) says:
+ * its record, its model (index into models), the tier it is on, its quality profile (NULL:
+ * none) and its access record (NULL: none kept). */
+static kvdb_status inst_put(pinst *in, const uint8_t key[16], const kv_ctx_rec *cr, long mi,
+                            uint32_t tier, const kv_profile_rec *prof, const kv_ctxstats *cs)
 {
-  long mi = model_index(db, txn, in, cr->model);
-  if (mi < 0)
-    return KVDB_OK; /* no model record: [C1]-style damage, left to verify; not placed */
   const kv_model_rec *mr = &in->models[mi].rec;
   if (in->n == in->cap) {
     size_t nc = in->cap ? 2 * in->cap : 64;
@@ -212,7 +211,7 @@ static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key
   memset(c, 0, sizeof *c);
   memcpy(me->key, key, 16);
   me->model = (uint32_t)mi;
-  me->tier = kv_ctx_tier(db, txn, cr);
+  me->tier = tier;
   me->cur = cr->config;
   me->opt0 = in->n_opt;
   uint64_t tok_bytes = (uint64_t)mr->n_layers * mr->n_kv_heads * mr->head_dim * 2 *
@@ -222,53 +221,40 @@ static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key
    * decoded size there is made larger than the tier */
   uint64_t dec_drop = in->set.dram_bytes + 1;
   int have_cur = 0;
-  kvdb_status rc = kv_cat_get_profile(&db->cat, txn, key, prof);
-  if (rc == KVDB_OK) {
-    for (uint32_t e = 0; e < prof->n_entries; e++) {
-      const kvdb_profile_entry *pe = &prof->e[e];
-      int is_cur = kv_config_equal(&pe->config, &cr->config);
-      if (!is_cur && (pe->config.method == KVDB_METHOD_DROP ||
-                      !kv_config_reachable(&cr->config, &pe->config)))
-        continue;
-      int dup = 0;
-      for (size_t o = me->opt0; o < in->n_opt && !dup; o++)
-        dup = kv_config_equal(&in->opt[o].config, &pe->config);
-      if (dup)
-        continue;
-      double q = !isnan(pe->reported_quality) ? pe->reported_quality : pe->quality;
-      if (isnan(q)) {
-        if (!is_cur && !kv_config_exact(&pe->config))
-          continue; /* unmeasured */
-        q = 1.0;
-      }
-      uint64_t bytes = is_cur ? cr->bytes : pe->bytes;
-      if (bytes == 0)
-        continue;
-      KV_RET(add_option(in, &pe->config, bytes, q,
-                        pe->config.method == KVDB_METHOD_DROP ? dec_drop : dec));
-      have_cur |= is_cur;
+  for (uint32_t e = 0; prof != NULL && e < prof->n_entries; e++) {
+    const kvdb_profile_entry *pe = &prof->e[e];
+    int is_cur = kv_config_equal(&pe->config, &cr->config);
+    if (!is_cur && (pe->config.method == KVDB_METHOD_DROP ||
+                    !kv_config_reachable(&cr->config, &pe->config)))
+      continue;
+    int dup = 0;
+    for (size_t o = me->opt0; o < in->n_opt && !dup; o++)
+      dup = kv_config_equal(&in->opt[o].config, &pe->config);
+    if (dup)
+      continue;
+    double q = !isnan(pe->reported_quality) ? pe->reported_quality : pe->quality;
+    if (isnan(q)) {
+      if (!is_cur && !kv_config_exact(&pe->config))
+        continue; /* unmeasured */
+      q = 1.0;
     }
-  } else if (rc != KVDB_NOTFOUND) {
-    return rc;
+    uint64_t bytes = is_cur ? cr->bytes : pe->bytes;
+    if (bytes == 0)
+      continue;
+    KV_RET(add_option(in, &pe->config, bytes, q,
+                      pe->config.method == KVDB_METHOD_DROP ? dec_drop : dec));
+    have_cur |= is_cur;
   }
-  kv_clear_error();
   if (!have_cur) /* no profile, or it lacks the stored config */
     KV_RET(add_option(in, &cr->config, cr->bytes, 1.0,
                       cr->config.method == KVDB_METHOD_DROP ? dec_drop : dec));
   c->n_options = (uint32_t)(in->n_opt - me->opt0);
   c->raw_bytes = cr->n_tokens * tok_bytes > 0 ? cr->n_tokens * tok_bytes : 1;
   c->n_tokens = cr->n_tokens > 0 ? cr->n_tokens : 1;
-  kv_ctxstats cs;
-  int cached = 0;
   double hl = in->set.half_life_s * 1000.0;
-  if (kv_cat_get_ctxstats(&db->cat, txn, key, &cs) == KVDB_OK) {
-    c->frequency = kv_ctxstats_freq_at(&cs, in->now_ms, hl);
-    cached = (cs.flags & KV_CTXS_CACHED) != 0;
-  } else {
-    kv_clear_error();
-    kv_ctxstats one = {.freq = 1.0, .freq_ms = cr->last_access_ms};
-    c->frequency = kv_ctxstats_freq_at(&one, in->now_ms, hl);
-  }
+  kv_ctxstats one = {.freq = 1.0, .freq_ms = cr->last_access_ms};
+  c->frequency = kv_ctxstats_freq_at(cs != NULL ? cs : &one, in->now_ms, hl);
+  int cached = cs != NULL && (cs->flags & KV_CTXS_CACHED) != 0;
   uint32_t t = me->tier;
   if (in->ptier[t] < 0 || t == KVDB_TIER_DRAM)
     t = KVDB_TIER_SSD; /* a tier this handle does not place on: planned as SSD */
@@ -280,6 +266,25 @@ static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key
                                  cached && in->ptier[KVDB_TIER_DRAM] == 0 ? 1u : 0u};
   in->n++;
   return KVDB_OK;
+}
+
+/* One stored context into the instance (its profile and access record read as of txn;
+ * `prof` is a buffer for the profile). */
+static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key[16],
+                            const kv_ctx_rec *cr, kv_profile_rec *prof)
+{
+  long mi = model_index(db, txn, in, cr->model);
+  if (mi < 0)
+    return KVDB_OK; /* no model record: [C1]-style damage, left to verify; not placed */
+  kvdb_status rc = kv_cat_get_profile(&db->cat, txn, key, prof);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc;
+  kv_clear_error();
+  kv_ctxstats cs;
+  int have_cs = kv_cat_get_ctxstats(&db->cat, txn, key, &cs) == KVDB_OK;
+  kv_clear_error();
+  return inst_put(in, key, cr, mi, kv_ctx_tier(db, txn, cr), rc == KVDB_OK ? prof : NULL,
+                  have_cs ? &cs : NULL);
 }
 
 /* An instance without contexts: the settings, the tiers and their figures, as of txn. */
@@ -746,6 +751,70 @@ void kv_place_after_put(kvdb *db, const uint8_t key[16])
 void kv_place_context(kvdb *db, const uint8_t key[16])
 {
   place_one(db, key, 0, "after re-profiling");
+}
+
+/* ---- before a put ------------------------------------------------------------------------ */
+
+kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_tokens,
+                                const uint8_t model_hash[16], uint64_t n_tokens,
+                                const kv_profile_rec *prof, kvdb_config *cfg)
+{
+  if (db->place == NULL || prof == NULL)
+    return KVDB_OK;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  pinst in;
+  kvdb_status rc = inst_start(db, txn, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  kv_ctx_rec cr;
+  memset(&cr, 0, sizeof cr);
+  cr.config = *cfg;
+  cr.n_tokens = n_tokens;
+  cr.last_access_ms = in.now_ms; /* a new context: one access, now */
+  memcpy(cr.model, model_hash, 16);
+  for (uint32_t e = 0; e < prof->n_entries && cr.bytes == 0; e++)
+    if (kv_config_equal(&prof->e[e].config, cfg))
+      cr.bytes = prof->e[e].bytes;
+  rc = grow((void **)&in.models, &in.cap_models, 1, sizeof *in.models) != 0
+           ? kv_fail(KVDB_NOMEM, "placement model")
+           : KVDB_OK;
+  if (rc == KVDB_OK) {
+    pmodel *pm = &in.models[in.n_models++];
+    memset(pm, 0, sizeof *pm);
+    memcpy(pm->hash, model_hash, 16);
+    snprintf(pm->id, sizeof pm->id, "%s", m->id);
+    pm->rec = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
+                             .head_dim = m->head_dim, .dtype = (uint32_t)m->dtype,
+                             .block_tokens = block_tokens,
+                             .score_bits = m->score_bits};
+    memcpy(pm->rec.hash, model_hash, 16);
+    if (cr.bytes == 0) /* the asked config is not profiled (raw, usually): its data regions */
+      cr.bytes = decoded_bytes(&pm->rec, n_tokens);
+    uint8_t key[16] = {0};
+    rc = inst_put(&in, key, &cr, 0, KVDB_TIER_SSD, prof, NULL);
+  }
+  if (rc == KVDB_OK && in.n == 1) {
+    in.pc[0].options = &in.opt[in.meta[0].opt0];
+    for (uint32_t t = 0; t < in.n_tiers; t++)
+      in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
+    kv_policy_plan plan;
+    kv_policy_err perr;
+    size_t zero = 0;
+    rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
+    if (rc != KVDB_OK) {
+      rc = kv_fail(rc, "placement: %s", perr.msg);
+    } else {
+      for (size_t i = 0; i < plan.n_moves; i++) {
+        const kv_policy_move *mv = &plan.moves[i];
+        if (mv->to.tier != KV_POLICY_NONE && in.ktier[mv->to.tier] == KVDB_TIER_SSD)
+          *cfg = opt_of(&in, 0, mv->to.option)->config;
+      }
+      kv_policy_plan_free(&plan);
+    }
+  }
+  inst_free(&in);
+  return rc;
 }
 
 /* ---- re-profiling (EvicPress §4.3) -------------------------------------------------------- */

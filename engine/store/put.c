@@ -922,6 +922,26 @@ kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   return kvdb_put_ex(db, m, tokens, n, kv, NULL, info);
 }
 
+/* Whether config c can store every block of an n-token put (a full block and the tail). */
+static int config_fits(const kvdb_config *c, const kvdb_model *m, uint32_t bt, size_t n)
+{
+  if (c->method == KVDB_METHOD_RAW)
+    return 1;
+  uint32_t sizes[2] = {n >= bt ? bt : 0, (uint32_t)(n % bt)};
+  for (int i = 0; i < 2; i++) {
+    kv_block_geom g;
+    if (sizes[i] == 0)
+      continue;
+    if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                           sizes[i]) != KVDB_OK ||
+        kv_cblock_bound(c, &g) == 0) {
+      kv_clear_error();
+      return 0;
+    }
+  }
+  return 1;
+}
+
 kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                         const kvdb_kv_view *kv, const kvdb_put_opts *opts, kvdb_put_info *info)
 {
@@ -951,6 +971,22 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     return kv_fail(KVDB_NOMEM, "put of %u blocks", r.n);
   const uint8_t *prev = r.mh;
   kvdb_status rc = KVDB_OK;
+  if (o.flags & KVDB_PUT_PROFILE) {
+    r.profile = malloc(sizeof *r.profile);
+    if (r.profile == NULL) {
+      rc = kv_fail(KVDB_NOMEM, "profile");
+      goto out;
+    }
+    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
+                         .space = o.profile_space, .heads = o.profile_heads};
+    KV_ERR(kv_profile_measure(&ps, r.profile));
+    /* placement on: write it once in the config the placement will choose on the SSD */
+    kvdb_config pc = r.cfg;
+    if (kv_place_put_config(db, m, bt, r.mh, n, r.profile, &pc) == KVDB_OK &&
+        kvdb_config_check(m, &pc) == KVDB_OK && config_fits(&pc, m, bt, n))
+      r.cfg = pc;
+    kv_clear_error(); /* only a hint: the placement after the put decides */
+  }
   for (uint32_t i = 0; i < r.n; i++) {
     put_blk *b = &r.b[i];
     b->t0 = (uint64_t)i * bt;
@@ -974,16 +1010,6 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     }
   }
   memcpy(r.ctx, r.b[r.n - 1].hash, 16);
-  if (o.flags & KVDB_PUT_PROFILE) {
-    r.profile = malloc(sizeof *r.profile);
-    if (r.profile == NULL) {
-      rc = kv_fail(KVDB_NOMEM, "profile");
-      goto out;
-    }
-    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
-                         .space = o.profile_space, .heads = o.profile_heads};
-    KV_ERR(kv_profile_measure(&ps, r.profile));
-  }
   rc = put_run(db, &r, info);
   if (rc == KVDB_OK)
     kv_place_after_put(db, r.ctx); /* placement on: place it (Algorithm 1) */

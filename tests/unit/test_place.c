@@ -10,7 +10,8 @@
  * every put, every stored context readable (exact configs bit-exact, lossy ones exactly as a
  * re-encoding to the chosen config gives), the hottest context kept in DRAM and the DRAM tier
  * admitting only what the placement keeps there; tier figures (kvdb_tier_probe); option checks.
- * Between puts: a put places its context alone while it fits (Algorithm 1 over every context
+ * Between puts: a put is written once, in the config the placement chooses (not as asked and
+ * then re-encoded); it places its context alone while it fits (Algorithm 1 over every context
  * only on overflow, fewer times with more slack), and after another process wrote or this
  * handle relocated outside the placement, Algorithm 1 runs over everything again.
  */
@@ -530,8 +531,19 @@ static void test_place_between_puts(void)
   kvdb *db;
   ASSERT_OK(kvdb_open(dir, &o, &db));
   kvdb_key keys[8];
-  for (int i = 0; i < 8; i++)
+  int written_once = 0;
+  for (int i = 0; i < 8; i++) {
+    kvdb_stats s0, s1;
+    ASSERT_OK(kvdb_stat(db, &s0));
     keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+    ASSERT_OK(kvdb_stat(db, &s1));
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci));
+    /* the put wrote it once, in the config the placement chose, whatever was asked */
+    ASSERT_EQ(s1.bytes_written - s0.bytes_written, ci.bytes);
+    written_once += ci.config.method != KVDB_METHOD_RAW;
+  }
+  ASSERT(written_once > 0); /* asked raw, placed otherwise: no second write */
   ASSERT_EQ(runs, 1);
   kvdb_place_plan plan;
   ASSERT_OK(kvdb_rebalance_plan(db, &plan));
