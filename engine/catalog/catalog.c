@@ -336,8 +336,6 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
   return KVDB_OK;
 }
 
-static _Thread_local uint64_t last_commit; /* kv_txn_last_commit */
-
 kvdb_status kv_txn_commit(MDB_txn *txn)
 {
   kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
@@ -359,14 +357,8 @@ kvdb_status kv_txn_commit(MDB_txn *txn)
     pthread_mutex_lock(&c->own_mu);
     c->own_ids[c->own_next++ % KV_CAT_OWN_IDS] = id;
     pthread_mutex_unlock(&c->own_mu);
-    last_commit = id;
   }
   return KVDB_OK;
-}
-
-uint64_t kv_txn_last_commit(void)
-{
-  return last_commit;
 }
 
 kvdb_status kv_cat_track_commits(kv_catalog *c)

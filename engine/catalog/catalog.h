@@ -172,12 +172,10 @@ kvdb_status kv_txn_commit(MDB_txn *txn);
  * read-write catalog; call before other threads use it). kv_cat_own_since(c, since, upto) is 1
  * when every transaction committed with an id in (since, upto] is one this catalog committed
  * through kv_txn_commit (recorded: at most KV_CAT_OWN_IDS of them), else 0: another handle or
- * process wrote, or too many commits to tell. kv_txn_last_commit is the id of the last write
- * transaction the calling thread committed through kv_txn_commit with tracking on (0: none).
+ * process wrote, or too many commits to tell.
  */
 kvdb_status kv_cat_track_commits(kv_catalog *c);
 int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto);
-uint64_t kv_txn_last_commit(void);
 
 /* Typed gets: KVDB_NOTFOUND when absent, KVDB_CORRUPT when the record does not decode. */
 kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r);
