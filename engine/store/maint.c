@@ -208,7 +208,7 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
     kvdb_status st = kv_block_read_verify(db, &br, k.mv_data, buf, &hdr);
     if (st == KVDB_OK)
       report->bytes_checked += br.bytes;
-    else if (!(st == KVDB_NOTFOUND && seg_gone_now(db, br.segment)))
+    else if (!seg_gone_now(db, br.segment)) /* else moved by a compaction meanwhile */
       problem(&v, st, "%s", kvdb_errmsg());
   }
   mdb_cursor_close(cur);
@@ -236,14 +236,17 @@ kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn p
     kv_segfile *sf;
     kvdb_status st = kv_segfile_get(db, id, &sf);
     if (st != KVDB_OK) {
-      if (!(st == KVDB_NOTFOUND && seg_gone_now(db, id)))
+      if (!seg_gone_now(db, id))
         problem(&v, KVDB_CORRUPT, "segment %" PRIu64 ": %s", id, kvdb_errmsg());
       continue;
     }
     uint64_t size = 0;
-    if (db->io->ops->size(db->io, sf->f, &size) == 0 && size < sr.end)
-      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 " file has %" PRIu64 " bytes, %" PRIu64 " committed",
-              id, size, sr.end);
+    char path[4200];
+    if (db->io->ops->size(db->io, sf->f, &size) == 0 && size < sr.end &&
+        kv_seg_path(db, id, path, sizeof path) == KVDB_OK)
+      problem(&v, KVDB_CORRUPT, "segment %" PRIu64 " file '%s' has %" PRIu64 " bytes, %" PRIu64
+              " committed: %" PRIu64 " bytes of blocks lie past the file's end", id, path, size,
+              sr.end, sr.end - size);
     kv_segfile_put(db, sf);
   }
   mdb_cursor_close(cur);
@@ -266,7 +269,14 @@ typedef struct mv {
   int moved;
 } mv;
 
-static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep)
+/* Blocks a compaction left in place because they failed verification (a damaged block, a
+ * missing or short segment file): kvdb_compact goes on and then returns KVDB_CORRUPT. */
+typedef struct damage {
+  uint64_t blocks;
+  char first[512]; /* the first one's message */
+} damage;
+
+static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep, damage *dmg)
 {
   MDB_txn *txn;
   MDB_cursor *cur;
@@ -328,9 +338,12 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     kv_block_hdr hdr;
     kvdb_status vr = kv_block_read_verify(db, &br, list[i].hash, buf, &hdr);
     if (vr != KVDB_OK) {
-      /* NOTFOUND: another handle compacted this segment away meanwhile (see `gone`) */
-      kv_log(&db->log, vr == KVDB_CORRUPT ? 0 : 2, "compaction leaves a block in place: %s",
-             kvdb_errmsg());
+      /* the segment's record gone: another handle compacted it away meanwhile (see `gone`) */
+      int raced = seg_gone_now(db, id);
+      kv_log(&db->log, vr == KVDB_CORRUPT && !raced ? 0 : 2,
+             "compaction leaves a block in place: %s", kvdb_errmsg());
+      if (vr == KVDB_CORRUPT && !raced && dmg->blocks++ == 0)
+        snprintf(dmg->first, sizeof dmg->first, "%s", kvdb_errmsg());
       continue;
     }
     int e = db->io->ops->pwrite(db->io, kv_writer_file(w), buf, br.bytes, w->end + written);
@@ -493,11 +506,16 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
   }
   mdb_cursor_close(cur);
   mdb_txn_abort(txn);
+  damage dmg = {0};
   for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
-    rc = compact_segment(db, ids[i], report);
+    rc = compact_segment(db, ids[i], report, &dmg);
     if (progress != NULL)
       progress(ctx, i + 1, n);
   }
   free(ids);
+  if (rc == KVDB_OK && dmg.blocks > 0)
+    return kv_fail(KVDB_CORRUPT, "compaction moved every other block; %" PRIu64 " blocks failed "
+                   "verification and stay in place (kvdb_verify lists them), the first: %s",
+                   dmg.blocks, dmg.first);
   return rc;
 }
