@@ -110,6 +110,7 @@ typedef struct pblk { /* a block record rebuilt from its object */
 
 typedef struct pctx { /* a context record rewritten (nw) or dropped (nw NULL) */
   uint8_t key[16];
+  char why[96]; /* dropped: why */
   uint8_t *old, *nw;
   size_t old_len, nw_len;
 } pctx;
@@ -546,7 +547,7 @@ static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, ui
 /* ---- pass 3: each context against its blocks ---- */
 
 static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, uint8_t *nw,
-                            size_t nw_len)
+                            size_t nw_len, const char *why)
 {
   if (v->n_pc == v->cap_pc) {
     size_t cap = v->cap_pc ? 2 * v->cap_pc : 16;
@@ -560,6 +561,7 @@ static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, 
   }
   pctx *p = &v->pc[v->n_pc];
   memcpy(p->key, key, 16);
+  snprintf(p->why, sizeof p->why, "%s", why);
   p->old = dup_bytes(val->mv_data, val->mv_size);
   p->old_len = val->mv_size;
   p->nw = nw;
@@ -593,10 +595,17 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
   if (ctx_decode(val, &cr, &bad_count) != KVDB_OK) {
     problem(v, KVDB_CORRUPT, "context %s: its record does not decode: %s", hexs(key, hx),
             kvdb_errmsg());
-    return v->plan ? plan_ctx(v, key, val, NULL, 0) : KVDB_OK;
+    return v->plan ? plan_ctx(v, key, val, NULL, 0, "its record does not decode") : KVDB_OK;
   }
   int explicit_key = (cr.flags & KV_CTX_EXPLICIT) != 0;
   int drop = 0, skip = 0, known = 1; /* known: every block's record is consistent */
+  char why[96] = "";
+#define DROP(...)                                                                            \
+  do {                                                                                       \
+    if (!drop)                                                                               \
+      snprintf(why, sizeof why, __VA_ARGS__);                                                \
+    drop = 1;                                                                                \
+  } while (0)
   uint64_t sum = 0;
   uint8_t prev[16];
   memcpy(prev, cr.model, 16);
@@ -613,12 +622,12 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
     if (!(st & F_SEEN)) {
       problem(v, KVDB_CORRUPT, "context %s: field blocks[%u]: it lists block %s, which has no "
               "record", hexs(key, hx), b, hexs(h, hb));
-      drop = 1;
+      DROP("block %u (%s) has no record", b, hexs(h, hb));
       known = 0;
       continue;
     }
     if (!ok || (st & F_LOST)) { /* said in pass 2 */
-      drop = 1;
+      DROP("block %u (%s) cannot be rebuilt from a verified object", b, hexs(h, hb));
       known = 0;
       continue;
     }
@@ -630,13 +639,13 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
     if (memcmp(br.model, cr.model, 16) != 0) {
       problem(v, KVDB_CORRUPT, "context %s: field model: %s, but its block %u (%s) is of model %s",
               hexs(key, hx), hexs(cr.model, ha), b, hexs(h, hb), kv_hex16(br.model, (char[33]){0}));
-      drop = 1;
+      DROP("block %u is of another model", b);
     }
     if (explicit_key) {
       if (cr.n_blocks != 1 || memcmp(h, key, 16) != 0 || memcmp(br.parent, cr.model, 16) != 0) {
         problem(v, KVDB_CORRUPT, "context %s: field blocks[%u]: an explicit-key context lists "
                 "block %s", hexs(key, hx), b, hexs(h, hb));
-        drop = 1;
+        DROP("an explicit-key context lists another block");
       }
       continue;
     }
@@ -644,7 +653,7 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
       problem(v, KVDB_CORRUPT, "context %s: block %u (%s): field parent: %s, but block %u of the "
               "context is %s", hexs(key, hx), b, hexs(h, hb), hexs(br.parent, ha), b ? b - 1 : 0,
               b ? kv_hex16(prev, (char[33]){0}) : "its model");
-      drop = 1;
+      DROP("its chain breaks at block %u (parent)", b);
     }
     uint8_t want[16];
     uint32_t *tok = malloc(4 * (size_t)br.n_tokens);
@@ -657,7 +666,7 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
     if (memcmp(want, h, 16) != 0) {
       problem(v, KVDB_CORRUPT, "context %s: field blocks[%u]: %s is not the hash of its parent "
               "and tokens (%s)", hexs(key, hx), b, hexs(h, hb), hexs(want, ha));
-      drop = 1;
+      DROP("its chain breaks at block %u (hash)", b);
     }
     memcpy(prev, h, 16);
   }
@@ -665,7 +674,7 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
     problem(v, KVDB_CORRUPT, "context %s: field blocks[%u]: the key is not the hash of its last "
             "block %s", hexs(key, hx), cr.n_blocks - 1,
             hexs(cr.blocks + 16 * (size_t)(cr.n_blocks - 1), hb));
-    drop = 1;
+    DROP("its key is not the hash of its last block");
   }
   int recount = 0;
   if (known && sum != cr.n_tokens) {
@@ -676,18 +685,20 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
     problem(v, KVDB_CORRUPT, "context %s: field n_tokens: the record says %" PRIu64
             " for %u blocks", hexs(key, hx), cr.n_tokens, cr.n_blocks);
     recount = known;
-    drop |= !known && !skip;
+    if (!known && !skip)
+      DROP("its token count cannot be told");
   }
   if (!v->plan || skip)
     return KVDB_OK;
+#undef DROP
   if (drop)
-    return plan_ctx(v, key, val, NULL, 0);
+    return plan_ctx(v, key, val, NULL, 0, why);
   if (recount) {
     uint8_t *nw = dup_bytes(val->mv_data, val->mv_size);
     if (nw == NULL)
       return kv_fail(KVDB_NOMEM, "repair plan");
     kv_put_le64(nw + 8, sum);
-    return plan_ctx(v, key, val, nw, val->mv_size);
+    return plan_ctx(v, key, val, nw, val->mv_size, "");
   }
   return KVDB_OK;
 }
@@ -1143,7 +1154,7 @@ static kvdb_status apply_plan(rctx *r, vctx *v, MDB_txn *t)
       if (mrc != 0)
         return kv_mdb_fail(mrc, "repair: put context");
     } else {
-      action(r, "drop context %s: it cannot be rebuilt from its blocks", kv_hex16(p->key, ha));
+      action(r, "drop context %s: %s", kv_hex16(p->key, ha), p->why);
       r->rep->contexts_dropped++;
       if (!r->dry)
         KV_RET(drop_ctx(db, t, p->key, p->old, p->old_len));
