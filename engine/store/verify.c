@@ -583,7 +583,10 @@ static int block_now(vctx *v, const uint8_t *hash, kv_block_rec *br, uint8_t *st
     const pblk *p = &v->pb[v->refs.idx[slot] - 1];
     return kv_block_rec_decode(p->nw, p->nw_len, br) == KVDB_OK;
   }
-  return kv_cat_get_block(&v->db->cat, v->txn, hash, br) == KVDB_OK;
+  kvdb_status rc = kv_cat_get_block(&v->db->cat, v->txn, hash, br);
+  if (slot == SIZE_MAX && rc != KVDB_NOTFOUND) /* not in the map (it was full): as read */
+    *state = F_SEEN | (rc == KVDB_OK ? 0 : F_BAD | F_LOST);
+  return rc == KVDB_OK;
 }
 
 static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)

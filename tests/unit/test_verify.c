@@ -13,6 +13,7 @@
 #include "kvdb_test.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "catalog/catalog.h"
 
@@ -337,6 +338,71 @@ static void test_token_flip_short_hit(void)
   t_rmdir(dir);
 }
 
+
+/* Another process deletes context A (whose block record the repair plans to rebuild) and puts
+ * a new context while the repair reads its snapshot (from its progress callback): the write
+ * transaction finds A's record changed and leaves it (skipped), so the deleted block is not
+ * brought back; what still stands is repaired; the new context is untouched. */
+static const char *g_dir;
+static int g_forked;
+static uint32_t TD[48];
+static void fork_writer(void *ctx, uint64_t done, uint64_t total)
+{
+  (void)ctx;
+  (void)done;
+  (void)total;
+  if (g_forked++)
+    return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    kvdb *db = t_open(g_dir, 0);
+    kvdb_key ha[4];
+    if (kvdb_chain_hashes(&M, TA, 64, ha, 4) != KVDB_OK || kvdb_delete(db, &ha[3]) != KVDB_OK)
+      _exit(1);
+    put(db, TD, 48);
+    kvdb_close(db);
+    _exit(0);
+  }
+  int status;
+  ASSERT(waitpid(pid, &status, 0) == pid);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_repair_rechecks(void)
+{
+  char *dir = t_tmpdir("verify");
+  make_db(dir);
+  uint64_t seed = 5;
+  for (int i = 0; i < 48; i++)
+    TD[i] = (uint32_t)(t_rand(&seed) % 32000);
+  kvdb_key ha[4], hc[3], hd[3];
+  ASSERT_OK(kvdb_chain_hashes(&M, TA, 64, ha, 4));
+  ASSERT_OK(kvdb_chain_hashes(&M, TC, 40, hc, 3));
+  ASSERT_OK(kvdb_chain_hashes(&M, TD, 48, hd, 3));
+  edit_record(dir, 0, ha[2].b, e_token);        /* A: planned for a rebuild */
+  edit_record(dir, 1, hc[2].b, e_ctx_n_tokens); /* C: planned for a new count */
+  g_dir = dir;
+  g_forked = 0;
+  kvdb *db = t_open(dir, 0);
+  kvdb_repair_report r;
+  ASSERT_OK(kvdb_repair(db, 0, NULL, fork_writer, NULL, &r));
+  ASSERT_EQ(g_forked > 0, 1);
+  ASSERT_EQ(r.skipped, 1);        /* A's block record changed (deleted) meanwhile */
+  ASSERT_EQ(r.blocks_rebuilt, 0);
+  ASSERT_EQ(r.contexts_rebuilt, 1); /* C's count */
+  ASSERT_EQ(r.contexts_dropped, 0);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_context_info ci;
+  ASSERT_STATUS(KVDB_NOTFOUND, kvdb_context_stat(db, &ha[3], &ci));
+  ASSERT_EQ(get_checked(db, TA, 64), 32); /* B's blocks; A's own stay deleted */
+  ASSERT_OK(kvdb_context_stat(db, &hc[2], &ci));
+  ASSERT_EQ(ci.n_tokens, 40);
+  ASSERT_EQ(get_checked(db, TD, 48), 48);
+  ASSERT_EQ(get_checked(db, TC, 40), 40);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 static void test_bad_input(void)
 {
   char *dir = t_tmpdir("verify");
@@ -374,6 +440,7 @@ int main(void)
   };
   test_bad_input();
   test_token_flip_short_hit();
+  test_repair_rechecks();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     run_case(&cases[i]);
   printf("test_verify: all passed\n");
