@@ -234,6 +234,10 @@ uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
 /* How many contexts have their persistent copy on `tier`. */
 kvdb_status kv_count_tier_contexts(kvdb *db, MDB_txn *txn, uint32_t tier, uint64_t *n);
 
+/* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
+ * moved its blocks and removed its file while the caller read an older snapshot (verify.c). */
+int kv_seg_gone_now(kvdb *db, uint64_t id);
+
 /* ---- maintenance (store/maint.c) ---- */
 void kv_note_access(kvdb *db, const uint8_t key[16]);
 kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn);

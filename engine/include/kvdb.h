@@ -772,7 +772,8 @@ KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
 /** One problem found by kvdb_verify. */
 typedef struct kvdb_problem {
   kvdb_status status; /**< KVDB_CORRUPT (also a missing or short segment file) or KVDB_IOERR */
-  const char *message;/**< names the segment, offset, block; valid during the callback */
+  const char *message;/**< names the context, block and field, or the segment (its file) and
+                           offset; valid during the callback */
 } kvdb_problem;
 typedef void (*kvdb_problem_fn)(void *ctx, const kvdb_problem *p);
 typedef void (*kvdb_progress_fn)(void *ctx, uint64_t done, uint64_t total);
@@ -786,14 +787,72 @@ typedef struct kvdb_verify_report {
 } kvdb_verify_report;
 
 /**
- * @brief Read every block and check every checksum, and the catalog against the segments
- * (refcounts, every context's blocks present, segment live bytes, no block past a file's end;
- * a missing segment file is a KVDB_CORRUPT problem naming the file).
- * Problems go to `on_problem` (optional). @return KVDB_OK when no problem was found,
- * KVDB_CORRUPT when one was, or an error that stopped the check.
+ * @brief Read every block and check every checksum, and the catalog against the segments.
+ *
+ * Each block record of the catalog is compared with the block object where it says the block
+ * lies, once that object proves to be the block (its header's hash, every checksum): fields
+ * n_tokens, bytes, tokens, parent, model, flags (compressed, score bits) and tier; its
+ * refcount with the contexts that list it. Each context record with its blocks: every block
+ * present and of the context's model, the chain (block i's parent is block i-1, or the model
+ * for block 0; its hash is that of its parent and tokens; the key is the last block's hash;
+ * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Then
+ * the segments: files present and as long as committed (a missing or short file is a
+ * KVDB_CORRUPT problem naming the file), live bytes adding up.
+ *
+ * Each disagreement is one problem; its message names the context, the block and the field
+ * ("block B of context C: field tokens: token 5 is 17 in the record, 18 in the block"). All of
+ * it reads one snapshot: other handles and processes may keep writing (a segment compacted
+ * away meanwhile is not a problem). Problems go to `on_problem` (optional).
+ * @return KVDB_OK when no problem was found, KVDB_CORRUPT when one was (report->problems of
+ * them), or an error that stopped the check (KVDB_NOMEM, KVDB_IOERR, KVDB_BUSY).
  */
 KVDB_API kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress,
                                  void *ctx, kvdb_verify_report *report);
+
+/** kvdb_repair flags */
+enum {
+  KVDB_REPAIR_DRY_RUN = 1u << 0, /**< say what would be done; write nothing */
+};
+
+typedef struct kvdb_repair_report {
+  uint64_t problems;         /**< problems the check found (as kvdb_verify counts them) */
+  uint64_t blocks_rebuilt;   /**< block records rewritten from their objects */
+  uint64_t contexts_rebuilt; /**< context records whose token count was rewritten */
+  uint64_t contexts_dropped; /**< contexts deleted: a block of theirs could not be rebuilt */
+  uint64_t blocks_dropped;   /**< block records removed: no context lists them any more */
+  uint64_t refcounts_fixed;  /**< block records whose refcount was set to their contexts */
+  uint64_t segments_fixed;   /**< segment records whose live bytes and blocks were set */
+  uint64_t skipped;          /**< changes left undone: the record changed after the check
+                                  read it (another handle wrote meanwhile): run it again */
+} kvdb_repair_report;
+
+/**
+ * @brief Repair what kvdb_verify finds in the catalog, from the segments.
+ *
+ * Runs kvdb_verify's check on a snapshot and plans: a block record that disagrees with an
+ * object that verifies (its hash, every checksum) is rebuilt from the object (tokens, counts,
+ * sizes, parent, model, flags, tier); a context whose token count disagrees with its blocks
+ * gets theirs; a context that cannot be rebuilt (a block missing, its object damaged or not
+ * where its record says, a broken chain, a record that does not decode) is dropped. Then, in
+ * one write transaction: each record to change is first compared with the bytes the check read
+ * (one that changed meanwhile is skipped and counted); the changes are made; every block's
+ * refcount becomes the number of contexts listing it, blocks no context lists are removed, and
+ * every segment's live bytes and blocks become what its block records add up to. It commits
+ * all or nothing. No rebuilt record says anything its object does not prove, so a later get
+ * delivers the context's full KV or misses; it never delivers other KV. Other handles and
+ * processes may keep using the database meanwhile. Segment data is never changed: a damaged
+ * object's space is reclaimed by kvdb_compact once no record points at it.
+ *
+ * Each change (or, with KVDB_REPAIR_DRY_RUN, each change it would make, the message starting
+ * "would ") goes to `on_action` (optional) as a kvdb_problem of status KVDB_CORRUPT.
+ * `flags`: 0 or KVDB_REPAIR_DRY_RUN (which works on a read-only handle and writes nothing).
+ * @return KVDB_OK (the report says what was done, nothing when the check found nothing);
+ * KVDB_READONLY (a read-only handle without KVDB_REPAIR_DRY_RUN); KVDB_INVALID (unknown flag
+ * bits, named); KVDB_NOMEM; KVDB_FULL; KVDB_IOERR; KVDB_BUSY. On an error nothing was changed.
+ */
+KVDB_API kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
+                                 kvdb_progress_fn progress, void *ctx,
+                                 kvdb_repair_report *report);
 
 typedef struct kvdb_compact_report {
   uint64_t segments_rewritten;
