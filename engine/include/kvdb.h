@@ -969,8 +969,9 @@ typedef struct kvdb_score_opts {
   uint32_t n_threads;         /**< host scoring threads; 0 (default): the online CPUs */
   kvdb_score_device device;   /**< default KVDB_SCORE_CPU */
   uint32_t device_tiers;      /**< tiers whose blocks the device scores, bits (1u << kvdb_tier);
-                                   0 (default): the SmartSSD tier. A real SmartSSD reads only
-                                   files on its own flash; the emulation reads any segment. */
+                                   0 (default): the SmartSSD tier; a bit of no tier:
+                                   KVDB_INVALID. A real SmartSSD reads only files on its own
+                                   flash; the emulation reads any segment. */
   const char *xclbin_path;    /**< NEAR_DATA with XRT: the kernel (NULL: $KVDB_XCLBIN) */
   uint32_t chunk_tokens;      /**< tokens per device run and score block (HIE's n): a multiple
                                    of 64; 0 = 16384 */
