@@ -852,7 +852,8 @@ typedef struct kvdb_profile_entry {
  * defaults) and record it, replacing an earlier one (caller reports are kept). The reference
  * is the context as stored: exact for RAW and LOSSLESS contexts; for lossy ones the figures
  * are relative to the stored approximation (and a config cannot be measured below what is
- * stored: dropped tokens cannot come back), which the entries say by quality NaN.
+ * stored: dropped tokens cannot come back), which the entries say by quality NaN. `opts` is
+ * checked as kvdb_put_ex checks it (struct_size, unknown flag bits: KVDB_INVALID).
  * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_CORRUPT; KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
