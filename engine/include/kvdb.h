@@ -911,7 +911,8 @@ typedef struct kvdb_profile_entry {
  * defaults) and record it, replacing an earlier one (caller reports are kept). The reference
  * is the context as stored: exact for RAW and LOSSLESS contexts; for lossy ones the figures
  * are relative to the stored approximation (and a config cannot be measured below what is
- * stored: dropped tokens cannot come back), which the entries say by quality NaN.
+ * stored: dropped tokens cannot come back), which the entries say by quality NaN. `opts` is
+ * checked as kvdb_put_ex checks it (struct_size, unknown flag bits: KVDB_INVALID).
  * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_CORRUPT; KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
@@ -1028,8 +1029,9 @@ typedef struct kvdb_score_opts {
   uint32_t n_threads;         /**< host scoring threads; 0 (default): the online CPUs */
   kvdb_score_device device;   /**< default KVDB_SCORE_CPU */
   uint32_t device_tiers;      /**< tiers whose blocks the device scores, bits (1u << kvdb_tier);
-                                   0 (default): the SmartSSD tier. A real SmartSSD reads only
-                                   files on its own flash; the emulation reads any segment. */
+                                   0 (default): the SmartSSD tier; a bit of no tier:
+                                   KVDB_INVALID. A real SmartSSD reads only files on its own
+                                   flash; the emulation reads any segment. */
   const char *xclbin_path;    /**< NEAR_DATA with XRT: the kernel (NULL: $KVDB_XCLBIN) */
   uint32_t chunk_tokens;      /**< tokens per device run and score block (HIE's n): a multiple
                                    of 64; 0 = 16384 */

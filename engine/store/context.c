@@ -220,8 +220,14 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
     return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
   kvdb_put_opts o;
   kvdb_put_opts_init(&o);
-  if (opts != NULL)
+  if (opts != NULL) { /* as kvdb_put_ex checks them */
+    if (opts->struct_size < offsetof(kvdb_put_opts, queries) || opts->struct_size > 4096)
+      return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_put_opts_init() first",
+                     opts->struct_size);
     memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
+      return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  }
   kv_queries qs;
   const kv_queries *q;
   KV_RET(kv_opts_queries(&o, m, &qs, &q));

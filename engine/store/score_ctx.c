@@ -925,6 +925,9 @@ kvdb_status kv_score_opts_get(const kvdb_score_opts *opts, kvdb_score_opts *o)
   if (o->device != KVDB_SCORE_CPU && o->device != KVDB_SCORE_NEAR_DATA &&
       o->device != KVDB_SCORE_EMULATED)
     return kv_fail(KVDB_INVALID, "opts->device %d is not a kvdb_score_device", (int)o->device);
+  if ((o->device_tiers & ~((1u << KVDB_TIER_COUNT) - 1)) != 0)
+    return kv_fail(KVDB_INVALID, "opts->device_tiers 0x%x has bits of no kvdb_tier (0x%x)",
+                   o->device_tiers, o->device_tiers & ~((1u << KVDB_TIER_COUNT) - 1));
   if (o->chunk_tokens % 64 != 0)
     return kv_fail(KVDB_INVALID, "opts->chunk_tokens %u is not a multiple of 64",
                    o->chunk_tokens);

@@ -536,6 +536,28 @@ static void test_options(void)
   bad_option(dir, o, "options.use_io_uring");
   /* nothing was created by the refused opens */
   ASSERT_EQ(file_bytes(dir, "catalog.mdb"), 0);
+  /* the options of calls: kvdb_profile's put options as kvdb_put_ex's, score options' tiers */
+  kvdb *db = open_db(dir, KVDB_O_CREATE);
+  kvdb_key ctx = put_ctx(db, 11, 32);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  po.flags = 1u << 9;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_profile(db, &M, &ctx, &po));
+  ASSERT_MSG_HAS("opts->flags");
+  kvdb_put_opts_init(&po);
+  po.struct_size = 4;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_profile(db, &M, &ctx, &po));
+  ASSERT_MSG_HAS("opts->struct_size");
+  kvdb_score_opts so;
+  kvdb_score_opts_init(&so);
+  so.device_tiers = 1u << 5;
+  uint32_t pos[1] = {3};
+  uint16_t kr[64], vr[64];
+  ASSERT_STATUS(KVDB_INVALID, kvdb_get_head_tokens(db, &M, &ctx, 0, 0, pos, 1, kr, vr, &so, NULL));
+  ASSERT_MSG_HAS("opts->device_tiers");
+  so.device_tiers = 1u << KVDB_TIER_SSD;
+  ASSERT_OK(kvdb_get_head_tokens(db, &M, &ctx, 0, 0, pos, 1, kr, vr, &so, NULL));
+  kvdb_close(db);
   /* the documented values open */
   for (int lvl = -1; lvl <= 3; lvl++)
     for (int b = 0; b < 4; b++) {
@@ -543,13 +565,13 @@ static void test_options(void)
       o.log_level = lvl;
       o.use_direct_io = b & 1;
       o.use_io_uring = b >> 1;
-      kvdb *db;
       ASSERT_OK(kvdb_open(dir, &o, &db));
       kvdb_close(db);
     }
   t_rmdir(dir);
   printf("options: unknown flag bits, log_level outside -1..3, use_direct_io and use_io_uring "
-         "outside 0/1: KVDB_INVALID naming the field\n");
+         "outside 0/1, profile's put options, score options' device_tiers: KVDB_INVALID naming "
+         "the field\n");
 }
 
 /* ---- 6: missing or truncated segments -------------------------------------------------------- */
