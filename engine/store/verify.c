@@ -10,7 +10,9 @@
  *
  *   pass 1  contexts: count the contexts listing each block, remember the first one (names it)
  *   pass 2  blocks: each record against its object (n_tokens, bytes, tokens, parent, model,
- *           flags, tier), refcount against the count, location inside its segment
+ *           flags, tier), refcount against the count; a record whose offset does not lead to
+ *           its block: the segment is scanned (once) for the block's header, and the one
+ *           copy found is the object (none or several: the location cannot be told)
  *   pass 3  contexts again: each against its blocks (every block present and of its model, the
  *           chain: block i's parent is block i-1 and its hash is that of its parent and tokens,
  *           the key is the last block's hash; n_tokens is the sum of its blocks' tokens)
