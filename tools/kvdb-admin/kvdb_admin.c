@@ -1308,7 +1308,8 @@ int main(int argc, char **argv)
   if (c.repair && c.cmd->run != cmd_verify)
     return usage_error(c.cmd, "option '--repair' applies to verify only");
   if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
-    return usage_error(c.cmd, "option '--dry-run' applies to rebalance and verify --repair only");
+    return usage_error(c.cmd,
+                       "option '--dry-run' applies to rebalance only (and to verify --repair)");
   if (c.n_pos < c.cmd->n_pos)
     return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
   if (c.n_pos > c.cmd->n_pos || n_extra > 0)
