@@ -297,15 +297,17 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   char hx[33], hy[33];
   *misplaced = 1; /* until the object there proves to be this block */
   if (off % KV_PAGE != 0 || off >= end || end - off < KV_PAGE)
-    return kv_fail(KVDB_CORRUPT, "field segment/offset: offset %" PRIu64 " is not a block's place in segment %" PRIu64
-                   " (committed end %" PRIu64 ")", off, seg, end);
+    return kv_fail(KVDB_CORRUPT, "field segment/offset: offset %" PRIu64
+                   " is not a block's place in segment %" PRIu64 " (committed end %" PRIu64 ")",
+                   off, seg, end);
   uint64_t want = bytes >= KV_PAGE && bytes % KV_PAGE == 0 && bytes <= end - off ? bytes : KV_PAGE;
   KV_RET(grow_buf(v, want));
   kv_segfile *sf;
   kvdb_status rc = kv_segfile_get(db, seg, &sf);
   if (rc != KVDB_OK)
-    return rc == KVDB_NOTFOUND && seg_gone_now(db, seg) ? KVDB_NOTFOUND
-                                                         : kv_fail(KVDB_CORRUPT, "%s", kvdb_errmsg());
+    return rc == KVDB_NOTFOUND && seg_gone_now(db, seg)
+               ? KVDB_NOTFOUND
+               : kv_fail(KVDB_CORRUPT, "%s", kvdb_errmsg());
   int e = db->io->ops->pread(db->io, sf->f, v->buf, want, off);
   if (e == 0) {
     *misplaced = 0;
@@ -321,8 +323,9 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
                    " holds block %s, not %s",
                    seg, off, hexs(hdr->block_hash, hx), hexs(hash, hy));
     else if (hdr->obj.total_bytes > end - off)
-      rc = kv_fail(KVDB_CORRUPT, "field segment/offset: the object of block %s at offset %" PRIu64 " of segment %" PRIu64
-                   " (%" PRIu64 " bytes) runs past the committed end %" PRIu64,
+      rc = kv_fail(KVDB_CORRUPT, "field segment/offset: the object of block %s at offset %" PRIu64
+                   " of segment %" PRIu64 " (%" PRIu64 " bytes) runs past the committed end %"
+                   PRIu64,
                    hexs(hash, hx), off, seg, hdr->obj.total_bytes, end);
     else if (hdr->obj.total_bytes != want) {
       rc = grow_buf(v, hdr->obj.total_bytes);

@@ -129,7 +129,11 @@ static void e_n_tokens_len(uint8_t *r, size_t *len) /* 15 tokens, record cut to 
   *len -= 4;
 }
 static void e_offset(uint8_t *r, size_t *len) { (void)len; add_le64(r + 24, 4096); }
-static void e_offset_prev(uint8_t *r, size_t *len) { (void)len; add_le64(r + 24, (uint64_t)-20480); }
+static void e_offset_prev(uint8_t *r, size_t *len) /* onto the block before */
+{
+  (void)len;
+  add_le64(r + 24, (uint64_t)-20480);
+}
 static void e_offset_far(uint8_t *r, size_t *len) { (void)len; add_le64(r + 24, 1ull << 40); }
 static void e_bytes(uint8_t *r, size_t *len) { (void)len; add_le64(r + 32, 4096); }
 static void e_segment(uint8_t *r, size_t *len) { (void)len; add_le64(r + 16, 1000); }
@@ -138,7 +142,11 @@ static void e_refcount0(uint8_t *r, size_t *len) { (void)len; memset(r + 4, 0, 4
 static void e_parent(uint8_t *r, size_t *len) { (void)len; r[40 + 3] ^= 0x10; }
 static void e_model(uint8_t *r, size_t *len) { (void)len; r[56 + 9] ^= 0x01; }
 /* context record (version 1): 8 n_tokens, 56 block hashes */
-static void e_ctx_n_tokens(uint8_t *r, size_t *len) { (void)len; add_le64(r + 8, (uint64_t)-29); }
+static void e_ctx_n_tokens(uint8_t *r, size_t *len)
+{
+  (void)len;
+  add_le64(r + 8, (uint64_t)-29);
+}
 static void e_ctx_n_tokens_big(uint8_t *r, size_t *len) { (void)len; add_le64(r + 8, 1ull << 40); }
 static void e_ctx_hash(uint8_t *r, size_t *len) { (void)len; r[56 + 16 * 2 + 7] ^= 0x40; }
 

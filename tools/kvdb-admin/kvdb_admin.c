@@ -6,7 +6,8 @@
  *
  * It uses only the public header kvdb.h, so it also shows that the public API is enough to
  * run a database. info, ls, show and verify (without --repair) open the database with
- * KVDB_O_RDONLY: they work on read-only media and never write. compact opens it read-write but never creates one.
+ * KVDB_O_RDONLY: they work on read-only media and never write. compact and verify --repair
+ * open it read-write but never create one.
  * The tool holds no DRAM tier (options.dram_bytes = 0): it reads each block once.
  *
  * OUTPUT
@@ -1183,7 +1184,9 @@ static void print_usage(FILE *f)
   }
   fputc('\n', f);
   fputs(options_text, f);
-  fputs("\ninfo, ls, show and verify (without --repair) open the database read-only and never\nwrite to it.\n", f);
+  fputs("\ninfo, ls, show and verify (without --repair) open the database read-only and never\n"
+        "write to it.\n",
+        f);
   fputs(exit_text, f);
 }
 
