@@ -799,6 +799,11 @@ typedef struct kvdb_verify_report {
  * the segments: files present and as long as committed (a missing or short file is a
  * KVDB_CORRUPT problem naming the file), live bytes adding up.
  *
+ * A record whose offset does not lead to its block is looked for in its segment (each segment
+ * read once, only then): the problem says where the block is, or that the segment holds none
+ * or several copies of it. The context's storage config is not compared with its blocks': a
+ * block shared with other contexts keeps how it was stored.
+ *
  * Each disagreement is one problem; its message names the context, the block and the field
  * ("block B of context C: field tokens: token 5 is 17 in the record, 18 in the block"). All of
  * it reads one snapshot: other handles and processes may keep writing (a segment compacted
@@ -831,7 +836,8 @@ typedef struct kvdb_repair_report {
  *
  * Runs kvdb_verify's check on a snapshot and plans: a block record that disagrees with an
  * object that verifies (its hash, every checksum) is rebuilt from the object (tokens, counts,
- * sizes, parent, model, flags, tier); a context whose token count disagrees with its blocks
+ * sizes, parent, model, flags, tier; a record whose offset is wrong, from the one object of
+ * that block its segment holds: with none or several, it cannot be rebuilt); a context whose token count disagrees with its blocks
  * gets theirs; a context that cannot be rebuilt (a block missing, its object damaged or not
  * where its record says, a broken chain, a record that does not decode) is dropped. Then, in
  * one write transaction: each record to change is first compared with the bytes the check read

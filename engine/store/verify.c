@@ -10,7 +10,9 @@
  *
  *   pass 1  contexts: count the contexts listing each block, remember the first one (names it)
  *   pass 2  blocks: each record against its object (n_tokens, bytes, tokens, parent, model,
- *           flags, tier), refcount against the count, location inside its segment
+ *           flags, tier), refcount against the count; a record whose offset does not lead to
+ *           its block: the segment is scanned (once) for the block's header, and the one
+ *           copy found is the object (none or several: the location cannot be told)
  *   pass 3  contexts again: each against its blocks (every block present and of its model, the
  *           chain: block i's parent is block i-1 and its hash is that of its parent and tokens,
  *           the key is the last block's hash; n_tokens is the sum of its blocks' tokens)
@@ -94,6 +96,28 @@ static size_t kmap_at(kmap *m, const uint8_t *k, int add)
   return i;
 }
 
+/* Double the capacity (all entries kept); -1 when out of memory. */
+static int kmap_grow(kmap *m)
+{
+  kmap n;
+  if (kmap_init(&n, m->cap) != 0) {
+    kmap_free(&n);
+    return -1;
+  }
+  for (size_t i = 0; i < m->cap; i++) {
+    if (!m->used[i])
+      continue;
+    size_t j = kmap_at(&n, m->key[i], 1);
+    n.val[j] = m->val[i];
+    memcpy(n.aux[j], m->aux[i], 16);
+    n.idx[j] = m->idx[i];
+    n.flag[j] = m->flag[i];
+  }
+  kmap_free(m);
+  *m = n;
+  return 0;
+}
+
 static uint64_t *kmap_slot(kmap *m, const uint8_t *k)
 {
   size_t i = kmap_at(m, k, 1);
@@ -129,6 +153,10 @@ typedef struct vctx {
   size_t n_pc, cap_pc;
   uint8_t *buf;      /* block object reads (aligned) */
   size_t buf_cap;
+  /* the block headers found in the segments scanned so far (find_copy): key the block hash
+   * with its first 8 bytes XORed with the segment id, val its offset, flag 1 when several */
+  int scan_ready;
+  kmap scanned, objs;
 } vctx;
 
 static void problem(vctx *v, kvdb_status st, const char *fmt, ...) KV_PRINTF(3, 4);
@@ -257,25 +285,31 @@ static const char *hexs(const uint8_t *b, char *hx)
  * `hash`: *hdr its header; the object is in v->buf. `bytes` is the record's size (0 when not
  * known): read at once when it fits. KVDB_CORRUPT with a message that says what is there;
  * KVDB_NOTFOUND when the segment went away meanwhile (compaction); other errors as they come.
+ * *misplaced is 1 when the failure is that no object of this block starts there (the record's
+ * location is wrong), 0 when the object there is the block but damaged, or on success.
  */
 static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, uint64_t off,
-                               uint64_t end, uint64_t bytes, kv_block_hdr *hdr)
+                               uint64_t end, uint64_t bytes, kv_block_hdr *hdr, int *misplaced)
 {
   kvdb *db = v->db;
   char hx[33], hy[33];
+  *misplaced = 1; /* until the object there proves to be this block */
   if (off % KV_PAGE != 0 || off >= end || end - off < KV_PAGE)
-    return kv_fail(KVDB_CORRUPT, "field segment/offset: offset %" PRIu64 " is not a block's place in segment %" PRIu64
-                   " (committed end %" PRIu64 ")", off, seg, end);
+    return kv_fail(KVDB_CORRUPT, "field segment/offset: offset %" PRIu64
+                   " is not a block's place in segment %" PRIu64 " (committed end %" PRIu64 ")",
+                   off, seg, end);
   uint64_t want = bytes >= KV_PAGE && bytes % KV_PAGE == 0 && bytes <= end - off ? bytes : KV_PAGE;
   KV_RET(grow_buf(v, want));
   kv_segfile *sf;
   kvdb_status rc = kv_segfile_get(db, seg, &sf);
   if (rc != KVDB_OK)
-    return kv_seg_gone_now(db, seg) ? KVDB_NOTFOUND
-                                                         : kv_fail(KVDB_CORRUPT, "%s", kvdb_errmsg());
+    return kv_seg_gone_now(db, seg) ? KVDB_NOTFOUND : kv_fail(KVDB_CORRUPT, "%s", kvdb_errmsg());
   int e = db->io->ops->pread(db->io, sf->f, v->buf, want, off);
   if (e == 0) {
+    *misplaced = 0;
     rc = kv_block_parse_header(v->buf, want, hdr);
+    *misplaced = rc != KVDB_OK || memcmp(hdr->block_hash, hash, 16) != 0 ||
+                 hdr->obj.total_bytes > end - off;
     if (rc != KVDB_OK)
       rc = kv_fail(rc, "field segment/offset: segment %" PRIu64 " at offset %" PRIu64
                    " holds no block header: %s", seg,
@@ -285,8 +319,9 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
                    " holds block %s, not %s",
                    seg, off, hexs(hdr->block_hash, hx), hexs(hash, hy));
     else if (hdr->obj.total_bytes > end - off)
-      rc = kv_fail(KVDB_CORRUPT, "field segment/offset: the object of block %s at offset %" PRIu64 " of segment %" PRIu64
-                   " (%" PRIu64 " bytes) runs past the committed end %" PRIu64,
+      rc = kv_fail(KVDB_CORRUPT, "field segment/offset: the object of block %s at offset %" PRIu64
+                   " of segment %" PRIu64 " (%" PRIu64 " bytes) runs past the committed end %"
+                   PRIu64,
                    hexs(hash, hx), off, seg, hdr->obj.total_bytes, end);
     else if (hdr->obj.total_bytes != want) {
       rc = grow_buf(v, hdr->obj.total_bytes);
@@ -306,6 +341,86 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   or.bflags = (hdr->version >= 2 ? KV_BLK_COMPRESSED : 0) |
               (hdr->score_bits == 8 ? KV_BLK_SCORE8 : hdr->score_bits == 4 ? KV_BLK_SCORE4 : 0);
   return kv_block_check(&or, hash, v->buf, hdr);
+}
+
+/* ---- finding a block whose record's offset is wrong ---- */
+
+#define SCAN_CHUNK (1u << 20)
+
+static void obj_key(uint8_t k[16], const uint8_t hash[16], uint64_t seg)
+{
+  memcpy(k, hash, 16);
+  for (int i = 0; i < 8; i++)
+    k[i] ^= (uint8_t)(seg >> (8 * i));
+}
+
+/* Every block header in segment `seg` (committed up to `end`) into v->objs. */
+static kvdb_status scan_segment(vctx *v, uint64_t seg, uint64_t end)
+{
+  kvdb *db = v->db;
+  kv_segfile *sf;
+  KV_RET(kv_segfile_get(db, seg, &sf));
+  uint8_t *chunk = kv_alloc_aligned(SCAN_CHUNK);
+  kvdb_status rc = chunk ? KVDB_OK : kv_fail(KVDB_NOMEM, "segment scan buffer");
+  for (uint64_t at = 0; rc == KVDB_OK && at < end; at += SCAN_CHUNK) {
+    uint64_t len = end - at < SCAN_CHUNK ? end - at : SCAN_CHUNK;
+    int e = db->io->ops->pread(db->io, sf->f, chunk, len, at);
+    if (e != 0) {
+      rc = kv_fail_errno(-e, "cannot read segment %" PRIu64 " at offset %" PRIu64, seg, at);
+      break;
+    }
+    for (uint64_t p = 0; p + KV_PAGE <= len; p += KV_PAGE) {
+      kv_block_hdr h;
+      if (kv_get_le32(chunk + p) != KV_BLOCK_MAGIC ||
+          kv_block_parse_header(chunk + p, KV_PAGE, &h) != KVDB_OK)
+        continue;
+      uint8_t k[16];
+      obj_key(k, h.block_hash, seg);
+      if (v->objs.n * 2 + 2 >= v->objs.cap && kmap_grow(&v->objs) != 0) {
+        rc = kv_fail(KVDB_NOMEM, "segment scan index");
+        break;
+      }
+      size_t i = kmap_at(&v->objs, k, 1);
+      if (v->objs.idx[i]++ == 0)
+        v->objs.val[i] = at + p;
+    }
+  }
+  kv_free_aligned(chunk);
+  kv_segfile_put(db, sf);
+  return rc;
+}
+
+/*
+ * The offset of the one object of block `hash` in segment `seg`: KVDB_OK with *off, or
+ * KVDB_NOTFOUND with *copies 0 (none) or more (several: which one the record meant cannot be
+ * told, e.g. a re-encoded block's older copy). Each segment is scanned once per call of
+ * verify or repair, only when some record's location is wrong.
+ */
+static kvdb_status find_copy(vctx *v, const uint8_t hash[16], uint64_t seg, uint64_t end,
+                             uint64_t *off, uint32_t *copies)
+{
+  *copies = 0;
+  if (!v->scan_ready) {
+    if (kmap_init(&v->scanned, 16) != 0 || kmap_init(&v->objs, 1024) != 0)
+      return kv_fail(KVDB_NOMEM, "segment scan index");
+    v->scan_ready = 1;
+  }
+  uint8_t sk[16] = {0};
+  kv_put_le64(sk, seg);
+  if (kmap_at(&v->scanned, sk, 0) == SIZE_MAX) {
+    if (v->scanned.n * 2 + 2 >= v->scanned.cap && kmap_grow(&v->scanned) != 0)
+      return kv_fail(KVDB_NOMEM, "segment scan index");
+    KV_RET(scan_segment(v, seg, end));
+    kmap_at(&v->scanned, sk, 1);
+  }
+  uint8_t k[16];
+  obj_key(k, hash, seg);
+  size_t i = kmap_at(&v->objs, k, 0);
+  if (i == SIZE_MAX)
+    return KVDB_NOTFOUND;
+  *copies = v->objs.idx[i];
+  *off = v->objs.val[i];
+  return *copies == 1 ? KVDB_OK : KVDB_NOTFOUND;
 }
 
 /* The record of block `hash` as its verified object says it should be, into a new buffer;
@@ -444,7 +559,28 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
       *l += br.bytes;
   }
   kv_block_hdr hdr;
-  kvdb_status st = read_object(v, hash, br.segment, br.offset, sr.end, br.bytes, &hdr);
+  int misplaced = 0;
+  uint64_t at = br.offset; /* where the object is */
+  kvdb_status st = read_object(v, hash, br.segment, br.offset, sr.end, br.bytes, &hdr, &misplaced);
+  if (st == KVDB_CORRUPT && misplaced) {
+    /* no object of this block where the record says: is there exactly one in its segment? */
+    char why[400];
+    snprintf(why, sizeof why, "%s", kvdb_errmsg());
+    uint32_t copies = 0;
+    kvdb_status fs = find_copy(v, hash, br.segment, sr.end, &at, &copies);
+    if (fs == KVDB_OK) {
+      int mp2;
+      st = read_object(v, hash, br.segment, at, sr.end, 0, &hdr, &mp2);
+    } else if (fs == KVDB_NOTFOUND) {
+      kv_fail(KVDB_CORRUPT, "%s; segment %" PRIu64 " holds %s", why, br.segment,
+              copies == 0 ? "no copy of it" : "several copies of it");
+    } else if (fs == KVDB_NOMEM) {
+      return fs;
+    } else { /* the scan failed: the location stays unknown */
+      st = kv_fail(fs == KVDB_IOERR ? KVDB_IOERR : KVDB_CORRUPT, "%s; scanning segment %" PRIu64
+                   " for it: %s", why, br.segment, kvdb_errmsg());
+    }
+  }
   if (st == KVDB_NOTFOUND) { /* compacted away since the snapshot: not a problem */
     if (slot != SIZE_MAX)
       v->refs.flag[slot] |= F_SKIP;
@@ -469,6 +605,9 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
       problem(v, KVDB_CORRUPT, __VA_ARGS__);                                                 \
     }                                                                                        \
   } while (0)
+    FIELD(at != br.offset,
+          "%s %s of %s: field offset: the record says %" PRIu64 ", segment %" PRIu64
+          " holds the block at %" PRIu64, pre, hexs(hash, hx), who, br.offset, br.segment, at);
     FIELD(br.n_tokens != hdr.g.n_tokens,
           "%s %s of %s: field n_tokens: the record says %u, segment %" PRIu64 " offset %" PRIu64
           " holds %u", pre, hexs(hash, hx), who, br.n_tokens, br.segment, br.offset,
@@ -510,7 +649,7 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
   if (!v->plan)
     return KVDB_OK;
   size_t nl;
-  uint8_t *nw = rebuild_rec(v, raw, val->mv_size, br.segment, br.offset,
+  uint8_t *nw = rebuild_rec(v, raw, val->mv_size, br.segment, at,
                             listed ? (uint32_t)listed : br.refcount, &hdr, &nl);
   if (nw == NULL) {
     if (slot != SIZE_MAX)
@@ -784,6 +923,10 @@ static void vctx_free(vctx *v)
   free(v->pb);
   free(v->pc);
   kv_free_aligned(v->buf);
+  if (v->scan_ready) {
+    kmap_free(&v->scanned);
+    kmap_free(&v->objs);
+  }
   if (v->txn != NULL)
     mdb_txn_abort(v->txn);
   v->txn = NULL;

@@ -51,7 +51,8 @@ int main(int argc, char **argv)
     rc = mdb_env_open(env, path, MDB_NOSUBDIR, 0644);
   if (rc != 0)
     return die(path, rc);
-  if ((rc = mdb_txn_begin(env, NULL, 0, &txn)) != 0 || (rc = mdb_dbi_open(txn, argv[2], 0, &dbi)) != 0)
+  if ((rc = mdb_txn_begin(env, NULL, 0, &txn)) != 0 ||
+      (rc = mdb_dbi_open(txn, argv[2], 0, &dbi)) != 0)
     return die(argv[2], rc);
   MDB_val k = {16, key}, v;
   if ((rc = mdb_get(txn, dbi, &k, &v)) != 0)

@@ -36,7 +36,7 @@ has '^result +ok$'
 
 # ---- usage
 expect 2 verify --dry-run "$DB"
-has_err "'--dry-run' applies to rebalance and verify --repair only"
+has_err "'--dry-run' applies to rebalance only \(and to verify --repair\)"
 expect 2 info --repair "$DB"
 has_err "'--repair' applies to verify only"
 

@@ -129,6 +129,12 @@ static void e_n_tokens_len(uint8_t *r, size_t *len) /* 15 tokens, record cut to 
   *len -= 4;
 }
 static void e_offset(uint8_t *r, size_t *len) { (void)len; add_le64(r + 24, 4096); }
+static void e_offset_prev(uint8_t *r, size_t *len) /* onto the block before */
+{
+  (void)len;
+  add_le64(r + 24, (uint64_t)-20480);
+}
+static void e_offset_far(uint8_t *r, size_t *len) { (void)len; add_le64(r + 24, 1ull << 40); }
 static void e_bytes(uint8_t *r, size_t *len) { (void)len; add_le64(r + 32, 4096); }
 static void e_segment(uint8_t *r, size_t *len) { (void)len; add_le64(r + 16, 1000); }
 static void e_refcount(uint8_t *r, size_t *len) { (void)len; add_le32(r + 4, 4); }
@@ -136,7 +142,11 @@ static void e_refcount0(uint8_t *r, size_t *len) { (void)len; memset(r + 4, 0, 4
 static void e_parent(uint8_t *r, size_t *len) { (void)len; r[40 + 3] ^= 0x10; }
 static void e_model(uint8_t *r, size_t *len) { (void)len; r[56 + 9] ^= 0x01; }
 /* context record (version 1): 8 n_tokens, 56 block hashes */
-static void e_ctx_n_tokens(uint8_t *r, size_t *len) { (void)len; add_le64(r + 8, (uint64_t)-29); }
+static void e_ctx_n_tokens(uint8_t *r, size_t *len)
+{
+  (void)len;
+  add_le64(r + 8, (uint64_t)-29);
+}
 static void e_ctx_n_tokens_big(uint8_t *r, size_t *len) { (void)len; add_le64(r + 8, 1ull << 40); }
 static void e_ctx_hash(uint8_t *r, size_t *len) { (void)len; r[56 + 16 * 2 + 7] ^= 0x40; }
 
@@ -403,6 +413,60 @@ static void test_repair_rechecks(void)
   t_rmdir(dir);
 }
 
+/* A block stored twice in one segment (int8 first, then rewritten raw by a raw put sharing it):
+ * when its record's offset is damaged, which copy it meant cannot be told, so the contexts
+ * listing it are dropped rather than rebuilt on a copy that may be the int8 one. */
+static void test_two_copies_not_guessed(void)
+{
+  char *dir = t_tmpdir("verify");
+  uint64_t seed = 9;
+  uint32_t td[32], te[48];
+  for (int i = 0; i < 32; i++)
+    td[i] = (uint32_t)(t_rand(&seed) % 32000);
+  memcpy(te, td, 16 * 4);
+  for (int i = 16; i < 48; i++)
+    te[i] = (uint32_t)(t_rand(&seed) % 32000);
+  kvdb *db = t_open(dir, 0);
+  uint16_t *buf = malloc(32 * kvdb_model_token_bytes(&M));
+  t_fill_kv(&M, td, 32, buf);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, 32, KVDB_LAYOUT_LKTHD));
+  kvdb_put_opts o;
+  kvdb_put_opts_init(&o);
+  o.config.method = KVDB_METHOD_QUANT;
+  o.config.bits = 8;
+  ASSERT_OK(kvdb_put_ex(db, &M, td, 32, &v, &o, NULL));
+  free(buf);
+  kvdb_put_info info;
+  buf = malloc(48 * kvdb_model_token_bytes(&M));
+  t_fill_kv(&M, te, 48, buf);
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, 48, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_put(db, &M, te, 48, &v, &info));
+  free(buf);
+  ASSERT_EQ(info.blocks_written, 3); /* block 0 rewritten raw beside its int8 copy */
+  kvdb_close(db);
+  kvdb_key hd[2], he[3];
+  ASSERT_OK(kvdb_chain_hashes(&M, td, 32, hd, 2));
+  ASSERT_OK(kvdb_chain_hashes(&M, te, 48, he, 3));
+  ASSERT(memcmp(hd[0].b, he[0].b, 16) == 0);
+  edit_record(dir, 0, hd[0].b, e_offset_far);
+  db = t_open(dir, 0);
+  msgs s = {0};
+  ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, collect, NULL, &s, NULL));
+  if (!has_msg(&s, "field segment/offset", "several copies of it", NULL)) {
+    dump(&s);
+    abort();
+  }
+  kvdb_repair_report r;
+  ASSERT_OK(kvdb_repair(db, 0, NULL, NULL, NULL, &r));
+  ASSERT_EQ(r.blocks_rebuilt, 0);
+  ASSERT_EQ(r.contexts_dropped, 2);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  ASSERT_EQ(get_checked(db, te, 48), 0);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 static void test_bad_input(void)
 {
   char *dir = t_tmpdir("verify");
@@ -427,7 +491,9 @@ int main(void)
     {"shared block tokens", 0, 0, e_token, "field tokens", REBUILT},
     {"block n_tokens", 0, 2, e_n_tokens, "field n_tokens", REBUILT},
     {"block n_tokens + len", 0, 3, e_n_tokens_len, "field n_tokens", REBUILT},
-    {"block offset", 0, 3, e_offset, "field segment/offset", DROPPED},
+    {"block offset", 0, 3, e_offset, "field offset", REBUILT},
+    {"block offset: other block", 0, 2, e_offset_prev, "field offset", REBUILT},
+    {"block offset: past end", 0, 1, e_offset_far, "field offset", REBUILT},
     {"block bytes", 0, 2, e_bytes, "field bytes", REBUILT},
     {"block segment", 0, 2, e_segment, "field segment", DROPPED},
     {"block refcount", 0, 1, e_refcount, "field refcount", COUNTS},
@@ -441,6 +507,7 @@ int main(void)
   test_bad_input();
   test_token_flip_short_hit();
   test_repair_rechecks();
+  test_two_copies_not_guessed();
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     run_case(&cases[i]);
   printf("test_verify: all passed\n");

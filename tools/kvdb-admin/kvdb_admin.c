@@ -6,7 +6,8 @@
  *
  * It uses only the public header kvdb.h, so it also shows that the public API is enough to
  * run a database. info, ls, show and verify (without --repair) open the database with
- * KVDB_O_RDONLY: they work on read-only media and never write. compact opens it read-write but never creates one.
+ * KVDB_O_RDONLY: they work on read-only media and never write. compact and verify --repair
+ * open it read-write but never create one.
  * The tool holds no DRAM tier (options.dram_bytes = 0): it reads each block once.
  *
  * OUTPUT
@@ -1183,7 +1184,9 @@ static void print_usage(FILE *f)
   }
   fputc('\n', f);
   fputs(options_text, f);
-  fputs("\ninfo, ls, show and verify (without --repair) open the database read-only and never\nwrite to it.\n", f);
+  fputs("\ninfo, ls, show and verify (without --repair) open the database read-only and never\n"
+        "write to it.\n",
+        f);
   fputs(exit_text, f);
 }
 
@@ -1308,7 +1311,8 @@ int main(int argc, char **argv)
   if (c.repair && c.cmd->run != cmd_verify)
     return usage_error(c.cmd, "option '--repair' applies to verify only");
   if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
-    return usage_error(c.cmd, "option '--dry-run' applies to rebalance and verify --repair only");
+    return usage_error(c.cmd,
+                       "option '--dry-run' applies to rebalance only (and to verify --repair)");
   if (c.n_pos < c.cmd->n_pos)
     return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
   if (c.n_pos > c.cmd->n_pos || n_extra > 0)
