@@ -229,6 +229,7 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
   *freed = 0;
   kv_ctx_rec cr;
   KV_RET(kv_cat_get_ctx(&db->cat, txn, key, &cr));
+  KV_RET(kv_counts_add(&db->cat, txn, kv_cat_ctx_tier(&db->cat, txn, &cr), KV_CNT_CONTEXTS, -1));
   size_t nb = cr.n_blocks;
   uint8_t *blocks = malloc(16 * nb);
   if (blocks == NULL)
@@ -671,6 +672,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   if (rc != KVDB_NOTFOUND)
     goto out;
   uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
+  uint32_t last_tier = KVDB_TIER_SSD; /* the context's tier: its last block's */
   size_t buf_cap = kv_block_rec_size(r->bt);
   buf = malloc(buf_cap);
   if (buf == NULL) {
@@ -743,6 +745,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       rc = kv_mdb_fail(mrc, "put block");
       goto out;
     }
+    last_tier = br.tier;
   }
   /* the context */
   free(buf);
@@ -774,6 +777,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     rc = kv_mdb_fail(mrc, "put context");
     goto out;
   }
+  KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
   uint8_t ak[24];
   atime_key(ak, now, r->ctx);
   MDB_val akv = {24, ak}, empty = {0, NULL};
