@@ -302,6 +302,13 @@ typedef struct kvdb_options {
    * = DIR/smartssd. The directory is recorded in the catalog with the tier's first segment;
    * later opens use the recorded one when smartssd_dir is NULL and refuse another one
    * (KVDB_INVALID). Its first segment makes the database format 3.
+   * Every handle reads every context on the tier, also one opened before any process created
+   * it (with or without a tier of its own): its segments are found in the recorded directory,
+   * looked up when the handle first needs it. The record wins, as a database's own settings
+   * do in LMDB and SQLite: a handle whose smartssd_dir names another directory than the one
+   * another process recorded after it opened reads from the recorded one, and a move of its own
+   * into the tier (kvdb_relocate, placement) is KVDB_INVALID naming both directories, as the
+   * open would be.
    */
   const char *smartssd_dir;
   uint64_t smartssd_bytes;

@@ -4,9 +4,13 @@
  * tier's directory, the tiers' read figures, access counts, the DRAM tier's admission set.
  *
  * SMARTSSD DIRECTORY. Recorded in the catalog meta ("smartssd_dir") by the transaction that
- * creates the tier's first segment: "" for the default DIR/smartssd (so a database directory
- * can be moved), else the absolute path. An open reads the record first; without one the
- * option (or the default) is used.
+ * creates the tier's first segment (or by a read-write open with placement and the tier): ""
+ * for the default DIR/smartssd (so a database directory can be moved), else the absolute
+ * path; never changed afterwards. An open reads the record first; without one the option (or
+ * the default) is the handle's own directory, and the record is looked up again whenever a
+ * segment of the tier is to be found until the handle has seen it (kv_smart_dir: another
+ * process may create the tier after this handle opened). The record wins for reading; writing
+ * into the tier with an explicit option that contradicts it is refused.
  *
  * TIER FIGURES (EvicPress §4.2's TTFT; §8 names static figures a limitation). DRAM: a timed
  * copy at each open. SSD and SmartSSD: kv_probe_dir on the tier's directory, once per
