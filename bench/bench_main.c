@@ -39,6 +39,8 @@ static const bench_cmd CMDS[] = {
    "tokens/s", bench_prefix},
   {"policy", "EvicPress placement vs LRU and fixed compression + LRU on a trace (measured tiers, "
    "real-KV profiles)", bench_policy},
+  {"background", "kvdb_stat latency and rebalance planning against the store's size; rebalance "
+   "step times", bench_background},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

@@ -394,6 +394,7 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
     rc = kv_recover(db);
     if (rc != KVDB_OK)
       goto fail;
+    kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
   }
   *out = db;
   return KVDB_OK;

@@ -20,6 +20,7 @@
 
 #include "block.h"
 #include "catalog/catalog.h"
+#include "catalog/counts.h"
 #include "io/io.h"
 #include "kv_common.h"
 #include "tiers/dram.h"
@@ -71,7 +72,16 @@ struct kvdb {
   uint32_t magic;
   char *dir;
   char *seg_dir;
-  char *smart_dir;        /* the SmartSSD tier's segment directory (store/place.c) */
+  /* The SmartSSD tier's segment directory (store/place.c): the one the catalog records once
+   * this handle has seen the record (at open, or later: kv_smart_dir), else the handle's own
+   * (smart_own), else NULL. It changes at most once after open, atomically; every string it
+   * has pointed to stays allocated until close. */
+  char *_Atomic smart_dir;
+  char *smart_own;        /* the handle's own: the smartssd_dir option, or DIR/smartssd when
+                             smartssd_bytes > 0, or NULL */
+  char *smart_rec;        /* the recorded one, once seen (what smart_dir then points to) */
+  int smart_explicit;     /* smart_own is the smartssd_dir option */
+  _Atomic int smart_seen; /* smart_dir is the recorded directory */
   struct kv_place *place; /* placement state (store/place.c); NULL when placement is off */
   struct kv_score_devs *score_devs; /* near-data devices kvdb_score keeps (store/score_ctx.c) */
   kvdb_options opt;
@@ -94,7 +104,7 @@ struct kvdb {
 };
 
 /* ---- segments (store/segment.c) ---- */
-kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap);
+kvdb_status kv_seg_path(kvdb *db, uint64_t id, char *buf, size_t cap);
 /* Take a writer (an open segment owned by this handle), creating a segment if needed: of the
  * SSD tier, or of `tier` (KVDB_TIER_SSD or KVDB_TIER_SMARTSSD). */
 kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out);
@@ -231,8 +241,10 @@ kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char 
 /* ---- tiers of contexts (store/place.c) ---- */
 /* The tier of a context's persistent copy: that of its last block (SSD when unreadable). */
 uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
-/* How many contexts have their persistent copy on `tier`. */
-kvdb_status kv_count_tier_contexts(kvdb *db, MDB_txn *txn, uint32_t tier, uint64_t *n);
+/* The directory of the SmartSSD tier's segments: the catalog's record (which any handle of
+ * any process may have written since this one opened: looked up in a read transaction of its
+ * own until this handle has seen it), else the handle's own; NULL when neither is known. */
+const char *kv_smart_dir(kvdb *db);
 
 /* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
  * moved its blocks and removed its file while the caller read an older snapshot (verify.c). */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "catalog.h"
+#include "counts.h"
 #include "kv_config.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
@@ -386,6 +387,8 @@ kvdb_status kv_txn_commit(MDB_txn *txn)
   kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
   uint64_t id = mdb_txn_id(txn);
   int stamped = 0;
+  if (c != NULL)
+    kv_counts_stamp(c, txn); /* kvdb_stat's counters are current as of this commit */
   if (c != NULL && c->track) {
     uint8_t b[8];
     for (int i = 0; i < 8; i++)
@@ -473,12 +476,34 @@ kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec 
 
 kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r)
 {
+  kv_seg_rec old;
+  kvdb_status rc = kv_cat_get_seg(c, txn, id, &old);
+  if (rc == KVDB_CORRUPT) { /* replaced: what it counted is not known */
+    kv_clear_error();
+    KV_RET(kv_counts_invalidate(c, txn));
+  } else if (rc == KVDB_OK || rc == KVDB_NOTFOUND) {
+    KV_RET(kv_counts_seg(c, txn, rc == KVDB_OK ? &old : NULL, r));
+  } else {
+    return rc;
+  }
   uint8_t k[8], buf[32];
   kv_be64(k, id);
   kv_seg_rec_encode(r, buf);
   MDB_val key = {8, k}, val = {32, buf};
   int mrc = mdb_put(txn, c->segments, &key, &val, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put segment");
+}
+
+kvdb_status kv_cat_del_seg(kv_catalog *c, MDB_txn *txn, uint64_t id)
+{
+  kv_seg_rec old;
+  KV_RET(kv_cat_get_seg(c, txn, id, &old));
+  KV_RET(kv_counts_seg(c, txn, &old, NULL));
+  uint8_t k[8];
+  kv_be64(k, id);
+  MDB_val key = {8, k};
+  int mrc = mdb_del(txn, c->segments, &key, NULL);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete segment record");
 }
 
 kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v)

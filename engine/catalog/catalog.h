@@ -13,6 +13,7 @@
  *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
  *   profiles  context key (16) -> the context's quality profile (format 2)
  *   ctxstats  context key (16) -> decayed access count and placement (ctxstats.h)
+ *   (meta "counts": per-tier counters kept by every commit, read by kvdb_stat: counts.h)
  *
  * INVARIANTS
  *   C1. A block record exists iff some context lists it; refcount = number of such contexts.
@@ -205,7 +206,10 @@ int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto);
 kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r);
 kvdb_status kv_cat_get_ctx(kv_catalog *c, MDB_txn *txn, const uint8_t key[16], kv_ctx_rec *r);
 kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec *r);
+/* Segment records are written and deleted through these two only: they keep the counters of
+ * counts.h. A record that does not decode cannot be replaced or deleted (KVDB_CORRUPT). */
 kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r);
+kvdb_status kv_cat_del_seg(kv_catalog *c, MDB_txn *txn, uint64_t id);
 kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v);
 /* Raise the catalog's format version to at least `version` in this write transaction (done
  * when the first format-2 record or block is committed). */

@@ -331,6 +331,13 @@ typedef struct kvdb_options {
    * = DIR/smartssd. The directory is recorded in the catalog with the tier's first segment;
    * later opens use the recorded one when smartssd_dir is NULL and refuse another one
    * (KVDB_INVALID). Its first segment makes the database format 3.
+   * Every handle reads every context on the tier, also one opened before any process created
+   * it (with or without a tier of its own): its segments are found in the recorded directory,
+   * looked up when the handle first needs it. The record wins, as a database's own settings
+   * do in LMDB and SQLite: a handle whose smartssd_dir names another directory than the one
+   * another process recorded after it opened reads from the recorded one, and a move of its own
+   * into the tier (kvdb_relocate, placement) is KVDB_INVALID naming both directories, as the
+   * open would be.
    */
   const char *smartssd_dir;
   uint64_t smartssd_bytes;
@@ -642,7 +649,15 @@ typedef struct kvdb_stats {
   kvdb_tier_stats tier[KVDB_TIER_COUNT];
 } kvdb_stats;
 
-/** @brief Fill *out. @return KVDB_OK; KVDB_INVALID; KVDB_IOERR. */
+/**
+ * @brief Fill *out. Constant time: the segment and per-tier figures come from counters the
+ * catalog keeps in the transactions that change them (not from a scan). When a process of an
+ * older build wrote since they were last kept, they are counted anew (time linear in the
+ * contexts, as before) and, on a read-write handle, stored again; a read-write open does the
+ * same.
+ * @return KVDB_OK; KVDB_INVALID; KVDB_IOERR; KVDB_CORRUPT (counting anew met a segment record
+ *   that does not decode: the other fields are filled).
+ */
 KVDB_API kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out);
 
 /** How fast a tier reads (the placement's TTFT model). */
@@ -731,12 +746,36 @@ typedef struct kvdb_rebalance_report {
  * them). Then the DRAM flags of the moved contexts are recorded and every handle's DRAM tier
  * follows them. A crash at any point leaves each context either where it was or where the plan
  * puts it, readable either way (nothing else is lost). Callers may keep working meanwhile.
+ * It runs as kvdb_rebalance_step calls of 64 moves each, back to back (the handle's placement
+ * lock is let go between them); to bound each pause, or spread a rebalance over time, call
+ * kvdb_rebalance_step instead.
  * @param report optional (NULL).
  * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_CORRUPT; KVDB_NOMEM.
  *   On an error the moves before it are done.
  */
 KVDB_API kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
                                             kvdb_rebalance_report *report);
+
+/**
+ * @brief Carry out part of a plan, one bounded step: the moves from plan->moves[*next] on, as
+ * kvdb_rebalance_execute carries them out, at most `max_moves` of them (0: no limit; skipped
+ * moves count) and no further one once the relocations of this step have written `max_bytes`
+ * (0: no limit; the bytes are the moves' to_bytes; the first move of a step is always made),
+ * then the DRAM flags of the contexts moved in this step (every handle's DRAM tier follows when
+ * a flag changed, or when the step ends the plan). *next becomes the index of the first move
+ * not made: the plan is done when *next == plan->n_moves (a call then does nothing and returns
+ * KVDB_OK). Between steps the caller may do anything, including puts and other rebalances;
+ * moves whose context changed meanwhile are skipped. A step holds the handle's placement lock
+ * while it runs, so puts of the handle wait for one step at most.
+ * @param next in: the first move to make; out: the first move not made (on an error: the move
+ *   that failed; the ones before it are done).
+ * @param report optional (NULL): what this step did.
+ * @return KVDB_OK (*next tells whether moves are left); KVDB_INVALID (next NULL or past the
+ *   plan's end, or as kvdb_rebalance_execute); the other statuses of kvdb_rebalance_execute.
+ */
+KVDB_API kvdb_status kvdb_rebalance_step(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                                         uint64_t max_moves, uint64_t max_bytes,
+                                         kvdb_rebalance_report *report);
 
 /** Contexts stored with one config on one tier (the EvicPress Figure 11 view). */
 typedef struct kvdb_config_use {

@@ -1176,31 +1176,33 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
     out->n_contexts = ms.ms_entries;
   if (mdb_stat(txn, db->cat.blocks, &ms) == 0)
     out->n_blocks = ms.ms_entries;
-  MDB_cursor *cur;
-  kvdb_status rc = KVDB_OK;
-  if (mdb_cursor_open(txn, db->cat.segments, &cur) == 0) {
-    MDB_val k, v;
-    int mrc;
-    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-      kv_seg_rec sr;
-      rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr);
-      if (rc != KVDB_OK)
-        break;
-      out->n_segments++;
-      out->segment_file_bytes += sr.end;
-      out->live_bytes += sr.live_bytes;
-      if (sr.tier == KVDB_TIER_SMARTSSD) {
-        out->tier[sr.tier].bytes += sr.live_bytes;
-        out->tier[sr.tier].blocks += sr.live_blocks;
-      }
-    }
-    mdb_cursor_close(cur);
-  }
-  uint64_t smart_contexts = 0;
-  if (rc == KVDB_OK && out->tier[KVDB_TIER_SMARTSSD].blocks > 0)
-    rc = kv_count_tier_contexts(db, txn, KVDB_TIER_SMARTSSD, &smart_contexts);
+  /* the per-tier figures: the catalog's counters (counts.h), kept by every commit; counted
+   * anew when a commit did not keep them (an older build wrote), and then stored by a
+   * read-write handle when nothing was committed meanwhile */
+  kv_counts cnt;
+  uint64_t snap = mdb_txn_id(txn);
+  kvdb_status rc = kv_counts_get(&db->cat, txn, &cnt);
+  int counted = rc == KVDB_NOTFOUND;
+  if (counted)
+    rc = kv_counts_recount(&db->cat, txn, &cnt);
   mdb_txn_abort(txn);
+  if (rc == KVDB_OK && counted && !db->cat.rdonly && kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
+    if (mdb_txn_id(txn) == snap + 1 && kv_counts_put(&db->cat, txn, &cnt) == KVDB_OK)
+      kv_txn_commit(txn);
+    else
+      mdb_txn_abort(txn);
+    kv_clear_error(); /* stored or not, the figures stand */
+  }
+  for (uint32_t t = 0; rc == KVDB_OK && t < KVDB_TIER_COUNT; t++) {
+    out->n_segments += cnt.v[t][KV_CNT_SEGMENTS];
+    out->segment_file_bytes += cnt.v[t][KV_CNT_SEG_BYTES];
+    out->live_bytes += cnt.v[t][KV_CNT_LIVE_BYTES];
+  }
+  if (rc == KVDB_OK) {
+    out->tier[KVDB_TIER_SMARTSSD].bytes = cnt.v[KVDB_TIER_SMARTSSD][KV_CNT_LIVE_BYTES];
+    out->tier[KVDB_TIER_SMARTSSD].blocks = cnt.v[KVDB_TIER_SMARTSSD][KV_CNT_LIVE_BLOCKS];
+  }
+  uint64_t smart_contexts = rc == KVDB_OK ? cnt.v[KVDB_TIER_SMARTSSD][KV_CNT_CONTEXTS] : 0;
   char path[4200];
   struct stat st;
   snprintf(path, sizeof path, "%s/catalog.mdb", db->dir);

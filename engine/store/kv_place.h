@@ -60,16 +60,17 @@ void kv_place_options_init(kvdb_options *o);
 kvdb_status kv_place_options_check(const kvdb_options *o);
 
 /* At open, after the catalog and before recovery: the SmartSSD tier's directory (recorded in
- * the catalog, or the option, or DIR/smartssd), created when the tier is configured and the
- * handle writes; with placement on, the placement state (tier figures probed or loaded, the
+ * the catalog, or the option, or DIR/smartssd; a record another process writes later is
+ * adopted by kv_smart_dir), created when the tier is configured and the handle writes; with placement on, the placement state (tier figures probed or loaded, the
  * DRAM admission set). KVDB_INVALID when the option names another directory than the recorded
  * one. */
 kvdb_status kv_place_open(kvdb *db);
 /* At close: what kv_place_open made. Safe on a handle it never ran on. */
 void kv_place_close(kvdb *db);
 
-/* In the write transaction that creates a SmartSSD segment: the directory must be known; it
- * exists and is recorded; format 3. */
+/* In the write transaction that creates a SmartSSD segment: the recorded directory (which the
+ * handle adopts), else the handle's own, recorded now (KVDB_INVALID when it has none, or when
+ * its explicit smartssd_dir differs from the record); the directory exists; format 3. */
 kvdb_status kv_place_smart_dir_ready(kvdb *db, MDB_txn *txn);
 
 /* The read figures of each kvdb tier now (read_bps 0: no such tier). */

@@ -177,11 +177,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     }
     if (rc == KVDB_OK) {
       if (old.live_blocks == 0) {
-        uint8_t kk[8];
-        kv_be64(kk, id);
-        MDB_val key = {8, kk};
-        mrc = mdb_del(txn, db->cat.segments, &key, NULL);
-        rc = mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete segment record");
+        rc = kv_cat_del_seg(&db->cat, txn, id);
         removed = 1;
       } else {
         old.live_bytes = old.live_blocks ? old.live_bytes : 0;

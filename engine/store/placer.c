@@ -22,10 +22,14 @@
  * EXECUTION of a plan (kvdb_place_move list): in the plan's order (room is freed before it is
  * used), each context still as the plan found it (same config and tier) is relocated
  * (kv_relocate: one transaction each) or, when it leaves the last tier, deleted; one that
- * changed meanwhile is skipped. Then one transaction records every moved context's tier and
- * DRAM flag in ctxstats and bumps "place_gen", and the handle reloads its DRAM admission set.
- * A crash between moves leaves each context either where it was or where the plan put it,
- * readable either way; the flags are advisory and the next placement rewrites them.
+ * changed meanwhile is skipped. It runs in steps (kvdb_rebalance_step: a bound on the moves
+ * and on the bytes relocated per step; kvdb_rebalance_execute: steps of
+ * KV_REBALANCE_STEP_MOVES back to back), each under the handle's placement lock. After each
+ * step one transaction records the moved contexts' tiers and DRAM flags in ctxstats and, when
+ * a flag changed or the plan is done, bumps "place_gen", and the handle reloads its DRAM
+ * admission set. A crash between moves leaves each context either where it was or where the
+ * plan put it, readable either way; the flags are advisory and the next placement rewrites
+ * them.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -41,6 +45,9 @@
  * second and core: the order of magnitude `kvdb-bench policy` measures on the reference VM
  * (lossless 0.7-1.7, int8 4-11, int4 4-9, dropping 13-45 GB/s). */
 static const double KV_PLACE_DECODE_BPS[4] = {0, 1.5e9, 8e9, 20e9};
+
+/* kvdb_rebalance_execute's steps: moves per hold of the placement lock. */
+#define KV_REBALANCE_STEP_MOVES 64
 
 typedef struct pmodel {
   uint8_t hash[16];
@@ -452,9 +459,10 @@ static kvdb_status ctx_now(kvdb *db, const uint8_t key[16], kvdb_config *cfg, ui
   return rc;
 }
 
-/* Record tiers and DRAM flags of the moved contexts; bump place_gen. */
+/* Record tiers and DRAM flags of the moved contexts; with `bump`, bump place_gen (every
+ * handle then rebuilds its DRAM admission set). */
 static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, const uint8_t *done,
-                                uint64_t now_ms)
+                                uint64_t now_ms, int bump)
 {
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
@@ -478,7 +486,7 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
     cs.flags = mv[i].to_cached ? KV_CTXS_CACHED : 0;
     rc = kv_cat_put_ctxstats(&db->cat, txn, mv[i].context.b, &cs);
   }
-  if (rc == KVDB_OK)
+  if (rc == KVDB_OK && bump)
     rc = kv_place_bump_gen(db, txn);
   if (rc != KVDB_OK) {
     mdb_txn_abort(txn);
@@ -487,18 +495,31 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
   return kv_txn_commit(txn);
 }
 
-/* Carry out moves mv[0..n). */
-static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
-                           kvdb_rebalance_report *rep)
+/*
+ * Carry out moves mv[*next..n) of a plan, one step: at most max_moves of them (0: no limit;
+ * skipped ones count), and none more once the stored bytes of the relocations done reach
+ * max_bytes (0: no limit; the first move is always made); then the DRAM flags of the moved
+ * contexts. place_gen is bumped (every handle reloads its admission set) when a flag changed
+ * in the step or the step ends the plan. *next becomes the first move not made (on an error,
+ * the one that failed).
+ */
+static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, size_t *next,
+                                uint64_t max_moves, uint64_t max_bytes,
+                                kvdb_rebalance_report *rep)
 {
   memset(rep, 0, sizeof *rep);
-  if (n == 0)
+  size_t i0 = *next;
+  if (i0 >= n)
     return KVDB_OK;
-  uint8_t *done = calloc(n, 1);
+  uint8_t *done = calloc(n - i0, 1);
   if (done == NULL)
     return kv_fail(KVDB_NOMEM, "plan execution");
   kvdb_status rc = KVDB_OK;
-  for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
+  uint64_t bytes = 0;
+  size_t i;
+  for (i = i0; i < n; i++) {
+    if (i > i0 && ((max_moves > 0 && i - i0 >= max_moves) || (max_bytes > 0 && bytes >= max_bytes)))
+      break;
     kvdb_config cfg;
     uint32_t tier;
     pmodel pm;
@@ -520,7 +541,9 @@ static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
         rep->skipped++;
       } else if (rc == KVDB_OK) {
         rep->deleted++;
-        done[i] = 1;
+        done[i - i0] = 1;
+      } else {
+        break;
       }
       continue;
     }
@@ -538,17 +561,28 @@ static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
       if (rc != KVDB_OK)
         break;
       rep->relocated++;
+      bytes += mv[i].to_bytes;
     }
-    done[i] = 1;
+    done[i - i0] = 1;
     rep->cache_changes += mv[i].to_cached != mv[i].from_cached;
   }
+  *next = i; /* on an error: the move that failed */
   if (rc == KVDB_OK) {
-    rc = record_flags(db, mv, n, done, kv_now_ms());
-    if (rc == KVDB_OK)
+    int bump = rep->cache_changes > 0 || i == n;
+    rc = record_flags(db, mv + i0, i - i0, done, kv_now_ms(), bump);
+    if (rc == KVDB_OK && bump)
       rc = kv_place_reload(db);
   }
   free(done);
   return rc;
+}
+
+/* Carry out moves mv[0..n) in one step. */
+static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
+                           kvdb_rebalance_report *rep)
+{
+  size_t next = 0;
+  return execute_step(db, mv, n, &next, 0, 0, rep);
 }
 
 /* Write this handle's pending access counts (a read-write handle). */
@@ -876,8 +910,8 @@ kvdb_status kvdb_rebalance_plan(kvdb *db, kvdb_place_plan *plan)
   return rc;
 }
 
-kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
-                                   kvdb_rebalance_report *report)
+/* The checks of kvdb_rebalance_execute and _step. */
+static kvdb_status plan_check(kvdb *db, const kvdb_place_plan *plan)
 {
   KV_RET(kv_check_db(db));
   if (plan == NULL || (plan->n_moves > 0 && plan->moves == NULL))
@@ -893,16 +927,52 @@ kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
       return kv_fail(KVDB_INVALID, "plan move %zu: tiers %u -> %u, cached %u -> %u", i,
                      m->from_tier, m->to_tier, m->from_cached, m->to_cached);
   }
-  kvdb_rebalance_report tmp;
-  if (report == NULL)
-    report = &tmp;
+  return KVDB_OK;
+}
+
+/* One step under the handle's placement lock (puts of this handle place their contexts
+ * between steps). */
+static kvdb_status step_locked(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                               uint64_t max_moves, uint64_t max_bytes, kvdb_rebalance_report *rep)
+{
   pthread_mutex_t *lk = db->place != NULL ? kv_place_run_lock(db) : NULL;
   if (lk != NULL)
     pthread_mutex_lock(lk);
   kv_place_view_drop(db); /* the plan was made from the catalog, not from the view */
-  kvdb_status rc = execute(db, plan->moves, plan->n_moves, report);
+  kvdb_status rc = execute_step(db, plan->moves, plan->n_moves, next, max_moves, max_bytes, rep);
   if (lk != NULL)
     pthread_mutex_unlock(lk);
+  return rc;
+}
+
+kvdb_status kvdb_rebalance_step(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                                uint64_t max_moves, uint64_t max_bytes,
+                                kvdb_rebalance_report *report)
+{
+  KV_RET(plan_check(db, plan));
+  if (next == NULL || *next > plan->n_moves)
+    return kv_fail(KVDB_INVALID, "next is NULL or past the plan's %zu moves", plan->n_moves);
+  kvdb_rebalance_report tmp;
+  return step_locked(db, plan, next, max_moves, max_bytes, report != NULL ? report : &tmp);
+}
+
+kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
+                                   kvdb_rebalance_report *report)
+{
+  KV_RET(plan_check(db, plan));
+  kvdb_rebalance_report tmp, step;
+  if (report == NULL)
+    report = &tmp;
+  memset(report, 0, sizeof *report);
+  size_t next = 0;
+  kvdb_status rc = KVDB_OK;
+  while (rc == KVDB_OK && next < plan->n_moves) {
+    rc = step_locked(db, plan, &next, KV_REBALANCE_STEP_MOVES, 0, &step);
+    report->relocated += step.relocated;
+    report->deleted += step.deleted;
+    report->skipped += step.skipped;
+    report->cache_changes += step.cache_changes;
+  }
   return rc;
 }
 

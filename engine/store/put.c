@@ -237,6 +237,7 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
   *freed = 0;
   kv_ctx_rec cr;
   KV_RET(kv_cat_get_ctx(&db->cat, txn, key, &cr));
+  KV_RET(kv_counts_add(&db->cat, txn, kv_cat_ctx_tier(&db->cat, txn, &cr), KV_CNT_CONTEXTS, -1));
   size_t nb = cr.n_blocks;
   uint8_t *blocks = malloc(16 * nb);
   if (blocks == NULL)
@@ -679,6 +680,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   if (rc != KVDB_NOTFOUND)
     goto out;
   uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
+  uint32_t last_tier = KVDB_TIER_SSD; /* the context's tier: its last block's */
   size_t buf_cap = kv_block_rec_size(r->bt);
   buf = malloc(buf_cap);
   if (buf == NULL) {
@@ -702,6 +704,9 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
           br.method != KVDB_METHOD_LOSSLESS) {
         /* stored lossy: our exact copy replaces it; the old bytes become dead space */
         KV_ERR(kv_seg_unref(db, txn, br.segment, br.bytes));
+        if (br.tier != w->tier) /* other contexts ending in it change tier: recount them */
+          KV_ERR(kv_counts_invalidate(&db->cat, txn));
+        br.tier = w->tier; /* the block is where it is written now */
         br.segment = w->seg_id;
         br.offset = b->off;
         br.bytes = b->obj_bytes;
@@ -751,6 +756,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       rc = kv_mdb_fail(mrc, "put block");
       goto out;
     }
+    last_tier = br.tier;
   }
   /* the context */
   free(buf);
@@ -782,6 +788,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     rc = kv_mdb_fail(mrc, "put context");
     goto out;
   }
+  KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
   uint8_t ak[24];
   atime_key(ak, now, r->ctx);
   MDB_val akv = {24, ak}, empty = {0, NULL};

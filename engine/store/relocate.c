@@ -218,7 +218,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
     goto out;
   }
   uint64_t new_bytes = 0, new_blocks = 0, ctx_bytes = 0;
-  uint32_t last_tier = KVDB_TIER_SSD;
+  uint32_t last_tier = KVDB_TIER_SSD, was_tier = kv_cat_ctx_tier(&db->cat, txn, &cr);
   for (uint32_t i = 0; i < r->n; i++) {
     rblk *b = &r->b[i];
     kv_block_rec br;
@@ -274,6 +274,10 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
   }
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
+  if (last_tier != was_tier) { /* kvdb_stat's per-tier context counts */
+    KV_ERR(kv_counts_add(&db->cat, txn, was_tier, KV_CNT_CONTEXTS, -1));
+    KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
+  }
   if (r->reencode) { /* the profile now says how the context is stored */
     p = malloc(sizeof *p);
     if (p == NULL) {
@@ -344,7 +348,7 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
     if (tier != KVDB_TIER_SSD && tier != KVDB_TIER_SMARTSSD)
       return kv_fail(KVDB_INVALID, "tier %u is not a persistent tier (KVDB_TIER_SSD or "
                      "KVDB_TIER_SMARTSSD)", tier);
-    if (tier == KVDB_TIER_SMARTSSD && (!smart_ok || db->smart_dir == NULL))
+    if (tier == KVDB_TIER_SMARTSSD && (!smart_ok || kv_smart_dir(db) == NULL))
       return kv_fail(KVDB_INVALID, "this handle has no SmartSSD tier "
                      "(kvdb_options.smartssd_bytes is 0)");
   }

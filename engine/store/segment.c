@@ -28,9 +28,9 @@
 #define KV_HUGE (2u << 20)
 #define KV_HUGE_MIN (4u << 20)
 
-kvdb_status kv_seg_path(const kvdb *db, uint64_t id, char *buf, size_t cap)
+kvdb_status kv_seg_path(kvdb *db, uint64_t id, char *buf, size_t cap)
 {
-  const char *dir = kv_seg_tier(id) == KVDB_TIER_SMARTSSD ? db->smart_dir : db->seg_dir;
+  const char *dir = kv_seg_tier(id) == KVDB_TIER_SMARTSSD ? kv_smart_dir(db) : db->seg_dir;
   if (dir == NULL)
     return kv_fail(KVDB_INVALID, "segment %" PRIx64 " is on the SmartSSD tier, whose directory "
                    "is not known", id);
@@ -327,12 +327,7 @@ static kvdb_status recover_segment(kvdb *db, MDB_txn *txn, uint64_t id, kv_seg_r
   int rc = db->io->ops->open(db->io, path, 0, NULL, &f);
   if (rc == -ENOENT) {
     if (sr->end == 0) {
-      uint8_t k[8];
-      kv_be64(k, id);
-      MDB_val key = {8, k};
-      int mrc = mdb_del(txn, db->cat.segments, &key, NULL);
-      if (mrc != 0)
-        return kv_mdb_fail(mrc, "delete empty segment record");
+      KV_RET(kv_cat_del_seg(&db->cat, txn, id));
       *deleted = 1;
       return KVDB_OK;
     }

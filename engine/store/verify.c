@@ -35,6 +35,7 @@
 #include <stdlib.h>
 
 #include "kv_db.h"
+#include "catalog/counts.h"
 #include "catalog/ctxstats.h"
 #include "kv_score.h"
 
@@ -305,8 +306,9 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   if (rc != KVDB_OK)
     return kv_seg_gone_now(db, seg) ? KVDB_NOTFOUND : kv_fail(KVDB_CORRUPT, "%s", kvdb_errmsg());
   int e = db->io->ops->pread(db->io, sf->f, v->buf, want, off);
+  if (e != 0)
+    *misplaced = 0; /* a short or unreadable file (kv_seg_read_fail says which), not a wrong place */
   if (e == 0) {
-    *misplaced = 0;
     rc = kv_block_parse_header(v->buf, want, hdr);
     *misplaced = rc != KVDB_OK || memcmp(hdr->block_hash, hash, 16) != 0 ||
                  hdr->obj.total_bytes > end - off;
@@ -1347,6 +1349,9 @@ kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
       rc = apply_plan(&r, &v, t);
     if (rc == KVDB_OK)
       rc = fix_counts(&r, &v, t);
+    kv_counts k; /* stat's counters: counted anew as the repair leaves the catalog */
+    if (rc == KVDB_OK && (rc = kv_counts_recount(&db->cat, t, &k)) == KVDB_OK)
+      rc = kv_counts_put(&db->cat, t, &k);
     uint64_t gen = 0;
     if (rc == KVDB_OK && kv_cat_get_u64(&db->cat, t, "gen", &gen) == KVDB_OK)
       rc = kv_cat_put_u64(&db->cat, t, "gen", gen + 1); /* readers drop cached locations */

@@ -34,9 +34,17 @@ moves=$(grep -Ec '^[0-9a-f]{16}  ' "$T/out")
 expect 0 --json rebalance "$DB" --dry-run
 pyjson 'd["command"] == "rebalance" and d["dry_run"] is True and d["contexts"] == 8 and len(d["moves"]) == '"$moves"' and all(set(m) >= {"key", "from", "to", "bytes_from", "bytes_to", "utility_from", "utility_to"} and len(m["key"]) == 32 for m in d["moves"]) and d["capacity"]["ssd"] == 327680 and d["bytes_after"]["ssd"] <= 327680 and d["bytes_after"]["smartssd"] <= 327680 and "done" not in d'
 
-# execution
+# execution in steps of 2 moves (kvdb_rebalance_step), on a copy
+cp -r "$DB" "$T/db2"
+expect 0 --json rebalance "$T/db2" --step 2
+pyjson 'd["done"]["steps"] == ('"$moves"' + 1) // 2 and d["done"]["step_moves"] == 2 and d["done"]["skipped"] == 0 and d["done"]["step_ms_max"] > 0'
+expect 0 rebalance "$T/db2" --dry-run
+has '^contexts +[0-9]+ placed, 0 to move'
+
+# execution (steps of 64)
 expect 0 rebalance "$DB"
 has '^done +[0-9]+ relocated, [0-9]+ deleted, 0 skipped'
+has '^steps +1 of at most 64 moves, the longest [0-9.]+ ms$'
 expect 0 --json stats "$DB"
 pyjson 'd["command"] == "stats" and 0 < d["contexts"] <= 8 and sum(t["served_contexts"] for t in d["tiers"].values()) == d["contexts"] and sum(c["contexts"] for c in d["configs"]) == d["contexts"] and d["tiers"]["ssd"]["read_gbps"] > 0 and d["tiers"]["dram"]["blocks_read"] + d["tiers"]["ssd"]["blocks_read"] + d["tiers"]["smartssd"]["blocks_read"] > 0'
 expect 0 stats "$DB"
@@ -53,6 +61,10 @@ pyjson 'd["tiers"]["ssd"]["read_gbps"] > 0 and d["tiers"]["ssd"]["probed_unix_ms
 # usage and settings errors
 expect 2 stats "$DB" --dry-run
 has_err "option '--dry-run' applies to rebalance only"
+expect 2 rebalance "$DB" --step 0
+has_err "--step '0' is not a number of moves"
+expect 2 compact "$DB" --step 3
+has_err "option '--step' applies to rebalance only"
 PLAIN=$T/plain
 "$FIX" plain "$PLAIN" || fail "fixture plain"
 expect 1 rebalance "$PLAIN" --dry-run

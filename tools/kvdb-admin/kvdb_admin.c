@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvdb.h"
@@ -60,6 +61,7 @@ typedef struct cli {
   double threshold;
   int dry_run; /* rebalance --dry-run, verify --repair --dry-run */
   int repair;  /* verify --repair */
+  uint64_t step_moves; /* rebalance --step N (moves per kvdb_rebalance_step) */
 } cli;
 
 typedef struct command {
@@ -895,9 +897,26 @@ static int cmd_rebalance(const cli *c)
     return finish(&r, fail_kv(&r, st));
   kvdb_rebalance_report rep;
   memset(&rep, 0, sizeof rep);
-  if (!c->dry_run && (st = kvdb_rebalance_execute(r.db, &plan, &rep)) != KVDB_OK) {
-    kvdb_place_plan_free(&plan);
-    return finish(&r, fail_kv(&r, st));
+  /* carried out in bounded steps: serving handles' puts and placements go on between them */
+  size_t next = 0, steps = 0;
+  double step_ms_max = 0;
+  while (!c->dry_run && next < plan.n_moves) {
+    kvdb_rebalance_report sr;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    st = kvdb_rebalance_step(r.db, &plan, &next, c->step_moves, 0, &sr);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    step_ms_max = ms > step_ms_max ? ms : step_ms_max;
+    steps++;
+    rep.relocated += sr.relocated;
+    rep.deleted += sr.deleted;
+    rep.skipped += sr.skipped;
+    rep.cache_changes += sr.cache_changes;
+    if (st != KVDB_OK) {
+      kvdb_place_plan_free(&plan);
+      return finish(&r, fail_kv(&r, st));
+    }
   }
   char hx[33], a[96], b[96], s1[32], s2[32];
   if (c->json) {
@@ -929,6 +948,9 @@ static int cmd_rebalance(const cli *c)
       jw_u64(j, "deleted", rep.deleted);
       jw_u64(j, "skipped", rep.skipped);
       jw_u64(j, "cache_changes", rep.cache_changes);
+      jw_u64(j, "steps", steps);
+      jw_u64(j, "step_moves", c->step_moves);
+      jw_num(j, "step_ms_max", step_ms_max);
       jw_end(j);
     }
     kvdb_place_plan_free(&plan);
@@ -957,10 +979,13 @@ static int cmd_rebalance(const cli *c)
               plan.capacity[t] ? fmt_size(plan.capacity[t], cp, sizeof cp) : "unlimited");
     }
     kv_line("utility", "%.6g -> %.6g", plan.utility_before, plan.utility_after);
-    if (!c->dry_run)
+    if (!c->dry_run) {
       kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted, %" PRIu64 " skipped (changed "
               "since the plan), %" PRIu64 " DRAM changes", rep.relocated, rep.deleted,
               rep.skipped, rep.cache_changes);
+      kv_line("steps", "%zu of at most %" PRIu64 " moves, the longest %.1f ms", steps,
+              c->step_moves, step_ms_max);
+    }
   }
   kvdb_place_plan_free(&plan);
   return finish(&r, EXIT_OKAY);
@@ -1132,7 +1157,7 @@ static const command commands[] = {
    "\n"
    "  --threshold F   live fraction under which a segment is rewritten (0 = default 0.5)\n",
    cmd_compact},
-  {"rebalance", "DIR [--dry-run]", 1, "place every context anew (EvicPress), or print the plan",
+  {"rebalance", "DIR [--dry-run] [--step N]", 1, "place every context anew (EvicPress), or print the plan",
    "Plan a rebalance of the placement (every context takes its best tier and config by the\n"
    "utility (alpha * quality - TTFT) * frequency, then over-full tiers are resolved from the\n"
    "top by the cheapest recompression or move down) with the settings the database recorded\n"
@@ -1142,9 +1167,12 @@ static const command commands[] = {
    "before and after against the capacities, and the total utility. Without --dry-run the\n"
    "plan is then carried out, each move in its own transaction (a crash leaves every context\n"
    "where it was or where the plan puts it); moves of contexts that changed since the plan are\n"
-   "skipped. Opens the database read-write (read-only with --dry-run).\n"
+   "skipped. The moves are made in steps of at most N (kvdb_rebalance_step): the database\n"
+   "is never held by the rebalance for longer than one step, and serving processes' puts and\n"
+   "placements go on between steps. Opens the database read-write (read-only with --dry-run).\n"
    "\n"
-   "  --dry-run       print the plan only\n",
+   "  --dry-run       print the plan only\n"
+   "  --step N        moves per step (default 64)\n",
    cmd_rebalance},
   {"stats", "DIR", 1, "placement: configs in use per tier, tier hit rates, utility",
    "Print the placement's view: per tier the contexts served from it (DRAM: those the\n"
@@ -1238,6 +1266,7 @@ int main(int argc, char **argv)
   memset(&c, 0, sizeof c);
   int help = 0, version = 0, opts_done = 0, n_extra = 0;
   const char *bad_option = NULL, *bad_command = NULL, *threshold_arg = NULL, *extra = NULL;
+  const char *step_arg = NULL;
   const char *missing_value = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -1263,6 +1292,13 @@ int main(int argc, char **argv)
           missing_value = a;
       } else if (strncmp(a, "--threshold=", 12) == 0)
         threshold_arg = a + 12;
+      else if (strcmp(a, "--step") == 0) {
+        if (i + 1 < argc)
+          step_arg = argv[++i];
+        else
+          missing_value = a;
+      } else if (strncmp(a, "--step=", 7) == 0)
+        step_arg = a + 7;
       else if (bad_option == NULL)
         bad_option = a;
       continue;
@@ -1313,6 +1349,18 @@ int main(int argc, char **argv)
   if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
     return usage_error(c.cmd,
                        "option '--dry-run' applies to rebalance only (and to verify --repair)");
+  c.step_moves = 64;
+  if (step_arg != NULL) {
+    if (c.cmd->run != cmd_rebalance)
+      return usage_error(c.cmd, "option '--step' applies to rebalance only");
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(step_arg, &end, 10);
+    if (errno != 0 || end == step_arg || *end != 0 || step_arg[0] == '-' || n == 0 ||
+        n > 1000000000ull)
+      return usage_error(c.cmd, "--step '%s' is not a number of moves from 1 to 1e9", step_arg);
+    c.step_moves = n;
+  }
   if (c.n_pos < c.cmd->n_pos)
     return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
   if (c.n_pos > c.cmd->n_pos || n_extra > 0)
