@@ -57,11 +57,13 @@ KVDB_API unsigned kvdb_version_number(void);
 
 /**
  * @brief The newest on-disk format version this build reads and writes. A new database is
- * created at version 1; it becomes version 2 with its first compressed block or quality
- * profile, and version 3 with its first segment on the SmartSSD tier or its first block with
- * score copies (so builds that know an older version refuse it then, with KVDB_VERSION).
+ * created at version 4 (its catalog keeps two indexes of its blocks that every writer must
+ * maintain, so builds that know only versions 1-3 refuse it with KVDB_VERSION). A database of
+ * version 1-3 written by an earlier build opens: read-write, the open upgrades it to version 4
+ * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
+ * all the children of its last matched block).
  */
-#define KVDB_FORMAT_VERSION 3
+#define KVDB_FORMAT_VERSION 4
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup status Status codes. Values are pinned: never renumbered or reused. */
