@@ -457,7 +457,9 @@ KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *
 /**
  * @brief How many leading tokens of `tokens[0..n)` are stored, verified token by token.
  * Finds full blocks by hash, then the longest stored block continuing the prefix (partial
- * blocks and prefixes of blocks count). No block data is read. A block whose stored tokens
+ * blocks and prefixes of blocks count), whatever the number of stored blocks continuing the
+ * last matched one (the catalog's trie of blocks, format 4; a format 1-3 database opened
+ * read-only examines all of them). No block data is read. A block whose stored tokens
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
  * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
  * @param[out] hit_tokens 0..n.
