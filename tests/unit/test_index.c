@@ -4,6 +4,8 @@
  *  - fanout: 10,000 continuations of one block (sharing their first tokens, so that the trie
  *    must descend) and nested partial blocks; every lookup and get gives the longest stored
  *    prefix (computed here by brute force), also after deletes, compaction and relocations
+ *  - deep: 256-token blocks whose children share long prefixes (the trie descends through all
+ *    its chunk sizes), with deletes between puts
  *  - sysprompt: a 200-token system prompt still hits after 1,000 unrelated contexts (children
  *    of the model's root)
  *  - compact: compacting one segment of 64 blocks in a database of 20,000 blocks visits that
@@ -253,6 +255,69 @@ static void test_sysprompt(void)
   printf("ok sysprompt: 200 of 200 hits of a 200-token prompt among 1,001 root children\n");
 }
 
+/* 256-token blocks whose children share long prefixes (so the trie descends through its
+ * chunks of 8, 16, 32, 64 and 96 tokens): 1,500 contexts, each a random earlier one's prefix
+ * of random length then new tokens; a third deleted, then 500 more sharing with the rest. */
+static void test_deep(void)
+{
+  char *dir = t_tmpdir("index");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  const kvdb_model *m = &M256;
+  enum { N = 2000, FIRST = 1500 };
+  stored *s = calloc(N, sizeof *s);
+  ASSERT(s != NULL);
+  uint64_t seed = 99;
+  uint32_t head[256];
+  for (int j = 0; j < 256; j++)
+    head[j] = 20000 + (uint32_t)j; /* every context starts with this block, then diverges */
+  size_t q = 0;
+  for (size_t i = 0; i < N; i++) {
+    if (i == FIRST) { /* delete a third of the first ones */
+      for (size_t k = 0; k < FIRST; k += 3) {
+        kvdb_key keys[4];
+        ASSERT_OK(kvdb_chain_hashes(m, s[k].tok, s[k].n, keys, 4));
+        kvdb_status st = kvdb_delete(db, &keys[(s[k].n + 255) / 256 - 1]);
+        ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND);
+        s[k].live = 0;
+      }
+      for (size_t a = 0; a < FIRST; a++)
+        for (size_t k = 0; k < FIRST && s[a].live; k += 3)
+          if (s[k].n == s[a].n && memcmp(s[k].tok, s[a].tok, s[a].n * sizeof *s[a].tok) == 0)
+            s[a].live = 0;
+      verify_clean(db);
+      q += check_queries(db, m, s, FIRST, 3, 1000, 1);
+    }
+    size_t n = 257 + t_rand(&seed) % 255; /* one full block and a partial one */
+    s[i].tok = malloc(n * sizeof *s[i].tok);
+    ASSERT(s[i].tok != NULL);
+    memcpy(s[i].tok, head, sizeof head);
+    size_t take = 256;
+    if (i > 0) {
+      const stored *e = &s[t_rand(&seed) % i];
+      take = 256 + t_rand(&seed) % (e->n - 256 + 1);
+      if (take > n)
+        take = n;
+      memcpy(s[i].tok, e->tok, take * sizeof *s[i].tok);
+    }
+    for (size_t j = take; j < n; j++)
+      s[i].tok[j] = (uint32_t)(t_rand(&seed) % 4); /* 4 words: long shared runs */
+    s[i].n = n;
+    s[i].live = 1;
+    put_ctx(db, m, s[i].tok, n);
+  }
+  verify_clean(db);
+  q += check_queries(db, m, s, N, 4, 3000, 1);
+  kvdb_close(db);
+  for (size_t i = 0; i < N; i++)
+    free(s[i].tok);
+  free(s);
+  t_rmdir(dir);
+  printf("ok deep: 2,000 continuations of a 256-token block sharing long prefixes, %zu lookups "
+         "at the longest stored prefix\n", q);
+}
+
 static void count_problem(void *ctx, const kvdb_problem *p)
 {
   (void)p;
@@ -352,6 +417,8 @@ int main(int argc, char **argv)
   const char *only = argc > 1 ? argv[1] : NULL;
   if (only == NULL || strcmp(only, "sysprompt") == 0)
     test_sysprompt();
+  if (only == NULL || strcmp(only, "deep") == 0)
+    test_deep();
   if (only == NULL || strcmp(only, "compact") == 0)
     test_compact_linear();
   if (only == NULL || strcmp(only, "fanout") == 0)
