@@ -6,6 +6,8 @@
  *    prefix (computed here by brute force), also after deletes, compaction and relocations
  *  - deep: 256-token blocks whose children share long prefixes (the trie descends through all
  *    its chunk sizes), with deletes between puts
+ *  - upgrade: a format-3 database with 2,000 children of one block, read-only (the legacy scan
+ *    of every child) and upgraded by a read-write open
  *  - sysprompt: a 200-token system prompt still hits after 1,000 unrelated contexts (children
  *    of the model's root)
  *  - compact: compacting one segment of 64 blocks in a database of 20,000 blocks visits that
@@ -318,6 +320,99 @@ static void test_deep(void)
          "at the longest stored prefix\n", q);
 }
 
+/* Turn a format-4 catalog into what a format-3 build writes: the legacy `children` database
+ * (parent -> child hashes) in place of `next` and `segblocks`, meta format 3. */
+static void make_format3(const char *dir)
+{
+  char path[4200];
+  snprintf(path, sizeof path, "%s/catalog.mdb", dir);
+  MDB_env *env;
+  MDB_txn *txn;
+  MDB_dbi meta, blocks, children, next, segblocks;
+  ASSERT(mdb_env_create(&env) == 0);
+  mdb_env_set_maxdbs(env, 16);
+  mdb_env_set_mapsize(env, 1ull << 30);
+  ASSERT(mdb_env_open(env, path, MDB_NOSUBDIR, 0644) == 0);
+  ASSERT(mdb_txn_begin(env, NULL, 0, &txn) == 0);
+  ASSERT(mdb_dbi_open(txn, "meta", 0, &meta) == 0);
+  ASSERT(mdb_dbi_open(txn, "blocks", 0, &blocks) == 0);
+  ASSERT(mdb_dbi_open(txn, "next", MDB_DUPSORT | MDB_DUPFIXED, &next) == 0);
+  ASSERT(mdb_dbi_open(txn, "segblocks", MDB_DUPSORT | MDB_DUPFIXED, &segblocks) == 0);
+  ASSERT(mdb_dbi_open(txn, "children", MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED, &children) == 0);
+  MDB_cursor *cur;
+  MDB_val k, v;
+  ASSERT(mdb_cursor_open(txn, blocks, &cur) == 0);
+  size_t n = 0;
+  for (int mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT), n++) {
+    kv_block_rec br;
+    ASSERT_OK(kv_block_rec_decode(v.mv_data, v.mv_size, &br));
+    uint8_t parent[16], child[16];
+    memcpy(parent, br.parent, 16);
+    memcpy(child, k.mv_data, 16);
+    MDB_val pk = {16, parent}, cv = {16, child};
+    ASSERT(mdb_put(txn, children, &pk, &cv, MDB_NODUPDATA) == 0);
+  }
+  mdb_cursor_close(cur);
+  ASSERT(mdb_drop(txn, next, 1) == 0 && mdb_drop(txn, segblocks, 1) == 0);
+  uint8_t fmt[8] = {3};
+  MDB_val fk = {6, "format"}, fv = {8, fmt};
+  ASSERT(mdb_put(txn, meta, &fk, &fv, 0) == 0);
+  ASSERT(mdb_txn_commit(txn) == 0);
+  mdb_env_close(env);
+  ASSERT(n > 1000);
+}
+
+/* A format-3 database (as an earlier build wrote it) with 2,000 children of one block: read
+ * read-only as it is (every child examined, not 64), then opened read-write: upgraded to format
+ * 4 in its open (both indexes built, `children` dropped), same answers, verify clean. */
+static void test_upgrade(void)
+{
+  char *dir = t_tmpdir("index");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  const kvdb_model *m = &M16;
+  enum { N = 2000 };
+  stored *s = calloc(N, sizeof *s);
+  ASSERT(s != NULL);
+  uint64_t seed = 3;
+  for (size_t i = 0; i < N; i++) {
+    size_t n = 17 + t_rand(&seed) % 40;
+    s[i].tok = malloc(n * sizeof *s[i].tok);
+    ASSERT(s[i].tok != NULL);
+    for (size_t j = 0; j < n; j++)
+      s[i].tok[j] = j < 16 ? 300 + (uint32_t)j : (uint32_t)(t_rand(&seed) % 5000);
+    s[i].n = n;
+    s[i].live = 1;
+    put_ctx(db, m, s[i].tok, n);
+  }
+  kvdb_close(db);
+  make_format3(dir);
+  o.flags = KVDB_O_RDONLY;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 3);
+  ASSERT(!db->cat.has_index && db->cat.has_children);
+  size_t q = check_queries(db, m, s, N, 12, 1000, 1);
+  kvdb_close(db);
+  o = opts();
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 4);
+  ASSERT(db->cat.has_index && !db->cat.has_children);
+  q += check_queries(db, m, s, N, 13, 1000, 1);
+  verify_clean(db);
+  kvdb_close(db);
+  for (size_t i = 0; i < N; i++)
+    free(s[i].tok);
+  free(s);
+  t_rmdir(dir);
+  printf("ok upgrade: format 3 with 2,000 children read read-only, upgraded read-write, %zu "
+         "lookups exact, verify clean\n", q);
+}
+
 static void count_problem(void *ctx, const kvdb_problem *p)
 {
   (void)p;
@@ -417,6 +512,8 @@ int main(int argc, char **argv)
   const char *only = argc > 1 ? argv[1] : NULL;
   if (only == NULL || strcmp(only, "sysprompt") == 0)
     test_sysprompt();
+  if (only == NULL || strcmp(only, "upgrade") == 0)
+    test_upgrade();
   if (only == NULL || strcmp(only, "deep") == 0)
     test_deep();
   if (only == NULL || strcmp(only, "compact") == 0)
