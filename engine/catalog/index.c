@@ -239,10 +239,9 @@ static kvdb_status legacy_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent
                                const uint8_t model[16], const uint32_t *q, size_t nq,
                                uint32_t *best, kv_block_rec *rec, uint8_t hash[16])
 {
-  if (!c->has_children)
-    return KVDB_OK;
   MDB_cursor *cur;
-  KV_RET(idx_cursor(txn, c->children, &cur));
+  if (!c->has_children || mdb_cursor_open(txn, c->children, &cur) != 0)
+    return KVDB_OK; /* none (or dropped since: below) */
   MDB_val k = {16, (void *)(uintptr_t)parent}, v;
   int mrc;
   for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY); mrc == 0;
@@ -306,6 +305,8 @@ kvdb_status kv_idx_child_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[
     /* the entry's blocks: the first usable one gives s0 + bl tokens or more */
     uint8_t ek[KV_IDX_KEY_MAX];
     size_t elen = bk.mv_size;
+    if (elen > sizeof ek)
+      break; /* not a key this build writes (a damaged catalog): no answer from it */
     memcpy(ek, bk.mv_data, elen);
     k = (MDB_val){elen, ek};
     mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY);
