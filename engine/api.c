@@ -89,6 +89,14 @@ kvdb_status kv_check_model(const kvdb_model *m, uint32_t *bt)
   return KVDB_OK;
 }
 
+kvdb_status kv_check_n_tokens(size_t n)
+{
+  if (n > KV_MAX_TOKENS)
+    return kv_fail(KVDB_INVALID, "n %zu is too large: a context holds at most %zu tokens", n,
+                   (size_t)KV_MAX_TOKENS);
+  return KVDB_OK;
+}
+
 size_t kvdb_model_token_bytes(const kvdb_model *m)
 {
   uint32_t bt;
@@ -138,7 +146,7 @@ kvdb_status kvdb_chain_hashes(const kvdb_model *m, const uint32_t *tokens, size_
   KV_RET(kv_check_model(m, &bt));
   if (tokens == NULL || n == 0 || hashes == NULL)
     return kv_fail(KVDB_INVALID, "tokens, n and hashes must be non-NULL and non-zero");
-  size_t nb = (n + bt - 1) / bt;
+  size_t nb = n / bt + (n % bt != 0); /* n + bt - 1 would wrap for n near SIZE_MAX */
   if (hashes_cap < nb)
     return kv_fail(KVDB_INVALID, "hashes_cap %zu < %zu blocks", hashes_cap, nb);
   uint8_t prev[16];
@@ -177,6 +185,9 @@ kvdb_status kvdb_kv_view_packed(kvdb_kv_view *view, void *base, const kvdb_model
     return kv_fail(KVDB_INVALID, "view and base must be non-NULL");
   KV_RET(kv_check_model(m, &bt));
   int64_t eb = kv_dtype_bytes(m->dtype), d = m->head_dim, h = m->n_kv_heads;
+  if (n_tokens > (uint64_t)INT64_MAX / ((uint64_t)2 * m->n_layers * h * d * eb))
+    return kv_fail(KVDB_INVALID, "n_tokens %zu: a packed buffer of that many tokens would be "
+                   "larger than 2^63 bytes", n_tokens);
   int64_t half = (int64_t)n_tokens * h * d * eb; /* bytes of K (or V) of one layer */
   memset(view, 0, sizeof *view);
   switch (layout) {
@@ -245,6 +256,31 @@ kvdb_status kv_check_view(const kvdb_kv_view *v, const kvdb_model *m, const char
   return KVDB_OK;
 }
 
+/* Whether the byte offsets a view gives for n_tokens tokens stay within int64 (each element's
+ * offset is a sum of index x stride products computed in int64: caller strides that overflow
+ * it would address anything). */
+kvdb_status kv_check_view_extent(const kvdb_kv_view *v, const kvdb_model *m, uint64_t n_tokens,
+                                 const char *what)
+{
+  const kvdb_tensor_view *t[2] = {&v->k, &v->v};
+  uint64_t idx[4] = {m->n_layers - 1, n_tokens ? n_tokens - 1 : 0, m->n_kv_heads - 1,
+                     m->head_dim - 1};
+  for (int i = 0; i < 2; i++) {
+    int64_t st[4] = {t[i]->layer_bases ? 0 : t[i]->layer_stride, t[i]->token_stride,
+                     t[i]->head_stride, t[i]->dim_stride};
+    uint64_t sum = 0, term;
+    int over = 0;
+    for (int d = 0; d < 4 && !over; d++) {
+      uint64_t a = st[d] < 0 ? (uint64_t)0 - (uint64_t)st[d] : (uint64_t)st[d];
+      over = __builtin_mul_overflow(a, idx[d], &term) || __builtin_add_overflow(sum, term, &sum);
+    }
+    if (over || sum > (uint64_t)INT64_MAX - 8)
+      return kv_fail(KVDB_INVALID, "%s view: %s's strides for %" PRIu64 " tokens address more than "
+                     "2^63 bytes", what, i ? "v" : "k", n_tokens);
+  }
+  return KVDB_OK;
+}
+
 /* ---- open / close ----------------------------------------------------------------------- */
 
 static char *dup_printf(const char *a, const char *b)
@@ -275,6 +311,17 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
     memcpy(&opt, user, user->struct_size);
     opt.struct_size = sizeof opt;
   }
+  if ((opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY)) != 0)
+    return kv_fail(KVDB_INVALID, "options.flags 0x%x has unknown bits 0x%x (known: KVDB_O_CREATE, "
+                   "KVDB_O_RDONLY)", opt.flags,
+                   opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY));
+  if (opt.log_level < -1 || opt.log_level > 3)
+    return kv_fail(KVDB_INVALID, "options.log_level %d is not -1 (nothing), 0 (errors), "
+                   "1 (warnings), 2 (info) or 3 (debug)", opt.log_level);
+  if (opt.use_direct_io != 0 && opt.use_direct_io != 1)
+    return kv_fail(KVDB_INVALID, "options.use_direct_io %d is not 0 or 1", opt.use_direct_io);
+  if (opt.use_io_uring != 0 && opt.use_io_uring != 1)
+    return kv_fail(KVDB_INVALID, "options.use_io_uring %d is not 0 or 1", opt.use_io_uring);
   if (opt.segment_bytes < (1u << 20))
     return kv_fail(KVDB_INVALID, "segment_bytes %" PRIu64 " is below 1 MiB", opt.segment_bytes);
   if (opt.catalog_map_bytes < (1u << 20))

@@ -112,6 +112,12 @@ void kv_writers_free(kvdb *db);
 /* The cached read handle of segment `id`, referenced until kv_segfile_put. */
 kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out);
 void kv_segfile_put(kvdb *db, kv_segfile *sf);
+/* The status of a failed read of [off, off + len) of segment `seg` (block `hash`, may be NULL),
+ * err an errno: KVDB_CORRUPT when the file is missing or shorter than off + len (the message
+ * names the file and how short it is: "past the file's end"), else the errno's status. A
+ * segment file that cannot be found when opened for reading is KVDB_CORRUPT too. */
+kvdb_status kv_seg_read_fail(kvdb *db, int err, uint64_t seg, uint64_t off, uint64_t len,
+                             const uint8_t *hash);
 /* Drop cached handles of segments whose id is not in the catalog any more. */
 void kv_files_prune(kvdb *db, MDB_txn *txn);
 void kv_files_free(kvdb *db);
@@ -195,7 +201,15 @@ void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_
 /* ---- shared checks and hashes (api.c) ---- */
 kvdb_status kv_check_db(kvdb *db);
 kvdb_status kv_check_model(const kvdb_model *m, uint32_t *block_tokens);
+/* The most tokens a context can hold (its block count is a u32, blocks hold >= 16 tokens):
+ * put, get and lookup refuse a larger n (KVDB_INVALID) before any arithmetic on it. */
+#define KV_MAX_TOKENS ((uint64_t)UINT32_MAX * 16)
+kvdb_status kv_check_n_tokens(size_t n);
 kvdb_status kv_check_view(const kvdb_kv_view *v, const kvdb_model *m, const char *what);
+/* KVDB_INVALID when the view's strides for n_tokens tokens (with the model's layers, heads and
+ * dims) give byte offsets beyond int64 (a valid view first: kv_check_view). */
+kvdb_status kv_check_view_extent(const kvdb_kv_view *v, const kvdb_model *m, uint64_t n_tokens,
+                                 const char *what);
 void kv_model_hash(const kvdb_model *m, uint32_t block_tokens, uint8_t out[16]);
 void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, uint8_t out[16]);
 
@@ -206,6 +220,11 @@ kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes);
 void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
 /* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
 kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
+/* Whether model m (fingerprint mh) is the one stored under its id: KVDB_OK; KVDB_NOTFOUND (no
+ * model of that id is stored); KVDB_MISMATCH naming both shapes (another shape is stored under
+ * that id: every call with the model fails so, not only put). */
+kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint8_t mh[16]);
 /* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
 kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
                              kv_model_rec *rec);
@@ -215,6 +234,10 @@ kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char 
 uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
 /* How many contexts have their persistent copy on `tier`. */
 kvdb_status kv_count_tier_contexts(kvdb *db, MDB_txn *txn, uint32_t tier, uint64_t *n);
+
+/* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
+ * moved its blocks and removed its file while the caller read an older snapshot (verify.c). */
+int kv_seg_gone_now(kvdb *db, uint64_t id);
 
 /* ---- maintenance (store/maint.c) ---- */
 void kv_note_access(kvdb *db, const uint8_t key[16]);

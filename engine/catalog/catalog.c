@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,12 +328,56 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   return kv_fail(st, "catalog: %s: %s", what, mdb_strerror(mrc));
 }
 
+int kv_cat_reader_check(kv_catalog *c)
+{
+  int dead = 0;
+  if (c->env == NULL || c->nolock || mdb_reader_check(c->env, &dead) != 0)
+    return 0;
+  if (dead > 0)
+    atomic_fetch_add(&c->stale_readers, (uint64_t)dead);
+  return dead;
+}
+
+/* Every KV_READER_CHECK_EVERY write transactions, or after KV_READER_CHECK_MS: clear dead
+ * readers' slots (a scan of the reader table, one fcntl probe per process in it). */
+static void reader_check_due(kv_catalog *c)
+{
+  uint64_t n = atomic_fetch_add(&c->wbegins, 1) + 1;
+  uint64_t now = kv_now_ms(), last = atomic_load(&c->reader_check_ms);
+  if (n % KV_READER_CHECK_EVERY != 0 && now - last < KV_READER_CHECK_MS)
+    return;
+  if (!atomic_compare_exchange_strong(&c->reader_check_ms, &last, now) &&
+      n % KV_READER_CHECK_EVERY != 0)
+    return; /* another thread checks now */
+  kv_cat_reader_check(c);
+}
+
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 {
+  if (write && !c->rdonly)
+    reader_check_due(c);
   int mrc = mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  if (mrc == MDB_READERS_FULL && kv_cat_reader_check(c) > 0)
+    mrc = mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
   if (mrc != 0) {
     *out = NULL;
+    if (mrc == MDB_READERS_FULL)
+      return kv_fail(KVDB_BUSY, "catalog: begin read transaction: all %u reader slots are "
+                     "taken by live read transactions (MDB_READERS_FULL); retry",
+                     KV_CAT_MAX_READERS);
     return kv_mdb_fail(mrc, write ? "begin write transaction" : "begin read transaction");
+  }
+  if (c->nolock) {
+    MDB_envinfo ei;
+    if (mdb_env_info(c->env, &ei) == 0 && (uint64_t)ei.me_last_txnid != c->nolock_txnid) {
+      mdb_txn_abort(*out);
+      *out = NULL;
+      return kv_fail(KVDB_BUSY, "catalog: the database was written (transaction %llu, opened at "
+                     "%llu) since this read-only handle opened it without its lock file, "
+                     "which this user cannot write: reopen it to read the new state",
+                     (unsigned long long)ei.me_last_txnid,
+                     (unsigned long long)c->nolock_txnid);
+    }
   }
   return KVDB_OK;
 }
@@ -539,18 +584,60 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
   return KVDB_OK;
 }
 
+static int env_create(kv_catalog *c, uint64_t map_bytes)
+{
+  int mrc = mdb_env_create(&c->env);
+  if (mrc != 0) {
+    c->env = NULL;
+    return mrc;
+  }
+  mdb_env_set_userctx(c->env, c); /* kv_txn_commit finds the catalog by its environment */
+  mdb_env_set_maxdbs(c->env, 16);
+  mdb_env_set_maxreaders(c->env, KV_CAT_MAX_READERS);
+  mdb_env_set_mapsize(c->env, (size_t)map_bytes);
+  return 0;
+}
+
+/*
+ * May a read-only handle that cannot write the lock file `lpath` read the catalog without it
+ * (MDB_NOLOCK)? Without the lock file its read transactions are not in LMDB's reader table, so
+ * a writer may reuse the pages they read; that is safe only while no process writes. Every
+ * process that has an LMDB environment open holds an fcntl lock on its lock file (LMDB takes
+ * byte 0 shared at open), so: KVDB_OK when none is held now (or there is no lock file: no
+ * process opened the database with one); KVDB_BUSY naming the process and the fix when one is.
+ */
+static kvdb_status nolock_allowed(const char *lpath)
+{
+  int fd = open(lpath, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return KVDB_OK;
+    return kv_fail(KVDB_READONLY, "catalog lock file '%s' can be neither written nor read by this "
+                   "user (%s), so a read-only open cannot tell whether a process is writing: give "
+                   "this user read and write access to it", lpath, strerror(errno));
+  }
+  struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+  int e = fcntl(fd, F_GETLK, &fl) == 0 ? 0 : errno;
+  close(fd); /* this process holds no lock on it: it could not open the environment */
+  if (e != 0)
+    return kv_fail_errno(e, "cannot test the locks of catalog lock file '%s'", lpath);
+  if (fl.l_type == F_UNLCK)
+    return KVDB_OK;
+  return kv_fail(KVDB_BUSY, "catalog lock file '%s' is not writable by this user, and process %d "
+                 "has the database open: reading without the lock file could see pages that a "
+                 "writer reuses. Give this user write access to the lock file (e.g. a common "
+                 "group and chmod g+w on it and the directory), or open read-only when no process "
+                 "has the database open", lpath, (int)fl.l_pid);
+}
+
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync)
 {
   memset(c, 0, sizeof *c);
   c->rdonly = rdonly;
-  int mrc = mdb_env_create(&c->env);
+  int mrc = env_create(c, map_bytes);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create environment");
-  mdb_env_set_userctx(c->env, c); /* kv_txn_commit finds the catalog by its environment */
-  mdb_env_set_maxdbs(c->env, 16);
-  mdb_env_set_maxreaders(c->env, 1024);
-  mdb_env_set_mapsize(c->env, (size_t)map_bytes);
   char path[4096];
   snprintf(path, sizeof path, "%s/catalog.mdb", dir);
   /* MDB_NOTLS: read transactions are not tied to threads (callers use many threads).
@@ -569,9 +656,29 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     }
   }
   mrc = mdb_env_open(c->env, path, flags, 0644);
-  if (mrc != 0 && rdonly && (mrc == EACCES || mrc == EROFS)) {
-    /* a read-only directory: no lock file can be made; read without one */
+  if (mrc != 0 && rdonly && (mrc == EACCES || mrc == EPERM || mrc == EROFS)) {
+    /* the lock file cannot be opened for writing (another user's, or a directory where it
+     * cannot be made): read without it, while no process has the database open. A failed
+     * mdb_env_open leaves the environment unusable (LMDB: close it), so a fresh one. */
+    char lpath[4200];
+    snprintf(lpath, sizeof lpath, "%s-lock", path);
+    mdb_env_close(c->env);
+    c->env = NULL;
+    KV_RET(nolock_allowed(lpath));
+    mrc = env_create(c, map_bytes);
+    if (mrc != 0)
+      return kv_mdb_fail(mrc, "create environment");
     mrc = mdb_env_open(c->env, path, flags | MDB_NOLOCK, 0644);
+    MDB_envinfo ei;
+    if (mrc == 0 && (mrc = mdb_env_info(c->env, &ei)) == 0) {
+      c->nolock = 1;
+      c->nolock_txnid = ei.me_last_txnid;
+    }
+  } else if (mrc == EACCES || mrc == EPERM) {
+    mdb_env_close(c->env);
+    c->env = NULL;
+    return kv_fail(KVDB_READONLY, "catalog '%s' or its lock file '%s-lock' is not writable by "
+                   "this user: open with KVDB_O_RDONLY to read the database", path, path);
   }
   if (mrc != 0) {
     kvdb_status st2 = kv_mdb_fail(mrc, path);
@@ -579,6 +686,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     c->env = NULL;
     return st2;
   }
+  kv_cat_reader_check(c); /* slots of processes that died inside a read transaction */
   MDB_txn *txn = NULL;
   kvdb_status rc;
   uint64_t fmt = 0;

@@ -34,6 +34,7 @@
 
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "kv_common.h"
@@ -149,6 +150,16 @@ typedef struct kv_catalog {
   MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
+  /* A read-only catalog opened without LMDB's lock file (kv_catalog_open: the lock file is not
+   * writable by this user and no process had the database open): every read transaction
+   * checks that the last committed transaction is still `nolock_txnid` (no writer came). */
+  int nolock;
+  uint64_t nolock_txnid;
+  /* Stale reader slots (mdb_reader_check): write transactions clear them every
+   * KV_READER_CHECK_EVERY begins or KV_READER_CHECK_MS milliseconds, whichever comes first. */
+  _Atomic uint64_t wbegins;
+  _Atomic uint64_t reader_check_ms;
+  _Atomic uint64_t stale_readers; /* dead readers' slots cleared by this catalog */
   /* own-commit tracking (kv_cat_track_commits): the txn ids of this catalog's last commits */
   int track;
   pthread_mutex_t own_mu;
@@ -156,19 +167,32 @@ typedef struct kv_catalog {
   unsigned own_next;
 } kv_catalog;
 
+#define KV_CAT_MAX_READERS 1024u
+#define KV_READER_CHECK_EVERY 64u
+#define KV_READER_CHECK_MS 1000u
+
 /*
  * kv_catalog_open() - open or create the catalog in `dir`. A format version newer than this
  * build's is refused with KVDB_VERSION before anything is written. With rdonly the environment
- * is opened MDB_RDONLY (and without a lock file where the directory cannot be written).
+ * is opened MDB_RDONLY; where this user cannot write the lock file (catalog.mdb-lock, or the
+ * directory to create it), MDB_NOLOCK: only when no process has the database open (none holds
+ * LMDB's lock on the lock file; else KVDB_BUSY naming the lock file), and every later read
+ * transaction fails KVDB_BUSY once a writer has committed (see `nolock`). Stale reader slots
+ * of dead processes are cleared at open (mdb_reader_check).
  */
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync);
 void kv_catalog_close(kv_catalog *c);
+/* Clear the reader slots of dead processes now (mdb_reader_check); returns how many. */
+int kv_cat_reader_check(kv_catalog *c);
 
 /* Convert an LMDB error to a status with a message naming `what`. */
 kvdb_status kv_mdb_fail(int mrc, const char *what);
 
-/* Begin a transaction (rdonly or write). */
+/* Begin a transaction (rdonly or write). A read transaction that finds the reader table full
+ * clears dead readers' slots and tries once more; every KV_READER_CHECK_EVERY write
+ * transactions (or KV_READER_CHECK_MS) the slots of dead readers are cleared, so that a process
+ * killed inside a read transaction does not pin its snapshot (and the pages it sees) forever. */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each

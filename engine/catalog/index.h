@@ -64,6 +64,10 @@ kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t
  */
 kvdb_status kv_idx_build(kv_catalog *c, MDB_txn *txn);
 
+/* Empty both indexes and build them again from the block records (kvdb_repair, after it
+ * changed block records): chain blocks into the trie, every block into segblocks. */
+kvdb_status kv_idx_rebuild(kv_catalog *c, MDB_txn *txn);
+
 /*
  * Check both indexes against the block records (kvdb_verify): every record is listed under its
  * segment and (a chain block) in the trie at depth 0; every segment index entry and every trie

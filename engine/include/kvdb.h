@@ -22,7 +22,12 @@
  *
  * Threading. One kvdb handle may be used from any number of threads at once. Several processes
  * may open the same database directory at once; each writer appends to its own segment file,
- * so the only cross-process lock is LMDB's short catalog write lock.
+ * so the only cross-process lock is LMDB's short catalog write lock. A process that dies inside
+ * a read transaction (SIGKILL during a lookup) leaves an LMDB reader slot behind, which would pin
+ * its snapshot and keep the catalog from reusing freed pages; as LMDB's own tools do
+ * (mdb_reader_check), kvdb clears the slots of dead processes when it opens a database, every
+ * 64 write transactions or second of them, and when a read finds all 1,024 slots taken (then it
+ * retries once; slots held by live readers give KVDB_BUSY).
  *
  * Errors. Every function that can fail returns a kvdb_status. After a failure,
  * kvdb_errmsg() returns a message for the calling thread that names what was wrong
@@ -104,8 +109,12 @@ typedef enum kvdb_dtype { KVDB_F16 = 1, KVDB_BF16 = 2, KVDB_F32 = 3 } kvdb_dtype
 
 /**
  * The shape of a model's KV cache. Everything stored belongs to exactly one fingerprint
- * (all fields together); a call with a model whose `id` is stored with another shape fails
- * with KVDB_MISMATCH. Passed by pointer to each call; not retained.
+ * (all fields together); every call on a database with a model whose `id` is stored with
+ * another shape fails with KVDB_MISMATCH, its message naming both shapes (put, put_ex,
+ * put_block, lookup, get, get_block, get_tokens, get_context, get_head_tokens, score,
+ * score_batch, profile, recompress, relocate), so that a misconfigured model is not taken for a
+ * cold cache. An id that is not stored at all is a miss (lookup and get: 0 hit tokens).
+ * Passed by pointer to each call; not retained.
  */
 typedef struct kvdb_model {
   const char *id;        /**< model id, 1..63 bytes, e.g. "meta-llama/Meta-Llama-3-8B" */
@@ -134,7 +143,8 @@ typedef struct kvdb_key {
 /**
  * @brief Compute the chained block hashes of `tokens` (no I/O). `hashes` receives
  * ceil(n / block_tokens) keys (the last one covers a trailing partial block); the last one is
- * also the context key kvdb_put reports. @return KVDB_OK, KVDB_INVALID.
+ * also the context key kvdb_put reports. @return KVDB_OK, KVDB_INVALID (also hashes_cap below
+ * that count, for any n up to SIZE_MAX: nothing is written to `hashes` then).
  */
 KVDB_API kvdb_status kvdb_chain_hashes(const kvdb_model *m, const uint32_t *tokens, size_t n,
                                        kvdb_key *hashes, size_t hashes_cap);
@@ -175,7 +185,8 @@ typedef enum kvdb_layout {
 /**
  * @brief Fill *view for a packed buffer of `n_tokens` tokens in `layout`.
  * The buffer must hold n_tokens * kvdb_model_token_bytes(m) bytes. No memory is touched.
- * @return KVDB_OK, KVDB_INVALID (bad model or layout, NULL pointer).
+ * @return KVDB_OK, KVDB_INVALID (bad model or layout, NULL pointer, n_tokens whose buffer would
+ *   exceed 2^63 bytes).
  */
 KVDB_API kvdb_status kvdb_kv_view_packed(kvdb_kv_view *view, void *base, const kvdb_model *m,
                                          size_t n_tokens, kvdb_layout layout);
@@ -249,6 +260,21 @@ KVDB_API kvdb_status kvdb_config_check(const kvdb_model *m, const kvdb_config *c
 
 typedef struct kvdb kvdb;
 
+/**
+ * kvdb_options.flags; any other bit is KVDB_INVALID.
+ *
+ * KVDB_O_RDONLY needs read access only. Where this user can write the catalog's lock file
+ * (catalog.mdb-lock), the handle is an ordinary LMDB reader: it reads while other processes
+ * write. Where it cannot (another user's database, a read-only medium), it reads without the
+ * lock file (LMDB's MDB_NOLOCK), which is safe only while no process writes: LMDB's writers may
+ * then reuse the pages such a reader is reading. So, much as SQLite's "immutable" databases
+ * are only for files nobody changes, kvdb checks it: the open is refused with KVDB_BUSY,
+ * naming the lock file and the fix (give this user write access to the lock file, or open
+ * while no process has the database open), while any process has the database open (holds
+ * LMDB's lock on the lock file); and every later call that reads the catalog fails KVDB_BUSY
+ * ("reopen") once a writer has committed since the open. Not covered: a writer that opens the
+ * database and commits twice during one single call of such a handle (one read transaction).
+ */
 enum {
   KVDB_O_CREATE = 1u << 0, /**< create the database directory and catalog if absent (default) */
   KVDB_O_RDONLY = 1u << 1, /**< open read-only: no write of any kind, not even recovery */
@@ -285,17 +311,20 @@ typedef void (*kvdb_log_fn)(void *ctx, int level, const char *msg);
  */
 typedef struct kvdb_options {
   uint32_t struct_size;      /**< set by kvdb_options_init() */
-  uint32_t flags;            /**< KVDB_O_*; default KVDB_O_CREATE */
+  uint32_t flags;            /**< KVDB_O_*; default KVDB_O_CREATE; other bits: KVDB_INVALID */
   uint64_t dram_bytes;       /**< DRAM tier capacity; default 256 MiB; 0 disables the tier */
   uint64_t ssd_bytes;        /**< SSD tier capacity (live bytes); default 0 = unlimited */
   kvdb_sync_mode sync_mode;  /**< default KVDB_SYNC_FULL */
   uint64_t segment_bytes;    /**< a segment file is sealed past this size; default 1 GiB */
   uint64_t catalog_map_bytes;/**< LMDB map size (virtual); default 64 GiB */
-  int use_direct_io;         /**< 1 (default): O_DIRECT where the filesystem allows, logged fallback */
-  int use_io_uring;          /**< 1 (default): io_uring where the kernel allows, logged fallback */
+  int use_direct_io;         /**< 1 (default): O_DIRECT where the filesystem allows, logged
+                                  fallback; 0: buffered I/O; anything else: KVDB_INVALID */
+  int use_io_uring;          /**< 1 (default): io_uring where the kernel allows, logged fallback;
+                                  0: pread/pwrite; anything else: KVDB_INVALID */
   kvdb_log_fn log_fn;        /**< default NULL: warnings and errors to stderr */
   void *log_ctx;
-  int log_level;             /**< highest level passed to log_fn; default 1 (warnings) */
+  int log_level;             /**< highest level passed to log_fn: -1 nothing, 0 errors, 1 warnings
+                                  (default), 2 info, 3 debug; anything else: KVDB_INVALID */
   /**
    * The SmartSSD tier (a third, persistent tier: segment files in their own directory, e.g. on
    * the SmartSSD's filesystem). `smartssd_bytes` is its capacity in live bytes; 0 (the
@@ -366,10 +395,12 @@ KVDB_API void kvdb_options_init(kvdb_options *opt);
  * Opening reclaims what a crashed writer left: the unreferenced tail of each segment whose
  * writer is gone is truncated away. `path` and `opt` are copied; not retained.
  * @param[out] out the handle on KVDB_OK; NULL on any error.
- * @return KVDB_OK; KVDB_INVALID (bad option or path); KVDB_NOTFOUND (no database and no
- *   KVDB_O_CREATE); KVDB_VERSION (written by a newer format: refused, nothing written);
- *   KVDB_READONLY (directory not writable without KVDB_O_RDONLY); KVDB_CORRUPT; KVDB_IOERR;
- *   KVDB_NOMEM.
+ * @return KVDB_OK; KVDB_INVALID (bad option or path; the message names the field);
+ *   KVDB_NOTFOUND (no database and no KVDB_O_CREATE); KVDB_VERSION (written by a newer format:
+ *   refused, nothing written); KVDB_READONLY (without KVDB_O_RDONLY: the directory, the catalog
+ *   or its lock file not writable by this user; the message says to open with KVDB_O_RDONLY);
+ *   KVDB_BUSY (KVDB_O_RDONLY without write access to the lock file while a process has the
+ *   database open: see KVDB_O_RDONLY); KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_open(const char *path, const kvdb_options *opt, kvdb **out);
 
@@ -398,8 +429,9 @@ typedef struct kvdb_put_info {
  * On KVDB_OK the context is durable (see the sync mode) and visible to every handle.
  * On any error nothing of this put is visible.
  * @param info optional (NULL); filled on KVDB_OK.
- * @return KVDB_OK; KVDB_INVALID (NULL/zero arguments, bad model); KVDB_MISMATCH (the id is
- *   stored with another shape); KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_NOMEM.
+ * @return KVDB_OK; KVDB_INVALID (NULL/zero arguments, bad model, n above 2^32 x 16 - the most
+ *   a context can hold -, a view whose strides address more than 2^63 bytes); KVDB_MISMATCH
+ *   (the id is stored with another shape); KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *kv, kvdb_put_info *info);
@@ -463,7 +495,9 @@ KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
  * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
  * @param[out] hit_tokens 0..n.
- * @return KVDB_OK (also for 0 hits); KVDB_INVALID; KVDB_IOERR.
+ * @return KVDB_OK (also for 0 hits, and for a model id that is not stored); KVDB_INVALID (also
+ *   n above 2^32 x 16, as kvdb_put); KVDB_MISMATCH (the id is stored with another shape);
+ *   KVDB_BUSY (see KVDB_O_RDONLY); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                                  size_t *hit_tokens);
@@ -478,8 +512,11 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * present there, else from disk with every checksum verified. A block that fails verification
  * ends the hit there (the rest is a miss) and the call still returns KVDB_OK with the shorter
  * hit; kvdb_stat counts it in `corrupt_blocks`. Blocks stored with a lossy config (QUANT)
- * are returned decoded: an approximation, as the put asked for.
- * @return KVDB_OK (also for 0 hits); KVDB_INVALID; KVDB_MISMATCH; KVDB_IOERR; KVDB_NOMEM.
+ * are returned decoded: an approximation, as the put asked for. A block whose segment file is
+ * missing or too short also ends the hit (kvdb_get_tokens and kvdb_verify say KVDB_CORRUPT).
+ * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
+ *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
+ *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *out, size_t *hit_tokens);
@@ -490,7 +527,9 @@ KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * the context's n_tokens rows), their token positions to positions[(l * n_kv_heads + h) *
  * n_tokens + r] and their count to n_rows[l * n_kv_heads + h] (both optional, NULL). For a
  * context stored without dropping, row r is token r. Every byte read is verified.
- * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_CORRUPT; KVDB_IOERR.
+ * @return KVDB_OK; KVDB_NOTFOUND (no such context); KVDB_MISMATCH; KVDB_INVALID; KVDB_CORRUPT
+ *   (also a segment file that is missing or shorter than a block in it: the message names the
+ *   file, "is missing" or "past the file's end"); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                       const kvdb_kv_view *out, uint32_t *positions,
@@ -504,9 +543,10 @@ KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_
  * out's token i receives position positions[i]; positions may be in any order and repeat.
  * On a compressed context the groups holding the positions are read and decoded (see
  * "Compression configs"); a position some KV head dropped is KVDB_NOTFOUND, naming it.
- * @return KVDB_OK; KVDB_NOTFOUND (no such context, or a dropped position); KVDB_INVALID (layer
- *   or a position out of range, NULL arguments); KVDB_CORRUPT (names segment, offset, block);
- *   KVDB_IOERR.
+ * @return KVDB_OK; KVDB_NOTFOUND (no such context, or a dropped position: nothing else);
+ *   KVDB_INVALID (layer or a position out of range, NULL arguments, n_pos above 2^32 - 1);
+ *   KVDB_MISMATCH; KVDB_CORRUPT (names segment, offset, block; a segment file that is missing or
+ *   shorter than the block: names the file, "is missing" or "past the file's end"); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                      uint32_t layer, const uint32_t *positions, size_t n_pos,
@@ -528,7 +568,8 @@ KVDB_API kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_ke
  * stored tokens must equal expect_tokens[0..n_tokens) or the result is KVDB_NOTFOUND (a
  * collision is a miss). `out` must have room for the block's tokens (at most block_tokens).
  * @param[out] out_tokens the number of tokens written (optional).
- * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID; KVDB_CORRUPT; KVDB_IOERR.
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID; KVDB_MISMATCH; KVDB_CORRUPT (as
+ *   kvdb_get_tokens); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
                                     const uint32_t *expect_tokens, size_t n_tokens,
@@ -734,8 +775,9 @@ KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
 
 /** One problem found by kvdb_verify. */
 typedef struct kvdb_problem {
-  kvdb_status status; /**< KVDB_CORRUPT or KVDB_IOERR */
-  const char *message;/**< names the segment, offset, block; valid during the callback */
+  kvdb_status status; /**< KVDB_CORRUPT (also a missing or short segment file) or KVDB_IOERR */
+  const char *message;/**< names the context, block and field, or the segment (its file) and
+                           offset; valid during the callback */
 } kvdb_problem;
 typedef void (*kvdb_problem_fn)(void *ctx, const kvdb_problem *p);
 typedef void (*kvdb_progress_fn)(void *ctx, uint64_t done, uint64_t total);
@@ -749,13 +791,73 @@ typedef struct kvdb_verify_report {
 } kvdb_verify_report;
 
 /**
- * @brief Read every block and check every checksum, and the catalog against the segments
- * (refcounts, every context's blocks present, segment live bytes, no block past a file's end).
- * Problems go to `on_problem` (optional). @return KVDB_OK when no problem was found,
- * KVDB_CORRUPT when one was, or an error that stopped the check.
+ * @brief Read every block and check every checksum, and the catalog against the segments.
+ *
+ * Each block record of the catalog is compared with the block object where it says the block
+ * lies, once that object proves to be the block (its header's hash, every checksum): fields
+ * n_tokens, bytes, tokens, parent, model, flags (compressed, score bits) and tier; its
+ * refcount with the contexts that list it. Each context record with its blocks: every block
+ * present and of the context's model, the chain (block i's parent is block i-1, or the model
+ * for block 0; its hash is that of its parent and tokens; the key is the last block's hash;
+ * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Then
+ * the segments: files present and as long as committed (a missing or short file is a
+ * KVDB_CORRUPT problem naming the file), live bytes adding up.
+ *
+ * Each disagreement is one problem; its message names the context, the block and the field
+ * ("block B of context C: field tokens: token 5 is 17 in the record, 18 in the block"). All of
+ * it reads one snapshot: other handles and processes may keep writing (a segment compacted
+ * away meanwhile is not a problem). Problems go to `on_problem` (optional).
+ * @return KVDB_OK when no problem was found, KVDB_CORRUPT when one was (report->problems of
+ * them), or an error that stopped the check (KVDB_NOMEM, KVDB_IOERR, KVDB_BUSY).
  */
 KVDB_API kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress,
                                  void *ctx, kvdb_verify_report *report);
+
+/** kvdb_repair flags */
+enum {
+  KVDB_REPAIR_DRY_RUN = 1u << 0, /**< say what would be done; write nothing */
+};
+
+typedef struct kvdb_repair_report {
+  uint64_t problems;         /**< problems the check found (as kvdb_verify counts them) */
+  uint64_t blocks_rebuilt;   /**< block records rewritten from their objects */
+  uint64_t contexts_rebuilt; /**< context records whose token count was rewritten */
+  uint64_t contexts_dropped; /**< contexts deleted: a block of theirs could not be rebuilt */
+  uint64_t blocks_dropped;   /**< block records removed: no context lists them any more */
+  uint64_t refcounts_fixed;  /**< block records whose refcount was set to their contexts */
+  uint64_t segments_fixed;   /**< segment records whose live bytes and blocks were set */
+  uint64_t skipped;          /**< changes left undone: the record changed after the check
+                                  read it (another handle wrote meanwhile): run it again */
+} kvdb_repair_report;
+
+/**
+ * @brief Repair what kvdb_verify finds in the catalog, from the segments.
+ *
+ * Runs kvdb_verify's check on a snapshot and plans: a block record that disagrees with an
+ * object that verifies (its hash, every checksum) is rebuilt from the object (tokens, counts,
+ * sizes, parent, model, flags, tier); a context whose token count disagrees with its blocks
+ * gets theirs; a context that cannot be rebuilt (a block missing, its object damaged or not
+ * where its record says, a broken chain, a record that does not decode) is dropped. Then, in
+ * one write transaction: each record to change is first compared with the bytes the check read
+ * (one that changed meanwhile is skipped and counted); the changes are made; every block's
+ * refcount becomes the number of contexts listing it, blocks no context lists are removed, and
+ * every segment's live bytes and blocks become what its block records add up to; when the
+ * check found anything, the catalog's block indexes (format 4: segment index, lookup trie) are
+ * built anew from the block records. It commits all or nothing. No rebuilt record says anything its object does not prove, so a later get
+ * delivers the context's full KV or misses; it never delivers other KV. Other handles and
+ * processes may keep using the database meanwhile. Segment data is never changed: a damaged
+ * object's space is reclaimed by kvdb_compact once no record points at it.
+ *
+ * Each change (or, with KVDB_REPAIR_DRY_RUN, each change it would make, the message starting
+ * "would ") goes to `on_action` (optional) as a kvdb_problem of status KVDB_CORRUPT.
+ * `flags`: 0 or KVDB_REPAIR_DRY_RUN (which works on a read-only handle and writes nothing).
+ * @return KVDB_OK (the report says what was done, nothing when the check found nothing);
+ * KVDB_READONLY (a read-only handle without KVDB_REPAIR_DRY_RUN); KVDB_INVALID (unknown flag
+ * bits, named); KVDB_NOMEM; KVDB_FULL; KVDB_IOERR; KVDB_BUSY. On an error nothing was changed.
+ */
+KVDB_API kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
+                                 kvdb_progress_fn progress, void *ctx,
+                                 kvdb_repair_report *report);
 
 typedef struct kvdb_compact_report {
   uint64_t segments_rewritten;
@@ -768,7 +870,11 @@ typedef struct kvdb_compact_report {
  * @brief Rewrite the live blocks of segments whose live fraction is below `threshold`
  * (0..1; 0 = the default 0.5) into new segments, then delete the old files. Online: readers
  * and writers in any process keep working. Each move commits in a catalog transaction.
- * @return KVDB_OK; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_INVALID.
+ * A block that fails verification (damaged, or in a segment file that is too short) stays
+ * where it is, the rest is compacted, and the call then returns KVDB_CORRUPT naming the first
+ * such block and how many there were (kvdb_verify lists them), as SQLite's VACUUM stops on a
+ * corrupt database. A segment whose file is missing is left alone (nothing there to read).
+ * @return KVDB_OK; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_INVALID; KVDB_CORRUPT.
  */
 KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                                   kvdb_compact_report *report);
@@ -810,7 +916,8 @@ typedef struct kvdb_profile_entry {
  * defaults) and record it, replacing an earlier one (caller reports are kept). The reference
  * is the context as stored: exact for RAW and LOSSLESS contexts; for lossy ones the figures
  * are relative to the stored approximation (and a config cannot be measured below what is
- * stored: dropped tokens cannot come back), which the entries say by quality NaN.
+ * stored: dropped tokens cannot come back), which the entries say by quality NaN. `opts` is
+ * checked as kvdb_put_ex checks it (struct_size, unknown flag bits: KVDB_INVALID).
  * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_CORRUPT; KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
@@ -927,8 +1034,9 @@ typedef struct kvdb_score_opts {
   uint32_t n_threads;         /**< host scoring threads; 0 (default): the online CPUs */
   kvdb_score_device device;   /**< default KVDB_SCORE_CPU */
   uint32_t device_tiers;      /**< tiers whose blocks the device scores, bits (1u << kvdb_tier);
-                                   0 (default): the SmartSSD tier. A real SmartSSD reads only
-                                   files on its own flash; the emulation reads any segment. */
+                                   0 (default): the SmartSSD tier; a bit of no tier:
+                                   KVDB_INVALID. A real SmartSSD reads only files on its own
+                                   flash; the emulation reads any segment. */
   const char *xclbin_path;    /**< NEAR_DATA with XRT: the kernel (NULL: $KVDB_XCLBIN) */
   uint32_t chunk_tokens;      /**< tokens per device run and score block (HIE's n): a multiple
                                    of 64; 0 = 16384 */
@@ -988,8 +1096,9 @@ typedef struct kvdb_score_req {
  * @return KVDB_OK; KVDB_UNSUPPORTED (the model keeps no score copies: score_bits 0);
  *   KVDB_INVALID (NULL, k 0 or larger than the context, layer or kv_head out of range, a bad
  *   q_dtype, a non-finite query element); KVDB_NOTFOUND (no such context); KVDB_MISMATCH (the
- *   context belongs to another model); KVDB_CORRUPT (a copy failed its checksum: names the
- *   segment, offset and block); KVDB_IOERR; KVDB_NOMEM.
+ *   context belongs to another model, or the id is stored with another shape); KVDB_CORRUPT (a
+ *   copy failed its checksum: names the segment, offset and block; or its segment file is
+ *   missing or too short: names the file); KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_score(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                 uint32_t layer, uint32_t kv_head, const void *q,
@@ -1011,8 +1120,8 @@ KVDB_API kvdb_status kvdb_score(kvdb *db, const kvdb_model *m, const kvdb_key *c
  * path. Of opts only device, device_tiers and xclbin_path are used. opts NULL = defaults; stats
  * optional.
  * @return KVDB_OK; KVDB_INVALID (NULL, n_pos 0, layer or kv_head out of range, a position past
- *   the context); KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_CORRUPT (a group failed its checksum);
- *   KVDB_IOERR; KVDB_NOMEM.
+ *   the context); KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_CORRUPT (a group failed its checksum, or
+ *   the segment file is missing or too short: names the file); KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                           uint32_t layer, uint32_t kv_head,

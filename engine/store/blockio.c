@@ -131,11 +131,7 @@ kvdb_status kv_block_read_verify(kvdb *db, const kv_block_rec *rec, const uint8_
   KV_RET(kv_segfile_get(db, rec->segment, &sf));
   int rc = db->io->ops->pread(db->io, sf->f, buf, rec->bytes, rec->offset);
   kv_segfile_put(db, sf);
-  if (rc != 0) {
-    char hx[33];
-    return kv_fail_errno(-rc, "cannot read block %s (%" PRIu64 " bytes at offset %" PRIu64
-                         " of segment %" PRIu64 ")",
-                         kv_hex16(hash, hx), rec->bytes, rec->offset, rec->segment);
-  }
+  if (rc != 0) /* a missing or short file is KVDB_CORRUPT, naming it */
+    return kv_seg_read_fail(db, -rc, rec->segment, rec->offset, rec->bytes, hash);
   return kv_block_check(rec, hash, buf, hdr);
 }

@@ -24,7 +24,11 @@ kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
                             const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out)
 {
   char hx[33];
-  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, out);
+  uint32_t bt = m->block_tokens ? m->block_tokens : 256;
+  kvdb_status rc = kv_model_known(db, txn, m, bt, model_hash);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc; /* MISMATCH: the id is stored with another shape (both named) */
+  rc = kv_cat_get_ctx(&db->cat, txn, key, out);
   if (rc == KVDB_NOTFOUND)
     return kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(key, hx));
   if (rc == KVDB_OK && memcmp(out->model, model_hash, 16) != 0)
@@ -171,6 +175,8 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
   kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
+  if (rc == KVDB_OK)
+    rc = kv_check_view_extent(out, m, cr.n_tokens, "out");
   uint32_t LH = m->n_layers * m->n_kv_heads;
   uint32_t *base = rc == KVDB_OK ? calloc(LH, sizeof *base) : NULL;
   ctx_reader rd;
@@ -214,8 +220,14 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
     return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
   kvdb_put_opts o;
   kvdb_put_opts_init(&o);
-  if (opts != NULL)
+  if (opts != NULL) { /* as kvdb_put_ex checks them */
+    if (opts->struct_size < offsetof(kvdb_put_opts, queries) || opts->struct_size > 4096)
+      return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_put_opts_init() first",
+                     opts->struct_size);
     memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
+      return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  }
   kv_queries qs;
   const kv_queries *q;
   KV_RET(kv_opts_queries(&o, m, &qs, &q));

@@ -170,7 +170,6 @@ static kvdb_status from_host(fctx *x, const fblk *b, size_t i0, size_t i1, frang
   kv_segfile *sf = NULL;
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
-  char hx[33];
   if (rb == NULL) {
     rc = kv_fail(KVDB_NOMEM, "a read buffer of %" PRIu64 " bytes", g->total_bytes);
     goto out;
@@ -187,8 +186,7 @@ static kvdb_status from_host(fctx *x, const fblk *b, size_t i0, size_t i1, frang
   }
   int e = kv_batch_wait(db->io, bat);
   if (e != 0) {
-    rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(b->hash, hx),
-                       b->rec.segment);
+    rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
     goto out;
   }
   db->bytes_read += bytes;

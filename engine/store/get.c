@@ -117,7 +117,17 @@ static kvdb_status read_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, cons
   KV_RET(kv_check_model(m, bt));
   if (tokens == NULL || n == 0)
     return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
-  return KVDB_OK;
+  return kv_check_n_tokens(n);
+}
+
+/* KVDB_MISMATCH when the model's id is stored with another shape; else KVDB_OK (a model that
+ * is not stored at all is a miss, not an error). */
+static kvdb_status model_stored(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt)
+{
+  uint8_t mh[16];
+  kv_model_hash(m, bt, mh);
+  kvdb_status rc = kv_model_known(db, txn, m, bt, mh);
+  return rc == KVDB_NOTFOUND ? KVDB_OK : rc;
 }
 
 kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
@@ -132,7 +142,9 @@ kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   MDB_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   walk w = {0};
-  kvdb_status rc = do_walk(db, txn, m, bt, tokens, n, &w);
+  kvdb_status rc = model_stored(db, txn, m, bt);
+  if (rc == KVDB_OK)
+    rc = do_walk(db, txn, m, bt, tokens, n, &w);
   mdb_txn_abort(txn);
   free(w.h);
   if (rc == KVDB_OK)
@@ -254,9 +266,7 @@ static kvdb_status arrive(kvdb *db, kv_batch *bat, const rslot *s, const hit *x)
   int e = kv_batch_wait_first(db->io, bat, s->req + 1);
   if (e == 0)
     return KVDB_OK;
-  char hx[33];
-  return kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64 " at offset %" PRIu64,
-                       kv_hex16(x->hash, hx), x->rec.segment, x->rec.offset);
+  return kv_seg_read_fail(db, -e, x->rec.segment, x->rec.offset, x->rec.bytes, x->hash);
 }
 
 /* The next hit after `i` that the DRAM tier does not hold, or w->n. */
@@ -463,6 +473,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     *hit_tokens = 0;
   KV_RET(read_checks(db, m, &bt, tokens, n));
   KV_RET(kv_check_view(out, m, "out"));
+  KV_RET(kv_check_view_extent(out, m, n, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
   /* A compaction in any handle may move blocks of the hit and remove their old segment file
@@ -477,7 +488,9 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     uint64_t gen = 0;
     kv_cat_get_u64(&db->cat, txn, "gen", &gen);
     walk w = {0};
-    rc = do_walk(db, txn, m, bt, tokens, n, &w);
+    rc = model_stored(db, txn, m, bt);
+    if (rc == KVDB_OK)
+      rc = do_walk(db, txn, m, bt, tokens, n, &w);
     if (rc == KVDB_OK && w.n > 0) {
       *hit_tokens = fetch(db, m, bt, &w, tokens, out);
       /* the context whose last block is the last block delivered, if there is one */
@@ -493,7 +506,8 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     if (!again)
       break;
   }
-  kv_clear_error();
+  if (rc == KVDB_OK)
+    kv_clear_error(); /* a block that failed verification is a miss, not an error */
   return rc;
 }
 
@@ -558,8 +572,7 @@ static kvdb_status fetch_pages(cpages *cp, const uint8_t *hash)
   kv_batch_end(cp->db->io, bat);
   char hx[33];
   if (e != 0)
-    return kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
-                         cp->rec->segment);
+    return kv_seg_read_fail(cp->db, -e, cp->rec->segment, cp->rec->offset, cp->rec->bytes, hash);
   for (uint32_t p = 0; p < l->data_pages; p++) {
     if (cp->have[p] != 1)
       continue;
@@ -599,8 +612,7 @@ static kvdb_status tokens_from_cblock(kvdb *db, const kv_block_rec *rec, const u
   uint64_t first = body < (64u << 10) ? body : (64u << 10);
   int e = db->io->ops->pread(db->io, sf->f, cp.buf, first, rec->offset);
   if (e != 0) {
-    rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
-                       rec->segment);
+    rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
     goto out;
   }
   cp.bytes += first;
@@ -610,8 +622,7 @@ static kvdb_status tokens_from_cblock(kvdb *db, const kv_block_rec *rec, const u
                            rec->offset + first);
     cp.bytes += hdr.obj.meta_bytes - first;
     if (e != 0) {
-      rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
-                         rec->segment);
+      rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
       goto out;
     }
   }
@@ -826,8 +837,7 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   }
   int e = kv_batch_wait(db->io, bat);
   if (e != 0) {
-    rc = kv_fail_errno(-e, "cannot read block %s in segment %" PRIu64, kv_hex16(hash, hx),
-                       rec->segment);
+    rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
     goto out;
   }
   db->bytes_read += bytes;
@@ -877,7 +887,10 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   KV_RET(kv_check_model(m, &bt));
   if (context == NULL || positions == NULL || n_pos == 0)
     return kv_fail(KVDB_INVALID, "context or positions is NULL, or n_pos is 0");
+  if (n_pos > UINT32_MAX) /* sizes below are n_pos times a few bytes */
+    return kv_fail(KVDB_INVALID, "n_pos %zu is more than 2^32 - 1", n_pos);
   KV_RET(kv_check_view(out, m, "out"));
+  KV_RET(kv_check_view_extent(out, m, n_pos, "out"));
   if (layer >= m->n_layers)
     return kv_fail(KVDB_INVALID, "layer %u out of range (model has %u layers)", layer,
                    m->n_layers);
@@ -932,6 +945,7 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   KV_RET(kv_check_db(db));
   KV_RET(kv_check_model(m, &bt));
   KV_RET(kv_check_view(out, m, "out"));
+  KV_RET(kv_check_view_extent(out, m, bt, "out"));
   if (key == NULL)
     return kv_fail(KVDB_INVALID, "key is NULL");
   if (expect_tokens != NULL && (n_tokens == 0 || n_tokens > bt))
@@ -947,7 +961,9 @@ again:;
   kv_cat_get_u64(&db->cat, txn, "gen", &gen);
   kv_block_rec br;
   char hx[33];
-  kvdb_status rc = kv_cat_get_block(&db->cat, txn, ck.b, &br);
+  kvdb_status rc = model_stored(db, txn, m, bt);
+  if (rc == KVDB_OK)
+    rc = kv_cat_get_block(&db->cat, txn, ck.b, &br);
   if (rc == KVDB_NOTFOUND)
     rc = kv_fail(KVDB_NOTFOUND, "no block under key %s", kv_hex16(key->b, hx));
   if (rc == KVDB_OK && expect_tokens != NULL &&

@@ -53,26 +53,34 @@ typedef struct put_req {
 
 /* ---- model records ---- */
 
+kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint8_t mh[16])
+{
+  MDB_val key = {strlen(m->id), (void *)(uintptr_t)m->id}, val;
+  int mrc = mdb_get(txn, db->cat.models, &key, &val);
+  if (mrc == MDB_NOTFOUND)
+    return KVDB_NOTFOUND;
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "get model");
+  kv_model_rec mr;
+  KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
+  if (memcmp(mr.hash, mh, 16) != 0)
+    return kv_fail(KVDB_MISMATCH,
+                   "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
+                   "block_tokens %u, score_bits %u; this call has %u, %u, %u, %u, %u, %u",
+                   m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
+                   mr.score_bits, m->n_layers, m->n_kv_heads, m->head_dim, (unsigned)m->dtype, bt,
+                   m->score_bits);
+  return KVDB_OK;
+}
+
 static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int insert)
 {
+  kvdb_status rc = kv_model_known(db, txn, r->m, r->bt, r->mh);
+  if (rc != KVDB_NOTFOUND || !insert)
+    return rc == KVDB_NOTFOUND ? KVDB_OK : rc;
   MDB_val key = {strlen(r->m->id), (void *)(uintptr_t)r->m->id}, val;
-  int mrc = mdb_get(txn, db->cat.models, &key, &val);
-  if (mrc == 0) {
-    kv_model_rec mr;
-    KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
-    if (memcmp(mr.hash, r->mh, 16) != 0)
-      return kv_fail(KVDB_MISMATCH,
-                     "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
-                     "block_tokens %u, score_bits %u; this call has %u, %u, %u, %u, %u, %u",
-                     r->m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
-                     mr.score_bits, r->m->n_layers, r->m->n_kv_heads, r->m->head_dim,
-                     (unsigned)r->m->dtype, r->bt, r->m->score_bits);
-    return KVDB_OK;
-  }
-  if (mrc != MDB_NOTFOUND)
-    return kv_mdb_fail(mrc, "get model");
-  if (!insert)
-    return KVDB_OK;
+  int mrc;
   kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
                      .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt,
                      .score_bits = r->m->score_bits};
@@ -954,8 +962,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   KV_RET(put_checks(db, m, &bt, kv));
   if (tokens == NULL || n == 0)
     return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
-  if (n > (size_t)UINT32_MAX * 16)
-    return kv_fail(KVDB_INVALID, "n %zu is too large", n);
+  KV_RET(kv_check_n_tokens(n));
+  KV_RET(kv_check_view_extent(kv, m, n, "kv"));
   kvdb_put_opts o;
   KV_RET(copy_opts(opts, &o));
   kv_place_put_opts(db, &o); /* placement on: profile the context */
@@ -1033,6 +1041,7 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     return kv_fail(KVDB_INVALID, "key or tokens is NULL, or n_tokens is 0");
   if (n_tokens > bt)
     return kv_fail(KVDB_INVALID, "n_tokens %zu exceeds block_tokens %u", n_tokens, bt);
+  KV_RET(kv_check_view_extent(kv, m, n_tokens, "kv"));
   put_blk b = {.tokens = tokens, .n_tok = (uint32_t)n_tokens};
   put_req r = {.m = m, .bt = bt, .n_tokens = n_tokens, .kv = kv, .flags = KV_CTX_EXPLICIT,
                .b = &b, .n = 1};

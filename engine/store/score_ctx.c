@@ -210,12 +210,8 @@ static kvdb_status read_at(kvdb *db, const sblk *b, uint8_t *buf, uint64_t len, 
   KV_RET(kv_segfile_get(db, b->rec.segment, &sf));
   int e = db->io->ops->pread(db->io, sf->f, buf, len, b->rec.offset + off);
   kv_segfile_put(db, sf);
-  if (e != 0) {
-    char hx[33];
-    return kv_fail_errno(-e, "cannot read the score region of block %s (segment %" PRIu64
-                         ", offset %" PRIu64 ")",
-                         kv_hex16(b->hash, hx), b->rec.segment, b->rec.offset + off);
-  }
+  if (e != 0) /* a missing or short file is KVDB_CORRUPT, naming it */
+    return kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
   db->bytes_read += len;
   return KVDB_OK;
 }
@@ -363,8 +359,13 @@ static kvdb_status host_waves(sctx *x, uint32_t *idx, uint32_t n_idx)
       kv_segfile_put(db, sfs[j]);
       sfs[j] = NULL;
     }
-    if (e != 0) {
-      rc = kv_fail_errno(-e, "cannot read score copies from a segment file");
+    if (e != 0) { /* the first block of the wave whose file is missing or short, if any */
+      for (uint32_t j = w0; j < w1; j++) {
+        const sblk *b = &x->b[idx[j]];
+        rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+        if (rc == KVDB_CORRUPT)
+          break;
+      }
       goto out;
     }
     db->bytes_read += bytes;
@@ -426,6 +427,9 @@ kvdb_status kv_score_open_direct(kvdb *db, uint64_t seg, int *fd)
   *fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
   if (*fd < 0 && errno == EINVAL)
     *fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (*fd < 0 && errno == ENOENT)
+    return kv_fail(KVDB_CORRUPT, "segment %" PRIx64 ": file '%s' is missing (the catalog lists "
+                   "blocks in it)", seg, path);
   if (*fd < 0)
     return kv_fail_errno(errno, "cannot open segment file '%s' for the scoring device", path);
   return KVDB_OK;
@@ -921,6 +925,9 @@ kvdb_status kv_score_opts_get(const kvdb_score_opts *opts, kvdb_score_opts *o)
   if (o->device != KVDB_SCORE_CPU && o->device != KVDB_SCORE_NEAR_DATA &&
       o->device != KVDB_SCORE_EMULATED)
     return kv_fail(KVDB_INVALID, "opts->device %d is not a kvdb_score_device", (int)o->device);
+  if ((o->device_tiers & ~((1u << KVDB_TIER_COUNT) - 1)) != 0)
+    return kv_fail(KVDB_INVALID, "opts->device_tiers 0x%x has bits of no kvdb_tier (0x%x)",
+                   o->device_tiers, o->device_tiers & ~((1u << KVDB_TIER_COUNT) - 1));
   if (o->chunk_tokens % 64 != 0)
     return kv_fail(KVDB_INVALID, "opts->chunk_tokens %u is not a multiple of 64",
                    o->chunk_tokens);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kv_db.h"
@@ -66,6 +67,9 @@ static kvdb_status open_segment_file(kvdb *db, uint64_t id, int create, int rdon
               (db->opt.use_direct_io ? KV_IO_DIRECT : 0);
   int direct = 0;
   int rc = db->io->ops->open(db->io, path, flags, &direct, out);
+  if (rc == -ENOENT && !create)
+    return kv_fail(KVDB_CORRUPT, "segment %" PRIx64 ": file '%s' is missing (the catalog lists "
+                   "blocks in it)", id, path);
   if (rc != 0)
     return kv_fail_errno(-rc, "cannot open segment '%s'", path);
   if (db->opt.use_direct_io && !direct && db->direct) {
@@ -73,6 +77,26 @@ static kvdb_status open_segment_file(kvdb *db, uint64_t id, int create, int rdon
     kv_log(&db->log, 1, "O_DIRECT is not supported for '%s'; using buffered I/O", path);
   }
   return KVDB_OK;
+}
+
+kvdb_status kv_seg_read_fail(kvdb *db, int err, uint64_t seg, uint64_t off, uint64_t len,
+                             const uint8_t *hash)
+{
+  char path[4200], hx[33];
+  const char *blk = hash != NULL ? kv_hex16(hash, hx) : "?";
+  struct stat st;
+  if (kv_seg_path(db, seg, path, sizeof path) == KVDB_OK) {
+    if (stat(path, &st) != 0 && errno == ENOENT)
+      return kv_fail(KVDB_CORRUPT, "segment %" PRIx64 ": file '%s' is missing (the catalog lists "
+                     "block %s in it)", seg, path, blk);
+    if (stat(path, &st) == 0 && (uint64_t)st.st_size < off + len)
+      return kv_fail(KVDB_CORRUPT, "block %s (%" PRIu64 " bytes at offset %" PRIu64 " of segment %"
+                     PRIx64 ") lies past the file's end: '%s' has %" PRIu64 " bytes, %" PRIu64
+                     " too few", blk, len, off, seg, path, (uint64_t)st.st_size,
+                     off + len - (uint64_t)st.st_size);
+  }
+  return kv_fail_errno(err, "cannot read block %s (%" PRIu64 " bytes at offset %" PRIu64
+                       " of segment %" PRIx64 ")", blk, len, off, seg);
 }
 
 kvdb_status kv_writer_acquire(kvdb *db, kv_writer **out)

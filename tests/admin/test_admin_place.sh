@@ -52,7 +52,7 @@ pyjson 'd["tiers"]["ssd"]["read_gbps"] > 0 and d["tiers"]["ssd"]["probed_unix_ms
 
 # usage and settings errors
 expect 2 stats "$DB" --dry-run
-has_err "option '--dry-run' applies to rebalance only"
+has_err "option '--dry-run' applies to rebalance and verify --repair only"
 PLAIN=$T/plain
 "$FIX" plain "$PLAIN" || fail "fixture plain"
 expect 1 rebalance "$PLAIN" --dry-run

@@ -5,8 +5,8 @@
  * kvdb-admin.1.md beside this file.
  *
  * It uses only the public header kvdb.h, so it also shows that the public API is enough to
- * run a database. info, ls, show and verify open the database with KVDB_O_RDONLY: they work on
- * read-only media and never write. compact opens it read-write but never creates one.
+ * run a database. info, ls, show and verify (without --repair) open the database with
+ * KVDB_O_RDONLY: they work on read-only media and never write. compact opens it read-write but never creates one.
  * The tool holds no DRAM tier (options.dram_bytes = 0): it reads each block once.
  *
  * OUTPUT
@@ -57,7 +57,8 @@ typedef struct cli {
   int quiet;
   int have_threshold;
   double threshold;
-  int dry_run; /* rebalance --dry-run */
+  int dry_run; /* rebalance --dry-run, verify --repair --dry-run */
+  int repair;  /* verify --repair */
 } cli;
 
 typedef struct command {
@@ -671,11 +672,29 @@ static void on_verify_progress(void *ctx, uint64_t done, uint64_t total)
   progress_update(&v->bar, done, total);
 }
 
+static void on_action(void *ctx, const kvdb_problem *p)
+{
+  verify_state *v = ctx;
+  progress_clear(&v->bar);
+  if (v->r->c->json) {
+    jw_str(&v->r->j, NULL, p->message);
+  } else {
+    printf("repair: %s\n", p->message);
+    fflush(stdout);
+  }
+}
+
+/*
+ * verify [--repair [--dry-run]]: the check (problems as found, then a summary); with --repair
+ * the repair of what it found (each change as made, or as it would be made), and with changes
+ * made the check again, whose result decides the exit status.
+ */
 static int cmd_verify(const cli *c)
 {
   run r;
   begin(&r, c);
-  kvdb_status st = open_db(&r, 0);
+  int repair = c->repair, dry = c->dry_run;
+  kvdb_status st = open_db(&r, repair && !dry);
   if (st != KVDB_OK) {
     int code = fail_kv(&r, st);
     /* a catalog that cannot be opened because it is damaged is corruption found */
@@ -704,10 +723,7 @@ static int cmd_verify(const cli *c)
     jw_u64(&r.j, "contexts_checked", rep.contexts_checked);
     jw_u64(&r.j, "segments_checked", rep.segments_checked);
     jw_u64(&r.j, "problem_count", rep.problems);
-    jw_bool(&r.j, "ok", code == EXIT_OKAY);
-    return finish(&r, code);
-  }
-  if (!c->quiet) {
+  } else if (!c->quiet) {
     char b[64];
     if (rep.problems > 0)
       fputc('\n', stdout);
@@ -716,8 +732,69 @@ static int cmd_verify(const cli *c)
     kv_line("contexts checked", "%" PRIu64, rep.contexts_checked);
     kv_line("segments checked", "%" PRIu64, rep.segments_checked);
     kv_line("problems", "%" PRIu64, rep.problems);
-    kv_line("result", "%s", code == EXIT_OKAY ? "ok" : "CORRUPTION FOUND");
   }
+  kvdb_repair_report rr;
+  memset(&rr, 0, sizeof rr);
+  uint64_t after = rep.problems;
+  if (repair && code != EXIT_OKAY) {
+    if (c->json) {
+      jw_obj(&r.j, "repair");
+      jw_bool(&r.j, "dry_run", dry);
+      jw_arr(&r.j, "actions");
+    } else if (!c->quiet) {
+      fputc('\n', stdout);
+    }
+    progress_init(&v.bar, "repair", "blocks", !c->quiet && isatty(STDERR_FILENO));
+    g_bar = &v.bar;
+    st = kvdb_repair(r.db, dry ? KVDB_REPAIR_DRY_RUN : 0, on_action, on_verify_progress, &v, &rr);
+    progress_clear(&v.bar);
+    g_bar = NULL;
+    if (st != KVDB_OK)
+      return finish(&r, fail_kv(&r, st));
+    if (!dry) { /* what the repair left */
+      kvdb_verify_report rep2;
+      st = kvdb_verify(r.db, NULL, NULL, NULL, &rep2);
+      if (st != KVDB_OK && st != KVDB_CORRUPT)
+        return finish(&r, fail_kv(&r, st));
+      after = rep2.problems;
+      code = st == KVDB_OK ? EXIT_OKAY : EXIT_CORRUPT;
+    }
+    if (c->json) {
+      jw_end(&r.j);
+      jw_u64(&r.j, "blocks_rebuilt", rr.blocks_rebuilt);
+      jw_u64(&r.j, "contexts_rebuilt", rr.contexts_rebuilt);
+      jw_u64(&r.j, "contexts_dropped", rr.contexts_dropped);
+      jw_u64(&r.j, "blocks_dropped", rr.blocks_dropped);
+      jw_u64(&r.j, "refcounts_fixed", rr.refcounts_fixed);
+      jw_u64(&r.j, "segments_fixed", rr.segments_fixed);
+      jw_u64(&r.j, "skipped", rr.skipped);
+      jw_u64(&r.j, "problems_after", after);
+      jw_end(&r.j);
+    } else if (!c->quiet) {
+      const char *w = dry ? " (dry run: would be)" : "";
+      fputc('\n', stdout);
+      kv_line("blocks rebuilt", "%" PRIu64 "%s", rr.blocks_rebuilt, w);
+      kv_line("contexts rebuilt", "%" PRIu64 "%s", rr.contexts_rebuilt, w);
+      kv_line("contexts dropped", "%" PRIu64 "%s", rr.contexts_dropped, w);
+      kv_line("blocks dropped", "%" PRIu64 "%s", rr.blocks_dropped, w);
+      kv_line("refcounts fixed", "%" PRIu64 "%s", rr.refcounts_fixed, w);
+      kv_line("segments fixed", "%" PRIu64 "%s", rr.segments_fixed, w);
+      if (rr.skipped)
+        kv_line("skipped", "%" PRIu64 " (changed by another process meanwhile: run again)",
+                rr.skipped);
+      if (!dry)
+        kv_line("problems after", "%" PRIu64, after);
+    }
+  }
+  if (c->json) {
+    jw_bool(&r.j, "ok", code == EXIT_OKAY);
+    return finish(&r, code);
+  }
+  if (!c->quiet)
+    kv_line("result", "%s",
+            code == EXIT_OKAY ? (repair && rep.problems ? "repaired" : "ok")
+            : dry && repair   ? "CORRUPTION FOUND (dry run: nothing repaired)"
+                              : "CORRUPTION FOUND");
   return finish(&r, code);
 }
 
@@ -1026,12 +1103,24 @@ static const command commands[] = {
    "4: int8 or int4 key copies kvdb_score ranks tokens on; 0: none) and its quality profile.\n"
    "Opens the database read-only.\n",
    cmd_show},
-  {"verify", "DIR", 1, "read every block, check every checksum and the catalog",
+  {"verify", "DIR [--repair [--dry-run]]", 1,
+   "check every checksum and the catalog against the segments; repair",
    "Read every block and check every checksum, and check the catalog against the segment\n"
-   "files (reference counts, every context's blocks present, segment live bytes, no block past\n"
-   "the end of its file). Each problem is printed on its own line, naming the segment, the\n"
-   "offset and the block; then a summary. A progress bar is drawn on stderr when it is a\n"
-   "terminal. Opens the database read-only. Exit status 3 when corruption is found.\n",
+   "files: each block record against the block object it points at (tokens, token count, bytes,\n"
+   "parent, model, flags, tier) and its reference count, each context against its blocks (all\n"
+   "present, the hash chain, the token count), segment live bytes, no block past the end of its\n"
+   "file. Each problem is printed on its own line, naming the context, the block and the field\n"
+   "(or the segment and the offset); then a summary. A progress bar is drawn on stderr when it\n"
+   "is a terminal. Opens the database read-only. Exit status 3 when corruption is found.\n"
+   "\n"
+   "  --repair        then repair what was found, in one catalog transaction: a block record is\n"
+   "                  rebuilt from its block object where that object verifies; a context that\n"
+   "                  cannot be rebuilt is dropped; reference counts and live bytes are set to\n"
+   "                  what the records add up to. Each change is printed (\"repair: ...\"), then\n"
+   "                  the check runs again: exit status 0 when it is clean. Opens the database\n"
+   "                  read-write; other processes may keep using it.\n"
+   "  --dry-run       with --repair: print what it would change (\"repair: would ...\"), write\n"
+   "                  nothing (opens the database read-only)\n",
    cmd_verify},
   {"compact", "DIR [--threshold F]", 1, "rewrite segments whose live fraction is below F",
    "Rewrite the live blocks of sealed segments whose live fraction is below F (0..1, default\n"
@@ -1094,7 +1183,7 @@ static void print_usage(FILE *f)
   }
   fputc('\n', f);
   fputs(options_text, f);
-  fputs("\ninfo, ls, show and verify open the database read-only and never write to it.\n", f);
+  fputs("\ninfo, ls, show and verify (without --repair) open the database read-only and never\nwrite to it.\n", f);
   fputs(exit_text, f);
 }
 
@@ -1162,6 +1251,8 @@ int main(int argc, char **argv)
         version = 1;
       else if (strcmp(a, "--dry-run") == 0)
         c.dry_run = 1;
+      else if (strcmp(a, "--repair") == 0)
+        c.repair = 1;
       else if (strcmp(a, "--threshold") == 0) {
         if (i + 1 < argc)
           threshold_arg = argv[++i];
@@ -1214,8 +1305,10 @@ int main(int argc, char **argv)
     c.threshold = t;
     c.have_threshold = 1;
   }
-  if (c.dry_run && c.cmd->run != cmd_rebalance)
-    return usage_error(c.cmd, "option '--dry-run' applies to rebalance only");
+  if (c.repair && c.cmd->run != cmd_verify)
+    return usage_error(c.cmd, "option '--repair' applies to verify only");
+  if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
+    return usage_error(c.cmd, "option '--dry-run' applies to rebalance and verify --repair only");
   if (c.n_pos < c.cmd->n_pos)
     return usage_error(c.cmd, "%s: missing %s", c.cmd->name, c.n_pos == 0 ? "DIR" : "KEY");
   if (c.n_pos > c.cmd->n_pos || n_extra > 0)
