@@ -118,6 +118,7 @@ typedef struct bench_cmd {
 
 /* Subcommands (one file each). */
 int bench_store(const bench_env *env, bench_json *j);
+int bench_compact(const bench_env *env, bench_json *j);
 int bench_compress(const bench_env *env, bench_json *j);
 int bench_score(const bench_env *env, bench_json *j);
 int bench_prefix(const bench_env *env, bench_json *j);

@@ -31,6 +31,8 @@
 static const bench_cmd CMDS[] = {
   {"store", "put/get/lookup/get_tokens against raw O_DIRECT I/O, memcpy, file-per-block and LMDB",
    bench_store},
+  {"compact", "kvdb_compact of the same dead segments in databases of 25k to 200k blocks",
+   bench_compact},
   {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
    bench_compress},
   {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "

@@ -43,6 +43,12 @@
  * of stored prompts with a new last 24 tokens (partial hits through the children scan) and
  * of unseen prompts (misses), in random order, each call timed alone.
  *
+ * Lookup under high fan-out: a third database (same tiny shape) holds one 16-token block and
+ * ST_FANOUT_CONT continuations of it (one block's 10,000 children: a shared 5-token turn header,
+ * then 3..40 random tokens each). Timed: kvdb_lookup of a continuation cut after a random point
+ * past the header and followed by new tokens (hit: the block plus the kept tokens, found in the
+ * catalog's trie of blocks), each call timed alone: lookup_fanout_p99_us.
+ *
  * Token subsets: a fresh handle (dram_bytes = 0, cold) runs kvdb_get_tokens for 10% of a
  * layer's positions of a stored context: "clustered" = random 16-aligned runs of 16 tokens,
  * "uniform" = uniformly random positions. Amplification = kvdb_stats.bytes_read delta / bytes
@@ -90,6 +96,9 @@
 #define ST_FULL_LOOKUPS 50000u
 #define ST_QUICK_LOOKUPS 20000u
 #define ST_LOOKUP_WARMUP 2000u
+#define ST_FANOUT_CONT 10000u  /* continuations of one block (lookup under high fan-out) */
+#define ST_FANOUT_HEADER 5u    /* tokens all of them share after the block */
+#define ST_FANOUT_MAX_EXTRA 40u
 #define ST_SUBSET_FRACTION 0.10
 #define ST_SUBSET_RUN 16u
 #define ST_FULL_SUBSET_LAYERS 8u
@@ -983,6 +992,132 @@ static int phase_lookup(store_bench *sb, lookup_result *res)
   return rc;
 }
 
+/* ---- phase 6: lookup under high fan-out ------------------------------------------------ */
+
+typedef struct fanout_run {
+  kvdb *db;
+  uint32_t (*q)[16 + ST_FANOUT_HEADER + ST_FANOUT_MAX_EXTRA + 8];
+  const uint32_t *nq, *expect;
+  size_t bad;
+} fanout_run;
+
+static int fanout_one(void *payload, size_t i)
+{
+  fanout_run *r = payload;
+  size_t hit;
+  kvdb_status rc = kvdb_lookup(r->db, &TINY, r->q[i], r->nq[i], &hit);
+  if (rc != KVDB_OK)
+    return kfail("kvdb_lookup (fan-out)", rc);
+  if (hit != r->expect[i])
+    r->bad++;
+  return 0;
+}
+
+typedef struct fanout_result {
+  uint64_t n_blocks;
+  size_t n_queries, bad;
+  bench_samples lat;
+} fanout_result;
+
+static int phase_lookup_fanout(store_bench *sb, fanout_result *res)
+{
+  const bench_env *env = sb->env;
+  enum { MAXN = 16 + ST_FANOUT_HEADER + ST_FANOUT_MAX_EXTRA + 8 };
+  char dir[4200];
+  bench_path(dir, sizeof dir, env->dir, "fanout");
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.dram_bytes = 0;
+  o.sync_mode = KVDB_SYNC_NONE;
+  o.use_direct_io = 0;
+  kvdb *db;
+  kvdb_status ks = kvdb_open(dir, &o, &db);
+  if (ks != KVDB_OK)
+    return kfail("kvdb_open (fan-out database)", ks);
+  /* continuation c: tokens [0, 16) the block, then the header, then its own tokens */
+  uint32_t (*cont)[MAXN] = malloc(ST_FANOUT_CONT * sizeof *cont);
+  uint32_t *clen = malloc(ST_FANOUT_CONT * sizeof *clen);
+  uint16_t *kvbuf = calloc(MAXN, kvdb_model_token_bytes(&TINY));
+  if (cont == NULL || clen == NULL || kvbuf == NULL) {
+    free(cont);
+    free(clen);
+    free(kvbuf);
+    kvdb_close(db);
+    return efail("cannot allocate", "continuations", ENOMEM);
+  }
+  dg_rng rng = {env->seed ^ 0x66616e6f7574ull};
+  int rc = 0;
+  bench_log("lookup under fan-out: %u continuations of one block (tiny model)", ST_FANOUT_CONT);
+  for (uint32_t c = 0; c < ST_FANOUT_CONT; c++) {
+    for (uint32_t t = 0; t < 16 + ST_FANOUT_HEADER; t++)
+      cont[c][t] = 1000 + t;
+    clen[c] = 16 + ST_FANOUT_HEADER + 3 + dg_below(&rng, ST_FANOUT_MAX_EXTRA - 2);
+    dg_tokens(cont[c] + 16 + ST_FANOUT_HEADER, clen[c] - 16 - ST_FANOUT_HEADER, dg_next(&rng),
+              ST_VOCAB - 2000);
+    for (uint32_t t = 16 + ST_FANOUT_HEADER; t < clen[c]; t++)
+      cont[c][t] += 2000; /* never a header token */
+    kvdb_kv_view v;
+    kvdb_kv_view_packed(&v, kvbuf, &TINY, clen[c], KVDB_LAYOUT_LKTHD);
+    ks = kvdb_put(db, &TINY, cont[c], clen[c], &v, NULL);
+    if (ks != KVDB_OK) {
+      rc = kfail("kvdb_put (fan-out fill)", ks);
+      break;
+    }
+  }
+  kvdb_close(db);
+  free(kvbuf);
+  size_t nq = env->quick ? ST_QUICK_LOOKUPS : ST_FULL_LOOKUPS, total = nq + ST_LOOKUP_WARMUP;
+  uint32_t (*q)[MAXN] = rc == 0 ? malloc(total * sizeof *q) : NULL;
+  uint32_t *qn = rc == 0 ? malloc(total * sizeof *qn) : NULL;
+  uint32_t *qe = rc == 0 ? malloc(total * sizeof *qe) : NULL;
+  if (rc == 0 && (q == NULL || qn == NULL || qe == NULL))
+    rc = efail("cannot allocate", "queries", ENOMEM);
+  if (rc == 0 && (ks = kvdb_open(dir, &o, &db)) != KVDB_OK)
+    rc = kfail("kvdb_open (fan-out database)", ks);
+  if (rc == 0) {
+    kvdb_stats st;
+    if (kvdb_stat(db, &st) == KVDB_OK)
+      res->n_blocks = st.n_blocks;
+    /* a continuation kept to a point past the header (unique there: random tokens from a
+     * vocabulary of 126k), then new tokens no continuation has */
+    for (size_t i = 0; i < total; i++) {
+      uint32_t c = dg_below(&rng, ST_FANOUT_CONT);
+      uint32_t own = clen[c] - 16 - ST_FANOUT_HEADER;
+      uint32_t keep = 16 + ST_FANOUT_HEADER + 2 + dg_below(&rng, own - 1);
+      if (keep > clen[c])
+        keep = clen[c];
+      memcpy(q[i], cont[c], keep * sizeof **q);
+      qn[i] = keep + 8;
+      for (uint32_t t = keep; t < qn[i]; t++)
+        q[i][t] = 500 + t; /* below every stored token past the block */
+      qe[i] = keep;
+    }
+    fanout_run warm = {db, q, qn, qe, 0}, run = {db, q + ST_LOOKUP_WARMUP, qn + ST_LOOKUP_WARMUP,
+                                                 qe + ST_LOOKUP_WARMUP, 0};
+    bench_samples ws = {0};
+    bench_fn_opts wo = {fanout_one, &warm, ST_LOOKUP_WARMUP, ST_LOOKUP_WARMUP, 0};
+    bench_fn_opts to = {fanout_one, &run, nq, nq, 0};
+    if (bench_fn_run(&wo, &ws) != 0 || bench_fn_run(&to, &res->lat) != 0)
+      rc = -1;
+    bench_samples_free(&ws);
+    res->n_queries = nq;
+    res->bad = warm.bad + run.bad;
+    kvdb_close(db);
+  }
+  free(q);
+  free(qn);
+  free(qe);
+  free(cont);
+  free(clen);
+  if (!env->keep)
+    bench_rmtree(dir);
+  if (rc == 0 && res->bad > 0) {
+    bench_log("%zu fan-out lookups did not return the longest stored prefix", res->bad);
+    rc = -1;
+  }
+  return rc;
+}
+
 /* ---- the report ----------------------------------------------------------------------- */
 
 static double us(uint64_t ns)
@@ -1052,7 +1187,11 @@ int bench_store(const bench_env *env, bench_json *j)
   }
   if (rc == 0)
     rc = phase_lookup(&sb, &lk);
+  fanout_result fo = {0};
+  if (rc == 0)
+    rc = phase_lookup_fanout(&sb, &fo);
   if (rc != 0) {
+    bench_samples_free(&fo.lat);
     free_data(&sb);
     for (int p = 0; p < 2; p++)
       bench_samples_free(&sub.lat[p]);
@@ -1122,6 +1261,10 @@ int bench_store(const bench_env *env, bench_json *j)
             us(bench_samples_pct(&lk.lat[k], 50)), us(bench_samples_pct(&lk.lat[k], 99)));
   fprintf(o, "      lookup_p99_us (hits) %.2f   (target <= %.0f: %s)\n", lk_p99, T_LOOKUP_P99_US,
           met(ok_lk));
+  fprintf(o, "      fan-out: one block with %u continuations (%" PRIu64 " blocks), %zu partial "
+             "hits: p50 %6.2f us   p99 %6.2f us (lookup_fanout_p99_us)\n",
+          ST_FANOUT_CONT, fo.n_blocks, fo.n_queries, us(bench_samples_pct(&fo.lat, 50)),
+          us(bench_samples_pct(&fo.lat, 99)));
   fprintf(o, "subset  kvdb_get_tokens of 10%% of one layer's positions, cold, dram 0, %zu trials "
              "(context x layer):\n",
           sub.trials);
@@ -1168,6 +1311,9 @@ int bench_store(const bench_env *env, bench_json *j)
   bench_json_num(j, "lookup_miss_p50_us", us(bench_samples_pct(&lk.lat[2], 50)));
   bench_json_num(j, "lookup_miss_p99_us", us(bench_samples_pct(&lk.lat[2], 99)));
   bench_json_int(j, "lookup_n_blocks", (int64_t)lk.n_blocks);
+  bench_json_num(j, "lookup_fanout_p50_us", us(bench_samples_pct(&fo.lat, 50)));
+  bench_json_num(j, "lookup_fanout_p99_us", us(bench_samples_pct(&fo.lat, 99)));
+  bench_json_int(j, "lookup_fanout_children", ST_FANOUT_CONT);
   bench_json_num(j, "subset_read_amplification", amp[0]);
   bench_json_num(j, "subset_uniform_amplification", amp[1]);
   bench_json_num(j, "subset_clustered_p50_us", us(bench_samples_pct(&sub.lat[0], 50)));
@@ -1202,5 +1348,6 @@ int bench_store(const bench_env *env, bench_json *j)
     bench_samples_free(&sub.lat[p]);
   for (int k = 0; k < 3; k++)
     bench_samples_free(&lk.lat[k]);
+  bench_samples_free(&fo.lat);
   return 0;
 }

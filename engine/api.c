@@ -37,7 +37,6 @@
 #error "kvdb hashes token arrays as stored in memory: a big-endian port must convert them"
 #endif
 
-#define KV_TAIL_SCAN_MAX 64 /* children examined when looking for the longest tail match */
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 

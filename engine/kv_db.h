@@ -101,6 +101,7 @@ struct kvdb {
   kv_dram *dram;
   _Atomic uint64_t ssd_hits, ssd_misses, corrupt_blocks, bytes_read, bytes_written;
   _Atomic uint64_t smart_hits; /* blocks read from the SmartSSD tier */
+  _Atomic uint64_t compact_visits; /* segment index entries compaction visited (tests) */
 };
 
 /* ---- segments (store/segment.c) ---- */

@@ -13,6 +13,7 @@
 
 #include "catalog.h"
 #include "counts.h"
+#include "index.h"
 #include "kv_config.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
@@ -567,9 +568,8 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
     unsigned flags;
   } t[] = {
     {"meta", &c->meta, 0},         {"models", &c->models, 0},
-    {"blocks", &c->blocks, 0},     {"children", &c->children, MDB_DUPSORT | MDB_DUPFIXED},
-    {"contexts", &c->contexts, 0}, {"atime", &c->atime, 0},
-    {"segments", &c->segments, 0},
+    {"blocks", &c->blocks, 0},     {"contexts", &c->contexts, 0},
+    {"atime", &c->atime, 0},       {"segments", &c->segments, 0},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
     int mrc = mdb_dbi_open(txn, t[i].name, t[i].flags | create, t[i].dbi);
@@ -579,8 +579,23 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
       return kv_mdb_fail(mrc, what);
     }
   }
+  /* the block indexes came with format 4 (a new catalog has them, an older one gets them from
+   * its first read-write open: kv_idx_build); the legacy `children` is in formats 1-3 only */
+  const unsigned dup = MDB_DUPSORT | MDB_DUPFIXED;
+  int mrc = mdb_dbi_open(txn, "next", dup | create, &c->next);
+  if (mrc == 0)
+    mrc = mdb_dbi_open(txn, "segblocks", dup | create, &c->segblocks);
+  if (mrc == 0)
+    c->has_index = 1;
+  else if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "open the block indexes");
+  mrc = create ? MDB_NOTFOUND : mdb_dbi_open(txn, "children", dup, &c->children);
+  if (mrc == 0)
+    c->has_children = 1;
+  else if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "open database 'children'");
   /* profiles came with format 2: a format-1 catalog lacks it until a writer creates it */
-  int mrc = mdb_dbi_open(txn, "profiles", create, &c->profiles);
+  mrc = mdb_dbi_open(txn, "profiles", create, &c->profiles);
   if (mrc == 0)
     c->has_profiles = 1;
   else if (mrc != MDB_NOTFOUND)
@@ -699,6 +714,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   kv_cat_reader_check(c); /* slots of processes that died inside a read transaction */
   MDB_txn *txn = NULL;
   kvdb_status rc;
+  uint64_t fmt = 0;
   /* First a read transaction: check the version before writing anything (KVDB_VERSION). */
   KV_ERR(kv_txn_begin(c, 0, &txn));
   MDB_dbi meta;
@@ -722,6 +738,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
                    (unsigned long long)ver, KVDB_FORMAT_VERSION);
       goto out;
     }
+    fmt = ver;
   }
   if (fresh && rdonly) {
     rc = kv_fail(KVDB_NOTFOUND, "catalog '%s' is empty", path);
@@ -729,12 +746,31 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   }
   if (!fresh) {
     KV_ERR(open_dbs(c, txn, 0));
+    if (fmt >= KV_FORMAT_INDEXES && !c->has_index) {
+      rc = kv_fail(KVDB_CORRUPT, "catalog '%s' has format %llu but no block indexes", path,
+                   (unsigned long long)fmt);
+      goto out;
+    }
     mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
-    if ((c->has_profiles && c->has_ctxstats) || rdonly)
+    if ((c->has_profiles && c->has_ctxstats && c->has_index) || rdonly)
       return KVDB_OK;
-    /* an older catalog: add the (empty) profiles and ctxstats databases it lacks */
+    /* an older catalog: add the (empty) profiles and ctxstats databases it lacks, and build
+     * the block indexes of format 4 (unless another process did since the read above) */
     KV_ERR(kv_txn_begin(c, 1, &txn));
+    if (!c->has_index) {
+      int im = mdb_dbi_open(txn, "next", MDB_DUPSORT | MDB_DUPFIXED, &c->next);
+      if (im == 0)
+        im = mdb_dbi_open(txn, "segblocks", MDB_DUPSORT | MDB_DUPFIXED, &c->segblocks);
+      if (im == 0)
+        c->has_index = 1;
+      else if (im != MDB_NOTFOUND) {
+        rc = kv_mdb_fail(im, "open the block indexes");
+        goto out;
+      }
+      if (!c->has_index)
+        KV_ERR(kv_idx_build(c, txn));
+    }
     int pm = c->has_profiles ? 0 : mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
     if (pm != 0) {
       rc = kv_mdb_fail(pm, "create database 'profiles'");
@@ -759,9 +795,9 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   KV_ERR(open_dbs(c, txn, MDB_CREATE));
   uint64_t ver = 0;
   if (kv_cat_get_u64(c, txn, "format", &ver) == KVDB_NOTFOUND) {
-    /* created at format 1: it becomes 2 with its first format-2 record (kv_cat_require_format),
-     * so a database that uses nothing new stays readable by builds that know only format 1 */
-    KV_ERR(kv_cat_put_u64(c, txn, "format", 1));
+    /* created at format 4: its block indexes (index.h) must be kept by every writer, so builds
+     * that know only formats 1-3 refuse it. Other format-2/3 features raise nothing more. */
+    KV_ERR(kv_cat_put_u64(c, txn, "format", KV_FORMAT_INDEXES));
     KV_ERR(kv_cat_put_u64(c, txn, "next_segment", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "gen", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "created", kv_now_ms()));

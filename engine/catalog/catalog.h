@@ -7,7 +7,11 @@
  *             generation: readers drop cached file handles when it changes)
  *   models    model id -> shape + fingerprint hash
  *   blocks    block hash (16) -> refcount, location (segment, offset, bytes), tokens, parent
- *   children  parent hash (16) -> child block hashes (16) (dupsort): the tail search of lookup
+ *   next      (node (16), chunk of tokens) -> block hashes (dupsort): the trie that the tail
+ *             search of lookup descends (format 4; index.h)
+ *   segblocks segment id (8, BE) -> hashes of the blocks located in it (dupsort; format 4)
+ *   children  (formats 1-3 only) parent hash (16) -> child block hashes (16) (dupsort); a
+ *             read-write open replaces it by `next` (index.h, kv_idx_build)
  *   contexts  context key (16) -> model hash, block hashes, tokens, times
  *   atime     last access (8, big-endian) || context key -> "" : LRU order for tier capacity
  *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
@@ -21,6 +25,8 @@
  *       the transaction that created the record committed.
  *   C3. segment.live_bytes = sum of bytes of the block records located in it.
  *   C4. Every atime entry matches its context's last_access.
+ *   C5. (format 4) segblocks lists (s, h) iff block record h is located in segment s; every
+ *       chain block is in the trie `next` (index.h).
  *
  * Record encoders/decoders are pure and validate every length (catalog bytes come from disk).
  */
@@ -138,6 +144,9 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 typedef struct kv_catalog {
   MDB_env *env;
   MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
+  MDB_dbi next, segblocks; /* the block indexes (format 4, index.h) */
+  int has_index;    /* they exist (absent in a catalog of format < 4 opened read-only) */
+  int has_children; /* the legacy `children` database exists (format < 4) */
   int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
   MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */

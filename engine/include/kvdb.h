@@ -62,11 +62,13 @@ KVDB_API unsigned kvdb_version_number(void);
 
 /**
  * @brief The newest on-disk format version this build reads and writes. A new database is
- * created at version 1; it becomes version 2 with its first compressed block or quality
- * profile, and version 3 with its first segment on the SmartSSD tier or its first block with
- * score copies (so builds that know an older version refuse it then, with KVDB_VERSION).
+ * created at version 4 (its catalog keeps two indexes of its blocks that every writer must
+ * maintain, so builds that know only versions 1-3 refuse it with KVDB_VERSION). A database of
+ * version 1-3 written by an earlier build opens: read-write, the open upgrades it to version 4
+ * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
+ * all the children of its last matched block).
  */
-#define KVDB_FORMAT_VERSION 3
+#define KVDB_FORMAT_VERSION 4
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup status Status codes. Values are pinned: never renumbered or reused. */
@@ -494,7 +496,9 @@ KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *
 /**
  * @brief How many leading tokens of `tokens[0..n)` are stored, verified token by token.
  * Finds full blocks by hash, then the longest stored block continuing the prefix (partial
- * blocks and prefixes of blocks count). No block data is read. A block whose stored tokens
+ * blocks and prefixes of blocks count), whatever the number of stored blocks continuing the
+ * last matched one (the catalog's trie of blocks, format 4; a format 1-3 database opened
+ * read-only examines all of them). No block data is read. A block whose stored tokens
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
  * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
  * @param[out] hit_tokens 0..n.
@@ -882,8 +886,9 @@ typedef struct kvdb_repair_report {
  * one write transaction: each record to change is first compared with the bytes the check read
  * (one that changed meanwhile is skipped and counted); the changes are made; every block's
  * refcount becomes the number of contexts listing it, blocks no context lists are removed, and
- * every segment's live bytes and blocks become what its block records add up to. It commits
- * all or nothing. No rebuilt record says anything its object does not prove, so a later get
+ * every segment's live bytes and blocks become what its block records add up to; when the
+ * check found anything, the catalog's block indexes (format 4: segment index, lookup trie) are
+ * built anew from the block records. It commits all or nothing. No rebuilt record says anything its object does not prove, so a later get
  * delivers the context's full KV or misses; it never delivers other KV. Other handles and
  * processes may keep using the database meanwhile. Segment data is never changed: a damaged
  * object's space is reclaimed by kvdb_compact once no record points at it.

@@ -5,8 +5,10 @@
  *
  * The walk (lookup and get): full blocks by chained hash while each one's stored tokens equal
  * the query's; then the longest stored block continuing the prefix among the children of the
- * last hit (a partial block, or a block whose first tokens match), examining at most
- * KV_TAIL_SCAN_MAX children. Hits are verified token by token; no block data is read.
+ * last hit (a partial block, or a block whose first tokens match), found by descending the
+ * catalog's trie of blocks (catalog/index.h: one search per chunk of tokens that two stored
+ * blocks share, whatever the number of children). Hits are verified token by token; no block
+ * data is read.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -14,12 +16,11 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include "catalog/index.h"
 #include "kv_cblock.h"
 #include "kv_db.h"
 #include "kv_place.h"
 #include "kv_score.h"
-
-#define KV_TAIL_SCAN_MAX 64
 
 typedef struct hit {
   kv_block_rec rec; /* tokens point into the read transaction */
@@ -100,31 +101,10 @@ static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t
         common_prefix(br.tokens, br.n_tokens, tokens + t, r) == r)
       return push(w, &br, h, (uint32_t)r, t) == 0 ? KVDB_OK : kv_fail(KVDB_NOMEM, "lookup");
   }
-  MDB_cursor *cur;
-  int mrc = mdb_cursor_open(txn, db->cat.children, &cur);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "open children cursor");
-  MDB_val k = {16, prev}, v;
   uint32_t best = 0;
   kv_block_rec best_rec;
   uint8_t best_hash[16];
-  int seen = 0;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_SET_KEY); mrc == 0 && seen < KV_TAIL_SCAN_MAX;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP), seen++) {
-    if (v.mv_size != 16)
-      continue;
-    kv_block_rec br;
-    if (kv_cat_get_block(&db->cat, txn, v.mv_data, &br) != KVDB_OK ||
-        memcmp(br.model, mh, 16) != 0 || (br.bflags & KV_BLK_DROPS))
-      continue;
-    uint32_t c = common_prefix(br.tokens, br.n_tokens, tokens + t, r);
-    if (c > best) {
-      best = c;
-      best_rec = br;
-      memcpy(best_hash, v.mv_data, 16);
-    }
-  }
-  mdb_cursor_close(cur);
+  KV_RET(kv_idx_child_best(&db->cat, txn, prev, mh, tokens + t, r, &best, &best_rec, best_hash));
   if (best > 0 && push(w, &best_rec, best_hash, best, t) != 0)
     return kv_fail(KVDB_NOMEM, "lookup");
   return KVDB_OK;

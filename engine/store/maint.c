@@ -4,7 +4,9 @@
  * verify.c.
  *
  * Compaction, per victim segment (sealed, live fraction under the threshold):
- *   1. read each live block (verified) and append it to this handle's writer segment
+ *   1. read each live block (verified; the victim's blocks come from the segment index, so
+ *      the catalog work is linear in the blocks moved) and append it to this handle's writer
+ *      segment
  *   2. fdatasync the writer segment
  *   3. one write transaction moves every record still pointing at its old place, adjusts
  *      both segments' live bytes, deletes the victim's record when nothing is left in it and
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "catalog/index.h"
 #include "kv_db.h"
 
 /* mdb_cursor_open, its failure (ENOMEM) as a status */
@@ -55,15 +58,20 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   kv_seg_rec vic;
   if (kv_cat_get_seg(&db->cat, txn, id, &vic) != KVDB_OK)
     vic.end = 0; /* gone already: nothing to move */
-  if ((rc = cursor_open(txn, db->cat.blocks, &cur, "compaction: blocks")) != KVDB_OK) {
+  /* the victim's blocks, from the segment index: the work is linear in them */
+  if ((rc = cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index")) != KVDB_OK) {
     mdb_txn_abort(txn);
     return rc;
   }
-  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  uint8_t sk[8];
+  kv_be64(sk, id);
+  k = (MDB_val){8, sk};
+  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_SET_KEY); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT_DUP)) {
     kv_block_rec br;
+    db->compact_visits++;
     /* a record lying past the segment's end is corrupt (verify says so): left alone */
-    if (k.mv_size != 16 || kv_block_rec_decode(val.mv_data, val.mv_size, &br) != KVDB_OK ||
+    if (val.mv_size != 16 || kv_cat_get_block(&db->cat, txn, val.mv_data, &br) != KVDB_OK ||
         br.segment != id || br.bytes > vic.end || br.offset > vic.end - br.bytes)
       continue;
     if (n == cap) {
@@ -75,7 +83,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
       }
       list = nl;
     }
-    memcpy(list[n].hash, k.mv_data, 16);
+    memcpy(list[n].hash, val.mv_data, 16);
     list[n].off = br.offset;
     list[n].bytes = br.bytes;
     list[n].moved = 0;
@@ -156,6 +164,8 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
       mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
       if (mrc != 0)
         rc = kv_mdb_fail(mrc, "move block");
+      else
+        rc = kv_idx_seg_move(&db->cat, txn, id, w->seg_id, list[i].hash);
       old.live_bytes -= br.bytes < old.live_bytes ? br.bytes : old.live_bytes;
       old.live_blocks -= old.live_blocks ? 1 : 0;
       moved_bytes += br.bytes;

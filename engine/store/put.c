@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "kv_cblock.h"
+#include "catalog/index.h"
 #include "kv_db.h"
 #include "catalog/ctxstats.h"
 #include "kv_place.h"
@@ -287,15 +288,14 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
       continue;
     }
     uint64_t seg = br.segment, bytes = br.bytes;
-    uint8_t parent[16];
-    memcpy(parent, br.parent, 16);
+    /* its index entries first: the record's tokens say where they are */
+    KV_ERR(kv_idx_child_del(&db->cat, txn, br.parent, h, br.tokens, br.n_tokens));
+    KV_ERR(kv_idx_seg_del(&db->cat, txn, seg, h));
     mrc = mdb_del(txn, db->cat.blocks, &bk, NULL);
     if (mrc != 0) {
       rc = kv_mdb_fail(mrc, "delete block");
       goto out;
     }
-    MDB_val pk = {16, parent}, cv = {16, (void *)(uintptr_t)h};
-    mdb_del(txn, db->cat.children, &pk, &cv);
     KV_ERR(kv_seg_unref(db, txn, seg, bytes));
     *freed += bytes;
     if (db->dram != NULL)
@@ -691,6 +691,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     put_blk *b = &r->b[i];
     kv_block_rec br;
     MDB_val bk = {16, b->hash};
+    uint64_t moved_from = UINT64_MAX; /* an existing record that moves here */
+    int created = 0;
     rc = kv_cat_get_block(&db->cat, txn, b->hash, &br);
     if (rc == KVDB_OK) {
       if (br.n_tokens != b->n_tok || memcmp(br.tokens, b->tokens, 4 * (size_t)b->n_tok) != 0) {
@@ -707,6 +709,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         if (br.tier != w->tier) /* other contexts ending in it change tier: recount them */
           KV_ERR(kv_counts_invalidate(&db->cat, txn));
         br.tier = w->tier; /* the block is where it is written now */
+        moved_from = br.segment;
         br.segment = w->seg_id;
         br.offset = b->off;
         br.bytes = b->obj_bytes;
@@ -732,14 +735,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
       kv_block_rec_encode(&br, b->tokens, buf);
-      if (!(r->flags & KV_CTX_EXPLICIT)) {
-        MDB_val pk = {16, b->parent}, cv = {16, b->hash};
-        mrc = mdb_put(txn, db->cat.children, &pk, &cv, MDB_NODUPDATA);
-        if (mrc != 0 && mrc != MDB_KEYEXIST) {
-          rc = kv_mdb_fail(mrc, "put child");
-          goto out;
-        }
-      }
+      created = 1;
       new_bytes += br.bytes;
       new_blocks++;
       ctx_bytes += br.bytes;
@@ -757,6 +753,15 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       goto out;
     }
     last_tier = br.tier;
+    /* the indexes (catalog/index.h) */
+    if (moved_from != UINT64_MAX)
+      KV_ERR(kv_idx_seg_move(&db->cat, txn, moved_from, w->seg_id, b->hash));
+    if (created) {
+      if (!(r->flags & KV_CTX_EXPLICIT)) /* an explicit-key block is nobody's continuation */
+        KV_ERR(kv_idx_child_add(&db->cat, txn, b->parent, b->hash, (const uint8_t *)b->tokens,
+                                b->n_tok));
+      KV_ERR(kv_idx_seg_add(&db->cat, txn, w->seg_id, b->hash));
+    }
   }
   /* the context */
   free(buf);

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "catalog/ctxstats.h"
+#include "catalog/index.h"
 #include "kv_place.h"
 #include "kv_profile.h"
 #include "kv_score.h"
@@ -229,6 +230,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
                      kv_hex16(r->ctx, hx));
         goto out;
       }
+      uint64_t from = br.segment;
       KV_ERR(kv_seg_unref(db, txn, br.segment, br.bytes));
       br.segment = w->seg_id;
       br.offset = b->off;
@@ -245,6 +247,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
         rc = kv_mdb_fail(mrc, "put block");
         goto out;
       }
+      KV_ERR(kv_idx_seg_move(&db->cat, txn, from, w->seg_id, b->hash));
       new_bytes += br.bytes;
       new_blocks++;
     }

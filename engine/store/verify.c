@@ -37,6 +37,7 @@
 #include "kv_db.h"
 #include "catalog/counts.h"
 #include "catalog/ctxstats.h"
+#include "catalog/index.h"
 #include "kv_score.h"
 
 /* ---- a small map of 16-byte keys to counters and notes ---- */
@@ -158,6 +159,7 @@ typedef struct vctx {
    * with its first 8 bytes XORed with the segment id, val its offset, flag 1 when several */
   int scan_ready;
   kmap scanned, objs;
+  uint64_t index_problems; /* of them, disagreements of the block indexes */
 } vctx;
 
 static void problem(vctx *v, kvdb_status st, const char *fmt, ...) KV_PRINTF(3, 4);
@@ -934,6 +936,20 @@ static void vctx_free(vctx *v)
   v->txn = NULL;
 }
 
+/* The block indexes (segment index, lookup trie) against the block records: each disagreement
+ * is a problem (catalog/index.h, kv_idx_verify); kvdb_repair rebuilds both. */
+static void index_problem(void *ctx, const char *msg)
+{
+  vctx *v = ctx;
+  v->index_problems++;
+  problem(v, KVDB_CORRUPT, "%s", msg);
+}
+
+static kvdb_status pass_indexes(vctx *v)
+{
+  return kv_idx_verify(&v->db->cat, v->txn, index_problem, v);
+}
+
 static kvdb_status run_passes(vctx *v, kvdb_progress_fn progress, void *pcx)
 {
   KV_RET(kv_txn_begin(&v->db->cat, 0, &v->txn));
@@ -946,7 +962,8 @@ static kvdb_status run_passes(vctx *v, kvdb_progress_fn progress, void *pcx)
   KV_RET(pass_refs(v));
   KV_RET(pass_blocks(v, progress, pcx, n_blocks));
   KV_RET(pass_contexts(v));
-  return pass_segments(v);
+  KV_RET(pass_segments(v));
+  return pass_indexes(v);
 }
 
 kvdb_status kvdb_verify(kvdb *db, kvdb_problem_fn on_problem, kvdb_progress_fn progress, void *ctx,
@@ -1169,10 +1186,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
         rc = kv_mdb_fail(mrc, "repair: delete block");
         break;
       }
-      if (f->has_parent) {
-        MDB_val pk = {16, f->parent}, cv = {16, f->hash};
-        mdb_del(t, db->cat.children, &pk, &cv);
-      }
+      /* its index entries: the indexes are rebuilt after the repair's changes */
       if (db->dram != NULL)
         kv_dram_remove(db->dram, f->hash);
       continue;
@@ -1340,6 +1354,9 @@ kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
     rc = apply_plan(&r, &v, v.txn);
     if (rc == KVDB_OK)
       rc = fix_counts(&r, &v, v.txn);
+    if (rc == KVDB_OK && vr.problems > 0)
+      action(&r, "rebuild the block indexes (segment index and lookup trie; %" PRIu64
+             " disagreements found)", v.index_problems);
   } else if (rc == KVDB_OK) {
     mdb_txn_abort(v.txn); /* the plan's snapshot; the write transaction re-checks */
     v.txn = NULL;
@@ -1352,6 +1369,12 @@ kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
     kv_counts k; /* stat's counters: counted anew as the repair leaves the catalog */
     if (rc == KVDB_OK && (rc = kv_counts_recount(&db->cat, t, &k)) == KVDB_OK)
       rc = kv_counts_put(&db->cat, t, &k);
+    if (rc == KVDB_OK && vr.problems > 0) {
+      /* block records changed or went, or the indexes disagreed: build both anew */
+      action(&r, "rebuild the block indexes (segment index and lookup trie; %" PRIu64
+             " disagreements found)", v.index_problems);
+      rc = kv_idx_rebuild(&db->cat, t);
+    }
     uint64_t gen = 0;
     if (rc == KVDB_OK && kv_cat_get_u64(&db->cat, t, "gen", &gen) == KVDB_OK)
       rc = kv_cat_put_u64(&db->cat, t, "gen", gen + 1); /* readers drop cached locations */

@@ -37,14 +37,14 @@ snapshot "$DB" >"$T/before"
 
 # ---- info
 expect 0 info "$DB"
-has '^format version +1$'
+has '^format version +4$'
 has '^contexts +4$'
 has '^blocks +8$'
 has '^models +1$'
 has '^ssd +unlimited +[0-9.]+ [KMG]iB +8 +4$'
 expect 0 info --json "$DB"
 pyjson 'd["command"] == "info" and d["contexts"] == 4 and d["models"] == 1 and d["blocks"] == 8
-  and d["format_version"] == 1 and d["segments"] >= 1 and d["live_bytes"] > 0
+  and d["format_version"] == 4 and d["segments"] >= 1 and d["live_bytes"] > 0
   and d["segment_file_bytes"] >= d["live_bytes"] and 0 <= d["dead_fraction"] <= 1
   and d["tiers"]["ssd"]["contexts"] == 4 and d["tiers"]["ssd"]["blocks"] == 8
   and isinstance(d["direct_io"], bool) and isinstance(d["io_uring"], bool)'
@@ -124,7 +124,7 @@ pyjson '[e for e in d["profile"] if e["config"] == "int4"][0]["reported_quality"
 pyjson '[e for e in d["profile"] if e["config"] == "lossless"][0]["quality"] == 1'
 pyjson 'all(e["reported_quality"] is None for e in d["profile"] if e["config"] != "int4")'
 expect 0 info --json "$DB4"
-pyjson 'd["format_version"] == 2'
+pyjson 'd["format_version"] == 4'
 expect 0 verify "$DB4"
 
 # ---- score bits: contexts whose models keep int8 / int4 score copies (and the plain ones)
@@ -228,9 +228,9 @@ for c in info ls show verify compact; do
 done
 expect 0 verify --help "$DB"
 expect 0 --version
-has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 3\)$'
+has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 4\)$'
 expect 0 --version --json
-pyjson 'd["command"] == "version" and d["format_version"] == 3 and "libkvdb" in d'
+pyjson 'd["command"] == "version" and d["format_version"] == 4 and "libkvdb" in d'
 
 # ---- errors: exit 1, "kvdb-admin: STATUS: message"; nothing is ever created
 expect 1 info "$T/nope"

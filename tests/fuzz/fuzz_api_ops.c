@@ -489,7 +489,7 @@ static void op_corrupt_segment(state *s, input *in)
 static void op_corrupt_catalog(state *s, input *in)
 {
   kv_catalog *c = &s->db->cat;
-  MDB_dbi dbis[5] = {c->models, c->blocks, c->contexts, c->segments, c->children};
+  MDB_dbi dbis[5] = {c->models, c->blocks, c->contexts, c->segments, c->next};
   MDB_dbi dbi = dbis[u8(in) % 5];
   unsigned pick = u8(in), how = u8(in) % 3, at = u8(in), x = u8(in) | 1;
   MDB_txn *txn;
@@ -505,9 +505,9 @@ static void op_corrupt_catalog(state *s, input *in)
   int mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
   for (size_t i = 0; mrc == 0 && i < pick % ms.ms_entries; i++)
     mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-  if (mrc != 0 || v.mv_size == 0 || dbi == c->children) {
-    /* children (dupsort, fixed 16-byte values): remove the entry instead */
-    if (mrc == 0 && dbi == c->children && mdb_cursor_del(cur, 0) == 0 && mdb_txn_commit(txn) == 0)
+  if (mrc != 0 || v.mv_size == 0 || dbi == c->next) {
+    /* the lookup index (dupsort, fixed 16-byte values): remove the entry instead */
+    if (mrc == 0 && dbi == c->next && mdb_cursor_del(cur, 0) == 0 && mdb_txn_commit(txn) == 0)
       s->bad_catalog = 1;
     else
       mdb_txn_abort(txn);

@@ -177,7 +177,7 @@ static void test_relocate_tiers(void)
 
   kvdb_stats s1;
   ASSERT_OK(kvdb_stat(db, &s1));
-  ASSERT_EQ(s1.format_version, 3);
+  ASSERT_EQ(s1.format_version, 4); /* created at 4 (SmartSSD segments are format 3) */
   ASSERT_EQ(s1.tier[KVDB_TIER_SMARTSSD].contexts, 3);
   ASSERT_EQ(s1.tier[KVDB_TIER_SSD].contexts, 0);
   ASSERT(s1.tier[KVDB_TIER_SMARTSSD].bytes > 0);
@@ -806,7 +806,7 @@ static void test_reprofile(void)
   ASSERT(q > 0.5 && q < 1.0);
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
-  ASSERT(st.format_version < 3);
+  ASSERT_EQ(st.format_version, 4); /* created at 4 */
 
   /* a drift of 1% (under 5%): nothing changes */
   ASSERT_OK(kvdb_report_quality(db, &a, &stored, q * 0.99));
@@ -825,7 +825,7 @@ static void test_reprofile(void)
   ASSERT_STATUS(KVDB_NOTFOUND, kvdb_context_stat(db, &a, &ci));
   (void)k;
   ASSERT_OK(kvdb_stat(db, &st));
-  ASSERT_EQ(st.format_version, 3);
+  ASSERT_EQ(st.format_version, 4);
   kvdb_close(db);
 
   /* the re-scaling itself, on a context placement cannot move (an unlimited SSD, no other
