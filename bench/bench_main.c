@@ -39,6 +39,8 @@ static const bench_cmd CMDS[] = {
    "tokens/s", bench_prefix},
   {"policy", "EvicPress placement vs LRU and fixed compression + LRU on a trace (measured tiers, "
    "real-KV profiles)", bench_policy},
+  {"growth", "put, lookup, compact, verify and catalog size from 10k to 1M blocks (tiny model); "
+   "catalog size over delete-and-compact cycles", bench_growth},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 
