@@ -3,7 +3,10 @@
  * engine/catalog/catalog.c — LMDB environment, record codecs (FORMAT.md §2).
  */
 #define _GNU_SOURCE
+#define KV_CATALOG_IMPL /* the real mdb_txn_* here (catalog.h routes the engine's through us) */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,6 +295,13 @@ kvdb_status kv_seg_rec_decode(const uint8_t *src, size_t len, kv_seg_rec *r)
 
 /* ---- environment ------------------------------------------------------------------------ */
 
+static _Atomic unsigned map_full_events;
+
+unsigned kv_cat_map_full_events(void)
+{
+  return atomic_load(&map_full_events);
+}
+
 kvdb_status kv_mdb_fail(int mrc, const char *what)
 {
   kvdb_status st;
@@ -299,6 +309,9 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   case MDB_NOTFOUND:
     return KVDB_NOTFOUND;
   case MDB_MAP_FULL:
+    atomic_fetch_add(&map_full_events, 1);
+    return kv_fail(KVDB_FULL, "catalog: %s: %s (the map grows before the next write: retry)",
+                   what, mdb_strerror(mrc));
   case ENOSPC:
     st = KVDB_FULL;
     break;
@@ -326,9 +339,147 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   return kv_fail(st, "catalog: %s: %s", what, mdb_strerror(mrc));
 }
 
+/* ---- map growth (catalog.h, kv_txn_begin) ---- */
+
+/* transactions this thread holds open (any catalog): such a thread never waits for a resize */
+static _Thread_local unsigned txn_depth;
+
+static void map_enter(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  while (c->map_resizing && txn_depth == 0)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  c->map_active++;
+  pthread_mutex_unlock(&c->map_mu);
+  txn_depth++;
+}
+
+static void map_leave(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_active > 0 && --c->map_active == 0)
+    pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+  if (txn_depth > 0)
+    txn_depth--;
+}
+
+/* bytes of the map in use (up to the last page written) and the map's size */
+static void map_usage(kv_catalog *c, uint64_t *used, uint64_t *map)
+{
+  MDB_envinfo info;
+  MDB_stat st;
+  *used = *map = 0;
+  if (mdb_env_info(c->env, &info) == 0 && mdb_env_stat(c->env, &st) == 0) {
+    *used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    *map = info.me_mapsize;
+  }
+}
+
+/* Resize the map with no transaction of this process open: grow (double it until the used
+ * pages are under 3/4 of it; `force`: at least once) or adopt another process's size (grow 0).
+ * The caller holds no transaction. Returns an LMDB error or 0. */
+static int map_resize(kv_catalog *c, int grow, int force)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_resizing) { /* another thread is at it: wait for it and take its result */
+    while (c->map_resizing)
+      pthread_cond_wait(&c->map_cv, &c->map_mu);
+    pthread_mutex_unlock(&c->map_mu);
+    return 0;
+  }
+  c->map_resizing = 1;
+  while (c->map_active > 0)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  int mrc = 0;
+  if (grow) {
+    uint64_t used, map;
+    map_usage(c, &used, &map);
+    uint64_t want = map;
+    if (force || used > want / 4 * 3) {
+      want = map * 2;
+      while (used > want / 4 * 3 && want < (SIZE_MAX >> 2))
+        want *= 2;
+    }
+    if (want > map && want <= (SIZE_MAX >> 1)) {
+      mrc = mdb_env_set_mapsize(c->env, (size_t)want);
+      if (mrc == 0)
+        c->map_grows++;
+    }
+  } else {
+    mrc = mdb_env_set_mapsize(c->env, 0);
+  }
+  c->map_resizing = 0;
+  pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+  return mrc;
+}
+
+/* Before an outermost write transaction: grow the map when it is 3/4 used, or 1/2 used after
+ * an MDB_MAP_FULL in this process. */
+static void map_maybe_grow(kv_catalog *c)
+{
+  uint64_t used, map;
+  map_usage(c, &used, &map);
+  unsigned full = atomic_load(&map_full_events);
+  int force = 0;
+  if (full != c->map_full_seen) {
+    c->map_full_seen = full; /* a racy hint: at worst one more look */
+    force = used > map / 2;
+  }
+  if (!force && used <= map / 4 * 3)
+    return;
+  int mrc = map_resize(c, 1, force);
+  if (mrc != 0) /* the write goes on in the map it has (and fails MAP_FULL if it must) */
+    kv_fail(KVDB_FULL, "catalog: cannot grow the map past %" PRIu64 " bytes: %s", map,
+            mdb_strerror(mrc));
+}
+
+int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out)
+{
+  kv_catalog *c = mdb_env_get_userctx(env);
+  if (c == NULL || !c->map_sync)
+    return mdb_txn_begin(env, parent, flags, out);
+  map_enter(c);
+  int mrc = mdb_txn_begin(env, parent, flags, out);
+  if (mrc == MDB_MAP_RESIZED && txn_depth == 1) {
+    /* another process grew the map past ours: adopt its size, then begin again */
+    map_leave(c);
+    mrc = map_resize(c, 0, 0);
+    if (mrc != 0)
+      return mrc;
+    map_enter(c);
+    mrc = mdb_txn_begin(env, parent, flags, out);
+  }
+  if (mrc != 0)
+    map_leave(c);
+  return mrc;
+}
+
+int kv_mdb_txn_commit(MDB_txn *txn)
+{
+  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  int mrc = mdb_txn_commit(txn);
+  if (c != NULL && c->map_sync)
+    map_leave(c);
+  return mrc;
+}
+
+void kv_mdb_txn_abort(MDB_txn *txn)
+{
+  if (txn == NULL)
+    return;
+  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  mdb_txn_abort(txn);
+  if (c != NULL && c->map_sync)
+    map_leave(c);
+}
+
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 {
-  int mrc = mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  if (write && !c->rdonly && c->map_sync && txn_depth == 0)
+    map_maybe_grow(c);
+  int mrc = kv_mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
   if (mrc != 0) {
     *out = NULL;
     return kv_mdb_fail(mrc, write ? "begin write transaction" : "begin read transaction");
@@ -350,7 +501,7 @@ kvdb_status kv_txn_commit(MDB_txn *txn)
      * fail or to go unrecorded (a view then takes it for someone else's: conservative) */
     stamped = mdb_put(txn, c->meta, &k, &v, 0) == 0;
   }
-  int mrc = mdb_txn_commit(txn);
+  int mrc = kv_mdb_txn_commit(txn);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "commit");
   if (stamped) {
@@ -524,6 +675,17 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
   return KVDB_OK;
 }
 
+/* close the environment and what goes with it (the map lock) */
+static void cat_env_close(kv_catalog *c)
+{
+  mdb_env_close(c->env);
+  if (c->map_sync) {
+    pthread_mutex_destroy(&c->map_mu);
+    pthread_cond_destroy(&c->map_cv);
+    c->map_sync = 0;
+  }
+}
+
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync)
 {
@@ -532,6 +694,12 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   int mrc = mdb_env_create(&c->env);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create environment");
+  if (pthread_mutex_init(&c->map_mu, NULL) != 0 || pthread_cond_init(&c->map_cv, NULL) != 0) {
+    cat_env_close(c);
+    c->env = NULL;
+    return kv_fail(KVDB_NOMEM, "catalog: cannot initialize the map lock");
+  }
+  c->map_sync = 1;
   mdb_env_set_userctx(c->env, c); /* kv_txn_commit finds the catalog by its environment */
   mdb_env_set_maxdbs(c->env, 16);
   mdb_env_set_maxreaders(c->env, 1024);
@@ -548,7 +716,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   struct stat st;
   if (stat(path, &st) != 0) {
     if (rdonly || !create) {
-      mdb_env_close(c->env);
+      cat_env_close(c);
       c->env = NULL;
       return kv_fail(KVDB_NOTFOUND, "no database at '%s' (no catalog.mdb)", dir);
     }
@@ -560,7 +728,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   }
   if (mrc != 0) {
     kvdb_status st2 = kv_mdb_fail(mrc, path);
-    mdb_env_close(c->env);
+    cat_env_close(c);
     c->env = NULL;
     return st2;
   }
@@ -596,7 +764,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   }
   if (!fresh) {
     KV_ERR(open_dbs(c, txn, 0));
-    mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
+    kv_mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
     if ((c->has_profiles && c->has_ctxstats) || rdonly)
       return KVDB_OK;
@@ -620,7 +788,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       return KVDB_OK;
     goto out;
   }
-  mdb_txn_abort(txn);
+  kv_mdb_txn_abort(txn);
   txn = NULL;
   KV_ERR(kv_txn_begin(c, 1, &txn));
   KV_ERR(open_dbs(c, txn, MDB_CREATE));
@@ -639,8 +807,8 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     return KVDB_OK;
 out:
   if (txn != NULL)
-    mdb_txn_abort(txn);
-  mdb_env_close(c->env);
+    kv_mdb_txn_abort(txn);
+  cat_env_close(c);
   c->env = NULL;
   return rc;
 }
@@ -648,7 +816,7 @@ out:
 void kv_catalog_close(kv_catalog *c)
 {
   if (c->env != NULL)
-    mdb_env_close(c->env);
+    cat_env_close(c);
   c->env = NULL;
   if (c->track)
     pthread_mutex_destroy(&c->own_mu);

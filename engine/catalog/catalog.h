@@ -145,6 +145,16 @@ typedef struct kv_catalog {
   pthread_mutex_t own_mu;
   uint64_t own_ids[KV_CAT_OWN_IDS];
   unsigned own_next;
+  /* map growth (kv_txn_begin): LMDB remaps only while no transaction of this process is open,
+   * so every transaction counts itself in map_active, and a resize waits for it to reach 0
+   * while new outermost transactions wait for the resize (nested ones go on: no deadlock) */
+  int map_sync;             /* map_mu / map_cv initialized */
+  pthread_mutex_t map_mu;
+  pthread_cond_t map_cv;
+  unsigned map_active;      /* transactions open in this process on this environment */
+  int map_resizing;
+  unsigned map_full_seen;   /* kv_cat_map_full_events() when this catalog last looked */
+  uint64_t map_grows;       /* how many times this handle grew the map */
 } kv_catalog;
 
 /*
@@ -156,11 +166,37 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
                             int create, int nosync);
 void kv_catalog_close(kv_catalog *c);
 
-/* Convert an LMDB error to a status with a message naming `what`. */
+/* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
+ * and counts in kv_cat_map_full_events(). */
 kvdb_status kv_mdb_fail(int mrc, const char *what);
+/* How many MDB_MAP_FULL errors this process has seen (a put retries once after one). */
+unsigned kv_cat_map_full_events(void);
 
-/* Begin a transaction (rdonly or write). */
+/*
+ * Begin a transaction (rdonly or write).
+ *
+ * MAP GROWTH. The LMDB map (catalog_map_bytes at open) grows: before an outermost write
+ * transaction, when the catalog's used pages reach 3/4 of the map (or 1/2 after an
+ * MDB_MAP_FULL in this process), the map is doubled (mdb_env_set_mapsize) until they are under
+ * 3/4 of it. LMDB remaps only while no transaction of this process is open: the resize waits
+ * for open ones to end and holds new outermost ones back meanwhile (a thread that already holds
+ * a transaction is never held back, and never resizes). Another process that sees the bigger
+ * map (MDB_MAP_RESIZED at begin) adopts it (mdb_env_set_mapsize(env, 0)) the same way and
+ * begins again. The file grows only as pages are used: the map is address space.
+ */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
+
+/* Every transaction of a catalog's environment is begun and ended through these (the macros
+ * below route the engine's mdb_txn_* calls here): they count open transactions for the map
+ * growth above. Environments without a catalog pass straight through. */
+int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out);
+int kv_mdb_txn_commit(MDB_txn *txn);
+void kv_mdb_txn_abort(MDB_txn *txn);
+#ifndef KV_CATALOG_IMPL
+#define mdb_txn_begin kv_mdb_txn_begin
+#define mdb_txn_commit kv_mdb_txn_commit
+#define mdb_txn_abort kv_mdb_txn_abort
+#endif
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
  * successful one has a txn id of its own) and its id is recorded once committed. */

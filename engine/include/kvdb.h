@@ -288,7 +288,11 @@ typedef struct kvdb_options {
   uint64_t ssd_bytes;        /**< SSD tier capacity (live bytes); default 0 = unlimited */
   kvdb_sync_mode sync_mode;  /**< default KVDB_SYNC_FULL */
   uint64_t segment_bytes;    /**< a segment file is sealed past this size; default 1 GiB */
-  uint64_t catalog_map_bytes;/**< LMDB map size (virtual); default 64 GiB */
+  uint64_t catalog_map_bytes;/**< initial LMDB map size (virtual address space, >= 1 MiB);
+                                   default 64 GiB. The map grows: before a write, when the
+                                   catalog's pages reach 3/4 of it, it is doubled (a handle of
+                                   another process adopts the new size when it next begins a
+                                   transaction); the file grows only as pages are used */
   int use_direct_io;         /**< 1 (default): O_DIRECT where the filesystem allows, logged fallback */
   int use_io_uring;          /**< 1 (default): io_uring where the kernel allows, logged fallback */
   kvdb_log_fn log_fn;        /**< default NULL: warnings and errors to stderr */
@@ -397,7 +401,10 @@ typedef struct kvdb_put_info {
  * On any error nothing of this put is visible.
  * @param info optional (NULL); filled on KVDB_OK.
  * @return KVDB_OK; KVDB_INVALID (NULL/zero arguments, bad model); KVDB_MISMATCH (the id is
- *   stored with another shape); KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_NOMEM.
+ *   stored with another shape); KVDB_READONLY; KVDB_FULL (the disk, or a tier capacity
+ *   that cannot be met; a catalog map that fills during the put is grown and the put retried,
+ *   up to 3 times, so KVDB_FULL "MDB_MAP_FULL" is returned only when the map cannot grow: no
+ *   address space or memory for it); KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *kv, kvdb_put_info *info);

