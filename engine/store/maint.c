@@ -260,6 +260,9 @@ out:
 
 /* ---- compaction ---- */
 
+/* most block records one compaction transaction moves (see compact_segment) */
+#define KV_COMPACT_BATCH 512
+
 typedef struct mv {
   uint8_t hash[16];
   uint64_t off, bytes, new_off;
@@ -350,46 +353,54 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     if (e != 0)
       rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIu64, w->seg_id);
   }
-  int sealed = 0, removed = 0, gone = 0;
+  /* The moves commit in transactions of at most KV_COMPACT_BATCH records: each moved record
+   * rewrites a leaf page of the blocks table (keys are hashes: a different leaf for nearly
+   * every record), and LMDB can reuse a page freed by a transaction only after it commits, so
+   * one transaction moving a whole large segment's records copies the whole table and the
+   * catalog file doubles. The writer's end covers every copy from the first batch on (all were
+   * synced above); a copy whose batch does not commit is dead space inside it. */
+  int sealed = 0, removed = 0, gone = 0, committed = 0;
   uint64_t moved_bytes = 0, moved_blocks = 0, old_end = 0;
-  if (rc == KVDB_OK)
+  uint8_t *rb = NULL;
+  if (rc == KVDB_OK && (rb = malloc(kv_block_rec_size(4096))) == NULL)
+    rc = kv_fail(KVDB_NOMEM, "record buffer");
+  for (size_t next = 0; rc == KVDB_OK && (!committed || next < n);) {
     rc = kv_txn_begin(&db->cat, 1, &txn);
-  if (rc == KVDB_OK) {
+    if (rc != KVDB_OK)
+      break;
     kv_seg_rec old, nw;
     rc = kv_cat_get_seg(&db->cat, txn, id, &old);
     if (rc == KVDB_NOTFOUND)
       gone = 1; /* another handle compacted it meanwhile: our copies are dead, undone below */
     old_end = old.end;
-    uint8_t *rb = malloc(kv_block_rec_size(4096));
-    if (rb == NULL && rc == KVDB_OK)
-      rc = kv_fail(KVDB_NOMEM, "record buffer");
-    for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
-      if (!list[i].moved)
+    uint64_t b_bytes = 0, b_blocks = 0;
+    for (size_t cnt = 0; rc == KVDB_OK && next < n && cnt < KV_COMPACT_BATCH; next++) {
+      if (!list[next].moved)
         continue;
+      cnt++;
       kv_block_rec br;
-      if (kv_cat_get_block(&db->cat, txn, list[i].hash, &br) != KVDB_OK || br.segment != id ||
-          br.offset != list[i].off)
+      if (kv_cat_get_block(&db->cat, txn, list[next].hash, &br) != KVDB_OK || br.segment != id ||
+          br.offset != list[next].off)
         continue; /* deleted or moved meanwhile: our copy is dead */
       br.segment = w->seg_id;
-      br.offset = list[i].new_off;
+      br.offset = list[next].new_off;
       kv_block_rec_encode(&br, NULL, rb);
-      MDB_val bk = {16, list[i].hash}, bv = {kv_block_rec_size(br.n_tokens), rb};
+      MDB_val bk = {16, list[next].hash}, bv = {kv_block_rec_size(br.n_tokens), rb};
       mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
       if (mrc != 0)
         rc = kv_mdb_fail(mrc, "move block");
       old.live_bytes -= br.bytes < old.live_bytes ? br.bytes : old.live_bytes;
       old.live_blocks -= old.live_blocks ? 1 : 0;
-      moved_bytes += br.bytes;
-      moved_blocks++;
+      b_bytes += br.bytes;
+      b_blocks++;
     }
-    free(rb);
     if (rc == KVDB_OK && w != NULL) {
       rc = kv_cat_get_seg(&db->cat, txn, w->seg_id, &nw);
       if (rc == KVDB_OK) {
         nw.end = w->end + written;
-        nw.live_bytes += moved_bytes;
-        nw.live_blocks += moved_blocks;
-        if (nw.end >= db->opt.segment_bytes) {
+        nw.live_bytes += b_bytes;
+        nw.live_blocks += b_blocks;
+        if (nw.end >= db->opt.segment_bytes && nw.state != KV_SEG_SEALED) {
           nw.state = KV_SEG_SEALED;
           sealed = 1;
         }
@@ -397,7 +408,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
       }
     }
     if (rc == KVDB_OK) {
-      if (old.live_blocks == 0) {
+      if (next >= n && old.live_blocks == 0) {
         uint8_t kk[8];
         kv_be64(kk, id);
         MDB_val key = {8, kk};
@@ -418,13 +429,21 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
       mdb_txn_abort(txn);
     }
     txn = NULL;
+    if (rc != KVDB_OK) {
+      removed = 0;
+      break;
+    }
+    committed = 1;
+    moved_bytes += b_bytes;
+    moved_blocks += b_blocks;
   }
+  free(rb);
   if (w != NULL) {
-    if (rc == KVDB_OK)
+    if (committed) /* its records' end covers every copy */
       w->end += written;
     else if (db->io->ops->truncate(db->io, kv_writer_file(w), w->end) != 0)
       w->end += written;
-    kv_writer_release(db, w, rc == KVDB_OK && sealed);
+    kv_writer_release(db, w, committed && sealed);
   }
   if (rc == KVDB_OK && removed) {
     char path[4200];
@@ -438,11 +457,10 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     rep->segments_rewritten++;
     rep->bytes_reclaimed += old_end;
   }
-  if (rc == KVDB_OK) {
-    rep->blocks_moved += moved_blocks;
-    rep->bytes_moved += moved_bytes;
+  rep->blocks_moved += moved_blocks;
+  rep->bytes_moved += moved_bytes;
+  if (committed)
     db->bytes_written += written;
-  }
   free(list);
   return gone ? KVDB_OK : rc;
 }
