@@ -20,9 +20,9 @@
  *            blocks; the surviving half stays stored)
  *   verify   kvdb_verify of everything: seconds, µs per block
  *   catalog  catalog.mdb bytes per stored block
- * After the last point, `cycles` rounds of: delete a random half of the contexts,
- * kvdb_compact(0.5), put new contexts back up to N blocks; the catalog's bytes per live block
- * after each round, as a ratio to the fresh fill's.
+ * After the last point, 3 rounds of: delete a random half of the contexts, kvdb_compact(0.5)
+ * (the catalog's bytes per live block now, as a ratio to the fresh fill's: cycleK_catalog_vs_
+ * fresh), put new contexts back up to N blocks (the same ratio: cycleK_refilled_vs_fresh).
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
@@ -252,7 +252,7 @@ int bench_growth(const bench_env *env, bench_json *j)
             p[i].compact_us_blk, p[i].verify_s, p[i].verify_us_blk, p[i].cat_b_blk);
     fflush(env->out);
   }
-  double cyc[3] = {0};
+  double cyc[3] = {0}, refill[3] = {0};
   double fresh = 0;
   if (ret == 0) {
     fprintf(env->out, "ratios to %" PRIu64 " blocks (x%.0f blocks):\n", pts[0],
@@ -278,12 +278,14 @@ int bench_growth(const bench_env *env, bench_json *j)
         bench_log("growth: compact: %s: %s", kvdb_status_name(rc), kvdb_errmsg());
         ret = 1;
       }
-      if (ret == 0)
-        ret = fill_to(g, n, 0, NULL);
       cyc[c] = (double)catalog_bytes(g) / (double)(g->n_live * G_NB);
       if (ret == 0)
-        fprintf(env->out, "cycle %d (delete half, compact, refill to %" PRIu64 " blocks): catalog "
-                "%.0f B/block, %.2fx the fresh fill\n", c + 1, n, cyc[c], cyc[c] / fresh);
+        ret = fill_to(g, n, 0, NULL);
+      refill[c] = (double)catalog_bytes(g) / (double)(g->n_live * G_NB);
+      if (ret == 0)
+        fprintf(env->out, "cycle %d: delete half, compact: catalog %.0f B per live block, %.2fx "
+                "the fresh fill; refilled to %" PRIu64 " blocks: %.0f B/block, %.2fx\n", c + 1,
+                cyc[c], cyc[c] / fresh, n, refill[c], refill[c] / fresh);
     }
   }
   if (ret == 0) {
@@ -315,6 +317,8 @@ int bench_growth(const bench_env *env, bench_json *j)
     for (int c = 0; c < cycles; c++) {
       snprintf(key, sizeof key, "cycle%d_catalog_vs_fresh", c + 1);
       bench_json_num(j, key, bench_ratio(cyc[c], fresh));
+      snprintf(key, sizeof key, "cycle%d_refilled_vs_fresh", c + 1);
+      bench_json_num(j, key, bench_ratio(refill[c], fresh));
     }
   }
   kvdb_close(g->db);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -347,7 +348,8 @@ static _Thread_local unsigned txn_depth;
 static void map_enter(kv_catalog *c)
 {
   pthread_mutex_lock(&c->map_mu);
-  while (c->map_resizing && txn_depth == 0)
+  /* a thread holding a transaction of this catalog goes on (the resize waits for it anyway) */
+  while (c->map_resizing && (txn_depth == 0 || c->map_active == 0))
     pthread_cond_wait(&c->map_cv, &c->map_mu);
   c->map_active++;
   pthread_mutex_unlock(&c->map_mu);
@@ -419,8 +421,15 @@ static int map_resize(kv_catalog *c, int grow, int force)
  * an MDB_MAP_FULL in this process. */
 static void map_maybe_grow(kv_catalog *c)
 {
-  uint64_t used, map;
-  map_usage(c, &used, &map);
+  uint64_t used = 0, map = 0;
+  pthread_mutex_lock(&c->map_mu); /* not while a vacuum replaces the environment */
+  while (c->map_resizing)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  if (c->env != NULL)
+    map_usage(c, &used, &map);
+  pthread_mutex_unlock(&c->map_mu);
+  if (map == 0)
+    return;
   unsigned full = atomic_load(&map_full_events);
   int force = 0;
   if (full != c->map_full_seen) {
@@ -435,13 +444,12 @@ static void map_maybe_grow(kv_catalog *c)
             mdb_strerror(mrc));
 }
 
-int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out)
+/* Begin in c's environment as it is once no resize or vacuum holds it back (a vacuum replaces
+ * the environment: c->env is read after map_enter). */
+static int cat_begin(kv_catalog *c, MDB_txn *parent, unsigned flags, MDB_txn **out)
 {
-  kv_catalog *c = mdb_env_get_userctx(env);
-  if (c == NULL || !c->map_sync)
-    return mdb_txn_begin(env, parent, flags, out);
   map_enter(c);
-  int mrc = mdb_txn_begin(env, parent, flags, out);
+  int mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
   if (mrc == MDB_MAP_RESIZED && txn_depth == 1) {
     /* another process grew the map past ours: adopt its size, then begin again */
     map_leave(c);
@@ -449,11 +457,19 @@ int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **ou
     if (mrc != 0)
       return mrc;
     map_enter(c);
-    mrc = mdb_txn_begin(env, parent, flags, out);
+    mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
   }
   if (mrc != 0)
     map_leave(c);
   return mrc;
+}
+
+int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out)
+{
+  kv_catalog *c = mdb_env_get_userctx(env);
+  if (c == NULL || !c->map_sync)
+    return mdb_txn_begin(env, parent, flags, out);
+  return cat_begin(c, parent, flags, out);
 }
 
 int kv_mdb_txn_commit(MDB_txn *txn)
@@ -479,7 +495,13 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 {
   if (write && !c->rdonly && c->map_sync && txn_depth == 0)
     map_maybe_grow(c);
-  int mrc = kv_mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  int mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
+                        : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  if (mrc == EBADF) {
+    *out = NULL;
+    return kv_fail(KVDB_IOERR, "catalog: closed after a failed vacuum (see the log); reopen "
+                   "the database");
+  }
   if (mrc != 0) {
     *out = NULL;
     return kv_mdb_fail(mrc, write ? "begin write transaction" : "begin read transaction");
@@ -678,7 +700,13 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
 /* close the environment and what goes with it (the map lock) */
 static void cat_env_close(kv_catalog *c)
 {
-  mdb_env_close(c->env);
+  if (c->env != NULL)
+    mdb_env_close(c->env);
+  if (c->lockfd >= 0)
+    close(c->lockfd); /* after the environment: closing it drops this process's fcntl locks */
+  c->lockfd = -1;
+  free(c->path);
+  c->path = NULL;
   if (c->map_sync) {
     pthread_mutex_destroy(&c->map_mu);
     pthread_cond_destroy(&c->map_cv);
@@ -691,6 +719,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
 {
   memset(c, 0, sizeof *c);
   c->rdonly = rdonly;
+  c->lockfd = -1;
   int mrc = mdb_env_create(&c->env);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create environment");
@@ -731,6 +760,20 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     cat_env_close(c);
     c->env = NULL;
     return st2;
+  }
+  c->path = strdup(path);
+  if (c->path == NULL) {
+    cat_env_close(c);
+    c->env = NULL;
+    return kv_fail(KVDB_NOMEM, "catalog path");
+  }
+  unsigned got = 0;
+  mdb_env_get_flags(c->env, &got);
+  c->env_flags = flags | (got & MDB_NOLOCK);
+  if (!rdonly) { /* kv_catalog_vacuum asks it whether another process has the catalog open */
+    char lpath[4200];
+    snprintf(lpath, sizeof lpath, "%s-lock", path);
+    c->lockfd = open(lpath, O_RDWR | O_CLOEXEC);
   }
   MDB_txn *txn = NULL;
   kvdb_status rc;
@@ -821,4 +864,301 @@ void kv_catalog_close(kv_catalog *c)
   if (c->track)
     pthread_mutex_destroy(&c->own_mu);
   c->track = 0;
+}
+
+/* ---- vacuum (catalog.h) ---- */
+
+/* Hold every new transaction of this process back and wait until none is open (as a map
+ * resize does). 0: held; -1: a resize or vacuum is under way (the caller skips). */
+static int gate_take(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_resizing) {
+    pthread_mutex_unlock(&c->map_mu);
+    return -1;
+  }
+  c->map_resizing = 1;
+  while (c->map_active > 0)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  pthread_mutex_unlock(&c->map_mu);
+  return 0;
+}
+
+static void gate_give(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  c->map_resizing = 0;
+  pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+}
+
+/* The names of the catalog's databases (the main database's keys), NUL-terminated. */
+static int db_names(MDB_txn *txn, char ***out, size_t *n)
+{
+  MDB_dbi main;
+  MDB_cursor *cur;
+  *out = NULL;
+  *n = 0;
+  int mrc = mdb_dbi_open(txn, NULL, 0, &main);
+  if (mrc == 0)
+    mrc = mdb_cursor_open(txn, main, &cur);
+  if (mrc != 0)
+    return mrc;
+  MDB_val k, v;
+  char **names = NULL;
+  size_t cnt = 0;
+  while ((mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+    char **nn = realloc(names, (cnt + 1) * sizeof *nn);
+    char *nm = malloc(k.mv_size + 1);
+    if (nn == NULL || nm == NULL) {
+      free(nm);
+      names = nn != NULL ? nn : names;
+      mrc = ENOMEM;
+      break;
+    }
+    names = nn;
+    memcpy(nm, k.mv_data, k.mv_size);
+    nm[k.mv_size] = 0;
+    names[cnt++] = nm;
+  }
+  mdb_cursor_close(cur);
+  *out = names;
+  *n = cnt;
+  return mrc == MDB_NOTFOUND ? 0 : mrc;
+}
+
+static void names_free(char **names, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
+/* Bytes a rewrite in key order would take: per database, its entries times the mean node size
+ * of its first 256, in full pages, plus its overflow pages and one branch page in 64. */
+static uint64_t packed_bytes(MDB_txn *txn, char **names, size_t n, unsigned psize)
+{
+  uint64_t pages = 4; /* meta pages, main and free databases' roots */
+  for (size_t i = 0; i < n; i++) {
+    MDB_dbi d;
+    MDB_stat st;
+    MDB_cursor *cur;
+    if (mdb_dbi_open(txn, names[i], 0, &d) != 0 || mdb_stat(txn, d, &st) != 0 ||
+        mdb_cursor_open(txn, d, &cur) != 0)
+      continue;
+    MDB_val k, v;
+    uint64_t bytes = 0, cnt = 0;
+    for (int mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && cnt < 256;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT), cnt++)
+      bytes += 10 + k.mv_size + (v.mv_size > psize / 2 ? 8 : v.mv_size); /* node, index */
+    mdb_cursor_close(cur);
+    uint64_t leaf = cnt ? (st.ms_entries * (bytes / cnt) + psize - 17) / (psize - 16) : 1;
+    pages += leaf + leaf / 64 + 1 + st.ms_overflow_pages;
+  }
+  return pages * psize;
+}
+
+/* Copy every database of the open environment (read transaction rt) into the new file `tmp`
+ * in key order. */
+static kvdb_status vacuum_copy(MDB_txn *rt, char **names, size_t n,
+                               const char *tmp, size_t mapsize)
+{
+  MDB_env *ne = NULL;
+  MDB_txn *wt = NULL;
+  MDB_cursor *cur = NULL;
+  kvdb_status rc = KVDB_OK;
+  int mrc = mdb_env_create(&ne);
+  if (mrc == 0)
+    mrc = mdb_env_set_maxdbs(ne, 64);
+  if (mrc == 0)
+    mrc = mdb_env_set_mapsize(ne, mapsize);
+  if (mrc == 0)
+    mrc = mdb_env_open(ne, tmp, MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOSYNC, 0644);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "vacuum: create the new catalog");
+    goto out;
+  }
+  for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
+    MDB_dbi od, nd;
+    unsigned fl = 0;
+    MDB_stat os, ns;
+    if ((mrc = mdb_dbi_open(rt, names[i], 0, &od)) != 0 || (mrc = mdb_dbi_flags(rt, od, &fl)) != 0 ||
+        (mrc = mdb_stat(rt, od, &os)) != 0 || (mrc = mdb_txn_begin(ne, NULL, 0, &wt)) != 0 ||
+        (mrc = mdb_dbi_open(wt, names[i], (fl & ~MDB_CREATE) | MDB_CREATE, &nd)) != 0 ||
+        (mrc = mdb_cursor_open(rt, od, &cur)) != 0) {
+      rc = kv_mdb_fail(mrc, "vacuum: open a database");
+      break;
+    }
+    MDB_val k, v, prev = {0, NULL};
+    uint64_t cnt = 0;
+    while ((mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+      /* in key order: appended to the last page (a dupsort key's items in their order) */
+      unsigned pf = MDB_APPEND;
+      if ((fl & MDB_DUPSORT) && prev.mv_data != NULL && prev.mv_size == k.mv_size &&
+          memcmp(prev.mv_data, k.mv_data, k.mv_size) == 0)
+        pf = MDB_APPENDDUP;
+      if ((mrc = mdb_put(wt, nd, &k, &v, pf)) != 0)
+        break;
+      prev = k; /* points into the old map: valid as rt */
+      if (++cnt % 65536 == 0) { /* bounded dirty pages per transaction */
+        if ((mrc = mdb_txn_commit(wt)) != 0 || (mrc = mdb_txn_begin(ne, NULL, 0, &wt)) != 0) {
+          wt = NULL;
+          break;
+        }
+      }
+    }
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND) {
+      rc = kv_mdb_fail(mrc, "vacuum: copy a database");
+      break;
+    }
+    if ((mrc = mdb_stat(wt, nd, &ns)) != 0 || (mrc = mdb_txn_commit(wt)) != 0) {
+      wt = NULL;
+      rc = kv_mdb_fail(mrc, "vacuum: commit");
+      break;
+    }
+    wt = NULL;
+    if (ns.ms_entries != os.ms_entries)
+      rc = kv_fail(KVDB_IOERR, "vacuum: database '%s' has %zu entries in the copy, %zu in the "
+                   "catalog", names[i], ns.ms_entries, os.ms_entries);
+  }
+  if (rc == KVDB_OK && (mrc = mdb_env_sync(ne, 1)) != 0)
+    rc = kv_mdb_fail(mrc, "vacuum: sync the new catalog");
+out:
+  if (wt != NULL)
+    mdb_txn_abort(wt);
+  if (ne != NULL)
+    mdb_env_close(ne);
+  return rc;
+}
+
+/* Reopen the (new) catalog file with the same settings and database handles. */
+static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
+{
+  MDB_dbi was[9] = {c->meta, c->models, c->blocks, c->children, c->contexts, c->atime,
+                    c->segments, c->profiles, c->ctxstats};
+  mdb_env_close(c->env);
+  c->env = NULL;
+  MDB_txn *txn = NULL;
+  int mrc = mdb_env_create(&c->env);
+  if (mrc == 0) {
+    mdb_env_set_userctx(c->env, c);
+    mdb_env_set_maxdbs(c->env, 16);
+    mdb_env_set_maxreaders(c->env, 1024);
+    mdb_env_set_mapsize(c->env, mapsize);
+    mrc = mdb_env_open(c->env, c->path, c->env_flags, 0644);
+  }
+  if (mrc == 0)
+    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &txn);
+  if (mrc != 0) {
+    if (c->env != NULL)
+      mdb_env_close(c->env);
+    c->env = NULL;
+    return kv_mdb_fail(mrc, "vacuum: reopen the catalog");
+  }
+  MDB_dbi meta;
+  kvdb_status rc = KVDB_OK;
+  if ((mrc = mdb_dbi_open(txn, "meta", 0, &meta)) != 0)
+    rc = kv_mdb_fail(mrc, "vacuum: open database 'meta'");
+  if (rc == KVDB_OK)
+    rc = open_dbs(c, txn, 0);
+  MDB_dbi now[9] = {c->meta, c->models, c->blocks, c->children, c->contexts, c->atime,
+                    c->segments, c->profiles, c->ctxstats};
+  if (rc == KVDB_OK && memcmp(was, now, sizeof was) != 0)
+    rc = kv_fail(KVDB_IOERR, "vacuum: the reopened catalog's database handles differ");
+  if (rc == KVDB_OK && (mrc = mdb_txn_commit(txn)) != 0) /* makes the handles permanent */
+    rc = kv_mdb_fail(mrc, "vacuum: reopen the catalog");
+  else if (rc != KVDB_OK)
+    mdb_txn_abort(txn);
+  if (rc != KVDB_OK) {
+    mdb_env_close(c->env);
+    c->env = NULL;
+  }
+  return rc;
+}
+
+kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
+                              uint64_t *after)
+{
+  struct stat fst;
+  *done = 0;
+  if (before != NULL)
+    *before = 0;
+  if (after != NULL)
+    *after = 0;
+  if (c->rdonly || c->lockfd < 0 || c->path == NULL || !c->map_sync || txn_depth != 0 ||
+      (c->env_flags & MDB_NOLOCK))
+    return KVDB_OK;
+  if (stat(c->path, &fst) != 0)
+    return kv_fail_errno(errno, "vacuum: cannot stat '%s'", c->path);
+  if (before != NULL)
+    *before = (uint64_t)fst.st_size;
+  if (after != NULL)
+    *after = (uint64_t)fst.st_size;
+  if (!force && fst.st_size < (1 << 20))
+    return KVDB_OK; /* not worth holding the handle for */
+  if (gate_take(c) != 0)
+    return KVDB_OK;
+  kvdb_status rc = KVDB_OK;
+  MDB_txn *rt = NULL;
+  char **names = NULL;
+  size_t n = 0;
+  MDB_envinfo info;
+  MDB_stat est;
+  int mrc = mdb_env_info(c->env, &info);
+  if (mrc == 0)
+    mrc = mdb_env_stat(c->env, &est);
+  if (mrc == 0)
+    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt);
+  if (mrc == 0)
+    mrc = db_names(rt, &names, &n);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "vacuum: read the catalog");
+    goto out;
+  }
+  uint64_t packed = packed_bytes(rt, names, n, est.ms_psize);
+  if (!force && (uint64_t)fst.st_size <= 2 * packed)
+    goto out;
+  /* the only user? (the exclusive lock also keeps other processes from opening meanwhile) */
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  if (fcntl(c->lockfd, F_SETLK, &lk) != 0)
+    goto out; /* another process has it open: not now */
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.vacuum", c->path);
+  unlink(tmp);
+  rc = vacuum_copy(rt, names, n, tmp, info.me_mapsize);
+  mdb_txn_abort(rt);
+  rt = NULL;
+  if (rc == KVDB_OK && rename(tmp, c->path) != 0)
+    rc = kv_fail_errno(errno, "vacuum: cannot rename '%s' to '%s'", tmp, c->path);
+  if (rc != KVDB_OK) {
+    unlink(tmp);
+    lk.l_type = F_RDLCK; /* back to what LMDB holds */
+    fcntl(c->lockfd, F_SETLK, &lk);
+    goto out;
+  }
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", c->path);
+  char *slash = strrchr(dir, '/');
+  if (slash != NULL) {
+    *slash = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd); /* the rename is durable */
+      close(dfd);
+    }
+  }
+  rc = vacuum_reopen(c, info.me_mapsize);
+  if (rc == KVDB_OK) {
+    *done = 1;
+    if (after != NULL && stat(c->path, &fst) == 0)
+      *after = (uint64_t)fst.st_size;
+  }
+out:
+  if (rt != NULL)
+    mdb_txn_abort(rt);
+  names_free(names, n);
+  gate_give(c);
+  return rc;
 }

@@ -155,6 +155,10 @@ typedef struct kv_catalog {
   int map_resizing;
   unsigned map_full_seen;   /* kv_cat_map_full_events() when this catalog last looked */
   uint64_t map_grows;       /* how many times this handle grew the map */
+  /* vacuum (kv_catalog_vacuum) */
+  char *path;               /* the catalog file */
+  unsigned env_flags;       /* the flags it was opened with */
+  int lockfd;               /* its lock file, read-write handles (-1: none) */
 } kv_catalog;
 
 /*
@@ -165,6 +169,27 @@ typedef struct kv_catalog {
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync);
 void kv_catalog_close(kv_catalog *c);
+
+/*
+ * kv_catalog_vacuum() - rewrite the catalog in key order into a new file and put it in place of
+ * the old one, as SQLite's VACUUM does, when the file is more than twice what such a rewrite
+ * takes (estimated from each database's entries and the mean size of its first 256), or
+ * always with `force`. LMDB never shrinks its file, and pages that deletes left partly empty
+ * are merged only under a quarter full, so after deletes the file holds free and half-empty
+ * pages; the rewrite packs the records into full pages (MDB_APPEND) and leaves no free ones.
+ *
+ * It runs only when this handle is the catalog's only user: no transaction of this process
+ * open (it holds new ones back meanwhile, as a map resize does: other threads' calls wait for
+ * it) and no other process with the environment open, known by taking the lock file's
+ * exclusive fcntl lock — the lock LMDB's processes hold shared while they have it open (a
+ * process that opens meanwhile waits for it, and then opens the new file). Otherwise it does
+ * nothing: *done = 0, KVDB_OK. The new file is written beside the old one (catalog.mdb.vacuum),
+ * synced, checked (every database has as many entries) and renamed over it; then this handle
+ * reopens it. A crash before the rename leaves the old file (the .vacuum file is removed by the
+ * next vacuum); after it, the new one. *before / *after: the file's bytes (optional).
+ */
+kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
+                              uint64_t *after);
 
 /* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
  * and counts in kv_cat_map_full_events(). */

@@ -517,5 +517,19 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       progress(ctx, i + 1, n);
   }
   free(ids);
+  if (rc == KVDB_OK) {
+    /* the catalog too, when deletes left it more than twice what a rewrite takes and this
+     * handle is its only user (kv_catalog_vacuum) */
+    int done = 0;
+    uint64_t before = 0, after = 0;
+    kvdb_status vr = kv_catalog_vacuum(&db->cat, 0, &done, &before, &after);
+    if (vr != KVDB_OK && db->cat.env == NULL)
+      return vr; /* the handle lost its catalog: nothing more works on it */
+    if (vr != KVDB_OK)
+      kv_log(&db->log, 1, "compaction: the catalog was not rewritten: %s", kvdb_errmsg());
+    else if (done)
+      kv_log(&db->log, 2, "compaction: catalog rewritten in key order, %" PRIu64 " -> %" PRIu64
+             " bytes", before, after);
+  }
   return rc;
 }

@@ -91,6 +91,7 @@ typedef struct reader_arg {
   kvdb *db;
   _Atomic int stop;
   _Atomic long reads, bad;
+  _Atomic int first; /* reader_live: the context it reads (-1: none yet) */
 } reader_arg;
 
 static void *reader(void *p)
@@ -102,6 +103,18 @@ static void *reader(void *p)
       if (!intact(a->db, i))
         a->bad++;
     }
+  }
+  return NULL;
+}
+
+/* reads context `first` (stored all along) until stopped */
+static void *reader_live(void *p)
+{
+  reader_arg *a = p;
+  while (!a->stop) {
+    a->reads++;
+    if (a->first >= 0 && !intact(a->db, a->first))
+      a->bad++;
   }
   return NULL;
 }
@@ -185,11 +198,122 @@ static void test_map_grow(void)
   t_rmdir(dir);
 }
 
+/* ---- catalog ---- */
+
+#define CAT_N 6000 /* 12,000 blocks: a catalog of ~10 MB */
+
+static double per_live_block(const char *dir, int n_live)
+{
+  return (double)file_bytes(dir, "catalog.mdb") / (2.0 * n_live);
+}
+
+static void test_catalog(void)
+{
+  char *dir = t_tmpdir("catcycle");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  static uint8_t live[4 * CAT_N];
+  int next = 0, n_live = 0;
+  for (; next < CAT_N; next++, n_live++) {
+    ASSERT_OK(put_i(db, next));
+    live[next] = 1;
+  }
+  double fresh = per_live_block(dir, n_live);
+  printf("catalog: fresh fill %.0f B per block\n", fresh);
+  uint64_t rnd = 5;
+  /* a second process has the database open: the catalog is not rewritten under it */
+  int to_child[2], to_parent[2];
+  ASSERT(pipe(to_child) == 0 && pipe(to_parent) == 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    kvdb *cdb;
+    ASSERT_OK(kvdb_open(dir, &o, &cdb));
+    ASSERT(write(to_parent[1], "o", 1) == 1);
+    wait_byte(to_child[0]);
+    for (int i = 0; i < CAT_N; i += 7) /* the parent never deletes these */
+      ASSERT(intact(cdb, i));
+    ASSERT_OK(kvdb_verify(cdb, NULL, NULL, NULL, NULL));
+    kvdb_close(cdb);
+    _exit(0);
+  }
+  wait_byte(to_parent[0]);
+  for (int cycle = 0; cycle < 3; cycle++) {
+    /* delete a random half, compact (reader threads on the handle meanwhile), check, refill */
+    int target = n_live / 2;
+    while (n_live > target) {
+      int i = (int)(t_rand(&rnd) % (uint64_t)next);
+      if (!live[i] || i % 7 == 0) /* every 7th stays: the other process reads them */
+        continue;
+      ASSERT_OK(del_i(db, i));
+      live[i] = 0;
+      n_live--;
+    }
+    reader_arg ra = {.db = db, .first = -1};
+    int first_live = 0;
+    while (!live[first_live])
+      first_live++;
+    pthread_t th[2];
+    for (int t = 0; t < 2; t++)
+      ASSERT(pthread_create(&th[t], NULL, reader_live, &ra) == 0);
+    ra.first = first_live;
+    kvdb_compact_report cr;
+    ASSERT_OK(kvdb_compact(db, 0.75, NULL, NULL, &cr));
+    ra.stop = 1;
+    for (int t = 0; t < 2; t++)
+      pthread_join(th[t], NULL);
+    ASSERT_EQ(ra.bad, 0);
+    double now = per_live_block(dir, n_live);
+    printf("catalog: cycle %d: %d live contexts after delete half + compact: %.0f B per live "
+           "block, %.2fx the fresh fill%s\n", cycle + 1, n_live, now, now / fresh,
+           cycle == 0 ? " (another process has it open: not rewritten)" : "");
+    if (cycle == 0) {
+      ASSERT(now / fresh > 1.5); /* left as it was while the other process reads */
+      ASSERT(write(to_child[1], "c", 1) == 1);
+      int st = 0;
+      ASSERT(waitpid(pid, &st, 0) == pid);
+      ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+      ASSERT_OK(kvdb_compact(db, 0.75, NULL, NULL, &cr)); /* now the only user */
+      now = per_live_block(dir, n_live);
+      printf("catalog: cycle 1 again, the only user: %.0f B per live block, %.2fx\n", now,
+             now / fresh);
+    }
+    ASSERT(now <= 1.3 * fresh);
+    for (int i = 0; i < next; i += 3)
+      ASSERT(intact(db, i) == live[i]);
+    size_t hit;
+    uint32_t tok[NT];
+    ctx_tokens(first_live, tok);
+    ASSERT_OK(kvdb_lookup(db, &M, tok, NT, &hit));
+    ASSERT_EQ(hit, NT);
+    ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+    while (n_live < CAT_N) {
+      ASSERT_OK(put_i(db, next));
+      live[next++] = 1;
+      n_live++;
+    }
+    now = per_live_block(dir, n_live);
+    printf("catalog: cycle %d refilled to %d contexts: %.0f B per block, %.2fx\n", cycle + 1,
+           n_live, now, now / fresh);
+    ASSERT(now <= 1.3 * fresh);
+  }
+  kvdb_close(db);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int i = 0; i < next; i += 5)
+    ASSERT(intact(db, i) == live[i]);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
   const char *c = argc > 1 ? argv[1] : "";
   if (strcmp(c, "map-grow") == 0) {
     test_map_grow();
+  } else if (strcmp(c, "catalog") == 0) {
+    test_catalog();
   } else {
     fprintf(stderr, "usage: test_space map-grow|catalog|full-disk\n");
     return 2;
