@@ -491,10 +491,61 @@ void kv_mdb_txn_abort(MDB_txn *txn)
     map_leave(c);
 }
 
+/* ---- the reserve (catalog.h) ---- */
+
+/* Top the reserve up when less than half of it is left past the used pages. */
+static void reserve_top_up(kv_catalog *c)
+{
+  uint64_t used = 0, map = 0;
+  pthread_mutex_lock(&c->map_mu); /* not while a vacuum replaces the environment */
+  while (c->map_resizing)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  int fd = -1;
+  if (c->env != NULL) {
+    map_usage(c, &used, &map);
+    mdb_env_get_fd(c->env, &fd);
+  }
+  pthread_mutex_unlock(&c->map_mu);
+  uint64_t want = KV_CAT_RESERVE(used);
+  pthread_mutex_lock(&c->res_mu);
+  if (fd >= 0 && used > 0 && (c->res_end < used || c->res_end - used < want / 2)) {
+    int e = 0;
+    while (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)used, (off_t)want) != 0 && (e = errno) == EINTR)
+      e = 0;
+    if (e == 0) {
+      c->res_end = used + want;
+      c->res_short = 0;
+    } else if (e == ENOSPC || e == EDQUOT) {
+      c->res_short = 1;
+    } else { /* EOPNOTSUPP and the like: no reserve on this filesystem */
+      c->res_end = UINT64_MAX;
+    }
+  }
+  pthread_mutex_unlock(&c->res_mu);
+}
+
+kvdb_status kv_cat_reserve_short(kv_catalog *c)
+{
+  if (c->rdonly || !c->map_sync)
+    return KVDB_OK;
+  reserve_top_up(c);
+  pthread_mutex_lock(&c->res_mu);
+  int is_short = c->res_short;
+  uint64_t left = c->res_end;
+  pthread_mutex_unlock(&c->res_mu);
+  if (!is_short)
+    return KVDB_OK;
+  return kv_fail(KVDB_FULL, "the disk is full: the catalog's reserve (up to byte %" PRIu64
+                 " of catalog.mdb) is kept for deletes and compaction; delete contexts and "
+                 "run kvdb_compact to free space", left);
+}
+
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 {
-  if (write && !c->rdonly && c->map_sync && txn_depth == 0)
+  if (write && !c->rdonly && c->map_sync && txn_depth == 0) {
     map_maybe_grow(c);
+    reserve_top_up(c);
+  }
   int mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
                         : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
   if (mrc == EBADF) {
@@ -710,6 +761,7 @@ static void cat_env_close(kv_catalog *c)
   if (c->map_sync) {
     pthread_mutex_destroy(&c->map_mu);
     pthread_cond_destroy(&c->map_cv);
+    pthread_mutex_destroy(&c->res_mu);
     c->map_sync = 0;
   }
 }
@@ -723,7 +775,8 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   int mrc = mdb_env_create(&c->env);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create environment");
-  if (pthread_mutex_init(&c->map_mu, NULL) != 0 || pthread_cond_init(&c->map_cv, NULL) != 0) {
+  if (pthread_mutex_init(&c->map_mu, NULL) != 0 || pthread_cond_init(&c->map_cv, NULL) != 0 ||
+      pthread_mutex_init(&c->res_mu, NULL) != 0) {
     cat_env_close(c);
     c->env = NULL;
     return kv_fail(KVDB_NOMEM, "catalog: cannot initialize the map lock");

@@ -159,6 +159,10 @@ typedef struct kv_catalog {
   char *path;               /* the catalog file */
   unsigned env_flags;       /* the flags it was opened with */
   int lockfd;               /* its lock file, read-write handles (-1: none) */
+  /* the disk space reserved past the catalog's end (kv_cat_reserve) */
+  pthread_mutex_t res_mu;
+  uint64_t res_end;         /* the file's blocks are allocated up to here */
+  int res_short;            /* the last extension failed (the disk is full) */
 } kv_catalog;
 
 /*
@@ -190,6 +194,19 @@ void kv_catalog_close(kv_catalog *c);
  */
 kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
                               uint64_t *after);
+
+/*
+ * The catalog's reserve: disk space allocated past the end of the catalog file (fallocate
+ * KEEP_SIZE: the size does not change) so that LMDB, which grows the file as it writes new
+ * pages, can still commit on a full disk. Before each outermost write transaction the
+ * reserve is topped up to KV_CAT_RESERVE(used) bytes past the used pages whenever less than
+ * half of it is left; when that fails (ENOSPC), the reserve is short, and writes that add data
+ * (puts) are refused with KVDB_FULL while what is left goes to deletes and compaction, which
+ * give space back. kv_cat_reserve_short() says so (with the message). No-op on read-only
+ * handles and filesystems without fallocate.
+ */
+#define KV_CAT_RESERVE(used) ((uint64_t)(used) / 16 > (8u << 20) ? (uint64_t)(used) / 16 : (8u << 20))
+kvdb_status kv_cat_reserve_short(kv_catalog *c);
 
 /* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
  * and counts in kv_cat_map_full_events(). */

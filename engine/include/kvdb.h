@@ -539,7 +539,10 @@ KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_ke
 
 /**
  * @brief Remove a context (or an explicit-key block). Blocks no other context uses become
- * free space, reclaimed by kvdb_compact. @return KVDB_OK; KVDB_NOTFOUND; KVDB_READONLY; KVDB_IOERR.
+ * free space, reclaimed by kvdb_compact. On a full disk a delete still commits: the catalog
+ * keeps disk space reserved past its end for deletes and compaction (see kvdb_compact).
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_READONLY; KVDB_FULL (the catalog's reserve is used up
+ *   too); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
 
@@ -770,8 +773,32 @@ typedef struct kvdb_compact_report {
 /**
  * @brief Rewrite the live blocks of segments whose live fraction is below `threshold`
  * (0..1; 0 = the default 0.5) into new segments, then delete the old files. Online: readers
- * and writers in any process keep working. Each move commits in a catalog transaction.
- * @return KVDB_OK; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_INVALID.
+ * and writers in any process keep working. Segments are done one at a time, the least live
+ * first (one with nothing live is removed without copying); each moves its blocks in catalog
+ * transactions of at most 512 records.
+ *
+ * A full disk: the live blocks of one segment need room to be copied into. When a copy fails
+ * for lack of space, the dead bytes of the remaining candidate segments are first freed in
+ * place (fallocate PUNCH_HOLE: no copy, no extra space; done only when no reader in any
+ * process holds a catalog snapshot older than the compaction's), and the copy is tried again.
+ * So after the disk fills, deleting contexts and compacting frees their space without freeing
+ * anything else first, on filesystems that punch holes (ext4, xfs, btrfs, tmpfs); the catalog
+ * commits on a full disk from its reserve (disk space allocated past its end, the larger of
+ * 8 MiB and 1/16 of the catalog, topped up while there is room; while it cannot be, puts fail
+ * KVDB_FULL and the reserve goes to deletes and compaction). Where holes cannot be punched,
+ * free the live bytes of the least live candidate segment (at most threshold x segment_bytes)
+ * by other means first.
+ *
+ * The catalog: when this handle is its only user (no other process has it open) and the
+ * catalog file is more than twice what a rewrite would take (deletes leave LMDB pages free
+ * or part empty, and LMDB never shrinks its file), the compaction ends by rewriting it in key
+ * order into a new file that replaces it (SQLite's VACUUM; this handle's other calls wait
+ * meanwhile). A rewrite that fails (e.g. no room for the copy) is logged and leaves the
+ * catalog as it was.
+ * @return KVDB_OK; KVDB_READONLY; KVDB_FULL (no room to copy a segment's live blocks, and
+ *   its dead bytes could not be freed in place: the message says why); KVDB_IOERR (also: the
+ *   catalog could not be reopened after its rewrite; the handle must be closed);
+ *   KVDB_INVALID.
  */
 KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                                   kvdb_compact_report *report);

@@ -14,6 +14,7 @@
  *      descriptors survive the unlink).
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -269,29 +270,26 @@ typedef struct mv {
   int moved;
 } mv;
 
-static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep)
+/* The blocks located in segment `id` (whose committed end is `end`) in txn's snapshot: hash,
+ * offset and bytes of each, in *out (malloc'ed; NULL when none). */
+static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t end, mv **out,
+                                   size_t *out_n)
 {
-  MDB_txn *txn;
   MDB_cursor *cur;
   MDB_val k, val;
-  int mrc;
   mv *list = NULL;
   size_t n = 0, cap = 0;
-  kvdb_status rc = KVDB_OK;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_seg_rec vic;
-  if (kv_cat_get_seg(&db->cat, txn, id, &vic) != KVDB_OK)
-    vic.end = 0; /* gone already: nothing to move */
-  if ((rc = cursor_open(txn, db->cat.blocks, &cur, "compaction: blocks")) != KVDB_OK) {
-    mdb_txn_abort(txn);
+  *out = NULL;
+  *out_n = 0;
+  kvdb_status rc = cursor_open(txn, db->cat.blocks, &cur, "compaction: blocks");
+  if (rc != KVDB_OK)
     return rc;
-  }
-  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
+  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     kv_block_rec br;
     /* a record lying past the segment's end is corrupt (verify says so): left alone */
     if (k.mv_size != 16 || kv_block_rec_decode(val.mv_data, val.mv_size, &br) != KVDB_OK ||
-        br.segment != id || br.bytes > vic.end || br.offset > vic.end - br.bytes)
+        br.segment != id || br.bytes > end || br.offset > end - br.bytes)
       continue;
     if (n == cap) {
       cap = cap ? cap * 2 : 64;
@@ -309,6 +307,31 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     n++;
   }
   mdb_cursor_close(cur);
+  if (rc != KVDB_OK) {
+    free(list);
+    return rc;
+  }
+  *out = list;
+  *out_n = n;
+  return KVDB_OK;
+}
+
+static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep)
+{
+  MDB_txn *txn;
+  int mrc;
+  mv *list = NULL;
+  size_t n = 0;
+  kvdb_status rc = KVDB_OK;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_seg_rec vic;
+  if (kv_cat_get_seg(&db->cat, txn, id, &vic) != KVDB_OK)
+    vic.end = 0; /* gone already: nothing to move */
+  rc = seg_live_blocks(db, txn, id, vic.end, &list, &n);
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
   kv_writer *w = NULL;
   uint64_t written = 0;
   uint8_t *buf = NULL;
@@ -465,6 +488,123 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   return gone ? KVDB_OK : rc;
 }
 
+/* ---- a full disk: free dead bytes in place ---- */
+
+/* mdb_reader_list's lines: "pid thread txnid" ("-" for an idle slot); the oldest txnid */
+static int oldest_reader_line(const char *msg, void *ctx)
+{
+  uint64_t *oldest = ctx;
+  char txn[32];
+  unsigned long long v;
+  if (sscanf(msg, "%*d %*x %31s", txn) == 1 && sscanf(txn, "%llu", &v) == 1 && v < *oldest)
+    *oldest = v;
+  return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_off(const void *a, const void *b)
+{
+  const mv *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/*
+ * Free the dead bytes of the sealed segments ids[0..n) in place, without copying anything: the
+ * ranges between their live blocks are punched out of the files (fallocate PUNCH_HOLE, the
+ * size kept). For a compaction that found no room to copy live blocks into (a full disk):
+ * it then has the punched bytes. Safe for readers: a range dead in this snapshot is dead in
+ * every later one (a sealed segment takes no new blocks), and it is done only when no reader
+ * (any process: the LMDB reader table) holds an older snapshot, in which a block there could
+ * still be listed. The segments' records are unchanged (their live bytes are what they were;
+ * the compaction that follows removes them). *freed: bytes punched.
+ */
+static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t *freed)
+{
+  *freed = 0;
+  if (db->io->ops->punch == NULL)
+    return KVDB_OK;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  uint64_t snap = mdb_txn_id(txn);
+  typedef struct { uint64_t id, off, len; } range;
+  range *r = NULL;
+  size_t nr = 0, cap = 0;
+  kvdb_status rc = KVDB_OK;
+  for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
+    kv_seg_rec sr;
+    if (kv_cat_get_seg(&db->cat, txn, ids[i], &sr) != KVDB_OK || sr.state != KV_SEG_SEALED)
+      continue;
+    mv *list;
+    size_t nl;
+    rc = seg_live_blocks(db, txn, ids[i], sr.end, &list, &nl);
+    if (rc != KVDB_OK)
+      break;
+    if (nl > 0)
+      qsort(list, nl, sizeof *list, cmp_off);
+    uint64_t at = 0;
+    for (size_t j = 0; j <= nl && rc == KVDB_OK; j++) {
+      uint64_t upto = j < nl ? list[j].off : sr.end;
+      if (upto > at) {
+        if (nr == cap) {
+          cap = cap ? 2 * cap : 64;
+          range *nn = realloc(r, cap * sizeof *nn);
+          if (nn == NULL) {
+            rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
+            break;
+          }
+          r = nn;
+        }
+        r[nr++] = (range){ids[i], at, upto - at};
+      }
+      if (j < nl && list[j].off + list[j].bytes > at)
+        at = list[j].off + list[j].bytes;
+    }
+    free(list);
+  }
+  mdb_txn_abort(txn);
+  uint64_t oldest = UINT64_MAX;
+  if (rc == KVDB_OK && nr > 0)
+    mdb_reader_list(db->cat.env, oldest_reader_line, &oldest);
+  if (rc == KVDB_OK && nr > 0 && oldest < snap) {
+    kv_log(&db->log, 1, "compaction: a reader holds a snapshot older than %" PRIu64 " (txn %"
+           PRIu64 "): dead bytes not freed in place", snap, oldest);
+    nr = 0;
+  }
+  kv_file *f = NULL;
+  uint64_t fid = 0;
+  for (size_t i = 0; rc == KVDB_OK && i < nr; i++) {
+    if (f == NULL || fid != r[i].id) {
+      if (f != NULL)
+        db->io->ops->close(db->io, f);
+      f = NULL;
+      char path[4200];
+      if (kv_seg_path(db, r[i].id, path, sizeof path) != KVDB_OK ||
+          db->io->ops->open(db->io, path, 0, NULL, &f) != 0) {
+        f = NULL;
+        continue; /* gone meanwhile (another handle compacted it) */
+      }
+      fid = r[i].id;
+    }
+    int e = db->io->ops->punch(db->io, f, r[i].off, r[i].len);
+    if (e == -EOPNOTSUPP)
+      break;
+    if (e != 0) {
+      rc = kv_fail_errno(-e, "cannot free dead bytes of segment %" PRIu64, r[i].id);
+      break;
+    }
+    *freed += r[i].len;
+  }
+  if (f != NULL)
+    db->io->ops->close(db->io, f);
+  free(r);
+  return rc;
+}
+
 kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                          kvdb_compact_report *report)
 {
@@ -498,8 +638,8 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       continue;
     if (sr.state != KV_SEG_SEALED || sr.end == 0 || (double)sr.live_bytes >= threshold * (double)sr.end)
       continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 16;
+    if (n == cap) { /* (live bytes, id) pairs */
+      cap = cap ? cap * 2 : 32;
       uint64_t *ni = realloc(ids, cap * sizeof *ni);
       if (ni == NULL) {
         rc = kv_fail(KVDB_NOMEM, "compaction");
@@ -508,11 +648,47 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       ids = ni;
     }
     ids[n++] = kv_get_be64(k.mv_data);
+    ids[n++] = sr.live_bytes;
   }
   mdb_cursor_close(cur);
   mdb_txn_abort(txn);
+  n /= 2;
+  /* the least live first: a segment with nothing live frees its file without copying, and
+   * each copy needs room for its live bytes only, freed back with interest by its unlink */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t id = ids[2 * i];
+    ids[2 * i] = ids[2 * i + 1];
+    ids[2 * i + 1] = id;
+  }
+  if (n > 1)
+    qsort(ids, n, 2 * sizeof *ids, cmp_u64);
+  int punched = 0;
   for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
-    rc = compact_segment(db, ids[i], report);
+    rc = compact_segment(db, ids[2 * i + 1], report);
+    if (rc == KVDB_FULL && !punched) {
+      /* no room to copy into: free the dead bytes of this and the remaining victims in
+       * place, then copy again */
+      char why[256];
+      snprintf(why, sizeof why, "%s", kvdb_errmsg());
+      punched = 1;
+      uint64_t freed = 0;
+      uint64_t *left = malloc((n - i) * sizeof *left);
+      kvdb_status pr = left != NULL ? KVDB_OK : kv_fail(KVDB_NOMEM, "compaction");
+      for (size_t j = i; left != NULL && j < n; j++)
+        left[j - i] = ids[2 * j + 1];
+      if (pr == KVDB_OK)
+        pr = punch_dead(db, left, n - i, &freed);
+      free(left);
+      if (pr == KVDB_OK && freed > 0) {
+        kv_log(&db->log, 2, "compaction: the disk is full (%s); freed %" PRIu64 " dead bytes of "
+               "%zu segments in place", why, freed, n - i);
+        rc = compact_segment(db, ids[2 * i + 1], report);
+      } else {
+        rc = kv_fail(KVDB_FULL, "compaction: %s; and the dead bytes could not be freed in place "
+                     "(%s)", why, pr != KVDB_OK ? kvdb_errmsg()
+                     : "no dead bytes, a filesystem without hole punching, or an older reader");
+      }
+    }
     if (progress != NULL)
       progress(ctx, i + 1, n);
   }

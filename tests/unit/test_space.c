@@ -12,6 +12,7 @@
  */
 #include "kvdb_test.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -307,13 +308,134 @@ static void test_catalog(void)
   t_rmdir(dir);
 }
 
+/* ---- full-disk ---- */
+
+static uint64_t fs_free(const char *dir)
+{
+  struct statvfs sv;
+  return statvfs(dir, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
+}
+
+#define FULL_MAX 4000
+
+/* In the child, inside its own mount namespace with a small tmpfs at `dir`. */
+static int full_disk_run(const char *dir)
+{
+  kvdb_options o = opts();
+  o.sync_mode = KVDB_SYNC_FULL;
+  o.catalog_map_bytes = 8 << 20;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  static uint8_t live[FULL_MAX + 64];
+  int n = 0;
+  kvdb_status rc = KVDB_OK;
+  for (; n < FULL_MAX && (rc = put_i(db, n)) == KVDB_OK; n++)
+    live[n] = 1;
+  printf("full-disk: %d contexts stored, then %s (%s); %llu bytes free\n", n,
+         kvdb_status_name(rc), kvdb_errmsg(), (unsigned long long)fs_free(dir));
+  ASSERT_STATUS(KVDB_FULL, rc);
+  ASSERT(n > 100);
+  ASSERT_STATUS(KVDB_FULL, put_i(db, n)); /* still full */
+  /* delete half: every other context */
+  int n_live = n;
+  for (int i = 0; i < n; i += 2) {
+    ASSERT_OK(del_i(db, i));
+    live[i] = 0;
+    n_live--;
+  }
+  uint64_t free0 = fs_free(dir);
+  kvdb_compact_report cr;
+  rc = kvdb_compact(db, 0.75, NULL, NULL, &cr); /* half live: under 0.75 */
+  if (rc != KVDB_OK)
+    fprintf(stderr, "compact: %s: %s\n", kvdb_status_name(rc), kvdb_errmsg());
+  ASSERT_OK(rc);
+  uint64_t free1 = fs_free(dir);
+  printf("full-disk: deleted half (%d left); compact: %llu segments rewritten, %llu blocks "
+         "moved; free %llu -> %llu bytes\n", n_live, (unsigned long long)cr.segments_rewritten,
+         (unsigned long long)cr.blocks_moved, (unsigned long long)free0,
+         (unsigned long long)free1);
+  ASSERT(cr.segments_rewritten > 0);
+  ASSERT(free1 > free0 + (4u << 20)); /* space came back */
+  for (int i = 0; i < n; i++)
+    ASSERT(intact(db, i) == live[i]);
+  /* puts work again */
+  int more = 0;
+  for (; more < n / 4; more++)
+    ASSERT_OK(put_i(db, n + 10 + more));
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int i = 0; i < n; i++)
+    ASSERT(intact(db, i) == live[i]);
+  for (int i = 0; i < more; i++)
+    ASSERT(intact(db, n + 10 + i));
+  kvdb_close(db);
+  printf("full-disk: %d more puts after the compaction, all read back\n", more);
+  return 0;
+}
+
+/* A private mount namespace (root; else a user namespace) with a 24 MiB tmpfs at dir. */
+static int private_tmpfs(const char *dir)
+{
+  if (unshare(CLONE_NEWNS) != 0) {
+    uid_t uid = getuid();
+    gid_t gid = getgid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+      return -1;
+    char buf[64];
+    FILE *f = fopen("/proc/self/setgroups", "w");
+    if (f != NULL) {
+      fputs("deny", f);
+      fclose(f);
+    }
+    snprintf(buf, sizeof buf, "0 %u 1", (unsigned)uid);
+    f = fopen("/proc/self/uid_map", "w");
+    if (f == NULL || fputs(buf, f) < 0 || fclose(f) != 0)
+      return -1;
+    snprintf(buf, sizeof buf, "0 %u 1", (unsigned)gid);
+    f = fopen("/proc/self/gid_map", "w");
+    if (f == NULL || fputs(buf, f) < 0 || fclose(f) != 0)
+      return -1;
+  }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+    return -1;
+  return mount("tmpfs", dir, "tmpfs", 0, "size=24m,mode=0755");
+}
+
+static int test_full_disk(void)
+{
+  char *dir = t_tmpdir("fulldisk");
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    if (private_tmpfs(dir) != 0) {
+      fprintf(stderr, "full-disk: cannot mount a tmpfs in a private namespace (%s): skipped\n",
+              strerror(errno));
+      _exit(T_EXIT_SKIP);
+    }
+    _exit(full_disk_run(dir));
+  }
+  int st = 0;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  t_rmdir(dir);
+  ASSERT(WIFEXITED(st));
+  if (WEXITSTATUS(st) == T_EXIT_SKIP)
+    return T_EXIT_SKIP;
+  ASSERT_EQ(WEXITSTATUS(st), 0);
+  return 0;
+}
+
 int main(int argc, char **argv)
 {
+  setvbuf(stdout, NULL, _IONBF, 0);
   const char *c = argc > 1 ? argv[1] : "";
   if (strcmp(c, "map-grow") == 0) {
     test_map_grow();
   } else if (strcmp(c, "catalog") == 0) {
     test_catalog();
+  } else if (strcmp(c, "full-disk") == 0) {
+    if (test_full_disk() == T_EXIT_SKIP)
+      return T_EXIT_SKIP;
   } else {
     fprintf(stderr, "usage: test_space map-grow|catalog|full-disk\n");
     return 2;
