@@ -770,6 +770,26 @@ typedef struct kvdb_compact_report {
   uint64_t bytes_reclaimed;
 } kvdb_compact_report;
 
+/** One segment file (kvdb_segments). */
+typedef struct kvdb_segment_info {
+  uint64_t id;
+  uint32_t tier;        /**< KVDB_TIER_SSD or KVDB_TIER_SMARTSSD */
+  uint32_t sealed;      /**< 1: sealed, a compaction candidate; 0: open (appended to) */
+  uint64_t bytes;       /**< committed bytes of the file: live + dead */
+  uint64_t live_bytes;  /**< bytes of the blocks located in it */
+  uint64_t live_blocks;
+} kvdb_segment_info;
+
+/**
+ * @brief The segment files, in id order: the first `cap` into out[0..cap), how many there are
+ * into *n (cap 0 and out NULL: count only). kvdb_compact(threshold) rewrites the sealed ones
+ * with live_bytes < threshold * bytes, and reclaims bytes - live_bytes of each (what
+ * `kvdb-admin info` and `compact` report as left and reclaimable at other thresholds).
+ * @return KVDB_OK; KVDB_INVALID (n NULL, or out NULL with cap > 0); KVDB_CORRUPT (a segment
+ *   record that does not decode); KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *n);
+
 /**
  * @brief Rewrite the live blocks of segments whose live fraction is below `threshold`
  * (0..1; 0 = the default 0.5) into new segments, then delete the old files. Online: readers

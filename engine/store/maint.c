@@ -261,6 +261,48 @@ out:
 
 /* ---- compaction ---- */
 
+kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *n)
+{
+  KV_RET(kv_check_db(db));
+  if (n == NULL)
+    return kv_fail(KVDB_INVALID, "n is NULL");
+  *n = 0;
+  if (out == NULL && cap > 0)
+    return kv_fail(KVDB_INVALID, "out is NULL with cap %zu", cap);
+  MDB_txn *txn;
+  MDB_cursor *cur = NULL;
+  MDB_val k, v;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "segments");
+  size_t cnt = 0;
+  for (int mrc = rc == KVDB_OK ? mdb_cursor_get(cur, &k, &v, MDB_FIRST) : -1; mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_seg_rec sr;
+    if (k.mv_size != 8) {
+      rc = kv_fail(KVDB_CORRUPT, "segment key of %zu bytes", k.mv_size);
+      break;
+    }
+    if ((rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr)) != KVDB_OK)
+      break;
+    if (cnt < cap) {
+      kvdb_segment_info *o = &out[cnt];
+      memset(o, 0, sizeof *o);
+      o->id = kv_get_be64(k.mv_data);
+      o->tier = sr.tier;
+      o->sealed = sr.state == KV_SEG_SEALED;
+      o->bytes = sr.end;
+      o->live_bytes = sr.live_bytes;
+      o->live_blocks = sr.live_blocks;
+    }
+    cnt++;
+  }
+  if (cur != NULL)
+    mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  *n = cnt;
+  return rc;
+}
+
 /* most block records one compaction transaction moves (see compact_segment) */
 #define KV_COMPACT_BATCH 512
 
