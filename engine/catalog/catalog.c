@@ -432,8 +432,8 @@ static void map_maybe_grow(kv_catalog *c)
     return;
   unsigned full = atomic_load(&map_full_events);
   int force = 0;
-  if (full != c->map_full_seen) {
-    c->map_full_seen = full; /* a racy hint: at worst one more look */
+  if (full != atomic_load(&c->map_full_seen)) {
+    atomic_store(&c->map_full_seen, full); /* a hint: at worst one more look */
     force = used > map / 2;
   }
   if (!force && used <= map / 4 * 3)
@@ -911,7 +911,7 @@ out:
 
 void kv_catalog_close(kv_catalog *c)
 {
-  if (c->env != NULL)
+  if (c->env != NULL || c->map_sync) /* (no environment: a failed vacuum's reopen) */
     cat_env_close(c);
   c->env = NULL;
   if (c->track)

@@ -28,6 +28,7 @@
 
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "kv_common.h"
@@ -153,7 +154,7 @@ typedef struct kv_catalog {
   pthread_cond_t map_cv;
   unsigned map_active;      /* transactions open in this process on this environment */
   int map_resizing;
-  unsigned map_full_seen;   /* kv_cat_map_full_events() when this catalog last looked */
+  _Atomic unsigned map_full_seen; /* kv_cat_map_full_events() when this catalog last looked */
   uint64_t map_grows;       /* how many times this handle grew the map */
   /* vacuum (kv_catalog_vacuum) */
   char *path;               /* the catalog file */

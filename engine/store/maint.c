@@ -608,10 +608,10 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
     }
     free(list);
   }
-  mdb_txn_abort(txn);
-  uint64_t oldest = UINT64_MAX;
+  uint64_t oldest = UINT64_MAX; /* (this snapshot is in the table too: not older than itself) */
   if (rc == KVDB_OK && nr > 0)
-    mdb_reader_list(db->cat.env, oldest_reader_line, &oldest);
+    mdb_reader_list(mdb_txn_env(txn), oldest_reader_line, &oldest);
+  mdb_txn_abort(txn);
   if (rc == KVDB_OK && nr > 0 && oldest < snap) {
     kv_log(&db->log, 1, "compaction: a reader holds a snapshot older than %" PRIu64 " (txn %"
            PRIu64 "): dead bytes not freed in place", snap, oldest);
