@@ -748,9 +748,50 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
   return KVDB_OK;
 }
 
+/* ---- this process's open catalogs ---- */
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static kv_catalog *reg_head;
+
+/* with reg_mu held: record c's file (dev, inode) */
+static void reg_add(kv_catalog *c)
+{
+  int fd = -1;
+  struct stat st;
+  if (mdb_env_get_fd(c->env, &fd) != 0 || fstat(fd, &st) != 0)
+    return;
+  c->file_dev = (uint64_t)st.st_dev;
+  c->file_ino = (uint64_t)st.st_ino;
+  c->reg_next = reg_head;
+  reg_head = c;
+  c->registered = 1;
+}
+
+static void reg_del(kv_catalog *c)
+{
+  pthread_mutex_lock(&reg_mu);
+  for (kv_catalog **pp = &reg_head; c->registered && *pp != NULL; pp = &(*pp)->reg_next)
+    if (*pp == c) {
+      *pp = c->reg_next;
+      break;
+    }
+  c->registered = 0;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+/* with reg_mu held: another catalog of this process on c's file */
+static int reg_shared(const kv_catalog *c)
+{
+  for (const kv_catalog *o = reg_head; o != NULL; o = o->reg_next)
+    if (o != c && o->file_dev == c->file_dev && o->file_ino == c->file_ino)
+      return 1;
+  return 0;
+}
+
 /* close the environment and what goes with it (the map lock) */
 static void cat_env_close(kv_catalog *c)
 {
+  reg_del(c);
   if (c->env != NULL)
     mdb_env_close(c->env);
   if (c->lockfd >= 0)
@@ -803,11 +844,15 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       return kv_fail(KVDB_NOTFOUND, "no database at '%s' (no catalog.mdb)", dir);
     }
   }
+  pthread_mutex_lock(&reg_mu); /* not while a vacuum of this process replaces the file */
   mrc = mdb_env_open(c->env, path, flags, 0644);
   if (mrc != 0 && rdonly && (mrc == EACCES || mrc == EROFS)) {
     /* a read-only directory: no lock file can be made; read without one */
     mrc = mdb_env_open(c->env, path, flags | MDB_NOLOCK, 0644);
   }
+  if (mrc == 0)
+    reg_add(c);
+  pthread_mutex_unlock(&reg_mu);
   if (mrc != 0) {
     kvdb_status st2 = kv_mdb_fail(mrc, path);
     cat_env_close(c);
@@ -1151,8 +1196,15 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
     *after = (uint64_t)fst.st_size;
   if (!force && fst.st_size < (1 << 20))
     return KVDB_OK; /* not worth holding the handle for */
-  if (gate_take(c) != 0)
+  pthread_mutex_lock(&reg_mu); /* no handle of this process opens or closes meanwhile */
+  if (reg_shared(c)) { /* another handle of this process has it open */
+    pthread_mutex_unlock(&reg_mu);
     return KVDB_OK;
+  }
+  if (gate_take(c) != 0) {
+    pthread_mutex_unlock(&reg_mu);
+    return KVDB_OK;
+  }
   kvdb_status rc = KVDB_OK;
   MDB_txn *rt = NULL;
   char **names = NULL;
@@ -1204,6 +1256,11 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
   }
   rc = vacuum_reopen(c, info.me_mapsize);
   if (rc == KVDB_OK) {
+    int fd = -1;
+    if (mdb_env_get_fd(c->env, &fd) == 0 && fstat(fd, &fst) == 0) {
+      c->file_dev = (uint64_t)fst.st_dev; /* the new file (the registry entry is c) */
+      c->file_ino = (uint64_t)fst.st_ino;
+    }
     *done = 1;
     if (after != NULL && stat(c->path, &fst) == 0)
       *after = (uint64_t)fst.st_size;
@@ -1213,5 +1270,6 @@ out:
     mdb_txn_abort(rt);
   names_free(names, n);
   gate_give(c);
+  pthread_mutex_unlock(&reg_mu);
   return rc;
 }

@@ -160,6 +160,10 @@ typedef struct kv_catalog {
   char *path;               /* the catalog file */
   unsigned env_flags;       /* the flags it was opened with */
   int lockfd;               /* its lock file, read-write handles (-1: none) */
+  /* this process's open catalogs (kv_catalog_vacuum: another handle on the same file) */
+  uint64_t file_dev, file_ino;
+  struct kv_catalog *reg_next;
+  int registered;
   /* the disk space reserved past the catalog's end (kv_cat_reserve) */
   pthread_mutex_t res_mu;
   uint64_t res_end;         /* the file's blocks are allocated up to here */

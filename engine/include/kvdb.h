@@ -402,7 +402,9 @@ typedef struct kvdb_put_info {
  * @param info optional (NULL); filled on KVDB_OK.
  * @return KVDB_OK; KVDB_INVALID (NULL/zero arguments, bad model); KVDB_MISMATCH (the id is
  *   stored with another shape); KVDB_READONLY; KVDB_FULL (the disk, or a tier capacity
- *   that cannot be met; a catalog map that fills during the put is grown and the put retried,
+ *   that cannot be met; also while the catalog's reserve for deletes and compaction cannot be
+ *   kept: fewer free bytes than the larger of 8 MiB and 1/16 of the catalog, see
+ *   kvdb_compact; a catalog map that fills during the put is grown and the put retried,
  *   up to 3 times, so KVDB_FULL "MDB_MAP_FULL" is returned only when the map cannot grow: no
  *   address space or memory for it); KVDB_IOERR; KVDB_NOMEM.
  */

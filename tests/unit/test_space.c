@@ -275,6 +275,12 @@ static void test_catalog(void)
       int st = 0;
       ASSERT(waitpid(pid, &st, 0) == pid);
       ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+      kvdb *db2; /* another handle in this process: not rewritten either */
+      ASSERT_OK(kvdb_open(dir, &o, &db2));
+      ASSERT_OK(kvdb_compact(db, 0.75, NULL, NULL, &cr));
+      ASSERT(per_live_block(dir, n_live) / fresh > 1.5);
+      ASSERT(intact(db2, first_live));
+      kvdb_close(db2);
       ASSERT_OK(kvdb_compact(db, 0.75, NULL, NULL, &cr)); /* now the only user */
       now = per_live_block(dir, n_live);
       printf("catalog: cycle 1 again, the only user: %.0f B per live block, %.2fx\n", now,
