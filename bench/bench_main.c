@@ -43,6 +43,8 @@ static const bench_cmd CMDS[] = {
    "real-KV profiles)", bench_policy},
   {"background", "kvdb_stat latency and rebalance planning against the store's size; rebalance "
    "step times", bench_background},
+  {"growth", "put, lookup, compact, verify and catalog size from 10k to 1M blocks (tiny model); "
+   "catalog size over delete-and-compact cycles", bench_growth},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

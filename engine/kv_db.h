@@ -54,6 +54,7 @@ typedef struct kv_segfile {
   kv_file *f;
   int refs; /* users + 1 while cached */
   struct kv_segfile *next;
+  struct kv_segfile *hnext; /* its bucket's chain in db->files_tab */
 } kv_segfile;
 
 /* A read buffer (aligned for direct I/O), kept by the handle between calls. */
@@ -95,6 +96,8 @@ struct kvdb {
   kv_rbuf *idle_rbufs;
   size_t n_idle_rbufs;
   kv_segfile *files;
+  kv_segfile **files_tab; /* `files` by id: buckets (a power of two; NULL: walk the list) */
+  size_t files_cap, files_n;
   uint64_t files_gen;
   kv_atime *pending;
   size_t n_pending, cap_pending;

@@ -3,11 +3,15 @@
  * engine/catalog/catalog.c — LMDB environment, record codecs (FORMAT.md §2).
  */
 #define _GNU_SOURCE
+#define KV_CATALOG_IMPL /* the real mdb_txn_* here (catalog.h routes the engine's through us) */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -295,6 +299,13 @@ kvdb_status kv_seg_rec_decode(const uint8_t *src, size_t len, kv_seg_rec *r)
 
 /* ---- environment ------------------------------------------------------------------------ */
 
+static _Atomic unsigned map_full_events;
+
+unsigned kv_cat_map_full_events(void)
+{
+  return atomic_load(&map_full_events);
+}
+
 kvdb_status kv_mdb_fail(int mrc, const char *what)
 {
   kvdb_status st;
@@ -302,6 +313,9 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   case MDB_NOTFOUND:
     return KVDB_NOTFOUND;
   case MDB_MAP_FULL:
+    atomic_fetch_add(&map_full_events, 1);
+    return kv_fail(KVDB_FULL, "catalog: %s: %s (the map grows before the next write: retry)",
+                   what, mdb_strerror(mrc));
   case ENOSPC:
     st = KVDB_FULL;
     break;
@@ -329,10 +343,224 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   return kv_fail(st, "catalog: %s: %s", what, mdb_strerror(mrc));
 }
 
+/* ---- map growth (catalog.h, kv_txn_begin) ---- */
+
+/* transactions this thread holds open (any catalog): such a thread never waits for a resize */
+static _Thread_local unsigned txn_depth;
+
+static void map_enter(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  /* a thread holding a transaction of this catalog goes on (the resize waits for it anyway) */
+  while (c->map_resizing && (txn_depth == 0 || c->map_active == 0))
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  c->map_active++;
+  pthread_mutex_unlock(&c->map_mu);
+  txn_depth++;
+}
+
+static void map_leave(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_active > 0 && --c->map_active == 0)
+    pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+  if (txn_depth > 0)
+    txn_depth--;
+}
+
+/* bytes of the map in use (up to the last page written) and the map's size */
+static void map_usage(kv_catalog *c, uint64_t *used, uint64_t *map)
+{
+  MDB_envinfo info;
+  MDB_stat st;
+  *used = *map = 0;
+  if (mdb_env_info(c->env, &info) == 0 && mdb_env_stat(c->env, &st) == 0) {
+    *used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
+    *map = info.me_mapsize;
+  }
+}
+
+/* Resize the map with no transaction of this process open: grow (double it until the used
+ * pages are under 3/4 of it; `force`: at least once) or adopt another process's size (grow 0).
+ * The caller holds no transaction. Returns an LMDB error or 0. */
+static int map_resize(kv_catalog *c, int grow, int force)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_resizing) { /* another thread is at it: wait for it and take its result */
+    while (c->map_resizing)
+      pthread_cond_wait(&c->map_cv, &c->map_mu);
+    pthread_mutex_unlock(&c->map_mu);
+    return 0;
+  }
+  c->map_resizing = 1;
+  while (c->map_active > 0)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  int mrc = 0;
+  if (grow) {
+    uint64_t used, map;
+    map_usage(c, &used, &map);
+    uint64_t want = map;
+    if (force || used > want / 4 * 3) {
+      want = map * 2;
+      while (used > want / 4 * 3 && want < (SIZE_MAX >> 2))
+        want *= 2;
+    }
+    if (want > map && want <= (SIZE_MAX >> 1)) {
+      mrc = mdb_env_set_mapsize(c->env, (size_t)want);
+      if (mrc == 0)
+        c->map_grows++;
+    }
+  } else {
+    mrc = mdb_env_set_mapsize(c->env, 0);
+  }
+  c->map_resizing = 0;
+  pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+  return mrc;
+}
+
+/* Before an outermost write transaction: grow the map when it is 3/4 used, or 1/2 used after
+ * an MDB_MAP_FULL in this process. */
+static void map_maybe_grow(kv_catalog *c)
+{
+  uint64_t used = 0, map = 0;
+  pthread_mutex_lock(&c->map_mu); /* not while a vacuum replaces the environment */
+  while (c->map_resizing)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  if (c->env != NULL)
+    map_usage(c, &used, &map);
+  pthread_mutex_unlock(&c->map_mu);
+  if (map == 0)
+    return;
+  unsigned full = atomic_load(&map_full_events);
+  int force = 0;
+  if (full != atomic_load(&c->map_full_seen)) {
+    atomic_store(&c->map_full_seen, full); /* a hint: at worst one more look */
+    force = used > map / 2;
+  }
+  if (!force && used <= map / 4 * 3)
+    return;
+  int mrc = map_resize(c, 1, force);
+  if (mrc != 0) /* the write goes on in the map it has (and fails MAP_FULL if it must) */
+    kv_fail(KVDB_FULL, "catalog: cannot grow the map past %" PRIu64 " bytes: %s", map,
+            mdb_strerror(mrc));
+}
+
+/* Begin in c's environment as it is once no resize or vacuum holds it back (a vacuum replaces
+ * the environment: c->env is read after map_enter). */
+static int cat_begin(kv_catalog *c, MDB_txn *parent, unsigned flags, MDB_txn **out)
+{
+  map_enter(c);
+  int mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
+  if (mrc == MDB_MAP_RESIZED && txn_depth == 1) {
+    /* another process grew the map past ours: adopt its size, then begin again */
+    map_leave(c);
+    mrc = map_resize(c, 0, 0);
+    if (mrc != 0)
+      return mrc;
+    map_enter(c);
+    mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
+  }
+  if (mrc != 0)
+    map_leave(c);
+  return mrc;
+}
+
+int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out)
+{
+  kv_catalog *c = mdb_env_get_userctx(env);
+  if (c == NULL || !c->map_sync)
+    return mdb_txn_begin(env, parent, flags, out);
+  return cat_begin(c, parent, flags, out);
+}
+
+int kv_mdb_txn_commit(MDB_txn *txn)
+{
+  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  int mrc = mdb_txn_commit(txn);
+  if (c != NULL && c->map_sync)
+    map_leave(c);
+  return mrc;
+}
+
+void kv_mdb_txn_abort(MDB_txn *txn)
+{
+  if (txn == NULL)
+    return;
+  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  mdb_txn_abort(txn);
+  if (c != NULL && c->map_sync)
+    map_leave(c);
+}
+
+/* ---- the reserve (catalog.h) ---- */
+
+/* Top the reserve up when less than half of it is left past the used pages. */
+static void reserve_top_up(kv_catalog *c)
+{
+  uint64_t used = 0, map = 0;
+  pthread_mutex_lock(&c->map_mu); /* not while a vacuum replaces the environment */
+  while (c->map_resizing)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  int fd = -1;
+  if (c->env != NULL) {
+    map_usage(c, &used, &map);
+    mdb_env_get_fd(c->env, &fd);
+  }
+  pthread_mutex_unlock(&c->map_mu);
+  uint64_t want = KV_CAT_RESERVE(used);
+  pthread_mutex_lock(&c->res_mu);
+  if (fd >= 0 && used > 0 && (c->res_end < used || c->res_end - used < want / 2)) {
+    int e = 0;
+    while (fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)used, (off_t)want) != 0 && (e = errno) == EINTR)
+      e = 0;
+    if (e == 0) {
+      c->res_end = used + want;
+      c->res_short = 0;
+    } else if (e == ENOSPC || e == EDQUOT) {
+      c->res_short = 1;
+    } else { /* EOPNOTSUPP and the like: no reserve on this filesystem */
+      c->res_end = UINT64_MAX;
+    }
+  }
+  pthread_mutex_unlock(&c->res_mu);
+}
+
+kvdb_status kv_cat_reserve_short(kv_catalog *c)
+{
+  if (c->rdonly || !c->map_sync)
+    return KVDB_OK;
+  reserve_top_up(c);
+  pthread_mutex_lock(&c->res_mu);
+  int is_short = c->res_short;
+  uint64_t left = c->res_end;
+  pthread_mutex_unlock(&c->res_mu);
+  if (!is_short)
+    return KVDB_OK;
+  return kv_fail(KVDB_FULL, "the disk is full: the catalog's reserve (up to byte %" PRIu64
+                 " of catalog.mdb) is kept for deletes and compaction; delete contexts and "
+                 "run kvdb_compact to free space", left);
+}
+
 int kv_cat_reader_check(kv_catalog *c)
 {
-  int dead = 0;
-  if (c->env == NULL || c->nolock || mdb_reader_check(c->env, &dead) != 0)
+  int dead = 0, mrc = -1;
+  if (c->nolock)
+    return 0;
+  if (!c->map_sync || txn_depth > 0) {
+    /* a thread holding a transaction: no resize or vacuum replaces the environment now */
+    if (c->env != NULL)
+      mrc = mdb_reader_check(c->env, &dead);
+  } else { /* not while a resize or a vacuum holds the environment */
+    pthread_mutex_lock(&c->map_mu);
+    while (c->map_resizing)
+      pthread_cond_wait(&c->map_cv, &c->map_mu);
+    if (c->env != NULL)
+      mrc = mdb_reader_check(c->env, &dead);
+    pthread_mutex_unlock(&c->map_mu);
+  }
+  if (mrc != 0)
     return 0;
   if (dead > 0)
     atomic_fetch_add(&c->stale_readers, (uint64_t)dead);
@@ -357,9 +585,20 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 {
   if (write && !c->rdonly)
     reader_check_due(c);
-  int mrc = mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  if (write && !c->rdonly && c->map_sync && txn_depth == 0) {
+    map_maybe_grow(c);
+    reserve_top_up(c);
+  }
+  int mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
+                        : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
   if (mrc == MDB_READERS_FULL && kv_cat_reader_check(c) > 0)
-    mrc = mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+    mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
+                      : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  if (mrc == EBADF) {
+    *out = NULL;
+    return kv_fail(KVDB_IOERR, "catalog: closed after a failed vacuum (see the log); reopen "
+                   "the database");
+  }
   if (mrc != 0) {
     *out = NULL;
     if (mrc == MDB_READERS_FULL)
@@ -371,7 +610,7 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
   if (c->nolock) {
     MDB_envinfo ei;
     if (mdb_env_info(c->env, &ei) == 0 && (uint64_t)ei.me_last_txnid != c->nolock_txnid) {
-      mdb_txn_abort(*out);
+      kv_mdb_txn_abort(*out);
       *out = NULL;
       return kv_fail(KVDB_BUSY, "catalog: the database was written (transaction %llu, opened at "
                      "%llu) since this read-only handle opened it without its lock file, "
@@ -399,7 +638,7 @@ kvdb_status kv_txn_commit(MDB_txn *txn)
      * fail or to go unrecorded (a view then takes it for someone else's: conservative) */
     stamped = mdb_put(txn, c->meta, &k, &v, 0) == 0;
   }
-  int mrc = mdb_txn_commit(txn);
+  int mrc = kv_mdb_txn_commit(txn);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "commit");
   if (stamped) {
@@ -655,14 +894,80 @@ static kvdb_status nolock_allowed(const char *lpath)
                  "has the database open", lpath, (int)fl.l_pid);
 }
 
+/* ---- this process's open catalogs ---- */
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static kv_catalog *reg_head;
+
+/* with reg_mu held: record c's file (dev, inode) */
+static void reg_add(kv_catalog *c)
+{
+  int fd = -1;
+  struct stat st;
+  if (mdb_env_get_fd(c->env, &fd) != 0 || fstat(fd, &st) != 0)
+    return;
+  c->file_dev = (uint64_t)st.st_dev;
+  c->file_ino = (uint64_t)st.st_ino;
+  c->reg_next = reg_head;
+  reg_head = c;
+  c->registered = 1;
+}
+
+static void reg_del(kv_catalog *c)
+{
+  pthread_mutex_lock(&reg_mu);
+  for (kv_catalog **pp = &reg_head; c->registered && *pp != NULL; pp = &(*pp)->reg_next)
+    if (*pp == c) {
+      *pp = c->reg_next;
+      break;
+    }
+  c->registered = 0;
+  pthread_mutex_unlock(&reg_mu);
+}
+
+/* with reg_mu held: another catalog of this process on c's file */
+static int reg_shared(const kv_catalog *c)
+{
+  for (const kv_catalog *o = reg_head; o != NULL; o = o->reg_next)
+    if (o != c && o->file_dev == c->file_dev && o->file_ino == c->file_ino)
+      return 1;
+  return 0;
+}
+
+/* close the environment and what goes with it (the map lock) */
+static void cat_env_close(kv_catalog *c)
+{
+  reg_del(c);
+  if (c->env != NULL)
+    mdb_env_close(c->env);
+  if (c->lockfd >= 0)
+    close(c->lockfd); /* after the environment: closing it drops this process's fcntl locks */
+  c->lockfd = -1;
+  free(c->path);
+  c->path = NULL;
+  if (c->map_sync) {
+    pthread_mutex_destroy(&c->map_mu);
+    pthread_cond_destroy(&c->map_cv);
+    pthread_mutex_destroy(&c->res_mu);
+    c->map_sync = 0;
+  }
+}
+
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync)
 {
   memset(c, 0, sizeof *c);
   c->rdonly = rdonly;
+  c->lockfd = -1;
+  if (pthread_mutex_init(&c->map_mu, NULL) != 0 || pthread_cond_init(&c->map_cv, NULL) != 0 ||
+      pthread_mutex_init(&c->res_mu, NULL) != 0)
+    return kv_fail(KVDB_NOMEM, "catalog: cannot initialize the map lock");
+  c->map_sync = 1;
   int mrc = env_create(c, map_bytes);
-  if (mrc != 0)
+  if (mrc != 0) {
+    cat_env_close(c);
     return kv_mdb_fail(mrc, "create environment");
+  }
   char path[4096];
   snprintf(path, sizeof path, "%s/catalog.mdb", dir);
   /* MDB_NOTLS: read transactions are not tied to threads (callers use many threads).
@@ -675,12 +980,14 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   struct stat st;
   if (stat(path, &st) != 0) {
     if (rdonly || !create) {
-      mdb_env_close(c->env);
+      cat_env_close(c);
       c->env = NULL;
       return kv_fail(KVDB_NOTFOUND, "no database at '%s' (no catalog.mdb)", dir);
     }
   }
+  pthread_mutex_lock(&reg_mu); /* not while a vacuum of this process replaces the file */
   mrc = mdb_env_open(c->env, path, flags, 0644);
+  kvdb_status why = KVDB_OK;
   if (mrc != 0 && rdonly && (mrc == EACCES || mrc == EPERM || mrc == EROFS)) {
     /* the lock file cannot be opened for writing (another user's, or a directory where it
      * cannot be made): read without it, while no process has the database open. A failed
@@ -689,27 +996,41 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     snprintf(lpath, sizeof lpath, "%s-lock", path);
     mdb_env_close(c->env);
     c->env = NULL;
-    KV_RET(nolock_allowed(lpath));
-    mrc = env_create(c, map_bytes);
-    if (mrc != 0)
-      return kv_mdb_fail(mrc, "create environment");
-    mrc = mdb_env_open(c->env, path, flags | MDB_NOLOCK, 0644);
-    MDB_envinfo ei;
-    if (mrc == 0 && (mrc = mdb_env_info(c->env, &ei)) == 0) {
-      c->nolock = 1;
-      c->nolock_txnid = ei.me_last_txnid;
+    why = nolock_allowed(lpath);
+    if (why == KVDB_OK && (mrc = env_create(c, map_bytes)) == 0) {
+      mrc = mdb_env_open(c->env, path, flags | MDB_NOLOCK, 0644);
+      MDB_envinfo ei;
+      if (mrc == 0 && (mrc = mdb_env_info(c->env, &ei)) == 0) {
+        c->nolock = 1;
+        c->nolock_txnid = ei.me_last_txnid;
+      }
     }
   } else if (mrc == EACCES || mrc == EPERM) {
-    mdb_env_close(c->env);
-    c->env = NULL;
-    return kv_fail(KVDB_READONLY, "catalog '%s' or its lock file '%s-lock' is not writable by "
-                   "this user: open with KVDB_O_RDONLY to read the database", path, path);
+    why = kv_fail(KVDB_READONLY, "catalog '%s' or its lock file '%s-lock' is not writable by "
+                  "this user: open with KVDB_O_RDONLY to read the database", path, path);
   }
-  if (mrc != 0) {
-    kvdb_status st2 = kv_mdb_fail(mrc, path);
-    mdb_env_close(c->env);
+  if (mrc == 0 && why == KVDB_OK)
+    reg_add(c);
+  pthread_mutex_unlock(&reg_mu);
+  if (why != KVDB_OK || mrc != 0) {
+    kvdb_status st2 = why != KVDB_OK ? why : kv_mdb_fail(mrc, path);
+    cat_env_close(c);
     c->env = NULL;
     return st2;
+  }
+  c->path = strdup(path);
+  if (c->path == NULL) {
+    cat_env_close(c);
+    c->env = NULL;
+    return kv_fail(KVDB_NOMEM, "catalog path");
+  }
+  unsigned got = 0;
+  mdb_env_get_flags(c->env, &got);
+  c->env_flags = flags | (got & MDB_NOLOCK);
+  if (!rdonly) { /* kv_catalog_vacuum asks it whether another process has the catalog open */
+    char lpath[4200];
+    snprintf(lpath, sizeof lpath, "%s-lock", path);
+    c->lockfd = open(lpath, O_RDWR | O_CLOEXEC);
   }
   kv_cat_reader_check(c); /* slots of processes that died inside a read transaction */
   MDB_txn *txn = NULL;
@@ -751,7 +1072,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
                    (unsigned long long)fmt);
       goto out;
     }
-    mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
+    kv_mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
     if ((c->has_profiles && c->has_ctxstats && c->has_index) || rdonly)
       return KVDB_OK;
@@ -789,7 +1110,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       return KVDB_OK;
     goto out;
   }
-  mdb_txn_abort(txn);
+  kv_mdb_txn_abort(txn);
   txn = NULL;
   KV_ERR(kv_txn_begin(c, 1, &txn));
   KV_ERR(open_dbs(c, txn, MDB_CREATE));
@@ -808,18 +1129,325 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     return KVDB_OK;
 out:
   if (txn != NULL)
-    mdb_txn_abort(txn);
-  mdb_env_close(c->env);
+    kv_mdb_txn_abort(txn);
+  cat_env_close(c);
   c->env = NULL;
   return rc;
 }
 
 void kv_catalog_close(kv_catalog *c)
 {
-  if (c->env != NULL)
-    mdb_env_close(c->env);
+  if (c->env != NULL || c->map_sync) /* (no environment: a failed vacuum's reopen) */
+    cat_env_close(c);
   c->env = NULL;
   if (c->track)
     pthread_mutex_destroy(&c->own_mu);
   c->track = 0;
+}
+
+/* ---- vacuum (catalog.h) ---- */
+
+/* Hold every new transaction of this process back and wait until none is open (as a map
+ * resize does). 0: held; -1: a resize or vacuum is under way (the caller skips). */
+static int gate_take(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  if (c->map_resizing) {
+    pthread_mutex_unlock(&c->map_mu);
+    return -1;
+  }
+  c->map_resizing = 1;
+  while (c->map_active > 0)
+    pthread_cond_wait(&c->map_cv, &c->map_mu);
+  pthread_mutex_unlock(&c->map_mu);
+  return 0;
+}
+
+static void gate_give(kv_catalog *c)
+{
+  pthread_mutex_lock(&c->map_mu);
+  c->map_resizing = 0;
+  pthread_cond_broadcast(&c->map_cv);
+  pthread_mutex_unlock(&c->map_mu);
+}
+
+/* The names of the catalog's databases (the main database's keys), NUL-terminated. */
+static int db_names(MDB_txn *txn, char ***out, size_t *n)
+{
+  MDB_dbi main;
+  MDB_cursor *cur;
+  *out = NULL;
+  *n = 0;
+  int mrc = mdb_dbi_open(txn, NULL, 0, &main);
+  if (mrc == 0)
+    mrc = mdb_cursor_open(txn, main, &cur);
+  if (mrc != 0)
+    return mrc;
+  MDB_val k, v;
+  char **names = NULL;
+  size_t cnt = 0;
+  while ((mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+    char **nn = realloc(names, (cnt + 1) * sizeof *nn);
+    char *nm = malloc(k.mv_size + 1);
+    if (nn == NULL || nm == NULL) {
+      free(nm);
+      names = nn != NULL ? nn : names;
+      mrc = ENOMEM;
+      break;
+    }
+    names = nn;
+    memcpy(nm, k.mv_data, k.mv_size);
+    nm[k.mv_size] = 0;
+    names[cnt++] = nm;
+  }
+  mdb_cursor_close(cur);
+  *out = names;
+  *n = cnt;
+  return mrc == MDB_NOTFOUND ? 0 : mrc;
+}
+
+static void names_free(char **names, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free(names[i]);
+  free(names);
+}
+
+/* Bytes a rewrite in key order would take: per database, its entries times the mean node size
+ * of its first 256, in full pages, plus its overflow pages and one branch page in 64. */
+static uint64_t packed_bytes(MDB_txn *txn, char **names, size_t n, unsigned psize)
+{
+  uint64_t pages = 4; /* meta pages, main and free databases' roots */
+  for (size_t i = 0; i < n; i++) {
+    MDB_dbi d;
+    MDB_stat st;
+    MDB_cursor *cur;
+    if (mdb_dbi_open(txn, names[i], 0, &d) != 0 || mdb_stat(txn, d, &st) != 0 ||
+        mdb_cursor_open(txn, d, &cur) != 0)
+      continue;
+    MDB_val k, v;
+    uint64_t bytes = 0, cnt = 0;
+    for (int mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && cnt < 256;
+         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT), cnt++)
+      bytes += 10 + k.mv_size + (v.mv_size > psize / 2 ? 8 : v.mv_size); /* node, index */
+    mdb_cursor_close(cur);
+    uint64_t leaf = cnt ? (st.ms_entries * (bytes / cnt) + psize - 17) / (psize - 16) : 1;
+    pages += leaf + leaf / 64 + 1 + st.ms_overflow_pages;
+  }
+  return pages * psize;
+}
+
+/* Copy every database of the open environment (read transaction rt) into the new file `tmp`
+ * in key order. */
+static kvdb_status vacuum_copy(MDB_txn *rt, char **names, size_t n,
+                               const char *tmp, size_t mapsize)
+{
+  MDB_env *ne = NULL;
+  MDB_txn *wt = NULL;
+  MDB_cursor *cur = NULL;
+  kvdb_status rc = KVDB_OK;
+  int mrc = mdb_env_create(&ne);
+  if (mrc == 0)
+    mrc = mdb_env_set_maxdbs(ne, 64);
+  if (mrc == 0)
+    mrc = mdb_env_set_mapsize(ne, mapsize);
+  if (mrc == 0)
+    mrc = mdb_env_open(ne, tmp, MDB_NOSUBDIR | MDB_NOLOCK | MDB_NOSYNC, 0644);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "vacuum: create the new catalog");
+    goto out;
+  }
+  for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
+    MDB_dbi od, nd;
+    unsigned fl = 0;
+    MDB_stat os, ns;
+    if ((mrc = mdb_dbi_open(rt, names[i], 0, &od)) != 0 || (mrc = mdb_dbi_flags(rt, od, &fl)) != 0 ||
+        (mrc = mdb_stat(rt, od, &os)) != 0 || (mrc = mdb_txn_begin(ne, NULL, 0, &wt)) != 0 ||
+        (mrc = mdb_dbi_open(wt, names[i], (fl & ~MDB_CREATE) | MDB_CREATE, &nd)) != 0 ||
+        (mrc = mdb_cursor_open(rt, od, &cur)) != 0) {
+      rc = kv_mdb_fail(mrc, "vacuum: open a database");
+      break;
+    }
+    MDB_val k, v, prev = {0, NULL};
+    uint64_t cnt = 0;
+    while ((mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) == 0) {
+      /* in key order: appended to the last page (a dupsort key's items in their order) */
+      unsigned pf = MDB_APPEND;
+      if ((fl & MDB_DUPSORT) && prev.mv_data != NULL && prev.mv_size == k.mv_size &&
+          memcmp(prev.mv_data, k.mv_data, k.mv_size) == 0)
+        pf = MDB_APPENDDUP;
+      if ((mrc = mdb_put(wt, nd, &k, &v, pf)) != 0)
+        break;
+      prev = k; /* points into the old map: valid as rt */
+      if (++cnt % 65536 == 0) { /* bounded dirty pages per transaction */
+        if ((mrc = mdb_txn_commit(wt)) != 0 || (mrc = mdb_txn_begin(ne, NULL, 0, &wt)) != 0) {
+          wt = NULL;
+          break;
+        }
+      }
+    }
+    mdb_cursor_close(cur);
+    cur = NULL;
+    if (mrc != MDB_NOTFOUND) {
+      rc = kv_mdb_fail(mrc, "vacuum: copy a database");
+      break;
+    }
+    if ((mrc = mdb_stat(wt, nd, &ns)) != 0 || (mrc = mdb_txn_commit(wt)) != 0) {
+      wt = NULL;
+      rc = kv_mdb_fail(mrc, "vacuum: commit");
+      break;
+    }
+    wt = NULL;
+    if (ns.ms_entries != os.ms_entries)
+      rc = kv_fail(KVDB_IOERR, "vacuum: database '%s' has %zu entries in the copy, %zu in the "
+                   "catalog", names[i], ns.ms_entries, os.ms_entries);
+  }
+  if (rc == KVDB_OK && (mrc = mdb_env_sync(ne, 1)) != 0)
+    rc = kv_mdb_fail(mrc, "vacuum: sync the new catalog");
+out:
+  if (wt != NULL)
+    mdb_txn_abort(wt);
+  if (ne != NULL)
+    mdb_env_close(ne);
+  return rc;
+}
+
+/* Reopen the (new) catalog file with the same settings and database handles. */
+static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
+{
+  mdb_env_close(c->env);
+  c->env = NULL;
+  MDB_txn *txn = NULL;
+  int mrc = env_create(c, mapsize);
+  if (mrc == 0)
+    mrc = mdb_env_open(c->env, c->path, c->env_flags, 0644);
+  if (mrc == 0)
+    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &txn);
+  if (mrc != 0) {
+    if (c->env != NULL)
+      mdb_env_close(c->env);
+    c->env = NULL;
+    return kv_mdb_fail(mrc, "vacuum: reopen the catalog");
+  }
+  MDB_dbi meta;
+  kvdb_status rc = KVDB_OK;
+  if ((mrc = mdb_dbi_open(txn, "meta", 0, &meta)) != 0)
+    rc = kv_mdb_fail(mrc, "vacuum: open database 'meta'");
+  if (rc == KVDB_OK)
+    rc = open_dbs(c, txn, 0);
+  /* every database handle is taken anew (the engine reads them from c at each use, and no
+   * transaction is open): their numbers may differ from the old environment's */
+  if (rc == KVDB_OK && (mrc = mdb_txn_commit(txn)) != 0) /* makes the handles permanent */
+    rc = kv_mdb_fail(mrc, "vacuum: reopen the catalog");
+  else if (rc != KVDB_OK)
+    mdb_txn_abort(txn);
+  if (rc != KVDB_OK) {
+    mdb_env_close(c->env);
+    c->env = NULL;
+  }
+  return rc;
+}
+
+kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
+                              uint64_t *after)
+{
+  struct stat fst;
+  *done = 0;
+  if (before != NULL)
+    *before = 0;
+  if (after != NULL)
+    *after = 0;
+  if (c->rdonly || c->lockfd < 0 || c->path == NULL || !c->map_sync || txn_depth != 0 ||
+      (c->env_flags & MDB_NOLOCK))
+    return KVDB_OK;
+  if (stat(c->path, &fst) != 0)
+    return kv_fail_errno(errno, "vacuum: cannot stat '%s'", c->path);
+  if (before != NULL)
+    *before = (uint64_t)fst.st_size;
+  if (after != NULL)
+    *after = (uint64_t)fst.st_size;
+  if (!force && fst.st_size < (1 << 20))
+    return KVDB_OK; /* not worth holding the handle for */
+  pthread_mutex_lock(&reg_mu); /* no handle of this process opens or closes meanwhile */
+  if (reg_shared(c)) { /* another handle of this process has it open */
+    pthread_mutex_unlock(&reg_mu);
+    return KVDB_OK;
+  }
+  if (gate_take(c) != 0) {
+    pthread_mutex_unlock(&reg_mu);
+    return KVDB_OK;
+  }
+  kvdb_status rc = KVDB_OK;
+  int recount = 0;
+  MDB_txn *rt = NULL;
+  char **names = NULL;
+  size_t n = 0;
+  MDB_envinfo info;
+  MDB_stat est;
+  int mrc = mdb_env_info(c->env, &info);
+  if (mrc == 0)
+    mrc = mdb_env_stat(c->env, &est);
+  if (mrc == 0)
+    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt);
+  if (mrc == 0)
+    mrc = db_names(rt, &names, &n);
+  if (mrc != 0) {
+    rc = kv_mdb_fail(mrc, "vacuum: read the catalog");
+    goto out;
+  }
+  uint64_t packed = packed_bytes(rt, names, n, est.ms_psize);
+  if (!force && (uint64_t)fst.st_size <= 2 * packed)
+    goto out;
+  /* the only user? (the exclusive lock also keeps other processes from opening meanwhile) */
+  struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+  if (fcntl(c->lockfd, F_SETLK, &lk) != 0)
+    goto out; /* another process has it open: not now */
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.vacuum", c->path);
+  unlink(tmp);
+  rc = vacuum_copy(rt, names, n, tmp, info.me_mapsize);
+  mdb_txn_abort(rt);
+  rt = NULL;
+  if (rc == KVDB_OK && rename(tmp, c->path) != 0)
+    rc = kv_fail_errno(errno, "vacuum: cannot rename '%s' to '%s'", tmp, c->path);
+  if (rc != KVDB_OK) {
+    unlink(tmp);
+    lk.l_type = F_RDLCK; /* back to what LMDB holds */
+    fcntl(c->lockfd, F_SETLK, &lk);
+    goto out;
+  }
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s", c->path);
+  char *slash = strrchr(dir, '/');
+  if (slash != NULL) {
+    *slash = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd); /* the rename is durable */
+      close(dfd);
+    }
+  }
+  rc = vacuum_reopen(c, info.me_mapsize);
+  if (rc == KVDB_OK) {
+    int fd = -1;
+    if (mdb_env_get_fd(c->env, &fd) == 0 && fstat(fd, &fst) == 0) {
+      c->file_dev = (uint64_t)fst.st_dev; /* the new file (the registry entry is c) */
+      c->file_ino = (uint64_t)fst.st_ino;
+    }
+    *done = 1;
+    /* kvdb_stat's counters carry the id of the transaction that kept them: the new file's ids
+     * start anew, so count them again (after the gate below: it begins a transaction) */
+    recount = 1;
+    if (after != NULL && stat(c->path, &fst) == 0)
+      *after = (uint64_t)fst.st_size;
+  }
+out:
+  if (rt != NULL)
+    mdb_txn_abort(rt);
+  names_free(names, n);
+  gate_give(c);
+  pthread_mutex_unlock(&reg_mu);
+  if (recount)
+    kv_counts_open(c);
+  return rc;
 }

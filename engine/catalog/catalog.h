@@ -166,6 +166,28 @@ typedef struct kv_catalog {
   pthread_mutex_t own_mu;
   uint64_t own_ids[KV_CAT_OWN_IDS];
   unsigned own_next;
+  /* map growth (kv_txn_begin): LMDB remaps only while no transaction of this process is open,
+   * so every transaction counts itself in map_active, and a resize waits for it to reach 0
+   * while new outermost transactions wait for the resize (nested ones go on: no deadlock) */
+  int map_sync;             /* map_mu / map_cv initialized */
+  pthread_mutex_t map_mu;
+  pthread_cond_t map_cv;
+  unsigned map_active;      /* transactions open in this process on this environment */
+  int map_resizing;
+  _Atomic unsigned map_full_seen; /* kv_cat_map_full_events() when this catalog last looked */
+  uint64_t map_grows;       /* how many times this handle grew the map */
+  /* vacuum (kv_catalog_vacuum) */
+  char *path;               /* the catalog file */
+  unsigned env_flags;       /* the flags it was opened with */
+  int lockfd;               /* its lock file, read-write handles (-1: none) */
+  /* this process's open catalogs (kv_catalog_vacuum: another handle on the same file) */
+  uint64_t file_dev, file_ino;
+  struct kv_catalog *reg_next;
+  int registered;
+  /* the disk space reserved past the catalog's end (kv_cat_reserve) */
+  pthread_mutex_t res_mu;
+  uint64_t res_end;         /* the file's blocks are allocated up to here */
+  int res_short;            /* the last extension failed (the disk is full) */
 } kv_catalog;
 
 #define KV_CAT_MAX_READERS 1024u
@@ -187,14 +209,76 @@ void kv_catalog_close(kv_catalog *c);
 /* Clear the reader slots of dead processes now (mdb_reader_check); returns how many. */
 int kv_cat_reader_check(kv_catalog *c);
 
-/* Convert an LMDB error to a status with a message naming `what`. */
-kvdb_status kv_mdb_fail(int mrc, const char *what);
+/*
+ * kv_catalog_vacuum() - rewrite the catalog in key order into a new file and put it in place of
+ * the old one, as SQLite's VACUUM does, when the file is more than twice what such a rewrite
+ * takes (estimated from each database's entries and the mean size of its first 256), or
+ * always with `force`. LMDB never shrinks its file, and pages that deletes left partly empty
+ * are merged only under a quarter full, so after deletes the file holds free and half-empty
+ * pages; the rewrite packs the records into full pages (MDB_APPEND) and leaves no free ones.
+ *
+ * It runs only when this handle is the catalog's only user: no transaction of this process
+ * open (it holds new ones back meanwhile, as a map resize does: other threads' calls wait for
+ * it) and no other process with the environment open, known by taking the lock file's
+ * exclusive fcntl lock — the lock LMDB's processes hold shared while they have it open (a
+ * process that opens meanwhile waits for it, and then opens the new file). Otherwise it does
+ * nothing: *done = 0, KVDB_OK. The new file is written beside the old one (catalog.mdb.vacuum),
+ * synced, checked (every database has as many entries) and renamed over it; then this handle
+ * reopens it. A crash before the rename leaves the old file (the .vacuum file is removed by the
+ * next vacuum); after it, the new one. *before / *after: the file's bytes (optional).
+ */
+kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
+                              uint64_t *after);
 
-/* Begin a transaction (rdonly or write). A read transaction that finds the reader table full
- * clears dead readers' slots and tries once more; every KV_READER_CHECK_EVERY write
- * transactions (or KV_READER_CHECK_MS) the slots of dead readers are cleared, so that a process
- * killed inside a read transaction does not pin its snapshot (and the pages it sees) forever. */
+/*
+ * The catalog's reserve: disk space allocated past the end of the catalog file (fallocate
+ * KEEP_SIZE: the size does not change) so that LMDB, which grows the file as it writes new
+ * pages, can still commit on a full disk. Before each outermost write transaction the
+ * reserve is topped up to KV_CAT_RESERVE(used) bytes past the used pages whenever less than
+ * half of it is left; when that fails (ENOSPC), the reserve is short, and writes that add data
+ * (puts) are refused with KVDB_FULL while what is left goes to deletes and compaction, which
+ * give space back. kv_cat_reserve_short() says so (with the message). No-op on read-only
+ * handles and filesystems without fallocate.
+ */
+#define KV_CAT_RESERVE(used) ((uint64_t)(used) / 16 > (8u << 20) ? (uint64_t)(used) / 16 : (8u << 20))
+kvdb_status kv_cat_reserve_short(kv_catalog *c);
+
+/* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
+ * and counts in kv_cat_map_full_events(). */
+kvdb_status kv_mdb_fail(int mrc, const char *what);
+/* How many MDB_MAP_FULL errors this process has seen (a put retries once after one). */
+unsigned kv_cat_map_full_events(void);
+
+/*
+ * Begin a transaction (rdonly or write).
+ *
+ * MAP GROWTH. The LMDB map (catalog_map_bytes at open) grows: before an outermost write
+ * transaction, when the catalog's used pages reach 3/4 of the map (or 1/2 after an
+ * MDB_MAP_FULL in this process), the map is doubled (mdb_env_set_mapsize) until they are under
+ * 3/4 of it. LMDB remaps only while no transaction of this process is open: the resize waits
+ * for open ones to end and holds new outermost ones back meanwhile (a thread that already holds
+ * a transaction is never held back, and never resizes). Another process that sees the bigger
+ * map (MDB_MAP_RESIZED at begin) adopts it (mdb_env_set_mapsize(env, 0)) the same way and
+ * begins again. The file grows only as pages are used: the map is address space.
+ *
+ * DEAD READERS. A read transaction that finds the reader table full clears dead readers' slots
+ * and tries once more; every KV_READER_CHECK_EVERY write transactions (or KV_READER_CHECK_MS)
+ * the slots of dead readers are cleared, so that a process killed inside a read transaction
+ * does not pin its snapshot (and the pages it sees) forever.
+ */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
+
+/* Every transaction of a catalog's environment is begun and ended through these (the macros
+ * below route the engine's mdb_txn_* calls here): they count open transactions for the map
+ * growth above. Environments without a catalog pass straight through. */
+int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out);
+int kv_mdb_txn_commit(MDB_txn *txn);
+void kv_mdb_txn_abort(MDB_txn *txn);
+#ifndef KV_CATALOG_IMPL
+#define mdb_txn_begin kv_mdb_txn_begin
+#define mdb_txn_commit kv_mdb_txn_commit
+#define mdb_txn_abort kv_mdb_txn_abort
+#endif
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
  * successful one has a txn id of its own) and its id is recorded once committed. */

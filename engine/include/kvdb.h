@@ -316,7 +316,11 @@ typedef struct kvdb_options {
   uint64_t ssd_bytes;        /**< SSD tier capacity (live bytes); default 0 = unlimited */
   kvdb_sync_mode sync_mode;  /**< default KVDB_SYNC_FULL */
   uint64_t segment_bytes;    /**< a segment file is sealed past this size; default 1 GiB */
-  uint64_t catalog_map_bytes;/**< LMDB map size (virtual); default 64 GiB */
+  uint64_t catalog_map_bytes;/**< initial LMDB map size (virtual address space, >= 1 MiB);
+                                   default 64 GiB. The map grows: before a write, when the
+                                   catalog's pages reach 3/4 of it, it is doubled (a handle of
+                                   another process adopts the new size when it next begins a
+                                   transaction); the file grows only as pages are used */
   int use_direct_io;         /**< 1 (default): O_DIRECT where the filesystem allows, logged
                                   fallback; 0: buffered I/O; anything else: KVDB_INVALID */
   int use_io_uring;          /**< 1 (default): io_uring where the kernel allows, logged fallback;
@@ -437,8 +441,13 @@ typedef struct kvdb_put_info {
  * On any error nothing of this put is visible.
  * @param info optional (NULL); filled on KVDB_OK.
  * @return KVDB_OK; KVDB_INVALID (NULL/zero arguments, bad model, n above 2^32 x 16 - the most
- *   a context can hold -, a view whose strides address more than 2^63 bytes); KVDB_MISMATCH
- *   (the id is stored with another shape); KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_NOMEM.
+ *   a context can hold -, a view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is
+ *   stored with another shape); KVDB_READONLY; KVDB_FULL (the disk, or a tier capacity
+ *   that cannot be met; also while the catalog's reserve for deletes and compaction cannot be
+ *   kept: fewer free bytes than the larger of 8 MiB and 1/16 of the catalog, see
+ *   kvdb_compact; a catalog map that fills during the put is grown and the put retried,
+ *   up to 3 times, so KVDB_FULL "MDB_MAP_FULL" is returned only when the map cannot grow: no
+ *   address space or memory for it); KVDB_IOERR; KVDB_NOMEM.
  */
 KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *kv, kvdb_put_info *info);
@@ -584,7 +593,10 @@ KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_ke
 
 /**
  * @brief Remove a context (or an explicit-key block). Blocks no other context uses become
- * free space, reclaimed by kvdb_compact. @return KVDB_OK; KVDB_NOTFOUND; KVDB_READONLY; KVDB_IOERR.
+ * free space, reclaimed by kvdb_compact. On a full disk a delete still commits: the catalog
+ * keeps disk space reserved past its end for deletes and compaction (see kvdb_compact).
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_READONLY; KVDB_FULL (the catalog's reserve is used up
+ *   too); KVDB_IOERR.
  */
 KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
 
@@ -911,15 +923,59 @@ typedef struct kvdb_compact_report {
   uint64_t bytes_reclaimed;
 } kvdb_compact_report;
 
+/** One segment file (kvdb_segments). */
+typedef struct kvdb_segment_info {
+  uint64_t id;
+  uint32_t tier;        /**< KVDB_TIER_SSD or KVDB_TIER_SMARTSSD */
+  uint32_t sealed;      /**< 1: sealed, a compaction candidate; 0: open (appended to) */
+  uint64_t bytes;       /**< committed bytes of the file: live + dead */
+  uint64_t live_bytes;  /**< bytes of the blocks located in it */
+  uint64_t live_blocks;
+} kvdb_segment_info;
+
+/**
+ * @brief The segment files, in id order: the first `cap` into out[0..cap), how many there are
+ * into *n (cap 0 and out NULL: count only). kvdb_compact(threshold) rewrites the sealed ones
+ * with live_bytes < threshold * bytes, and reclaims bytes - live_bytes of each (what
+ * `kvdb-admin info` and `compact` report as left and reclaimable at other thresholds).
+ * @return KVDB_OK; KVDB_INVALID (n NULL, or out NULL with cap > 0); KVDB_CORRUPT (a segment
+ *   record that does not decode); KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *n);
+
 /**
  * @brief Rewrite the live blocks of segments whose live fraction is below `threshold`
  * (0..1; 0 = the default 0.5) into new segments, then delete the old files. Online: readers
- * and writers in any process keep working. Each move commits in a catalog transaction.
+ * and writers in any process keep working. Segments are done one at a time, the least live
+ * first (one with nothing live is removed without copying); each moves its blocks in catalog
+ * transactions of at most 512 records.
+ *
+ * A full disk: the live blocks of one segment need room to be copied into. When a copy fails
+ * for lack of space, the dead bytes of the remaining candidate segments are first freed in
+ * place (fallocate PUNCH_HOLE: no copy, no extra space; done only when no reader in any
+ * process holds a catalog snapshot older than the compaction's), and the copy is tried again.
+ * So after the disk fills, deleting contexts and compacting frees their space without freeing
+ * anything else first, on filesystems that punch holes (ext4, xfs, btrfs, tmpfs); the catalog
+ * commits on a full disk from its reserve (disk space allocated past its end, the larger of
+ * 8 MiB and 1/16 of the catalog, topped up while there is room; while it cannot be, puts fail
+ * KVDB_FULL and the reserve goes to deletes and compaction). Where holes cannot be punched,
+ * free the live bytes of the least live candidate segment (at most threshold x segment_bytes)
+ * by other means first.
+ *
+ * The catalog: when this handle is its only user (no other process has it open) and the
+ * catalog file is more than twice what a rewrite would take (deletes leave LMDB pages free
+ * or part empty, and LMDB never shrinks its file), the compaction ends by rewriting it in key
+ * order into a new file that replaces it (SQLite's VACUUM; this handle's other calls wait
+ * meanwhile). A rewrite that fails (e.g. no room for the copy) is logged and leaves the
+ * catalog as it was.
  * A block that fails verification (damaged, or in a segment file that is too short) stays
  * where it is, the rest is compacted, and the call then returns KVDB_CORRUPT naming the first
  * such block and how many there were (kvdb_verify lists them), as SQLite's VACUUM stops on a
  * corrupt database. A segment whose file is missing is left alone (nothing there to read).
- * @return KVDB_OK; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_INVALID; KVDB_CORRUPT.
+ * @return KVDB_OK; KVDB_READONLY; KVDB_FULL (no room to copy a segment's live blocks, and
+ *   its dead bytes could not be freed in place: the message says why); KVDB_IOERR (also: the
+ *   catalog could not be reopened after its rewrite; the handle must be closed);
+ *   KVDB_INVALID; KVDB_CORRUPT (above).
  */
 KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                                   kvdb_compact_report *report);

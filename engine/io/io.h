@@ -38,6 +38,9 @@ typedef struct kv_io_ops {
   int (*lock)(kv_io *io, kv_file *f, int exclusive_nonblock);                 /* flock; -EWOULDBLOCK */
   void (*close)(kv_io *io, kv_file *f);
   int (*unlink)(kv_io *io, const char *path);
+  /* free [off, off + len) in place, the size unchanged (fallocate PUNCH_HOLE | KEEP_SIZE):
+   * reads there see zeros; -EOPNOTSUPP when the filesystem cannot; NULL = never */
+  int (*punch)(kv_io *io, kv_file *f, uint64_t off, uint64_t len);
   /* optional native async batches; NULL = synchronous emulation */
   kv_aio *(*aio_begin)(kv_io *io);
   int (*aio_queue)(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len, uint64_t off, int write);

@@ -147,6 +147,19 @@ static int os_alloc(kv_io *io, kv_file *f, uint64_t off, uint64_t len)
   }
 }
 
+static int os_punch(kv_io *io, kv_file *f, uint64_t off, uint64_t len)
+{
+  (void)io;
+  if (len == 0)
+    return 0;
+  for (;;) {
+    if (fallocate(f->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) == 0)
+      return 0;
+    if (errno != EINTR)
+      return errno == ENOSYS ? -EOPNOTSUPP : -errno;
+  }
+}
+
 static int os_size(kv_io *io, kv_file *f, uint64_t *out)
 {
   (void)io;
@@ -385,7 +398,7 @@ static void os_aio_end(kv_io *io, kv_aio *a)
 #define OS_SYNC_OPS                                                                                \
   .open = os_open, .pread = os_pread, .pwrite = os_pwrite, .sync = os_sync,                        \
   .truncate = os_truncate, .alloc = os_alloc, .size = os_size, .lock = os_lock,                    \
-  .close = os_close, .unlink = os_unlink
+  .close = os_close, .unlink = os_unlink, .punch = os_punch
 
 static const kv_io_ops os_ops = {OS_SYNC_OPS};
 

@@ -838,6 +838,9 @@ static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
   kvdb_put_info tmp;
   if (info == NULL)
     info = &tmp;
+  /* a full disk: the catalog's reserve is left to deletes and compaction */
+  KV_RET(kv_cat_reserve_short(&db->cat));
+  unsigned map_full = kv_cat_map_full_events(); /* an MDB_MAP_FULL: the map grows, go again */
   for (int attempt = 0;; attempt++) {
     memset(info, 0, sizeof *info);
     memcpy(info->context.b, r->ctx, 16);
@@ -877,6 +880,10 @@ static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
     }
     if (rc == PUT_RETRY && attempt < 3)
       continue;
+    if (rc == KVDB_FULL && attempt < 3 && kv_cat_map_full_events() != map_full) {
+      map_full = kv_cat_map_full_events();
+      continue;
+    }
     if (rc == PUT_RETRY)
       rc = kv_fail(KVDB_BUSY, "blocks kept being deleted during the put; retry");
     return rc;

@@ -223,16 +223,82 @@ void kv_writers_free(kvdb *db)
   db->idle_writers = NULL;
 }
 
+/* ---- the cache's index by id: a get of a block finds its segment's handle in O(1), not by
+ * walking every cached segment (thousands in a large store). db->mu held. ---- */
+
+static size_t seg_bucket(const kvdb *db, uint64_t id)
+{
+  return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 20) & (db->files_cap - 1);
+}
+
+static kv_segfile *files_find(kvdb *db, uint64_t id)
+{
+  if (db->files_tab == NULL) {
+    for (kv_segfile *sf = db->files; sf != NULL; sf = sf->next)
+      if (sf->id == id)
+        return sf;
+    return NULL;
+  }
+  for (kv_segfile *sf = db->files_tab[seg_bucket(db, id)]; sf != NULL; sf = sf->hnext)
+    if (sf->id == id)
+      return sf;
+  return NULL;
+}
+
+/* Index every cached handle in a table of `cap` buckets; on no memory keep the old one (or
+ * none: lookups walk the list). */
+static void files_rehash(kvdb *db, size_t cap)
+{
+  kv_segfile **tab = calloc(cap, sizeof *tab);
+  if (tab == NULL)
+    return;
+  free(db->files_tab);
+  db->files_tab = tab;
+  db->files_cap = cap;
+  for (kv_segfile *sf = db->files; sf != NULL; sf = sf->next) {
+    size_t b = seg_bucket(db, sf->id);
+    sf->hnext = tab[b];
+    tab[b] = sf;
+  }
+}
+
+static void files_add(kvdb *db, kv_segfile *sf)
+{
+  sf->next = db->files;
+  db->files = sf;
+  db->files_n++;
+  if (db->files_tab == NULL || db->files_n > db->files_cap) {
+    size_t was = db->files_cap;
+    files_rehash(db, was ? 2 * was : 64);
+    if (db->files_cap != was || db->files_tab == NULL)
+      return; /* indexed with the rest, or no table (lookups walk the list) */
+  }
+  size_t b = seg_bucket(db, sf->id);
+  sf->hnext = db->files_tab[b];
+  db->files_tab[b] = sf;
+}
+
+static void files_unindex(kvdb *db, kv_segfile *sf)
+{
+  db->files_n--;
+  if (db->files_tab == NULL)
+    return;
+  for (kv_segfile **pp = &db->files_tab[seg_bucket(db, sf->id)]; *pp != NULL; pp = &(*pp)->hnext)
+    if (*pp == sf) {
+      *pp = sf->hnext;
+      return;
+    }
+}
+
 kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out)
 {
   pthread_mutex_lock(&db->mu);
-  for (kv_segfile *sf = db->files; sf != NULL; sf = sf->next) {
-    if (sf->id == id) {
-      sf->refs++;
-      pthread_mutex_unlock(&db->mu);
-      *out = sf;
-      return KVDB_OK;
-    }
+  kv_segfile *hit = files_find(db, id);
+  if (hit != NULL) {
+    hit->refs++;
+    pthread_mutex_unlock(&db->mu);
+    *out = hit;
+    return KVDB_OK;
   }
   pthread_mutex_unlock(&db->mu);
   kv_file *f;
@@ -246,18 +312,16 @@ kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out)
   sf->f = f;
   sf->refs = 2;
   pthread_mutex_lock(&db->mu);
-  for (kv_segfile *o = db->files; o != NULL; o = o->next) {
-    if (o->id == id) { /* another thread opened it meanwhile */
-      o->refs++;
-      pthread_mutex_unlock(&db->mu);
-      db->io->ops->close(db->io, f);
-      free(sf);
-      *out = o;
-      return KVDB_OK;
-    }
+  kv_segfile *o = files_find(db, id);
+  if (o != NULL) { /* another thread opened it meanwhile */
+    o->refs++;
+    pthread_mutex_unlock(&db->mu);
+    db->io->ops->close(db->io, f);
+    free(sf);
+    *out = o;
+    return KVDB_OK;
   }
-  sf->next = db->files;
-  db->files = sf;
+  files_add(db, sf);
   pthread_mutex_unlock(&db->mu);
   *out = sf;
   return KVDB_OK;
@@ -293,6 +357,7 @@ void kv_files_prune(kvdb *db, MDB_txn *txn)
     kv_seg_rec sr;
     if (kv_cat_get_seg(&db->cat, txn, sf->id, &sr) == KVDB_NOTFOUND) {
       *pp = sf->next;
+      files_unindex(db, sf);
       if (--sf->refs == 0) {
         db->io->ops->close(db->io, sf->f);
         free(sf);
@@ -314,6 +379,9 @@ void kv_files_free(kvdb *db)
     sf = n;
   }
   db->files = NULL;
+  free(db->files_tab);
+  db->files_tab = NULL;
+  db->files_cap = db->files_n = 0;
 }
 
 /* Seal an OPEN segment whose writer is gone; truncate what was never committed. */

@@ -269,6 +269,175 @@ static const char *score_text(uint32_t bits, char *buf, size_t cap)
 
 /* ---- info --------------------------------------------------------------------------------- */
 
+/* ---- what compaction leaves and what it would reclaim (info, compact) ---------------------- */
+
+typedef struct seg_list {
+  kvdb_segment_info *s;
+  size_t n;
+} seg_list;
+
+static kvdb_status seg_load(kvdb *db, seg_list *l)
+{
+  l->s = NULL;
+  l->n = 0;
+  size_t n = 0;
+  for (int tries = 0; tries < 4; tries++) { /* another process may add segments meanwhile */
+    kvdb_status st = kvdb_segments(db, NULL, 0, &n);
+    if (st != KVDB_OK)
+      return st;
+    kvdb_segment_info *s = calloc(n + 16, sizeof *s);
+    if (s == NULL)
+      return KVDB_NOMEM;
+    size_t got = 0;
+    st = kvdb_segments(db, s, n + 16, &got);
+    if (st != KVDB_OK) {
+      free(s);
+      return st;
+    }
+    if (got <= n + 16) {
+      l->s = s;
+      l->n = got;
+      return KVDB_OK;
+    }
+    free(s);
+  }
+  return KVDB_BUSY;
+}
+
+/* What kvdb_compact(t) would do to tier `tier` (-1: all): segments rewritten, live bytes
+ * moved, bytes reclaimed (each file's bytes less its live bytes). */
+typedef struct comp_at {
+  uint64_t segs, moved, reclaim;
+} comp_at;
+
+static comp_at comp_plan(const seg_list *l, int tier, double t)
+{
+  comp_at a = {0, 0, 0};
+  for (size_t i = 0; i < l->n; i++) {
+    const kvdb_segment_info *g = &l->s[i];
+    if ((tier >= 0 && g->tier != (uint32_t)tier) || !g->sealed || g->bytes == 0 ||
+        !((double)g->live_bytes < t * (double)g->bytes))
+      continue;
+    a.segs++;
+    a.moved += g->live_bytes;
+    a.reclaim += g->bytes - g->live_bytes;
+  }
+  return a;
+}
+
+static int cmp_frac(const void *a, const void *b)
+{
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The smallest threshold (3 decimals, rounded up) at which kvdb_compact reclaims at least
+ * `part` of the dead bytes of sealed segments; 0 when there are none. */
+static double thr_for(const seg_list *l, double part)
+{
+  double *f = calloc(l->n + 1, 2 * sizeof *f);
+  if (f == NULL)
+    return 0;
+  size_t m = 0;
+  uint64_t dead = 0;
+  for (size_t i = 0; i < l->n; i++) {
+    const kvdb_segment_info *g = &l->s[i];
+    if (!g->sealed || g->bytes == 0 || g->live_bytes >= g->bytes)
+      continue;
+    f[2 * m] = (double)g->live_bytes / (double)g->bytes;
+    f[2 * m + 1] = (double)(g->bytes - g->live_bytes);
+    dead += g->bytes - g->live_bytes;
+    m++;
+  }
+  qsort(f, m, 2 * sizeof *f, cmp_frac);
+  double acc = 0, t = 0;
+  for (size_t i = 0; i < m && dead > 0; i++) {
+    acc += f[2 * i + 1];
+    if (acc >= part * (double)dead) {
+      t = floor(f[2 * i] * 1000.0 + 1.0) / 1000.0; /* strictly above its live fraction */
+      break;
+    }
+  }
+  free(f);
+  return t > 1 ? 1 : t;
+}
+
+static const double comp_thr[] = {0.25, 0.5, 0.75, 0.9, 1.0};
+#define N_COMP_THR (sizeof comp_thr / sizeof comp_thr[0])
+
+/* info: dead bytes per tier, sealed segments by live fraction, what each threshold reclaims */
+static void print_compaction(const cli *c, run *r, const seg_list *l)
+{
+  uint64_t dead[KVDB_TIER_COUNT] = {0}, dead_open[KVDB_TIER_COUNT] = {0};
+  uint64_t bucket[KVDB_TIER_COUNT][4] = {{0}}, open_n[KVDB_TIER_COUNT] = {0};
+  for (size_t i = 0; i < l->n; i++) {
+    const kvdb_segment_info *g = &l->s[i];
+    uint32_t t = g->tier < KVDB_TIER_COUNT ? g->tier : KVDB_TIER_SSD;
+    uint64_t d = g->bytes > g->live_bytes ? g->bytes - g->live_bytes : 0;
+    if (!g->sealed) {
+      open_n[t]++;
+      dead_open[t] += d;
+      continue;
+    }
+    dead[t] += d;
+    double f = g->bytes ? (double)g->live_bytes / (double)g->bytes : 1.0;
+    bucket[t][f < 0.25 ? 0 : f < 0.5 ? 1 : f < 0.75 ? 2 : 3]++;
+  }
+  double t50 = thr_for(l, 0.5), t90 = thr_for(l, 0.9), t100 = thr_for(l, 1.0);
+  if (c->json) {
+    jw *j = &r->j;
+    jw_obj(j, "compaction");
+    jw_obj(j, "tiers");
+    for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++) {
+      jw_obj(j, tier_name(t));
+      jw_u64(j, "dead_bytes_sealed", dead[t]);
+      jw_u64(j, "dead_bytes_open", dead_open[t]);
+      jw_u64(j, "open_segments", open_n[t]);
+      jw_u64(j, "sealed_live_under_25pct", bucket[t][0]);
+      jw_u64(j, "sealed_live_25_50pct", bucket[t][1]);
+      jw_u64(j, "sealed_live_50_75pct", bucket[t][2]);
+      jw_u64(j, "sealed_live_75pct_up", bucket[t][3]);
+      jw_end(j);
+    }
+    jw_end(j);
+    jw_arr(j, "at_threshold");
+    for (size_t k = 0; k < N_COMP_THR; k++) {
+      comp_at a = comp_plan(l, -1, comp_thr[k]);
+      jw_obj(j, NULL);
+      jw_num(j, "threshold", comp_thr[k]);
+      jw_u64(j, "segments", a.segs);
+      jw_u64(j, "bytes_moved", a.moved);
+      jw_u64(j, "bytes_reclaimed", a.reclaim);
+      jw_end(j);
+    }
+    jw_end(j);
+    jw_num(j, "threshold_for_half_the_dead_bytes", t50);
+    jw_num(j, "threshold_for_90pct_of_the_dead_bytes", t90);
+    jw_num(j, "threshold_for_all_the_dead_bytes", t100);
+    jw_end(j);
+    return;
+  }
+  char b[32], b2[32];
+  printf("\nCOMPACTION (sealed segments by live fraction; open ones are being appended to)\n");
+  printf("%-9s  %10s  %6s  %6s  %6s  %6s  %10s  %10s\n", "TIER", "DEAD", "<25%", "25-50%",
+         "50-75%", ">=75%", "OPEN SEGS", "OPEN DEAD");
+  for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++)
+    printf("%-9s  %10s  %6" PRIu64 "  %6" PRIu64 "  %6" PRIu64 "  %6" PRIu64 "  %10" PRIu64
+           "  %10s\n", tier_name(t), fmt_size(dead[t], b, sizeof b), bucket[t][0], bucket[t][1],
+           bucket[t][2], bucket[t][3], open_n[t], fmt_size(dead_open[t], b2, sizeof b2));
+  for (size_t k = 0; k < N_COMP_THR; k++) {
+    comp_at a = comp_plan(l, -1, comp_thr[k]);
+    char lab[48];
+    snprintf(lab, sizeof lab, "at threshold %g", comp_thr[k]);
+    kv_line(lab, "rewrites %" PRIu64 " segments, moves %s, reclaims %s%s", a.segs,
+            fmt_size(a.moved, b, sizeof b), fmt_size(a.reclaim, b2, sizeof b2),
+            comp_thr[k] == 0.5 ? " (the default)" : "");
+  }
+  if (t100 > 0)
+    kv_line("to reclaim", "half the dead bytes: --threshold %.3g; 90%%: %.3g; all: %.3g", t50, t90,
+            t100);
+}
+
 static int cmd_info(const cli *c)
 {
   run r;
@@ -300,6 +469,10 @@ static int cmd_info(const cli *c)
     by_bits[ci.score_bits == 8 ? 2 : ci.score_bits == 4 ? 1 : 0]++;
   }
   kvdb_iter_close(it);
+  seg_list segs;
+  st = seg_load(r.db, &segs);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
 
   if (c->json) {
     jw *j = &r.j;
@@ -330,6 +503,8 @@ static int cmd_info(const cli *c)
       jw_end(j);
     }
     jw_end(j);
+    print_compaction(c, &r, &segs);
+    free(segs.s);
     return finish(&r, EXIT_OKAY);
   }
 
@@ -361,6 +536,8 @@ static int cmd_info(const cli *c)
     printf("%-9s  %-10s  %10s  %10" PRIu64 "  %10" PRIu64 "\n", tier_name((uint32_t)t), cap,
            fmt_size(ts->bytes, by, sizeof by), ts->blocks, ts->contexts);
   }
+  print_compaction(c, &r, &segs);
+  free(segs.s);
   return finish(&r, EXIT_OKAY);
 }
 
@@ -834,9 +1011,36 @@ static int cmd_compact(const cli *c)
   if (st != KVDB_OK)
     return finish(&r, fail_kv(&r, st));
   double eff = threshold > 0 ? threshold : 0.5; /* kvdb_compact: 0 means the default 0.5 */
+  /* what is left: dead bytes in sealed segments at or above the threshold, in open ones, and
+   * what a higher threshold would reclaim */
+  seg_list segs;
+  st = seg_load(r.db, &segs);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  uint64_t left_sealed = 0, left_open = 0, n_left = 0;
+  for (size_t i = 0; i < segs.n; i++) {
+    const kvdb_segment_info *g = &segs.s[i];
+    uint64_t d = g->bytes > g->live_bytes ? g->bytes - g->live_bytes : 0;
+    if (!g->sealed)
+      left_open += d;
+    else if (d > 0) {
+      left_sealed += d;
+      n_left++;
+    }
+  }
+  double t50 = thr_for(&segs, 0.5), t100 = thr_for(&segs, 1.0);
+  comp_at next = comp_plan(&segs, -1, t100 > 0 ? t100 : 1.0);
+  free(segs.s);
   if (c->json) {
     jw *j = &r.j;
     jw_num(j, "threshold", eff);
+    jw_u64(j, "dead_bytes_left_sealed", left_sealed);
+    jw_u64(j, "dead_bytes_left_open", left_open);
+    jw_u64(j, "segments_left_with_dead_bytes", n_left);
+    jw_num(j, "threshold_for_half_the_dead_bytes", t50);
+    jw_num(j, "threshold_for_all_the_dead_bytes", t100);
+    jw_u64(j, "bytes_reclaimable_at_that_threshold", next.reclaim);
+    jw_u64(j, "bytes_moved_at_that_threshold", next.moved);
     jw_u64(j, "segments_rewritten", rep.segments_rewritten);
     jw_u64(j, "blocks_moved", rep.blocks_moved);
     jw_u64(j, "bytes_moved", rep.bytes_moved);
@@ -858,6 +1062,13 @@ static int cmd_compact(const cli *c)
             fmt_size(before.segment_file_bytes, b, sizeof b),
             fmt_size(after.segment_file_bytes, b2, sizeof b2), before.n_segments,
             after.n_segments);
+    kv_line("dead bytes left", "%s in %" PRIu64 " sealed segments (each at least %.1f%% live), "
+            "%s in open segments (compacted once sealed)", fmt_size(left_sealed, b, sizeof b),
+            n_left, eff * 100.0, fmt_size(left_open, b2, sizeof b2));
+    if (t100 > 0)
+      kv_line("to reclaim them", "--threshold %.3g reclaims %s (moving %s); --threshold %.3g "
+              "half of it", t100, fmt_size(next.reclaim, b, sizeof b),
+              fmt_size(next.moved, b2, sizeof b2), t50);
   }
   return finish(&r, EXIT_OKAY);
 }
