@@ -123,6 +123,7 @@ int bench_score(const bench_env *env, bench_json *j);
 int bench_prefix(const bench_env *env, bench_json *j);
 int bench_policy(const bench_env *env, bench_json *j);
 int bench_policy_puts(const bench_env *env, bench_json *j); /* part of policy */
+int bench_llama(const bench_env *env, bench_json *j);
 
 /* ---- files, memory, page cache ------------------------------------------------------------ */
 

@@ -39,6 +39,8 @@ static const bench_cmd CMDS[] = {
    "tokens/s", bench_prefix},
   {"policy", "EvicPress placement vs LRU and fixed compression + LRU on a trace (measured tiers, "
    "real-KV profiles)", bench_policy},
+  {"llama", "kvdb as llama.cpp's prefix cache (SmolLM2-135M): TTFT at 25-99% hit, the Python "
+   "package's put/get vs the C API", bench_llama},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

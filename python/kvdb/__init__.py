@@ -32,7 +32,7 @@ from ._lib import lib
 __all__ = ["open", "DB", "Model", "Status", "Error", "InvalidError", "NotFoundError",
            "MisuseError", "NoMemError", "FullError", "BusyError", "IOError_", "CorruptError",
            "VersionError", "UnsupportedError", "MismatchError", "ReadOnlyError", "PanicError",
-           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "version", "library_path"]
+           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "version", "library_path", "empty"]
 
 
 class Status(enum.IntEnum):
@@ -113,6 +113,17 @@ def version() -> str:
     """The library's version, e.g. "0.1.0"."""
     n = lib.kvdb_version_number()
     return f"{n // 10000}.{n // 100 % 100}.{n % 100}"
+
+
+def empty(shape: Any, dtype: Any = np.float16, align: int = 4096) -> np.ndarray:
+    """An uninitialized numpy array whose data starts on an `align`-byte boundary (default a
+    4 KiB page): kvdb reads O_DIRECT pages straight into page-aligned caller memory, and
+    through a bounce buffer otherwise."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n].view(dt).reshape(shape)
 
 
 def library_path() -> Optional[str]:

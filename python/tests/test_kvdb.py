@@ -3,6 +3,7 @@
 transposed tensors, errors as exceptions, two threads on one handle, torch tensors."""
 import ctypes
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -44,8 +45,7 @@ def llama_vt(n, model=M):
     ks = [np.zeros((n, model.n_kv_heads * model.head_dim), np.float16) for _ in range(model.n_layers)]
     vs = [np.zeros((model.n_kv_heads * model.head_dim, n), np.float16) for _ in range(model.n_layers)]
     kv = [a.reshape(n, model.n_kv_heads, model.head_dim) for a in ks]
-    vv = [a.T.reshape(n, model.n_kv_heads, model.head_dim) if False else
-          a.reshape(model.n_kv_heads, model.head_dim, n).transpose(2, 0, 1) for a in vs]
+    vv = [a.reshape(model.n_kv_heads, model.head_dim, n).transpose(2, 0, 1) for a in vs]
     return (ks, vs), kv, vv
 
 
@@ -230,13 +230,10 @@ def test_gil_released_during_calls(tmp_path):
 
         def writer():
             started.set()
-            t0 = threading.get_ident()  # noqa: F841
-            import time
             a = time.perf_counter()
             d.put(big, toks(n), k, k)
             window.append((a, time.perf_counter()))
 
-        import time
         th = threading.Thread(target=writer)
         ticks = []
         th.start()
