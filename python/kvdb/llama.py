@@ -220,9 +220,10 @@ def parse_seq_state(buf: np.ndarray, shape: KVShape) -> SeqState:
 
 
 def state_size(n: int, shape: KVShape, v_trans: bool) -> int:
-    vh = 16 if v_trans else 12
-    return 16 + 12 * n + 8 + shape.n_layer * (12 + n * shape.n_embd_gqa * 2) \
-        + shape.n_layer * (vh + n * shape.n_embd_gqa * 2)
+    """Bytes of a sequence's state of n cells: the header, the cells, then per layer a 12-byte
+    K header (i32 type, u64 row size) and the rows, per layer a 12-byte V header (i32 type and
+    u64 row size, or i32 type, u32 element size and u32 n_embd_v_gqa) and the V data."""
+    return 16 + 12 * n + 8 + 2 * shape.n_layer * (12 + n * shape.n_embd_gqa * 2)
 
 
 def build_seq_state(n: int, shape: KVShape, v_trans: bool, seq_id: int = 0) -> SeqState:
