@@ -39,7 +39,7 @@ QUESTIONS_NEW = ["What is the mood of the text?", "Give the text a short title."
                  "What happens first in the text?"]
 FOLLOW_UP = "Explain your answer in more detail."
 SYSTEM = "You are a helpful assistant. Answer questions about the text the user gives."
-GEN_TOKENS = 12
+GEN_TOKENS = 8
 
 
 def corpus_dir() -> Optional[Path]:
@@ -69,6 +69,7 @@ class Prompts:
     """Token lists of the documents' shared prefixes and of the question suffixes."""
 
     def __init__(self, llm: kl.Llama, chars: int = 1600):
+        """Documents of about `chars` characters each (1,600: 270-450 tokens)."""
         cdir = corpus_dir()
         if cdir is None:
             raise FileNotFoundError("the Canterbury corpus (../shared/corpora/canterbury) was not "
@@ -118,9 +119,10 @@ def cmd_ingest(args) -> int:
     if states:
         states.mkdir(parents=True, exist_ok=True)
     manifest = []
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     with kvdb.open(args.db) as db:
         cache = kl.LlamaPrefixCache(db, llm)
-        P = Prompts(llm)
+        P = Prompts(llm, args.chars)
 
         def keep(tokens: List[int]) -> None:
             cache.store(tokens)
@@ -174,7 +176,7 @@ def cmd_ask(args) -> int:
     """Process 2: new questions about the stored documents, each answered from kvdb and by a
     full prefill: hit tokens, both TTFTs, identical answers."""
     llm = open_llm()
-    P = Prompts(llm)
+    P = Prompts(llm, args.chars)
     rows = []
     with kvdb.open(args.db) as db:
         cache = kl.LlamaPrefixCache(db, llm)
@@ -203,8 +205,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = sub.add_parser("ingest")
     a.add_argument("db")
     a.add_argument("--states")
+    a.add_argument("--chars", type=int, default=1600)
     a = sub.add_parser("ask")
     a.add_argument("db")
+    a.add_argument("--chars", type=int, default=1600)
     a = sub.add_parser("bench")
     a.add_argument("--quick", action="store_true")
     a.add_argument("--json", action="store_true")
