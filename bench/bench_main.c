@@ -45,6 +45,8 @@ static const bench_cmd CMDS[] = {
    "step times", bench_background},
   {"growth", "put, lookup, compact, verify and catalog size from 10k to 1M blocks (tiny model); "
    "catalog size over delete-and-compact cycles", bench_growth},
+  {"llama", "kvdb as llama.cpp's prefix cache (SmolLM2-135M): TTFT at 25-99% hit, the Python "
+   "package's put/get vs the C API", bench_llama},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

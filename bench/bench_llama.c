@@ -1,0 +1,239 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_llama.c — kvdb-bench llama: kvdb as llama.cpp's prefix cache (SmolLM2-135M
+ * through llama-cpp-python) and the Python package against the C API.
+ *
+ * First the C API's put and get throughput on SmolLM2-shaped KV (30 layers, 3 KV heads,
+ * head_dim 64, f16, 64-token blocks; contexts of 1,024 tokens in the packed LKTHD layout;
+ * 12 contexts = 283 MB, --quick 4), durable puts, the DRAM tier off; the best of two puts (into
+ * fresh databases) and of three get passes. The bytes of element i of context c are ((i * 2654435761 + c * 40503) >> 7) & 0x3BFF
+ * as f16 bits: python/kvdb/llama_bench.py makes the same ones. Then it hands over to that
+ * script (the repository's .venv/bin/python, or $KVDB_PYTHON, with KVDB_LIB naming this build's
+ * libkvdb.so), which measures the same put/get through numpy views -- C and Python rounds
+ * alternate, 3 each (--quick 2), the best of each side kept: py_put_vs_c, py_get_vs_c -- and
+ * then the TTFT curve with llama.cpp (ttft_ratio_hit25..99, continuations_identical,
+ * n_prompts); its '@json NAME VALUE' lines become fields of this JSON line. Without the virtual
+ * environment the Python part is reported as skipped (llama_skipped) and the C figures stay.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kvdb.h"
+
+#ifndef BENCH_SOURCE_ROOT
+#define BENCH_SOURCE_ROOT "."
+#endif
+#ifndef BENCH_LIBKVDB
+#define BENCH_LIBKVDB ""
+#endif
+
+#define LL_TOKENS 1024
+
+static void fill_pattern(uint16_t *p, size_t n, uint64_t c)
+{
+  for (size_t i = 0; i < n; i++)
+    p[i] = (uint16_t)((((uint64_t)i * 2654435761u + c * 40503u) >> 7) & 0x3BFF);
+}
+
+static int c_put_get(const bench_env *env, size_t n_ctx, int round, double *put_gbps,
+                     double *get_gbps)
+{
+  kvdb_model m = {"bench-llama-smollm2", 30, 3, 64, KVDB_F16, 64, 0};
+  size_t bytes = LL_TOKENS * kvdb_model_token_bytes(&m);
+  uint16_t **bufs = calloc(n_ctx, sizeof *bufs);
+  uint16_t *out = bench_alloc(bytes);
+  uint32_t *toks = malloc(LL_TOKENS * sizeof *toks);
+  int rc = 1;
+  kvdb *db = NULL;
+  if (bufs == NULL || out == NULL || toks == NULL)
+    goto done;
+  for (size_t c = 0; c < n_ctx; c++) {
+    if ((bufs[c] = bench_alloc(bytes)) == NULL)
+      goto done;
+    fill_pattern(bufs[c], bytes / 2, c);
+  }
+  /* puts: the best of two fresh databases; gets: the best of three passes over the second */
+  uint64_t put_ns = UINT64_MAX, get_ns = UINT64_MAX, t0;
+  for (int rep = 0; rep < 2; rep++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/c-putget%d-%d", env->dir, round, rep);
+    kvdb_options o;
+    kvdb_options_init(&o);
+    o.dram_bytes = 0;
+    kvdb_close(db);
+    db = NULL;
+    if (kvdb_open(path, &o, &db) != KVDB_OK) {
+      bench_log("kvdb_open %s: %s", path, kvdb_errmsg());
+      goto done;
+    }
+    t0 = bench_now_ns();
+    for (size_t c = 0; c < n_ctx; c++) {
+      kvdb_kv_view v;
+      for (uint32_t t = 0; t < LL_TOKENS; t++)
+        toks[t] = (uint32_t)(c * 100000 + t);
+      kvdb_kv_view_packed(&v, bufs[c], &m, LL_TOKENS, KVDB_LAYOUT_LKTHD);
+      if (kvdb_put(db, &m, toks, LL_TOKENS, &v, NULL) != KVDB_OK) {
+        bench_log("kvdb_put: %s", kvdb_errmsg());
+        goto done;
+      }
+    }
+    uint64_t ns = bench_now_ns() - t0;
+    if (ns < put_ns)
+      put_ns = ns;
+  }
+  /* the gets through a fresh handle on the second database, as the script does */
+  {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/c-putget%d-1", env->dir, round);
+    kvdb_options o;
+    kvdb_options_init(&o);
+    o.dram_bytes = 0;
+    kvdb_close(db);
+    db = NULL;
+    if (kvdb_open(path, &o, &db) != KVDB_OK) {
+      bench_log("kvdb_open %s: %s", path, kvdb_errmsg());
+      goto done;
+    }
+  }
+  for (int pass = 0; pass < 3; pass++) {
+    t0 = bench_now_ns();
+    for (size_t c = 0; c < n_ctx; c++) {
+      kvdb_kv_view v;
+      size_t hit = 0;
+      for (uint32_t t = 0; t < LL_TOKENS; t++)
+        toks[t] = (uint32_t)(c * 100000 + t);
+      kvdb_kv_view_packed(&v, out, &m, LL_TOKENS, KVDB_LAYOUT_LKTHD);
+      if (kvdb_get(db, &m, toks, LL_TOKENS, &v, &hit) != KVDB_OK || hit != LL_TOKENS) {
+        bench_log("kvdb_get: hit %zu: %s", hit, kvdb_errmsg());
+        goto done;
+      }
+    }
+    uint64_t ns = bench_now_ns() - t0;
+    if (ns < get_ns)
+      get_ns = ns;
+  }
+  if (memcmp(out, bufs[n_ctx - 1], bytes) != 0) {
+    bench_log("the KV read back differs");
+    goto done;
+  }
+  *put_gbps = bench_gbps(n_ctx * bytes, put_ns);
+  *get_gbps = bench_gbps(n_ctx * bytes, get_ns);
+  fprintf(env->out, "C API put/get: %.0f MB, put %.3f GB/s, get %.3f GB/s\n",
+          (double)(n_ctx * bytes) / 1e6, *put_gbps, *get_gbps);
+  fflush(env->out);
+  rc = 0;
+done:
+  kvdb_close(db);
+  if (bufs != NULL)
+    for (size_t c = 0; c < n_ctx; c++)
+      bench_free(bufs[c]);
+  free(bufs);
+  bench_free(out);
+  free(toks);
+  return rc;
+}
+
+/* One '@json NAME VALUE' line of the script: VALUE is a JSON number, true/false or a string.
+ * The figures named py_put_gbps and py_get_gbps go to *put / *get instead (the best is kept). */
+static void take_field(bench_json *j, char *line, double *put, double *get)
+{
+  char *name = line + 6, *val = strchr(name, ' ');
+  if (val == NULL)
+    return;
+  *val++ = 0;
+  val[strcspn(val, "\n")] = 0;
+  if (strcmp(name, "py_put_gbps") == 0 || strcmp(name, "py_get_gbps") == 0) {
+    double *d = name[3] == 'p' ? put : get, x = strtod(val, NULL);
+    if (x > *d)
+      *d = x;
+  } else if (strcmp(val, "true") == 0 || strcmp(val, "false") == 0) {
+    bench_json_bool(j, name, val[0] == 't');
+  } else if (val[0] == '"') {
+    size_t n = strlen(val);
+    if (n >= 2 && val[n - 1] == '"')
+      val[n - 1] = 0;
+    bench_json_str(j, name, val + 1);
+  } else {
+    bench_json_num(j, name, strtod(val, NULL));
+  }
+}
+
+/* Run the script's part `part` ("putget" or "ttft"), echoing its report and taking its fields. */
+static int run_py(const bench_env *env, bench_json *j, const char *py, const char *part, int round,
+                  double *put, double *get)
+{
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "'%s' -m kvdb.llama_run bench --json --part %s --dir '%s/py%d'%s", py,
+           part, env->dir, round, env->quick ? " --quick" : "");
+  fflush(env->out);
+  FILE *p = popen(cmd, "r");
+  if (p == NULL) {
+    bench_log("cannot run %s", py);
+    return 1;
+  }
+  char line[4096];
+  while (fgets(line, sizeof line, p) != NULL) {
+    if (strncmp(line, "@json ", 6) == 0)
+      take_field(j, line, put, get);
+    else
+      fputs(line, env->out);
+  }
+  int st = pclose(p);
+  if (st != 0) {
+    bench_log("the Python part (%s) failed (status %d)", cmd, st);
+    return 1;
+  }
+  return 0;
+}
+
+int bench_llama(const bench_env *env, bench_json *j)
+{
+  const char *py = getenv("KVDB_PYTHON");
+  char pybuf[4096];
+  if (py == NULL || py[0] == 0) {
+    snprintf(pybuf, sizeof pybuf, "%s/.venv/bin/python", BENCH_SOURCE_ROOT);
+    py = pybuf;
+  }
+  int have_py = access(py, X_OK) == 0;
+  if (getenv("KVDB_LIB") == NULL)
+    setenv("KVDB_LIB", BENCH_LIBKVDB, 1);
+  setenv("KVDB_BENCH_FIELDS", "1", 1);
+
+  /* C and Python put/get in alternating rounds (this machine's disk is shared: the best of each
+   * side over the rounds) */
+  double c_put = 0, c_get = 0, py_put = 0, py_get = 0;
+  size_t n_ctx = env->quick ? 4 : 12;
+  int rounds = env->quick ? 2 : 3;
+  for (int r = 0; r < rounds; r++) {
+    double p = 0, g = 0;
+    if (c_put_get(env, n_ctx, r, &p, &g) != 0)
+      return 1;
+    if (p > c_put)
+      c_put = p;
+    if (g > c_get)
+      c_get = g;
+    if (have_py && run_py(env, j, py, "putget", r, &py_put, &py_get) != 0)
+      return 1;
+  }
+  bench_json_num(j, "c_put_gbps", c_put);
+  bench_json_num(j, "c_get_gbps", c_get);
+  if (!have_py) {
+    fprintf(env->out, "Python part skipped: no %s (./setup.sh makes the .venv; it needs PyPI)\n",
+            py);
+    bench_json_str(j, "llama_skipped", "no .venv");
+    return 0;
+  }
+  bench_json_num(j, "py_put_gbps", py_put);
+  bench_json_num(j, "py_get_gbps", py_get);
+  bench_json_num(j, "py_put_vs_c", bench_ratio(py_put, c_put));
+  bench_json_num(j, "py_get_vs_c", bench_ratio(py_get, c_get));
+  fprintf(env->out, "put/get of %zu MB, best of %d alternating rounds: C put %.3f GB/s, get %.3f; "
+          "Python put %.3f (%.3fx C), get %.3f (%.3fx C)\n",
+          n_ctx * LL_TOKENS * 23040 / 1000000, rounds, c_put, c_get, py_put,
+          bench_ratio(py_put, c_put), py_get, bench_ratio(py_get, c_get));
+  return run_py(env, j, py, "ttft", 0, &py_put, &py_get);
+}

@@ -1,0 +1,620 @@
+# SPDX-License-Identifier: MIT
+"""kvdb for Python: the embeddable, persistent store for LLM KV caches (ctypes over libkvdb).
+
+    import numpy as np, kvdb
+    m = kvdb.Model("my-model", n_layers=30, n_kv_heads=3, head_dim=64, dtype="f16")
+    with kvdb.open("/tmp/db") as db:
+        info = db.put(m, tokens, k, v)          # k, v: [layer][token][head][dim], any strides
+        hit = db.lookup(m, new_tokens)          # leading tokens stored
+        hit = db.get(m, new_tokens, k2, v2)     # copies those tokens' KV into k2, v2
+
+K and V are passed as *views*: any object with numpy's array interface or the buffer protocol,
+or a CPU torch tensor, whose logical shape is (n_layers, n_tokens, n_kv_heads, head_dim) — a
+transposed, sliced or permuted view works as it is (its byte strides become the kvdb_kv_view's
+strides), and nothing is copied. A sequence of n_layers arrays of shape
+(n_tokens, n_kv_heads, head_dim) with equal strides works too (layers in separate allocations,
+as in Hugging Face's past_key_values). Errors raise kvdb.Error subclasses that carry the
+kvdb_status and kvdb's message. The GIL is released during every library call.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _lib
+from ._lib import lib
+
+__all__ = ["open", "DB", "Model", "Status", "Error", "InvalidError", "NotFoundError",
+           "MisuseError", "NoMemError", "FullError", "BusyError", "IOError_", "CorruptError",
+           "VersionError", "UnsupportedError", "MismatchError", "ReadOnlyError", "PanicError",
+           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "version", "library_path", "empty"]
+
+
+class Status(enum.IntEnum):
+    """kvdb_status (values pinned by kvdb.h)."""
+    OK = 0
+    NOTFOUND = 1
+    INVALID = 3
+    MISUSE = 4
+    NOMEM = 5
+    FULL = 6
+    BUSY = 7
+    IOERR = 8
+    CORRUPT = 9
+    VERSION = 10
+    UNSUPPORTED = 11
+    MISMATCH = 12
+    READONLY = 13
+    PANIC = 14
+
+
+class Error(Exception):
+    """A failed kvdb call: `status` (a Status) and `message` (kvdb_errmsg(), naming what was
+    wrong). Subclasses per status; InvalidError is also a ValueError, NotFoundError a
+    LookupError, IOError_ an OSError."""
+
+    status: Status = Status.PANIC
+
+    def __init__(self, status: int, message: str):
+        try:
+            self.status = Status(status)
+        except ValueError:
+            self.status = status  # type: ignore[assignment]
+        self.message = message
+        name = self.status.name if isinstance(self.status, Status) else str(status)
+        super().__init__(f"KVDB_{name}: {message}")
+
+
+class InvalidError(Error, ValueError): pass
+class NotFoundError(Error, LookupError): pass
+class MisuseError(Error): pass
+class NoMemError(Error, MemoryError): pass
+class FullError(Error): pass
+class BusyError(Error): pass
+class IOError_(Error, OSError): pass
+class CorruptError(Error): pass
+class VersionError(Error): pass
+class UnsupportedError(Error): pass
+class MismatchError(Error): pass
+class ReadOnlyError(Error): pass
+class PanicError(Error): pass
+
+
+_ERRORS = {Status.INVALID: InvalidError, Status.NOTFOUND: NotFoundError,
+           Status.MISUSE: MisuseError, Status.NOMEM: NoMemError, Status.FULL: FullError,
+           Status.BUSY: BusyError, Status.IOERR: IOError_, Status.CORRUPT: CorruptError,
+           Status.VERSION: VersionError, Status.UNSUPPORTED: UnsupportedError,
+           Status.MISMATCH: MismatchError, Status.READONLY: ReadOnlyError,
+           Status.PANIC: PanicError}
+
+
+def _raise(rc: int, message: Optional[str] = None) -> None:
+    if message is None:
+        message = (lib.kvdb_errmsg() or b"").decode("utf-8", "replace")
+    cls = _ERRORS.get(rc, Error)  # type: ignore[call-overload]
+    raise cls(rc, message)
+
+
+def _check(rc: int) -> None:
+    if rc != 0:
+        _raise(rc)
+
+
+def _invalid(message: str) -> None:
+    raise InvalidError(Status.INVALID, message)
+
+
+def version() -> str:
+    """The library's version, e.g. "0.1.0"."""
+    n = lib.kvdb_version_number()
+    return f"{n // 10000}.{n // 100 % 100}.{n % 100}"
+
+
+def empty(shape: Any, dtype: Any = np.float16, align: int = 4096) -> np.ndarray:
+    """An uninitialized numpy array whose data starts on an `align`-byte boundary (default a
+    4 KiB page): kvdb reads O_DIRECT pages straight into page-aligned caller memory, and
+    through a bounce buffer otherwise."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n].view(dt).reshape(shape)
+
+
+def library_path() -> Optional[str]:
+    """The path libkvdb was loaded from."""
+    return _lib.path
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+_DTYPES = {"f16": 1, "bf16": 2, "f32": 3}
+_DTYPE_SIZE = {1: 2, 2: 2, 3: 4}
+
+
+@dataclass(frozen=True)
+class Model:
+    """The shape of a model's KV cache (kvdb_model). Everything stored belongs to one
+    fingerprint: id, n_layers, n_kv_heads, head_dim, dtype ("f16", "bf16", "f32"),
+    block_tokens (0 = 256) and score_bits (0, 8 or 4)."""
+    id: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    dtype: str = "f16"
+    block_tokens: int = 0
+    score_bits: int = 0
+
+    def _c(self) -> _lib.Model:
+        if self.dtype not in _DTYPES:
+            _invalid(f"Model.dtype {self.dtype!r}: expected one of {sorted(_DTYPES)}")
+        c = _lib.Model(self.id.encode(), self.n_layers, self.n_kv_heads, self.head_dim,
+                       _DTYPES[self.dtype], self.block_tokens, self.score_bits)
+        return c
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of K and V of one token, all layers and heads (0 if the model is invalid)."""
+        return int(lib.kvdb_model_token_bytes(ctypes.byref(self._c())))
+
+    @property
+    def elem_size(self) -> int:
+        return _DTYPE_SIZE[_DTYPES[self.dtype]]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype of elements (bf16 has none in numpy: uint16, the raw bits)."""
+        return np.dtype({"f16": np.float16, "bf16": np.uint16, "f32": np.float32}[self.dtype])
+
+    def chain_hashes(self, tokens: Any) -> List[bytes]:
+        """The chained block hashes of tokens (no I/O); the last is the context key."""
+        t = _tokens(tokens)
+        bt = self.block_tokens or 256
+        cap = max(1, (len(t) + bt - 1) // bt)
+        keys = (_lib.Key * cap)()
+        _check(lib.kvdb_chain_hashes(ctypes.byref(self._c()), _tok_ptr(t), len(t), keys, cap))
+        return [bytes(k.b) for k in keys[: (len(t) + bt - 1) // bt]]
+
+    def context_key(self, tokens: Any) -> bytes:
+        """The key kvdb_put reports for a context of these tokens."""
+        return self.chain_hashes(tokens)[-1]
+
+
+# ---- arrays as views --------------------------------------------------------------------------
+
+
+def _tokens(tokens: Any) -> np.ndarray:
+    a = np.asarray(tokens)
+    if a.ndim != 1:
+        _invalid(f"tokens: expected a 1-D sequence of token ids, got shape {a.shape}")
+    if a.size and a.dtype.kind not in "iu":
+        _invalid(f"tokens: expected integers, got dtype {a.dtype}")
+    if a.size and a.dtype.kind == "i" and int(a.min()) < 0:
+        _invalid(f"tokens: negative token id {int(a.min())}")
+    if a.size and int(a.max()) > 0xFFFFFFFF:
+        _invalid(f"tokens: token id {int(a.max())} does not fit 32 bits")
+    return np.ascontiguousarray(a, dtype=np.uint32)
+
+
+def _tok_ptr(t: np.ndarray):
+    return t.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+
+
+def _torch_dtype_code(t: Any) -> Optional[int]:
+    name = str(t.dtype)
+    return {"torch.float16": 1, "torch.bfloat16": 2, "torch.float32": 3}.get(name)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "stride")
+
+
+def _array_info(x: Any, what: str, dtype_code: int, writable: bool):
+    """(address, shape, byte strides, keepalive) of an array-like without copying it."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            _invalid(f"{what}: a tensor on {x.device} (kvdb reads and writes host memory: "
+                     "pass a CPU tensor)")
+        code = _torch_dtype_code(x)
+        if code != dtype_code:
+            _invalid(f"{what}: dtype {x.dtype} does not match the model's "
+                     f"{[k for k, v in _DTYPES.items() if v == dtype_code][0]}")
+        es = x.element_size()
+        return x.data_ptr(), tuple(x.shape), tuple(s * es for s in x.stride()), x
+    if isinstance(x, np.ndarray):
+        a = x
+    elif hasattr(x, "__array_interface__") or hasattr(x, "__buffer__") or isinstance(
+            x, (bytes, bytearray, memoryview)):
+        a = np.asarray(x)  # a view of the same memory (array interface / buffer protocol)
+    else:
+        try:
+            memoryview(x)
+        except TypeError:
+            _invalid(f"{what}: expected an array (numpy, torch, array interface or buffer "
+                     f"protocol), got {type(x).__name__}")
+        a = np.asarray(x)
+    if writable and not a.flags.writeable:
+        _invalid(f"{what}: the array is read-only, kvdb writes into it")
+    ok = {1: ("f2", "u2", "i2"), 2: ("u2", "i2", "V2"), 3: ("f4",)}[dtype_code]
+    code = a.dtype.kind + str(a.dtype.itemsize)
+    if a.dtype.name == "bfloat16" and dtype_code == 2:
+        code = "u2"
+    if code not in ok or (a.dtype.itemsize > 1 and a.dtype.byteorder == ">"):
+        _invalid(f"{what}: dtype {a.dtype} does not match the model's "
+                 f"{[k for k, v in _DTYPES.items() if v == dtype_code][0]}")
+    return a.__array_interface__["data"][0], a.shape, a.strides, a
+
+
+def _tensor_view(x: Any, m: Model, n_tokens: int, what: str, writable: bool,
+                 per_layer: bool = True):
+    """A kvdb_tensor_view of x, logical shape (n_layers, >= n_tokens, n_kv_heads, head_dim), or
+    a sequence of n_layers arrays (>= n_tokens, n_kv_heads, head_dim) with equal strides.
+    With per_layer False (kvdb_get_tokens) x has shape (>= n_tokens, n_kv_heads, head_dim)."""
+    code = _DTYPES[m.dtype]
+    tv = _lib.TensorView()
+    keep: List[Any] = []
+    want = (m.n_kv_heads, m.head_dim)
+    if not per_layer or isinstance(x, (list, tuple)):
+        arrs = [x] if not per_layer else list(x)
+        if per_layer and len(arrs) != m.n_layers:
+            _invalid(f"{what}: {len(arrs)} layer arrays for a model of {m.n_layers} layers")
+        ptrs = (ctypes.c_void_p * max(1, len(arrs)))()
+        strides0 = None
+        for i, xi in enumerate(arrs):
+            p, shape, strides, ka = _array_info(xi, f"{what}[{i}]" if per_layer else what,
+                                                code, writable)
+            keep.append(ka)
+            if len(shape) != 3 or shape[0] < n_tokens or tuple(shape[1:]) != want:
+                _invalid(f"{what}: shape {tuple(shape)}, expected ({n_tokens} or more, "
+                         f"{want[0]}, {want[1]}) (token, head, dim)")
+            if strides0 is None:
+                strides0 = strides
+            elif tuple(strides) != tuple(strides0):
+                _invalid(f"{what}: layer {i} has strides {strides}, layer 0 {strides0}: "
+                         "the layers of a view share their strides")
+            ptrs[i] = p
+        assert strides0 is not None
+        if per_layer:
+            tv.layer_bases = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+            keep.append(ptrs)
+        else:
+            tv.base = ptrs[0]
+        tv.token_stride, tv.head_stride, tv.dim_stride = strides0
+    else:
+        p, shape, strides, ka = _array_info(x, what, code, writable)
+        keep.append(ka)
+        if (len(shape) != 4 or shape[0] != m.n_layers or shape[1] < n_tokens
+                or tuple(shape[2:]) != want):
+            _invalid(f"{what}: shape {tuple(shape)}, expected ({m.n_layers}, {n_tokens} or more, "
+                     f"{want[0]}, {want[1]}) (layer, token, head, dim)")
+        tv.base = p
+        tv.layer_stride, tv.token_stride, tv.head_stride, tv.dim_stride = strides
+    if tv.dim_stride == 0 and m.head_dim > 1:
+        _invalid(f"{what}: dim stride 0 (a broadcast array) cannot be stored as a view; "
+                 "copy it first")
+    return tv, keep
+
+
+def _kv_view(k: Any, v: Any, m: Model, n: int, writable: bool, per_layer: bool = True):
+    kv = _lib.KVView()
+    kv.k, keep_k = _tensor_view(k, m, n, "k", writable, per_layer)
+    kv.v, keep_v = _tensor_view(v, m, n, "v", writable, per_layer)
+    return kv, (keep_k, keep_v)
+
+
+def _key(key: Union[bytes, str, "ContextInfo", "PutInfo"]) -> _lib.Key:
+    if isinstance(key, (ContextInfo, PutInfo)):
+        key = key.context if isinstance(key, PutInfo) else key.key
+    if isinstance(key, str):
+        try:
+            key = bytes.fromhex(key)
+        except ValueError:
+            _invalid(f"key {key!r}: expected 32 hex digits")
+    if not isinstance(key, (bytes, bytearray)) or len(key) != 16:
+        _invalid(f"key: expected 16 bytes or 32 hex digits, got {key!r}")
+    k = _lib.Key()
+    ctypes.memmove(k.b, bytes(key), 16)
+    return k
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PutInfo:
+    """What a put did (kvdb_put_info)."""
+    context: bytes
+    n_blocks: int
+    blocks_written: int
+    blocks_shared: int
+    bytes_written: int
+
+
+_CONFIG_NAMES = ("raw", "lossless", "quant", "drop")
+
+
+@dataclass(frozen=True)
+class ContextInfo:
+    """One stored context (kvdb_context_info)."""
+    key: bytes
+    model_id: str
+    n_tokens: int
+    n_blocks: int
+    explicit_key: bool
+    bytes: int
+    created_unix_ms: int
+    last_access_unix_ms: int
+    in_dram_blocks: int
+    tier: int
+    config: str
+    score_bits: int
+
+    @staticmethod
+    def _of(c: _lib.ContextInfo) -> "ContextInfo":
+        buf = ctypes.create_string_buffer(64)
+        name = lib.kvdb_config_name(ctypes.byref(c.config), buf, 64).decode()
+        return ContextInfo(bytes(c.key.b), c.model_id.decode("utf-8", "replace"), c.n_tokens,
+                           c.n_blocks, bool(c.explicit_key), c.bytes, c.created_unix_ms,
+                           c.last_access_unix_ms, c.in_dram_blocks, c.tier, name, c.score_bits)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Database statistics (kvdb_stats); `tiers` has DRAM, SSD, SmartSSD dicts."""
+    format_version: int
+    n_models: int
+    n_contexts: int
+    n_blocks: int
+    n_segments: int
+    segment_file_bytes: int
+    live_bytes: int
+    catalog_bytes: int
+    corrupt_blocks: int
+    bytes_read: int
+    bytes_written: int
+    direct_io: bool
+    io_uring: bool
+    tiers: Tuple[dict, ...]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What kvdb_verify checked and the problems it found (status name, message)."""
+    blocks_checked: int
+    bytes_checked: int
+    contexts_checked: int
+    segments_checked: int
+    problems: List[Tuple[str, str]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# ---- the database -----------------------------------------------------------------------------
+
+_OPTION_ENUMS = {
+    "sync_mode": {"full": 0, "none": 1},
+    "placement": {"off": 0, "evicpress": 1, "per_byte": 2},
+}
+
+
+class DB:
+    """An open kvdb database (a kvdb handle). Use kvdb.open(); close() or a `with` block ends
+    it. One DB may be used from any number of threads at once (the library's handle is)."""
+
+    def __init__(self, path: str, **options: Any):
+        opt = _lib.out_struct(_lib.Options)
+        lib.kvdb_options_init(ctypes.byref(opt))
+        self._keep: List[Any] = []
+        names = {f[0] for f in _lib.Options._fields_} - {"struct_size", "log_fn", "log_ctx"}
+        for name, value in options.items():
+            if name == "create":
+                opt.flags = (opt.flags | 1) if value else (opt.flags & ~1)
+            elif name == "readonly":
+                opt.flags = (opt.flags | 2) if value else (opt.flags & ~2)
+            elif name in ("sync", "sync_mode", "placement"):
+                key = "sync_mode" if name == "sync" else name
+                if isinstance(value, str):
+                    if value not in _OPTION_ENUMS[key]:
+                        _invalid(f"option {name}={value!r}: expected one of "
+                                 f"{sorted(_OPTION_ENUMS[key])}")
+                    value = _OPTION_ENUMS[key][value]
+                setattr(opt, key, int(value))
+            elif name == "smartssd_dir":
+                b = None if value is None else str(value).encode()
+                self._keep.append(b)
+                opt.smartssd_dir = b
+            elif name in names:
+                setattr(opt, name, type(getattr(opt, name))(value))
+            else:
+                raise TypeError(f"kvdb.open: unknown option {name!r} (known: create, readonly, "
+                                f"sync, {', '.join(sorted(names - {'flags'}))})")
+        h = ctypes.c_void_p()
+        self.path = str(path)
+        _check(lib.kvdb_open(self.path.encode(), ctypes.byref(opt), ctypes.byref(h)))
+        self._h: Optional[ctypes.c_void_p] = h
+        self._lock = threading.Lock()
+
+    # context manager
+    def __enter__(self) -> "DB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Close the handle (not concurrently with other calls on it). Idempotent."""
+        with self._lock:
+            h, self._h = self._h, None
+        if h:
+            lib.kvdb_close(h)
+
+    @property
+    def _handle(self) -> ctypes.c_void_p:
+        if not self._h:
+            raise MisuseError(Status.MISUSE, "the database is closed")
+        return self._h
+
+    # put / lookup / get
+    def put(self, model: Model, tokens: Any, k: Any, v: Any, *,
+            config: Optional[str] = None) -> PutInfo:
+        """Store the KV of `tokens` as one context. k and v: views of logical shape
+        (n_layers, n_tokens, n_kv_heads, head_dim) (see the module's doc); read during the call
+        only. config: a storage config name ("raw", "lossless", "int8", ...; default raw).
+        Returns the PutInfo; raises on any error (then nothing of this put is visible)."""
+        t = _tokens(tokens)
+        if len(t) == 0:
+            _invalid("tokens: empty (a put stores at least one token)")
+        mc = model._c()
+        kv, keep = _kv_view(k, v, model, len(t), writable=False)
+        info = _lib.PutInfo()
+        if config is None:
+            _check(lib.kvdb_put(self._handle, ctypes.byref(mc), _tok_ptr(t), len(t),
+                                ctypes.byref(kv), ctypes.byref(info)))
+        else:
+            po = _lib.out_struct(_lib.PutOpts)
+            lib.kvdb_put_opts_init(ctypes.byref(po))
+            _check(lib.kvdb_config_parse(str(config).encode(), ctypes.byref(po.config)))
+            _check(lib.kvdb_put_ex(self._handle, ctypes.byref(mc), _tok_ptr(t), len(t),
+                                   ctypes.byref(kv), ctypes.byref(po), ctypes.byref(info)))
+        del keep
+        return PutInfo(bytes(info.context.b), info.n_blocks, info.blocks_written,
+                       info.blocks_shared, info.bytes_written)
+
+    def lookup(self, model: Model, tokens: Any) -> int:
+        """How many leading tokens of `tokens` are stored (verified token by token)."""
+        t = _tokens(tokens)
+        hit = ctypes.c_size_t()
+        _check(lib.kvdb_lookup(self._handle, ctypes.byref(model._c()), _tok_ptr(t), len(t),
+                               ctypes.byref(hit)))
+        return hit.value
+
+    def get(self, model: Model, tokens: Any, k: Any, v: Any) -> int:
+        """Copy the KV of the longest stored prefix of `tokens` into the views k and v (room for
+        len(tokens) tokens, logical shape (n_layers, n_tokens, n_kv_heads, head_dim)).
+        Returns the hit: tokens [0, hit) were written; the rest are unspecified."""
+        t = _tokens(tokens)
+        kv, keep = _kv_view(k, v, model, len(t), writable=True)
+        hit = ctypes.c_size_t()
+        _check(lib.kvdb_get(self._handle, ctypes.byref(model._c()), _tok_ptr(t), len(t),
+                            ctypes.byref(kv), ctypes.byref(hit)))
+        del keep
+        return hit.value
+
+    def get_tokens(self, model: Model, context: Any, layer: int, positions: Any,
+                   k: Any, v: Any) -> None:
+        """K and V of chosen positions of one layer of a stored context, all KV heads: k and v
+        have shape (len(positions), n_kv_heads, head_dim), any strides; row i receives
+        position positions[i]."""
+        pos = _tokens(positions)
+        ck = _key(context)
+        kv, keep = _kv_view(k, v, model, len(pos), writable=True, per_layer=False)
+        _check(lib.kvdb_get_tokens(self._handle, ctypes.byref(model._c()), ctypes.byref(ck),
+                                   int(layer), _tok_ptr(pos), len(pos), ctypes.byref(kv)))
+        del keep
+
+    def delete(self, context: Any) -> None:
+        """Remove a context (key: 16 bytes, 32 hex digits, a PutInfo or a ContextInfo).
+        Raises NotFoundError when it is not stored."""
+        ck = _key(context)
+        _check(lib.kvdb_delete(self._handle, ctypes.byref(ck)))
+
+    def score(self, model: Model, context: Any, layer: int, kv_head: int, q: Any,
+              k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """The top k positions of a stored context for query vector q (head_dim elements of
+        f32, or of the model's dtype) against one layer and KV head: (positions uint32,
+        scores float32), best first. Needs a model with score_bits 8 or 4."""
+        ck = _key(context)
+        qa = np.ascontiguousarray(q)
+        if qa.ndim != 1 or qa.shape[0] != model.head_dim:
+            _invalid(f"q: shape {qa.shape}, expected ({model.head_dim},)")
+        qcode = {"float32": 3, "float16": 1}.get(qa.dtype.name)
+        if qcode is None:
+            qa = qa.astype(np.float32)
+            qcode = 3
+        positions = np.empty(max(0, int(k)), np.uint32)
+        scores = np.empty(max(0, int(k)), np.float32)
+        _check(lib.kvdb_score(self._handle, ctypes.byref(model._c()), ctypes.byref(ck),
+                              int(layer), int(kv_head), qa.ctypes.data, qcode, int(k),
+                              positions.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)),
+                              scores.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
+        return positions, scores
+
+    # inspection
+    def context_stat(self, context: Any) -> ContextInfo:
+        """Information about one context; NotFoundError when absent."""
+        ck = _key(context)
+        ci = _lib.out_struct(_lib.ContextInfo)
+        _check(lib.kvdb_context_stat(self._handle, ctypes.byref(ck), ctypes.byref(ci)))
+        return ContextInfo._of(ci)
+
+    def iterate(self) -> Iterator[ContextInfo]:
+        """Every stored context in key order (a snapshot taken at the first next())."""
+        it = ctypes.c_void_p()
+        _check(lib.kvdb_iter_open(self._handle, ctypes.byref(it)))
+        try:
+            while True:
+                ci = _lib.out_struct(_lib.ContextInfo)
+                rc = lib.kvdb_iter_next(it, ctypes.byref(ci))
+                if rc == Status.NOTFOUND:
+                    return
+                _check(rc)
+                yield ContextInfo._of(ci)
+        finally:
+            lib.kvdb_iter_close(it)
+
+    def stat(self) -> Stats:
+        """Database statistics."""
+        s = _lib.out_struct(_lib.Stats)
+        _check(lib.kvdb_stat(self._handle, ctypes.byref(s)))
+        tiers = tuple({f: getattr(t, f) for f, _ in _lib.TierStats._fields_} for t in s.tier)
+        return Stats(s.format_version, s.n_models, s.n_contexts, s.n_blocks, s.n_segments,
+                     s.segment_file_bytes, s.live_bytes, s.catalog_bytes, s.corrupt_blocks,
+                     s.bytes_read, s.bytes_written, bool(s.direct_io), bool(s.io_uring), tiers)
+
+    def verify(self, raise_on_problem: bool = False) -> VerifyReport:
+        """Read every block and check every checksum and the catalog. Returns the report with
+        the problems found (raise_on_problem: raise CorruptError instead when there are any);
+        raises for an error that stopped the check."""
+        problems: List[Tuple[str, str]] = []
+
+        def on_problem(_ctx, p):
+            st = p.contents.status
+            problems.append((Status(st).name if st in Status._value2member_map_ else str(st),
+                             (p.contents.message or b"").decode("utf-8", "replace")))
+
+        cb = _lib.PROBLEM_FN(on_problem)
+        rep = _lib.out_struct(_lib.VerifyReport)
+        rc = lib.kvdb_verify(self._handle, cb, _lib.PROGRESS_FN(), None, ctypes.byref(rep))
+        if rc not in (0, Status.CORRUPT) or (rc == Status.CORRUPT and not problems):
+            _check(rc)
+        if problems and raise_on_problem:
+            _raise(Status.CORRUPT, "; ".join(m for _, m in problems))
+        return VerifyReport(rep.blocks_checked, rep.bytes_checked, rep.contexts_checked,
+                            rep.segments_checked, problems)
+
+
+def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A001
+    """Open (and by default create) the database in directory `path`; use as a context manager.
+
+    Options (kvdb_options fields): create (default True), readonly, dram_bytes, ssd_bytes,
+    sync ("full" default, or "none"), segment_bytes, catalog_map_bytes, use_direct_io,
+    use_io_uring, log_level, smartssd_dir, smartssd_bytes, placement ("off", "evicpress",
+    "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
+    placement_slack_pct. An unknown option is a TypeError; a bad value raises InvalidError."""
+    return DB(str(path), **options)
+
+
+import os  # noqa: E402  (used in the annotation above)

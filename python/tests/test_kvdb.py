@@ -1,0 +1,292 @@
+# SPDX-License-Identifier: MIT
+"""The kvdb Python package against libkvdb: round trips through three layouts, views of
+transposed tensors, errors as exceptions, two threads on one handle, torch tensors."""
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvdb
+from kvdb import _lib
+
+M = kvdb.Model("py-test", n_layers=3, n_kv_heads=2, head_dim=8, dtype="f16", block_tokens=16)
+
+
+def logical(n, seed=1, model=M):
+    """Reference K and V, shape (layer, token, head, dim), distinct values."""
+    rng = np.random.default_rng(seed)
+    shape = (model.n_layers, n, model.n_kv_heads, model.head_dim)
+    return (rng.standard_normal(shape).astype(np.float16),
+            rng.standard_normal(shape).astype(np.float16))
+
+
+def toks(n, start=1000):
+    return np.arange(start, start + n, dtype=np.uint32)
+
+
+# The three layouts: each a packed buffer and the logical (layer, token, head, dim) views of it.
+def lkthd(n, model=M):
+    """[layer][K,V][token][head][dim] (vLLM/LMCache-like)."""
+    buf = np.zeros((model.n_layers, 2, n, model.n_kv_heads, model.head_dim), np.float16)
+    return buf, buf[:, 0], buf[:, 1]
+
+
+def lkhtd(n, model=M):
+    """[layer][K,V][head][token][dim] (Hugging Face-like): the views are transposes."""
+    buf = np.zeros((model.n_layers, 2, model.n_kv_heads, n, model.head_dim), np.float16)
+    return buf, buf[:, 0].transpose(0, 2, 1, 3), buf[:, 1].transpose(0, 2, 1, 3)
+
+
+def llama_vt(n, model=M):
+    """llama.cpp-like: per layer a K block [token][head*dim] and a transposed V block
+    [head*dim][token], each layer its own allocation (a list of per-layer views)."""
+    ks = [np.zeros((n, model.n_kv_heads * model.head_dim), np.float16) for _ in range(model.n_layers)]
+    vs = [np.zeros((model.n_kv_heads * model.head_dim, n), np.float16) for _ in range(model.n_layers)]
+    kv = [a.reshape(n, model.n_kv_heads, model.head_dim) for a in ks]
+    vv = [a.reshape(model.n_kv_heads, model.head_dim, n).transpose(2, 0, 1) for a in vs]
+    return (ks, vs), kv, vv
+
+
+LAYOUTS = {"lkthd": lkthd, "lkhtd": lkhtd, "llama_vt": llama_vt}
+
+
+def fill(views_k, views_v, k, v):
+    for l in range(M.n_layers):
+        views_k[l][...] = k[l]
+        views_v[l][...] = v[l]
+
+
+def as_logical(views):
+    return np.stack([np.asarray(x) for x in views])
+
+
+@pytest.fixture
+def db(tmp_path):
+    with kvdb.open(tmp_path / "db", sync="none") as d:
+        yield d
+
+
+@pytest.mark.parametrize("src", sorted(LAYOUTS))
+@pytest.mark.parametrize("dst", sorted(LAYOUTS))
+def test_round_trip_layouts(db, src, dst):
+    n = 40  # two full blocks and a partial one
+    k, v = logical(n)
+    _, sk, sv = LAYOUTS[src](n)
+    fill(sk, sv, k, v)
+    info = db.put(M, toks(n), sk, sv)
+    assert info.n_blocks == 3 and info.context == M.context_key(toks(n))
+    # the views were read in place: no array was copied (they still alias their buffers)
+    for x in (sk if isinstance(sk, list) else [sk]):
+        assert x.base is not None
+    buf, dk, dv = LAYOUTS[dst](n + 5)
+    q = np.concatenate([toks(n), [7, 8, 9, 10, 11]]).astype(np.uint32)
+    assert db.lookup(M, q) == n
+    assert db.get(M, q, dk, dv) == n
+    np.testing.assert_array_equal(as_logical(dk)[:, :n], k)
+    np.testing.assert_array_equal(as_logical(dv)[:, :n], v)
+
+
+def test_prefix_hit_and_token_granularity(db):
+    n = 37
+    k, v = logical(n)
+    _, sk, sv = lkthd(n)
+    fill(sk, sv, k, v)
+    db.put(M, toks(n), sk, sv)
+    q = np.concatenate([toks(21), [1, 2, 3]]).astype(np.uint32)  # diverges inside block 2
+    _, dk, dv = lkhtd(len(q))
+    assert db.get(M, q, dk, dv) == 21
+    np.testing.assert_array_equal(dk[:, :21], k[:, :21])
+    np.testing.assert_array_equal(dv[:, :21], v[:, :21])
+
+
+def test_transposed_view_put_and_get(db):
+    """A tensor stored as (head, dim, layer, token) put through its transpose — negative and
+    non-unit strides included — and read back into a reversed-token view."""
+    n = 20
+    k, v = logical(n)
+    kt = np.ascontiguousarray(k.transpose(2, 3, 0, 1))  # (head, dim, layer, token)
+    vt = np.ascontiguousarray(v.transpose(2, 3, 0, 1))
+    kview = kt.transpose(2, 3, 0, 1)  # back to (layer, token, head, dim): strides only
+    assert not kview.flags.c_contiguous and np.shares_memory(kview, kt)
+    db.put(M, toks(n), kview, vt.transpose(2, 3, 0, 1))
+    out_k = np.zeros((M.n_layers, n, M.n_kv_heads, M.head_dim), np.float16)
+    out_v = np.zeros_like(out_k)
+    rev_k = out_k[:, ::-1]  # negative token stride
+    rev_v = out_v[:, ::-1]
+    assert db.get(M, toks(n)[::-1].copy(), rev_k, rev_v) == 0  # reversed tokens: a miss
+    # get into the reversed views with the right tokens: token i lands at out[:, n-1-i]
+    assert db.get(M, toks(n), rev_k, rev_v) == n
+    np.testing.assert_array_equal(out_k[:, ::-1], k)
+    np.testing.assert_array_equal(out_v[:, ::-1], v)
+
+
+def test_get_tokens_and_iterate_stat_delete_verify(db):
+    n = 33
+    k, v = logical(n)
+    _, sk, sv = lkthd(n)
+    fill(sk, sv, k, v)
+    info = db.put(M, toks(n), sk, sv)
+    pos = [32, 0, 5, 5]
+    ok = np.zeros((M.n_kv_heads, M.head_dim, len(pos)), np.float16).transpose(2, 0, 1)
+    ov = np.zeros((len(pos), M.n_kv_heads, M.head_dim), np.float16)
+    db.get_tokens(M, info.context, 1, pos, ok, ov)
+    np.testing.assert_array_equal(ok, k[1, pos])
+    np.testing.assert_array_equal(ov, v[1, pos])
+    ctxs = list(db.iterate())
+    assert [c.key for c in ctxs] == [info.context]
+    assert ctxs[0].n_tokens == n and ctxs[0].model_id == "py-test" and ctxs[0].config == "raw"
+    assert db.context_stat(info.context.hex()).n_blocks == 3
+    st = db.stat()
+    assert st.n_contexts == 1 and st.n_blocks == 3 and st.format_version >= 1
+    rep = db.verify()
+    assert rep.ok and rep.blocks_checked == 3 and rep.contexts_checked == 1
+    db.delete(info)
+    assert db.lookup(M, toks(n)) == 0
+    with pytest.raises(kvdb.NotFoundError) as e:
+        db.delete(info.context)
+    assert e.value.status == kvdb.Status.NOTFOUND
+
+
+def test_lossless_config_and_persistence(tmp_path):
+    n = 50
+    k, v = logical(n, seed=4)
+    _, sk, sv = lkthd(n)
+    fill(sk, sv, k, v)
+    with kvdb.open(tmp_path / "db") as d:
+        d.put(M, toks(n), sk, sv, config="lossless")
+    with kvdb.open(tmp_path / "db", readonly=True) as d:  # reopened: the put was durable
+        _, dk, dv = lkthd(n)
+        assert d.get(M, toks(n), dk, dv) == n
+        np.testing.assert_array_equal(dk, k)
+        assert next(d.iterate()).config.startswith("lossless")
+        with pytest.raises(kvdb.ReadOnlyError) as e:
+            d.put(M, toks(n, 5), sk, sv)
+        assert e.value.status == kvdb.Status.READONLY and e.value.message
+
+
+def test_score(db):
+    ms = kvdb.Model("py-score", 2, 2, 16, "f16", block_tokens=16, score_bits=8)
+    n = 48
+    k, v = logical(n, seed=9, model=ms)
+    info = db.put(ms, toks(n), k, v)
+    q = k[1, 17, 0].astype(np.float32)
+    pos, sc = db.score(ms, info.context, 1, 0, q, 5)
+    assert len(pos) == 5 and np.all(np.diff(sc) <= 0)
+    exact = k[1, :, 0].astype(np.float32) @ q
+    assert pos[0] == int(np.argmax(exact))
+
+
+def test_errors_are_exceptions(db, tmp_path):
+    n = 16
+    k, v = logical(n)
+    # wrong shape: named by the package before the call
+    with pytest.raises(kvdb.InvalidError, match=r"k: shape"):
+        db.put(M, toks(n), k[:, :, :1], v)
+    # wrong dtype
+    with pytest.raises(kvdb.InvalidError, match="dtype float32"):
+        db.put(M, toks(n), k.astype(np.float32), v)
+    # a read-only output
+    ro = np.zeros_like(k)
+    ro.flags.writeable = False
+    with pytest.raises(kvdb.InvalidError, match="read-only"):
+        db.get(M, toks(n), ro, np.zeros_like(v))
+    # from the library: the model's id is stored with another shape -> KVDB_MISMATCH + message
+    db.put(M, toks(n), k, v)
+    other = kvdb.Model("py-test", n_layers=3, n_kv_heads=2, head_dim=8, dtype="f32",
+                       block_tokens=16)
+    with pytest.raises(kvdb.MismatchError) as e:
+        db.put(other, toks(n, 9), k.astype(np.float32), v.astype(np.float32))
+    assert e.value.status == kvdb.Status.MISMATCH == 12
+    assert "py-test" in e.value.message
+    # a bad model (block_tokens not a power of two): KVDB_INVALID from the library
+    bad = kvdb.Model("py-bad", 3, 2, 8, "f16", block_tokens=17)
+    with pytest.raises(kvdb.InvalidError) as e:
+        db.lookup(bad, toks(4))
+    assert e.value.status == kvdb.Status.INVALID and "block_tokens" in e.value.message
+    # a missing database without create
+    with pytest.raises(kvdb.NotFoundError):
+        kvdb.open(tmp_path / "absent", create=False)
+    with pytest.raises(TypeError, match="unknown option"):
+        kvdb.open(tmp_path / "x", no_such_option=1)
+    with pytest.raises(kvdb.InvalidError, match="hex"):
+        db.delete("zz")
+    db.close()
+    with pytest.raises(kvdb.MisuseError):
+        db.lookup(M, toks(2))
+
+
+def test_gil_released_during_calls(tmp_path):
+    """ctypes.CDLL calls release the GIL (ctypes.PyDLL would keep it): the functions carry no
+    FUNCFLAG_PYTHONAPI, and a Python thread keeps running while another is inside kvdb_put."""
+    assert not (_lib.lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI)
+    big = kvdb.Model("py-gil", n_layers=16, n_kv_heads=8, head_dim=128, block_tokens=256)
+    n = 2048  # 128 MiB of KV, written and synced in one call
+    k = np.ones((big.n_layers, n, big.n_kv_heads, big.head_dim), np.float16)
+    with kvdb.open(tmp_path / "db") as d:
+        window = []
+        started = threading.Event()
+
+        def writer():
+            started.set()
+            a = time.perf_counter()
+            d.put(big, toks(n), k, k)
+            window.append((a, time.perf_counter()))
+
+        th = threading.Thread(target=writer)
+        ticks = []
+        th.start()
+        started.wait()
+        while th.is_alive():
+            ticks.append(time.perf_counter())
+        th.join()
+        a, b = window[0]
+        inside = [t for t in ticks if a < t < b]
+        # with the GIL held through the call this thread could not tick inside it at all
+        assert len(inside) > 100, (len(inside), b - a)
+
+
+def test_two_threads_one_handle(db):
+    n = 64
+    errors = []
+
+    def worker(wid):
+        try:
+            for i in range(12):
+                t = toks(n, 10_000 * (wid + 1) + 100 * i)
+                k, v = logical(n, seed=wid * 100 + i)
+                layout = LAYOUTS[sorted(LAYOUTS)[i % 3]]
+                _, sk, sv = layout(n)
+                fill(sk, sv, k, v)
+                db.put(M, t, sk, sv)
+                _, dk, dv = lkthd(n)
+                assert db.get(M, t, dk, dv) == n
+                np.testing.assert_array_equal(dk, k)
+                np.testing.assert_array_equal(dv, v)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ths = [threading.Thread(target=worker, args=(w,)) for w in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert not errors, errors
+    assert db.stat().n_contexts == 24
+
+
+def test_torch_tensors(db):
+    torch = pytest.importorskip("torch", reason="torch is not installed (optional)")
+    n = 24
+    k, v = logical(n)
+    tk = torch.from_numpy(k.copy()).permute(1, 2, 0, 3).contiguous().permute(2, 0, 1, 3)
+    tv = torch.from_numpy(v.copy())
+    db.put(M, toks(n), tk, tv)
+    out = torch.zeros((M.n_layers, M.n_kv_heads, n, M.head_dim), dtype=torch.float16)
+    outv = torch.zeros((M.n_layers, n, M.n_kv_heads, M.head_dim), dtype=torch.float16)
+    assert db.get(M, toks(n), out.transpose(1, 2), outv) == n
+    assert np.array_equal(out.transpose(1, 2).numpy(), k)
+    assert np.array_equal(outv.numpy(), v)
+    with pytest.raises(kvdb.InvalidError, match="dtype"):
+        db.put(M, toks(n), tk.float(), tv)
