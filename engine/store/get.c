@@ -1157,8 +1157,8 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
   if (mdb_stat(txn, db->cat.blocks, &ms) == 0)
     out->n_blocks = ms.ms_entries;
   /* the per-tier figures: the catalog's counters (counts.h), kept by every commit; counted
-   * anew when a commit did not keep them (an older build wrote), and then stored by a
-   * read-write handle when nothing was committed meanwhile */
+   * anew when a commit did not keep them (an older build wrote, or a change whose effect on
+   * them is not known), and then stored by a read-write handle */
   kv_counts cnt;
   uint64_t snap = mdb_txn_id(txn);
   kvdb_status rc = kv_counts_get(&db->cat, txn, &cnt);
@@ -1167,7 +1167,11 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
     rc = kv_counts_recount(&db->cat, txn, &cnt);
   mdb_txn_abort(txn);
   if (rc == KVDB_OK && counted && !db->cat.rdonly && kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
-    if (mdb_txn_id(txn) == snap + 1 && kv_counts_put(&db->cat, txn, &cnt) == KVDB_OK)
+    /* something committed since the count (another handle, or this one's placement flushing
+     * its figures): count again as of this transaction, so that the stored counters are right */
+    kv_counts now = cnt;
+    kvdb_status wr = mdb_txn_id(txn) == snap + 1 ? KVDB_OK : kv_counts_recount(&db->cat, txn, &now);
+    if (wr == KVDB_OK && kv_counts_put(&db->cat, txn, &now) == KVDB_OK)
       kv_txn_commit(txn);
     else
       mdb_txn_abort(txn);
