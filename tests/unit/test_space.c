@@ -9,16 +9,26 @@
  *   full-disk  on a filesystem that fills up (a 24 MiB tmpfs in a private mount namespace,
  *              root or a user namespace; skips otherwise): puts fail KVDB_FULL, deleting half
  *              the contexts and compacting succeeds, frees space, and puts work again
+ *   crash-vacuum a child opens a copy of a database whose catalog kvdb_compact rewrites
+ *              (the vacuum) and compacts; it is SIGKILLed at a random moment over the
+ *              compaction's and the rewrite's duration (30 rounds; KVDB_SLOW=1: 200;
+ *              KVDB_CRASH_ITERS=N: N; KVDB_TEST_SEED: the kill delays' seed). The copy
+ *              then opens, verifies clean, every live context reads back bit-exact, every
+ *              deleted one misses, and a stray catalog.mdb.vacuum does no harm: puts and a
+ *              compaction (which rewrites the catalog again) work on it
  */
 #include "kvdb_test.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* 2 blocks of 128 tokens: a block record is 584 bytes, an object two 4 KiB pages */
@@ -431,6 +441,301 @@ static int test_full_disk(void)
   return 0;
 }
 
+/* ---- crash-vacuum ---- */
+
+#define VAC_N 1500 /* 3,000 block records: a catalog of ~4 MB; half deleted, it is rewritten */
+
+static double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int file_exists(const char *dir, const char *name)
+{
+  char p[4200];
+  struct stat st;
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  return stat(p, &st) == 0;
+}
+
+static void copy_dir(const char *from, const char *to)
+{
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd, "cp -a '%s/.' '%s/'", from, to);
+  ASSERT(system(cmd) == 0);
+}
+
+/* The child: open `dir`, say so on wfd ('o'), compact with `threshold` (0.75: segments are
+ * rewritten, then the catalog; 1e-6: no segment is, the catalog is), say so ('d'), then wait
+ * to be killed with the handle open. */
+static void vac_child(const char *dir, int wfd, double threshold)
+{
+  kvdb_options o = opts();
+  kvdb *db;
+  if (kvdb_open(dir, &o, &db) != KVDB_OK)
+    _exit(3);
+  if (write(wfd, "o", 1) != 1)
+    _exit(4);
+  if (kvdb_compact(db, threshold, NULL, NULL, NULL) != KVDB_OK) {
+    fprintf(stderr, "child: compact: %s\n", kvdb_errmsg());
+    _exit(5);
+  }
+  if (write(wfd, "d", 1) != 1)
+    _exit(4);
+  for (;;)
+    pause();
+}
+
+/* Start vac_child on `dir`; returns once it has opened the database (*rfd: its pipe). */
+static pid_t vac_start(const char *dir, double threshold, int *rfd)
+{
+  int pfd[2];
+  ASSERT(pipe(pfd) == 0);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    close(pfd[0]);
+    vac_child(dir, pfd[1], threshold);
+  }
+  close(pfd[1]);
+  char b;
+  ASSERT(read(pfd[0], &b, 1) == 1 && b == 'o');
+  ASSERT(fcntl(pfd[0], F_SETFL, O_NONBLOCK) == 0);
+  *rfd = pfd[0];
+  return pid;
+}
+
+/* Has the child said its compaction returned? */
+static int vac_done(int rfd)
+{
+  char b;
+  return read(rfd, &b, 1) == 1 && b == 'd';
+}
+
+/* Poll (every 0.1 ms) until the child's compaction returns, or until `stop_at_copy` and the
+ * catalog copy has appeared; the times (from now) the copy appeared, went (renamed) and the
+ * compaction returned, -1 where not seen. */
+static void vac_watch(const char *dir, int rfd, int stop_at_copy, double *t_copy,
+                      double *t_rename, double *t_done)
+{
+  double t0 = now_s();
+  *t_copy = *t_rename = *t_done = -1;
+  for (;;) {
+    int done = vac_done(rfd);
+    double t = now_s() - t0;
+    int stray = file_exists(dir, "catalog.mdb.vacuum");
+    if (stray && *t_copy < 0)
+      *t_copy = t;
+    if (!stray && *t_copy >= 0 && *t_rename < 0)
+      *t_rename = t;
+    if (done) {
+      *t_done = t;
+      return;
+    }
+    if (stray && stop_at_copy)
+      return;
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void sleep_s(double s)
+{
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* Kill the child; 1 if its compaction had returned. */
+static int vac_kill(pid_t pid, int rfd)
+{
+  int done = vac_done(rfd);
+  kill(pid, SIGKILL);
+  int st = 0;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL); /* not an exit: the child failed */
+  done = done || vac_done(rfd);
+  close(rfd);
+  return done;
+}
+
+/* Every live context reads back whole and bit-exact, every deleted one misses (no block of
+ * its own), verify is clean. */
+static void vac_check(kvdb *db, const uint8_t *live, int n)
+{
+  for (int i = 0; i < n; i++) {
+    if (live[i]) {
+      if (!intact(db, i)) {
+        fprintf(stderr, "context %d: not read back whole and bit-exact\n", i);
+        ASSERT(0);
+      }
+    } else {
+      uint32_t tok[NT];
+      uint16_t buf[NT * 16];
+      ctx_tokens(i, tok);
+      kvdb_kv_view v;
+      kvdb_kv_view_packed(&v, buf, &M, NT, KVDB_LAYOUT_LKTHD);
+      size_t hit = NT;
+      ASSERT_OK(kvdb_get(db, &M, tok, NT, &v, &hit));
+      /* its blocks are gone: at most a prefix of another context's first block matches (the
+       * same leading tokens, hence the same KV) */
+      if (hit >= M.block_tokens || t_check_kv(&M, tok, hit, NT, buf) != hit) {
+        fprintf(stderr, "deleted context %d: a hit of %zu tokens\n", i, hit);
+        ASSERT(0);
+      }
+    }
+  }
+  kvdb_verify_report vr;
+  memset(&vr, 0, sizeof vr);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &vr));
+}
+
+static void test_crash_vacuum(void)
+{
+  const char *slow = getenv("KVDB_SLOW");
+  int rounds = slow && *slow && strcmp(slow, "0") != 0 ? 200 : 30;
+  if (getenv("KVDB_CRASH_ITERS") != NULL)
+    rounds = atoi(getenv("KVDB_CRASH_ITERS"));
+  char *base = t_tmpdir("vacbase");
+  kvdb_options o = opts();
+  kvdb *db;
+  static uint8_t live[VAC_N + 64];
+  ASSERT_OK(kvdb_open(base, &o, &db));
+  for (int i = 0; i < VAC_N; i++) {
+    ASSERT_OK(put_i(db, i));
+    live[i] = 1;
+  }
+  uint64_t rnd = 77;
+  for (int left = VAC_N; left > VAC_N / 2;) { /* a random half */
+    int i = (int)(t_rand(&rnd) % VAC_N);
+    if (!live[i])
+      continue;
+    ASSERT_OK(del_i(db, i));
+    live[i] = 0;
+    left--;
+  }
+  kvdb_close(db);
+  uint64_t cat0 = file_bytes(base, "catalog.mdb");
+
+  /* once per threshold without a kill: the compaction rewrites the catalog (it shrinks),
+   * and how long its parts take */
+  double dur75 = 0, copy_dur = 0;
+  char *d = NULL;
+  for (int k = 0; k < 2; k++) {
+    d = t_tmpdir("vacrun");
+    copy_dir(base, d);
+    int rfd;
+    pid_t pid = vac_start(d, k == 0 ? 0.75 : 1e-6, &rfd);
+    double t_copy, t_rename, t_done;
+    vac_watch(d, rfd, 0, &t_copy, &t_rename, &t_done);
+    vac_kill(pid, rfd);
+    ASSERT(t_done >= 0); /* vac_watch read its 'd' */
+    uint64_t cat1 = file_bytes(d, "catalog.mdb");
+    printf("crash-vacuum: compaction at %s: catalog %llu bytes, %llu after its rewrite; %.3f s, "
+           "the catalog copy seen from %.3f s to %.3f s\n", k == 0 ? "0.75" : "1e-6",
+           (unsigned long long)cat0, (unsigned long long)cat1, t_done, t_copy, t_rename);
+    ASSERT(cat1 < cat0 / 2); /* the vacuum ran */
+    ASSERT(!file_exists(d, "catalog.mdb.vacuum"));
+    if (k == 0) {
+      dur75 = t_done;
+      t_rmdir(d);
+    } else {
+      /* from the copy's appearance to the compaction's return: the copy, its sync, the
+       * rename, the directory's sync, the reopen */
+      copy_dur = t_copy >= 0 ? t_done - t_copy : t_done;
+    }
+  }
+  ASSERT_OK(kvdb_open(d, &o, &db));
+  vac_check(db, live, VAC_N);
+  kvdb_close(db);
+  t_rmdir(d);
+
+  /* kill rounds: every 4th compacts the segments too (threshold 0.75) and is killed at a
+   * moment spread over [0, 1.1 x its duration] after the open; the others compact at 1e-6
+   * (the catalog only) and are killed once the catalog copy appears, after a delay spread
+   * over 1.2 x the time from then to the compaction's return (the copy, its sync, the rename,
+   * the directory's sync, the reopen). */
+  int before = 0, in_copy = 0, renamed = 0, finished = 0, strays = 0;
+  uint64_t krnd = (uint64_t)time(NULL);
+  const char *seed = getenv("KVDB_TEST_SEED");
+  if (seed != NULL)
+    krnd = strtoull(seed, NULL, 10);
+  printf("crash-vacuum: %d rounds, KVDB_TEST_SEED=%llu\n", rounds, (unsigned long long)krnd);
+  for (int r = 0; r < rounds; r++) {
+    double tr = now_s();
+    d = t_tmpdir("vacrun");
+    copy_dir(base, d);
+    if (getenv("KVDB_TEST_DEBUG"))
+      printf("round %d: copied in %.2f s\n", r, now_s() - tr);
+    int rfd;
+    double u = (double)(t_rand(&krnd) % 10000) / 10000.0, delay;
+    int done = 0;
+    pid_t pid;
+    if (r % 4 == 0) {
+      pid = vac_start(d, 0.75, &rfd);
+      delay = u * 1.1 * dur75;
+      sleep_s(delay);
+    } else {
+      pid = vac_start(d, 1e-6, &rfd);
+      double t_copy, t_rename, t_done;
+      vac_watch(d, rfd, 1, &t_copy, &t_rename, &t_done);
+      delay = u * 1.2 * copy_dur;
+      sleep_s(delay);
+      delay += t_copy >= 0 ? t_copy : t_done; /* from the open */
+      done = t_done >= 0; /* vac_watch read its 'd' */
+    }
+    done = vac_kill(pid, rfd) || done;
+    int stray = file_exists(d, "catalog.mdb.vacuum");
+    uint64_t cat = file_bytes(d, "catalog.mdb");
+    const char *where;
+    if (done) {
+      finished++;
+      where = "after the compaction returned";
+    } else if (stray) {
+      in_copy++;
+      where = "during the catalog copy";
+    } else if (cat < cat0 / 2) {
+      renamed++;
+      where = "after the rename, before the compaction returned";
+    } else {
+      before++;
+      where = "before the catalog copy";
+    }
+    strays += stray;
+    if (getenv("KVDB_TEST_DEBUG"))
+      printf("round %d: killed at %.3f s, %s (%.2f s)\n", r, delay, where, now_s() - tr);
+    ASSERT_OK(kvdb_open(d, &o, &db));
+    vac_check(db, live, VAC_N);
+    if (stray || r % 5 == 0) {
+      /* the database takes writes and compacts (rewriting its catalog over the stray copy) */
+      for (int i = VAC_N; i < VAC_N + 64; i++)
+        ASSERT_OK(put_i(db, i));
+      memset(live + VAC_N, 1, 64);
+      ASSERT_OK(kvdb_compact(db, r % 5 == 0 ? 0.75 : 1e-6, NULL, NULL, NULL));
+      /* whatever the kill left, no stray copy is left, and a catalog not rewritten yet is now
+       * (one rewritten before the kill grows a little with the puts and moved blocks) */
+      ASSERT(!file_exists(d, "catalog.mdb.vacuum"));
+      ASSERT(file_bytes(d, "catalog.mdb") < (cat >= cat0 / 2 ? cat0 / 2 : cat0));
+      vac_check(db, live, VAC_N + 64);
+      kvdb_close(db);
+      ASSERT_OK(kvdb_open(d, &o, &db));
+      vac_check(db, live, VAC_N + 64);
+      memset(live + VAC_N, 0, 64);
+    }
+    kvdb_close(db);
+    if (getenv("KVDB_TEST_DEBUG"))
+      printf("round %d: checked by %.2f s\n", r, now_s() - tr);
+    t_rmdir(d);
+  }
+  printf("crash-vacuum: %d kills: %d before the catalog copy (segments), %d during it (a stray "
+         "catalog.mdb.vacuum), %d after the rename (before kvdb_compact returned), %d after it "
+         "returned (the handle open)\n",
+         rounds, before, in_copy, renamed, finished);
+  ASSERT_EQ(strays, in_copy);
+  t_rmdir(base);
+}
+
 int main(int argc, char **argv)
 {
   setvbuf(stdout, NULL, _IONBF, 0);
@@ -439,11 +744,13 @@ int main(int argc, char **argv)
     test_map_grow();
   } else if (strcmp(c, "catalog") == 0) {
     test_catalog();
+  } else if (strcmp(c, "crash-vacuum") == 0) {
+    test_crash_vacuum();
   } else if (strcmp(c, "full-disk") == 0) {
     if (test_full_disk() == T_EXIT_SKIP)
       return T_EXIT_SKIP;
   } else {
-    fprintf(stderr, "usage: test_space map-grow|catalog|full-disk\n");
+    fprintf(stderr, "usage: test_space map-grow|catalog|full-disk|crash-vacuum\n");
     return 2;
   }
   printf("test_space %s: ok\n", c);
