@@ -478,30 +478,36 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
   return out;
 }
 
+/* Room for entry n of a plan array (*arr holds *cap entries of `size` bytes; doubled when full,
+ * from 16): 0, or -1 when out of memory (the array left as it was). */
+static int plan_room(void **arr, size_t n, size_t *cap, size_t size)
+{
+  if (n < *cap)
+    return 0;
+  size_t c = *cap ? 2 * *cap : 16;
+  void *a = realloc(*arr, c * size);
+  if (a == NULL)
+    return -1;
+  *arr = a;
+  *cap = c;
+  return 0;
+}
+
 static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const MDB_val *val,
                               uint8_t *nw, size_t nw_len)
 {
-  if (v->n_pb == v->cap_pb) {
-    size_t cap = v->cap_pb ? 2 * v->cap_pb : 16;
-    pblk *n = realloc(v->pb, cap * sizeof *n);
-    if (n == NULL) {
-      free(nw);
-      return kv_fail(KVDB_NOMEM, "repair plan");
-    }
-    v->pb = n;
-    v->cap_pb = cap;
-  }
-  pblk *p = &v->pb[v->n_pb];
-  memcpy(p->hash, hash, 16);
-  p->old = dup_bytes(val->mv_data, val->mv_size);
-  p->old_len = val->mv_size;
-  p->nw = nw;
-  p->nw_len = nw_len;
-  if (p->old == NULL) {
+  uint8_t *old;
+  if (plan_room((void **)&v->pb, v->n_pb, &v->cap_pb, sizeof *v->pb) != 0 ||
+      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
-  v->n_pb++;
+  pblk *p = &v->pb[v->n_pb++];
+  memcpy(p->hash, hash, 16);
+  p->old = old;
+  p->old_len = val->mv_size;
+  p->nw = nw;
+  p->nw_len = nw_len;
   if (slot != SIZE_MAX)
     v->refs.idx[slot] = (uint32_t)v->n_pb;
   return KVDB_OK;
@@ -689,28 +695,19 @@ static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, ui
 static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, uint8_t *nw,
                             size_t nw_len, const char *why)
 {
-  if (v->n_pc == v->cap_pc) {
-    size_t cap = v->cap_pc ? 2 * v->cap_pc : 16;
-    pctx *n = realloc(v->pc, cap * sizeof *n);
-    if (n == NULL) {
-      free(nw);
-      return kv_fail(KVDB_NOMEM, "repair plan");
-    }
-    v->pc = n;
-    v->cap_pc = cap;
-  }
-  pctx *p = &v->pc[v->n_pc];
-  memcpy(p->key, key, 16);
-  snprintf(p->why, sizeof p->why, "%s", why);
-  p->old = dup_bytes(val->mv_data, val->mv_size);
-  p->old_len = val->mv_size;
-  p->nw = nw;
-  p->nw_len = nw_len;
-  if (p->old == NULL) {
+  uint8_t *old;
+  if (plan_room((void **)&v->pc, v->n_pc, &v->cap_pc, sizeof *v->pc) != 0 ||
+      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
-  v->n_pc++;
+  pctx *p = &v->pc[v->n_pc++];
+  memcpy(p->key, key, 16);
+  snprintf(p->why, sizeof p->why, "%s", why);
+  p->old = old;
+  p->old_len = val->mv_size;
+  p->nw = nw;
+  p->nw_len = nw_len;
   return KVDB_OK;
 }
 
