@@ -137,4 +137,32 @@ static inline size_t t_check_kv(const kvdb_model *m, const uint32_t *tokens, siz
   return n;
 }
 
+/* kvdb_put of tokens[0..n) with the KV t_fill_kv gives them (*info filled when not NULL). */
+static inline void t_put_kv(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n,
+                            kvdb_put_info *info)
+{
+  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
+  ASSERT(buf != NULL);
+  t_fill_kv(m, tok, n, buf);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_put(db, m, tok, n, &v, info));
+  free(buf);
+}
+
+/* kvdb_get of tokens[0..n) into a fresh buffer: the hit, after checking that every delivered
+ * byte is the KV t_fill_kv gives those tokens. */
+static inline size_t t_get_check(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
+{
+  uint16_t *buf = calloc(n, kvdb_model_token_bytes(m));
+  ASSERT(buf != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, m, tok, n, &v, &hit));
+  ASSERT_EQ(t_check_kv(m, tok, hit, n, buf), hit);
+  free(buf);
+  return hit;
+}
+
 #endif

@@ -37,31 +37,6 @@ static kvdb_options opts(void)
   return o;
 }
 
-static void put_ctx(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
-  ASSERT(buf != NULL);
-  t_fill_kv(m, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_put(db, m, tok, n, &v, NULL));
-  free(buf);
-}
-
-/* get: the hit and its bytes are right */
-static size_t get_check(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(m));
-  ASSERT(buf != NULL);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, m, tok, n, &v, &hit));
-  ASSERT_EQ(t_check_kv(m, tok, hit, n, buf), hit);
-  free(buf);
-  return hit;
-}
-
 /* The stored contexts, for the brute-force answer. */
 typedef struct stored {
   uint32_t *tok;
@@ -122,7 +97,7 @@ static size_t check_queries(kvdb *db, const kvdb_model *m, const stored *s, size
       abort();
     }
     if (with_get && k % 8 == 0)
-      ASSERT_EQ(get_check(db, m, q, nq), want);
+      ASSERT_EQ(t_get_check(db, m, q, nq), want);
     checked++;
   }
   return checked;
@@ -167,7 +142,7 @@ static void test_fanout(void)
     }
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   size_t q = check_queries(db, m, s, N, 7, 3000, 1);
   verify_clean(db);
@@ -233,12 +208,12 @@ static void test_sysprompt(void)
     size_t n = 100 + t_rand(&seed) % 400;
     for (size_t j = 0; j < n; j++)
       tok[j] = (uint32_t)(t_rand(&seed) % 32000);
-    put_ctx(db, m, tok, n);
+    t_put_kv(db, m, tok, n, NULL);
   }
   uint32_t sys[200];
   for (int j = 0; j < 200; j++)
     sys[j] = 32000 + (uint32_t)j;
-  put_ctx(db, m, sys, 200);
+  t_put_kv(db, m, sys, 200, NULL);
   int hits = 0;
   for (int k = 0; k < 200; k++) {
     memcpy(tok, sys, sizeof sys);
@@ -249,7 +224,7 @@ static void test_sysprompt(void)
     ASSERT_OK(kvdb_lookup(db, m, tok, n, &hit));
     hits += hit == 200;
     if (k % 20 == 0)
-      ASSERT_EQ(get_check(db, m, tok, n), 200);
+      ASSERT_EQ(t_get_check(db, m, tok, n), 200);
   }
   ASSERT_EQ(hits, 200);
   kvdb_close(db);
@@ -307,7 +282,7 @@ static void test_deep(void)
       s[i].tok[j] = (uint32_t)(t_rand(&seed) % 4); /* 4 words: long shared runs */
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   verify_clean(db);
   q += check_queries(db, m, s, N, 4, 3000, 1);
@@ -385,7 +360,7 @@ static void test_upgrade(void)
       s[i].tok[j] = j < 16 ? 300 + (uint32_t)j : (uint32_t)(t_rand(&seed) % 5000);
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   kvdb_close(db);
   make_format3(dir);
@@ -456,7 +431,7 @@ static void test_compact_linear(void)
   for (int i = 1; i < N; i++) {
     for (int j = 0; j < 16; j++)
       tok[j] = (uint32_t)(t_rand(&seed) % 32000);
-    put_ctx(db, m, tok, 16);
+    t_put_kv(db, m, tok, 16, NULL);
     ASSERT_OK(kvdb_chain_hashes(m, tok, 16, &keys[i], 1));
   }
   kvdb_stats st;
