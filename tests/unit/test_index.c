@@ -44,6 +44,31 @@ typedef struct stored {
   int live;
 } stored;
 
+/* Delete every third of s[0..n) (by its context key) and mark it dead, with every context equal
+ * to a deleted one (deleted with it). */
+static void delete_thirds(kvdb *db, const kvdb_model *m, stored *s, size_t n)
+{
+  size_t bt = m->block_tokens;
+  for (size_t i = 0; i < n; i += 3) {
+    kvdb_key keys[8];
+    ASSERT_OK(kvdb_chain_hashes(m, s[i].tok, s[i].n, keys, 8));
+    kvdb_status st = kvdb_delete(db, &keys[(s[i].n + bt - 1) / bt - 1]);
+    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND); /* a duplicate context was deleted already */
+    s[i].live = 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < n && s[i].live; j += 3)
+      if (s[j].n == s[i].n && memcmp(s[j].tok, s[i].tok, s[i].n * sizeof *s[i].tok) == 0)
+        s[i].live = 0;
+}
+
+static void free_stored(stored *s, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free(s[i].tok);
+  free(s);
+}
+
 static size_t lcp(const uint32_t *a, size_t na, const uint32_t *b, size_t nb)
 {
   size_t n = na < nb ? na : nb, i = 0;
@@ -148,17 +173,7 @@ static void test_fanout(void)
   verify_clean(db);
 
   /* delete a third, compact, relocate some (re-encoded: their blocks move): same answers */
-  for (size_t i = 0; i < N; i += 3) {
-    kvdb_key keys[8];
-    ASSERT_OK(kvdb_chain_hashes(m, s[i].tok, s[i].n, keys, 8));
-    kvdb_status st = kvdb_delete(db, &keys[(s[i].n + 15) / 16 - 1]);
-    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND); /* a duplicate context was deleted already */
-    s[i].live = 0;
-  }
-  for (size_t i = 0; i < N; i++) /* a context equal to a deleted one was deleted with it */
-    for (size_t j = 0; j < N && s[i].live; j += 3)
-      if (s[j].n == s[i].n && memcmp(s[j].tok, s[i].tok, s[i].n * sizeof *s[i].tok) == 0)
-        s[i].live = 0;
+  delete_thirds(db, m, s, N);
   kvdb_compact_report cr;
   ASSERT_OK(kvdb_compact(db, 1.0, NULL, NULL, &cr));
   ASSERT(cr.blocks_moved > 0);
@@ -185,9 +200,7 @@ static void test_fanout(void)
   ASSERT_OK(kvdb_open(dir, &o, &db));
   q += check_queries(db, m, s, N, 9, 500, 0);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok fanout: 10,000 continuations of one block, %zu lookups at the longest stored "
          "prefix\n", q);
@@ -252,17 +265,7 @@ static void test_deep(void)
   size_t q = 0;
   for (size_t i = 0; i < N; i++) {
     if (i == FIRST) { /* delete a third of the first ones */
-      for (size_t k = 0; k < FIRST; k += 3) {
-        kvdb_key keys[4];
-        ASSERT_OK(kvdb_chain_hashes(m, s[k].tok, s[k].n, keys, 4));
-        kvdb_status st = kvdb_delete(db, &keys[(s[k].n + 255) / 256 - 1]);
-        ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND);
-        s[k].live = 0;
-      }
-      for (size_t a = 0; a < FIRST; a++)
-        for (size_t k = 0; k < FIRST && s[a].live; k += 3)
-          if (s[k].n == s[a].n && memcmp(s[k].tok, s[a].tok, s[a].n * sizeof *s[a].tok) == 0)
-            s[a].live = 0;
+      delete_thirds(db, m, s, FIRST);
       verify_clean(db);
       q += check_queries(db, m, s, FIRST, 3, 1000, 1);
     }
@@ -287,9 +290,7 @@ static void test_deep(void)
   verify_clean(db);
   q += check_queries(db, m, s, N, 4, 3000, 1);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok deep: 2,000 continuations of a 256-token block sharing long prefixes, %zu lookups "
          "at the longest stored prefix\n", q);
@@ -380,9 +381,7 @@ static void test_upgrade(void)
   q += check_queries(db, m, s, N, 13, 1000, 1);
   verify_clean(db);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok upgrade: format 3 with 2,000 children read read-only, upgraded read-write, %zu "
          "lookups exact, verify clean\n", q);
