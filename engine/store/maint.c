@@ -25,13 +25,6 @@
 #include "catalog/index.h"
 #include "kv_db.h"
 
-/* mdb_cursor_open, its failure (ENOMEM) as a status */
-static kvdb_status cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
-{
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
-}
-
 /* ---- compaction ---- */
 
 kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *n)
@@ -46,7 +39,7 @@ kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *
   MDB_cursor *cur = NULL;
   MDB_val k, v;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "segments");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "segments");
   size_t cnt = 0;
   for (int mrc = rc == KVDB_OK ? mdb_cursor_get(cur, &k, &v, MDB_FIRST) : -1; mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -104,7 +97,7 @@ static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t
   size_t n = 0, cap = 0;
   *out = NULL;
   *out_n = 0;
-  kvdb_status rc = cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index");
   if (rc != KVDB_OK)
     return rc;
   uint8_t sk[8];
@@ -454,7 +447,7 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
   MDB_cursor *cur;
   MDB_val k, v;
   int mrc;
-  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
   if (rc != KVDB_OK) {
     mdb_txn_abort(txn);
     return rc;

@@ -188,13 +188,6 @@ int kv_seg_gone_now(kvdb *db, uint64_t id)
   return gone;
 }
 
-/* mdb_cursor_open, its failure (ENOMEM) as a status */
-static kvdb_status cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
-{
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
-}
-
 static uint8_t *dup_bytes(const void *p, size_t n)
 {
   uint8_t *d = malloc(n ? n : 1);
@@ -257,7 +250,7 @@ static kvdb_status pass_refs(vctx *v)
 {
   MDB_cursor *cur;
   MDB_val k, val;
-  KV_RET(cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     kv_ctx_rec cr;
@@ -674,7 +667,7 @@ static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, ui
   MDB_cursor *cur;
   MDB_val k, val;
   kvdb_status rc = KVDB_OK;
-  KV_RET(cursor_open(v->txn, v->db->cat.blocks, &cur, "verify: blocks"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.blocks, &cur, "verify: blocks"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     v->rep->blocks_checked++;
@@ -848,7 +841,7 @@ static kvdb_status pass_contexts(vctx *v)
   MDB_cursor *cur;
   MDB_val k, val;
   kvdb_status rc = KVDB_OK;
-  KV_RET(cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     if (k.mv_size != 16) {
@@ -869,7 +862,7 @@ static kvdb_status pass_segments(vctx *v)
   kvdb *db = v->db;
   MDB_cursor *cur;
   MDB_val k, val;
-  KV_RET(cursor_open(v->txn, db->cat.segments, &cur, "verify: segments"));
+  KV_RET(kv_cursor_open(v->txn, db->cat.segments, &cur, "verify: segments"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     v->rep->segments_checked++;
@@ -1039,7 +1032,7 @@ static kvdb_status drop_ctx(kvdb *db, MDB_txn *t, const uint8_t key[16], const u
   if (mrc == MDB_NOTFOUND) { /* the record does not say when: look for its entry */
     MDB_cursor *cur;
     MDB_val ak, av;
-    KV_RET(cursor_open(t, db->cat.atime, &cur, "repair: atime"));
+    KV_RET(kv_cursor_open(t, db->cat.atime, &cur, "repair: atime"));
     for (mrc = mdb_cursor_get(cur, &ak, &av, MDB_FIRST); mrc == 0;
          mrc = mdb_cursor_get(cur, &ak, &av, MDB_NEXT)) {
       if (ak.mv_size == 24 && memcmp((uint8_t *)ak.mv_data + 8, key, 16) == 0) {
@@ -1096,7 +1089,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
       if (v->pc[i].nw == NULL)
         kmap_slot(&drops, v->pc[i].key);
   /* the contexts listing each block */
-  if ((rc = cursor_open(t, db->cat.contexts, &cur, "repair: contexts")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.contexts, &cur, "repair: contexts")) != KVDB_OK)
     goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
@@ -1117,7 +1110,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
   mdb_cursor_close(cur);
   cur = NULL;
   /* each block against its count */
-  if ((rc = cursor_open(t, db->cat.blocks, &cur, "repair: blocks")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.blocks, &cur, "repair: blocks")) != KVDB_OK)
     goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
@@ -1212,7 +1205,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     goto out;
   /* each segment against its blocks */
   n_fx = 0;
-  if ((rc = cursor_open(t, db->cat.segments, &cur, "repair: segments")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.segments, &cur, "repair: segments")) != KVDB_OK)
     goto out;
   typedef struct sfix {
     uint64_t id;
