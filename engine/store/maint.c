@@ -111,14 +111,9 @@ static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t
     if (val.mv_size != 16 || kv_cat_get_block(&db->cat, txn, val.mv_data, &br) != KVDB_OK ||
         br.segment != id || br.bytes > end || br.offset > end - br.bytes)
       continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 64;
-      mv *nl = realloc(list, cap * sizeof *nl);
-      if (nl == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "compaction list");
-        break;
-      }
-      list = nl;
+    if (kv_grow((void **)&list, n, &cap, sizeof *list, 64) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "compaction list");
+      break;
     }
     memcpy(list[n].hash, val.mv_data, 16);
     list[n].off = br.offset;
@@ -371,14 +366,9 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
     for (size_t j = 0; j <= nl && rc == KVDB_OK; j++) {
       uint64_t upto = j < nl ? list[j].off : sr.end;
       if (upto > at) {
-        if (nr == cap) {
-          cap = cap ? 2 * cap : 64;
-          range *nn = realloc(r, cap * sizeof *nn);
-          if (nn == NULL) {
-            rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
-            break;
-          }
-          r = nn;
+        if (kv_grow((void **)&r, nr, &cap, sizeof *r, 64) != 0) {
+          rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
+          break;
         }
         r[nr++] = (range){ids[i], at, upto - at};
       }
@@ -459,14 +449,9 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       continue;
     if (sr.state != KV_SEG_SEALED || sr.end == 0 || (double)sr.live_bytes >= threshold * (double)sr.end)
       continue;
-    if (n == cap) { /* (live bytes, id) pairs */
-      cap = cap ? cap * 2 : 32;
-      uint64_t *ni = realloc(ids, cap * sizeof *ni);
-      if (ni == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "compaction");
-        break;
-      }
-      ids = ni;
+    if (kv_grow((void **)&ids, n, &cap, sizeof *ids, 32) != 0) { /* (live bytes, id) pairs */
+      rc = kv_fail(KVDB_NOMEM, "compaction");
+      break;
     }
     ids[n++] = kv_get_be64(k.mv_data);
     ids[n++] = sr.live_bytes;

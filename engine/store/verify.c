@@ -471,26 +471,11 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
   return out;
 }
 
-/* Room for entry n of a plan array (*arr holds *cap entries of `size` bytes; doubled when full,
- * from 16): 0, or -1 when out of memory (the array left as it was). */
-static int plan_room(void **arr, size_t n, size_t *cap, size_t size)
-{
-  if (n < *cap)
-    return 0;
-  size_t c = *cap ? 2 * *cap : 16;
-  void *a = realloc(*arr, c * size);
-  if (a == NULL)
-    return -1;
-  *arr = a;
-  *cap = c;
-  return 0;
-}
-
 static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const MDB_val *val,
                               uint8_t *nw, size_t nw_len)
 {
   uint8_t *old;
-  if (plan_room((void **)&v->pb, v->n_pb, &v->cap_pb, sizeof *v->pb) != 0 ||
+  if (kv_grow((void **)&v->pb, v->n_pb, &v->cap_pb, sizeof *v->pb, 16) != 0 ||
       (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
@@ -689,7 +674,7 @@ static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, 
                             size_t nw_len, const char *why)
 {
   uint8_t *old;
-  if (plan_room((void **)&v->pc, v->n_pc, &v->cap_pc, sizeof *v->pc) != 0 ||
+  if (kv_grow((void **)&v->pc, v->n_pc, &v->cap_pc, sizeof *v->pc, 16) != 0 ||
       (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
@@ -1150,14 +1135,9 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
         continue;
       f.refcount = (uint32_t)c;
     }
-    if (n_fx == cap_fx) {
-      cap_fx = cap_fx ? 2 * cap_fx : 64;
-      bfix *n = realloc(fx, cap_fx * sizeof *n);
-      if (n == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "repair list");
-        goto out;
-      }
-      fx = n;
+    if (kv_grow((void **)&fx, n_fx, &cap_fx, sizeof *fx, 64) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "repair list");
+      goto out;
     }
     fx[n_fx++] = f;
   }
@@ -1225,14 +1205,9 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     uint64_t lb = li == SIZE_MAX ? 0 : live.val[li], nb = li == SIZE_MAX ? 0 : live.idx[li];
     if ((sr.live_bytes == lb && sr.live_blocks == nb) || lb > sr.end)
       continue;
-    if (n_sf == cap_sf) {
-      cap_sf = cap_sf ? 2 * cap_sf : 16;
-      sfix *n = realloc(sf, cap_sf * sizeof *n);
-      if (n == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "repair list");
-        break;
-      }
-      sf = n;
+    if (kv_grow((void **)&sf, n_sf, &cap_sf, sizeof *sf, 16) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "repair list");
+      break;
     }
     sf[n_sf].id = id;
     sf[n_sf].sr = sr;
