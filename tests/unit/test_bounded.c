@@ -61,14 +61,7 @@ static void check_exact(kvdb *db, uint64_t seed, size_t n)
 {
   uint32_t tok[512];
   ctx_tokens(seed, tok, n);
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(&M));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
-  ASSERT_EQ(hit, n);
-  ASSERT_EQ(t_check_kv(&M, tok, n, n, buf), n);
-  free(buf);
+  ASSERT_EQ(t_get_check(db, &M, tok, n), n);
 }
 
 /* ---- stat ------------------------------------------------------------------------------- */
