@@ -68,8 +68,7 @@ static void next_node(const uint8_t *key, size_t klen, uint8_t out[16])
 
 static kvdb_status idx_cursor(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur)
 {
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "open index cursor");
+  return kv_cursor_open(txn, dbi, cur, "open index cursor");
 }
 
 /* ---- the trie --------------------------------------------------------------------------- */
