@@ -39,6 +39,24 @@ static void fill_pattern(uint16_t *p, size_t n, uint64_t c)
     p[i] = (uint16_t)((((uint64_t)i * 2654435761u + c * 40503u) >> 7) & 0x3BFF);
 }
 
+/* Close *db and open env->dir/c-putget<round>-<rep> (no DRAM tier) in its place: 0, or -1
+ * (said; *db NULL). */
+static int open_putget(const bench_env *env, int round, int rep, kvdb **db)
+{
+  char path[4096];
+  snprintf(path, sizeof path, "%s/c-putget%d-%d", env->dir, round, rep);
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.dram_bytes = 0;
+  kvdb_close(*db);
+  *db = NULL;
+  if (kvdb_open(path, &o, db) != KVDB_OK) {
+    bench_log("kvdb_open %s: %s", path, kvdb_errmsg());
+    return -1;
+  }
+  return 0;
+}
+
 static int c_put_get(const bench_env *env, size_t n_ctx, int round, double *put_gbps,
                      double *get_gbps)
 {
@@ -59,17 +77,8 @@ static int c_put_get(const bench_env *env, size_t n_ctx, int round, double *put_
   /* puts: the best of two fresh databases; gets: the best of three passes over the second */
   uint64_t put_ns = UINT64_MAX, get_ns = UINT64_MAX, t0;
   for (int rep = 0; rep < 2; rep++) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/c-putget%d-%d", env->dir, round, rep);
-    kvdb_options o;
-    kvdb_options_init(&o);
-    o.dram_bytes = 0;
-    kvdb_close(db);
-    db = NULL;
-    if (kvdb_open(path, &o, &db) != KVDB_OK) {
-      bench_log("kvdb_open %s: %s", path, kvdb_errmsg());
+    if (open_putget(env, round, rep, &db) != 0)
       goto done;
-    }
     t0 = bench_now_ns();
     for (size_t c = 0; c < n_ctx; c++) {
       kvdb_kv_view v;
@@ -86,19 +95,8 @@ static int c_put_get(const bench_env *env, size_t n_ctx, int round, double *put_
       put_ns = ns;
   }
   /* the gets through a fresh handle on the second database, as the script does */
-  {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/c-putget%d-1", env->dir, round);
-    kvdb_options o;
-    kvdb_options_init(&o);
-    o.dram_bytes = 0;
-    kvdb_close(db);
-    db = NULL;
-    if (kvdb_open(path, &o, &db) != KVDB_OK) {
-      bench_log("kvdb_open %s: %s", path, kvdb_errmsg());
-      goto done;
-    }
-  }
+  if (open_putget(env, round, 1, &db) != 0)
+    goto done;
   for (int pass = 0; pass < 3; pass++) {
     t0 = bench_now_ns();
     for (size_t c = 0; c < n_ctx; c++) {

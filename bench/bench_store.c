@@ -882,20 +882,29 @@ static uint64_t prompt_seed(uint32_t f, uint32_t p)
   return ((uint64_t)f << 16) | p;
 }
 
+/* A database for a phase to fill fast at env->dir/name (dir, 4200 bytes): no DRAM tier, no
+ * sync, no O_DIRECT (*o, for the phase to reopen it with). 0, or kfail's -1 naming `what`. */
+static int open_fill_db(const bench_env *env, const char *name, char *dir, kvdb_options *o,
+                        kvdb **db, const char *what)
+{
+  bench_path(dir, 4200, env->dir, name);
+  kvdb_options_init(o);
+  o->dram_bytes = 0;
+  o->sync_mode = KVDB_SYNC_NONE;
+  o->use_direct_io = 0;
+  kvdb_status ks = kvdb_open(dir, o, db);
+  return ks == KVDB_OK ? 0 : kfail(what, ks);
+}
+
 static int phase_lookup(store_bench *sb, lookup_result *res)
 {
   const bench_env *env = sb->env;
   char dir[4200];
-  bench_path(dir, sizeof dir, env->dir, "lookup");
   kvdb_options o;
-  kvdb_options_init(&o);
-  o.dram_bytes = 0;
-  o.sync_mode = KVDB_SYNC_NONE;
-  o.use_direct_io = 0;
   kvdb *db;
-  kvdb_status ks = kvdb_open(dir, &o, &db);
-  if (ks != KVDB_OK)
-    return kfail("kvdb_open (lookup database)", ks);
+  kvdb_status ks;
+  if (open_fill_db(env, "lookup", dir, &o, &db, "kvdb_open (lookup database)") != 0)
+    return -1;
   dg_kv_model dm;
   if (dg_kv_model_init(&dm, TINY.n_layers, TINY.n_kv_heads, TINY.head_dim, env->seed) != 0) {
     kvdb_close(db);
@@ -1024,16 +1033,11 @@ static int phase_lookup_fanout(store_bench *sb, fanout_result *res)
   const bench_env *env = sb->env;
   enum { MAXN = 16 + ST_FANOUT_HEADER + ST_FANOUT_MAX_EXTRA + 8 };
   char dir[4200];
-  bench_path(dir, sizeof dir, env->dir, "fanout");
   kvdb_options o;
-  kvdb_options_init(&o);
-  o.dram_bytes = 0;
-  o.sync_mode = KVDB_SYNC_NONE;
-  o.use_direct_io = 0;
   kvdb *db;
-  kvdb_status ks = kvdb_open(dir, &o, &db);
-  if (ks != KVDB_OK)
-    return kfail("kvdb_open (fan-out database)", ks);
+  kvdb_status ks;
+  if (open_fill_db(env, "fanout", dir, &o, &db, "kvdb_open (fan-out database)") != 0)
+    return -1;
   /* continuation c: tokens [0, 16) the block, then the header, then its own tokens */
   uint32_t (*cont)[MAXN] = malloc(ST_FANOUT_CONT * sizeof *cont);
   uint32_t *clen = malloc(ST_FANOUT_CONT * sizeof *clen);

@@ -137,4 +137,65 @@ static inline size_t t_check_kv(const kvdb_model *m, const uint32_t *tokens, siz
   return n;
 }
 
+/* kvdb_put of tokens[0..n) with the KV t_fill_kv gives them (*info filled when not NULL). */
+static inline void t_put_kv(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n,
+                            kvdb_put_info *info)
+{
+  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
+  ASSERT(buf != NULL);
+  t_fill_kv(m, tok, n, buf);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_put(db, m, tok, n, &v, info));
+  free(buf);
+}
+
+/* kvdb_get of tokens[0..n) into a fresh buffer: the hit, after checking that every delivered
+ * byte is the KV t_fill_kv gives those tokens. */
+static inline size_t t_get_check(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
+{
+  uint16_t *buf = calloc(n, kvdb_model_token_bytes(m));
+  ASSERT(buf != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, m, tok, n, &v, &hit));
+  ASSERT_EQ(t_check_kv(m, tok, hit, n, buf), hit);
+  free(buf);
+  return hit;
+}
+
+/* Tokens [0, n) of context `seed` (below 30000): the first `shared` come from `family` alone, so
+ * contexts of one family share that prefix. */
+static inline void t_family_tokens(uint64_t seed, uint64_t family, size_t shared, uint32_t *tok,
+                                   size_t n)
+{
+  uint64_t s = seed * 7919 + 1, fs = family + 1000;
+  for (size_t i = 0; i < n; i++)
+    tok[i] = (uint32_t)(i < shared ? t_rand(&fs) % 30000 : t_rand(&s) % 30000);
+}
+
+/* kvdb_put_ex of tokens[0..n) with the KV t_fill_kv gives them, in config `cfg`
+ * (kvdb_config_parse): its status; the context's key in *key when KVDB_OK and key is not NULL. */
+static inline kvdb_status t_put_config(kvdb *db, const kvdb_model *m, const uint32_t *tok,
+                                       size_t n, const char *cfg, kvdb_key *key)
+{
+  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
+  ASSERT(buf != NULL);
+  t_fill_kv(m, tok, n, buf);
+  kvdb_kv_view v;
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  kvdb_status rc = kvdb_config_parse(cfg, &po.config);
+  if (rc == KVDB_OK)
+    rc = kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD);
+  kvdb_put_info info;
+  if (rc == KVDB_OK)
+    rc = kvdb_put_ex(db, m, tok, n, &v, &po, &info);
+  if (rc == KVDB_OK && key != NULL)
+    *key = info.context;
+  free(buf);
+  return rc;
+}
+
 #endif

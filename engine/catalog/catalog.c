@@ -343,6 +343,12 @@ kvdb_status kv_mdb_fail(int mrc, const char *what)
   return kv_fail(st, "catalog: %s: %s", what, mdb_strerror(mrc));
 }
 
+kvdb_status kv_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
+{
+  int mrc = mdb_cursor_open(txn, dbi, cur);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
+}
+
 /* ---- map growth (catalog.h, kv_txn_begin) ---- */
 
 /* transactions this thread holds open (any catalog): such a thread never waits for a resize */

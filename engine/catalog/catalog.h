@@ -246,6 +246,8 @@ kvdb_status kv_cat_reserve_short(kv_catalog *c);
 /* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
  * and counts in kv_cat_map_full_events(). */
 kvdb_status kv_mdb_fail(int mrc, const char *what);
+/* mdb_cursor_open, its failure (ENOMEM) as a status (kv_mdb_fail naming `what`). */
+kvdb_status kv_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what);
 /* How many MDB_MAP_FULL errors this process has seen (a put retries once after one). */
 unsigned kv_cat_map_full_events(void);
 

@@ -64,11 +64,15 @@ static kvdb_status store(kv_catalog *c, MDB_txn *txn, uint64_t stamp, const kv_c
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put counts");
 }
 
-/* Current for a write transaction: kept by this transaction or by the last commit. */
-static int current_w(MDB_txn *txn, uint64_t stamp)
+/* The record in write transaction txn: *cur = 1 when it decodes and is current (kept by this
+ * transaction or by the last commit), else 0. */
+static kvdb_status load_w(kv_catalog *c, MDB_txn *txn, kv_counts *k, int *cur)
 {
-  uint64_t id = mdb_txn_id(txn);
-  return stamp == id || stamp + 1 == id;
+  uint64_t stamp = 0, id = mdb_txn_id(txn);
+  int have;
+  KV_RET(load(c, txn, k, &stamp, &have));
+  *cur = have && (stamp == id || stamp + 1 == id);
+  return KVDB_OK;
 }
 
 kvdb_status kv_counts_get(kv_catalog *c, MDB_txn *txn, kv_counts *out)
@@ -135,10 +139,9 @@ kvdb_status kv_counts_add(kv_catalog *c, MDB_txn *txn, uint32_t tier, unsigned f
   if (delta == 0 || c->rdonly)
     return KVDB_OK;
   kv_counts k;
-  uint64_t stamp = 0;
-  int have;
-  KV_RET(load(c, txn, &k, &stamp, &have));
-  if (!have || !current_w(txn, stamp))
+  int cur;
+  KV_RET(load_w(c, txn, &k, &cur));
+  if (!cur)
     return KVDB_OK; /* stale: recounted by the next rebuild */
   if (tier >= KVDB_TIER_COUNT || field >= KV_CNT_N)
     return kv_fail(KVDB_PANIC, "counter %u of tier %u", field, tier);
@@ -155,10 +158,9 @@ kvdb_status kv_counts_seg(kv_catalog *c, MDB_txn *txn, const kv_seg_rec *old,
   if (c->rdonly)
     return KVDB_OK;
   kv_counts k;
-  uint64_t stamp = 0;
-  int have;
-  KV_RET(load(c, txn, &k, &stamp, &have));
-  if (!have || !current_w(txn, stamp))
+  int cur;
+  KV_RET(load_w(c, txn, &k, &cur));
+  if (!cur)
     return KVDB_OK;
   int bad = 0;
   if (old != NULL) {
@@ -228,10 +230,9 @@ void kv_counts_open(kv_catalog *c)
   kvdb_status rc = kv_counts_get(c, txn, &k);
   mdb_txn_abort(txn);
   if (rc == KVDB_NOTFOUND && (rc = kv_txn_begin(c, 1, &txn)) == KVDB_OK) {
-    uint64_t stamp = 0;
-    int have;
-    rc = load(c, txn, &k, &stamp, &have);
-    if (rc == KVDB_OK && !(have && current_w(txn, stamp))) { /* not rebuilt meanwhile */
+    int cur;
+    rc = load_w(c, txn, &k, &cur);
+    if (rc == KVDB_OK && !cur) { /* not rebuilt meanwhile */
       rc = kv_counts_recount(c, txn, &k);
       if (rc == KVDB_OK)
         rc = store(c, txn, mdb_txn_id(txn), &k);

@@ -68,8 +68,7 @@ static void next_node(const uint8_t *key, size_t klen, uint8_t out[16])
 
 static kvdb_status idx_cursor(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur)
 {
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "open index cursor");
+  return kv_cursor_open(txn, dbi, cur, "open index cursor");
 }
 
 /* ---- the trie --------------------------------------------------------------------------- */
@@ -329,27 +328,33 @@ kvdb_status kv_idx_child_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[
 
 /* ---- the segment index ------------------------------------------------------------------ */
 
-kvdb_status kv_idx_seg_add(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16])
+/* Put (add) or delete the segment index entry (seg, hash); one already there, or already gone,
+ * is fine. */
+static kvdb_status seg_entry(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16],
+                             int add)
 {
   if (!c->has_index)
     return kv_fail(KVDB_READONLY, "the catalog has no block index (format < 4, read-only)");
   uint8_t kb[8];
   kv_be64(kb, seg);
   MDB_val k = {8, kb}, v = {16, (void *)(uintptr_t)hash};
-  int mrc = mdb_put(txn, c->segblocks, &k, &v, MDB_NODUPDATA);
-  return mrc == 0 || mrc == MDB_KEYEXIST ? KVDB_OK : kv_mdb_fail(mrc, "put segment index entry");
+  if (add) {
+    int mrc = mdb_put(txn, c->segblocks, &k, &v, MDB_NODUPDATA);
+    return mrc == 0 || mrc == MDB_KEYEXIST ? KVDB_OK : kv_mdb_fail(mrc, "put segment index entry");
+  }
+  int mrc = mdb_del(txn, c->segblocks, &k, &v);
+  return mrc == 0 || mrc == MDB_NOTFOUND ? KVDB_OK
+                                         : kv_mdb_fail(mrc, "delete segment index entry");
+}
+
+kvdb_status kv_idx_seg_add(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16])
+{
+  return seg_entry(c, txn, seg, hash, 1);
 }
 
 kvdb_status kv_idx_seg_del(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16])
 {
-  if (!c->has_index)
-    return kv_fail(KVDB_READONLY, "the catalog has no block index (format < 4, read-only)");
-  uint8_t kb[8];
-  kv_be64(kb, seg);
-  MDB_val k = {8, kb}, v = {16, (void *)(uintptr_t)hash};
-  int mrc = mdb_del(txn, c->segblocks, &k, &v);
-  return mrc == 0 || mrc == MDB_NOTFOUND ? KVDB_OK
-                                         : kv_mdb_fail(mrc, "delete segment index entry");
+  return seg_entry(c, txn, seg, hash, 0);
 }
 
 kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t to,

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvdb.h"
@@ -40,6 +41,21 @@
     if ((rc = (expr)) != KVDB_OK)                                                                  \
       goto out;                                                                                    \
   } while (0)
+
+/* Room for entry n of the array *arr (*cap entries of `size` bytes; when full, doubled, or
+ * `first` entries while empty): 0, or -1 when out of memory (the array left as it was). */
+static inline int kv_grow(void **arr, size_t n, size_t *cap, size_t size, size_t first)
+{
+  if (n < *cap)
+    return 0;
+  size_t c = *cap ? 2 * *cap : first;
+  void *a = realloc(*arr, c * size);
+  if (a == NULL)
+    return -1;
+  *arr = a;
+  *cap = c;
+  return 0;
+}
 
 /*
  * kv_fail() - record a message for kvdb_errmsg() on this thread and return `rc`.

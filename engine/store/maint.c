@@ -25,13 +25,6 @@
 #include "catalog/index.h"
 #include "kv_db.h"
 
-/* mdb_cursor_open, its failure (ENOMEM) as a status */
-static kvdb_status cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
-{
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
-}
-
 /* ---- compaction ---- */
 
 kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *n)
@@ -46,7 +39,7 @@ kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *
   MDB_cursor *cur = NULL;
   MDB_val k, v;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "segments");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "segments");
   size_t cnt = 0;
   for (int mrc = rc == KVDB_OK ? mdb_cursor_get(cur, &k, &v, MDB_FIRST) : -1; mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
@@ -104,7 +97,7 @@ static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t
   size_t n = 0, cap = 0;
   *out = NULL;
   *out_n = 0;
-  kvdb_status rc = cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index");
   if (rc != KVDB_OK)
     return rc;
   uint8_t sk[8];
@@ -118,14 +111,9 @@ static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t
     if (val.mv_size != 16 || kv_cat_get_block(&db->cat, txn, val.mv_data, &br) != KVDB_OK ||
         br.segment != id || br.bytes > end || br.offset > end - br.bytes)
       continue;
-    if (n == cap) {
-      cap = cap ? cap * 2 : 64;
-      mv *nl = realloc(list, cap * sizeof *nl);
-      if (nl == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "compaction list");
-        break;
-      }
-      list = nl;
+    if (kv_grow((void **)&list, n, &cap, sizeof *list, 64) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "compaction list");
+      break;
     }
     memcpy(list[n].hash, val.mv_data, 16);
     list[n].off = br.offset;
@@ -378,14 +366,9 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
     for (size_t j = 0; j <= nl && rc == KVDB_OK; j++) {
       uint64_t upto = j < nl ? list[j].off : sr.end;
       if (upto > at) {
-        if (nr == cap) {
-          cap = cap ? 2 * cap : 64;
-          range *nn = realloc(r, cap * sizeof *nn);
-          if (nn == NULL) {
-            rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
-            break;
-          }
-          r = nn;
+        if (kv_grow((void **)&r, nr, &cap, sizeof *r, 64) != 0) {
+          rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
+          break;
         }
         r[nr++] = (range){ids[i], at, upto - at};
       }
@@ -454,7 +437,7 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
   MDB_cursor *cur;
   MDB_val k, v;
   int mrc;
-  kvdb_status rc = cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
+  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
   if (rc != KVDB_OK) {
     mdb_txn_abort(txn);
     return rc;
@@ -466,14 +449,9 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       continue;
     if (sr.state != KV_SEG_SEALED || sr.end == 0 || (double)sr.live_bytes >= threshold * (double)sr.end)
       continue;
-    if (n == cap) { /* (live bytes, id) pairs */
-      cap = cap ? cap * 2 : 32;
-      uint64_t *ni = realloc(ids, cap * sizeof *ni);
-      if (ni == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "compaction");
-        break;
-      }
-      ids = ni;
+    if (kv_grow((void **)&ids, n, &cap, sizeof *ids, 32) != 0) { /* (live bytes, id) pairs */
+      rc = kv_fail(KVDB_NOMEM, "compaction");
+      break;
     }
     ids[n++] = kv_get_be64(k.mv_data);
     ids[n++] = sr.live_bytes;

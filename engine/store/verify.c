@@ -188,13 +188,6 @@ int kv_seg_gone_now(kvdb *db, uint64_t id)
   return gone;
 }
 
-/* mdb_cursor_open, its failure (ENOMEM) as a status */
-static kvdb_status cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what)
-{
-  int mrc = mdb_cursor_open(txn, dbi, cur);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
-}
-
 static uint8_t *dup_bytes(const void *p, size_t n)
 {
   uint8_t *d = malloc(n ? n : 1);
@@ -257,7 +250,7 @@ static kvdb_status pass_refs(vctx *v)
 {
   MDB_cursor *cur;
   MDB_val k, val;
-  KV_RET(cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     kv_ctx_rec cr;
@@ -481,27 +474,18 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
 static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const MDB_val *val,
                               uint8_t *nw, size_t nw_len)
 {
-  if (v->n_pb == v->cap_pb) {
-    size_t cap = v->cap_pb ? 2 * v->cap_pb : 16;
-    pblk *n = realloc(v->pb, cap * sizeof *n);
-    if (n == NULL) {
-      free(nw);
-      return kv_fail(KVDB_NOMEM, "repair plan");
-    }
-    v->pb = n;
-    v->cap_pb = cap;
-  }
-  pblk *p = &v->pb[v->n_pb];
-  memcpy(p->hash, hash, 16);
-  p->old = dup_bytes(val->mv_data, val->mv_size);
-  p->old_len = val->mv_size;
-  p->nw = nw;
-  p->nw_len = nw_len;
-  if (p->old == NULL) {
+  uint8_t *old;
+  if (kv_grow((void **)&v->pb, v->n_pb, &v->cap_pb, sizeof *v->pb, 16) != 0 ||
+      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
-  v->n_pb++;
+  pblk *p = &v->pb[v->n_pb++];
+  memcpy(p->hash, hash, 16);
+  p->old = old;
+  p->old_len = val->mv_size;
+  p->nw = nw;
+  p->nw_len = nw_len;
   if (slot != SIZE_MAX)
     v->refs.idx[slot] = (uint32_t)v->n_pb;
   return KVDB_OK;
@@ -668,7 +652,7 @@ static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, ui
   MDB_cursor *cur;
   MDB_val k, val;
   kvdb_status rc = KVDB_OK;
-  KV_RET(cursor_open(v->txn, v->db->cat.blocks, &cur, "verify: blocks"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.blocks, &cur, "verify: blocks"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     v->rep->blocks_checked++;
@@ -689,28 +673,19 @@ static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, ui
 static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, uint8_t *nw,
                             size_t nw_len, const char *why)
 {
-  if (v->n_pc == v->cap_pc) {
-    size_t cap = v->cap_pc ? 2 * v->cap_pc : 16;
-    pctx *n = realloc(v->pc, cap * sizeof *n);
-    if (n == NULL) {
-      free(nw);
-      return kv_fail(KVDB_NOMEM, "repair plan");
-    }
-    v->pc = n;
-    v->cap_pc = cap;
-  }
-  pctx *p = &v->pc[v->n_pc];
-  memcpy(p->key, key, 16);
-  snprintf(p->why, sizeof p->why, "%s", why);
-  p->old = dup_bytes(val->mv_data, val->mv_size);
-  p->old_len = val->mv_size;
-  p->nw = nw;
-  p->nw_len = nw_len;
-  if (p->old == NULL) {
+  uint8_t *old;
+  if (kv_grow((void **)&v->pc, v->n_pc, &v->cap_pc, sizeof *v->pc, 16) != 0 ||
+      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
-  v->n_pc++;
+  pctx *p = &v->pc[v->n_pc++];
+  memcpy(p->key, key, 16);
+  snprintf(p->why, sizeof p->why, "%s", why);
+  p->old = old;
+  p->old_len = val->mv_size;
+  p->nw = nw;
+  p->nw_len = nw_len;
   return KVDB_OK;
 }
 
@@ -851,7 +826,7 @@ static kvdb_status pass_contexts(vctx *v)
   MDB_cursor *cur;
   MDB_val k, val;
   kvdb_status rc = KVDB_OK;
-  KV_RET(cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
+  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     if (k.mv_size != 16) {
@@ -872,7 +847,7 @@ static kvdb_status pass_segments(vctx *v)
   kvdb *db = v->db;
   MDB_cursor *cur;
   MDB_val k, val;
-  KV_RET(cursor_open(v->txn, db->cat.segments, &cur, "verify: segments"));
+  KV_RET(kv_cursor_open(v->txn, db->cat.segments, &cur, "verify: segments"));
   for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
     v->rep->segments_checked++;
@@ -1042,7 +1017,7 @@ static kvdb_status drop_ctx(kvdb *db, MDB_txn *t, const uint8_t key[16], const u
   if (mrc == MDB_NOTFOUND) { /* the record does not say when: look for its entry */
     MDB_cursor *cur;
     MDB_val ak, av;
-    KV_RET(cursor_open(t, db->cat.atime, &cur, "repair: atime"));
+    KV_RET(kv_cursor_open(t, db->cat.atime, &cur, "repair: atime"));
     for (mrc = mdb_cursor_get(cur, &ak, &av, MDB_FIRST); mrc == 0;
          mrc = mdb_cursor_get(cur, &ak, &av, MDB_NEXT)) {
       if (ak.mv_size == 24 && memcmp((uint8_t *)ak.mv_data + 8, key, 16) == 0) {
@@ -1099,7 +1074,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
       if (v->pc[i].nw == NULL)
         kmap_slot(&drops, v->pc[i].key);
   /* the contexts listing each block */
-  if ((rc = cursor_open(t, db->cat.contexts, &cur, "repair: contexts")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.contexts, &cur, "repair: contexts")) != KVDB_OK)
     goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
@@ -1120,7 +1095,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
   mdb_cursor_close(cur);
   cur = NULL;
   /* each block against its count */
-  if ((rc = cursor_open(t, db->cat.blocks, &cur, "repair: blocks")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.blocks, &cur, "repair: blocks")) != KVDB_OK)
     goto out;
   for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
        mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
@@ -1160,14 +1135,9 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
         continue;
       f.refcount = (uint32_t)c;
     }
-    if (n_fx == cap_fx) {
-      cap_fx = cap_fx ? 2 * cap_fx : 64;
-      bfix *n = realloc(fx, cap_fx * sizeof *n);
-      if (n == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "repair list");
-        goto out;
-      }
-      fx = n;
+    if (kv_grow((void **)&fx, n_fx, &cap_fx, sizeof *fx, 64) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "repair list");
+      goto out;
     }
     fx[n_fx++] = f;
   }
@@ -1215,7 +1185,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     goto out;
   /* each segment against its blocks */
   n_fx = 0;
-  if ((rc = cursor_open(t, db->cat.segments, &cur, "repair: segments")) != KVDB_OK)
+  if ((rc = kv_cursor_open(t, db->cat.segments, &cur, "repair: segments")) != KVDB_OK)
     goto out;
   typedef struct sfix {
     uint64_t id;
@@ -1235,14 +1205,9 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     uint64_t lb = li == SIZE_MAX ? 0 : live.val[li], nb = li == SIZE_MAX ? 0 : live.idx[li];
     if ((sr.live_bytes == lb && sr.live_blocks == nb) || lb > sr.end)
       continue;
-    if (n_sf == cap_sf) {
-      cap_sf = cap_sf ? 2 * cap_sf : 16;
-      sfix *n = realloc(sf, cap_sf * sizeof *n);
-      if (n == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "repair list");
-        break;
-      }
-      sf = n;
+    if (kv_grow((void **)&sf, n_sf, &cap_sf, sizeof *sf, 16) != 0) {
+      rc = kv_fail(KVDB_NOMEM, "repair list");
+      break;
     }
     sf[n_sf].id = id;
     sf[n_sf].sr = sr;

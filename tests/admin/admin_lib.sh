@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 # tests/admin/admin_lib.sh — helpers of the kvdb-admin end-to-end tests (test_admin.sh,
-# test_admin_place.sh), sourced after they set ADMIN (the kvdb-admin binary) and T (a scratch
+# test_admin_place.sh, test_admin_repair.sh, test_admin_space.sh), sourced after they set ADMIN (the kvdb-admin binary) and T (a scratch
 # folder): run and expect kvdb-admin, check its stdout, stderr and JSON.
 
 fail() {
@@ -53,4 +53,15 @@ has_err() {
 }
 lines() {
   wc -l <"$T/out" | tr -d ' '
+}
+
+# snapshot DIR: the files of a database except LMDB's lock file (readers register there), with
+# checksums
+snapshot() {
+  find "$1" -type f ! -name '*-lock' -exec cksum {} + | sort
+}
+
+# key_of NAME: the key admin_fixture create printed for NAME (its output in $T/keys)
+key_of() {
+  awk -v n="$1" '$1 == n { print $2 }' "$T/keys"
 }

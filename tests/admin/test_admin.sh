@@ -14,21 +14,13 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/kvdb-admin-test-XXXXXX")
 trap 'chmod -R u+w "$T" 2>/dev/null || true; rm -rf "$T"' EXIT
 trap 'exit 1' INT TERM
 
-# fail, run, expect, pyjson, has, has_err, lines
+# fail, run, expect, pyjson, has, has_err, lines, snapshot, key_of
 . "$(dirname "$0")/admin_lib.sh"
-
-# The files of a database except LMDB's lock file (readers register there), with checksums.
-snapshot() {
-  find "$1" -type f ! -name '*-lock' -exec cksum {} + | sort
-}
 
 # ---- a database: long (3 blocks), branch (shares 2), other (2 + partial), block (explicit)
 DB=$T/db
 "$FIX" create "$DB" >"$T/keys" || fail "admin_fixture create"
 [ "$(wc -l <"$T/keys" | tr -d ' ')" -eq 4 ] || fail "fixture printed: $(cat "$T/keys")"
-key_of() {
-  awk -v n="$1" '$1 == n { print $2 }' "$T/keys"
-}
 LONG=$(key_of long)
 BRANCH=$(key_of branch)
 OTHER=$(key_of other)

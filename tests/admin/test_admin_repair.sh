@@ -15,18 +15,11 @@ T=$(mktemp -d "${TMPDIR:-/tmp}/kvdb-admin-repair-XXXXXX")
 trap 'rm -rf "$T"' EXIT
 trap 'exit 1' INT TERM
 
-# fail, run, expect, pyjson, has, has_err, lines
+# fail, run, expect, pyjson, has, has_err, lines, snapshot, key_of
 . "$(dirname "$0")/admin_lib.sh"
-
-snapshot() {
-  find "$1" -type f ! -name '*-lock' -exec cksum {} + | sort
-}
 
 DB=$T/db
 "$FIX" create "$DB" >"$T/keys" || fail "admin_fixture create"
-key_of() {
-  awk -v n="$1" '$1 == n { print $2 }' "$T/keys"
-}
 LONG=$(key_of long)     # 48 tokens; its key is the hash of its last block
 BRANCH=$(key_of branch) # shares long's first 2 blocks
 OTHER=$(key_of other)   # 40 tokens

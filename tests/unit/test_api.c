@@ -37,29 +37,6 @@ static void make_tokens(uint32_t *t, size_t n, uint64_t seed)
     t[i] = (uint32_t)(t_rand(&seed) % 32000);
 }
 
-static void put_ctx(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n, kvdb_put_info *info)
-{
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
-  t_fill_kv(m, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_put(db, m, tok, n, &v, info));
-  free(buf);
-}
-
-/* get into a fresh buffer of n tokens; returns hit; checks the hit bytes */
-static size_t get_check(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(m));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, m, tok, n, &v, &hit));
-  ASSERT_EQ(t_check_kv(m, tok, hit, n, buf), hit);
-  free(buf);
-  return hit;
-}
-
 static void test_roundtrip_and_reopen(void)
 {
   char *dir = t_tmpdir("rt");
@@ -69,11 +46,11 @@ static void test_roundtrip_and_reopen(void)
   kvdb *db = t_open(dir);
   for (int k = 0; k < 2; k++) {
     kvdb_put_info info;
-    put_ctx(db, ms[k], tok, 300, &info);
+    t_put_kv(db, ms[k], tok, 300, &info);
     uint32_t bt = ms[k]->block_tokens;
     ASSERT_EQ(info.n_blocks, (300 + bt - 1) / bt);
     ASSERT_EQ(info.blocks_written, info.n_blocks);
-    ASSERT_EQ(get_check(db, ms[k], tok, 300), 300);
+    ASSERT_EQ(t_get_check(db, ms[k], tok, 300), 300);
     size_t hit;
     ASSERT_OK(kvdb_lookup(db, ms[k], tok, 300, &hit));
     ASSERT_EQ(hit, 300);
@@ -84,7 +61,7 @@ static void test_roundtrip_and_reopen(void)
   if (pid == 0) {
     kvdb *db2 = t_open(dir);
     for (int k = 0; k < 2; k++)
-      if (get_check(db2, ms[k], tok, 300) != 300)
+      if (t_get_check(db2, ms[k], tok, 300) != 300)
         _exit(1);
     kvdb_stats st;
     ASSERT_OK(kvdb_stat(db2, &st));
@@ -103,7 +80,7 @@ static void test_roundtrip_and_reopen(void)
     kvdb *db2 = t_open(dir);
     uint32_t t2[40];
     make_tokens(t2, 40, 99);
-    put_ctx(db2, &M_SMALL, t2, 40, NULL);
+    t_put_kv(db2, &M_SMALL, t2, 40, NULL);
     kvdb_close(db2);
     _exit(0);
   }
@@ -111,7 +88,7 @@ static void test_roundtrip_and_reopen(void)
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   uint32_t t2[40];
   make_tokens(t2, 40, 99);
-  ASSERT_EQ(get_check(db, &M_SMALL, t2, 40), 40);
+  ASSERT_EQ(t_get_check(db, &M_SMALL, t2, 40), 40);
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   t_rmdir(dir);
@@ -128,13 +105,13 @@ static void test_prefix_sharing(void)
   for (int i = 40; i < 100; i++)
     b[i] = a[i] + 1; /* b shares a's first 40 tokens */
   kvdb_put_info info;
-  put_ctx(db, m, a, 100, &info);
+  t_put_kv(db, m, a, 100, &info);
   ASSERT_EQ(info.blocks_written, 7);
-  put_ctx(db, m, b, 100, &info);
+  t_put_kv(db, m, b, 100, &info);
   ASSERT_EQ(info.blocks_shared, 2); /* blocks 0 and 1 (tokens 0..31) */
   ASSERT_EQ(info.blocks_written, 5);
   /* putting a again is a no-op */
-  put_ctx(db, m, a, 100, &info);
+  t_put_kv(db, m, a, 100, &info);
   ASSERT_EQ(info.blocks_written, 0);
   /* a query sharing 45 tokens with a: 2 full blocks + 13 tokens of block 2 via the tail scan */
   uint32_t q[80];
@@ -144,11 +121,11 @@ static void test_prefix_sharing(void)
   size_t hit;
   ASSERT_OK(kvdb_lookup(db, m, q, 80, &hit));
   ASSERT_EQ(hit, 45);
-  ASSERT_EQ(get_check(db, m, q, 80), 45);
+  ASSERT_EQ(t_get_check(db, m, q, 80), 45);
   /* shorter than a block */
   ASSERT_OK(kvdb_lookup(db, m, a, 7, &hit));
   ASSERT_EQ(hit, 7);
-  ASSERT_EQ(get_check(db, m, a, 7), 7);
+  ASSERT_EQ(t_get_check(db, m, a, 7), 7);
   /* a trailing partial block (100 = 6*16 + 4) is found exactly and as a prefix */
   ASSERT_OK(kvdb_lookup(db, m, a, 98, &hit));
   ASSERT_EQ(hit, 98);
@@ -157,7 +134,7 @@ static void test_prefix_sharing(void)
   make_tokens(longer + 100, 20, 5);
   ASSERT_OK(kvdb_lookup(db, m, longer, 120, &hit));
   ASSERT_EQ(hit, 100);
-  ASSERT_EQ(get_check(db, m, longer, 120), 100);
+  ASSERT_EQ(t_get_check(db, m, longer, 120), 100);
   /* first token differs: nothing */
   q[0] = a[0] + 7;
   ASSERT_OK(kvdb_lookup(db, m, q, 80, &hit));
@@ -178,7 +155,7 @@ static void test_prefix_sharing(void)
   ASSERT_EQ(hit, 40); /* 2 shared blocks + b's block 2, whose first 8 tokens are a's */
   ASSERT_OK(kvdb_chain_hashes(m, b, 100, hashes, 7));
   kb = hashes[6];
-  ASSERT_EQ(get_check(db, m, b, 100), 100);
+  ASSERT_EQ(t_get_check(db, m, b, 100), 100);
   kvdb_context_info ci;
   ASSERT_OK(kvdb_context_stat(db, &kb, &ci));
   ASSERT_EQ(ci.n_tokens, 100);
@@ -201,7 +178,7 @@ static void test_prefix_sharing(void)
   for (int r = 0; r < 40; r++) { /* fill and seal a few segments, then delete most */
     uint32_t t[64];
     make_tokens(t, 64, 1000 + r);
-    put_ctx(db, m, t, 64, NULL);
+    t_put_kv(db, m, t, 64, NULL);
     if (r % 4 != 0) {
       ASSERT_OK(kvdb_chain_hashes(m, t, 64, hashes, 4));
       ASSERT_OK(kvdb_delete(db, &hashes[3]));
@@ -215,11 +192,11 @@ static void test_prefix_sharing(void)
   ASSERT(rep.segments_rewritten > 0);
   ASSERT(after.segment_file_bytes < before.segment_file_bytes);
   ASSERT_EQ(after.live_bytes, before.live_bytes);
-  ASSERT_EQ(get_check(db, m, b, 100), 100);
+  ASSERT_EQ(t_get_check(db, m, b, 100), 100);
   for (int r = 0; r < 40; r += 4) {
     uint32_t t[64];
     make_tokens(t, 64, 1000 + r);
-    ASSERT_EQ(get_check(db, m, t, 64), 64);
+    ASSERT_EQ(t_get_check(db, m, t, 64), 64);
   }
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
@@ -236,7 +213,7 @@ static void test_get_tokens(void)
     uint32_t tok[200];
     make_tokens(tok, 200, 3 + k);
     kvdb_put_info info;
-    put_ctx(db, m, tok, 200, &info);
+    t_put_kv(db, m, tok, 200, &info);
     uint32_t pos[] = {0, 199, 17, 17, 64, 130, 5};
     size_t np = sizeof pos / sizeof pos[0];
     size_t row = (size_t)m->n_kv_heads * m->head_dim;
@@ -518,8 +495,8 @@ static void test_corruption(void)
   uint32_t a[128], b[128];
   make_tokens(a, 128, 21);
   make_tokens(b, 128, 22);
-  put_ctx(db, m, a, 128, NULL);
-  put_ctx(db, m, b, 128, NULL);
+  t_put_kv(db, m, a, 128, NULL);
+  t_put_kv(db, m, b, 128, NULL);
   kvdb_close(db);
   /* the first segment holds a's two blocks then b's; flip a byte inside a's second block */
   char path[4200];
@@ -538,11 +515,11 @@ static void test_corruption(void)
   size_t hit;
   ASSERT_OK(kvdb_lookup(db, m, a, 128, &hit)); /* lookup reads no data */
   ASSERT_EQ(hit, 128);
-  ASSERT_EQ(get_check(db, m, a, 128), 64); /* the hit ends before the bad block */
+  ASSERT_EQ(t_get_check(db, m, a, 128), 64); /* the hit ends before the bad block */
   kvdb_stats s;
   ASSERT_OK(kvdb_stat(db, &s));
   ASSERT_EQ(s.corrupt_blocks, 1);
-  ASSERT_EQ(get_check(db, m, b, 128), 128);
+  ASSERT_EQ(t_get_check(db, m, b, 128), 128);
   kvdb_verify_report rep;
   ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, NULL, NULL, NULL, &rep));
   ASSERT_EQ(rep.problems, 1);
@@ -579,7 +556,7 @@ static void test_corruption_late_in_block(void)
   const kvdb_model *m = &M_PAGED;
   uint32_t a[192];
   make_tokens(a, 192, 31);
-  put_ctx(db, m, a, 192, NULL); /* three blocks of 64 tokens, equal in size */
+  t_put_kv(db, m, a, 192, NULL); /* three blocks of 64 tokens, equal in size */
   kvdb_close(db);
   char path[4200];
   snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
@@ -594,11 +571,11 @@ static void test_corruption_late_in_block(void)
   ASSERT(pwrite(fd, &byte, 1, off) == 1);
   close(fd);
   db = t_open(dir);
-  ASSERT_EQ(get_check(db, m, a, 192), 64);
+  ASSERT_EQ(t_get_check(db, m, a, 192), 64);
   kvdb_stats s;
   ASSERT_OK(kvdb_stat(db, &s));
   ASSERT_EQ(s.corrupt_blocks, 1);
-  ASSERT_EQ(get_check(db, m, a, 64), 64); /* block 0 alone is fine */
+  ASSERT_EQ(t_get_check(db, m, a, 64), 64); /* block 0 alone is fine */
   kvdb_close(db);
   t_rmdir(dir);
 }
@@ -615,16 +592,16 @@ static void test_dram_block_evicted_during_get(void)
   uint32_t a[192];
   make_tokens(a, 192, 41);
   kvdb *db = t_open(dir);
-  put_ctx(db, m, a, 192, NULL);
+  t_put_kv(db, m, a, 192, NULL);
   kvdb_close(db);
   kvdb_options o = quiet_opts();
   o.dram_bytes = 64 * kvdb_model_token_bytes(m); /* exactly one block's data */
   ASSERT_OK(kvdb_open(dir, &o, &db));
-  ASSERT_EQ(get_check(db, m, a, 128), 128); /* the tier now holds block 1 only */
+  ASSERT_EQ(t_get_check(db, m, a, 128), 128); /* the tier now holds block 1 only */
   kvdb_stats s0, s1;
   ASSERT_OK(kvdb_stat(db, &s0));
   ASSERT_EQ(s0.tier[KVDB_TIER_DRAM].blocks, 1);
-  ASSERT_EQ(get_check(db, m, a, 192), 192);
+  ASSERT_EQ(t_get_check(db, m, a, 192), 192);
   ASSERT_OK(kvdb_stat(db, &s1));
   ASSERT_EQ(s1.tier[KVDB_TIER_SSD].hits - s0.tier[KVDB_TIER_SSD].hits, 3); /* all from disk */
   ASSERT_EQ(s1.corrupt_blocks, 0);
@@ -727,8 +704,8 @@ static void test_missing_and_truncated_segment(void)
   const kvdb_model *m = &M_PAGED;
   uint32_t a[64 * 20];
   make_tokens(a, 64 * 20, 31);
-  put_ctx(db, m, a, 64 * 10, NULL); /* 1.3 MiB: seals segment 1 */
-  put_ctx(db, m, a, 64 * 20, NULL); /* the other 10 blocks go to segment 2 */
+  t_put_kv(db, m, a, 64 * 10, NULL); /* 1.3 MiB: seals segment 1 */
+  t_put_kv(db, m, a, 64 * 20, NULL); /* the other 10 blocks go to segment 2 */
   kvdb_stats s;
   ASSERT_OK(kvdb_stat(db, &s));
   ASSERT(s.n_segments >= 2);
@@ -737,13 +714,13 @@ static void test_missing_and_truncated_segment(void)
   snprintf(path, sizeof path, "%s/ssd/seg-0000000000000002.kvs", dir);
   ASSERT(truncate(path, 4096) == 0);
   ASSERT_OK(kvdb_open(dir, &o, &db));
-  size_t hit = get_check(db, m, a, 64 * 20);
+  size_t hit = t_get_check(db, m, a, 64 * 20);
   ASSERT(hit > 0 && hit < 64 * 20);
   ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   ASSERT(unlink(path) == 0);
   ASSERT_OK(kvdb_open(dir, &o, &db));
-  ASSERT_EQ(get_check(db, m, a, 64 * 20), hit);
+  ASSERT_EQ(t_get_check(db, m, a, 64 * 20), hit);
   ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   t_rmdir(dir);
@@ -757,7 +734,7 @@ static void test_newer_version_and_readonly(void)
   kvdb *db = t_open(dir);
   uint32_t a[20];
   make_tokens(a, 20, 41);
-  put_ctx(db, &M_SMALL, a, 20, NULL);
+  t_put_kv(db, &M_SMALL, a, 20, NULL);
   kvdb_close(db);
   /* read-only directory: a writable open is refused, a read-only open reads */
   ASSERT(chmod(dir, 0555) == 0);
@@ -767,7 +744,7 @@ static void test_newer_version_and_readonly(void)
     ASSERT_MSG_HAS("not writable");
     o.flags = KVDB_O_RDONLY;
     ASSERT_OK(kvdb_open(dir, &o, &db));
-    ASSERT_EQ(get_check(db, &M_SMALL, a, 20), 20);
+    ASSERT_EQ(t_get_check(db, &M_SMALL, a, 20), 20);
     ASSERT_STATUS(KVDB_READONLY, kvdb_put(db, &M_SMALL, a, 20, &(kvdb_kv_view){{a, 0, 0, 0, 0, 0}, {a, 0, 0, 0, 0, 0}}, NULL));
     kvdb_close(db);
   }
@@ -776,7 +753,7 @@ static void test_newer_version_and_readonly(void)
     kvdb_options o = quiet_opts();
     o.flags = KVDB_O_RDONLY;
     ASSERT_OK(kvdb_open(dir, &o, &db));
-    ASSERT_EQ(get_check(db, &M_SMALL, a, 20), 20);
+    ASSERT_EQ(t_get_check(db, &M_SMALL, a, 20), 20);
     ASSERT_STATUS(KVDB_READONLY, kvdb_delete(db, &(kvdb_key){{0}}));
     kvdb_close(db);
   }
@@ -864,14 +841,14 @@ static void test_damaged_block_record(void)
     query[i] = stored[i] + 1; /* the query shares 4 of the stored tail's 8 tokens */
   memcpy(g_query_tail, query + 16, sizeof g_query_tail);
   kvdb *db = t_open(dir);
-  put_ctx(db, m, stored, 24, NULL);
+  t_put_kv(db, m, stored, 24, NULL);
   kvdb_close(db);
   kvdb_key h[2];
   ASSERT_OK(kvdb_chain_hashes(m, stored, 24, h, 2));
 
   /* intact: the tail matches on 4 tokens */
   db = t_open(dir);
-  ASSERT_EQ(get_check(db, m, query, 24), 20);
+  ASSERT_EQ(t_get_check(db, m, query, 24), 20);
   kvdb_close(db);
 
   /* the record's copy of the tail tokens says the query's tokens 20..23 are stored: the
@@ -881,7 +858,7 @@ static void test_damaged_block_record(void)
   size_t hit;
   ASSERT_OK(kvdb_lookup(db, m, query, 24, &hit));
   ASSERT_EQ(hit, 24); /* lookup trusts the catalog; get verifies */
-  ASSERT_EQ(get_check(db, m, query, 24), 16);
+  ASSERT_EQ(t_get_check(db, m, query, 24), 16);
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT(st.corrupt_blocks >= 1);
@@ -890,7 +867,7 @@ static void test_damaged_block_record(void)
   /* a record asking for 2^50 bytes: no allocation is sized from it, the hit ends before it */
   t_edit_block_record(dir, &h[0], edit_huge_bytes);
   db = t_open(dir);
-  ASSERT_EQ(get_check(db, m, stored, 24), 0);
+  ASSERT_EQ(t_get_check(db, m, stored, 24), 0);
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT(st.corrupt_blocks >= 1);
   kvdb_close(db);
@@ -908,7 +885,7 @@ static void test_ssd_capacity_evicts_lru(void)
   uint32_t t[10][64];
   for (int i = 0; i < 10; i++) {
     make_tokens(t[i], 64, 500 + i);
-    put_ctx(db, m, t[i], 64, NULL);
+    t_put_kv(db, m, t[i], 64, NULL);
     kvdb_stats s;
     ASSERT_OK(kvdb_stat(db, &s));
     ASSERT(s.live_bytes <= o.ssd_bytes);

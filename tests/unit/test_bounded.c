@@ -47,44 +47,21 @@ static kvdb_options opts(uint64_t smart_bytes)
 /* Context `seed` of n tokens; seeds of one family (seed / 10) share their first 48 tokens. */
 static void ctx_tokens(uint64_t seed, uint32_t *tok, size_t n)
 {
-  uint64_t s = seed * 7919 + 1, fs = seed / 10 + 1000;
-  for (size_t i = 0; i < n; i++)
-    tok[i] = (uint32_t)(i < 48 ? t_rand(&fs) % 30000 : t_rand(&s) % 30000);
+  t_family_tokens(seed, seed / 10, 48, tok, n);
 }
 
 static kvdb_status put_ctx(kvdb *db, uint64_t seed, size_t n, const char *cfg, kvdb_key *key)
 {
   uint32_t tok[512];
   ctx_tokens(seed, tok, n);
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(&M));
-  t_fill_kv(&M, tok, n, buf);
-  kvdb_kv_view v;
-  kvdb_put_opts po;
-  kvdb_put_opts_init(&po);
-  kvdb_status rc = kvdb_config_parse(cfg, &po.config);
-  if (rc == KVDB_OK)
-    rc = kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD);
-  kvdb_put_info info;
-  if (rc == KVDB_OK)
-    rc = kvdb_put_ex(db, &M, tok, n, &v, &po, &info);
-  if (rc == KVDB_OK && key != NULL)
-    *key = info.context;
-  free(buf);
-  return rc;
+  return t_put_config(db, &M, tok, n, cfg, key);
 }
 
 static void check_exact(kvdb *db, uint64_t seed, size_t n)
 {
   uint32_t tok[512];
   ctx_tokens(seed, tok, n);
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(&M));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
-  ASSERT_EQ(hit, n);
-  ASSERT_EQ(t_check_kv(&M, tok, n, n, buf), n);
-  free(buf);
+  ASSERT_EQ(t_get_check(db, &M, tok, n), n);
 }
 
 /* ---- stat ------------------------------------------------------------------------------- */

@@ -60,13 +60,8 @@ static kvdb_key put_ctx(kvdb *db, uint64_t seed, size_t n)
 {
   uint32_t *tok = malloc(n * sizeof *tok);
   tokens_of(seed, tok, n);
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(&M));
-  t_fill_kv(&M, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
   kvdb_put_info info;
-  ASSERT_OK(kvdb_put(db, &M, tok, n, &v, &info));
-  free(buf);
+  t_put_kv(db, &M, tok, n, &info);
   free(tok);
   return info.context;
 }
@@ -76,13 +71,7 @@ static size_t get_ctx(kvdb *db, uint64_t seed, size_t n)
 {
   uint32_t *tok = malloc(n * sizeof *tok);
   tokens_of(seed, tok, n);
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(&M));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
-  ASSERT_EQ(t_check_kv(&M, tok, hit, n, buf), hit);
-  free(buf);
+  size_t hit = t_get_check(db, &M, tok, n);
   free(tok);
   return hit;
 }

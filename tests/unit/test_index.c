@@ -37,37 +37,37 @@ static kvdb_options opts(void)
   return o;
 }
 
-static void put_ctx(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(m));
-  ASSERT(buf != NULL);
-  t_fill_kv(m, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_put(db, m, tok, n, &v, NULL));
-  free(buf);
-}
-
-/* get: the hit and its bytes are right */
-static size_t get_check(kvdb *db, const kvdb_model *m, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(m));
-  ASSERT(buf != NULL);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, m, tok, n, &v, &hit));
-  ASSERT_EQ(t_check_kv(m, tok, hit, n, buf), hit);
-  free(buf);
-  return hit;
-}
-
 /* The stored contexts, for the brute-force answer. */
 typedef struct stored {
   uint32_t *tok;
   size_t n;
   int live;
 } stored;
+
+/* Delete every third of s[0..n) (by its context key) and mark it dead, with every context equal
+ * to a deleted one (deleted with it). */
+static void delete_thirds(kvdb *db, const kvdb_model *m, stored *s, size_t n)
+{
+  size_t bt = m->block_tokens;
+  for (size_t i = 0; i < n; i += 3) {
+    kvdb_key keys[8];
+    ASSERT_OK(kvdb_chain_hashes(m, s[i].tok, s[i].n, keys, 8));
+    kvdb_status st = kvdb_delete(db, &keys[(s[i].n + bt - 1) / bt - 1]);
+    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND); /* a duplicate context was deleted already */
+    s[i].live = 0;
+  }
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < n && s[i].live; j += 3)
+      if (s[j].n == s[i].n && memcmp(s[j].tok, s[i].tok, s[i].n * sizeof *s[i].tok) == 0)
+        s[i].live = 0;
+}
+
+static void free_stored(stored *s, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    free(s[i].tok);
+  free(s);
+}
 
 static size_t lcp(const uint32_t *a, size_t na, const uint32_t *b, size_t nb)
 {
@@ -122,7 +122,7 @@ static size_t check_queries(kvdb *db, const kvdb_model *m, const stored *s, size
       abort();
     }
     if (with_get && k % 8 == 0)
-      ASSERT_EQ(get_check(db, m, q, nq), want);
+      ASSERT_EQ(t_get_check(db, m, q, nq), want);
     checked++;
   }
   return checked;
@@ -167,23 +167,13 @@ static void test_fanout(void)
     }
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   size_t q = check_queries(db, m, s, N, 7, 3000, 1);
   verify_clean(db);
 
   /* delete a third, compact, relocate some (re-encoded: their blocks move): same answers */
-  for (size_t i = 0; i < N; i += 3) {
-    kvdb_key keys[8];
-    ASSERT_OK(kvdb_chain_hashes(m, s[i].tok, s[i].n, keys, 8));
-    kvdb_status st = kvdb_delete(db, &keys[(s[i].n + 15) / 16 - 1]);
-    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND); /* a duplicate context was deleted already */
-    s[i].live = 0;
-  }
-  for (size_t i = 0; i < N; i++) /* a context equal to a deleted one was deleted with it */
-    for (size_t j = 0; j < N && s[i].live; j += 3)
-      if (s[j].n == s[i].n && memcmp(s[j].tok, s[i].tok, s[i].n * sizeof *s[i].tok) == 0)
-        s[i].live = 0;
+  delete_thirds(db, m, s, N);
   kvdb_compact_report cr;
   ASSERT_OK(kvdb_compact(db, 1.0, NULL, NULL, &cr));
   ASSERT(cr.blocks_moved > 0);
@@ -210,9 +200,7 @@ static void test_fanout(void)
   ASSERT_OK(kvdb_open(dir, &o, &db));
   q += check_queries(db, m, s, N, 9, 500, 0);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok fanout: 10,000 continuations of one block, %zu lookups at the longest stored "
          "prefix\n", q);
@@ -233,12 +221,12 @@ static void test_sysprompt(void)
     size_t n = 100 + t_rand(&seed) % 400;
     for (size_t j = 0; j < n; j++)
       tok[j] = (uint32_t)(t_rand(&seed) % 32000);
-    put_ctx(db, m, tok, n);
+    t_put_kv(db, m, tok, n, NULL);
   }
   uint32_t sys[200];
   for (int j = 0; j < 200; j++)
     sys[j] = 32000 + (uint32_t)j;
-  put_ctx(db, m, sys, 200);
+  t_put_kv(db, m, sys, 200, NULL);
   int hits = 0;
   for (int k = 0; k < 200; k++) {
     memcpy(tok, sys, sizeof sys);
@@ -249,7 +237,7 @@ static void test_sysprompt(void)
     ASSERT_OK(kvdb_lookup(db, m, tok, n, &hit));
     hits += hit == 200;
     if (k % 20 == 0)
-      ASSERT_EQ(get_check(db, m, tok, n), 200);
+      ASSERT_EQ(t_get_check(db, m, tok, n), 200);
   }
   ASSERT_EQ(hits, 200);
   kvdb_close(db);
@@ -277,17 +265,7 @@ static void test_deep(void)
   size_t q = 0;
   for (size_t i = 0; i < N; i++) {
     if (i == FIRST) { /* delete a third of the first ones */
-      for (size_t k = 0; k < FIRST; k += 3) {
-        kvdb_key keys[4];
-        ASSERT_OK(kvdb_chain_hashes(m, s[k].tok, s[k].n, keys, 4));
-        kvdb_status st = kvdb_delete(db, &keys[(s[k].n + 255) / 256 - 1]);
-        ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND);
-        s[k].live = 0;
-      }
-      for (size_t a = 0; a < FIRST; a++)
-        for (size_t k = 0; k < FIRST && s[a].live; k += 3)
-          if (s[k].n == s[a].n && memcmp(s[k].tok, s[a].tok, s[a].n * sizeof *s[a].tok) == 0)
-            s[a].live = 0;
+      delete_thirds(db, m, s, FIRST);
       verify_clean(db);
       q += check_queries(db, m, s, FIRST, 3, 1000, 1);
     }
@@ -307,14 +285,12 @@ static void test_deep(void)
       s[i].tok[j] = (uint32_t)(t_rand(&seed) % 4); /* 4 words: long shared runs */
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   verify_clean(db);
   q += check_queries(db, m, s, N, 4, 3000, 1);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok deep: 2,000 continuations of a 256-token block sharing long prefixes, %zu lookups "
          "at the longest stored prefix\n", q);
@@ -385,7 +361,7 @@ static void test_upgrade(void)
       s[i].tok[j] = j < 16 ? 300 + (uint32_t)j : (uint32_t)(t_rand(&seed) % 5000);
     s[i].n = n;
     s[i].live = 1;
-    put_ctx(db, m, s[i].tok, n);
+    t_put_kv(db, m, s[i].tok, n, NULL);
   }
   kvdb_close(db);
   make_format3(dir);
@@ -405,9 +381,7 @@ static void test_upgrade(void)
   q += check_queries(db, m, s, N, 13, 1000, 1);
   verify_clean(db);
   kvdb_close(db);
-  for (size_t i = 0; i < N; i++)
-    free(s[i].tok);
-  free(s);
+  free_stored(s, N);
   t_rmdir(dir);
   printf("ok upgrade: format 3 with 2,000 children read read-only, upgraded read-write, %zu "
          "lookups exact, verify clean\n", q);
@@ -456,7 +430,7 @@ static void test_compact_linear(void)
   for (int i = 1; i < N; i++) {
     for (int j = 0; j < 16; j++)
       tok[j] = (uint32_t)(t_rand(&seed) % 32000);
-    put_ctx(db, m, tok, 16);
+    t_put_kv(db, m, tok, 16, NULL);
     ASSERT_OK(kvdb_chain_hashes(m, tok, 16, &keys[i], 1));
   }
   kvdb_stats st;

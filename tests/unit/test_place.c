@@ -43,26 +43,16 @@ static kvdb_options opts(uint64_t smart_bytes)
 /* Context `seed` of n tokens; seeds of the same family share their first 32 tokens. */
 static void ctx_tokens(uint64_t seed, uint32_t *tok, size_t n)
 {
-  uint64_t s = seed * 7919 + 1, fs = seed / 100 + 1000;
-  for (size_t i = 0; i < n; i++)
-    tok[i] = (uint32_t)(i < 32 ? t_rand(&fs) % 30000 : t_rand(&s) % 30000);
+  t_family_tokens(seed, seed / 100, 32, tok, n);
 }
 
 static kvdb_key put_ctx(kvdb *db, uint64_t seed, size_t n, const char *cfg)
 {
   uint32_t tok[512];
   ctx_tokens(seed, tok, n);
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(&M));
-  t_fill_kv(&M, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  kvdb_put_opts po;
-  kvdb_put_opts_init(&po);
-  ASSERT_OK(kvdb_config_parse(cfg, &po.config));
-  kvdb_put_info info;
-  ASSERT_OK(kvdb_put_ex(db, &M, tok, n, &v, &po, &info));
-  free(buf);
-  return info.context;
+  kvdb_key key;
+  ASSERT_OK(t_put_config(db, &M, tok, n, cfg, &key));
+  return key;
 }
 
 /* The whole context through kvdb_get into a fresh buffer (caller frees). */

@@ -39,29 +39,6 @@ static kvdb *t_open(const char *dir, int rdonly)
 
 static uint32_t TA[64], TB[64], TC[40];
 
-static void put(kvdb *db, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = malloc(n * kvdb_model_token_bytes(&M));
-  t_fill_kv(&M, tok, n, buf);
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_put(db, &M, tok, n, &v, NULL));
-  free(buf);
-}
-
-/* get: the hit, after checking every delivered byte is the stored KV of those tokens */
-static size_t get_checked(kvdb *db, const uint32_t *tok, size_t n)
-{
-  uint16_t *buf = calloc(n, kvdb_model_token_bytes(&M));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, n, KVDB_LAYOUT_LKTHD));
-  size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
-  ASSERT_EQ(t_check_kv(&M, tok, hit, n, buf), hit);
-  free(buf);
-  return hit;
-}
-
 static void make_db(const char *dir)
 {
   uint64_t s = 77;
@@ -73,9 +50,9 @@ static void make_db(const char *dir)
   for (int i = 0; i < 40; i++)
     TC[i] = (uint32_t)(t_rand(&s) % 32000);
   kvdb *db = t_open(dir, 0);
-  put(db, TA, 64);
-  put(db, TB, 64);
-  put(db, TC, 40);
+  t_put_kv(db, &M, TA, 64, NULL);
+  t_put_kv(db, &M, TB, 64, NULL);
+  t_put_kv(db, &M, TC, 40, NULL);
   kvdb_close(db);
 }
 
@@ -289,13 +266,13 @@ static void run_case(const dcase *c)
   if (c->outcome == DROPPED) {
     ASSERT_EQ(real.contexts_dropped, 1);
     ASSERT_STATUS(KVDB_NOTFOUND, kvdb_context_stat(db, &ha[3], &ci));
-    size_t hit = get_checked(db, TA, 64);
+    size_t hit = t_get_check(db, &M, TA, 64);
     ASSERT(hit == 0 || hit == 32); /* B's shared prefix at most */
   } else {
     ASSERT_EQ(real.contexts_dropped, 0);
     ASSERT_OK(kvdb_context_stat(db, &ha[3], &ci));
     ASSERT_EQ(ci.n_tokens, 64);
-    ASSERT_EQ(get_checked(db, TA, 64), 64);
+    ASSERT_EQ(t_get_check(db, &M, TA, 64), 64);
     size_t hit;
     ASSERT_OK(kvdb_lookup(db, &M, TA, 64, &hit));
     ASSERT_EQ(hit, 64);
@@ -303,8 +280,8 @@ static void run_case(const dcase *c)
   if (c->outcome == REBUILT)
     ASSERT(real.blocks_rebuilt + real.contexts_rebuilt >= 1);
   /* the others are whole */
-  ASSERT_EQ(get_checked(db, TB, 64), 64);
-  ASSERT_EQ(get_checked(db, TC, 40), 40);
+  ASSERT_EQ(t_get_check(db, &M, TB, 64), 64);
+  ASSERT_EQ(t_get_check(db, &M, TC, 40), 40);
   ASSERT_OK(kvdb_context_stat(db, &hb[3], &ci));
   ASSERT_EQ(ci.n_tokens, 64);
   /* a second repair finds nothing to do; compaction and puts go on */
@@ -313,12 +290,12 @@ static void run_case(const dcase *c)
                 real.refcounts_fixed + real.segments_fixed,
             0);
   if (c->outcome == DROPPED) {
-    put(db, TA, 64);
-    ASSERT_EQ(get_checked(db, TA, 64), 64);
+    t_put_kv(db, &M, TA, 64, NULL);
+    ASSERT_EQ(t_get_check(db, &M, TA, 64), 64);
   }
   ASSERT_OK(kvdb_compact(db, 1.0, NULL, NULL, NULL));
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
-  ASSERT_EQ(get_checked(db, TB, 64), 64);
+  ASSERT_EQ(t_get_check(db, &M, TB, 64), 64);
   kvdb_close(db);
   printf("  %-22s ok (%d problems, e.g. %s)\n", c->name, s.n, s.m[0]);
   t_rmdir(dir);
@@ -334,7 +311,7 @@ static void test_token_flip_short_hit(void)
   ASSERT_OK(kvdb_chain_hashes(&M, TA, 64, ha, 4));
   edit_record(dir, 0, ha[2].b, e_token);
   kvdb *db = t_open(dir, 0);
-  ASSERT_EQ(get_checked(db, TA, 64), 37); /* the walk stops at the changed token */
+  ASSERT_EQ(t_get_check(db, &M, TA, 64), 37); /* the walk stops at the changed token */
   kvdb_context_info ci;
   ASSERT_OK(kvdb_context_stat(db, &ha[3], &ci));
   ASSERT_EQ(ci.n_tokens, 64);
@@ -342,7 +319,7 @@ static void test_token_flip_short_hit(void)
   kvdb_repair_report r;
   ASSERT_OK(kvdb_repair(db, 0, NULL, NULL, NULL, &r));
   ASSERT_EQ(r.blocks_rebuilt, 1);
-  ASSERT_EQ(get_checked(db, TA, 64), 64);
+  ASSERT_EQ(t_get_check(db, &M, TA, 64), 64);
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   t_rmdir(dir);
@@ -369,7 +346,7 @@ static void fork_writer(void *ctx, uint64_t done, uint64_t total)
     kvdb_key ha[4];
     if (kvdb_chain_hashes(&M, TA, 64, ha, 4) != KVDB_OK || kvdb_delete(db, &ha[3]) != KVDB_OK)
       _exit(1);
-    put(db, TD, 48);
+    t_put_kv(db, &M, TD, 48, NULL);
     kvdb_close(db);
     _exit(0);
   }
@@ -404,11 +381,11 @@ static void test_repair_rechecks(void)
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_context_info ci;
   ASSERT_STATUS(KVDB_NOTFOUND, kvdb_context_stat(db, &ha[3], &ci));
-  ASSERT_EQ(get_checked(db, TA, 64), 32); /* B's blocks; A's own stay deleted */
+  ASSERT_EQ(t_get_check(db, &M, TA, 64), 32); /* B's blocks; A's own stay deleted */
   ASSERT_OK(kvdb_context_stat(db, &hc[2], &ci));
   ASSERT_EQ(ci.n_tokens, 40);
-  ASSERT_EQ(get_checked(db, TD, 48), 48);
-  ASSERT_EQ(get_checked(db, TC, 40), 40);
+  ASSERT_EQ(t_get_check(db, &M, TD, 48), 48);
+  ASSERT_EQ(t_get_check(db, &M, TC, 40), 40);
   kvdb_close(db);
   t_rmdir(dir);
 }
@@ -462,7 +439,7 @@ static void test_two_copies_not_guessed(void)
   ASSERT_EQ(r.blocks_rebuilt, 0);
   ASSERT_EQ(r.contexts_dropped, 2);
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
-  ASSERT_EQ(get_checked(db, te, 48), 0);
+  ASSERT_EQ(t_get_check(db, &M, te, 48), 0);
   kvdb_close(db);
   t_rmdir(dir);
 }
