@@ -4,7 +4,8 @@
  * first input byte picks the decoder, the rest is the record:
  *   0  the ctxstats record (engine/catalog/ctxstats.c, FORMAT.md §2 "ctxstats record");
  *   1  meta "placement", the settings serving handles record (kv_place_set_decode);
- *   2  meta "perf.<tier>", cached tier figures (kv_place_perf_decode).
+ *   2  meta "perf.<tier>", cached tier figures (kv_place_perf_decode);
+ *   3  meta "counts", kvdb_stat's per-tier counters (kv_counts_decode).
  *
  * Must never crash or read outside the input. Properties (abort when broken):
  *   - a refusal is KVDB_CORRUPT (or KVDB_VERSION for ctxstats) with a message;
@@ -13,7 +14,8 @@
  *     normalized); the decayed frequency is finite, >= 0 and never above the stored one;
  *   - placement settings: accepted ones are valid kvdb_options placement fields (a rule that
  *     is not off) and encode back to the input;
- *   - tier figures: accepted ones are finite, bandwidth > 0, latency >= 0, and encode back.
+ *   - tier figures: accepted ones are finite, bandwidth > 0, latency >= 0, and encode back;
+ *   - counters: accepted ones are KV_COUNTS_BYTES long and encode back to the input.
  * Seeds: tests/fuzz/corpora/ctxstats/.
  */
 #include <math.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "catalog/counts.h"
 #include "catalog/ctxstats.h"
 #include "store/kv_place.h"
 #include "kvdb.h"
@@ -96,19 +99,39 @@ static void figures(const uint8_t *data, size_t size)
     abort();
 }
 
+static void counters(const uint8_t *data, size_t size)
+{
+  uint64_t stamp;
+  kv_counts k;
+  kvdb_status rc = kv_counts_decode(data, size, &stamp, &k);
+  if (rc != KVDB_OK) {
+    refused(rc, 0);
+    return;
+  }
+  if (size != KV_COUNTS_BYTES)
+    abort();
+  uint8_t buf[KV_COUNTS_BYTES];
+  kv_counts_encode(stamp, &k, buf);
+  if (memcmp(buf, data, size) != 0)
+    abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
   if (size == 0)
     return 0;
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
   case 0:
     ctxstats(data + 1, size - 1);
     break;
   case 1:
     settings(data + 1, size - 1);
     break;
-  default:
+  case 2:
     figures(data + 1, size - 1);
+    break;
+  default:
+    counters(data + 1, size - 1);
     break;
   }
   return 0;
