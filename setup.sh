@@ -25,7 +25,7 @@ case "$mode" in
   *) echo "usage: ./setup.sh demo|test" >&2; exit 2 ;;
 esac
 
-pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev python3 libxrt-dev uuid-dev"
+pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev libjansson-dev python3 libxrt-dev uuid-dev"
 # the virtual environment of the Python package; g++ and cmake build llama-cpp-python
 pkgs="$pkgs python3-venv g++ cmake"
 if [ "$mode" = test ]; then

@@ -20,9 +20,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "json_load.h"
 
-#define JSONL_MAX_VALUES (1u << 24)
+/* A JSONL row: any JSON value is parsed (a non-object gets its own message); a string may hold
+ * \u0000 (the text keeps it); a key given twice is refused (which one was meant?); integers
+ * beyond 64 bits are read as reals, so an id member of any size does not stop a row; one row
+ * may take up to 1 GiB of parse memory (a document of ~300 MiB). */
+#define JSONL_FLAGS (JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL)
+#define JSONL_MAX_MEM ((size_t)1 << 30)
 
 int ingest_errf(char *err, size_t cap, const char *fmt, ...)
 {
@@ -314,27 +319,29 @@ static int jsonl_doc(const doc_reader *r, size_t a, size_t b, uint64_t line, cha
     s += 3;
     n -= 3;
   }
-  js_doc d;
   char jerr[200];
-  if (js_parse(&d, s, n, JSONL_MAX_VALUES, jerr, sizeof jerr) != 0)
+  json_t *row = ingest_json_load(s, n, JSONL_FLAGS, JSONL_MAX_MEM, jerr, sizeof jerr);
+  if (row == NULL)
     return ingest_errf(err, err_cap, "'%s' line %llu: not valid JSON: %s", path, (unsigned long long)line,
                 jerr);
   int rc = 0;
-  if (d.v[0].type != JS_OBJECT) {
+  if (!json_is_object(row)) {
     rc = ingest_errf(err, err_cap, "'%s' line %llu: a JSON %s, expected an object with a \"%s\" string",
-              path, (unsigned long long)line, js_type_name(d.v[0].type), r->field);
+              path, (unsigned long long)line, ingest_json_type(row), r->field);
   } else {
-    size_t vi = js_get(&d, 0, r->field);
-    if (vi == 0)
+    json_t *v = json_object_get(row, r->field);
+    if (v == NULL)
       rc = ingest_errf(err, err_cap, "'%s' line %llu: no \"%s\" member (set the field with --text-field)",
                 path, (unsigned long long)line, r->field);
-    else if (d.v[vi].type != JS_STRING)
+    else if (!json_is_string(v))
       rc = ingest_errf(err, err_cap, "'%s' line %llu: \"%s\" is a JSON %s, expected a string", path,
-                (unsigned long long)line, r->field, js_type_name(d.v[vi].type));
-    else if (js_string(&d, vi, text, len) != 0)
+                (unsigned long long)line, r->field, ingest_json_type(v));
+    else if ((*len = json_string_length(v), *text = malloc(*len + 1)) == NULL)
       rc = ingest_errf(err, err_cap, "'%s' line %llu: out of memory", path, (unsigned long long)line);
+    else
+      memcpy(*text, json_string_value(v), *len + 1);
   }
-  js_free(&d);
+  json_decref(row);
   return rc;
 }
 

@@ -6,8 +6,10 @@ Every file is synthetic and deterministic; rerun after a format change:
 
     python3 tools/ingest/make_fuzz_seeds.py tests/fuzz/corpora
 
-writes tests/fuzz/corpora/ingest_json/*.json (valid and invalid JSON: escapes, surrogates, numbers,
-nesting at and past the depth limit, JSONL rows, a safetensors header) and
+writes tests/fuzz/corpora/ingest_json/*.json (valid and invalid JSON for Jansson as kvdb-ingest
+calls it: escapes, surrogates, numbers, nesting at and past Jansson's 2048 levels, duplicate keys,
+bytes that are not UTF-8, a text past the fuzz target's 1 MiB parse bound, JSONL rows, a
+safetensors header; "valid" means valid for both of kvdb-ingest's flag sets) and
 tests/fuzz/corpora/safetensors/*.safetensors (every accepted form and dtype, and files that must be
 refused: truncated, bad lengths, missing or mismatched tensors, offsets outside the data).
 """
@@ -18,13 +20,21 @@ import sys
 
 JSON_SEEDS = {
     "valid_row.json": b'{"text": "Once upon a time, there was a little girl.", "id": 7}',
-    "valid_escapes.json": b'{"text": "q\\" b\\\\ s\\/ \\b\\f\\n\\r\\t \\u00e9 \\ud83d\\ude00 lone \\ud800 end"}',
-    "valid_numbers.json": b'[0, -0, 12, -3.25, 1e9, 2.5E-3, 18446744073709551615, 18446744073709551616]',
+    "valid_escapes.json": b'{"text": "q\\" b\\\\ s\\/ \\b\\f\\n\\r\\t \\u00e9 \\ud83d\\ude00 nul \\u0000 end"}',
+    "reject_lone_surrogate.json": b'{"text": "lone \\ud800 end"}',
+    "reject_not_utf8.json": b'{"text": "caf\xe9"}',
+    "valid_numbers.json": b'[0, -0, 12, -3.25, 1e9, 2.5E-3, 9223372036854775807]',
+    # JSONL rows read these as reals; safetensors headers refuse them (offsets fit 63 bits)
+    "row_big_integers.json": b'{"id": 18446744073709551615, "n": 18446744073709551616, "text": "x"}',
+    "reject_real_overflow.json": b'[1e400]',
+    "reject_parse_bound.json": b"[" + b"0," * 40000 + b"0]",
     "valid_literals.json": b' \t\r\n[true, false, null, {}, [], "", {"a": {"b": [1, {"c": null}]}}] \n',
-    "valid_duplicate_keys.json": b'{"text": "first", "text": "second"}',
+    "reject_duplicate_keys.json": b'{"text": "first", "text": "second"}',
+    "reject_key_with_nul.json": b'{"a\\u0000b": 1}',
     "valid_deep.json": b"[" * 63 + b"1" + b"]" * 63,
     "valid_st_header.json": b'{"__metadata__": {"model_id": "m", "format": "pt"}, "tokens": {"dtype": "I32", "shape": [3], "data_offsets": [0, 12]}}',
-    "reject_too_deep.json": b"[" * 70 + b"]" * 70,
+    "valid_deep_2048.json": b"[" * 2048 + b"]" * 2048,
+    "reject_too_deep.json": b"[" * 2049 + b"]" * 2049,
     "reject_trailing_comma.json": b'{"a": 1,}',
     "reject_unterminated.json": b'{"text": "abc',
     "reject_bad_escape.json": b'"\\x41"',
@@ -119,6 +129,9 @@ def st_seeds():
     s["reject_missing_layer.safetensors"] = safetensors(per[:-1])
     s["reject_huge_shape.safetensors"] = safetensors(
         [tok, ("k", "F16", [1 << 40, 1 << 40, 1 << 40, 8], b""), ("v", "F16", [L, T, H, D], vals(n, "F16", 2))])
+    dup = b'{"dtype": "I32", "shape": [3], "data_offsets": [0, 12]}'
+    s["reject_duplicate_tensor.safetensors"] = safetensors(
+        [("tokens", "I32", [3], bytes(12))], header=b'{"tokens": ' + dup + b', "tokens": ' + dup + b"}")
     return s
 
 

@@ -2,7 +2,7 @@
 /*
  * tools/ingest/safetensors.c — reading a kvdb context from a safetensors file (safetensors.h).
  *
- * The header is parsed with json.h, every tensor entry is checked (dtype a string, shape an array
+ * The header is parsed with Jansson (json_load.h), every tensor entry is checked (dtype a string, shape an array
  * of at most ST_MAX_DIMS non-negative integers, data_offsets [begin, end] inside the byte buffer
  * with end - begin equal to the shape's byte size for a known dtype), then the tensors kvdb needs
  * are located and their shapes cross-checked. The K/V bytes are never copied: the kvdb_kv_view
@@ -21,10 +21,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "json_load.h"
 
 #define ST_MAX_DIMS 8
-#define ST_MAX_VALUES (1u << 22) /* JSON values in a header: ~80 MiB of parse memory at most */
+/* The header: any JSON value is parsed (a non-object gets its own message), a key given twice
+ * (a tensor, or a __metadata__ member) is refused, integers must fit 63 bits, and the parse may
+ * take up to 1 GiB of memory (a 100 MiB header of the densest JSON needs ~4 GiB). */
+#define ST_JSON_FLAGS (JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES)
+#define ST_MAX_PARSE_MEM ((size_t)1 << 30)
 #define ST_PER_LAYER_PREFIX "past_key_values."
 
 typedef struct tensor {
@@ -80,52 +84,57 @@ static void shape_str(const tensor *t, char *buf, size_t cap)
     snprintf(buf + o, cap - o, "]");
 }
 
-/* Read one tensor entry (value index vi of the header object) into *t. */
-static int read_tensor(const ctx *c, const js_doc *d, size_t vi, tensor *t, uint64_t data_len)
+/* A non-negative JSON integer into *out; -1 when v is anything else. */
+static int json_u64(const json_t *v, uint64_t *out)
 {
-  if (d->v[vi].type != JS_OBJECT)
-    return fail(c, "tensor '%s': entry is a JSON %s, not an object", t->name,
-                js_type_name(d->v[vi].type));
-  size_t jd = js_get(d, vi, "dtype"), js = js_get(d, vi, "shape"),
-         jo = js_get(d, vi, "data_offsets");
-  if (jd == 0 || js == 0 || jo == 0)
+  if (!json_is_integer(v) || json_integer_value(v) < 0)
+    return -1;
+  *out = (uint64_t)json_integer_value(v);
+  return 0;
+}
+
+/* Read one tensor entry (the value e of the header object) into *t. */
+static int read_tensor(const ctx *c, const json_t *e, tensor *t, uint64_t data_len)
+{
+  if (!json_is_object(e))
+    return fail(c, "tensor '%s': entry is a JSON %s, not an object", t->name, ingest_json_type(e));
+  const json_t *jd = json_object_get(e, "dtype"), *js = json_object_get(e, "shape"),
+               *jo = json_object_get(e, "data_offsets");
+  if (jd == NULL || js == NULL || jo == NULL)
     return fail(c, "tensor '%s': missing \"%s\"", t->name,
-                jd == 0   ? "dtype"
-                : js == 0 ? "shape"
-                          : "data_offsets");
-  char *dt = NULL;
-  size_t dlen = 0;
-  if (js_string(d, jd, &dt, &dlen) != 0)
+                jd == NULL   ? "dtype"
+                : js == NULL ? "shape"
+                             : "data_offsets");
+  if (!json_is_string(jd))
     return fail(c, "tensor '%s': \"dtype\" is not a string", t->name);
-  if (dlen == 0 || dlen >= sizeof t->dtype || strlen(dt) != dlen) {
-    free(dt);
+  const char *dt = json_string_value(jd);
+  size_t dlen = json_string_length(jd);
+  if (dlen == 0 || dlen >= sizeof t->dtype || strlen(dt) != dlen)
     return fail(c, "tensor '%s': dtype of %zu bytes is not a safetensors dtype", t->name, dlen);
-  }
   memcpy(t->dtype, dt, dlen + 1);
-  free(dt);
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
     if (strcmp(t->dtype, dtypes[i].name) == 0) {
       t->known = 1;
       t->elem_bytes = dtypes[i].bytes;
     }
-  if (d->v[js].type != JS_ARRAY)
+  if (!json_is_array(js))
     return fail(c, "tensor '%s': \"shape\" is not an array", t->name);
-  if (d->v[js].n_children > ST_MAX_DIMS)
-    return fail(c, "tensor '%s': %u dimensions (at most %d)", t->name, d->v[js].n_children,
+  if (json_array_size(js) > ST_MAX_DIMS)
+    return fail(c, "tensor '%s': %zu dimensions (at most %d)", t->name, json_array_size(js),
                 ST_MAX_DIMS);
-  t->ndim = (int)d->v[js].n_children;
+  t->ndim = (int)json_array_size(js);
   uint64_t elems = 1;
   int overflow = 0;
   for (int i = 0; i < t->ndim; i++) {
-    if (js_u64(d, js_elem(d, js, (size_t)i), &t->shape[i]) != 0)
+    if (json_u64(json_array_get(js, (size_t)i), &t->shape[i]) != 0)
       return fail(c, "tensor '%s': shape[%d] is not a non-negative integer", t->name, i);
     if (t->shape[i] != 0 && elems > UINT64_MAX / t->shape[i])
       overflow = 1;
     else
       elems *= t->shape[i];
   }
-  if (d->v[jo].type != JS_ARRAY || d->v[jo].n_children != 2 ||
-      js_u64(d, js_elem(d, jo, 0), &t->begin) != 0 || js_u64(d, js_elem(d, jo, 1), &t->end) != 0)
+  if (!json_is_array(jo) || json_array_size(jo) != 2 ||
+      json_u64(json_array_get(jo, 0), &t->begin) != 0 || json_u64(json_array_get(jo, 1), &t->end) != 0)
     return fail(c, "tensor '%s': \"data_offsets\" must be [begin, end], two non-negative integers",
                 t->name);
   if (t->begin > t->end || t->end > data_len)
@@ -208,12 +217,11 @@ static int check_kv(const ctx *c, const tensor *t, const tensor *first, const ui
 static int parse_header(const ctx *c, const uint8_t *buf, size_t len, st_context *out)
 {
   int rc = -1;
-  js_doc d = {0};
+  json_t *hj = NULL;
   tensor *ts = NULL;
   size_t n_ts = 0;
   char jerr[200];
   const char *layout = NULL; /* __metadata__.kv_layout */
-  char *layout_buf = NULL;
   if (len < 8)
     return fail(c, "truncated: %zu bytes; a safetensors file starts with an 8-byte header length",
                 len);
@@ -227,67 +235,60 @@ static int parse_header(const ctx *c, const uint8_t *buf, size_t len, st_context
     return fail(c, "truncated: the header says %llu bytes, the file has %zu after the length",
                 (unsigned long long)hlen, len - 8);
   const char *hdr = (const char *)buf + 8;
-  if (js_parse(&d, hdr, (size_t)hlen, ST_MAX_VALUES, jerr, sizeof jerr) != 0)
+  hj = ingest_json_load(hdr, (size_t)hlen, ST_JSON_FLAGS, ST_MAX_PARSE_MEM, jerr, sizeof jerr);
+  if (hj == NULL)
     return fail(c, "header is not valid JSON: %s", jerr);
-  if (d.v[0].type != JS_OBJECT) {
-    fail(c, "header is a JSON %s, not an object", js_type_name(d.v[0].type));
+  if (!json_is_object(hj)) {
+    fail(c, "header is a JSON %s, not an object", ingest_json_type(hj));
     goto done;
   }
   const uint8_t *data = buf + 8 + hlen;
   uint64_t data_len = len - 8 - hlen;
-  ts = calloc(d.v[0].n_children + 1u, sizeof *ts);
+  ts = calloc(json_object_size(hj) + 1u, sizeof *ts);
   if (ts == NULL) {
     fail(c, "out of memory");
     goto done;
   }
-  size_t k = 1;
-  for (uint32_t m = 0; m < d.v[0].n_children; m++, k = d.v[k + 1].next) {
-    size_t vi = k + 1;
-    if (js_string_eq(&d, k, "__metadata__")) {
-      if (d.v[vi].type != JS_OBJECT) {
-        fail(c, "\"__metadata__\" is a JSON %s, not an object", js_type_name(d.v[vi].type));
+  /* members in the header's order (Jansson keeps insertion order); keys are unique
+   * (JSON_REJECT_DUPLICATES) and hold no NUL (Jansson refuses one in a key) */
+  const char *key;
+  json_t *vj;
+  json_object_foreach(hj, key, vj) {
+    if (strcmp(key, "__metadata__") == 0) {
+      if (!json_is_object(vj)) {
+        fail(c, "\"__metadata__\" is a JSON %s, not an object", ingest_json_type(vj));
         goto done;
       }
-      size_t mi = js_get(&d, vi, "model_id"), li = js_get(&d, vi, "kv_layout");
-      if (mi != 0) {
-        char *id = NULL;
-        size_t id_len = 0;
-        if (js_string(&d, mi, &id, &id_len) != 0) {
+      const json_t *mi = json_object_get(vj, "model_id"), *li = json_object_get(vj, "kv_layout");
+      if (mi != NULL) {
+        if (!json_is_string(mi)) {
           fail(c, "__metadata__.model_id is not a string");
           goto done;
         }
+        const char *id = json_string_value(mi);
+        size_t id_len = json_string_length(mi);
         if (id_len < 1 || id_len > 63 || strlen(id) != id_len) {
           fail(c, "__metadata__.model_id is %zu bytes (must be 1..63, no NUL)", id_len);
-          free(id);
           goto done;
         }
         memcpy(out->model_id, id, id_len + 1);
-        free(id);
       }
-      if (li != 0) {
-        free(layout_buf);
-        layout_buf = NULL;
-        if (js_string(&d, li, &layout_buf, NULL) != 0) {
+      if (li != NULL) {
+        if (!json_is_string(li)) {
           fail(c, "__metadata__.kv_layout is not a string");
           goto done;
         }
-        layout = layout_buf;
+        layout = json_string_value(li);
       }
       continue;
     }
     tensor *t = &ts[n_ts];
-    size_t name_len = 0;
-    if (js_string(&d, k, &t->name, &name_len) != 0) {
+    if ((t->name = strdup(key)) == NULL) {
       fail(c, "out of memory");
       goto done;
     }
     n_ts++;
-    for (size_t j = 0; j + 1 < n_ts; j++)
-      if (strcmp(ts[j].name, t->name) == 0) {
-        fail(c, "tensor '%s' appears twice in the header", t->name);
-        goto done;
-      }
-    if (read_tensor(c, &d, vi, t, data_len) != 0)
+    if (read_tensor(c, vj, t, data_len) != 0)
       goto done;
   }
 
@@ -489,11 +490,10 @@ static int parse_header(const ctx *c, const uint8_t *buf, size_t len, st_context
   }
   rc = 0;
 done:
-  free(layout_buf);
   for (size_t i = 0; ts != NULL && i < n_ts; i++)
     free(ts[i].name);
   free(ts);
-  js_free(&d);
+  json_decref(hj);
   return rc;
 }
 
