@@ -2,6 +2,10 @@
 /*
  * tools/kvdb-admin/admin_out.c — the output helpers of admin_out.h: JSON writer, sizes,
  * times, terminal-safe text, progress bar.
+ *
+ * The JSON writer streams: it keeps the open containers (brackets, commas, member names' place)
+ * and writes every member name and value as it comes with Jansson's encoder (escaping, UTF-8,
+ * number formatting), so a listing of any length needs no tree in memory.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <inttypes.h>
@@ -9,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <jansson.h>
 
 #include "admin_out.h"
 
@@ -18,6 +24,8 @@
 static size_t utf8_len(const unsigned char *p)
 {
   unsigned c = p[0];
+  if (c < 0x80)
+    return c != 0;
   size_t n;
   unsigned min;
   if (c >= 0xc2 && c <= 0xdf) {
@@ -43,41 +51,44 @@ static size_t utf8_len(const unsigned char *p)
   return n;
 }
 
-static void put_string(FILE *f, const char *s)
+/* A Jansson string of s; bytes that are not valid UTF-8 (Jansson takes only UTF-8) become
+ * U+FFFD. NULL only when memory ran out. */
+static json_t *utf8_string(const char *s)
 {
+  json_t *v = json_string(s);
+  if (v != NULL)
+    return v;
+  size_t n = strlen(s);
+  char *t = malloc(3 * n + 1); /* each byte at worst becomes the 3 bytes of U+FFFD */
+  if (t == NULL)
+    return NULL;
   const unsigned char *p = (const unsigned char *)s;
-  fputc('"', f);
+  size_t o = 0;
   while (*p != 0) {
-    unsigned c = *p;
-    if (c == '"' || c == '\\') {
-      fputc('\\', f);
-      fputc((int)c, f);
-      p++;
-    } else if (c < 0x20) {
-      switch (c) {
-      case '\n': fputs("\\n", f); break;
-      case '\r': fputs("\\r", f); break;
-      case '\t': fputs("\\t", f); break;
-      case '\b': fputs("\\b", f); break;
-      case '\f': fputs("\\f", f); break;
-      default: fprintf(f, "\\u%04x", c); break;
-      }
-      p++;
-    } else if (c < 0x80) {
-      fputc((int)c, f);
+    size_t k = utf8_len(p);
+    if (k == 0) {
+      memcpy(t + o, "\xef\xbf\xbd", 3);
+      o += 3;
       p++;
     } else {
-      size_t n = utf8_len(p);
-      if (n == 0) {
-        fputs("\\ufffd", f);
-        p++;
-      } else {
-        fwrite(p, 1, n, f);
-        p += n;
-      }
+      memcpy(t + o, p, k);
+      o += k;
+      p += k;
     }
   }
-  fputc('"', f);
+  t[o] = 0;
+  v = json_string(t);
+  free(t);
+  return v;
+}
+
+/* Write the value v with Jansson's encoder (compact; reals with 6 significant digits) and drop
+ * it; NULL (memory ran out) is written as null. */
+static void put_value(FILE *f, json_t *v)
+{
+  if (v == NULL || json_dumpf(v, f, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(6)) != 0)
+    fputs("null", f);
+  json_decref(v);
 }
 
 /* The separator and member name before a value. */
@@ -87,7 +98,7 @@ static void value_prefix(jw *w, const char *key)
     if (w->items[w->depth - 1]++ > 0)
       fputc(',', w->f);
     if (w->close[w->depth - 1] == '}') {
-      put_string(w->f, key != NULL ? key : "");
+      put_value(w->f, utf8_string(key != NULL ? key : ""));
       fputc(':', w->f);
     }
   }
@@ -141,34 +152,34 @@ void jw_unwind(jw *w, int depth)
 void jw_str(jw *w, const char *key, const char *s)
 {
   value_prefix(w, key);
-  put_string(w->f, s != NULL ? s : "");
+  put_value(w->f, utf8_string(s != NULL ? s : ""));
 }
 
 void jw_u64(jw *w, const char *key, uint64_t v)
 {
   value_prefix(w, key);
-  fprintf(w->f, "%" PRIu64, v);
+  if (v <= INT64_MAX)
+    put_value(w->f, json_integer((json_int_t)v));
+  else /* past Jansson's int64 (a damaged record's field): the exact digits, still a JSON number */
+    fprintf(w->f, "%" PRIu64, v);
 }
 
 void jw_num(jw *w, const char *key, double v)
 {
   value_prefix(w, key);
-  if (isfinite(v))
-    fprintf(w->f, "%.6g", v);
-  else
-    fputs("null", w->f);
+  put_value(w->f, isfinite(v) ? json_real(v) : json_null());
 }
 
 void jw_bool(jw *w, const char *key, int v)
 {
   value_prefix(w, key);
-  fputs(v ? "true" : "false", w->f);
+  put_value(w->f, json_boolean(v));
 }
 
 void jw_null(jw *w, const char *key)
 {
   value_prefix(w, key);
-  fputs("null", w->f);
+  put_value(w->f, json_null());
 }
 
 /* ---- text --------------------------------------------------------------------------------- */

@@ -20,8 +20,9 @@
 /*
  * jw - writes one compact JSON document to `f` as it is built, so a long listing needs no
  * memory. Inside an object every value takes a member name (`key`); inside an array and at the
- * top `key` is NULL. Strings are escaped, and bytes that are not valid UTF-8 become U+FFFD, so
- * the output always parses. Nesting deeper than JW_MAX_DEPTH is a bug in the caller (abort).
+ * top `key` is NULL. Names and values are encoded by Jansson (json_dumpf); bytes that are not
+ * valid UTF-8 become U+FFFD first, so the output always parses. Nesting deeper than
+ * JW_MAX_DEPTH is a bug in the caller (abort).
  */
 typedef struct jw {
   FILE *f;
@@ -40,7 +41,8 @@ void jw_end(jw *w);
 void jw_unwind(jw *w, int depth);
 void jw_str(jw *w, const char *key, const char *s);
 void jw_u64(jw *w, const char *key, uint64_t v);
-/* A finite double with up to 6 significant digits; NaN and infinities become null. */
+/* A finite double with up to 6 significant digits, always written as a real ("0.0", "1e-5");
+ * NaN and infinities become null. */
 void jw_num(jw *w, const char *key, double v);
 void jw_bool(jw *w, const char *key, int v);
 void jw_null(jw *w, const char *key);
