@@ -461,9 +461,9 @@ int bench_policy(const bench_env *env, bench_json *j)
   fprintf(o, "\ntargets (DRAM tier as kvdb has it, decoded): ttft_gain_vs_compress_lru %.3f (>= "
              "%.2f %s), ttft_gain_vs_lru_within_3pct %.3f (>= %.2f %s), greedy_vs_upper_bound "
              "%.4f (>= %.2f %s), place_100k_ms %.1f (<= %.0f %s)\n",
-          h->g[0].vs_compress, T_GAIN_VS_COMPRESS_LRU, m1 ? "met" : "MISSED", h->g[0].vs_lru_3pct,
-          T_GAIN_VS_LRU_3PCT, m2 ? "met" : "MISSED", h->gvb[0], T_GREEDY_VS_BOUND,
-          m3 ? "met" : "MISSED", h->place_ms, T_PLACE_100K_MS, m4 ? "met" : "MISSED");
+          h->g[0].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[0].vs_lru_3pct,
+          T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[0], T_GREEDY_VS_BOUND,
+          bench_met(m3), h->place_ms, T_PLACE_100K_MS, bench_met(m4));
 
   /* JSON */
   bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[0].vs_compress);
