@@ -128,6 +128,9 @@ int bench_background(const bench_env *env, bench_json *j);
 int bench_growth(const bench_env *env, bench_json *j);
 int bench_llama(const bench_env *env, bench_json *j);
 
+/* "met" or "MISSED": a target's verdict in the reports. Never NULL. */
+const char *bench_met(int ok);
+
 /* ---- files, memory, page cache ------------------------------------------------------------ */
 
 /* Progress and warnings to stderr, prefixed "kvdb-bench: ". */
@@ -139,6 +142,9 @@ void bench_free(void *p);
 
 /* "a/b" into buf. Returns buf; exits the program if it does not fit (paths are ours). */
 char *bench_path(char *buf, size_t cap, const char *a, const char *b);
+
+/* 1 when `path` is a regular file (stat follows links), else 0. */
+int bench_file_exists(const char *path);
 
 /* Remove a directory tree. Returns 0 or -1 (errno set). */
 int bench_rmtree(const char *path);

@@ -578,11 +578,6 @@ typedef struct set_figures {
   double int8_qd, int4_qd, int4_r128_q; /* derived probes (NAN if none); int4:r128 */
 } set_figures;
 
-static const char *met(int ok)
-{
-  return ok ? "met" : "MISSED";
-}
-
 /* Measure everything on one set; print its table and add its JSON fields. */
 static int bench_set(const bench_env *env, bench_json *j, bench_kvset *s, set_figures *fig)
 {
@@ -843,8 +838,8 @@ int bench_compress(const bench_env *env, bench_json *j)
   for (int i = 0; i < 5; i++) {
     char a[32] = "       -  skipped";
     if (fr.ok)
-      snprintf(a, sizeof a, "%8.4f  %-7s", vr[i], met(t[i]));
-    fprintf(o, "  %-20s >= %-6g  %s  %8.4f  %s\n", tk[i], tv[i], a, vs[i], met(t[5 + i]));
+      snprintf(a, sizeof a, "%8.4f  %-7s", vr[i], bench_met(t[i]));
+    fprintf(o, "  %-20s >= %-6g  %s  %8.4f  %s\n", tk[i], tv[i], a, vs[i], bench_met(t[5 + i]));
   }
   fprintf(o, "targets met: %d of 5 on real KV%s (synthetic KV: %d of 5)\n", n_real,
           fr.ok ? "" : " (skipped)", n_syn);

@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "bench.h"
 #include "docs.h"
@@ -53,25 +52,19 @@ typedef struct plen {
   bench_samples full, hit, hit_get, dram;
 } plen;
 
-static int file_exists(const char *p)
-{
-  struct stat sb;
-  return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static int find_inputs(const bench_env *env, char *model, char *tok, char *corpus, size_t cap,
                        char *looked, size_t looked_cap)
 {
   if (env->model_dir != NULL) {
     snprintf(model, cap, "%.4000s/stories260K/stories260K.bin", env->model_dir);
     snprintf(tok, cap, "%.4000s/stories260K/tok512.bin", env->model_dir);
-    if (!file_exists(model) || !file_exists(tok)) {
+    if (!bench_file_exists(model) || !bench_file_exists(tok)) {
       snprintf(looked, looked_cap, "model: '%.4000s' and '%.4000s'", model, tok);
       return -1;
     }
     snprintf(corpus, cap, "%.4000s/../corpora/tinystories/tinystories_validation_head.txt",
              env->model_dir);
-    if (file_exists(corpus))
+    if (bench_file_exists(corpus))
       return 0;
   } else {
     char where[8000];

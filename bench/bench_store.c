@@ -169,11 +169,6 @@ static int mfail(const char *what, int mrc)
   return -1;
 }
 
-static const char *met(int ok)
-{
-  return ok ? "met" : "MISSED";
-}
-
 static double mib(uint64_t b)
 {
   return (double)b / (1024.0 * 1024.0);
@@ -1244,13 +1239,13 @@ int bench_store(const bench_env *env, bench_json *j)
   fprintf(o, "\n");
   fprintf(o, "put   kvdb_put, KVDB_SYNC_FULL          %6.3f GB/s   raw O_DIRECT write+fdatasync %6.3f GB/s"
              "   put_vs_raw %.3f   (target >= %.2f: %s)\n",
-          put_g[S_KVDB], put_g[S_RAW], put_vs_raw, T_PUT_VS_RAW, met(ok_put));
+          put_g[S_KVDB], put_g[S_RAW], put_vs_raw, T_PUT_VS_RAW, bench_met(ok_put));
   fprintf(o, "get   kvdb_get cold, SSD tier, dram 0   %6.3f GB/s   raw O_DIRECT sequential read %6.3f GB/s"
              "   get_vs_raw %.3f   (target >= %.2f: %s)\n",
-          get_g[S_KVDB], get_g[S_RAW], get_vs_raw, T_GET_VS_RAW, met(ok_get));
+          get_g[S_KVDB], get_g[S_RAW], get_vs_raw, T_GET_VS_RAW, bench_met(ok_get));
   fprintf(o, "dram  kvdb_get from the DRAM tier       %6.3f GB/s   memcpy of the same bytes     %6.3f GB/s"
              "   dram_get_vs_memcpy %.3f   (target >= %.2f: %s)\n",
-          dr.kvdb_gbps, dr.memcpy_gbps, dram_vs, T_DRAM_VS_MEMCPY, met(ok_dram));
+          dr.kvdb_gbps, dr.memcpy_gbps, dram_vs, T_DRAM_VS_MEMCPY, bench_met(ok_dram));
   fprintf(o, "      (%u rounds x %zu contexts; DRAM-tier block hits %" PRIu64
              ", bytes read from disk while timed %" PRIu64 ")\n",
           dr.rounds, sb.n_ctx, dr.tier_hits, dr.disk_bytes_timed);
@@ -1264,7 +1259,7 @@ int bench_store(const bench_env *env, bench_json *j)
     fprintf(o, "      %-26s p50 %6.2f us   p99 %6.2f us\n", kind[k],
             us(bench_samples_pct(&lk.lat[k], 50)), us(bench_samples_pct(&lk.lat[k], 99)));
   fprintf(o, "      lookup_p99_us (hits) %.2f   (target <= %.0f: %s)\n", lk_p99, T_LOOKUP_P99_US,
-          met(ok_lk));
+          bench_met(ok_lk));
   fprintf(o, "      fan-out: one block with %u continuations (%" PRIu64 " blocks), %zu partial "
              "hits: p50 %6.2f us   p99 %6.2f us (lookup_fanout_p99_us)\n",
           ST_FANOUT_CONT, fo.n_blocks, fo.n_queries, us(bench_samples_pct(&fo.lat, 50)),
@@ -1274,7 +1269,7 @@ int bench_store(const bench_env *env, bench_json *j)
           sub.trials);
   fprintf(o, "      clustered (%zu positions in 16-token aligned runs): read %" PRIu64 " B for %" PRIu64
              " B needed, amplification %.3f   (target <= %.1f: %s; this is subset_read_amplification)\n",
-          sub.n_pos[0], sub.bytes_read[0], sub.bytes_needed[0], amp[0], T_SUBSET_AMP, met(ok_sub));
+          sub.n_pos[0], sub.bytes_read[0], sub.bytes_needed[0], amp[0], T_SUBSET_AMP, bench_met(ok_sub));
   fprintf(o, "      uniform   (%zu random positions):               read %" PRIu64 " B for %" PRIu64
              " B needed, amplification %.3f   (no target: 16-token pages)\n",
           sub.n_pos[1], sub.bytes_read[1], sub.bytes_needed[1], amp[1]);

@@ -229,6 +229,17 @@ char *bench_path(char *buf, size_t cap, const char *a, const char *b)
   return buf;
 }
 
+int bench_file_exists(const char *path)
+{
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char *bench_met(int ok)
+{
+  return ok ? "met" : "MISSED";
+}
+
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
   (void)st;

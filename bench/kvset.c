@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "codec.h"
 #include "datagen.h"
@@ -220,12 +219,6 @@ int bench_kvset_synthetic(bench_kvset *s, const bench_env *env, uint32_t layers)
 
 /* ---- the real set --------------------------------------------------------------------------- */
 
-static int file_exists(const char *p)
-{
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* Read a whole (small) file. NULL on failure. */
 static char *slurp(const char *path, size_t *len)
 {
@@ -257,7 +250,7 @@ static int find_inputs(const bench_env *env, char *bin, char *tok, char *text, s
     md = BENCH_MODEL_DIR;
   snprintf(bin, cap, "%.4000s/stories260K/stories260K.bin", md);
   snprintf(tok, cap, "%.4000s/stories260K/tok512.bin", md);
-  if (!file_exists(bin) || !file_exists(tok)) {
+  if (!bench_file_exists(bin) || !bench_file_exists(tok)) {
     snprintf(looked, looked_cap, "model not found: looked for %.2000s and %.2000s", bin, tok);
     return -1;
   }
@@ -271,7 +264,7 @@ static int find_inputs(const bench_env *env, char *bin, char *tok, char *text, s
   size_t used = (size_t)snprintf(looked, looked_cap, "corpus not found: looked for");
   for (int i = 0; i < nc; i++) {
     snprintf(text, cap, "%.4000s/tinystories/tinystories_validation_head.txt", cand[i]);
-    if (file_exists(text))
+    if (bench_file_exists(text))
       return 0;
     if (used < looked_cap)
       used += (size_t)snprintf(looked + used, looked_cap - used, "%s %.4100s", i ? "," : "", text);

@@ -36,6 +36,29 @@
  * Memory. kvdb never keeps a pointer to caller memory after a call returns. Output buffers are
  * the caller's, described by a kvdb_kv_view.
  */
+/*
+ * Contents. Part I is the core, enough for a cache: open a database, put a context's KV, look up
+ * and get a prefix of it, delete it, list contexts, read statistics, verify and compact. Part II
+ * is the rest, each part on its own.
+ *
+ *   Part I: the core
+ *     1. Status codes and errors          kvdb_status, kvdb_errmsg
+ *     2. Model fingerprint, keys          kvdb_model, kvdb_key, kvdb_chain_hashes
+ *     3. Caller buffers                   kvdb_kv_view, kvdb_kv_view_packed
+ *     4. Opening and closing              kvdb_options, kvdb_open, kvdb_close
+ *     5. Put, lookup, get, delete         kvdb_put, kvdb_lookup, kvdb_get, kvdb_delete
+ *     6. Compression configs              kvdb_config (a context's storage config), parse, name
+ *     7. Contexts and statistics          kvdb_iter_*, kvdb_context_stat, kvdb_stat
+ *     8. Verification, repair, compaction kvdb_verify, kvdb_repair, kvdb_segments, kvdb_compact
+ *   Part II: the rest
+ *     9. Put options, partial reads       kvdb_put_ex, kvdb_get_context, kvdb_get_tokens
+ *    10. Explicit keys                    kvdb_put_block, kvdb_get_block, kvdb_block_context
+ *    11. Tiers and placement              kvdb_tier_probe, kvdb_rebalance_*, kvdb_placement_stat
+ *    12. Quality profiles, re-encoding    kvdb_profile*, kvdb_report_quality, kvdb_recompress,
+ *                                         kvdb_relocate
+ *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
+ *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
+ */
 #ifndef KVDB_H
 #define KVDB_H
 
@@ -69,6 +92,8 @@ KVDB_API unsigned kvdb_version_number(void);
  * all the children of its last matched block).
  */
 #define KVDB_FORMAT_VERSION 4
+
+/* =================================== Part I: the core ===================================== */
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup status Status codes. Values are pinned: never renumbered or reused. */
@@ -192,70 +217,6 @@ KVDB_API kvdb_status kvdb_kv_view_packed(kvdb_kv_view *view, void *base, const k
                                          size_t n_tokens, kvdb_layout layout);
 
 /* ------------------------------------------------------------------------------------------ */
-/**
- * @defgroup config Compression configs
- *
- * How a context's blocks are stored. Every block is compressed on its own, section by section
- * (a section is one layer x one KV head x K or V), and each section in independently
- * decodable groups of tokens, so kvdb_get_tokens still reads only the pages it needs:
- * 16 tokens per group for quantized and dropped sections (32 for quantized K, a multiple of
- * the KIVI group), 128 for lossless ones (zstd needs bigger frames: at 16 tokens it loses
- * ~2% of ratio and half its speed), for head_dim 128 in f16; a token of a compressed context
- * costs reading those groups plus the section headers of its layer.
- *
- *   method    what is stored                                   get returns
- *   RAW       the elements (page-grouped; the default)          exactly what was put
- *   LOSSLESS  byte planes, each compressed with zstd            exactly what was put
- *   QUANT     KIVI (Liu et al. 2024): K quantized per channel   an approximation, elementwise
- *             over groups of tokens, V per token over groups    error at most half a step of
- *             of channels, min/max with f16 scale and zero      its group's scale
- *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
- *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
- *                                                              returns the kept rows and positions
- * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
- * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
- * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
- */
-
-typedef enum kvdb_method {
-  KVDB_METHOD_RAW = 0,      /**< page-grouped elements as given (the default) */
-  KVDB_METHOD_LOSSLESS = 1, /**< byte planes + zstd: bit-exact */
-  KVDB_METHOD_QUANT = 2,    /**< KIVI quantization to `bits` bits */
-  KVDB_METHOD_DROP = 3,     /**< token dropping by `drop` at `keep_permille`; rows exact or quantized */
-} kvdb_method;
-
-/** Token-dropping methods (EvicPress §6.1 baselines). Values are pinned (stored on disk). */
-typedef enum kvdb_drop_method {
-  KVDB_DROP_NONE = 0,
-  KVDB_DROP_KNORM = 1,   /**< keep the keys with the lowest L2 norm (Devoto et al. 2024) */
-  KVDB_DROP_KEYDIFF = 2, /**< keep the keys least similar to the mean key (Park et al. 2025) */
-  KVDB_DROP_SNAPKV = 3,  /**< keep what the prompt's last queries attend to (Li et al. 2024); needs
-                              queries (kvdb_put_opts.queries) */
-} kvdb_drop_method;
-
-/** A storage config. Zero-initialized = raw. 12 bytes, stored in the catalog field by field. */
-typedef struct kvdb_config {
-  uint8_t method;         /**< kvdb_method */
-  uint8_t bits;           /**< QUANT: 8, 4 or 2; DROP: 0 (kept rows exact) or 8, 4, 2 */
-  uint8_t drop;           /**< DROP: kvdb_drop_method */
-  int8_t zstd_level;      /**< LOSSLESS: -7..22 (not 0 once resolved); 0 = 3 */
-  uint16_t keep_permille; /**< DROP: tokens kept per 1000, of each block and KV head, 1..999 */
-  uint16_t group;         /**< QUANT, DROP with bits: tokens (K) or channels (V) per scale and
-                               zero; 0 = 32; at most block_tokens */
-  uint32_t residual;      /**< QUANT, DROP with bits: the context's last `residual` tokens are
-                               kept in full precision (KIVI's residual); 0 = none */
-} kvdb_config;
-
-/** @brief Parse a config name (see above). @return KVDB_OK; KVDB_INVALID naming the part. */
-KVDB_API kvdb_status kvdb_config_parse(const char *name, kvdb_config *out);
-/** @brief The canonical name of a config into buf (>= 48 bytes); "?" for an invalid one.
- * Returns buf. Cannot fail. */
-KVDB_API char *kvdb_config_name(const kvdb_config *c, char *buf, size_t cap);
-/** @brief Whether model `m` can be stored with config `c` (bits, drop method, group against
- * block_tokens, ...). @return KVDB_OK; KVDB_INVALID naming the field. */
-KVDB_API kvdb_status kvdb_config_check(const kvdb_model *m, const kvdb_config *c);
-
-/* ------------------------------------------------------------------------------------------ */
 /** @defgroup open Opening and closing */
 
 typedef struct kvdb kvdb;
@@ -288,7 +249,7 @@ typedef enum kvdb_sync_mode {
 typedef enum kvdb_tier {
   KVDB_TIER_DRAM = 0,     /**< volatile, per process, inclusive over the persistent tiers */
   KVDB_TIER_SSD = 1,      /**< persistent segment files */
-  KVDB_TIER_SMARTSSD = 2, /**< persistent + near-data scoring (later) */
+  KVDB_TIER_SMARTSSD = 2, /**< persistent + near-data scoring (kvdb_score_opts.device) */
   KVDB_TIER_COUNT = 3,
 } kvdb_tier;
 
@@ -420,7 +381,7 @@ KVDB_API kvdb_status kvdb_open(const char *path, const kvdb_options *opt, kvdb *
 KVDB_API void kvdb_close(kvdb *db);
 
 /* ------------------------------------------------------------------------------------------ */
-/** @defgroup kv Put, lookup, get */
+/** @defgroup kv Put, lookup, get, delete */
 
 /** What a put did. */
 typedef struct kvdb_put_info {
@@ -451,56 +412,6 @@ typedef struct kvdb_put_info {
  */
 KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                               const kvdb_kv_view *kv, kvdb_put_info *info);
-
-/** kvdb_put_opts.flags */
-enum {
-  KVDB_PUT_PROFILE = 1u << 0, /**< also measure the context's quality profile (see kvdb_profile) */
-};
-
-/**
- * Options of kvdb_put_ex(). Always call kvdb_put_opts_init() first, then change fields;
- * fields are only ever added at the end. Read during the call only.
- */
-typedef struct kvdb_put_opts {
-  uint32_t struct_size;      /**< set by kvdb_put_opts_init() */
-  uint32_t flags;            /**< KVDB_PUT_* */
-  kvdb_config config;        /**< how the put's new blocks are stored; default raw */
-  /**
-   * Queries of the prompt's last tokens, optional: SnapKV's observation window and the probes
-   * of the quality profile. Layout [n_queries][n_layers][n_q_heads][head_dim] floats, in the
-   * same rotary state as the keys; query heads i*g .. i*g+g-1 (g = n_q_heads / n_kv_heads)
-   * share KV head i. Without them the profile derives probes from the context's own keys.
-   */
-  const float *queries;
-  uint32_t n_queries;        /**< 0..64 */
-  uint32_t n_q_heads;        /**< a multiple of the model's n_kv_heads */
-  /** Configs the profile measures, names separated by commas; NULL = "lossless,int8,int4,int2,
-   * knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,keydiff30" plus the same
-   * snapkv ratios when queries are given, leaving out those the model cannot take (e.g. token
-   * dropping for a scoring model); a named config the model cannot take is KVDB_INVALID. */
-  const char *profile_space;
-  uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
-} kvdb_put_opts;
-
-/** @brief Fill *o with defaults (raw config, no profile). Cannot fail. */
-KVDB_API void kvdb_put_opts_init(kvdb_put_opts *o);
-
-/**
- * @brief kvdb_put with options: the storage config of its new blocks, and a quality profile.
- *
- * Blocks this put writes are stored with `opts->config`. A block the context shares with
- * contexts already stored keeps how it is stored, except that a lossy block is rewritten
- * exactly when this put stores exactly (RAW or LOSSLESS): a shared block keeps the most
- * faithful config of its owners. A config the model cannot take is refused before anything
- * is written (KVDB_INVALID, naming the field); so is SnapKV without queries.
- * With KVDB_PUT_PROFILE the profile (see kvdb_profile) is measured from the caller's KV and
- * recorded in the same transaction as the context; "profile only" = store RAW or LOSSLESS and
- * profile. opts NULL = kvdb_put.
- * @return as kvdb_put.
- */
-KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                                 const kvdb_kv_view *kv, const kvdb_put_opts *opts,
-                                 kvdb_put_info *info);
 
 /**
  * @brief How many leading tokens of `tokens[0..n)` are stored, verified token by token.
@@ -538,60 +449,6 @@ KVDB_API kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tok
                               const kvdb_kv_view *out, size_t *hit_tokens);
 
 /**
- * @brief All of a stored context as stored, also when tokens were dropped: for every layer l
- * and KV head h, its kept rows in token order go to `out` at token index 0, 1, ... (room for
- * the context's n_tokens rows), their token positions to positions[(l * n_kv_heads + h) *
- * n_tokens + r] and their count to n_rows[l * n_kv_heads + h] (both optional, NULL). For a
- * context stored without dropping, row r is token r. Every byte read is verified.
- * @return KVDB_OK; KVDB_NOTFOUND (no such context); KVDB_MISMATCH; KVDB_INVALID; KVDB_CORRUPT
- *   (also a segment file that is missing or shorter than a block in it: the message names the
- *   file, "is missing" or "past the file's end"); KVDB_IOERR.
- */
-KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
-                                      const kvdb_kv_view *out, uint32_t *positions,
-                                      uint32_t *n_rows);
-
-/**
- * @brief K and V of chosen positions of one layer of a stored context, all KV heads.
- *
- * Reads only the 4 KiB page groups that hold the positions (dual-step loading, InstInfer
- * §IV-C: pages first, then tokens in memory), each verified by its checksum.
- * out's token i receives position positions[i]; positions may be in any order and repeat.
- * On a compressed context the groups holding the positions are read and decoded (see
- * "Compression configs"); a position some KV head dropped is KVDB_NOTFOUND, naming it.
- * @return KVDB_OK; KVDB_NOTFOUND (no such context, or a dropped position: nothing else);
- *   KVDB_INVALID (layer or a position out of range, NULL arguments, n_pos above 2^32 - 1);
- *   KVDB_MISMATCH; KVDB_CORRUPT (names segment, offset, block; a segment file that is missing or
- *   shorter than the block: names the file, "is missing" or "past the file's end"); KVDB_IOERR.
- */
-KVDB_API kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
-                                     uint32_t layer, const uint32_t *positions, size_t n_pos,
-                                     const kvdb_kv_view *out);
-
-/**
- * @brief Store one block under the caller's own 128-bit key (e.g. a vLLM block hash).
- * `n_tokens` (1..block_tokens) tokens are stored with it for verification; the key is
- * namespaced by the model, so the same key under two models names two blocks. Replaces
- * nothing: putting an existing key with the same tokens is a no-op, with other tokens
- * KVDB_INVALID. Also listed as a one-block context (delete it with kvdb_delete).
- * @return as kvdb_put.
- */
-KVDB_API kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
-                                    const uint32_t *tokens, size_t n_tokens, const kvdb_kv_view *kv);
-
-/**
- * @brief Read a block stored by kvdb_put_block. When `expect_tokens` is not NULL the block's
- * stored tokens must equal expect_tokens[0..n_tokens) or the result is KVDB_NOTFOUND (a
- * collision is a miss). `out` must have room for the block's tokens (at most block_tokens).
- * @param[out] out_tokens the number of tokens written (optional).
- * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID; KVDB_MISMATCH; KVDB_CORRUPT (as
- *   kvdb_get_tokens); KVDB_IOERR.
- */
-KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
-                                    const uint32_t *expect_tokens, size_t n_tokens,
-                                    const kvdb_kv_view *out, size_t *out_tokens);
-
-/**
  * @brief Remove a context (or an explicit-key block). Blocks no other context uses become
  * free space, reclaimed by kvdb_compact. On a full disk a delete still commits: the catalog
  * keeps disk space reserved past its end for deletes and compaction (see kvdb_compact).
@@ -600,11 +457,72 @@ KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_ke
  */
 KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
 
-/** The key of an explicit-key block as stored (model namespace applied), for kvdb_delete. */
-KVDB_API kvdb_status kvdb_block_context(const kvdb_model *m, const kvdb_key *key, kvdb_key *context);
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup config Compression configs
+ *
+ * How a context's blocks are stored. Every block is compressed on its own, section by section
+ * (a section is one layer x one KV head x K or V), and each section in independently
+ * decodable groups of tokens, so kvdb_get_tokens still reads only the pages it needs:
+ * 16 tokens per group for quantized and dropped sections (32 for quantized K, a multiple of
+ * the KIVI group), 128 for lossless ones (zstd needs bigger frames: at 16 tokens it loses
+ * ~2% of ratio and half its speed), for head_dim 128 in f16; a token of a compressed context
+ * costs reading those groups plus the section headers of its layer.
+ *
+ *   method    what is stored                                   get returns
+ *   RAW       the elements (page-grouped; the default)          exactly what was put
+ *   LOSSLESS  byte planes, each compressed with zstd            exactly what was put
+ *   QUANT     KIVI (Liu et al. 2024): K quantized per channel   an approximation, elementwise
+ *             over groups of tokens, V per token over groups    error at most half a step of
+ *             of channels, min/max with f16 scale and zero      its group's scale
+ *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
+ *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
+ *                                                              returns the kept rows and positions
+ * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
+ * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
+ * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
+ */
+
+typedef enum kvdb_method {
+  KVDB_METHOD_RAW = 0,      /**< page-grouped elements as given (the default) */
+  KVDB_METHOD_LOSSLESS = 1, /**< byte planes + zstd: bit-exact */
+  KVDB_METHOD_QUANT = 2,    /**< KIVI quantization to `bits` bits */
+  KVDB_METHOD_DROP = 3,     /**< token dropping by `drop` at `keep_permille`; rows exact or quantized */
+} kvdb_method;
+
+/** Token-dropping methods (EvicPress §6.1 baselines). Values are pinned (stored on disk). */
+typedef enum kvdb_drop_method {
+  KVDB_DROP_NONE = 0,
+  KVDB_DROP_KNORM = 1,   /**< keep the keys with the lowest L2 norm (Devoto et al. 2024) */
+  KVDB_DROP_KEYDIFF = 2, /**< keep the keys least similar to the mean key (Park et al. 2025) */
+  KVDB_DROP_SNAPKV = 3,  /**< keep what the prompt's last queries attend to (Li et al. 2024); needs
+                              queries (kvdb_put_opts.queries) */
+} kvdb_drop_method;
+
+/** A storage config. Zero-initialized = raw. 12 bytes, stored in the catalog field by field. */
+typedef struct kvdb_config {
+  uint8_t method;         /**< kvdb_method */
+  uint8_t bits;           /**< QUANT: 8, 4 or 2; DROP: 0 (kept rows exact) or 8, 4, 2 */
+  uint8_t drop;           /**< DROP: kvdb_drop_method */
+  int8_t zstd_level;      /**< LOSSLESS: -7..22 (not 0 once resolved); 0 = 3 */
+  uint16_t keep_permille; /**< DROP: tokens kept per 1000, of each block and KV head, 1..999 */
+  uint16_t group;         /**< QUANT, DROP with bits: tokens (K) or channels (V) per scale and
+                               zero; 0 = 32; at most block_tokens */
+  uint32_t residual;      /**< QUANT, DROP with bits: the context's last `residual` tokens are
+                               kept in full precision (KIVI's residual); 0 = none */
+} kvdb_config;
+
+/** @brief Parse a config name (see above). @return KVDB_OK; KVDB_INVALID naming the part. */
+KVDB_API kvdb_status kvdb_config_parse(const char *name, kvdb_config *out);
+/** @brief The canonical name of a config into buf (>= 48 bytes); "?" for an invalid one.
+ * Returns buf. Cannot fail. */
+KVDB_API char *kvdb_config_name(const kvdb_config *c, char *buf, size_t cap);
+/** @brief Whether model `m` can be stored with config `c` (bits, drop method, group against
+ * block_tokens, ...). @return KVDB_OK; KVDB_INVALID naming the field. */
+KVDB_API kvdb_status kvdb_config_check(const kvdb_model *m, const kvdb_config *c);
 
 /* ------------------------------------------------------------------------------------------ */
-/** @defgroup inspect Contexts, statistics, verification, compaction */
+/** @defgroup inspect Contexts and statistics */
 
 /** One stored context. */
 typedef struct kvdb_context_info {
@@ -676,153 +594,8 @@ typedef struct kvdb_stats {
  */
 KVDB_API kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out);
 
-/** How fast a tier reads (the placement's TTFT model). */
-typedef struct kvdb_tier_perf {
-  double read_bps;        /**< sequential read bandwidth, bytes per second; 0 = no such tier */
-  double latency_s;       /**< one small read, seconds */
-  uint64_t probed_unix_ms;/**< when the probe ran (0 for DRAM: measured at each open) */
-  uint64_t reads;         /**< cold reads of this handle that refined the figures since */
-} kvdb_tier_perf;
-
-/**
- * @brief The tiers' read figures, per kvdb_tier: DRAM by a memory copy at open; SSD and
- * SmartSSD by a probe of their directory (a 32 MiB file written, synced, dropped from the page
- * cache and read back, then removed) cached in the catalog per directory and device, refined
- * by every cold kvdb_get of this handle (an exponentially weighted fit of block read time
- * against bytes). With `reprobe` set the persistent tiers are probed now and the cache
- * replaced (kvdb-admin probe). Works with placement off too. Tiers that are not configured
- * read 0.
- * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY (reprobe on a read-only handle); KVDB_FULL;
- *   KVDB_IOERR.
- */
-KVDB_API kvdb_status kvdb_tier_probe(kvdb *db, int reprobe, kvdb_tier_perf out[KVDB_TIER_COUNT]);
-
-/**
- * @defgroup placement Rebalancing and placement statistics (EvicPress §4.4 on every context)
- *
- * A rebalance places every stored context anew: each takes its best (tier, config) by the
- * utility, then Algorithm 1 resolves each over-full tier from the top (see
- * kvdb_options.placement). It uses the handle's placement settings (capacities, alpha,
- * half-life, prefill speed, rule) when the handle has placement on; otherwise the settings the
- * database recorded at its last read-write open with placement on (so `kvdb-admin rebalance`
- * plans as the serving processes would), else it fails with KVDB_INVALID.
- */
-
-/** kvdb_place_move.from_tier / to_tier of a context that is not stored (recomputed). */
-#define KVDB_TIER_NONE KVDB_TIER_COUNT
-
-/** One context whose place a plan changes. */
-typedef struct kvdb_place_move {
-  kvdb_key context;
-  uint32_t from_tier, to_tier;     /**< kvdb_tier of the persistent copy; KVDB_TIER_NONE for
-                                        to_tier: the context is deleted (recomputing it is
-                                        worth more than keeping it) */
-  uint32_t from_cached, to_cached; /**< 1: also held by the DRAM tier */
-  kvdb_config from_config, to_config;
-  uint64_t from_bytes, to_bytes;   /**< stored bytes of the persistent copy (0: not stored) */
-  double utility_from, utility_to; /**< U = (alpha * quality - TTFT) * frequency */
-} kvdb_place_move;
-
-/** A rebalance plan. Free with kvdb_place_plan_free(). */
-typedef struct kvdb_place_plan {
-  kvdb_place_move *moves;  /**< n_moves moves in execution order (room is freed before it is
-                                used); owned by the plan */
-  size_t n_moves;
-  uint64_t n_contexts;     /**< contexts placed */
-  uint64_t capacity[KVDB_TIER_COUNT];     /**< per kvdb_tier; 0 = not placed on (no such tier)
-                                               or, for the SSD tier, unlimited */
-  uint64_t bytes_before[KVDB_TIER_COUNT]; /**< bytes placed on each tier now and after the plan
-                                               (DRAM: decoded bytes of the cached contexts) */
-  uint64_t bytes_after[KVDB_TIER_COUNT];
-  double utility_before, utility_after;   /**< sum of U over all contexts */
-  uint64_t n_recompress, n_evict;         /**< greedy operations behind the plan */
-} kvdb_place_plan;
-
-/**
- * @brief Plan a rebalance from the catalog as it is now (no data is moved). A read-write
- * handle first writes its pending access counts. The plan holds no reference to the handle.
- * @param[out] plan filled on KVDB_OK (free with kvdb_place_plan_free); zeroed on failure.
- * @return KVDB_OK; KVDB_INVALID (no placement settings); KVDB_NOMEM; KVDB_IOERR; KVDB_CORRUPT.
- */
-KVDB_API kvdb_status kvdb_rebalance_plan(kvdb *db, kvdb_place_plan *plan);
-/** @brief Free a plan's moves and zero it. NULL is a no-op. Cannot fail. */
-KVDB_API void kvdb_place_plan_free(kvdb_place_plan *plan);
-
-/** What kvdb_rebalance_execute did. */
-typedef struct kvdb_rebalance_report {
-  uint64_t relocated;   /**< moves carried out by a relocation (one transaction each) */
-  uint64_t deleted;     /**< contexts deleted (pushed off the last tier) */
-  uint64_t skipped;     /**< moves whose context changed or vanished since the plan */
-  uint64_t cache_changes; /**< contexts entering or leaving the DRAM tier */
-} kvdb_rebalance_report;
-
-/**
- * @brief Carry out a plan: each move whose context is still where the plan found it becomes a
- * kvdb_relocate (its own transaction) or a delete; the others are skipped (plan again for
- * them). Then the DRAM flags of the moved contexts are recorded and every handle's DRAM tier
- * follows them. A crash at any point leaves each context either where it was or where the plan
- * puts it, readable either way (nothing else is lost). Callers may keep working meanwhile.
- * It runs as kvdb_rebalance_step calls of 64 moves each, back to back (the handle's placement
- * lock is let go between them); to bound each pause, or spread a rebalance over time, call
- * kvdb_rebalance_step instead.
- * @param report optional (NULL).
- * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_CORRUPT; KVDB_NOMEM.
- *   On an error the moves before it are done.
- */
-KVDB_API kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
-                                            kvdb_rebalance_report *report);
-
-/**
- * @brief Carry out part of a plan, one bounded step: the moves from plan->moves[*next] on, as
- * kvdb_rebalance_execute carries them out, at most `max_moves` of them (0: no limit; skipped
- * moves count) and no further one once the relocations of this step have written `max_bytes`
- * (0: no limit; the bytes are the moves' to_bytes; the first move of a step is always made),
- * then the DRAM flags of the contexts moved in this step (every handle's DRAM tier follows when
- * a flag changed, or when the step ends the plan). *next becomes the index of the first move
- * not made: the plan is done when *next == plan->n_moves (a call then does nothing and returns
- * KVDB_OK). Between steps the caller may do anything, including puts and other rebalances;
- * moves whose context changed meanwhile are skipped. A step holds the handle's placement lock
- * while it runs, so puts of the handle wait for one step at most.
- * @param next in: the first move to make; out: the first move not made (on an error: the move
- *   that failed; the ones before it are done).
- * @param report optional (NULL): what this step did.
- * @return KVDB_OK (*next tells whether moves are left); KVDB_INVALID (next NULL or past the
- *   plan's end, or as kvdb_rebalance_execute); the other statuses of kvdb_rebalance_execute.
- */
-KVDB_API kvdb_status kvdb_rebalance_step(kvdb *db, const kvdb_place_plan *plan, size_t *next,
-                                         uint64_t max_moves, uint64_t max_bytes,
-                                         kvdb_rebalance_report *report);
-
-/** Contexts stored with one config on one tier (the EvicPress Figure 11 view). */
-typedef struct kvdb_config_use {
-  kvdb_config config;
-  uint32_t tier;     /**< kvdb_tier of the persistent copy */
-  uint32_t cached;   /**< 1: these are also in the DRAM tier */
-  uint64_t contexts;
-  uint64_t bytes;    /**< their stored bytes */
-} kvdb_config_use;
-
-typedef struct kvdb_placement_stats {
-  uint64_t contexts;                     /**< stored contexts */
-  uint64_t served_from[KVDB_TIER_COUNT]; /**< contexts served from each tier now (DRAM: the
-                                              cached ones) */
-  double utility;                        /**< sum of U now (placement settings as for a plan) */
-  double utility_from[KVDB_TIER_COUNT];  /**< ... of the contexts served from each tier */
-  double frequency;                      /**< sum of the decayed access counts */
-  uint64_t blocks_read[KVDB_TIER_COUNT]; /**< blocks gets served from each tier, by every handle
-                                              with placement on, as far as flushed to the
-                                              catalog: the tiers' hit counts */
-  kvdb_tier_perf perf[KVDB_TIER_COUNT];  /**< the figures the utility used */
-  size_t n_uses;                         /**< entries kvdb_placement_stat found */
-} kvdb_placement_stats;
-
-/**
- * @brief Placement statistics: configs in use per tier into `uses` (up to `cap`; out->n_uses
- * says how many exist), contexts and utility by serving tier, tier hit counts and figures.
- * @return KVDB_OK; KVDB_INVALID (no placement settings, NULL out); KVDB_NOMEM; KVDB_IOERR.
- */
-KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
-                                         kvdb_config_use *uses, size_t cap);
+/* ------------------------------------------------------------------------------------------ */
+/** @defgroup verify Verification, repair, compaction */
 
 /** One problem found by kvdb_verify. */
 typedef struct kvdb_problem {
@@ -979,6 +752,272 @@ KVDB_API kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap,
  */
 KVDB_API kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, void *ctx,
                                   kvdb_compact_report *report);
+
+/* =================================== Part II: the rest ==================================== */
+
+/* ------------------------------------------------------------------------------------------ */
+/** @defgroup putopts Put options, whole-context and per-position reads */
+
+/** kvdb_put_opts.flags */
+enum {
+  KVDB_PUT_PROFILE = 1u << 0, /**< also measure the context's quality profile (see kvdb_profile) */
+};
+
+/**
+ * Options of kvdb_put_ex(). Always call kvdb_put_opts_init() first, then change fields;
+ * fields are only ever added at the end. Read during the call only.
+ */
+typedef struct kvdb_put_opts {
+  uint32_t struct_size;      /**< set by kvdb_put_opts_init() */
+  uint32_t flags;            /**< KVDB_PUT_* */
+  kvdb_config config;        /**< how the put's new blocks are stored; default raw */
+  /**
+   * Queries of the prompt's last tokens, optional: SnapKV's observation window and the probes
+   * of the quality profile. Layout [n_queries][n_layers][n_q_heads][head_dim] floats, in the
+   * same rotary state as the keys; query heads i*g .. i*g+g-1 (g = n_q_heads / n_kv_heads)
+   * share KV head i. Without them the profile derives probes from the context's own keys.
+   */
+  const float *queries;
+  uint32_t n_queries;        /**< 0..64 */
+  uint32_t n_q_heads;        /**< a multiple of the model's n_kv_heads */
+  /** Configs the profile measures, names separated by commas; NULL = "lossless,int8,int4,int2,
+   * knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,keydiff30" plus the same
+   * snapkv ratios when queries are given, leaving out those the model cannot take (e.g. token
+   * dropping for a scoring model); a named config the model cannot take is KVDB_INVALID. */
+  const char *profile_space;
+  uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
+} kvdb_put_opts;
+
+/** @brief Fill *o with defaults (raw config, no profile). Cannot fail. */
+KVDB_API void kvdb_put_opts_init(kvdb_put_opts *o);
+
+/**
+ * @brief kvdb_put with options: the storage config of its new blocks, and a quality profile.
+ *
+ * Blocks this put writes are stored with `opts->config`. A block the context shares with
+ * contexts already stored keeps how it is stored, except that a lossy block is rewritten
+ * exactly when this put stores exactly (RAW or LOSSLESS): a shared block keeps the most
+ * faithful config of its owners. A config the model cannot take is refused before anything
+ * is written (KVDB_INVALID, naming the field); so is SnapKV without queries.
+ * With KVDB_PUT_PROFILE the profile (see kvdb_profile) is measured from the caller's KV and
+ * recorded in the same transaction as the context; "profile only" = store RAW or LOSSLESS and
+ * profile. opts NULL = kvdb_put.
+ * @return as kvdb_put.
+ */
+KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                                 const kvdb_kv_view *kv, const kvdb_put_opts *opts,
+                                 kvdb_put_info *info);
+
+/**
+ * @brief All of a stored context as stored, also when tokens were dropped: for every layer l
+ * and KV head h, its kept rows in token order go to `out` at token index 0, 1, ... (room for
+ * the context's n_tokens rows), their token positions to positions[(l * n_kv_heads + h) *
+ * n_tokens + r] and their count to n_rows[l * n_kv_heads + h] (both optional, NULL). For a
+ * context stored without dropping, row r is token r. Every byte read is verified.
+ * @return KVDB_OK; KVDB_NOTFOUND (no such context); KVDB_MISMATCH; KVDB_INVALID; KVDB_CORRUPT
+ *   (also a segment file that is missing or shorter than a block in it: the message names the
+ *   file, "is missing" or "past the file's end"); KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                      const kvdb_kv_view *out, uint32_t *positions,
+                                      uint32_t *n_rows);
+
+/**
+ * @brief K and V of chosen positions of one layer of a stored context, all KV heads.
+ *
+ * Reads only the 4 KiB page groups that hold the positions (dual-step loading, InstInfer
+ * §IV-C: pages first, then tokens in memory), each verified by its checksum.
+ * out's token i receives position positions[i]; positions may be in any order and repeat.
+ * On a compressed context the groups holding the positions are read and decoded (see
+ * "Compression configs"); a position some KV head dropped is KVDB_NOTFOUND, naming it.
+ * @return KVDB_OK; KVDB_NOTFOUND (no such context, or a dropped position: nothing else);
+ *   KVDB_INVALID (layer or a position out of range, NULL arguments, n_pos above 2^32 - 1);
+ *   KVDB_MISMATCH; KVDB_CORRUPT (names segment, offset, block; a segment file that is missing or
+ *   shorter than the block: names the file, "is missing" or "past the file's end"); KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                     uint32_t layer, const uint32_t *positions, size_t n_pos,
+                                     const kvdb_kv_view *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/** @defgroup explicit Explicit keys: blocks under the caller's own 128-bit key */
+
+/**
+ * @brief Store one block under the caller's own 128-bit key (e.g. a vLLM block hash).
+ * `n_tokens` (1..block_tokens) tokens are stored with it for verification; the key is
+ * namespaced by the model, so the same key under two models names two blocks. Replaces
+ * nothing: putting an existing key with the same tokens is a no-op, with other tokens
+ * KVDB_INVALID. Also listed as a one-block context (delete it with kvdb_delete).
+ * @return as kvdb_put.
+ */
+KVDB_API kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
+                                    const uint32_t *tokens, size_t n_tokens, const kvdb_kv_view *kv);
+
+/**
+ * @brief Read a block stored by kvdb_put_block. When `expect_tokens` is not NULL the block's
+ * stored tokens must equal expect_tokens[0..n_tokens) or the result is KVDB_NOTFOUND (a
+ * collision is a miss). `out` must have room for the block's tokens (at most block_tokens).
+ * @param[out] out_tokens the number of tokens written (optional).
+ * @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID; KVDB_MISMATCH; KVDB_CORRUPT (as
+ *   kvdb_get_tokens); KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
+                                    const uint32_t *expect_tokens, size_t n_tokens,
+                                    const kvdb_kv_view *out, size_t *out_tokens);
+
+/** The key of an explicit-key block as stored (model namespace applied), for kvdb_delete. */
+KVDB_API kvdb_status kvdb_block_context(const kvdb_model *m, const kvdb_key *key, kvdb_key *context);
+
+/* ------------------------------------------------------------------------------------------ */
+/** @defgroup tiers Tiers and placement: how fast each tier reads */
+
+/** How fast a tier reads (the placement's TTFT model). */
+typedef struct kvdb_tier_perf {
+  double read_bps;        /**< sequential read bandwidth, bytes per second; 0 = no such tier */
+  double latency_s;       /**< one small read, seconds */
+  uint64_t probed_unix_ms;/**< when the probe ran (0 for DRAM: measured at each open) */
+  uint64_t reads;         /**< cold reads of this handle that refined the figures since */
+} kvdb_tier_perf;
+
+/**
+ * @brief The tiers' read figures, per kvdb_tier: DRAM by a memory copy at open; SSD and
+ * SmartSSD by a probe of their directory (a 32 MiB file written, synced, dropped from the page
+ * cache and read back, then removed) cached in the catalog per directory and device, refined
+ * by every cold kvdb_get of this handle (an exponentially weighted fit of block read time
+ * against bytes). With `reprobe` set the persistent tiers are probed now and the cache
+ * replaced (kvdb-admin probe). Works with placement off too. Tiers that are not configured
+ * read 0.
+ * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY (reprobe on a read-only handle); KVDB_FULL;
+ *   KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_tier_probe(kvdb *db, int reprobe, kvdb_tier_perf out[KVDB_TIER_COUNT]);
+
+/**
+ * @defgroup placement Rebalancing and placement statistics (EvicPress §4.4 on every context)
+ *
+ * A rebalance places every stored context anew: each takes its best (tier, config) by the
+ * utility, then Algorithm 1 resolves each over-full tier from the top (see
+ * kvdb_options.placement). It uses the handle's placement settings (capacities, alpha,
+ * half-life, prefill speed, rule) when the handle has placement on; otherwise the settings the
+ * database recorded at its last read-write open with placement on (so `kvdb-admin rebalance`
+ * plans as the serving processes would), else it fails with KVDB_INVALID.
+ */
+
+/** kvdb_place_move.from_tier / to_tier of a context that is not stored (recomputed). */
+#define KVDB_TIER_NONE KVDB_TIER_COUNT
+
+/** One context whose place a plan changes. */
+typedef struct kvdb_place_move {
+  kvdb_key context;
+  uint32_t from_tier, to_tier;     /**< kvdb_tier of the persistent copy; KVDB_TIER_NONE for
+                                        to_tier: the context is deleted (recomputing it is
+                                        worth more than keeping it) */
+  uint32_t from_cached, to_cached; /**< 1: also held by the DRAM tier */
+  kvdb_config from_config, to_config;
+  uint64_t from_bytes, to_bytes;   /**< stored bytes of the persistent copy (0: not stored) */
+  double utility_from, utility_to; /**< U = (alpha * quality - TTFT) * frequency */
+} kvdb_place_move;
+
+/** A rebalance plan. Free with kvdb_place_plan_free(). */
+typedef struct kvdb_place_plan {
+  kvdb_place_move *moves;  /**< n_moves moves in execution order (room is freed before it is
+                                used); owned by the plan */
+  size_t n_moves;
+  uint64_t n_contexts;     /**< contexts placed */
+  uint64_t capacity[KVDB_TIER_COUNT];     /**< per kvdb_tier; 0 = not placed on (no such tier)
+                                               or, for the SSD tier, unlimited */
+  uint64_t bytes_before[KVDB_TIER_COUNT]; /**< bytes placed on each tier now and after the plan
+                                               (DRAM: decoded bytes of the cached contexts) */
+  uint64_t bytes_after[KVDB_TIER_COUNT];
+  double utility_before, utility_after;   /**< sum of U over all contexts */
+  uint64_t n_recompress, n_evict;         /**< greedy operations behind the plan */
+} kvdb_place_plan;
+
+/**
+ * @brief Plan a rebalance from the catalog as it is now (no data is moved). A read-write
+ * handle first writes its pending access counts. The plan holds no reference to the handle.
+ * @param[out] plan filled on KVDB_OK (free with kvdb_place_plan_free); zeroed on failure.
+ * @return KVDB_OK; KVDB_INVALID (no placement settings); KVDB_NOMEM; KVDB_IOERR; KVDB_CORRUPT.
+ */
+KVDB_API kvdb_status kvdb_rebalance_plan(kvdb *db, kvdb_place_plan *plan);
+/** @brief Free a plan's moves and zero it. NULL is a no-op. Cannot fail. */
+KVDB_API void kvdb_place_plan_free(kvdb_place_plan *plan);
+
+/** What kvdb_rebalance_execute did. */
+typedef struct kvdb_rebalance_report {
+  uint64_t relocated;   /**< moves carried out by a relocation (one transaction each) */
+  uint64_t deleted;     /**< contexts deleted (pushed off the last tier) */
+  uint64_t skipped;     /**< moves whose context changed or vanished since the plan */
+  uint64_t cache_changes; /**< contexts entering or leaving the DRAM tier */
+} kvdb_rebalance_report;
+
+/**
+ * @brief Carry out a plan: each move whose context is still where the plan found it becomes a
+ * kvdb_relocate (its own transaction) or a delete; the others are skipped (plan again for
+ * them). Then the DRAM flags of the moved contexts are recorded and every handle's DRAM tier
+ * follows them. A crash at any point leaves each context either where it was or where the plan
+ * puts it, readable either way (nothing else is lost). Callers may keep working meanwhile.
+ * It runs as kvdb_rebalance_step calls of 64 moves each, back to back (the handle's placement
+ * lock is let go between them); to bound each pause, or spread a rebalance over time, call
+ * kvdb_rebalance_step instead.
+ * @param report optional (NULL).
+ * @return KVDB_OK; KVDB_INVALID; KVDB_READONLY; KVDB_FULL; KVDB_IOERR; KVDB_CORRUPT; KVDB_NOMEM.
+ *   On an error the moves before it are done.
+ */
+KVDB_API kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
+                                            kvdb_rebalance_report *report);
+
+/**
+ * @brief Carry out part of a plan, one bounded step: the moves from plan->moves[*next] on, as
+ * kvdb_rebalance_execute carries them out, at most `max_moves` of them (0: no limit; skipped
+ * moves count) and no further one once the relocations of this step have written `max_bytes`
+ * (0: no limit; the bytes are the moves' to_bytes; the first move of a step is always made),
+ * then the DRAM flags of the contexts moved in this step (every handle's DRAM tier follows when
+ * a flag changed, or when the step ends the plan). *next becomes the index of the first move
+ * not made: the plan is done when *next == plan->n_moves (a call then does nothing and returns
+ * KVDB_OK). Between steps the caller may do anything, including puts and other rebalances;
+ * moves whose context changed meanwhile are skipped. A step holds the handle's placement lock
+ * while it runs, so puts of the handle wait for one step at most.
+ * @param next in: the first move to make; out: the first move not made (on an error: the move
+ *   that failed; the ones before it are done).
+ * @param report optional (NULL): what this step did.
+ * @return KVDB_OK (*next tells whether moves are left); KVDB_INVALID (next NULL or past the
+ *   plan's end, or as kvdb_rebalance_execute); the other statuses of kvdb_rebalance_execute.
+ */
+KVDB_API kvdb_status kvdb_rebalance_step(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                                         uint64_t max_moves, uint64_t max_bytes,
+                                         kvdb_rebalance_report *report);
+
+/** Contexts stored with one config on one tier (the EvicPress Figure 11 view). */
+typedef struct kvdb_config_use {
+  kvdb_config config;
+  uint32_t tier;     /**< kvdb_tier of the persistent copy */
+  uint32_t cached;   /**< 1: these are also in the DRAM tier */
+  uint64_t contexts;
+  uint64_t bytes;    /**< their stored bytes */
+} kvdb_config_use;
+
+typedef struct kvdb_placement_stats {
+  uint64_t contexts;                     /**< stored contexts */
+  uint64_t served_from[KVDB_TIER_COUNT]; /**< contexts served from each tier now (DRAM: the
+                                              cached ones) */
+  double utility;                        /**< sum of U now (placement settings as for a plan) */
+  double utility_from[KVDB_TIER_COUNT];  /**< ... of the contexts served from each tier */
+  double frequency;                      /**< sum of the decayed access counts */
+  uint64_t blocks_read[KVDB_TIER_COUNT]; /**< blocks gets served from each tier, by every handle
+                                              with placement on, as far as flushed to the
+                                              catalog: the tiers' hit counts */
+  kvdb_tier_perf perf[KVDB_TIER_COUNT];  /**< the figures the utility used */
+  size_t n_uses;                         /**< entries kvdb_placement_stat found */
+} kvdb_placement_stats;
+
+/**
+ * @brief Placement statistics: configs in use per tier into `uses` (up to `cap`; out->n_uses
+ * says how many exist), contexts and utility by serving tier, tier hit counts and figures.
+ * @return KVDB_OK; KVDB_INVALID (no placement settings, NULL out); KVDB_NOMEM; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
+                                         kvdb_config_use *uses, size_t cap);
 
 /* ------------------------------------------------------------------------------------------ */
 /**
@@ -1241,6 +1280,9 @@ KVDB_API kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_
                                       kvdb_dtype q_dtype, const kvdb_score_req *reqs,
                                       size_t n_reqs, const kvdb_score_opts *opts,
                                       kvdb_score_stats *stats);
+
+/* ------------------------------------------------------------------------------------------ */
+/** @defgroup keytext Keys as text */
 
 /** @brief Hex of a key (32 chars + NUL) into buf (>= 33 bytes). Returns buf. Cannot fail. */
 KVDB_API char *kvdb_key_hex(const kvdb_key *key, char *buf);
