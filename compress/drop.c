@@ -13,30 +13,11 @@
  * Ranking is a total order — score descending, NaN lowest, then position ascending — so
  * every platform and every qsort keeps the same tokens.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-uint32_t kv_drop_keep_count(uint32_t n_tokens, unsigned keep_permille)
-{
-  if (n_tokens == 0 || keep_permille == 0 || keep_permille > 1000)
-    return 0;
-  uint64_t k = ((uint64_t)n_tokens * keep_permille + 999) / 1000;
-  return k < 1 ? 1 : (uint32_t)k;
-}
-
-uint32_t kv_drop_bitmap_count(const uint8_t *bitmap, uint32_t n_tokens)
-{
-  uint32_t c = 0, full = n_tokens / 8;
-  for (uint32_t i = 0; i < full; i++)
-    c += (uint32_t)__builtin_popcount(bitmap[i]);
-  if (n_tokens & 7u)
-    c += (uint32_t)__builtin_popcount(bitmap[full] & ((1u << (n_tokens & 7u)) - 1));
-  return c;
-}
 
 /* ---- selection ------------------------------------------------------------------------------- */
 
@@ -281,7 +262,7 @@ static size_t rows_payload(const kv_section_info *info, uint32_t g)
          kv_codec_dtype_bytes(info->shape.dtype);
 }
 
-static size_t drop_bound(const kv_section_shape *shape, const kv_codec_params *p)
+size_t kv_codec_drop_bound(const kv_section_shape *shape, const kv_codec_params *p)
 {
   kv_section_info info;
   if (kv_codec_plan(KV_CODEC_ID_DROP, shape, p, &info, NULL) != KV_CODEC_OK)
@@ -292,8 +273,8 @@ static size_t drop_bound(const kv_section_shape *shape, const kv_codec_params *p
   return n;
 }
 
-static size_t drop_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
-                                 kv_codec_op op)
+size_t kv_codec_drop_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                   kv_codec_op op)
 {
   kv_section_info info;
   (void)op;
@@ -302,9 +283,9 @@ static size_t drop_scratch_bytes(const kv_section_shape *shape, const kv_codec_p
   return p->bits ? kv_quant_scratch_bytes(shape->head_dim) : KV_CODEC_SCRATCH_SLACK;
 }
 
-static kv_codec_status drop_encode(const kv_section_shape *shape, const void *src, size_t src_len,
-                                   const kv_codec_params *p, void *scratch, size_t scratch_cap,
-                                   void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+kv_codec_status kv_codec_drop_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                     const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                     void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
 {
   kv_section_info info;
   kv_codec_status rc = kv_codec_encode_args(shape, src, src_len, dst, out_len, err);
@@ -323,7 +304,7 @@ static kv_codec_status drop_encode(const kv_section_shape *shape, const void *sr
                            scratch ? scratch_cap : 0, need);
     ws = kv_codec_scratch_align(scratch, &cap);
   }
-  size_t bound = drop_bound(shape, p);
+  size_t bound = kv_codec_drop_bound(shape, p);
   if (dst_cap < bound)
     return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
                          bound);
@@ -350,21 +331,6 @@ static kv_codec_status drop_encode(const kv_section_shape *shape, const void *sr
   }
   *out_len = pos;
   return KV_CODEC_OK;
-}
-
-static kv_codec_status drop_decode(const void *hdr, size_t hdr_len, const void *payload,
-                                   size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
-                                   size_t scratch_cap, void *dst, size_t dst_cap,
-                                   kv_codec_err *err)
-{
-  kv_section_info info;
-  if (payload == NULL || dst == NULL)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
-  kv_codec_status rc = kv_codec_decode_begin(KV_CODEC_ID_DROP, hdr, hdr_len, payload_len, g0, g1,
-                                             dst_cap, &info, err);
-  if (rc != KV_CODEC_OK)
-    return rc;
-  return kv_drop_decode_parsed(&info, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
 }
 
 kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t *payload,
@@ -396,8 +362,8 @@ kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t
 }
 
 /* The bitmap keeps exactly n_rows tokens and nothing past n_tokens; groups have their size. */
-static kv_codec_status drop_check(const kv_section_info *info, const uint8_t *hdr,
-                                  kv_codec_err *err)
+kv_codec_status kv_codec_drop_check(const kv_section_info *info, const uint8_t *hdr,
+                                    kv_codec_err *err)
 {
   const uint8_t *bm = hdr + KV_SECTION_FIXED_BYTES;
   uint32_t n = info->shape.n_tokens;
@@ -421,13 +387,3 @@ static kv_codec_status drop_check(const kv_section_info *info, const uint8_t *hd
   return KV_CODEC_OK;
 }
 
-const kv_codec kv_codec_drop = {
-  .id = KV_CODEC_ID_DROP,
-  .name = "drop",
-  .flags = KV_CODEC_LOSSY | KV_CODEC_DROPS_TOKENS,
-  .bound = drop_bound,
-  .scratch_bytes = drop_scratch_bytes,
-  .encode = drop_encode,
-  .decode = drop_decode,
-  .check = drop_check,
-};

@@ -22,9 +22,8 @@
  * memory), the section is encoded on a static context in the caller's scratch, as before: no
  * call fails for it.
  */
-#define KV_CODEC_INTERNAL
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_initStatic*, ZSTD_estimate* (exported by libzstd.so) */
-#include "codec.h"
+#include "codec_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -50,7 +49,7 @@ static kv_codec_status check_scratch(size_t have, size_t need, kv_codec_err *err
 
 /* ---- raw ------------------------------------------------------------------------------------ */
 
-static size_t raw_bound(const kv_section_shape *shape, const kv_codec_params *p)
+size_t kv_codec_raw_bound(const kv_section_shape *shape, const kv_codec_params *p)
 {
   kv_section_info info;
   if (kv_codec_plan(KV_CODEC_ID_RAW, shape, p, &info, NULL) != KV_CODEC_OK)
@@ -59,8 +58,8 @@ static size_t raw_bound(const kv_section_shape *shape, const kv_codec_params *p)
          (size_t)info.n_rows * shape->head_dim * kv_codec_dtype_bytes(shape->dtype);
 }
 
-static size_t raw_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
-                                kv_codec_op op)
+size_t kv_codec_raw_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                  kv_codec_op op)
 {
   kv_section_info info;
   (void)op;
@@ -69,9 +68,9 @@ static size_t raw_scratch_bytes(const kv_section_shape *shape, const kv_codec_pa
   return KV_CODEC_SCRATCH_SLACK; /* raw needs none; the slack keeps "0 = invalid" meaningful */
 }
 
-static kv_codec_status raw_encode(const kv_section_shape *shape, const void *src, size_t src_len,
-                                  const kv_codec_params *p, void *scratch, size_t scratch_cap,
-                                  void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+kv_codec_status kv_codec_raw_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                    const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                    void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
 {
   kv_section_info info;
   (void)scratch;
@@ -98,23 +97,6 @@ static kv_codec_status raw_encode(const kv_section_shape *shape, const void *src
   return KV_CODEC_OK;
 }
 
-static kv_codec_status raw_decode(const void *hdr, size_t hdr_len, const void *payload,
-                                  size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
-                                  size_t scratch_cap, void *dst, size_t dst_cap,
-                                  kv_codec_err *err)
-{
-  kv_section_info info;
-  (void)scratch;
-  (void)scratch_cap;
-  if (payload == NULL || dst == NULL)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
-  kv_codec_status rc =
-    kv_codec_decode_begin(KV_CODEC_ID_RAW, hdr, hdr_len, payload_len, g0, g1, dst_cap, &info, err);
-  if (rc != KV_CODEC_OK)
-    return rc;
-  return kv_raw_decode_parsed(&info, payload, g0, g1, dst);
-}
-
 kv_codec_status kv_raw_decode_parsed(const kv_section_info *info, const uint8_t *payload,
                                      uint32_t g0, uint32_t g1, void *dst)
 {
@@ -124,8 +106,8 @@ kv_codec_status kv_raw_decode_parsed(const kv_section_info *info, const uint8_t 
 }
 
 /* Every group holds exactly its rows' bytes. */
-static kv_codec_status raw_check(const kv_section_info *info, const uint8_t *hdr,
-                                 kv_codec_err *err)
+kv_codec_status kv_codec_raw_check(const kv_section_info *info, const uint8_t *hdr,
+                                   kv_codec_err *err)
 {
   const uint8_t *t = hdr + KV_SECTION_FIXED_BYTES;
   size_t row = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
@@ -138,17 +120,6 @@ static kv_codec_status raw_check(const kv_section_info *info, const uint8_t *hdr
   }
   return KV_CODEC_OK;
 }
-
-const kv_codec kv_codec_raw = {
-  .id = KV_CODEC_ID_RAW,
-  .name = "raw",
-  .flags = KV_CODEC_LOSSLESS,
-  .bound = raw_bound,
-  .scratch_bytes = raw_scratch_bytes,
-  .encode = raw_encode,
-  .decode = raw_decode,
-  .check = raw_check,
-};
 
 /* ---- byte planes ------------------------------------------------------------------------------ */
 
@@ -231,7 +202,7 @@ static size_t zp_cctx_bytes(const kv_section_info *info)
   return ZSTD_estimateCCtxSize_usingCParams(cp);
 }
 
-static size_t zp_bound(const kv_section_shape *shape, const kv_codec_params *p)
+size_t kv_codec_zp_bound(const kv_section_shape *shape, const kv_codec_params *p)
 {
   kv_section_info info;
   if (kv_codec_plan(KV_CODEC_ID_ZSTD_PLANES, shape, p, &info, NULL) != KV_CODEC_OK)
@@ -241,8 +212,8 @@ static size_t zp_bound(const kv_section_shape *shape, const kv_codec_params *p)
          (size_t)info.n_rows * shape->head_dim * es;
 }
 
-static size_t zp_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
-                               kv_codec_op op)
+size_t kv_codec_zp_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                 kv_codec_op op)
 {
   kv_section_info info;
   if (kv_codec_plan(KV_CODEC_ID_ZSTD_PLANES, shape, p, &info, NULL) != KV_CODEC_OK)
@@ -282,9 +253,9 @@ static ZSTD_CCtx *thread_cctx(void)
   return c;
 }
 
-static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src, size_t src_len,
-                                 const kv_codec_params *p, void *scratch, size_t scratch_cap,
-                                 void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+kv_codec_status kv_codec_zp_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                   const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                   void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
 {
   kv_section_info info;
   kv_codec_status rc = kv_codec_encode_args(shape, src, src_len, dst, out_len, err);
@@ -293,7 +264,7 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
   rc = kv_codec_plan(KV_CODEC_ID_ZSTD_PLANES, shape, p, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t need_scratch = zp_scratch_bytes(shape, p, KV_CODEC_OP_ENCODE);
+  size_t need_scratch = kv_codec_zp_scratch_bytes(shape, p, KV_CODEC_OP_ENCODE);
   if (scratch == NULL)
     scratch_cap = 0;
   rc = check_scratch(scratch_cap, need_scratch, err);
@@ -309,7 +280,7 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
 
   size_t es = kv_codec_dtype_bytes(shape->dtype);
   size_t row = (size_t)shape->head_dim * es;
-  size_t bound = zp_bound(shape, p);
+  size_t bound = kv_codec_zp_bound(shape, p);
   uint8_t *d = dst;
   if (dst_cap < info.header_bytes)
     return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the section header", dst_cap,
@@ -365,14 +336,6 @@ static kv_codec_status zp_encode(const kv_section_shape *shape, const void *src,
 
 /* ---- decoding context ------------------------------------------------------------------------ */
 
-#define KV_DCTX_MAGIC 0x6b7664637478314full /* "kvdctx1O" */
-
-struct kv_codec_dctx {
-  uint64_t magic;
-  ZSTD_DCtx *zd; /* static, in the memory right after this struct (64-aligned) */
-  int stream;    /* kv_codec_dctx_set_stream() */
-};
-
 size_t kv_codec_dctx_bytes(void)
 {
   return KV_CODEC_SCRATCH_SLACK + align64(sizeof(kv_codec_dctx)) + align64(ZSTD_estimateDCtxSize());
@@ -391,36 +354,6 @@ kv_codec_dctx *kv_codec_dctx_init(void *mem, size_t cap)
   c->stream = 0;
   c->magic = KV_DCTX_MAGIC;
   return c;
-}
-
-void kv_codec_dctx_set_stream(kv_codec_dctx *ctx, int stream)
-{
-  if (ctx != NULL && ctx->magic == KV_DCTX_MAGIC)
-    ctx->stream = stream != 0;
-}
-
-int kv_codec_dctx_stream(const kv_codec_dctx *ctx)
-{
-  return ctx != NULL && ctx->magic == KV_DCTX_MAGIC && ctx->stream;
-}
-
-int kv_codec_stream_call(const kv_codec_dctx *ctx, size_t out_bytes)
-{
-  return kv_codec_dctx_stream(ctx) && out_bytes >= KV_CODEC_STREAM_MIN_BYTES;
-}
-
-static kv_codec_status zp_decode(const void *hdr, size_t hdr_len, const void *payload,
-                                 size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
-                                 size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err)
-{
-  kv_section_info info;
-  if (payload == NULL || dst == NULL)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
-  kv_codec_status rc = kv_codec_decode_begin(KV_CODEC_ID_ZSTD_PLANES, hdr, hdr_len, payload_len,
-                                             g0, g1, dst_cap, &info, err);
-  if (rc != KV_CODEC_OK)
-    return rc;
-  return kv_zp_decode_parsed(&info, hdr, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
 }
 
 kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *hdr,
@@ -455,7 +388,7 @@ kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *
   uint8_t *out = dst;
   size_t row = (size_t)info->shape.head_dim * es;
   for (uint32_t g = g0; g < g1; g++) {
-    uint32_t glen = kv_codec_get_le32(table + 4 * (size_t)g); /* >= 4*es by zp_check */
+    uint32_t glen = kv_codec_get_le32(table + 4 * (size_t)g); /* >= 4*es by kv_codec_zp_check */
     size_t n = (size_t)kv_codec_group_rows(info, g) * info->shape.head_dim;
     const uint8_t *planes[4];
     uint64_t sum = 0;
@@ -494,8 +427,8 @@ kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *
 }
 
 /* A group holds its plane-length table and at most every plane raw. */
-static kv_codec_status zp_check(const kv_section_info *info, const uint8_t *hdr,
-                                kv_codec_err *err)
+kv_codec_status kv_codec_zp_check(const kv_section_info *info, const uint8_t *hdr,
+                                  kv_codec_err *err)
 {
   const uint8_t *t = hdr + KV_SECTION_FIXED_BYTES;
   size_t es = kv_codec_dtype_bytes(info->shape.dtype);
@@ -509,17 +442,6 @@ static kv_codec_status zp_check(const kv_section_info *info, const uint8_t *hdr,
   }
   return KV_CODEC_OK;
 }
-
-const kv_codec kv_codec_zstd_planes = {
-  .id = KV_CODEC_ID_ZSTD_PLANES,
-  .name = "zstd-planes",
-  .flags = KV_CODEC_LOSSLESS,
-  .bound = zp_bound,
-  .scratch_bytes = zp_scratch_bytes,
-  .encode = zp_encode,
-  .decode = zp_decode,
-  .check = zp_check,
-};
 
 /* ---- entropy bound ---------------------------------------------------------------------------- */
 

@@ -13,8 +13,7 @@
  * candidate decodings (kv_quality_attend + kv_quality_compare); kv_quality_attention() does
  * the whole measurement in one call.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 
 #include <math.h>
 #include <string.h>

@@ -25,8 +25,7 @@
  * rounding, and the scalar f32->f16/bf16 conversions round exactly as vcvtps2ph and the vector
  * bf16 code do.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 
 /*
  * Quantization takes inputs with |x| <= 65504 (the fp16 range of the stored zero point), but
@@ -729,7 +728,7 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
 
 /* ---- the kivi codec ---------------------------------------------------------------------------- */
 
-static size_t kivi_bound(const kv_section_shape *shape, const kv_codec_params *p)
+size_t kv_codec_kivi_bound(const kv_section_shape *shape, const kv_codec_params *p)
 {
   kv_section_info info;
   if (kv_codec_plan(KV_CODEC_ID_KIVI, shape, p, &info, NULL) != KV_CODEC_OK)
@@ -740,8 +739,8 @@ static size_t kivi_bound(const kv_section_shape *shape, const kv_codec_params *p
   return n;
 }
 
-static size_t kivi_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
-                                 kv_codec_op op)
+size_t kv_codec_kivi_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                   kv_codec_op op)
 {
   kv_section_info info;
   (void)op;
@@ -750,9 +749,9 @@ static size_t kivi_scratch_bytes(const kv_section_shape *shape, const kv_codec_p
   return kv_quant_scratch_bytes(shape->head_dim);
 }
 
-static kv_codec_status kivi_encode(const kv_section_shape *shape, const void *src, size_t src_len,
-                                   const kv_codec_params *p, void *scratch, size_t scratch_cap,
-                                   void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+kv_codec_status kv_codec_kivi_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                     const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                     void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
 {
   kv_section_info info;
   kv_codec_status rc = kv_codec_encode_args(shape, src, src_len, dst, out_len, err);
@@ -765,7 +764,7 @@ static kv_codec_status kivi_encode(const kv_section_shape *shape, const void *sr
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
                          scratch ? scratch_cap : 0, need);
-  size_t bound = kivi_bound(shape, p);
+  size_t bound = kv_codec_kivi_bound(shape, p);
   if (dst_cap < bound)
     return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
                          bound);
@@ -784,21 +783,6 @@ static kv_codec_status kivi_encode(const kv_section_shape *shape, const void *sr
   }
   *out_len = pos;
   return KV_CODEC_OK;
-}
-
-static kv_codec_status kivi_decode(const void *hdr, size_t hdr_len, const void *payload,
-                                   size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
-                                   size_t scratch_cap, void *dst, size_t dst_cap,
-                                   kv_codec_err *err)
-{
-  kv_section_info info;
-  if (payload == NULL || dst == NULL)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL payload or dst", 0, 0);
-  kv_codec_status rc = kv_codec_decode_begin(KV_CODEC_ID_KIVI, hdr, hdr_len, payload_len, g0, g1,
-                                             dst_cap, &info, err);
-  if (rc != KV_CODEC_OK)
-    return rc;
-  return kv_kivi_decode_parsed(&info, payload, g0, g1, scratch, scratch_cap, dst, NULL, err);
 }
 
 kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t *payload,
@@ -825,13 +809,3 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   return KV_CODEC_OK;
 }
 
-const kv_codec kv_codec_kivi = {
-  .id = KV_CODEC_ID_KIVI,
-  .name = "kivi",
-  .flags = KV_CODEC_LOSSY,
-  .bound = kivi_bound,
-  .scratch_bytes = kivi_scratch_bytes,
-  .encode = kivi_encode,
-  .decode = kivi_decode,
-  .check = kv_quant_check,
-};

@@ -10,7 +10,7 @@
  * kvdb_get_tokens never read it.
  *
  *   region = [table: table_pages pages] [copy 0] [copy 1] ... [copy n_copies - 1]
- *   copy c = layer * n_kv_heads + head: the score copy (engine/score/score.h "THE SCORE COPY":
+ *   copy c = layer * n_kv_heads + head: the score copy (score/score.h "THE SCORE COPY":
  *            header, per-token scales, page-grouped int8 / int4 code pages) of that layer and
  *            KV head's K rows, n_tokens of them; every copy is copy_bytes long (a multiple of
  *            4096), so copy c starts at table_pages * 4096 + c * copy_bytes.

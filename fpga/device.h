@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fpga/device.h — the near-data scoring device (a SmartSSD's FPGA, or its emulation): the only
- * header of fpga/. It knows nothing of the engine; it scores score copies (engine/score/score.h
+ * header of fpga/. It knows nothing of the engine; it scores score copies (score/score.h
  * "THE SCORE COPY") that lie in a file, without the keys crossing to the host.
  *
  * THE SEAM (one call sequence for every backend; Xilinx's p2p examples do the same)

@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fpga/fpga_int.h — private to fpga/: the device and buffer objects and the backend table.
- * device.c holds the common API and the emulated backend, xrt.c the XRT backend, hie.c and
- * app.c the HIE and APP parts.
+ * device.h is the header of fpga/ for everything above it.
+ *
+ * The files of fpga/, lowest first, each calling only files below it:
+ *   kernel/       the HLS kernels (score, select, gather), plain C11
+ *   fpga_base.c   status and errors, the XRT environment check, the kernel's scalar arguments
+ *   xrt.c         the XRT backend (dlopen of libxrt_coreutil): its kv_fpga_ops
+ *   device.c      the seam: opening (backend choice, then the xclbin), the buffer / P2P / run
+ *                 API over dev->ops, and the emulated backend
+ *   app.c, hie.c  APP's split (fpga_base.c only) and HIE's top k (through the device API)
  */
 #ifndef KV_FPGA_INT_H
 #define KV_FPGA_INT_H
@@ -63,13 +70,14 @@ kv_fpga_status kv_fpga_fail_at(kv_fpga_err *err, kv_fpga_status code, const char
   kv_fpga_fail_at((err), (code), (what), (uint64_t)(value), (uint64_t)(limit), (e), __FILE__,     \
                   __LINE__)
 
-/* The kernel's scalar arguments of a checked run. */
+/* The kernel's scalar arguments of a checked run (fpga_base.c). */
 typedef struct kv_fpga_kargs {
   uint32_t scale_word, code_word, t0, n, pos_base, row_bytes, bits, k;
 } kv_fpga_kargs;
 void kv_fpga_kargs_of(const kv_fpga_run_args *a, kv_fpga_kargs *out);
 
-/* xrt.c: open the XRT backend into dev (env checks, dlopen, device, optional xclbin). */
+/* xrt.c: open the XRT backend into dev (env checks, dlopen, device); kv_fpga_open() then loads
+ * the xclbin, if one is named, through dev->ops. */
 kv_fpga_status kv_fpga_xrt_open(kv_fpga_dev *dev, const kv_fpga_opts *o, kv_fpga_err *err);
 
 #endif

@@ -387,9 +387,7 @@ kv_fpga_status kv_fpga_xrt_open(kv_fpga_dev *dev, const kv_fpga_opts *o, kv_fpga
   if (x->dev == NULL)
     return FAIL(err, KV_FPGA_ENODEV, "xrtDeviceOpen found no FPGA device (value: index)",
                 o->device_index, 0);
-  if (o->xclbin_path != NULL)
-    return kv_fpga_load_kernel(dev, o->xclbin_path, o->kernel_name, err);
-  return KV_FPGA_OK;
+  return KV_FPGA_OK; /* kv_fpga_open() loads o->xclbin_path next, through dev->ops */
 }
 
 #endif

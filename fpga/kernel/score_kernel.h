@@ -5,7 +5,7 @@
  * Plain C11, no Xilinx headers: the same file compiles with gcc.
  *
  * DEVICE MEMORY
- *   keys/meta  the score copy bytes (engine/score/score.h "THE SCORE COPY") as they lie in the
+ *   keys/meta  the score copy bytes (score/score.h "THE SCORE COPY") as they lie in the
  *              file, read there by P2P: a buffer of 64-byte words holding one or more sections.
  *              For one section starting at word s: scales at word s + 1 (byte 64 of the
  *              section), code pages at word s + meta_bytes / 64. The two pointer arguments are
@@ -16,7 +16,7 @@
  *   blocks     n <pos, score> pairs (8 bytes each): the score block of the chunk, in token order.
  *   topk       min(k, n) pairs, best first (score.h ORDER: score desc, then position asc).
  *
- * SCORES are bit-identical to the CPU scorer's (engine/score): exact integer dots, then
+ * SCORES are bit-identical to the CPU scorer's (score): exact integer dots, then
  * (float)dot * qscale[v], the greater-than max over vectors, then * scale[t].
  *
  * LIMITS: row_bytes a power of two from 1 to KVK_MAX_ROW (int8 head_dim <= 512, int4 <= 1024);

@@ -2,7 +2,7 @@
 /*
  * fpga/kernel/score_kernel_tb.c — C simulation testbench of kv_score_kernel (the Vitis csim
  * step, run with gcc): the kernel's score blocks must equal the CPU scorer's scores
- * (engine/score, portable path) bit for bit and its on-chip top k must equal the streaming
+ * (score, portable path) bit for bit and its on-chip top k must equal the streaming
  * top-k of those scores, for every row size the kernel takes (int8 head_dim 2..512, int4
  * 2..1024), 1, 2 and 8 query vectors (SUM and MAX), chunks starting anywhere on a word,
  * several sections in one buffer, k = 0, 1, 7, 64 and random code bytes (int8 -128, int4

@@ -29,7 +29,7 @@
  *     required to be zero; it is never read.)
  * A header that announces a score region (flag bit 0, FORMAT.md §3c; raw or compressed object)
  * has it decoded as kvdb_score and kvdb_verify do: the table's head, every copy wholly present
- * against its checksum and parsed (engine/score), and the whole region when present.
+ * against its checksum and parsed (score), and the whole region when present.
  * Properties: the region lies right after the object's data and is as big as its shape and bits
  * say; a copy that verifies scores the same bits on every kernel path; a region that verifies
  * is canonical (kv_sregion_seal over its copies writes the same table); a whole object that

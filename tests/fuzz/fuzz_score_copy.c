@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/fuzz/fuzz_score_copy.c — untrusted bytes into the score-copy parser (engine/score).
+ * tests/fuzz/fuzz_score_copy.c — untrusted bytes into the score-copy parser (score).
  *
  * Must never crash or read outside the input. The input is copied into an exactly sized,
  * 4096-aligned buffer (as the engine hands a section over), then:

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/score_test.h — helpers shared by the engine/score and fpga tests: CHECK (counts and
+ * tests/unit/score_test.h — helpers shared by the score and fpga tests: CHECK (counts and
  * reports, does not stop), REQUIRE (stops), a splitmix64 generator, and error text.
  */
 #ifndef SCORE_TEST_H

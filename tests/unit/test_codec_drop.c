@@ -3,8 +3,7 @@
  * tests/unit/test_codec_drop.c — token selection (knorm, keydiff, snapkv) against brute-force
  * oracles, and the "drop" codec: positions, kept rows, drop + quantize, bad and corrupt input.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 
 #include <math.h>

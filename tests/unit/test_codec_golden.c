@@ -15,8 +15,7 @@
  * reject_*.bin must fail to decode with KV_CODEC_ECORRUPT. Verification reads only the files:
  * it does not depend on the generator or the encoder, whose output may change over time.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 
 #include <errno.h>

@@ -3,8 +3,7 @@
  * tests/unit/test_codec_lossless.c — the registry, the section header, element conversions,
  * and the lossless codecs ("raw", "zstd-planes") with the byte-plane entropy bound.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 
 #include <math.h>

@@ -4,8 +4,7 @@
  * derived probes, and the quality of every method on synthetic Llama-like KV (int8 >= 0.999,
  * int4 >= 0.99: the issue's targets), with supplied and with derived probes.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 
 #include <math.h>

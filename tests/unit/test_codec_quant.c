@@ -4,8 +4,7 @@
  * element, exact residual rows, sizes, configurations the shape cannot take, corrupt input,
  * and bit-identical SIMD and portable dequantization.
  */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 
 #include <float.h>

@@ -41,8 +41,7 @@
  * written on x86-64 Linux.
  */
 #include "kvdb_test.h" /* first: it defines _GNU_SOURCE */
-#define KV_CODEC_INTERNAL
-#include "codec.h"
+#include "codec_int.h"
 #include "kvgen.h"
 #include "block.h"
 

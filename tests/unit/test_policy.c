@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_policy.c — engine/policy (policy.h): the EvicPress Figure 2 example, Algorithm 1
+ * tests/unit/test_policy.c — policy (policy.h): the EvicPress Figure 2 example, Algorithm 1
  * cases computed by hand (recompress, evict, cascade to "not stored", the inclusive DRAM tier,
  * admit into a full store and the plan's move order), the per-byte rule, greedy vs the exact
  * optimum vs the upper bound on thousands of random small instances (gap reported), capacity
@@ -720,7 +720,7 @@ static void test_capacity_large(void)
   }
 }
 
-/* The greedy built with POL_FORCE_SCAN under other names (engine/policy/meson.build): every
+/* The greedy built with POL_FORCE_SCAN under other names (policy/meson.build): every
  * operation found by scanning every option, as Algorithm 1 reads. */
 kvdb_status kv_policy_scan_rebalance(const kv_policy_params *p, const kv_policy_context *ctx,
                                      size_t n, kv_policy_plan *plan, kv_policy_err *err);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_score_cuda.c — the optional CUDA scorer (engine/score/cuda/score_cuda.h).
+ * tests/unit/test_score_cuda.c — the optional CUDA scorer (score/cuda/score_cuda.h).
  * Built only when meson found nvcc (-Dcuda=auto|enabled).
  *
  *   test_score_cuda host   needs no GPU (never skips):

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_score_paths.c — engine/score: every kernel path (portable, AVX2, AVX-512 VNNI,
+ * tests/unit/test_score_paths.c — score: every kernel path (portable, AVX2, AVX-512 VNNI,
  * whichever this CPU has) gives bit-identical scores, equal to the score defined in score.h
  * computed here independently from the query's public codes and scales; on random code bytes
  * (int8 -128 and int4 nibble 0 included), all head dims 2..4096 (pages with and without padding),

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_score_quant.c — engine/score: quantization error bounds (int8, int4; f32, f16,
+ * tests/unit/test_score_quant.c — score: quantization error bounds (int8, int4; f32, f16,
  * bf16 keys), the score copy layout (page grouping, offsets, sizes), encode/parse round trips,
  * the parser's rejection of every malformed header field, and bad arguments everywhere (k = 0,
  * k > N, NULL, misaligned buffers and sizes, shapes out of range) with the message naming it.

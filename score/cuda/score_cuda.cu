@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/cuda/score_cuda.cu — the CUDA scorer of score_cuda.h: the scoring kernel, the
+ * score/cuda/score_cuda.cu — the CUDA scorer of score_cuda.h: the scoring kernel, the
  * device radix select of the top k, the host driver, and the host emulation of both.
  *
  * INVARIANTS

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/score_avx512.c — the AVX-512 BW + VNNI scoring kernel. Built with
+ * score/score_avx512.c — the AVX-512 BW + VNNI scoring kernel. Built with
  * -mavx512f -mavx512bw -mavx512vnni; score.c calls it only when the CPU reports those.
  *
  * vpdpbusd multiplies UNSIGNED bytes by SIGNED bytes. Keys are the streamed operand, so they are

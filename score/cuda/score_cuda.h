@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/cuda/score_cuda.h — the optional CUDA scorer (issue 6, Must have 6): scores
+ * score/cuda/score_cuda.h — the optional CUDA scorer (issue 6, Must have 6): scores
  * int8 / int4 score copies that are already resident in GPU memory against a query, and selects
  * their top k on the GPU. Only the k winners (8 bytes each) cross back to the host.
  *
- * SAME API, SAME RESULTS. Everything here is the engine/score/score.h API moved to the device:
+ * SAME API, SAME RESULTS. Everything here is the score/score.h API moved to the device:
  * the same kv_score_layout (the page-grouped code pages of "THE SCORE COPY"), the same
  * kv_score_query (made by kv_score_query_create(); its public codes and scales are uploaded per
  * call), the same kv_score_status / kv_score_err, the same spans. The scores are those of

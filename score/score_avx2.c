@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/score_avx2.c — the AVX2 scoring kernel. Built with -mavx2; score.c calls it only
+ * score/score_avx2.c — the AVX2 scoring kernel. Built with -mavx2; score.c calls it only
  * when the CPU reports AVX2.
  *
  * vpmaddubsw multiplies unsigned by signed bytes and adds pairs into SATURATING int16. int8:

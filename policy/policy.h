@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/policy/policy.h — the EvicPress placement policy: per context, which tier holds it and
+ * policy/policy.h — the EvicPress placement policy: per context, which tier holds it and
  * in which storage config, chosen by a utility function and a greedy multiple-choice knapsack
  * that cascades down the tiers. Pure functions over plain arrays: no I/O, no locking, no global
  * state, nothing of the engine but the public types of kvdb.h (kvdb_config, kvdb_status).

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/score_int.h — private to engine/score/: the query object and the kernel entry
+ * score/score_int.h — private to score/: the query object and the kernel entry
  * points of the three paths (score.c, score_avx2.c, score_avx512.c).
  *
  * A kernel scores n CONTIGUOUS rows (row r at codes + r * row_bytes) into out[0..n). Callers

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/policy/policy_int.h — what the files of engine/policy/ share: the checked model
+ * policy/policy_int.h — what the files of policy/ share: the checked model
  * (tiers resolved once), byte, TTFT and utility of a placement, and the enumeration of a
  * context's placement choices used by the exact solver and the bound. Not part of the
  * module's interface (policy.h is).

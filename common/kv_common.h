@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/common/kv_common.h — the leaf layer every other part of kvdb includes.
+ * common/kv_common.h — the leaf layer every other part of kvdb includes.
  *
  * Status helpers, the per-thread error message, logging and little-endian codecs.
  * Includes nothing of kvdb except the public header (for kvdb_status).

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/common/kv_status.c — status names and texts (one X-macro table, libuv style), the
+ * common/kv_status.c — status names and texts (one X-macro table, libuv style), the
  * per-thread error message behind kvdb_errmsg(), and logging.
  */
 #define _GNU_SOURCE

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/policy/greedy.c — EvicPress Algorithm 1 (Appendix A), cascading down the tiers as
+ * policy/greedy.c — EvicPress Algorithm 1 (Appendix A), cascading down the tiers as
  * §4.4 describes, and the plans of kv_policy_rebalance / kv_policy_admit.
  *
  * State: one placement per context (tier, option, cached). Tiers are resolved from the top

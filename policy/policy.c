@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/policy/policy.c — the EvicPress model: parameters and their checks, utility and TTFT
+ * policy/policy.c — the EvicPress model: parameters and their checks, utility and TTFT
  * of a placement (§4.2), evaluation of a set of placements, the enumeration of a context's
  * placement choices, decayed access counts. The greedy is in greedy.c, the exact solver and
  * the upper bound in exact.c.

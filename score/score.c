@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/score.c — quantization, the score copy (writer and parser), queries, kernel
+ * score/score.c — quantization, the score copy (writer and parser), queries, kernel
  * dispatch, the portable kernel, the streaming top-k with its worker threads, and the exact
  * reference scorer. The SIMD kernels are in score_avx2.c and score_avx512.c (built with their
  * own -m flags and called only when the CPU has the instructions).
@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "engine/score reads little-endian f32 scales in place: big-endian hosts are not supported"
+#error "score reads little-endian f32 scales in place: big-endian hosts are not supported"
 #endif
 
 /* ------------------------------------------------------------------------------------------ */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/score/score.h — near-data token scoring on the CPU: the only header of engine/score/.
+ * score/score.h — near-data token scoring on the CPU: the only header of score/.
  *
  * Sparse-attention decoders (H2O, Quest, HillInfer) score every stored token of a context
  * against the current query and keep the top k. HillInfer §4.4 (CEC) does it on low-precision

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/policy/exact.c — what the greedy is measured against: the optimum of small instances
+ * policy/exact.c — what the greedy is measured against: the optimum of small instances
  * (branch and bound over every context's placement choices) and an upper bound for large ones
  * (the Lagrangian dual of the tier capacities, i.e. the LP relaxation of the multiple-choice
  * knapsack, lowered by coordinate descent with an exact convex-hull step per tier).
