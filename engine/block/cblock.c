@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/block/cblock.c — compressed block objects (format 2, FORMAT.md §3b) through the
+ * codecs of compress/: building one from the caller's KV, and decoding its sections.
+ *
+ * A block stored with a config other than raw keeps the page-grouped order of sections
+ * (layer -> KV head -> K, V) but each section is a compress/ section: its own header (codec,
+ * shape, parameters, the keep bitmap of a drop section, the table of its token groups) and
+ * independently decodable groups of tokens. Token dropping chooses the kept tokens per block
+ * and KV head from the K section (knorm, keydiff, snapkv) and keeps the same tokens of V.
+ * Every data page carries its own checksum, so a reader of a few groups verifies exactly the
+ * pages it read.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cblock.h"
+
+/* ---- errors ---- */
+
+kvdb_status kv_codec_fail(kv_codec_status st, const kv_codec_err *err, const char *what)
+{
+  char msg[256];
+  kv_codec_errmsg(err, msg, sizeof msg);
+  kvdb_status rc = st == KV_CODEC_EINVAL     ? KVDB_INVALID
+                   : st == KV_CODEC_ECORRUPT ? KVDB_CORRUPT
+                                             : KVDB_PANIC; /* a size this file computed */
+  return kv_fail(rc, "%s: %s", what, msg);
+}
+
+static uint8_t *grow(uint8_t **p, size_t *cap, size_t need)
+{
+  if (*cap >= need)
+    return *p;
+  size_t n = need + need / 4 + 4096;
+  uint8_t *q = realloc(*p, n);
+  if (q == NULL)
+    return NULL;
+  *p = q;
+  *cap = n;
+  return q;
+}
+
+/* ---- encoding ---- */
+
+void kv_cenc_free(kv_cenc *e)
+{
+  free(e->rows_k);
+  free(e->rows_v);
+  free(e->scratch);
+  free(e->sect);
+  free(e->keep);
+  free(e->qwin);
+  free(e->sect_len);
+  free(e->sect_codec);
+  free(e->pair);
+  memset(e, 0, sizeof *e);
+}
+
+static kv_section_shape shape_of(const kv_block_geom *g, uint32_t s)
+{
+  kv_section_shape sh = {(kv_codec_dtype)g->dtype, (s & 1) ? KV_SECTION_V : KV_SECTION_K,
+                         g->n_tokens, g->head_dim};
+  return sh;
+}
+
+/* Parameters of section s (group per kind; drop positions attached by the caller). */
+static kv_codec_params section_params(const kv_section_codec *sc, uint32_t s)
+{
+  kv_codec_params p = sc->params;
+  if (p.bits)
+    p.group = (s & 1) ? sc->group_v : sc->group_k;
+  return p;
+}
+
+uint64_t kv_cblock_bound(const kvdb_config *cfg, const kv_block_geom *g)
+{
+  kv_section_codec sc;
+  if (kv_config_section(cfg, g, g->n_tokens, 0, &sc) != KVDB_OK)
+    return 0;
+  uint64_t sum = 0;
+  for (uint32_t kv = 0; kv < 2; kv++) {
+    kv_section_shape sh = shape_of(g, kv);
+    kv_codec_params p = section_params(&sc, kv);
+    if (sc.codec->id == KV_CODEC_ID_DROP)
+      p.n_keep = g->n_tokens; /* the bound for keeping everything covers any keep count */
+    p.residual = 0;
+    size_t b = kv_codec_bound(sc.codec, &sh, &p);
+    if (b == 0)
+      return 0;
+    /* residual rows are stored raw: never more than the raw rows plus the bound */
+    sum += (uint64_t)(b + (size_t)g->n_tokens * g->row_bytes) * (g->n_sections / 2);
+  }
+  kv_cblock_layout l;
+  kv_cblock_layout_init(g, sum, &l);
+  return l.total_bytes;
+}
+
+/* SnapKV's observation window of (layer, KV head) from the caller's queries. */
+static kvdb_status window(const kv_queries *q, const kv_block_geom *g, uint32_t layer,
+                          uint32_t head, int last_block, kv_cenc *e, kv_snapkv_window *w)
+{
+  uint32_t grp = q->n_q_heads / g->n_kv_heads;
+  size_t need = (size_t)q->n_queries * grp * g->head_dim * sizeof(float);
+  if (grow((uint8_t **)&e->qwin, &e->qwin_cap, need) == NULL)
+    return kv_fail(KVDB_NOMEM, "snapkv window");
+  for (uint32_t o = 0; o < q->n_queries; o++)
+    for (uint32_t j = 0; j < grp; j++)
+      memcpy(e->qwin + ((size_t)o * grp + j) * g->head_dim,
+             q->q + (((size_t)o * g->n_layers + layer) * q->n_q_heads + head * grp + j) *
+                        g->head_dim,
+             g->head_dim * sizeof(float));
+  memset(w, 0, sizeof *w);
+  w->q = e->qwin;
+  w->n_obs = q->n_queries;
+  w->n_q_heads = grp;
+  w->pool = KV_POOL_AVG;
+  /* the queries are the prompt's last tokens: they follow every key of earlier blocks, and
+   * in the context's last block they are that block's own last tokens (causal mask) */
+  w->tail_window = last_block && q->n_queries <= g->n_tokens;
+  return KVDB_OK;
+}
+
+/* Scratch for encoding (and choosing the kept tokens of) a section of geometry g with sc;
+ * win: SnapKV's observation window (NULL for other methods). */
+static kvdb_status reserve(const kv_cblock_src *src, const kv_section_codec *sc, kv_cenc *e,
+                           const kv_snapkv_window *win)
+{
+  const kv_block_geom *g = src->g;
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes, scratch = 0, bound = 0;
+  for (uint32_t kv = 0; kv < 2; kv++) {
+    kv_section_shape sh = shape_of(g, kv);
+    kv_codec_params p = section_params(sc, kv);
+    if (sc->codec->id == KV_CODEC_ID_DROP)
+      p.n_keep = g->n_tokens;
+    size_t a = kv_codec_scratch_bytes(sc->codec, &sh, &p, KV_CODEC_OP_ENCODE);
+    size_t b = kv_codec_bound(sc->codec, &sh, &p);
+    if (a == 0 || b == 0) {
+      char nm[48];
+      return kv_fail(KVDB_INVALID, "config '%s' cannot store a block of %u tokens x %u dims",
+                     kvdb_config_name(src->cfg, nm, sizeof nm), g->n_tokens, g->head_dim);
+    }
+    scratch = a > scratch ? a : scratch;
+    bound = b + rows_bytes > bound ? b + rows_bytes : bound;
+  }
+  if (sc->codec->id == KV_CODEC_ID_DROP) {
+    size_t d = kv_drop_scratch_bytes((kv_drop_method)src->cfg->drop, g->n_tokens, g->head_dim,
+                                     win);
+    if (d == 0)
+      return kv_fail(KVDB_INVALID, "token selection by method %u cannot run on %u tokens with "
+                                   "%u observed queries",
+                     src->cfg->drop, g->n_tokens, win ? win->n_obs : 0);
+    scratch = d > scratch ? d : scratch;
+  }
+  if (grow(&e->scratch, &e->scratch_cap, scratch) == NULL ||
+      grow((uint8_t **)&e->keep, &e->keep_cap, g->n_tokens * sizeof(uint32_t)) == NULL ||
+      grow(&e->pair, &e->pair_cap, 2 * bound) == NULL)
+    return kv_fail(KVDB_NOMEM, "compression buffers");
+  return KVDB_OK;
+}
+
+kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_codec *sc,
+                                  uint32_t s, const uint8_t *rows_k, const uint8_t *rows_v,
+                                  kv_cenc *e, uint32_t len[2])
+{
+  const kv_block_geom *g = src->g;
+  kv_snapkv_window w, *wp = NULL;
+  if (sc->codec->id == KV_CODEC_ID_DROP && src->cfg->drop == KVDB_DROP_SNAPKV) {
+    uint32_t layer = (s >> 1) / g->n_kv_heads, head = (s >> 1) % g->n_kv_heads;
+    if (src->q == NULL)
+      return kv_fail(KVDB_INVALID, "snapkv needs the prompt's last queries (kvdb_put_opts.queries)");
+    KV_RET(window(src->q, g, layer, head, src->last_block, e, &w));
+    wp = &w;
+  }
+  KV_RET(reserve(src, sc, e, wp));
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  kv_section_shape shk = shape_of(g, s), shv = shape_of(g, s + 1);
+  kv_codec_params pk = section_params(sc, s), pv = section_params(sc, s + 1);
+  kv_codec_err err;
+  if (sc->codec->id == KV_CODEC_ID_DROP) {
+    uint32_t n_keep = 0;
+    kv_codec_status st = kv_drop_select((kv_drop_method)src->cfg->drop, &shk, rows_k, rows_bytes,
+                                        src->cfg->keep_permille, wp, e->scratch, e->scratch_cap,
+                                        e->keep, g->n_tokens, &n_keep, &err);
+    if (st != KV_CODEC_OK)
+      return kv_codec_fail(st, &err, "choosing the tokens to keep");
+    pk.keep_pos = pv.keep_pos = e->keep;
+    pk.n_keep = pv.n_keep = n_keep;
+  }
+  size_t used = 0;
+  for (uint32_t kv = 0; kv < 2; kv++) {
+    size_t out = 0;
+    kv_codec_status st = kv_codec_encode(sc->codec, kv ? &shv : &shk, kv ? rows_v : rows_k,
+                                         rows_bytes, kv ? &pv : &pk, e->scratch, e->scratch_cap,
+                                         e->pair + used, e->pair_cap - used, &out, &err);
+    if (st != KV_CODEC_OK) {
+      char what[96];
+      snprintf(what, sizeof what, "encoding section %u of block %u", s + kv, src->index);
+      return kv_codec_fail(st, &err, what);
+    }
+    len[kv] = (uint32_t)out;
+    used += out;
+  }
+  return KVDB_OK;
+}
+
+kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
+                            uint64_t *obj_bytes)
+{
+  const kv_block_geom *g = src->g;
+  kv_section_codec sc;
+  KV_RET(kv_config_section(src->cfg, g, src->ctx_tokens, src->t0, &sc));
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  if (grow(&e->rows_k, &e->rows_k_cap, rows_bytes) == NULL ||
+      grow(&e->rows_v, &e->rows_v_cap, rows_bytes) == NULL ||
+      grow((uint8_t **)&e->sect_len, &e->sect_len_cap, g->n_sections * sizeof(uint32_t)) == NULL ||
+      grow(&e->sect_codec, &e->sect_codec_cap, g->n_sections) == NULL)
+    return kv_fail(KVDB_NOMEM, "compression buffers");
+  uint64_t used = 0;
+  for (uint32_t s = 0; s < g->n_sections; s += 2) {
+    kv_gather_rows(g, src->kv, src->t0, s, e->rows_k);
+    kv_gather_rows(g, src->kv, src->t0, s + 1, e->rows_v);
+    uint32_t len[2];
+    KV_RET(kv_cblock_encode_pair(src, &sc, s, e->rows_k, e->rows_v, e, len));
+    if (grow(&e->sect, &e->sect_cap, used + len[0] + len[1]) == NULL)
+      return kv_fail(KVDB_NOMEM, "compression buffers");
+    memcpy(e->sect + used, e->pair, (size_t)len[0] + len[1]);
+    e->sect_len[s] = len[0];
+    e->sect_len[s + 1] = len[1];
+    e->sect_codec[s] = e->sect_codec[s + 1] = sc.codec->id;
+    used += (uint64_t)len[0] + len[1];
+  }
+  kv_cblock_layout l;
+  kv_cblock_layout_init(g, used, &l);
+  if (l.total_bytes > dst_cap)
+    return kv_fail(KVDB_PANIC, "compressed block of %" PRIu64 " bytes exceeds its bound %zu",
+                   l.total_bytes, dst_cap);
+  memcpy(dst + l.meta_bytes, e->sect, used);
+  memset(dst + l.meta_bytes + used, 0, l.data_bytes - used);
+  kv_cblock_seal(g, &l, e->sect_len, e->sect_codec, src->hash, src->parent, src->model_hash,
+                 src->tokens, dst);
+  *obj_bytes = l.total_bytes;
+  return KVDB_OK;
+}
+
+/* ---- decoding ---- */
+
+kvdb_status kv_cdec_init(kv_cdec *d)
+{
+  memset(d, 0, sizeof *d);
+  d->ctx_mem = malloc(kv_codec_dctx_bytes());
+  if (d->ctx_mem == NULL)
+    return kv_fail(KVDB_NOMEM, "decoding context");
+  d->ctx = kv_codec_dctx_init(d->ctx_mem, kv_codec_dctx_bytes());
+  return KVDB_OK;
+}
+
+void kv_cdec_free(kv_cdec *d)
+{
+  free(d->ctx_mem);
+  free(d->scratch);
+  free(d->rows);
+  memset(d, 0, sizeof *d);
+}
+
+kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_bytes, size_t len,
+                                   uint32_t s, uint8_t codec_id, kv_section_info *info)
+{
+  kv_codec_err err;
+  kv_codec_status st = kv_section_parse(hdr_bytes, len, info, &err);
+  if (st != KV_CODEC_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "section %u", s);
+    return kv_codec_fail(st == KV_CODEC_EINVAL ? KV_CODEC_ECORRUPT : st, &err, what);
+  }
+  const kv_block_geom *g = &h->g;
+  if (info->codec_id != codec_id || (uint32_t)info->shape.dtype != g->dtype ||
+      info->shape.n_tokens != g->n_tokens || info->shape.head_dim != g->head_dim ||
+      info->shape.kind != ((s & 1) ? KV_SECTION_V : KV_SECTION_K))
+    return kv_fail(KVDB_CORRUPT,
+                   "section %u is %u tokens x %u dims of dtype %u, codec %u (%s); the block "
+                   "has %u x %u of dtype %u, codec %u (%s)",
+                   s, info->shape.n_tokens, info->shape.head_dim, (unsigned)info->shape.dtype,
+                   info->codec_id, info->shape.kind == KV_SECTION_V ? "V" : "K", g->n_tokens,
+                   g->head_dim, g->dtype, codec_id, (s & 1) ? "V" : "K");
+  return KVDB_OK;
+}
+
+kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                     kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
+                                     uint32_t *positions)
+{
+  uint64_t off;
+  uint32_t len;
+  kv_cblock_section(h, buf, s, &off, &len);
+  const uint8_t *sec = buf + off;
+  kv_section_info info;
+  KV_RET(kv_cblock_section_info(h, sec, len, s, buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12],
+                                &info));
+  if (info.section_bytes != len)
+    return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
+                   s, info.section_bytes, len);
+  size_t out_bytes = kv_section_rows_bytes(&info, 0, info.n_groups);
+  size_t scratch = kv_section_scratch_bytes(&info);
+  if (grow(&d->rows, &d->rows_cap, out_bytes) == NULL ||
+      grow(&d->scratch, &d->scratch_cap, scratch ? scratch : 1) == NULL)
+    return kv_fail(KVDB_NOMEM, "decoding buffers");
+  kv_codec_err err;
+  kv_codec_status st = kv_section_decode_dctx(d->ctx, sec, len, d->scratch, d->scratch_cap,
+                                              d->rows, d->rows_cap, NULL, &err);
+  if (st == KV_CODEC_OK && positions != NULL)
+    st = kv_section_positions(sec, len, 0, info.n_rows, positions, &err);
+  if (st != KV_CODEC_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "decoding section %u", s);
+    return kv_codec_fail(st, &err, what);
+  }
+  *rows = d->rows;
+  *n_rows = info.n_rows;
+  return KVDB_OK;
+}
+
+kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                  uint32_t s1, kv_cdec *d, uint8_t *data)
+{
+  for (uint32_t s = s0; s < s1; s++) {
+    const uint8_t *rows = NULL;
+    uint32_t n_rows = 0;
+    KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
+    if (n_rows != h->g.n_tokens)
+      return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
+                                   "stored without dropping has them all", s, n_rows,
+                     h->g.n_tokens);
+    kv_rows_to_section(&h->g, rows, s, data);
+  }
+  return KVDB_OK;
+}

@@ -1,0 +1,234 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/ops/context.c — whole stored contexts: kvdb_get_context (every config, dropped
+ * tokens included: the kept rows of each layer and KV head with their positions) and the
+ * on-demand profile (kvdb_profile), which measures from the context as stored.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops_int.h"
+
+/* Reading state of one call. */
+typedef struct ctx_reader {
+  kv_rbuf *buf;   /* a block object */
+  uint8_t *rows;  /* contiguous rows of one section (raw blocks with padded groups) */
+  uint32_t *pos;  /* positions of one decoded section */
+  kv_cdec dec;
+} ctx_reader;
+
+static void reader_free(kvdb *db, ctx_reader *r)
+{
+  kv_rbuf_release(db, r->buf);
+  free(r->rows);
+  free(r->pos);
+  kv_cdec_free(&r->dec);
+}
+
+/* The contiguous rows of section s of a raw data region (no copy when groups are unpadded). */
+static const uint8_t *raw_rows(const kv_block_geom *g, const uint8_t *data, uint32_t s,
+                               uint8_t *tmp)
+{
+  if (g->group_stride == (uint64_t)g->group_tokens * g->row_bytes)
+    return data + (uint64_t)s * g->section_bytes;
+  for (uint32_t t = 0; t < g->n_tokens; t++)
+    memcpy(tmp + (uint64_t)t * g->row_bytes,
+           data + (uint64_t)s * g->section_bytes + (uint64_t)(t / g->group_tokens) * g->group_stride +
+               (uint64_t)(t % g->group_tokens) * g->row_bytes,
+           g->row_bytes);
+  return tmp;
+}
+
+/*
+ * One block of a context into `out`: for each (layer, KV head) its rows go after the rows
+ * already delivered for it (base[l * H + h]), positions t0 + token.
+ */
+static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint32_t bt,
+                             const kv_block_rec *rec, const uint8_t *hash, uint64_t t0,
+                             uint64_t n_tokens, const kvdb_kv_view *out, uint32_t *positions,
+                             uint32_t *base)
+{
+  kv_block_geom g;
+  KV_RET(kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                            rec->n_tokens));
+  uint32_t H = m->n_kv_heads;
+  const uint8_t *data = NULL;
+  kv_dram_entry *pin = NULL;
+  kv_block_hdr hdr;
+  memset(&hdr, 0, sizeof hdr);
+  if (db->dram != NULL && !(rec->bflags & KV_BLK_DROPS)) {
+    const uint8_t *d;
+    uint64_t len;
+    pin = kv_dram_pin(db->dram, hash, &d, &len);
+    if (pin != NULL && len == g.data_bytes) {
+      data = d;
+      hdr.version = 1;
+    } else if (pin != NULL) {
+      kv_dram_unpin(db->dram, pin);
+      pin = NULL;
+    }
+  }
+  kvdb_status rc = KVDB_OK;
+  if (data == NULL) {
+    kv_rbuf_release(db, cr->buf);
+    cr->buf = kv_rbuf_acquire(db, rec->bytes);
+    if (cr->buf == NULL)
+      return kv_fail(KVDB_NOMEM, "cannot allocate %" PRIu64 " bytes to read a block", rec->bytes);
+    rc = kv_block_read_verify(db, rec, hash, cr->buf->p, &hdr);
+    if (rc != KVDB_OK) {
+      if (rc == KVDB_CORRUPT)
+        db->corrupt_blocks++;
+      return rc;
+    }
+    db->bytes_read += rec->bytes;
+    db->ssd_hits++;
+    if (hdr.version == 1)
+      data = cr->buf->p + g.meta_bytes;
+  }
+  if (hdr.version >= 2 && cr->dec.ctx == NULL)
+    KV_RET(kv_cdec_init(&cr->dec));
+  for (uint32_t s = 0; rc == KVDB_OK && s < g.n_sections; s += 2) {
+    uint32_t lh = s / 2, nr = 0;
+    for (uint32_t kv = 0; rc == KVDB_OK && kv < 2; kv++) {
+      const uint8_t *rows;
+      uint32_t n_rows;
+      if (hdr.version >= 2) {
+        rc = kv_cblock_decode_section(&hdr, cr->buf->p, s + kv, &cr->dec, &rows, &n_rows,
+                                      kv == 0 ? cr->pos : NULL);
+      } else {
+        rows = raw_rows(&g, data, s + kv, cr->rows);
+        n_rows = g.n_tokens;
+        if (kv == 0)
+          for (uint32_t t = 0; t < n_rows; t++)
+            cr->pos[t] = t;
+      }
+      if (rc != KVDB_OK)
+        break;
+      if (kv == 1 && n_rows != nr)
+        rc = kv_fail(KVDB_CORRUPT, "block at offset %" PRIu64 " of segment %" PRIu64
+                                   ": K and V of section pair %u keep %u and %u rows",
+                     rec->offset, rec->segment, s, nr, n_rows);
+      else if (base[lh] + (uint64_t)n_rows > n_tokens)
+        rc = kv_fail(KVDB_CORRUPT, "a block holds more rows than its context's tokens");
+      if (rc != KVDB_OK)
+        break;
+      nr = n_rows;
+      kv_scatter_rows(&g, rows, n_rows, s + kv, out, base[lh]);
+    }
+    if (rc == KVDB_OK && positions != NULL)
+      for (uint32_t r = 0; r < nr; r++)
+        positions[(uint64_t)lh * n_tokens + base[lh] + r] = (uint32_t)(t0 + cr->pos[r]);
+    base[lh] += nr;
+    (void)H;
+  }
+  if (pin != NULL)
+    kv_dram_unpin(db->dram, pin);
+  return rc;
+}
+
+kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                             const kvdb_kv_view *out, uint32_t *positions, uint32_t *n_rows)
+{
+  uint32_t bt;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (context == NULL)
+    return kv_fail(KVDB_INVALID, "context is NULL");
+  KV_RET(kv_check_view(out, m, "out"));
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_files_prune(db, txn);
+  kv_ctx_rec cr;
+  uint8_t mh[16];
+  kv_model_hash(m, bt, mh);
+  kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
+  if (rc == KVDB_OK)
+    rc = kv_check_view_extent(out, m, cr.n_tokens, "out");
+  uint32_t LH = m->n_layers * m->n_kv_heads;
+  uint32_t *base = rc == KVDB_OK ? calloc(LH, sizeof *base) : NULL;
+  ctx_reader rd;
+  memset(&rd, 0, sizeof rd);
+  size_t row = (size_t)m->head_dim * kv_dtype_bytes(m->dtype);
+  if (rc == KVDB_OK) {
+    rd.rows = malloc(bt * row);
+    rd.pos = malloc(bt * sizeof *rd.pos);
+    if (base == NULL || rd.rows == NULL || rd.pos == NULL)
+      rc = kv_fail(KVDB_NOMEM, "context buffers");
+  }
+  uint64_t t0 = 0;
+  for (uint32_t b = 0; rc == KVDB_OK && b < cr.n_blocks; b++) {
+    const uint8_t *h = cr.blocks + 16 * b;
+    kv_block_rec br;
+    rc = kv_ctx_block(db, txn, context->b, h, &br);
+    if (rc != KVDB_OK)
+      break;
+    rc = block_out(db, &rd, m, bt, &br, h, t0, cr.n_tokens, out, positions, base);
+    t0 += br.n_tokens;
+  }
+  if (rc == KVDB_OK && n_rows != NULL)
+    memcpy(n_rows, base, LH * sizeof *base);
+  if (rc == KVDB_OK)
+    kv_note_access(db, context->b);
+  reader_free(db, &rd);
+  free(base);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                         const kvdb_put_opts *opts)
+{
+  uint32_t bt;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (context == NULL)
+    return kv_fail(KVDB_INVALID, "context is NULL");
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  kvdb_put_opts o;
+  kvdb_put_opts_init(&o);
+  if (opts != NULL) { /* as kvdb_put_ex checks them */
+    if (opts->struct_size < offsetof(kvdb_put_opts, queries) || opts->struct_size > 4096)
+      return kv_fail(KVDB_INVALID, "opts->struct_size %u: call kvdb_put_opts_init() first",
+                     opts->struct_size);
+    memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
+      return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  }
+  kv_queries qs;
+  const kv_queries *q;
+  KV_RET(kv_opts_queries(&o, m, &qs, &q));
+  kvdb_context_info ci;
+  KV_RET(kvdb_context_stat(db, context, &ci));
+  if (ci.config.method == KVDB_METHOD_DROP) {
+    char hx[33];
+    return kv_fail(KVDB_INVALID,
+                   "context %s is stored with dropped tokens: its profile can only be measured "
+                   "at put (KVDB_PUT_PROFILE)",
+                   kv_hex16(context->b, hx));
+  }
+  /* the context as stored, decoded into one buffer in vLLM's layout */
+  size_t tb = kvdb_model_token_bytes(m);
+  uint8_t *buf = kv_alloc_aligned(ci.n_tokens * tb);
+  if (buf == NULL)
+    return kv_fail(KVDB_NOMEM, "cannot allocate %" PRIu64 " bytes for the context", ci.n_tokens * tb);
+  kvdb_kv_view v;
+  kvdb_status rc = kvdb_kv_view_packed(&v, buf, m, ci.n_tokens, KVDB_LAYOUT_LKTHD);
+  if (rc == KVDB_OK)
+    rc = kvdb_get_context(db, m, context, &v, NULL, NULL);
+  kv_profile_rec *p = rc == KVDB_OK ? malloc(sizeof *p) : NULL;
+  if (rc == KVDB_OK && p == NULL)
+    rc = kv_fail(KVDB_NOMEM, "profile");
+  if (rc == KVDB_OK) {
+    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
+                         .space = o.profile_space, .heads = o.profile_heads,
+                         .not_below = &ci.config};
+    rc = kv_profile_measure(&ps, p);
+  }
+  if (rc == KVDB_OK)
+    rc = kv_profile_store(db, context->b, p);
+  free(p);
+  kv_free_aligned(buf);
+  return rc;
+}

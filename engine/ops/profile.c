@@ -1,0 +1,406 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/ops/profile.c — a context's quality profile (EvicPress §4.3: the profiler that feeds
+ * the placement policy its (size, quality) per config).
+ *
+ * For each config of the space and each sampled (layer, KV head): the head's K and V over the
+ * whole context are encoded block by block exactly as a put with that config stores them
+ * (same codec parameters, same per-block token selection), decoded, and the attention outputs
+ * softmax(q.K^T / sqrt(d)).V of the probe queries over the decoded rows are compared with those
+ * over the original rows (compress/'s kv_quality_*): quality = the mean over heads of the mean
+ * cosine, rel_l2 the mean of the relative L2 errors. The size of the whole context in the
+ * config is its sampled sections' encoded bytes scaled to all sections, laid out per block.
+ * Probes are the caller's queries of that head (its query heads), else derived from the keys
+ * (kv_quality_derive_probes: the last 8 keys and 8 evenly spaced ones, at a query's norm).
+ * Sampling keeps the cost bounded: per config, about 2 x heads x n_tokens x head_dim elements
+ * are encoded, decoded and attended (16 heads of a 1024-token Llama-3-8B context: 8 MiB).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops_int.h"
+
+static const char *const DEFAULT_SPACE =
+    "raw,lossless,int8,int4,int2,knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,"
+    "keydiff30";
+static const char *const DEFAULT_SNAPKV = "snapkv90,snapkv70,snapkv50,snapkv30";
+
+int kv_config_equal(const kvdb_config *a, const kvdb_config *b)
+{
+  return a->method == b->method && a->bits == b->bits && a->drop == b->drop &&
+         a->zstd_level == b->zstd_level && a->keep_permille == b->keep_permille &&
+         a->group == b->group && a->residual == b->residual;
+}
+
+int kv_config_reachable(const kvdb_config *have, const kvdb_config *want)
+{
+  if (kv_config_exact(have))
+    return 1;
+  if (have->method == KVDB_METHOD_DROP) /* dropped tokens do not come back */
+    return kv_config_equal(have, want);
+  /* quantized: only coarser quantization, with or without dropping, loses nothing more */
+  if (kv_config_exact(want))
+    return 0;
+  return want->bits != 0 ? want->bits <= have->bits : want->method == KVDB_METHOD_DROP;
+}
+
+/* The configs named in `list` into out. A config the model cannot take is an error when the
+ * caller named it; in the default space (`skip_unfit`) it is left out (a scoring model takes
+ * no token dropping; a small block_tokens no large quantization group). */
+static kvdb_status add_names(const char *list, const kvdb_model *m, kvdb_config *out, uint32_t cap,
+                             uint32_t *n, int skip_unfit)
+{
+  const char *p = list;
+  while (*p) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    char name[64];
+    if (len == 0 || len >= sizeof name)
+      return kv_fail(KVDB_INVALID, "profile space: empty or too long config name at '%.20s'", p);
+    memcpy(name, p, len);
+    name[len] = 0;
+    kvdb_config c;
+    KV_RET(kvdb_config_parse(name, &c));
+    if (kvdb_config_check(m, &c) != KVDB_OK) {
+      if (!skip_unfit)
+        return KVDB_INVALID; /* kvdb_config_check's message names the field */
+      kv_clear_error();
+      p += len + (e != NULL);
+      continue;
+    }
+    int dup = 0;
+    for (uint32_t i = 0; i < *n && !dup; i++)
+      dup = kv_config_equal(&out[i], &c);
+    if (!dup) {
+      if (*n == cap)
+        return kv_fail(KVDB_INVALID, "profile space: more than %u configs", cap);
+      out[(*n)++] = c;
+    }
+    p += len + (e != NULL);
+  }
+  return KVDB_OK;
+}
+
+kvdb_status kv_profile_space(const char *space, int have_queries, const kvdb_model *m,
+                             kvdb_config *out, uint32_t cap, uint32_t *n)
+{
+  *n = 0;
+  if (space != NULL && *space) {
+    KV_RET(add_names(space, m, out, cap, n, 0));
+    for (uint32_t i = 0; i < *n; i++)
+      if (out[i].method == KVDB_METHOD_DROP && out[i].drop == KVDB_DROP_SNAPKV && !have_queries)
+        return kv_fail(KVDB_INVALID, "profile space: snapkv configs need queries");
+    return KVDB_OK;
+  }
+  KV_RET(add_names(DEFAULT_SPACE, m, out, cap, n, 1));
+  if (have_queries)
+    KV_RET(add_names(DEFAULT_SNAPKV, m, out, cap, n, 1));
+  return KVDB_OK;
+}
+
+void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes)
+{
+  uint32_t i;
+  for (uint32_t k = 0; k < p->n_entries; k++)
+    p->e[k].flags &= ~(uint32_t)KVDB_PROFILE_STORED;
+  for (i = 0; i < p->n_entries && !kv_config_equal(&p->e[i].config, cfg); i++)
+    ;
+  if (i == p->n_entries) {
+    if (p->n_entries == KV_PROFILE_MAX_ENTRIES)
+      return;
+    memset(&p->e[i], 0, sizeof p->e[i]);
+    p->e[i].config = *cfg;
+    p->e[i].quality = kv_config_exact(cfg) ? 1.0 : NAN;
+    p->e[i].reported_quality = NAN;
+    p->e[i].n_probes = p->n_probes;
+    p->n_entries++;
+  }
+  p->e[i].flags |= KVDB_PROFILE_STORED | KVDB_PROFILE_EXACT;
+  p->e[i].bytes = bytes;
+}
+
+/* Buffers of one measurement. */
+typedef struct prof_buf {
+  uint8_t *k, *v, *kd, *vd, *ascratch, *dscratch;
+  float *probes, *ref, *out;
+  size_t dscratch_cap;
+} prof_buf;
+
+static void prof_free(prof_buf *b)
+{
+  free(b->k);
+  free(b->v);
+  free(b->kd);
+  free(b->vd);
+  free(b->ascratch);
+  free(b->dscratch);
+  free(b->probes);
+  free(b->ref);
+  free(b->out);
+}
+
+/* Decode one encoded section (len bytes at src) and append its rows to dst (*n_rows so far). */
+static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, prof_buf *pb,
+                                 uint8_t *dst, uint32_t row_bytes, uint32_t *n_rows)
+{
+  kv_section_info info;
+  kv_codec_err err;
+  kv_codec_status st = kv_section_parse(src, len, &info, &err);
+  if (st == KV_CODEC_OK) {
+    size_t need = kv_section_scratch_bytes(&info);
+    if (need > pb->dscratch_cap) {
+      free(pb->dscratch);
+      pb->dscratch = malloc(need);
+      pb->dscratch_cap = pb->dscratch ? need : 0;
+      if (pb->dscratch == NULL)
+        return kv_fail(KVDB_NOMEM, "profile decoding scratch");
+    }
+    st = kv_section_decode_dctx(d->ctx, src, len, pb->dscratch, pb->dscratch_cap,
+                                dst + (size_t)*n_rows * row_bytes,
+                                kv_section_rows_bytes(&info, 0, info.n_groups), NULL, &err);
+  }
+  if (st != KV_CODEC_OK)
+    return kv_codec_fail(st, &err, "profile: decoding a section it just encoded");
+  *n_rows += info.n_rows;
+  return KVDB_OK;
+}
+
+kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
+{
+  const kvdb_model *m = src->m;
+  kvdb_config cfgs[KV_PROFILE_MAX_CONFIGS];
+  uint32_t n_cfg = 0;
+  KV_RET(kv_profile_space(src->space, src->q != NULL, m, cfgs, KV_PROFILE_MAX_CONFIGS, &n_cfg));
+  uint32_t bt = src->block_tokens, H = m->n_kv_heads, L = m->n_layers, d = m->head_dim;
+  uint64_t n = src->n_tokens;
+  uint32_t eb = kv_dtype_bytes(m->dtype), row = d * eb;
+  uint32_t n_blocks = (uint32_t)((n + bt - 1) / bt);
+  uint32_t S = src->heads ? src->heads : KV_PROFILE_HEADS_DEFAULT;
+  if (S > L * H)
+    S = L * H;
+  uint32_t grp = src->q ? src->q->n_q_heads / H : 0;
+  uint32_t max_probes = src->q ? src->q->n_queries * grp : KV_QUALITY_MAX_DERIVED;
+
+  memset(out, 0, sizeof *out);
+  out->n_entries = n_cfg;
+  out->measured_ms = kv_now_ms();
+  double *qsum = calloc(n_cfg, sizeof *qsum), *rsum = calloc(n_cfg, sizeof *rsum);
+  uint64_t *enc = calloc((size_t)n_cfg * n_blocks, sizeof *enc); /* sampled bytes per block */
+  prof_buf pb;
+  memset(&pb, 0, sizeof pb);
+  size_t rows_bytes = (size_t)n * row;
+  pb.k = malloc(rows_bytes);
+  pb.v = malloc(rows_bytes);
+  pb.kd = malloc(rows_bytes);
+  pb.vd = malloc(rows_bytes);
+  pb.probes = malloc((size_t)max_probes * d * sizeof(float));
+  pb.ref = malloc((size_t)max_probes * d * sizeof(float));
+  pb.out = malloc((size_t)max_probes * d * sizeof(float));
+  pb.ascratch = malloc(kv_quality_attend_scratch_bytes((uint32_t)n, d, max_probes));
+  kv_cenc e;
+  memset(&e, 0, sizeof e);
+  kv_cdec dec;
+  kvdb_status rc = kv_cdec_init(&dec);
+  if (rc == KVDB_OK && (!qsum || !rsum || !enc || !pb.k || !pb.v || !pb.kd || !pb.vd ||
+                        !pb.probes || !pb.ref || !pb.out || !pb.ascratch))
+    rc = kv_fail(KVDB_NOMEM, "profile buffers for %llu tokens", (unsigned long long)n);
+  kv_codec_err err;
+  kv_section_shape kshape = {(kv_codec_dtype)m->dtype, KV_SECTION_K, (uint32_t)n, d};
+  for (uint32_t si = 0; rc == KVDB_OK && si < S; si++) {
+    uint32_t idx = (uint32_t)(((uint64_t)si * L * H) / S), layer = idx / H, head = idx % H;
+    kv_gather_head(src->kv, eb, d, layer, head, 0, 0, n, pb.k);
+    kv_gather_head(src->kv, eb, d, layer, head, 1, 0, n, pb.v);
+    uint32_t np = 0;
+    if (src->q != NULL) { /* the query heads of this KV head, every observed query */
+      for (uint32_t o = 0; o < src->q->n_queries; o++)
+        for (uint32_t j = 0; j < grp; j++, np++)
+          memcpy(pb.probes + (size_t)np * d,
+                 src->q->q + (((size_t)o * L + layer) * src->q->n_q_heads + head * grp + j) * d,
+                 d * sizeof(float));
+    } else {
+      kv_codec_status st = kv_quality_derive_probes(&kshape, pb.k, rows_bytes, pb.probes,
+                                                    max_probes, &np, &err);
+      if (st != KV_CODEC_OK) {
+        rc = kv_codec_fail(st, &err, "profile: deriving probes");
+        break;
+      }
+    }
+    out->n_probes = np;
+    size_t asc = kv_quality_attend_scratch_bytes((uint32_t)n, d, np);
+    kv_codec_status st = kv_quality_attend((kv_codec_dtype)m->dtype, (uint32_t)n, d, pb.k, pb.v,
+                                           pb.probes, np, pb.ascratch, asc, pb.ref, &err);
+    if (st != KV_CODEC_OK) {
+      rc = kv_codec_fail(st, &err, "profile: attention over the original KV");
+      break;
+    }
+    for (uint32_t c = 0; rc == KVDB_OK && c < n_cfg; c++) {
+      const kvdb_config *cfg = &cfgs[c];
+      if (cfg->method == KVDB_METHOD_RAW ||
+          (src->not_below != NULL && !kv_config_reachable(src->not_below, cfg)))
+        continue; /* raw: exact by definition; unreachable: recorded unmeasured below */
+      uint32_t nk = 0, nv = 0;
+      for (uint32_t b = 0; rc == KVDB_OK && b < n_blocks; b++) {
+        uint64_t t0 = (uint64_t)b * bt;
+        uint32_t nt = (uint32_t)(t0 + bt <= n ? bt : n - t0);
+        kv_block_geom g;
+        rc = kv_block_geom_init(&g, L, H, d, m->dtype, bt, nt);
+        kv_section_codec sc;
+        if (rc == KVDB_OK)
+          rc = kv_config_section(cfg, &g, n, t0, &sc);
+        if (rc != KVDB_OK)
+          break;
+        kv_cblock_src bs = {.cfg = cfg, .g = &g, .t0 = t0, .ctx_tokens = n, .q = src->q,
+                            .last_block = b + 1 == n_blocks, .index = b};
+        uint32_t len[2];
+        uint32_t s = (layer * H + head) * 2;
+        rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);
+        if (rc == KVDB_OK)
+          rc = decode_append(e.pair, len[0], &dec, &pb, pb.kd, row, &nk);
+        if (rc == KVDB_OK)
+          rc = decode_append(e.pair + len[0], len[1], &dec, &pb, pb.vd, row, &nv);
+        enc[(size_t)c * n_blocks + b] += (uint64_t)len[0] + len[1];
+      }
+      if (rc != KVDB_OK)
+        break;
+      if (kv_config_exact(cfg)) { /* lossless: bit-exact by construction (tested in compress/) */
+        qsum[c] += 1.0;
+        continue;
+      }
+      kv_quality qy;
+      st = kv_quality_attend((kv_codec_dtype)m->dtype, nk, d, pb.kd, pb.vd, pb.probes, np,
+                             pb.ascratch, asc, pb.out, &err);
+      if (st == KV_CODEC_OK)
+        st = kv_quality_compare(pb.ref, pb.out, np, d, &qy, &err);
+      if (st != KV_CODEC_OK) {
+        rc = kv_codec_fail(st, &err, "profile: attention over the decoded KV");
+        break;
+      }
+      qsum[c] += qy.cos_mean;
+      rsum[c] += qy.rel_l2;
+    }
+  }
+  for (uint32_t c = 0; rc == KVDB_OK && c < n_cfg; c++) {
+    kvdb_profile_entry *pe = &out->e[c];
+    memset(pe, 0, sizeof *pe);
+    pe->config = cfgs[c];
+    pe->reported_quality = NAN;
+    pe->n_probes = out->n_probes;
+    uint64_t bytes = 0;
+    for (uint32_t b = 0; b < n_blocks; b++) {
+      uint64_t t0 = (uint64_t)b * bt;
+      uint32_t nt = (uint32_t)(t0 + bt <= n ? bt : n - t0);
+      kv_block_geom g;
+      kv_block_geom_init(&g, L, H, d, m->dtype, bt, nt);
+      if (cfgs[c].method == KVDB_METHOD_RAW) {
+        bytes += g.total_bytes;
+        continue;
+      }
+      kv_cblock_layout lay;
+      uint64_t scaled = (uint64_t)((double)enc[(size_t)c * n_blocks + b] * ((double)L * H / S));
+      kv_cblock_layout_init(&g, scaled, &lay);
+      bytes += lay.total_bytes;
+    }
+    pe->bytes = bytes;
+    if (cfgs[c].method == KVDB_METHOD_RAW) {
+      pe->quality = 1.0;
+      pe->flags = KVDB_PROFILE_EXACT;
+    } else if (src->not_below != NULL && !kv_config_reachable(src->not_below, &cfgs[c])) {
+      pe->quality = pe->rel_l2 = NAN;
+      pe->bytes = 0;
+    } else {
+      pe->quality = qsum[c] / S;
+      pe->rel_l2 = rsum[c] / S;
+    }
+  }
+  free(qsum);
+  free(rsum);
+  free(enc);
+  prof_free(&pb);
+  kv_cenc_free(&e);
+  kv_cdec_free(&dec);
+  return rc;
+}
+
+/* ---- recording, reading (reports: place/report.c) ---- */
+
+/* Keep the caller's reports of `old` in `p` (matched by config). */
+static void keep_reports(kv_profile_rec *p, const kv_profile_rec *old)
+{
+  for (uint32_t i = 0; i < old->n_entries; i++) {
+    if (old->e[i].n_reports == 0)
+      continue;
+    uint32_t k;
+    for (k = 0; k < p->n_entries && !kv_config_equal(&p->e[k].config, &old->e[i].config); k++)
+      ;
+    if (k == p->n_entries) {
+      if (p->n_entries == KV_PROFILE_MAX_ENTRIES)
+        continue;
+      p->e[k] = old->e[i];
+      p->e[k].flags &= ~(uint32_t)KVDB_PROFILE_STORED;
+      p->n_entries++;
+      continue;
+    }
+    p->e[k].reported_quality = old->e[i].reported_quality;
+    p->e[k].n_reports = old->e[i].n_reports;
+  }
+}
+
+kvdb_status kv_profile_store(kvdb *db, const uint8_t key[16], kv_profile_rec *p)
+{
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kv_ctx_rec cr;
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
+  kv_profile_rec *old = NULL;
+  if (rc == KVDB_OK) {
+    old = malloc(sizeof *old);
+    if (old == NULL)
+      rc = kv_fail(KVDB_NOMEM, "profile");
+  }
+  if (rc == KVDB_OK) {
+    kvdb_status g = kv_cat_get_profile(&db->cat, txn, key, old);
+    if (g == KVDB_OK)
+      keep_reports(p, old);
+    else if (g != KVDB_NOTFOUND)
+      rc = g;
+  }
+  if (rc == KVDB_OK) {
+    kv_profile_mark_stored(p, &cr.config, cr.bytes);
+    rc = kv_cat_put_profile(&db->cat, txn, key, p);
+  }
+  free(old);
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_profile_entry *out,
+                             size_t cap, size_t *n)
+{
+  KV_RET(kv_check_db(db));
+  if (context == NULL || n == NULL || (out == NULL && cap > 0))
+    return kv_fail(KVDB_INVALID, "context or n is NULL, or out is NULL with cap > 0");
+  *n = 0;
+  kv_profile_rec *p = malloc(sizeof *p);
+  if (p == NULL)
+    return kv_fail(KVDB_NOMEM, "profile");
+  MDB_txn *txn;
+  kvdb_status rc = kv_txn_begin(&db->cat, 0, &txn);
+  if (rc == KVDB_OK) {
+    rc = kv_cat_get_profile(&db->cat, txn, context->b, p);
+    mdb_txn_abort(txn);
+  }
+  char hx[33];
+  if (rc == KVDB_NOTFOUND)
+    rc = kv_fail(KVDB_NOTFOUND, "no profile recorded for context %s", kv_hex16(context->b, hx));
+  if (rc == KVDB_OK) {
+    *n = p->n_entries;
+    for (size_t i = 0; i < cap && i < p->n_entries; i++)
+      out[i] = p->e[i];
+  }
+  free(p);
+  return rc;
+}

@@ -1,0 +1,1036 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/place/placer.c — placing contexts with the EvicPress policy (engine/policy): the
+ * policy's instance built from the catalog, Algorithm 1 after each put, rebalance plans and
+ * their execution as relocations (kvdb_rebalance_plan / _execute), placement statistics.
+ *
+ * THE INSTANCE (policy.h's model, from the catalog as of one read transaction, with the
+ * settings of kv_place_settings)
+ *   tiers: DRAM (if dram_bytes: inclusive, holding decoded blocks), SSD (ssd_bytes, 0 =
+ *     unlimited), SmartSSD (if smartssd_bytes); their read figures from kv_place_figures.
+ *   per context: its options = the entries of its quality profile that it can be re-encoded to
+ *     (kv_config_reachable from its stored config), token-dropping ones excepted (kvdb_get
+ *     cannot serve them) unless it is stored so, each with the profile's bytes and quality (a
+ *     reported quality wins; exact configs are 1); its stored config is always one of them
+ *     (without a profile it is the only one, quality 1). raw bytes = tokens x token bytes,
+ *     decoded bytes (its size in the DRAM tier) = its blocks' data regions; decode speed per
+ *     method from KV_PLACE_DECODE_BPS. Frequency = its ctxstats count decayed to now (none kept:
+ *     one access at its last access time). Current place = the tier of its last block (a
+ *     SmartSSD context of a handle without that tier counts as SSD), cached = its ctxstats flag.
+ *   Blocks shared by several contexts count in each (conservative).
+ *
+ * EXECUTION of a plan (kvdb_place_move list): in the plan's order (room is freed before it is
+ * used), each context still as the plan found it (same config and tier) is relocated
+ * (kv_relocate: one transaction each) or, when it leaves the last tier, deleted; one that
+ * changed meanwhile is skipped. It runs in steps (kvdb_rebalance_step: a bound on the moves
+ * and on the bytes relocated per step; kvdb_rebalance_execute: steps of
+ * KV_REBALANCE_STEP_MOVES back to back), each under the handle's placement lock. After each
+ * step one transaction records the moved contexts' tiers and DRAM flags in ctxstats and, when
+ * a flag changed or the plan is done, bumps "place_gen", and the handle reloads its DRAM
+ * admission set. A crash between moves leaves each context either where it was or where the
+ * plan put it, readable either way; the flags are advisory and the next placement rewrites
+ * them.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "catalog/ctxstats.h"
+#include "place.h"
+
+/* Decode throughput per kvdb_method (RAW, LOSSLESS, QUANT, DROP) in bytes of original KV per
+ * second and core: the order of magnitude `kvdb-bench policy` measures on the reference VM
+ * (lossless 0.7-1.7, int8 4-11, int4 4-9, dropping 13-45 GB/s). */
+static const double KV_PLACE_DECODE_BPS[4] = {0, 1.5e9, 8e9, 20e9};
+
+/* kvdb_rebalance_execute's steps: moves per hold of the placement lock. */
+#define KV_REBALANCE_STEP_MOVES 64
+
+typedef struct pmodel {
+  uint8_t hash[16];
+  kv_model_rec rec;
+  char id[64];
+} pmodel;
+
+typedef struct pmeta {
+  uint8_t key[16];
+  uint32_t model;       /* index into models */
+  uint32_t tier;        /* kvdb tier of its last block */
+  kvdb_config cur;      /* its stored config */
+  size_t opt0;          /* its options in opt[] */
+} pmeta;
+
+typedef struct pinst {
+  kv_place_set set;
+  kv_policy_params p;
+  kv_policy_tier tiers[KVDB_TIER_COUNT];
+  uint32_t n_tiers;
+  uint32_t ktier[KVDB_TIER_COUNT];  /* policy tier -> kvdb tier */
+  int32_t ptier[KVDB_TIER_COUNT];   /* kvdb tier -> policy tier (-1: none) */
+  size_t n, cap;
+  kv_policy_context *pc;
+  pmeta *meta;
+  kv_policy_option *opt;
+  size_t n_opt, cap_opt;
+  pmodel *models;
+  size_t n_models, cap_models;
+  uint64_t now_ms;
+} pinst;
+
+static void inst_free(pinst *in)
+{
+  free(in->pc);
+  free(in->meta);
+  free(in->opt);
+  free(in->models);
+  memset(in, 0, sizeof *in);
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+  if (need <= *cap)
+    return 0;
+  size_t nc = *cap ? *cap : 64;
+  while (nc < need)
+    nc *= 2;
+  void *np = realloc(*p, nc * elem);
+  if (np == NULL)
+    return -1;
+  *p = np;
+  *cap = nc;
+  return 0;
+}
+
+/* The index of model `hash` in the instance (added from the catalog), or -1. */
+static long model_index(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t hash[16])
+{
+  for (size_t i = 0; i < in->n_models; i++)
+    if (memcmp(in->models[i].hash, hash, 16) == 0)
+      return (long)i;
+  if (grow((void **)&in->models, &in->cap_models, in->n_models + 1, sizeof *in->models) != 0)
+    return -1;
+  pmodel *pm = &in->models[in->n_models];
+  if (kv_model_by_hash(db, txn, hash, pm->id, &pm->rec) != KVDB_OK) {
+    kv_clear_error();
+    return -1;
+  }
+  memcpy(pm->hash, hash, 16);
+  return (long)in->n_models++;
+}
+
+static kvdb_model model_of(const pmodel *pm)
+{
+  kvdb_model m = {.id = pm->id, .n_layers = pm->rec.n_layers, .n_kv_heads = pm->rec.n_kv_heads,
+                  .head_dim = pm->rec.head_dim, .dtype = (kvdb_dtype)pm->rec.dtype,
+                  .block_tokens = pm->rec.block_tokens, .score_bits = pm->rec.score_bits};
+  return m;
+}
+
+/* Bytes of a context's blocks' data regions (its size in the DRAM tier). */
+static uint64_t decoded_bytes(const kv_model_rec *r, uint64_t n_tokens)
+{
+  kv_block_geom g;
+  uint64_t full = n_tokens / r->block_tokens, rem = n_tokens % r->block_tokens, b = 0;
+  if (full > 0 && kv_block_geom_init(&g, r->n_layers, r->n_kv_heads, r->head_dim, r->dtype,
+                                     r->block_tokens, r->block_tokens) == KVDB_OK)
+    b += full * g.data_bytes;
+  if (rem > 0 && kv_block_geom_init(&g, r->n_layers, r->n_kv_heads, r->head_dim, r->dtype,
+                                    r->block_tokens, (uint32_t)rem) == KVDB_OK)
+    b += g.data_bytes;
+  kv_clear_error();
+  return b;
+}
+
+static kvdb_status add_option(pinst *in, const kvdb_config *c, uint64_t bytes, double q,
+                              uint64_t decoded)
+{
+  if (grow((void **)&in->opt, &in->cap_opt, in->n_opt + 1, sizeof *in->opt) != 0)
+    return kv_fail(KVDB_NOMEM, "placement options");
+  kv_policy_option *o = &in->opt[in->n_opt++];
+  memset(o, 0, sizeof *o);
+  o->config = *c;
+  o->bytes = bytes > 0 ? bytes : 1;
+  o->decoded_bytes = decoded;
+  o->quality = q < 0 ? 0 : q > 1 ? 1 : q;
+  return KVDB_OK;
+}
+
+/* The policy's tiers from the settings and figures. */
+static void inst_tiers(pinst *in, const kv_tier_perf *f)
+{
+  const kv_place_set *set = &in->set;
+  in->n_tiers = 0;
+  for (int t = 0; t < KVDB_TIER_COUNT; t++)
+    in->ptier[t] = -1;
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
+    kv_policy_tier *pt = &in->tiers[in->n_tiers];
+    if (t == KVDB_TIER_DRAM) {
+      if (set->dram_bytes == 0 || f[t].read_bps <= 0)
+        continue;
+      *pt = (kv_policy_tier){"dram", set->dram_bytes, f[t].read_bps, f[t].latency_s,
+                             KV_POLICY_TIER_INCLUSIVE | KV_POLICY_TIER_DECODED};
+    } else if (t == KVDB_TIER_SSD) {
+      *pt = (kv_policy_tier){"ssd", set->ssd_bytes ? set->ssd_bytes : KV_POLICY_UNLIMITED,
+                             f[t].read_bps > 0 ? f[t].read_bps : 2e9, f[t].latency_s, 0};
+    } else {
+      if (set->smartssd_bytes == 0 || f[t].read_bps <= 0)
+        continue;
+      *pt = (kv_policy_tier){"smartssd", set->smartssd_bytes, f[t].read_bps, f[t].latency_s, 0};
+    }
+    in->ktier[in->n_tiers] = t;
+    in->ptier[t] = (int32_t)in->n_tiers;
+    in->n_tiers++;
+  }
+  kv_policy_params_init(&in->p);
+  in->p.tiers = in->tiers;
+  in->p.n_tiers = in->n_tiers;
+  in->p.alpha = set->alpha;
+  in->p.prefill_tokens_per_s = set->prefill_tps;
+  in->p.recompute_quality = 1.0;
+  memcpy(in->p.decode_bps, KV_PLACE_DECODE_BPS, sizeof in->p.decode_bps);
+  in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE ? KV_POLICY_PER_BYTE : KV_POLICY_LEAST_DROP;
+}
+
+/* One context into the instance, from what the catalog (or a put about to be written) says:
+ * its record, its model (index into models), the tier it is on, its quality profile (NULL:
+ * none) and its access record (NULL: none kept). */
+static kvdb_status inst_put(pinst *in, const uint8_t key[16], const kv_ctx_rec *cr, long mi,
+                            uint32_t tier, const kv_profile_rec *prof, const kv_ctxstats *cs)
+{
+  const kv_model_rec *mr = &in->models[mi].rec;
+  if (in->n == in->cap) {
+    size_t nc = in->cap ? 2 * in->cap : 64;
+    kv_policy_context *npc = realloc(in->pc, nc * sizeof *npc);
+    if (npc != NULL)
+      in->pc = npc;
+    pmeta *nm = npc != NULL ? realloc(in->meta, nc * sizeof *nm) : NULL;
+    if (nm == NULL)
+      return kv_fail(KVDB_NOMEM, "placement instance of %zu contexts", nc);
+    in->meta = nm;
+    in->cap = nc;
+  }
+  pmeta *me = &in->meta[in->n];
+  kv_policy_context *c = &in->pc[in->n];
+  memset(me, 0, sizeof *me);
+  memset(c, 0, sizeof *c);
+  memcpy(me->key, key, 16);
+  me->model = (uint32_t)mi;
+  me->tier = tier;
+  me->cur = cr->config;
+  me->opt0 = in->n_opt;
+  uint64_t tok_bytes = (uint64_t)mr->n_layers * mr->n_kv_heads * mr->head_dim * 2 *
+                       kv_dtype_bytes(mr->dtype);
+  uint64_t dec = decoded_bytes(mr, cr->n_tokens);
+  /* a token-dropping context cannot be in the DRAM tier (kvdb_get does not serve it): its
+   * decoded size there is made larger than the tier */
+  uint64_t dec_drop = in->set.dram_bytes + 1;
+  int have_cur = 0;
+  for (uint32_t e = 0; prof != NULL && e < prof->n_entries; e++) {
+    const kvdb_profile_entry *pe = &prof->e[e];
+    int is_cur = kv_config_equal(&pe->config, &cr->config);
+    if (!is_cur && (pe->config.method == KVDB_METHOD_DROP ||
+                    !kv_config_reachable(&cr->config, &pe->config)))
+      continue;
+    int dup = 0;
+    for (size_t o = me->opt0; o < in->n_opt && !dup; o++)
+      dup = kv_config_equal(&in->opt[o].config, &pe->config);
+    if (dup)
+      continue;
+    double q = !isnan(pe->reported_quality) ? pe->reported_quality : pe->quality;
+    if (isnan(q)) {
+      if (!is_cur && !kv_config_exact(&pe->config))
+        continue; /* unmeasured */
+      q = 1.0;
+    }
+    uint64_t bytes = is_cur ? cr->bytes : pe->bytes;
+    if (bytes == 0)
+      continue;
+    KV_RET(add_option(in, &pe->config, bytes, q,
+                      pe->config.method == KVDB_METHOD_DROP ? dec_drop : dec));
+    have_cur |= is_cur;
+  }
+  if (!have_cur) /* no profile, or it lacks the stored config */
+    KV_RET(add_option(in, &cr->config, cr->bytes, 1.0,
+                      cr->config.method == KVDB_METHOD_DROP ? dec_drop : dec));
+  c->n_options = (uint32_t)(in->n_opt - me->opt0);
+  c->raw_bytes = cr->n_tokens * tok_bytes > 0 ? cr->n_tokens * tok_bytes : 1;
+  c->n_tokens = cr->n_tokens > 0 ? cr->n_tokens : 1;
+  double hl = in->set.half_life_s * 1000.0;
+  kv_ctxstats one = {.freq = 1.0, .freq_ms = cr->last_access_ms};
+  c->frequency = kv_ctxstats_freq_at(cs != NULL ? cs : &one, in->now_ms, hl);
+  int cached = cs != NULL && (cs->flags & KV_CTXS_CACHED) != 0;
+  uint32_t t = me->tier;
+  if (in->ptier[t] < 0 || t == KVDB_TIER_DRAM)
+    t = KVDB_TIER_SSD; /* a tier this handle does not place on: planned as SSD */
+  int32_t cur_opt = 0;
+  for (uint32_t o = 0; o < c->n_options; o++)
+    if (kv_config_equal(&in->opt[me->opt0 + o].config, &cr->config))
+      cur_opt = (int32_t)o;
+  c->current = (kv_policy_place){in->ptier[t], cur_opt,
+                                 cached && in->ptier[KVDB_TIER_DRAM] == 0 ? 1u : 0u};
+  in->n++;
+  return KVDB_OK;
+}
+
+/* One stored context into the instance (its profile and access record read as of txn;
+ * `prof` is a buffer for the profile). */
+static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key[16],
+                            const kv_ctx_rec *cr, kv_profile_rec *prof)
+{
+  long mi = model_index(db, txn, in, cr->model);
+  if (mi < 0)
+    return KVDB_OK; /* no model record: [C1]-style damage, left to verify; not placed */
+  kvdb_status rc = kv_cat_get_profile(&db->cat, txn, key, prof);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc;
+  kv_clear_error();
+  kv_ctxstats cs;
+  int have_cs = kv_cat_get_ctxstats(&db->cat, txn, key, &cs) == KVDB_OK;
+  kv_clear_error();
+  return inst_put(in, key, cr, mi, kv_ctx_tier(db, txn, cr), rc == KVDB_OK ? prof : NULL,
+                  have_cs ? &cs : NULL);
+}
+
+/* An instance without contexts: the settings, the tiers and their figures, as of txn. */
+static kvdb_status inst_start(kvdb *db, MDB_txn *txn, pinst *in)
+{
+  memset(in, 0, sizeof *in);
+  in->now_ms = kv_now_ms();
+  KV_RET(kv_place_settings(db, txn, &in->set));
+  kv_tier_perf f[KVDB_TIER_COUNT];
+  KV_RET(kv_place_figures(db, &in->set, f));
+  inst_tiers(in, f);
+  return KVDB_OK;
+}
+
+/* Every stored context, as of txn. */
+static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
+{
+  KV_RET(inst_start(db, txn, in));
+  kv_profile_rec *prof = malloc(sizeof *prof);
+  if (prof == NULL)
+    return kv_fail(KVDB_NOMEM, "profile");
+  MDB_cursor *cur;
+  int mrc = mdb_cursor_open(txn, db->cat.contexts, &cur);
+  if (mrc != 0) {
+    free(prof);
+    return kv_mdb_fail(mrc, "open context cursor");
+  }
+  MDB_val k, v;
+  kvdb_status rc = KVDB_OK;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_ctx_rec cr;
+    if (k.mv_size != 16 || kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr) != KVDB_OK) {
+      kv_clear_error(); /* a damaged record is verify's to report; it is not placed */
+      continue;
+    }
+    rc = inst_add(db, txn, in, k.mv_data, &cr, prof);
+  }
+  mdb_cursor_close(cur);
+  free(prof);
+  for (size_t i = 0; rc == KVDB_OK && i < in->n; i++) /* opt[] is final now */
+    in->pc[i].options = &in->opt[in->meta[i].opt0];
+  if (rc != KVDB_OK)
+    inst_free(in);
+  return rc;
+}
+
+/* Context `key` alone (the others are not read), as of txn; in->n is 0 when it is gone. */
+static kvdb_status inst_one(kvdb *db, MDB_txn *txn, const uint8_t key[16], pinst *in)
+{
+  KV_RET(inst_start(db, txn, in));
+  kv_ctx_rec cr;
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
+  if (rc == KVDB_NOTFOUND) {
+    kv_clear_error();
+    return KVDB_OK;
+  }
+  KV_RET(rc);
+  kv_profile_rec *prof = malloc(sizeof *prof);
+  if (prof == NULL)
+    return kv_fail(KVDB_NOMEM, "profile");
+  rc = inst_add(db, txn, in, key, &cr, prof);
+  free(prof);
+  if (rc == KVDB_OK && in->n == 1)
+    in->pc[0].options = &in->opt[in->meta[0].opt0];
+  if (rc != KVDB_OK)
+    inst_free(in);
+  return rc;
+}
+
+/* ---- plans in public form ---------------------------------------------------------------- */
+
+static uint32_t pub_tier(const pinst *in, int32_t ptier)
+{
+  return ptier == KV_POLICY_NONE ? (uint32_t)KVDB_TIER_NONE : in->ktier[ptier];
+}
+
+static const kv_policy_option *opt_of(const pinst *in, uint32_t ctx, int32_t o)
+{
+  return &in->opt[in->meta[ctx].opt0 + (size_t)o];
+}
+
+/* A policy plan as kvdb_place_plan (moves with keys, kvdb tiers, configs, bytes). */
+static kvdb_status to_public(const pinst *in, const kv_policy_plan *pp, kvdb_place_plan *out)
+{
+  memset(out, 0, sizeof *out);
+  out->n_contexts = in->n;
+  out->utility_before = pp->utility_before;
+  out->utility_after = pp->utility_after;
+  out->n_recompress = pp->n_recompress;
+  out->n_evict = pp->n_evict;
+  for (uint32_t t = 0; t < in->n_tiers; t++) {
+    uint32_t k = in->ktier[t];
+    out->capacity[k] = in->tiers[t].capacity_bytes == KV_POLICY_UNLIMITED
+                           ? 0 : in->tiers[t].capacity_bytes;
+    out->bytes_before[k] = pp->used_before[t];
+    out->bytes_after[k] = pp->used_after[t];
+  }
+  if (pp->n_moves == 0)
+    return KVDB_OK;
+  out->moves = calloc(pp->n_moves, sizeof *out->moves);
+  if (out->moves == NULL)
+    return kv_fail(KVDB_NOMEM, "plan of %zu moves", pp->n_moves);
+  for (size_t i = 0; i < pp->n_moves; i++) {
+    const kv_policy_move *mv = &pp->moves[i];
+    const pmeta *me = &in->meta[mv->context];
+    kvdb_place_move *m = &out->moves[out->n_moves++];
+    memcpy(m->context.b, me->key, 16);
+    m->from_tier = me->tier; /* where it is (a tier planned as another is still found there) */
+    m->to_tier = pub_tier(in, mv->to.tier);
+    m->from_cached = mv->from.cached;
+    m->to_cached = mv->to.cached;
+    m->from_config = me->cur;
+    m->from_bytes = opt_of(in, mv->context, in->pc[mv->context].current.option)->bytes;
+    if (mv->to.tier != KV_POLICY_NONE) {
+      const kv_policy_option *o = opt_of(in, mv->context, mv->to.option);
+      m->to_config = o->config;
+      m->to_bytes = o->bytes;
+    }
+    m->utility_from = mv->utility_from;
+    m->utility_to = mv->utility_to;
+  }
+  return KVDB_OK;
+}
+
+void kvdb_place_plan_free(kvdb_place_plan *plan)
+{
+  if (plan == NULL)
+    return;
+  free(plan->moves);
+  memset(plan, 0, sizeof *plan);
+}
+
+/* ---- execution --------------------------------------------------------------------------- */
+
+/* Delete a context the plan pushed off the last tier (its own transaction). */
+static kvdb_status evict(kvdb *db, const uint8_t key[16])
+{
+  MDB_txn *txn;
+  uint64_t freed;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+/* Where a context is now: its config, tier and model (KVDB_NOTFOUND when gone). */
+static kvdb_status ctx_now(kvdb *db, const uint8_t key[16], kvdb_config *cfg, uint32_t *tier,
+                           pmodel *pm)
+{
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_ctx_rec cr;
+  kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
+  if (rc == KVDB_OK) {
+    *cfg = cr.config;
+    *tier = kv_ctx_tier(db, txn, &cr);
+    memcpy(pm->hash, cr.model, 16);
+    rc = kv_model_by_hash(db, txn, cr.model, pm->id, &pm->rec);
+  }
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* Record tiers and DRAM flags of the moved contexts; with `bump`, bump place_gen (every
+ * handle then rebuilds its DRAM admission set). */
+static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, const uint8_t *done,
+                                uint64_t now_ms, int bump)
+{
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kvdb_status rc = KVDB_OK;
+  for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
+    if (!done[i] || mv[i].to_tier == KVDB_TIER_NONE)
+      continue;
+    kv_ctx_rec cr;
+    if (kv_cat_get_ctx(&db->cat, txn, mv[i].context.b, &cr) != KVDB_OK) {
+      kv_clear_error(); /* deleted since */
+      continue;
+    }
+    kv_ctxstats cs;
+    if (kv_cat_get_ctxstats(&db->cat, txn, mv[i].context.b, &cs) != KVDB_OK) {
+      kv_clear_error(); /* none kept yet: one access at its last access time */
+      memset(&cs, 0, sizeof cs);
+      cs.freq = 1.0;
+      cs.freq_ms = cr.last_access_ms < now_ms ? cr.last_access_ms : now_ms;
+    }
+    cs.tier = kv_ctx_tier(db, txn, &cr);
+    cs.flags = mv[i].to_cached ? KV_CTXS_CACHED : 0;
+    rc = kv_cat_put_ctxstats(&db->cat, txn, mv[i].context.b, &cs);
+  }
+  if (rc == KVDB_OK && bump)
+    rc = kv_place_bump_gen(db, txn);
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+/*
+ * Carry out moves mv[*next..n) of a plan, one step: at most max_moves of them (0: no limit;
+ * skipped ones count), and none more once the stored bytes of the relocations done reach
+ * max_bytes (0: no limit; the first move is always made); then the DRAM flags of the moved
+ * contexts. place_gen is bumped (every handle reloads its admission set) when a flag changed
+ * in the step or the step ends the plan. *next becomes the first move not made (on an error,
+ * the one that failed).
+ */
+static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, size_t *next,
+                                uint64_t max_moves, uint64_t max_bytes,
+                                kvdb_rebalance_report *rep)
+{
+  memset(rep, 0, sizeof *rep);
+  size_t i0 = *next;
+  if (i0 >= n)
+    return KVDB_OK;
+  uint8_t *done = calloc(n - i0, 1);
+  if (done == NULL)
+    return kv_fail(KVDB_NOMEM, "plan execution");
+  kvdb_status rc = KVDB_OK;
+  uint64_t bytes = 0;
+  size_t i;
+  for (i = i0; i < n; i++) {
+    if (i > i0 && ((max_moves > 0 && i - i0 >= max_moves) || (max_bytes > 0 && bytes >= max_bytes)))
+      break;
+    kvdb_config cfg;
+    uint32_t tier;
+    pmodel pm;
+    rc = ctx_now(db, mv[i].context.b, &cfg, &tier, &pm);
+    if (rc == KVDB_NOTFOUND || (rc == KVDB_OK && (!kv_config_equal(&cfg, &mv[i].from_config) ||
+                                                   tier != mv[i].from_tier))) {
+      kv_clear_error(); /* gone or changed since the plan */
+      rc = KVDB_OK;
+      rep->skipped++;
+      continue;
+    }
+    if (rc != KVDB_OK)
+      break;
+    if (mv[i].to_tier == KVDB_TIER_NONE) {
+      rc = evict(db, mv[i].context.b);
+      if (rc == KVDB_NOTFOUND) {
+        kv_clear_error();
+        rc = KVDB_OK;
+        rep->skipped++;
+      } else if (rc == KVDB_OK) {
+        rep->deleted++;
+        done[i - i0] = 1;
+      } else {
+        break;
+      }
+      continue;
+    }
+    int new_cfg = !kv_config_equal(&mv[i].to_config, &cfg);
+    if (new_cfg || mv[i].to_tier != tier) {
+      kvdb_model km = model_of(&pm);
+      rc = kv_relocate(db, &km, mv[i].context.b, new_cfg ? &mv[i].to_config : NULL,
+                       mv[i].to_tier, NULL, 1); /* plans target SmartSSD only when it is set */
+      if (rc == KVDB_BUSY || rc == KVDB_NOTFOUND) { /* changed meanwhile: the next placement */
+        kv_clear_error();
+        rc = KVDB_OK;
+        rep->skipped++;
+        continue;
+      }
+      if (rc != KVDB_OK)
+        break;
+      rep->relocated++;
+      bytes += mv[i].to_bytes;
+    }
+    done[i - i0] = 1;
+    rep->cache_changes += mv[i].to_cached != mv[i].from_cached;
+  }
+  *next = i; /* on an error: the move that failed */
+  if (rc == KVDB_OK) {
+    int bump = rep->cache_changes > 0 || i == n;
+    rc = record_flags(db, mv + i0, i - i0, done, kv_now_ms(), bump);
+    if (rc == KVDB_OK && bump)
+      rc = kv_place_reload(db);
+  }
+  free(done);
+  return rc;
+}
+
+/* Carry out moves mv[0..n) in one step. */
+static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
+                           kvdb_rebalance_report *rep)
+{
+  size_t next = 0;
+  return execute_step(db, mv, n, &next, 0, 0, rep);
+}
+
+/* Write this handle's pending access counts (a read-write handle). */
+static kvdb_status flush_accesses(kvdb *db)
+{
+  if (db->cat.rdonly)
+    return KVDB_OK;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kvdb_status rc = kv_flush_atime(db, txn);
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+/* The instance as of the catalog now. */
+static kvdb_status inst_now(kvdb *db, pinst *in)
+{
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kvdb_status rc = inst_build(db, txn, in);
+  mdb_txn_abort(txn);
+  return rc;
+}
+
+/* ---- after a put ------------------------------------------------------------------------- */
+
+/*
+ * BETWEEN PUTS. Algorithm 1 after a put looks at every context only when a tier overflows:
+ * the incoming context takes its best (tier, config) whatever the others are, and only an
+ * over-full tier makes the others move. So the handle keeps a view of the tiers (the policy's
+ * bytes on each, kv_place_view) and a put first places its context alone (a one-context
+ * instance with unlimited tiers: its best place); when that place fits beside the view's bytes
+ * on every tier, the outcome is Algorithm 1's and only the incoming context is read and moved.
+ * Otherwise (or without a valid view) the whole instance is built from the catalog and
+ * Algorithm 1 runs over every context, resolving the tiers down to placement_slack_pct below
+ * their capacities (slack 0: exactly to them), so that the next puts fit in the room it left
+ * and the O(contexts) run comes once per that much data instead of on every put. The view is
+ * right as of a catalog txn id; it is rebuilt when anything but this handle has committed
+ * since (kv_cat_own_since: another handle or process wrote) or this handle changed the tiers
+ * outside the placement (kv_place_view_drop), and after a run whose moves were not all made.
+ * Deletes only free bytes: the view then overstates the tiers, which costs an earlier full
+ * run, never an over-full tier.
+ */
+
+/* The incoming context placed alone; *fits = 1 when that place fits beside the view on every
+ * tier (then it is carried out and added to the view). */
+static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int *fits)
+{
+  *fits = 0;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  pinst in;
+  kvdb_status rc = inst_one(db, txn, key, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  if (in.n == 0) { /* deleted meanwhile */
+    *fits = 1;
+    return KVDB_OK;
+  }
+  uint64_t cap[KVDB_TIER_COUNT];
+  for (uint32_t t = 0; t < in.n_tiers; t++) {
+    cap[t] = in.tiers[t].capacity_bytes;
+    in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
+  }
+  kv_policy_plan plan;
+  kv_policy_err perr;
+  size_t zero = 0;
+  rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
+  if (rc != KVDB_OK) {
+    inst_free(&in);
+    return kv_fail(rc, "placement: %s", perr.msg);
+  }
+  int ok = 1;
+  for (uint32_t t = 0; t < in.n_tiers && ok; t++)
+    ok = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + plan.used_after[t] <= cap[t];
+  kvdb_place_plan pub;
+  memset(&pub, 0, sizeof pub);
+  if (ok)
+    rc = to_public(&in, &plan, &pub);
+  uint64_t add[KVDB_TIER_COUNT] = {0};
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    add[in.ktier[t]] = plan.used_after[t];
+  kv_policy_plan_free(&plan);
+  inst_free(&in);
+  if (!ok || rc != KVDB_OK) {
+    kvdb_place_plan_free(&pub);
+    return rc;
+  }
+  kvdb_rebalance_report rep;
+  rc = execute(db, pub.moves, pub.n_moves, &rep);
+  kvdb_place_plan_free(&pub);
+  if (rc == KVDB_OK && rep.skipped == 0) {
+    for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+      v->used[t] += add[t];
+    *fits = 1;
+  } else {
+    v->valid = 0;
+  }
+  return rc;
+}
+
+/* Algorithm 1 over every context (the incoming one, if any, first takes its best place), the
+ * tiers resolved to `slack_pct` below their capacities; the view is rebuilt from the plan. */
+static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct)
+{
+  v->valid = 0;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  uint64_t snap = mdb_txn_id(txn);
+  pinst in;
+  kvdb_status rc = inst_build(db, txn, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  size_t idx = in.n;
+  for (size_t i = 0; key != NULL && i < in.n; i++)
+    if (memcmp(in.meta[i].key, key, 16) == 0)
+      idx = i;
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    if (in.tiers[t].capacity_bytes != KV_POLICY_UNLIMITED)
+      in.tiers[t].capacity_bytes -= (uint64_t)((double)in.tiers[t].capacity_bytes * slack_pct / 100);
+  kv_policy_plan plan;
+  kv_policy_err perr;
+  kvdb_place_plan pub;
+  memset(&pub, 0, sizeof pub);
+  rc = kv_policy_admit(&in.p, in.pc, in.n, &idx, idx < in.n ? 1 : 0, &plan, &perr);
+  if (rc != KVDB_OK) {
+    rc = kv_fail(rc, "placement: %s", perr.msg);
+  } else {
+    rc = to_public(&in, &plan, &pub);
+    kv_policy_plan_free(&plan);
+  }
+  inst_free(&in);
+  if (rc == KVDB_OK) {
+    kvdb_rebalance_report rep;
+    rc = execute(db, pub.moves, pub.n_moves, &rep);
+    kv_log(&db->log, 2, "placement: Algorithm 1 over %" PRIu64 " contexts (slack %g%%): %zu "
+           "moves", pub.n_contexts, slack_pct, pub.n_moves);
+    if (rc == KVDB_OK && rep.skipped == 0) {
+      memcpy(v->used, pub.bytes_after, sizeof v->used);
+      v->txnid = snap;
+      v->valid = 1;
+    }
+  }
+  kvdb_place_plan_free(&pub);
+  return rc;
+}
+
+static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
+{
+  /* a put is an access; pending accesses of this handle count too */
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  uint64_t touch = mdb_txn_id(txn);
+  kvdb_status rc = kv_flush_atime(db, txn);
+  if (rc == KVDB_OK && access)
+    rc = kv_place_touch(db, txn, key, kv_now_ms());
+  if (rc != KVDB_OK) {
+    mdb_txn_abort(txn);
+    return rc;
+  }
+  KV_RET(kv_txn_commit(txn));
+  kv_place_view *v = kv_place_view_of(db);
+  /* the view holds when every commit since it was made is this handle's (the touch was one) */
+  if (v->valid && !kv_cat_own_since(&db->cat, v->txnid, touch))
+    v->valid = 0;
+  if (v->valid && access) { /* a put: Algorithm 1's first step alone, when it fits */
+    int fits;
+    rc = admit_alone(db, v, key, &fits);
+    if (rc != KVDB_OK || fits) {
+      if (rc == KVDB_OK && v->valid)
+        v->txnid = touch;
+      return rc;
+    }
+  }
+  return admit_all(db, v, key, access ? db->opt.placement_slack_pct : 0);
+}
+
+static void place_one(kvdb *db, const uint8_t key[16], int access, const char *why)
+{
+  if (db->place == NULL)
+    return;
+  pthread_mutex_lock(kv_place_run_lock(db));
+  kvdb_status rc = admit(db, key, access);
+  pthread_mutex_unlock(kv_place_run_lock(db));
+  if (rc != KVDB_OK) {
+    char hx[33];
+    kv_log(&db->log, 1, "placement %s %s: %s", why, kv_hex16(key, hx), kvdb_errmsg());
+  }
+  kv_clear_error();
+}
+
+void kv_place_after_put(kvdb *db, const uint8_t key[16])
+{
+  place_one(db, key, 1, "after the put of");
+}
+
+void kv_place_context(kvdb *db, const uint8_t key[16])
+{
+  place_one(db, key, 0, "after re-profiling");
+}
+
+/* ---- before a put ------------------------------------------------------------------------ */
+
+kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_tokens,
+                                const uint8_t model_hash[16], uint64_t n_tokens,
+                                const kv_profile_rec *prof, kvdb_config *cfg)
+{
+  if (db->place == NULL || prof == NULL)
+    return KVDB_OK;
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  pinst in;
+  kvdb_status rc = inst_start(db, txn, &in);
+  mdb_txn_abort(txn);
+  KV_RET(rc);
+  kv_ctx_rec cr;
+  memset(&cr, 0, sizeof cr);
+  cr.config = *cfg;
+  cr.n_tokens = n_tokens;
+  cr.last_access_ms = in.now_ms; /* a new context: one access, now */
+  memcpy(cr.model, model_hash, 16);
+  for (uint32_t e = 0; e < prof->n_entries && cr.bytes == 0; e++)
+    if (kv_config_equal(&prof->e[e].config, cfg))
+      cr.bytes = prof->e[e].bytes;
+  rc = grow((void **)&in.models, &in.cap_models, 1, sizeof *in.models) != 0
+           ? kv_fail(KVDB_NOMEM, "placement model")
+           : KVDB_OK;
+  if (rc == KVDB_OK) {
+    pmodel *pm = &in.models[in.n_models++];
+    memset(pm, 0, sizeof *pm);
+    memcpy(pm->hash, model_hash, 16);
+    snprintf(pm->id, sizeof pm->id, "%s", m->id);
+    pm->rec = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
+                             .head_dim = m->head_dim, .dtype = (uint32_t)m->dtype,
+                             .block_tokens = block_tokens,
+                             .score_bits = m->score_bits};
+    memcpy(pm->rec.hash, model_hash, 16);
+    if (cr.bytes == 0) /* the asked config is not profiled (raw, usually): its data regions */
+      cr.bytes = decoded_bytes(&pm->rec, n_tokens);
+    uint8_t key[16] = {0};
+    rc = inst_put(&in, key, &cr, 0, KVDB_TIER_SSD, prof, NULL);
+  }
+  if (rc == KVDB_OK && in.n == 1) {
+    in.pc[0].options = &in.opt[in.meta[0].opt0];
+    for (uint32_t t = 0; t < in.n_tiers; t++)
+      in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
+    kv_policy_plan plan;
+    kv_policy_err perr;
+    size_t zero = 0;
+    rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
+    if (rc != KVDB_OK) {
+      rc = kv_fail(rc, "placement: %s", perr.msg);
+    } else {
+      for (size_t i = 0; i < plan.n_moves; i++) {
+        const kv_policy_move *mv = &plan.moves[i];
+        if (mv->to.tier != KV_POLICY_NONE && in.ktier[mv->to.tier] == KVDB_TIER_SSD)
+          *cfg = opt_of(&in, 0, mv->to.option)->config;
+      }
+      kv_policy_plan_free(&plan);
+    }
+  }
+  inst_free(&in);
+  return rc;
+}
+
+/* ---- re-profiling (EvicPress §4.3) -------------------------------------------------------- */
+
+kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
+                           int *drifted)
+{
+  *drifted = 0;
+  if (db->place == NULL || !(db->opt.reprofile_drift_pct > 0))
+    return KVDB_OK;
+  kvdb_profile_entry *s = NULL;
+  for (uint32_t i = 0; i < p->n_entries && s == NULL; i++)
+    if (kv_config_equal(&p->e[i].config, &cr->config))
+      s = &p->e[i];
+  if (s == NULL || s->n_reports == 0 || isnan(s->reported_quality) || isnan(s->quality))
+    return KVDB_OK;
+  double q = s->quality, r = s->reported_quality;
+  if (!(r < q * (1.0 - db->opt.reprofile_drift_pct / 100.0)) || !(q < 1.0))
+    return KVDB_OK; /* no drift; or stored exactly: the reports say nothing about compression */
+  double k = (1.0 - r) / (1.0 - q);
+  for (uint32_t i = 0; i < p->n_entries; i++) {
+    kvdb_profile_entry *e = &p->e[i];
+    if (e == s || e->n_reports > 0 || isnan(e->quality))
+      continue;
+    double err = k * (1.0 - e->quality);
+    e->quality = 1.0 - (err < 1.0 ? err : 1.0);
+    e->flags |= KVDB_PROFILE_RESCALED;
+  }
+  s->quality = r; /* later drift is measured from here */
+  s->flags |= KVDB_PROFILE_RESCALED;
+  p->measured_ms = kv_now_ms();
+  *drifted = 1;
+  return kv_cat_require_format(&db->cat, txn, 3); /* builds before refuse flag bit 2 */
+}
+
+/* ---- rebalance --------------------------------------------------------------------------- */
+
+kvdb_status kvdb_rebalance_plan(kvdb *db, kvdb_place_plan *plan)
+{
+  KV_RET(kv_check_db(db));
+  if (plan == NULL)
+    return kv_fail(KVDB_INVALID, "plan is NULL");
+  memset(plan, 0, sizeof *plan);
+  KV_RET(flush_accesses(db));
+  pinst in;
+  KV_RET(inst_now(db, &in));
+  kv_policy_plan pp;
+  kv_policy_err perr;
+  kvdb_status rc = kv_policy_rebalance(&in.p, in.pc, in.n, &pp, &perr);
+  if (rc != KVDB_OK) {
+    rc = kv_fail(rc, "rebalance: %s", perr.msg);
+  } else {
+    rc = to_public(&in, &pp, plan);
+    kv_policy_plan_free(&pp);
+  }
+  inst_free(&in);
+  if (rc != KVDB_OK)
+    kvdb_place_plan_free(plan);
+  return rc;
+}
+
+/* The checks of kvdb_rebalance_execute and _step. */
+static kvdb_status plan_check(kvdb *db, const kvdb_place_plan *plan)
+{
+  KV_RET(kv_check_db(db));
+  if (plan == NULL || (plan->n_moves > 0 && plan->moves == NULL))
+    return kv_fail(KVDB_INVALID, "plan is NULL or has no moves array");
+  if (db->cat.rdonly)
+    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
+  for (size_t i = 0; i < plan->n_moves; i++) {
+    const kvdb_place_move *m = &plan->moves[i];
+    if (m->from_tier < KVDB_TIER_SSD || m->from_tier >= KVDB_TIER_COUNT ||
+        (m->to_tier != KVDB_TIER_NONE &&
+         (m->to_tier < KVDB_TIER_SSD || m->to_tier >= KVDB_TIER_COUNT)) ||
+        m->from_cached > 1 || m->to_cached > 1)
+      return kv_fail(KVDB_INVALID, "plan move %zu: tiers %u -> %u, cached %u -> %u", i,
+                     m->from_tier, m->to_tier, m->from_cached, m->to_cached);
+  }
+  return KVDB_OK;
+}
+
+/* One step under the handle's placement lock (puts of this handle place their contexts
+ * between steps). */
+static kvdb_status step_locked(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                               uint64_t max_moves, uint64_t max_bytes, kvdb_rebalance_report *rep)
+{
+  pthread_mutex_t *lk = db->place != NULL ? kv_place_run_lock(db) : NULL;
+  if (lk != NULL)
+    pthread_mutex_lock(lk);
+  kv_place_view_drop(db); /* the plan was made from the catalog, not from the view */
+  kvdb_status rc = execute_step(db, plan->moves, plan->n_moves, next, max_moves, max_bytes, rep);
+  if (lk != NULL)
+    pthread_mutex_unlock(lk);
+  return rc;
+}
+
+kvdb_status kvdb_rebalance_step(kvdb *db, const kvdb_place_plan *plan, size_t *next,
+                                uint64_t max_moves, uint64_t max_bytes,
+                                kvdb_rebalance_report *report)
+{
+  KV_RET(plan_check(db, plan));
+  if (next == NULL || *next > plan->n_moves)
+    return kv_fail(KVDB_INVALID, "next is NULL or past the plan's %zu moves", plan->n_moves);
+  kvdb_rebalance_report tmp;
+  return step_locked(db, plan, next, max_moves, max_bytes, report != NULL ? report : &tmp);
+}
+
+kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
+                                   kvdb_rebalance_report *report)
+{
+  KV_RET(plan_check(db, plan));
+  kvdb_rebalance_report tmp, step;
+  if (report == NULL)
+    report = &tmp;
+  memset(report, 0, sizeof *report);
+  size_t next = 0;
+  kvdb_status rc = KVDB_OK;
+  while (rc == KVDB_OK && next < plan->n_moves) {
+    rc = step_locked(db, plan, &next, KV_REBALANCE_STEP_MOVES, 0, &step);
+    report->relocated += step.relocated;
+    report->deleted += step.deleted;
+    report->skipped += step.skipped;
+    report->cache_changes += step.cache_changes;
+  }
+  return rc;
+}
+
+/* ---- statistics -------------------------------------------------------------------------- */
+
+kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out, kvdb_config_use *uses,
+                                size_t cap)
+{
+  KV_RET(kv_check_db(db));
+  if (out == NULL || (cap > 0 && uses == NULL))
+    return kv_fail(KVDB_INVALID, "out is NULL, or uses is NULL with cap %zu", cap);
+  memset(out, 0, sizeof *out);
+  KV_RET(flush_accesses(db));
+  MDB_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  pinst in;
+  kvdb_status rc = inst_build(db, txn, &in);
+  if (rc == KVDB_OK)
+    kv_place_served(db, txn, out->blocks_read);
+  mdb_txn_abort(txn);
+  if (rc != KVDB_OK)
+    return rc;
+  kv_tier_perf f[KVDB_TIER_COUNT];
+  memset(f, 0, sizeof f);
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    f[in.ktier[t]] = (kv_tier_perf){in.tiers[t].read_bps, in.tiers[t].latency_s};
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+    out->perf[t] = (kvdb_tier_perf){f[t].read_bps, f[t].latency_s, 0, 0};
+  out->contexts = in.n;
+  kvdb_config_use *all = NULL;
+  size_t n_all = 0, cap_all = 0;
+  for (size_t i = 0; i < in.n && rc == KVDB_OK; i++) {
+    const kv_policy_context *c = &in.pc[i];
+    const pmeta *me = &in.meta[i];
+    double u = kv_policy_utility(&in.p, c, c->current);
+    uint32_t served = c->current.cached ? (uint32_t)KVDB_TIER_DRAM : me->tier;
+    out->served_from[served]++;
+    out->utility_from[served] += u;
+    out->utility += u;
+    out->frequency += c->frequency;
+    const kv_policy_option *o = &c->options[c->current.option];
+    size_t k = 0;
+    while (k < n_all && !(all[k].tier == me->tier && all[k].cached == c->current.cached &&
+                          kv_config_equal(&all[k].config, &me->cur)))
+      k++;
+    if (k == n_all) {
+      if (grow((void **)&all, &cap_all, n_all + 1, sizeof *all) != 0) {
+        rc = kv_fail(KVDB_NOMEM, "placement statistics");
+        break;
+      }
+      all[n_all++] = (kvdb_config_use){me->cur, me->tier, c->current.cached, 0, 0};
+    }
+    all[k].contexts++;
+    all[k].bytes += o->bytes;
+  }
+  out->n_uses = n_all;
+  if (rc == KVDB_OK && cap > 0)
+    memcpy(uses, all, (n_all < cap ? n_all : cap) * sizeof *uses);
+  free(all);
+  inst_free(&in);
+  return rc;
+}
