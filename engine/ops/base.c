@@ -3,7 +3,7 @@
  * engine/ops/base.c — what the operations share (ops_int.h, and ops.h for the floors above):
  * model records (kv_model_known, kv_model_by_hash), a context's record and blocks as a read
  * finds them (kv_ctx_of_model, kv_ctx_block), and the snapshot-and-retry loop of the reads
- * (kv_read_retry, kv_gen_moved).
+ * (kv_read_begin, kv_read_again, kv_gen_moved).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -104,3 +104,19 @@ int kv_gen_moved(kvdb *db, uint64_t gen)
   return now != gen;
 }
 
+kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s)
+{
+  KV_RET(kv_txn_begin(&db->cat, 0, &s->txn));
+  kv_files_prune(db, s->txn);
+  s->gen = 0;
+  kv_cat_get_u64(&db->cat, s->txn, "gen", &s->gen);
+  return KVDB_OK;
+}
+
+int kv_read_again(kvdb *db, kv_read_snap *s, int failed)
+{
+  if (!failed || s->tries >= KV_READ_RETRIES)
+    return 0;
+  s->tries++;
+  return kv_gen_moved(db, s->gen);
+}

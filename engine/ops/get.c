@@ -462,17 +462,15 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   KV_RET(kv_check_view_extent(out, m, n, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  /* A compaction in any handle may move blocks of the hit and remove their old segment file
-   * between this snapshot and the reads; the hit then comes back short and is read again from
-   * a fresh snapshot. Compactions bump "gen"; a block that fails verification does not. */
+  /* a hit that comes back short because a compaction moved its blocks is read again from a
+   * fresh snapshot (kv_read_again, ops_int.h) */
   kvdb_status rc;
-  for (int attempt = 0;; attempt++) {
-    MDB_txn *txn;
-    KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-    kv_files_prune(db, txn);
+  kv_read_snap s = {0};
+  int again;
+  do {
+    KV_RET(kv_read_begin(db, &s));
+    MDB_txn *txn = s.txn;
     kv_place_refresh(db, txn); /* placement on: which blocks the DRAM tier may take */
-    uint64_t gen = 0;
-    kv_cat_get_u64(&db->cat, txn, "gen", &gen);
     walk w = {0};
     rc = model_stored(db, txn, m, bt);
     if (rc == KVDB_OK)
@@ -487,11 +485,9 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
         }
     }
     mdb_txn_abort(txn);
-    int again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && attempt < 3 && kv_gen_moved(db, gen);
+    again = rc == KVDB_OK && *hit_tokens < w.hit_tokens;
     free(w.h);
-    if (!again)
-      break;
-  }
+  } while (kv_read_again(db, &s, again));
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
   return rc;
@@ -880,13 +876,10 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   if (layer >= m->n_layers)
     return kv_fail(KVDB_INVALID, "layer %u out of range (model has %u layers)", layer,
                    m->n_layers);
-  int attempt = 0;
+  kv_read_snap s = {0};
 again:;
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  uint64_t gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
+  KV_RET(kv_read_begin(db, &s));
+  MDB_txn *txn = s.txn;
   kv_ctx_rec cr;
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
@@ -916,8 +909,8 @@ again:;
   if (rc == KVDB_OK)
     kv_note_access(db, context->b);
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
-    goto again; /* a compaction moved a block and removed its old file meanwhile (see kvdb_get) */
+  if (kv_read_again(db, &s, rc != KVDB_OK))
+    goto again; /* a compaction moved a block and removed its old file meanwhile */
   return rc;
 }
 
@@ -938,13 +931,10 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     return kv_fail(KVDB_INVALID, "n_tokens %zu out of range 1..%u", n_tokens, bt);
   kvdb_key ck;
   KV_RET(kvdb_block_context(m, key, &ck));
-  int attempt = 0;
+  kv_read_snap s = {0};
 again:;
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  uint64_t gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
+  KV_RET(kv_read_begin(db, &s));
+  MDB_txn *txn = s.txn;
   kv_block_rec br;
   char hx[33];
   kvdb_status rc = model_stored(db, txn, m, bt);
@@ -1000,7 +990,7 @@ again:;
     kv_note_access(db, ck.b);
   }
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
+  if (kv_read_again(db, &s, rc != KVDB_OK))
     goto again; /* a compaction moved the block and removed its old file meanwhile */
   return rc;
 }

@@ -21,6 +21,31 @@ kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const ui
  * blocks may have moved: the read is worth doing again from a fresh snapshot). */
 int kv_gen_moved(kvdb *db, uint64_t gen);
 
+/*
+ * The snapshot-and-retry loop of the reads. A compaction in any handle may move the blocks a
+ * read found and remove their old segment file between its snapshot and its reads; the read
+ * then fails or comes back short and is worth doing again from a fresh snapshot. Compactions
+ * bump meta "gen"; a block that fails verification does not. A read:
+ *
+ *   kv_read_snap s = {0};
+ *   do {
+ *     KV_RET(kv_read_begin(db, &s));   // s.txn: a read transaction, the segment-file cache
+ *     ... read through s.txn ...        // pruned to it, s.gen its catalog generation
+ *     mdb_txn_abort(s.txn);             // (the read may end the transaction earlier)
+ *   } while (kv_read_again(db, &s, failed_or_short));
+ *
+ * kv_read_again: 1 when the try failed (or came back short), fewer than KV_READ_RETRIES
+ * retries were made, and a compaction committed since the snapshot.
+ */
+#define KV_READ_RETRIES 3
+typedef struct kv_read_snap {
+  MDB_txn *txn;
+  uint64_t gen;
+  int tries; /* retries made */
+} kv_read_snap;
+kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s);
+int kv_read_again(kvdb *db, kv_read_snap *s, int failed);
+
 /* ---- verify.c ---- */
 
 /* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle

@@ -247,78 +247,118 @@ static kvdb_status drain_and_sync(kvdb *db, kv_writer *w, kv_batch *bt[2], int b
   return rc;
 }
 
-static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
+/* The double-buffered staging of a put's block objects: objects are built in w->stage[cur] at
+ * `fill` (segment offset base + fill) and written by batch bt[cur] while the other buffer's
+ * batch may still be in flight. */
+typedef struct stager {
+  kvdb *db;
+  kv_writer *w;
+  kv_batch *bt[2];
+  int busy[2];
+  int cur;
+  size_t fill;
+  uint64_t base; /* segment offset of stage[cur][0] */
+} stager;
+
+/* Room for an object of at most `bytes` at fill: else the other buffer, once its writes are
+ * done. */
+static kvdb_status stage_room(stager *st, uint64_t bytes)
 {
-  uint64_t biggest = 0;
-  for (uint32_t i = 0; i < r->n; i++)
-    if (r->b[i].write && r->b[i].bound > biggest)
-      biggest = r->b[i].bound;
-  *written = 0;
-  if (biggest == 0)
+  if (st->fill + bytes <= st->w->stage_cap)
     return KVDB_OK;
-  KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
-  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
-  kv_cenc enc;
-  memset(&enc, 0, sizeof enc);
-  kvdb_status rc = KVDB_OK;
-  int busy[2] = {0, 0}, cur = 0;
-  size_t fill = 0;
-  uint64_t base = w->end;
-  if (bt[0] == NULL || bt[1] == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
-    goto out;
+  st->base += st->fill;
+  st->cur ^= 1;
+  st->fill = 0;
+  if (st->busy[st->cur]) {
+    int e = kv_batch_wait(st->db->io, st->bt[st->cur]);
+    st->busy[st->cur] = 0;
+    if (e != 0)
+      return kv_fail_errno(-e, "cannot write segment %" PRIu64, st->w->seg_id);
   }
-  for (uint32_t i = 0; i < r->n; i++) {
-    put_blk *b = &r->b[i];
-    if (!b->write)
-      continue;
-    if (fill + b->bound > w->stage_cap) { /* switch to the other buffer */
-      base += fill;
-      cur ^= 1;
-      fill = 0;
-      if (busy[cur]) {
-        int e = kv_batch_wait(db->io, bt[cur]);
-        busy[cur] = 0;
-        if (e != 0) {
-          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-          goto out;
-        }
-      }
-    }
-    kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
-                         .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
-                         .index = i, .hash = b->hash, .parent = b->parent,
-                         .model_hash = r->mh, .tokens = b->tokens};
-    uint8_t *obj = w->stage[cur] + fill;
-    KV_ERR(kv_cblock_build(&src, &enc, obj, w->stage_cap - fill, &b->obj_bytes));
-    KV_ERR(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
-    b->off = base + fill;
-    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, b->obj_bytes, b->off);
-    busy[cur] = 1;
-    fill += b->obj_bytes;
-    *written = b->off + b->obj_bytes - w->end;
-  }
-  rc = drain_and_sync(db, w, bt, busy, rc);
-out:
-  for (int k = 0; k < 2; k++) {
-    if (bt[k] != NULL && busy[k])
-      kv_batch_wait(db->io, bt[k]);
-    kv_batch_end(db->io, bt[k]);
-  }
-  kv_cenc_free(&enc);
-  return rc;
+  return KVDB_OK;
 }
 
+static void stage_write(stager *st, const uint8_t *p, uint64_t len, uint64_t off)
+{
+  kv_batch_write(st->db->io, st->bt[st->cur], kv_writer_file(st->w), p, len, off);
+  st->busy[st->cur] = 1;
+}
+
+/* Block i of a put stored with a compressed config: encoded into obj (room: b->bound) and its
+ * score region after it, written as one piece. */
+static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc, uint8_t *obj,
+                                uint64_t at)
+{
+  put_blk *b = &r->b[i];
+  kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
+                       .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
+                       .index = i, .hash = b->hash, .parent = b->parent,
+                       .model_hash = r->mh, .tokens = b->tokens};
+  KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
+  KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
+  stage_write(st, obj, b->obj_bytes, at);
+  return KVDB_OK;
+}
+
+/* Block b of a raw put: its sections gathered from the caller's view into obj one by one and
+ * queued in chunks as they are sealed (so gathering overlaps writing), then the score region
+ * (score_bits: sb bytes) and the meta region last. */
+static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, uint8_t *obj,
+                             uint64_t at)
+{
+  const kv_block_geom *g = &b->g;
+  kv_sregion sr; /* the score region after the object, for a model with score_bits */
+  if (sb != 0)
+    KV_RET(kv_sregion_init(&sr, g, r->m->score_bits));
+  uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
+  int padded = g->group_stride != g->group_tokens * g->row_bytes ||
+               g->n_tokens % g->group_tokens != 0;
+  if (padded)
+    memset(obj + g->meta_bytes, 0, g->data_bytes);
+  else
+    memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
+  uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
+    if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
+      KV_RET(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
+    kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
+    int last = s + 1 == g->n_sections;
+    uint64_t ready = last ? g->total_bytes
+                          : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
+                                KV_PAGE;
+    if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
+      stage_write(st, obj + sent, ready - sent, at + sent);
+      sent = ready;
+    }
+  }
+  kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
+  if (sb != 0) {
+    kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
+    kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
+    stage_write(st, obj + g->total_bytes, sb, at + g->total_bytes);
+  }
+  stage_write(st, obj, g->meta_bytes, at);
+  b->obj_bytes = g->total_bytes + sb;
+  return KVDB_OK;
+}
+
+/*
+ * Phase 2: the blocks this put writes, appended to w's segment after w->end and synced
+ * (KVDB_SYNC_FULL). Raw blocks have their exact size, reserved at once (fallocate); compressed
+ * ones at most b->bound. *written: the bytes past w->end the caller commits, or truncates back
+ * when this or the commit fails.
+ */
 static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
-  if (r->cfg.method != KVDB_METHOD_RAW)
-    return write_compressed(db, r, w, written);
-  size_t biggest = 0;
-  uint64_t total = 0;
+  int raw = r->cfg.method == KVDB_METHOD_RAW;
+  unsigned bits = r->m->score_bits;
+  uint64_t biggest = 0, total = 0;
   for (uint32_t i = 0; i < r->n; i++) {
     if (!r->b[i].write)
       continue;
-    uint64_t obj = r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, r->m->score_bits);
+    uint64_t obj = raw ? r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, bits)
+                       : r->b[i].bound;
     total += obj;
     if (obj > biggest)
       biggest = obj;
@@ -326,9 +366,8 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   *written = 0;
   if (biggest == 0)
     return KVDB_OK;
-  size_t cap = biggest > (8u << 20) ? biggest : (8u << 20);
-  KV_RET(kv_writer_stage(w, cap));
-  if (db->io->ops->alloc != NULL && !w->no_alloc) {
+  KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
+  if (raw && db->io->ops->alloc != NULL && !w->no_alloc) {
     int e = db->io->ops->alloc(db->io, kv_writer_file(w), w->end, total);
     if (e == -EOPNOTSUPP) {
       w->no_alloc = 1;
@@ -340,84 +379,39 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
                            w->seg_id);
     }
   }
-  *written = total;
-  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
+  if (raw)
+    *written = total;
+  stager st = {.db = db, .w = w, .bt = {kv_batch_begin(db->io), kv_batch_begin(db->io)},
+               .base = w->end};
+  kv_cenc enc;
+  memset(&enc, 0, sizeof enc);
   kvdb_status rc = KVDB_OK;
-  int busy[2] = {0, 0};
-  if (bt[0] == NULL || bt[1] == NULL) {
+  if (st.bt[0] == NULL || st.bt[1] == NULL) {
     rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
     goto out;
   }
-  int cur = 0;
-  size_t fill = 0;
-  uint64_t base = w->end; /* segment offset of stage[cur][0] */
   for (uint32_t i = 0; i < r->n; i++) {
     put_blk *b = &r->b[i];
     if (!b->write)
       continue;
-    const kv_block_geom *g = &b->g;
-    kv_sregion sr; /* the score region after the object, for a model with score_bits */
-    uint64_t sb = r->m->score_bits ? kv_score_region_bytes(g, r->m->score_bits) : 0;
-    if (sb != 0)
-      KV_ERR(kv_sregion_init(&sr, g, r->m->score_bits));
-    if (fill + g->total_bytes + sb > w->stage_cap) { /* switch to the other buffer */
-      base += fill;
-      cur ^= 1;
-      fill = 0;
-      if (busy[cur]) {
-        int e = kv_batch_wait(db->io, bt[cur]);
-        busy[cur] = 0;
-        if (e != 0) {
-          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-          goto out;
-        }
-      }
-    }
-    uint8_t *obj = w->stage[cur] + fill;
-    uint64_t at = base + fill; /* segment offset of this block object */
-    uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
-    int padded = g->group_stride != g->group_tokens * g->row_bytes ||
-                 g->n_tokens % g->group_tokens != 0;
-    if (padded)
-      memset(obj + g->meta_bytes, 0, g->data_bytes);
-    else
-      memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
-    uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
-    for (uint32_t s = 0; s < g->n_sections; s++) {
-      kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
-      if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
-        KV_ERR(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
-      kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
-      int last = s + 1 == g->n_sections;
-      uint64_t ready = last ? g->total_bytes
-                            : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
-                                  KV_PAGE;
-      if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
-        kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + sent, ready - sent, at + sent);
-        busy[cur] = 1;
-        sent = ready;
-      }
-    }
-    kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
-    if (sb != 0) {
-      kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
-      kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
-      kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + g->total_bytes, sb,
-                     at + g->total_bytes);
-    }
-    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, g->meta_bytes, at);
-    busy[cur] = 1;
+    uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits) : 0;
+    KV_ERR(stage_room(&st, raw ? b->g.total_bytes + sb : b->bound));
+    uint8_t *obj = w->stage[st.cur] + st.fill;
+    uint64_t at = st.base + st.fill; /* segment offset of this block object */
+    KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
     b->off = at;
-    b->obj_bytes = g->total_bytes + sb;
-    fill += g->total_bytes + sb;
+    st.fill += b->obj_bytes;
+    if (!raw)
+      *written = at + b->obj_bytes - w->end;
   }
-  rc = drain_and_sync(db, w, bt, busy, rc);
+  rc = drain_and_sync(db, w, st.bt, st.busy, rc);
 out:
   for (int k = 0; k < 2; k++) {
-    if (bt[k] != NULL && busy[k])
-      kv_batch_wait(db->io, bt[k]);
-    kv_batch_end(db->io, bt[k]);
+    if (st.bt[k] != NULL && st.busy[k])
+      kv_batch_wait(db->io, st.bt[k]);
+    kv_batch_end(db->io, st.bt[k]);
   }
+  kv_cenc_free(&enc);
   return rc;
 }
 
