@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/block/score_write.c — a block's score region at put time (kv_score.h, FORMAT.md §3c):
+ * engine/block/score_write.c — a block's score region at put time (cblock.h, FORMAT.md §3c):
  * one score copy per (layer, KV head) of the block's K rows, quantized to int8 or int4 with one
  * scale per token (engine/score/score.h), then the table of their checksums.
  *

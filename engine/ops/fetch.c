@@ -24,7 +24,7 @@
  *                page of another block fails: no header read is needed), the rows copied;
  *        DECODE  (compressed, format 2) after the snapshot, by kvdb_get_tokens for those
  *                positions (every KV head of the layer; the head's rows are kept). A per-head
- *                decode needs get.c's tokens_from_cblock to take a section range.
+ *                decode needs kv_block_read_tokens (seg/blockio.c) to take a section range.
  *   A read that fails while a compaction moved blocks starts again from a fresh snapshot, up to
  *   three times (as kvdb_get_tokens does).
  */

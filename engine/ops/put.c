@@ -766,4 +766,4 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   return put_run(db, &r, NULL);
 }
 
-/* kvdb_recompress: store/relocate.c (a re-encoding is a relocation that keeps the tier) */
+/* kvdb_recompress: engine/place/relocate.c (a re-encoding is a relocation that keeps the tier) */

@@ -61,7 +61,7 @@
 #include "device.h"
 #include "ops_int.h"
 
-uint64_t kv_score_wave_bytes = 16u << 20; /* kv_score.h */
+uint64_t kv_score_wave_bytes = 16u << 20; /* ops_int.h */
 #define KV_SCORE_TRAILER 64u      /* after a region in the DRAM tier: its block's location */
 
 enum { SB_HOST = 0, SB_DRAM = 1, SB_DEVICE = 2 };

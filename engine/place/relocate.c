@@ -139,7 +139,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
     uint64_t need = b->old.bytes;
     if (r->reencode) {
       need = r->cfg.method == KVDB_METHOD_RAW ? g.total_bytes : kv_cblock_bound(&r->cfg, &g);
-      if (need != 0) /* a model with score copies: they follow each object (kv_score.h) */
+      if (need != 0) /* a model with score copies: they follow each object (block/cblock.h) */
         need += kv_score_region_bytes(&g, r->m->score_bits);
     }
     if (need == 0) {

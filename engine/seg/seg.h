@@ -171,6 +171,14 @@ kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[
 kv_rbuf *kv_rbuf_acquire(kvdb *db, size_t bytes);
 void kv_rbuf_release(kvdb *db, kv_rbuf *b);
 void kv_rbufs_free(kvdb *db);
+/* Positions [i] of `positions` that fall in the compressed block `rec` (tokens pos0 ...,
+ * geometry g) of one layer into row i of `out` (the get_tokens convention): only the pages of
+ * the layer's section headers and of the token groups holding them are read, each verified.
+ * A dropped position is KVDB_NOTFOUND; a failed check KVDB_CORRUPT (counted). */
+kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
+                                 const kv_block_geom *g, uint32_t layer,
+                                 const uint32_t *positions, size_t n_pos, uint64_t pos0,
+                                 const kvdb_kv_view *out);
 
 /* ---- the SmartSSD tier's directory (smartdir.c) ---- */
 /* The directory of the SmartSSD tier's segments: the catalog's record (which any handle of
