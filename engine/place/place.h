@@ -14,6 +14,7 @@
 #define KV_PLACE_H
 
 #include "ops/ops.h"
+#include "policy.h"
 
 /* ---- relocate.c ---- */
 

@@ -15,7 +15,6 @@
 
 #include <string.h>
 
-#include "policy.h"
 #include "seg/seg.h"
 #include "tiers/perf.h"
 
