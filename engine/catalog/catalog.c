@@ -18,7 +18,7 @@
 #include "catalog.h"
 #include "counts.h"
 #include "index.h"
-#include "kv_config.h"
+#include "model/model.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
 

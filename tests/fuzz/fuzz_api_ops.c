@@ -34,7 +34,7 @@
 #include <ftw.h>
 #include <sys/stat.h>
 
-#include "kv_db.h"
+#include "place/place.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "catalog/catalog.h"
-#include "kv_config.h"
+#include "model/model.h"
 #include "kvdb.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -2,7 +2,7 @@
 /*
  * tests/fuzz/fuzz_cblock.c — compressed block objects (block format 2, FORMAT.md §3b) read from
  * a segment file: the header, the meta region (tokens, section table, page checksums), the
- * page checksums of the data region, and the decoding of every section (engine/store/cblock.c,
+ * page checksums of the data region, and the decoding of every section (engine/block/cblock.c,
  * the path of kvdb_get, kvdb_get_context and the profile).
  *
  * Input: one flags byte, then the bytes of a block object as found on disk (any length).
@@ -33,7 +33,7 @@
 #include <xxhash.h>
 
 #include "block.h"
-#include "store/kv_cblock.h"
+#include "block/cblock.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -25,7 +25,7 @@
 
 #include "catalog/counts.h"
 #include "catalog/ctxstats.h"
-#include "store/kv_place.h"
+#include "place/place.h"
 #include "kvdb.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -21,7 +21,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "kv_db.h"
+#include "place/place.h"
 
 /* verify's problems on stderr (a failure says what was wrong) */
 static void print_problem(void *ctx, const kvdb_problem *p)

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "kv_db.h"
+#include "place/place.h"
 
 static const kvdb_model M = {.id = "contract-model", .n_layers = 2, .n_kv_heads = 2,
                              .head_dim = 64, .dtype = KVDB_F16, .block_tokens = 16};

@@ -20,7 +20,7 @@
 #include <inttypes.h>
 
 #include "catalog/index.h"
-#include "kv_db.h"
+#include "place/place.h"
 
 static kvdb_model M16 = {"index-16", 1, 1, 16, KVDB_F16, 16};   /* small blocks */
 static kvdb_model M256 = {"index-256", 1, 1, 16, KVDB_F16, 256}; /* the default block size */

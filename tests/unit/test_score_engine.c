@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/unit/test_score_engine.c — kvdb_score / kvdb_score_batch over stored contexts
- * (engine/store/score_ctx.c, the score region of FORMAT.md §3c):
+ * (engine/ops/score_ctx.c, the score region of FORMAT.md §3c):
  *   - the result equals the brute-force top k over the context's keys at the copy's precision
  *     (the keys read back with kvdb_get_context, quantized whole by kv_score_copy_encode,
  *     scored by kv_score_tokens, fully sorted by ORDER: higher score first, equal scores by
@@ -29,9 +29,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
-#include "kv_db.h"
+#include "place/place.h"
 #include "score.h"
-#include "store/kv_score.h"
+#include "ops/ops_int.h"
 
 static const kvdb_model M8 = {"score8-paged", 2, 2, 128, KVDB_F16, 64, 8};  /* paged sections */
 static const kvdb_model M4 = {"score4-packed", 2, 2, 64, KVDB_F16, 16, 4}; /* packed sections */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_score_fetch.c — kvdb_get_head_tokens (engine/store/fetch.c): the K and V rows
+ * tests/unit/test_score_fetch.c — kvdb_get_head_tokens (engine/ops/fetch.c): the K and V rows
  * of chosen positions of one layer and KV head.
  *   - the rows equal kvdb_get_tokens's rows of that head for the same positions (any order,
  *     repeats, the last partial block), on the SSD tier (host page reads), the DRAM tier, the
@@ -21,8 +21,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "kv_db.h"
-#include "store/kv_score.h"
+#include "place/place.h"
+#include "ops/ops_int.h"
 
 static const kvdb_model MP = {"fetch-paged", 2, 3, 128, KVDB_F16, 64, 8};  /* G = 16 */
 static const kvdb_model MK = {"fetch-packed", 2, 2, 64, KVDB_F16, 16, 4};  /* one group */

@@ -1,24 +1,28 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/kv_db.h — the handle behind kvdb* and the engine's internal interfaces.
+ * engine/seg/seg.h — the seg floor (LAYERS: above the catalog and block bodies, below the
+ * placement state and the operations), for the layers above: the handle behind kvdb*
+ * (struct kvdb, whose higher floors' state it holds as opaque pointers), segment files and
+ * their writers (segment.c), the SmartSSD tier's directory (smartdir.c), and verified block
+ * reads and the read-buffer pool (blockio.c).
  *
  * Layout on disk (FORMAT.md §1): <dir>/catalog.mdb (+ catalog.mdb-lock), <dir>/ssd/seg-N.kvs,
  * and the SmartSSD tier's segments in its own directory (<dir>/smartssd or smartssd_dir).
  *
  * LOCKING
  *   db->mu guards the writer pool, the read-buffer pool, the segment file cache and the
- *   pending access times.
+ *   pending access times (engine/track/atime.c).
  *   It is never held across I/O or an LMDB write transaction.
  *   The DRAM tier has its own lock (dram.c). LMDB serializes write transactions across
  *   threads and processes; block data is written before the write transaction begins.
  */
-#ifndef KV_DB_H
-#define KV_DB_H
+#ifndef KV_SEG_H
+#define KV_SEG_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "block.h"
+#include "block/cblock.h"
 #include "catalog/catalog.h"
 #include "catalog/counts.h"
 #include "io/io.h"
@@ -73,7 +77,7 @@ struct kvdb {
   uint32_t magic;
   char *dir;
   char *seg_dir;
-  /* The SmartSSD tier's segment directory (store/place.c): the one the catalog records once
+  /* The SmartSSD tier's segment directory (seg/smartdir.c): the one the catalog records once
    * this handle has seen the record (at open, or later: kv_smart_dir), else the handle's own
    * (smart_own), else NULL. It changes at most once after open, atomically; every string it
    * has pointed to stays allocated until close. */
@@ -83,8 +87,8 @@ struct kvdb {
   char *smart_rec;        /* the recorded one, once seen (what smart_dir then points to) */
   int smart_explicit;     /* smart_own is the smartssd_dir option */
   _Atomic int smart_seen; /* smart_dir is the recorded directory */
-  struct kv_place *place; /* placement state (store/place.c); NULL when placement is off */
-  struct kv_score_devs *score_devs; /* near-data devices kvdb_score keeps (store/score_ctx.c) */
+  struct kv_place *place; /* placement state (track/track.c); NULL when placement is off */
+  struct kv_score_devs *score_devs; /* near-data devices kvdb_score keeps (ops/score_ctx.c) */
   kvdb_options opt;
   kv_logger log;
   kv_catalog cat;
@@ -107,7 +111,12 @@ struct kvdb {
   _Atomic uint64_t compact_visits; /* segment index entries compaction visited (tests) */
 };
 
-/* ---- segments (store/segment.c) ---- */
+/* ---- the handle (segment.c) ---- */
+/* KVDB_INVALID (NULL) or KVDB_MISUSE (closed) unless db is an open handle; clears the
+ * thread's error first: every entry point starts with it. */
+kvdb_status kv_check_db(kvdb *db);
+
+/* ---- segments (segment.c) ---- */
 kvdb_status kv_seg_path(kvdb *db, uint64_t id, char *buf, size_t cap);
 /* Take a writer (an open segment owned by this handle), creating a segment if needed: of the
  * SSD tier, or of `tier` (KVDB_TIER_SSD or KVDB_TIER_SMARTSSD). */
@@ -137,7 +146,7 @@ void kv_files_free(kvdb *db);
 /* Open-time recovery of segments whose writer died (truncate the uncommitted tail). */
 kvdb_status kv_recover(kvdb *db);
 
-/* ---- block I/O (store/blockio.c) ---- */
+/* ---- block I/O (blockio.c) ---- */
 /* Aligned allocation for direct I/O. */
 void *kv_alloc_aligned(size_t bytes);
 void kv_free_aligned(void *p);
@@ -152,17 +161,6 @@ kvdb_status kv_block_read_verify(kvdb *db, const kv_block_rec *rec, const uint8_
  * meta region first and then its sections [s0, s1) as they arrive. */
 kvdb_status kv_block_check(const kv_block_rec *rec, const uint8_t hash[16], const uint8_t *buf,
                            kv_block_hdr *hdr);
-/* 1 when a compaction committed since a read snapshot that saw catalog generation `gen` (its
- * blocks may have moved: the read is worth doing again from a fresh snapshot). get.c. */
-int kv_gen_moved(kvdb *db, uint64_t gen);
-/* The context record `key` when it belongs to model m (model_hash = its h_{-1}): else
- * KVDB_NOTFOUND or KVDB_MISMATCH with a message naming the context. context.c. */
-kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
-                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
-/* The record of block `hash`, which context `key` lists: a block the catalog lacks is
- * KVDB_CORRUPT, and any failure's message names the context and the block. context.c. */
-kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
-                         kv_block_rec *out);
 kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                                 const uint8_t *buf, kv_block_hdr *hdr);
 kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[16],
@@ -173,89 +171,35 @@ kvdb_status kv_block_check_sections(const kv_block_rec *rec, const uint8_t hash[
 kv_rbuf *kv_rbuf_acquire(kvdb *db, size_t bytes);
 void kv_rbuf_release(kvdb *db, kv_rbuf *b);
 void kv_rbufs_free(kvdb *db);
+/* Positions [i] of `positions` that fall in the compressed block `rec` (tokens pos0 ...,
+ * geometry g) of one layer into row i of `out` (the get_tokens convention): only the pages of
+ * the layer's section headers and of the token groups holding them are read, each verified.
+ * A dropped position is KVDB_NOTFOUND; a failed check KVDB_CORRUPT (counted). */
+kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
+                                 const kv_block_geom *g, uint32_t layer,
+                                 const uint32_t *positions, size_t n_pos, uint64_t pos0,
+                                 const kvdb_kv_view *out);
 
-/* ---- copies between block sections and caller views (store/copy.c) ---- */
-/* Gather tokens [0, g->n_tokens) of the caller's view starting at token `t0` into the data
- * region `data` (g->data_bytes, zeroed padding): all sections, or section `s` alone. */
-void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);
-void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
-                       uint8_t *data);
-/* Section s of tokens [t0, t0 + g->n_tokens) of the view as n_tokens contiguous rows (codec
- * input). */
-void kv_gather_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
-                    uint8_t *rows);
-/* Tokens [t0, t0 + n) of one (layer, KV head) of K (is_v 0) or V as n contiguous rows. */
-void kv_gather_head(const kvdb_kv_view *v, uint32_t elem_bytes, uint32_t head_dim,
-                    uint32_t layer, uint32_t head, int is_v, uint64_t t0, uint64_t n,
-                    uint8_t *rows);
-/* n_tokens contiguous rows into section s of a page-grouped data region. */
-void kv_rows_to_section(const kv_block_geom *g, const uint8_t *rows, uint32_t s, uint8_t *data);
-/* n_rows contiguous rows of section s into the view at tokens t0, t0 + 1, ... */
-void kv_scatter_rows(const kv_block_geom *g, const uint8_t *rows, uint32_t n_rows, uint32_t s,
-                     const kvdb_kv_view *v, uint64_t t0);
-/* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from):
- * all sections, or sections [s0, s1) only, with non-temporal stores when `stream` (what
- * kv_scatter_streams() says for a scatter of n tokens of every section: a large one). */
-void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint32_t n,
-                const kvdb_kv_view *v, uint64_t t0);
-int kv_scatter_streams(const kv_block_geom *g, uint32_t n);
-void kv_scatter_sections(const kv_block_geom *g, const uint8_t *data, uint32_t s0, uint32_t s1,
-                         uint32_t from, uint32_t n, const kvdb_kv_view *v, uint64_t t0,
-                         int stream);
-/* One row (head_dim elements) of section s into the view at token dst_tok of layer 0 (the
- * get_tokens convention). */
-void kv_put_row(const kv_block_geom *g, uint32_t s, const uint8_t *row, const kvdb_kv_view *v,
-                uint64_t dst_tok);
-/* Scatter one token `t` of one layer (all heads, K and V) into view token `dst_tok`. `data`
- * is the data region (or NULL with `page_of` resolving group addresses). */
-void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,
-                            uint32_t t, const kvdb_kv_view *v, uint64_t dst_tok);
-
-/* ---- shared checks and hashes (api.c) ---- */
-kvdb_status kv_check_db(kvdb *db);
-kvdb_status kv_check_model(const kvdb_model *m, uint32_t *block_tokens);
-/* The most tokens a context can hold (its block count is a u32, blocks hold >= 16 tokens):
- * put, get and lookup refuse a larger n (KVDB_INVALID) before any arithmetic on it. */
-#define KV_MAX_TOKENS ((uint64_t)UINT32_MAX * 16)
-kvdb_status kv_check_n_tokens(size_t n);
-kvdb_status kv_check_view(const kvdb_kv_view *v, const kvdb_model *m, const char *what);
-/* KVDB_INVALID when the view's strides for n_tokens tokens (with the model's layers, heads and
- * dims) give byte offsets beyond int64 (a valid view first: kv_check_view). */
-kvdb_status kv_check_view_extent(const kvdb_kv_view *v, const kvdb_model *m, uint64_t n_tokens,
-                                 const char *what);
-void kv_model_hash(const kvdb_model *m, uint32_t block_tokens, uint8_t out[16]);
-void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, uint8_t out[16]);
-
-/* ---- catalog operations shared by put, delete and compaction (store/put.c) ---- */
-/* One block of `bytes` less in segment seg (live bytes and blocks). */
-kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes);
-/* The config fields and flags of a block record stored with c. */
-void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
-/* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
-kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
-/* Whether model m (fingerprint mh) is the one stored under its id: KVDB_OK; KVDB_NOTFOUND (no
- * model of that id is stored); KVDB_MISMATCH naming both shapes (another shape is stored under
- * that id: every call with the model fails so, not only put). */
-kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
-                           const uint8_t mh[16]);
-/* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
-kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
-                             kv_model_rec *rec);
-
-/* ---- tiers of contexts (store/place.c) ---- */
-/* The tier of a context's persistent copy: that of its last block (SSD when unreadable). */
-uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
+/* ---- the SmartSSD tier's directory (smartdir.c) ---- */
 /* The directory of the SmartSSD tier's segments: the catalog's record (which any handle of
  * any process may have written since this one opened: looked up in a read transaction of its
  * own until this handle has seen it), else the handle's own; NULL when neither is known. */
 const char *kv_smart_dir(kvdb *db);
-
-/* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
- * moved its blocks and removed its file while the caller read an older snapshot (verify.c). */
-int kv_seg_gone_now(kvdb *db, uint64_t id);
-
-/* ---- maintenance (store/maint.c) ---- */
-void kv_note_access(kvdb *db, const uint8_t key[16]);
-kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn);
+/* At open, after the catalog and before recovery: the SmartSSD tier's directory (recorded in
+ * the catalog, or the option, or DIR/smartssd; a record another process writes later is
+ * adopted by kv_smart_dir), created when the tier is configured and the handle writes.
+ * KVDB_INVALID when the option names another directory than the recorded one. */
+kvdb_status kv_smart_dir_open(kvdb *db);
+/* In the write transaction that creates a SmartSSD segment: the recorded directory (which the
+ * handle adopts), else the handle's own, recorded now (KVDB_INVALID when it has none, or when
+ * its explicit smartssd_dir differs from the record); the directory exists; format 3. */
+kvdb_status kv_smart_dir_ready(kvdb *db, MDB_txn *txn);
+/* At a read-write open with placement on (track.c records its settings): 1 when the catalog
+ * has no record and the handle has a SmartSSD tier of its own, which kv_smart_dir_record then
+ * records in the write transaction txn (unless another process recorded one meanwhile). */
+int kv_smart_dir_unrecorded(kvdb *db, MDB_txn *txn);
+kvdb_status kv_smart_dir_record(kvdb *db, MDB_txn *txn);
+/* At close (kv_place_close): what kv_smart_dir_open made. */
+void kv_smart_dir_close(kvdb *db);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/score_ctx.c — kvdb_score and kvdb_score_batch: the top k tokens of a stored
+ * engine/ops/score_ctx.c — kvdb_score and kvdb_score_batch: the top k tokens of a stored
  * context by raw q·k on its blocks' score copies (HillInfer §4.4), wherever each block lives
  * (kvdb.h "Top-k token scoring"; FORMAT.md §3c for the copies).
  *
@@ -26,7 +26,7 @@
  *      union of the parts' top k holds the global top k, and ORDER is total, so the result is
  *      the same whatever the split (bit for bit: every path computes score.h's scores).
  *   A read that fails while a compaction moved blocks (meta "gen" changed) starts again from a
- *   fresh snapshot, up to three times (as kvdb_get does).
+ *   fresh snapshot, up to three times (kv_read_again, ops_int.h).
  *
  * DEVICES. An opened near-data device is kept by the handle (an XRT open loads the xclbin, which
  * takes seconds): one per kind (the emulation; AUTO/XRT with its xclbin path). A call takes the
@@ -59,10 +59,9 @@
 #include <time.h>
 
 #include "device.h"
-#include "kv_place.h"
-#include "kv_score.h"
+#include "ops_int.h"
 
-uint64_t kv_score_wave_bytes = 16u << 20; /* kv_score.h */
+uint64_t kv_score_wave_bytes = 16u << 20; /* ops_int.h */
 #define KV_SCORE_TRAILER 64u      /* after a region in the DRAM tier: its block's location */
 
 enum { SB_HOST = 0, SB_DRAM = 1, SB_DEVICE = 2 };
@@ -769,7 +768,7 @@ void kv_score_close(kvdb *db)
 
 /* ---- one attempt over a catalog snapshot ---- */
 
-static kvdb_status snapshot(sctx *x, const kvdb_key *context, uint64_t *gen)
+static kvdb_status snapshot(sctx *x, const kvdb_key *context, kv_read_snap *s)
 {
   kvdb *db = x->db;
   const kvdb_model *m = x->m;
@@ -777,10 +776,8 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, uint64_t *gen)
   MDB_txn *txn;
   char hx[33], hx2[33];
   uint8_t mh[16];
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  *gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", gen);
+  KV_RET(kv_read_begin(db, s));
+  txn = s->txn;
   kv_model_hash(m, bt, mh);
   kv_ctx_rec cr;
   kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
@@ -830,10 +827,10 @@ out:
   return rc;
 }
 
-static kvdb_status attempt(sctx *x, const kvdb_key *context, uint64_t *gen)
+static kvdb_status attempt(sctx *x, const kvdb_key *context, kv_read_snap *snap)
 {
   kvdb *db = x->db;
-  KV_RET(snapshot(x, context, gen));
+  KV_RET(snapshot(x, context, snap));
   kvdb_status rc = KVDB_OK;
   for (size_t r = 0; r < x->n_rq; r++)
     if (x->rq[r].k > x->n_tokens)
@@ -1072,16 +1069,16 @@ kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_key *cont
     }
     free(qp);
   }
-  for (int tries = 0; rc == KVDB_OK; tries++) {
-    uint64_t gen = 0;
+  kv_read_snap s = {0};
+  while (rc == KVDB_OK) {
     memset(&x.st, 0, sizeof x.st);
     rc = reset_accs(&x);
     if (rc == KVDB_OK)
-      rc = attempt(&x, context, &gen);
+      rc = attempt(&x, context, &s);
     free(x.b);
     x.b = NULL;
     x.n_b = 0;
-    if (rc == KVDB_OK || tries >= 3 || rc == KVDB_INVALID || !kv_gen_moved(db, gen))
+    if (!kv_read_again(db, &s, rc != KVDB_OK && rc != KVDB_INVALID))
       break;
     rc = KVDB_OK; /* a compaction moved blocks meanwhile: again from a fresh snapshot */
   }

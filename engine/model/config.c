@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/config.c — storage configs (kvdb_config): names, checks, the catalog encoding, and
+ * engine/model/config.c — storage configs (kvdb_config): names, checks, the catalog encoding, and
  * the codec parameters of one section of a block stored with a config.
  *
  * NAMES    base [ "+int" bits ] { ":" option }
@@ -16,8 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_config.h"
-#include "kv_db.h"
+#include "model.h"
 
 static const char *const DROP_NAME[] = {"", "knorm", "keydiff", "snapkv"};
 

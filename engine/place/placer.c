@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/placer.c — placing contexts with the EvicPress policy (engine/policy): the
+ * engine/place/placer.c — placing contexts with the EvicPress policy (engine/policy): the
  * policy's instance built from the catalog, Algorithm 1 after each put, rebalance plans and
  * their execution as relocations (kvdb_rebalance_plan / _execute), placement statistics.
  *
@@ -38,8 +38,7 @@
 #include <stdlib.h>
 
 #include "catalog/ctxstats.h"
-#include "kv_place.h"
-#include "kv_profile.h"
+#include "place.h"
 
 /* Decode throughput per kvdb_method (RAW, LOSSLESS, QUANT, DROP) in bytes of original KV per
  * second and core: the order of magnitude `kvdb-bench policy` measures on the reference VM

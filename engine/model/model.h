@@ -1,14 +1,32 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/kv_config.h — storage configs inside the engine (config.c): validity, the catalog
- * encoding, and the compress/ codec that stores one section of a block with a config.
+ * engine/model/model.h — the model floor (LAYERS: above io, below the catalog), for the
+ * layers above: checks and hashes of a model and a caller's view (model.c), and storage
+ * configs (config.c): validity, the catalog encoding, and the compress/ codec that stores one
+ * section of a block with a config. Nothing here takes a handle.
  */
-#ifndef KV_CONFIG_H
-#define KV_CONFIG_H
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
 
 #include "block.h"
 #include "codec.h"
 #include "kv_common.h"
+
+/* ---- checks and hashes (model.c) ---- */
+kvdb_status kv_check_model(const kvdb_model *m, uint32_t *block_tokens);
+/* The most tokens a context can hold (its block count is a u32, blocks hold >= 16 tokens):
+ * put, get and lookup refuse a larger n (KVDB_INVALID) before any arithmetic on it. */
+#define KV_MAX_TOKENS ((uint64_t)UINT32_MAX * 16)
+kvdb_status kv_check_n_tokens(size_t n);
+kvdb_status kv_check_view(const kvdb_kv_view *v, const kvdb_model *m, const char *what);
+/* KVDB_INVALID when the view's strides for n_tokens tokens (with the model's layers, heads and
+ * dims) give byte offsets beyond int64 (a valid view first: kv_check_view). */
+kvdb_status kv_check_view_extent(const kvdb_kv_view *v, const kvdb_model *m, uint64_t n_tokens,
+                                 const char *what);
+void kv_model_hash(const kvdb_model *m, uint32_t block_tokens, uint8_t out[16]);
+void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, uint8_t out[16]);
+
+/* ---- storage configs (config.c) ---- */
 
 #define KV_CONFIG_BYTES 12 /* kv_config_encode() */
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/relocate.c — move a stored context to another (config, tier) in one
+ * engine/place/relocate.c — move a stored context to another (config, tier) in one
  * transaction: kvdb_relocate, kvdb_recompress, and the executor of the placement policy's
  * moves (EvicPress §4.4: "recompress" and "evict to the next tier").
  *
@@ -27,9 +27,7 @@
 
 #include "catalog/ctxstats.h"
 #include "catalog/index.h"
-#include "kv_place.h"
-#include "kv_profile.h"
-#include "kv_score.h"
+#include "place.h"
 
 typedef struct rblk {
   uint8_t hash[16], parent[16];
@@ -141,7 +139,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
     uint64_t need = b->old.bytes;
     if (r->reencode) {
       need = r->cfg.method == KVDB_METHOD_RAW ? g.total_bytes : kv_cblock_bound(&r->cfg, &g);
-      if (need != 0) /* a model with score copies: they follow each object (kv_score.h) */
+      if (need != 0) /* a model with score copies: they follow each object (block/cblock.h) */
         need += kv_score_region_bytes(&g, r->m->score_bits);
     }
     if (need == 0) {

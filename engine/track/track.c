@@ -1,16 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/place.c — what the placement keeps in the engine (kv_place.h): the SmartSSD
- * tier's directory, the tiers' read figures, access counts, the DRAM tier's admission set.
- *
- * SMARTSSD DIRECTORY. Recorded in the catalog meta ("smartssd_dir") by the transaction that
- * creates the tier's first segment (or by a read-write open with placement and the tier): ""
- * for the default DIR/smartssd (so a database directory can be moved), else the absolute
- * path; never changed afterwards. An open reads the record first; without one the option (or
- * the default) is the handle's own directory, and the record is looked up again whenever a
- * segment of the tier is to be found until the handle has seen it (kv_smart_dir: another
- * process may create the tier after this handle opened). The record wins for reading; writing
- * into the tier with an explicit option that contradicts it is refused.
+ * engine/track/track.c — the placement state (track.h), the floor below the operations that
+ * the read and write paths feed: the tiers' read figures, access counts, blocks served per
+ * tier, the DRAM tier's admission set, the tier of a context, and the state placer.c keeps
+ * between placements. The placement's decisions are one floor up (engine/place).
  *
  * TIER FIGURES (EvicPress §4.2's TTFT; §8 names static figures a limitation). DRAM: a timed
  * copy at each open. SSD and SmartSSD: kv_probe_dir on the tier's directory, once per
@@ -38,9 +31,8 @@
 #include <time.h>
 
 #include "catalog/ctxstats.h"
-#include "kv_place.h"
+#include "track.h"
 
-#define META_SMART_DIR "smartssd_dir"
 #define META_PLACE_GEN "place_gen"
 #define META_PLACEMENT "placement"
 #define META_STAT_BLOCKS "stat.blocks"
@@ -104,154 +96,6 @@ kvdb_status kv_place_options_check(const kvdb_options *o)
     return kv_fail(KVDB_INVALID, "placement_slack_pct %g is not in 0..50",
                    o->placement_slack_pct);
   return KVDB_OK;
-}
-
-/* ---- the SmartSSD tier's directory ------------------------------------------------------- */
-
-static char *default_smart_dir(const kvdb *db)
-{
-  size_t n = strlen(db->dir) + sizeof "/smartssd";
-  char *s = malloc(n);
-  if (s != NULL)
-    snprintf(s, n, "%s/smartssd", db->dir);
-  return s;
-}
-
-/* Same directory: same path, or both exist and are the same inode. */
-static int same_dir(const char *a, const char *b)
-{
-  if (strcmp(a, b) == 0)
-    return 1;
-  struct stat sa, sb;
-  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-         sa.st_ino == sb.st_ino;
-}
-
-/* The directory a record names: "" is DIR/smartssd. NULL when out of memory. */
-static char *recorded_dir(const kvdb *db, const char *rec)
-{
-  return rec[0] == 0 ? default_smart_dir(db) : strdup(rec);
-}
-
-/* This handle has seen the catalog's record `rec`: smart_dir becomes its directory (once; the
- * record never changes once written). */
-static void adopt_recorded(kvdb *db, const char *rec)
-{
-  char *d = recorded_dir(db, rec);
-  if (d == NULL)
-    return; /* out of memory: looked up again next time */
-  pthread_mutex_lock(&db->mu);
-  if (!db->smart_seen) {
-    db->smart_rec = d;
-    db->smart_dir = d;
-    db->smart_seen = 1;
-    d = NULL;
-  }
-  pthread_mutex_unlock(&db->mu);
-  free(d);
-}
-
-const char *kv_smart_dir(kvdb *db)
-{
-  if (!db->smart_seen && db->cat.env != NULL) {
-    /* not recorded when this handle last looked: another handle or process may have created
-     * the tier since (its first segment records the directory). A transaction of its own
-     * reads only what is committed (a caller's write transaction may hold a record that is
-     * not, yet; until it commits this handle's own directory is the same one).
-     * Plain LMDB calls: no error message is set (a caller may be cleaning up after one). */
-    char rec[PATH_MAX];
-    MDB_txn *txn;
-    MDB_val k = {sizeof META_SMART_DIR - 1, (void *)(uintptr_t)META_SMART_DIR}, v;
-    if (mdb_txn_begin(db->cat.env, NULL, MDB_RDONLY, &txn) == 0) {
-      if (mdb_get(txn, db->cat.meta, &k, &v) == 0 && v.mv_size < sizeof rec &&
-          memchr(v.mv_data, 0, v.mv_size) == NULL) {
-        memcpy(rec, v.mv_data, v.mv_size);
-        rec[v.mv_size] = 0;
-        adopt_recorded(db, rec);
-      }
-      mdb_txn_abort(txn);
-    } /* none recorded (or unreadable now): the handle's own directory, or none */
-  }
-  return db->smart_dir;
-}
-
-static kvdb_status open_smart_dir(kvdb *db)
-{
-  char rec[PATH_MAX];
-  int have_rec = 0;
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kvdb_status rc = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec);
-  mdb_txn_abort(txn);
-  if (rc == KVDB_OK)
-    have_rec = 1;
-  else if (rc != KVDB_NOTFOUND)
-    return rc;
-  const char *want = db->opt.smartssd_dir;
-  db->opt.smartssd_dir = NULL; /* the caller's memory is not retained */
-  if (want != NULL && want[0] == 0)
-    return kv_fail(KVDB_INVALID, "smartssd_dir is empty (NULL means DIR/smartssd)");
-  if (want != NULL || db->opt.smartssd_bytes > 0) {
-    db->smart_own = want != NULL ? strdup(want) : default_smart_dir(db);
-    db->smart_explicit = want != NULL;
-    if (db->smart_own == NULL)
-      return kv_fail(KVDB_NOMEM, "cannot allocate a path");
-  }
-  if (have_rec) {
-    db->smart_rec = recorded_dir(db, rec);
-    if (db->smart_rec == NULL)
-      return kv_fail(KVDB_NOMEM, "cannot allocate a path");
-    db->smart_dir = db->smart_rec;
-    db->smart_seen = 1;
-    if (want != NULL && !same_dir(want, db->smart_rec))
-      return kv_fail(KVDB_INVALID, "smartssd_dir '%s': this database keeps its SmartSSD tier in "
-                     "'%s'", want, db->smart_rec);
-  } else {
-    db->smart_dir = db->smart_own;
-  }
-  const char *d = db->smart_dir;
-  if (d != NULL && db->opt.smartssd_bytes > 0 && !db->cat.rdonly && mkdir(d, 0755) != 0 &&
-      errno != EEXIST)
-    return kv_fail_errno(errno, "cannot create the SmartSSD tier's directory '%s'", d);
-  return KVDB_OK;
-}
-
-kvdb_status kv_place_smart_dir_ready(kvdb *db, MDB_txn *txn)
-{
-  char rec[PATH_MAX];
-  kvdb_status rc = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec);
-  if (rc == KVDB_OK) {
-    /* recorded by an earlier transaction (this one has not written it yet): committed. It
-     * wins, as a database file's own settings do in LMDB and SQLite; an explicit option that
-     * names another directory is refused as at open, not followed */
-    adopt_recorded(db, rec);
-    if (!db->smart_seen)
-      return kv_fail(KVDB_NOMEM, "cannot allocate a path");
-    if (db->smart_explicit && !same_dir(db->smart_own, db->smart_rec))
-      return kv_fail(KVDB_INVALID, "smartssd_dir '%s': this database keeps its SmartSSD tier in "
-                     "'%s' (recorded by another handle after this one opened); reopen with "
-                     "smartssd_dir NULL or that directory", db->smart_own, db->smart_rec);
-  } else if (rc == KVDB_NOTFOUND) {
-    if (db->smart_own == NULL)
-      return kv_fail(KVDB_INVALID, "this handle has no SmartSSD tier "
-                     "(kvdb_options.smartssd_bytes is 0)");
-    char *def = default_smart_dir(db);
-    if (def == NULL)
-      return kv_fail(KVDB_NOMEM, "cannot allocate a path");
-    int is_def = strcmp(def, db->smart_own) == 0;
-    free(def);
-    char abs[PATH_MAX];
-    if (!is_def && realpath(db->smart_own, abs) == NULL)
-      return kv_fail_errno(errno, "cannot resolve the SmartSSD tier's directory '%s'",
-                           db->smart_own);
-    rc = kv_cat_put_str(&db->cat, txn, META_SMART_DIR, is_def ? "" : abs);
-  }
-  if (rc != KVDB_OK)
-    return rc;
-  const char *d = db->smart_dir; /* the record's, or (recorded now) the handle's own */
-  if (mkdir(d, 0755) != 0 && errno != EEXIST)
-    return kv_fail_errno(errno, "cannot create the SmartSSD tier's directory '%s'", d);
-  return kv_cat_require_format(&db->cat, txn, 3);
 }
 
 /* ---- tier figures ------------------------------------------------------------------------ */
@@ -771,31 +615,15 @@ static kvdb_status record_settings(kvdb *db)
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   int same = kv_cat_get_blob(&db->cat, txn, META_PLACEMENT, old, sizeof old) == KVDB_OK &&
              memcmp(old, b, sizeof b) == 0;
-  char rec[PATH_MAX];
-  int have_dir = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec) == KVDB_OK;
+  int need_dir = kv_smart_dir_unrecorded(db, txn);
   mdb_txn_abort(txn);
   kv_clear_error();
-  int need_dir = !have_dir && db->smart_own != NULL && db->opt.smartssd_bytes > 0;
   if (same && !need_dir)
     return KVDB_OK;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_cat_put_blob(&db->cat, txn, META_PLACEMENT, b, sizeof b);
-  if (rc == KVDB_OK && need_dir) {
-    char *def = default_smart_dir(db), abs[PATH_MAX];
-    if (def == NULL)
-      rc = kv_fail(KVDB_NOMEM, "cannot allocate a path");
-    else if (kv_cat_get_str(&db->cat, txn, META_SMART_DIR, abs, sizeof abs) == KVDB_OK)
-      rc = KVDB_OK; /* recorded meanwhile by another process (the handle's own is checked when
-                       it creates a segment there) */
-    else if (strcmp(def, db->smart_own) == 0)
-      rc = kv_cat_put_str(&db->cat, txn, META_SMART_DIR, "");
-    else if (realpath(db->smart_own, abs) == NULL)
-      rc = kv_fail_errno(errno, "cannot resolve the SmartSSD tier's directory '%s'",
-                         db->smart_own);
-    else
-      rc = kv_cat_put_str(&db->cat, txn, META_SMART_DIR, abs);
-    free(def);
-  }
+  if (rc == KVDB_OK && need_dir)
+    rc = kv_smart_dir_record(db, txn);
   if (rc != KVDB_OK) {
     mdb_txn_abort(txn);
     return rc;
@@ -807,7 +635,7 @@ static kvdb_status record_settings(kvdb *db)
 
 kvdb_status kv_place_open(kvdb *db)
 {
-  KV_RET(open_smart_dir(db));
+  KV_RET(kv_smart_dir_open(db)); /* seg/smartdir.c */
   if (db->opt.placement == KVDB_PLACEMENT_OFF)
     return KVDB_OK;
   struct kv_place *p = calloc(1, sizeof *p);
@@ -838,11 +666,7 @@ kvdb_status kv_place_open(kvdb *db)
 
 void kv_place_close(kvdb *db)
 {
-  db->smart_dir = NULL;
-  free(db->smart_own);
-  free(db->smart_rec);
-  db->smart_own = db->smart_rec = NULL;
-  db->smart_seen = 0;
+  kv_smart_dir_close(db);
   struct kv_place *p = db->place;
   if (p == NULL)
     return;

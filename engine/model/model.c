@@ -1,72 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/api.c — the public entry points: argument checks, then the put/lookup/get paths.
- *
- * PUT (durability order, invariant C2 of catalog.h)
- *   1. hashes; a read transaction decides which blocks are missing (dedup)
- *   2. missing blocks are gathered from the caller's view into staging buffers, sealed
- *      (checksums) and appended to this handle's segment with batched (io_uring) writes,
- *      double-buffered so gathering overlaps writing
- *   3. fdatasync of the segment (KVDB_SYNC_FULL)
- *   4. one LMDB write transaction: block records (or refcount +1 for blocks another writer
- *      stored meanwhile), the context record, the segment's new end and live bytes; commit
- *   A crash before 4 commits leaves only an unreferenced tail, truncated at the next open.
- *
- * GET
- *   the walk of kvdb_lookup in a read transaction (kept open so the locations stay valid),
- *   then each block from the DRAM tier or from disk (two reads in flight, each verified);
- *   a block that fails verification ends the hit.
+ * engine/model/model.c — what every layer checks and hashes about a model and a caller's
+ * view, with no handle: kv_check_model / kv_check_n_tokens / kv_check_view(_extent), the
+ * model fingerprint h_{-1} (kv_model_hash), the block chain hash (kv_chain_hash), and the
+ * public helpers built on them (kvdb_chain_hashes, kvdb_block_context, kvdb_kv_view_packed,
+ * kvdb_model_token_bytes, kvdb_key_hex, kvdb_key_parse).
  */
-#define _GNU_SOURCE
-#include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "kv_db.h"
-#include "store/kv_place.h"
-#include "store/kv_score.h"
+#include "model.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvdb hashes token arrays as stored in memory: a big-endian port must convert them"
 #endif
-
-
-/* ---- small helpers ------------------------------------------------------------------------ */
-
-void kvdb_options_init(kvdb_options *opt)
-{
-  if (opt == NULL)
-    return;
-  memset(opt, 0, sizeof *opt);
-  opt->struct_size = sizeof *opt;
-  opt->flags = KVDB_O_CREATE;
-  opt->dram_bytes = 256ull << 20;
-  opt->ssd_bytes = 0;
-  opt->sync_mode = KVDB_SYNC_FULL;
-  opt->segment_bytes = 1ull << 30;
-  opt->catalog_map_bytes = 64ull << 30;
-  opt->use_direct_io = 1;
-  opt->use_io_uring = 1;
-  opt->log_level = 1;
-  kv_place_options_init(opt);
-}
-
-kvdb_status kv_check_db(kvdb *db)
-{
-  kv_clear_error();
-  if (db == NULL)
-    return kv_fail(KVDB_INVALID, "db is NULL");
-  if (db->magic != KVDB_MAGIC_OPEN)
-    return kv_fail(KVDB_MISUSE, "db handle is closed or not a kvdb handle");
-  return KVDB_OK;
-}
 
 kvdb_status kv_check_model(const kvdb_model *m, uint32_t *bt)
 {
@@ -281,160 +233,3 @@ kvdb_status kv_check_view_extent(const kvdb_kv_view *v, const kvdb_model *m, uin
   return KVDB_OK;
 }
 
-/* ---- open / close ----------------------------------------------------------------------- */
-
-static char *dup_printf(const char *a, const char *b)
-{
-  size_t n = strlen(a) + strlen(b) + 1;
-  char *s = malloc(n);
-  if (s != NULL)
-    snprintf(s, n, "%s%s", a, b);
-  return s;
-}
-
-kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
-{
-  kv_clear_error();
-  if (out == NULL)
-    return kv_fail(KVDB_INVALID, "out is NULL");
-  *out = NULL;
-  if (path == NULL || path[0] == 0)
-    return kv_fail(KVDB_INVALID, "path is NULL or empty");
-  if (strlen(path) > 3900)
-    return kv_fail(KVDB_INVALID, "path '%.40s...' is too long", path);
-  kvdb_options opt;
-  kvdb_options_init(&opt);
-  if (user != NULL) {
-    if (user->struct_size == 0 || user->struct_size > sizeof opt)
-      return kv_fail(KVDB_INVALID, "options.struct_size %u: call kvdb_options_init() first",
-                     user->struct_size);
-    memcpy(&opt, user, user->struct_size);
-    opt.struct_size = sizeof opt;
-  }
-  if ((opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY)) != 0)
-    return kv_fail(KVDB_INVALID, "options.flags 0x%x has unknown bits 0x%x (known: KVDB_O_CREATE, "
-                   "KVDB_O_RDONLY)", opt.flags,
-                   opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY));
-  if (opt.log_level < -1 || opt.log_level > 3)
-    return kv_fail(KVDB_INVALID, "options.log_level %d is not -1 (nothing), 0 (errors), "
-                   "1 (warnings), 2 (info) or 3 (debug)", opt.log_level);
-  if (opt.use_direct_io != 0 && opt.use_direct_io != 1)
-    return kv_fail(KVDB_INVALID, "options.use_direct_io %d is not 0 or 1", opt.use_direct_io);
-  if (opt.use_io_uring != 0 && opt.use_io_uring != 1)
-    return kv_fail(KVDB_INVALID, "options.use_io_uring %d is not 0 or 1", opt.use_io_uring);
-  if (opt.segment_bytes < (1u << 20))
-    return kv_fail(KVDB_INVALID, "segment_bytes %" PRIu64 " is below 1 MiB", opt.segment_bytes);
-  if (opt.catalog_map_bytes < (1u << 20))
-    return kv_fail(KVDB_INVALID, "catalog_map_bytes %" PRIu64 " is below 1 MiB",
-                   opt.catalog_map_bytes);
-  if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
-    return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
-                   (int)opt.sync_mode);
-  KV_RET(kv_place_options_check(&opt));
-  int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
-  int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
-
-  struct stat st;
-  if (stat(path, &st) != 0) {
-    if (!create)
-      return kv_fail(KVDB_NOTFOUND, "no database directory '%s'", path);
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-      return kv_fail_errno(errno, "cannot create database directory '%s'", path);
-  } else if (!S_ISDIR(st.st_mode)) {
-    return kv_fail(KVDB_INVALID, "'%s' is not a directory", path);
-  }
-  if (!rdonly && access(path, W_OK) != 0)
-    return kv_fail(KVDB_READONLY, "database directory '%s' is not writable (open with "
-                   "KVDB_O_RDONLY to read it)", path);
-
-  kvdb *db = calloc(1, sizeof *db);
-  if (db == NULL)
-    return kv_fail(KVDB_NOMEM, "cannot allocate the handle");
-  kvdb_status rc = KVDB_OK;
-  db->opt = opt;
-  db->log = (kv_logger){opt.log_fn, opt.log_ctx, opt.log_level};
-  pthread_mutex_init(&db->mu, NULL);
-  db->dir = strdup(path);
-  db->seg_dir = dup_printf(path, "/ssd");
-  if (db->dir == NULL || db->seg_dir == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "cannot allocate paths");
-    goto fail;
-  }
-  rc = kv_catalog_open(&db->cat, path, opt.catalog_map_bytes, rdonly, create,
-                       opt.sync_mode == KVDB_SYNC_NONE);
-  if (rc != KVDB_OK)
-    goto fail;
-  if (!rdonly && mkdir(db->seg_dir, 0755) != 0 && errno != EEXIST) {
-    rc = kv_fail_errno(errno, "cannot create segment directory '%s'", db->seg_dir);
-    goto fail;
-  }
-  db->os_io = kv_io_os_create(opt.use_io_uring);
-  if (db->os_io == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "cannot create the I/O layer");
-    goto fail;
-  }
-  if (opt.use_io_uring && !db->os_io->uring)
-    kv_log(&db->log, 1, "io_uring is not available here; using pread/pwrite");
-  db->io = kv_io_test_wrap ? kv_io_test_wrap(db->os_io) : db->os_io;
-  db->direct = opt.use_direct_io;
-  if (opt.dram_bytes >= KV_PAGE) {
-    db->dram = kv_dram_create(opt.dram_bytes);
-    if (db->dram == NULL) {
-      rc = kv_fail(KVDB_NOMEM, "cannot reserve %" PRIu64 " bytes for the DRAM tier",
-                   opt.dram_bytes);
-      goto fail;
-    }
-  }
-  rc = kv_place_open(db); /* SmartSSD directory (recovery needs it), placement state */
-  if (rc != KVDB_OK)
-    goto fail;
-  db->magic = KVDB_MAGIC_OPEN;
-  if (!rdonly) {
-    rc = kv_recover(db);
-    if (rc != KVDB_OK)
-      goto fail;
-    kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
-  }
-  *out = db;
-  return KVDB_OK;
-fail:
-  db->magic = KVDB_MAGIC_OPEN;
-  {
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", kvdb_errmsg());
-    kvdb_close(db);
-    kv_fail(rc, "%s", msg);
-  }
-  return rc;
-}
-
-void kvdb_close(kvdb *db)
-{
-  if (db == NULL || db->magic != KVDB_MAGIC_OPEN)
-    return;
-  if (db->n_pending > 0 && !db->cat.rdonly && db->cat.env != NULL) {
-    MDB_txn *txn;
-    if (kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
-      if (kv_flush_atime(db, txn) == KVDB_OK)
-        kv_txn_commit(txn);
-      else
-        mdb_txn_abort(txn);
-    }
-  }
-  if (db->io != NULL) {
-    kv_writers_free(db);
-    kv_rbufs_free(db);
-    kv_files_free(db);
-  }
-  kv_place_close(db);
-  kv_score_close(db);
-  kv_catalog_close(&db->cat);
-  kv_io_destroy(db->os_io);
-  kv_dram_destroy(db->dram);
-  free(db->pending);
-  free(db->dir);
-  free(db->seg_dir);
-  pthread_mutex_destroy(&db->mu);
-  db->magic = KVDB_MAGIC_CLOSED;
-  free(db);
-}

@@ -1,24 +1,24 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/kv_place.h — the placement side of the engine: the SmartSSD tier's directory,
- * the tiers' read figures, access counts, the DRAM tier's admission set (place.c); moving a
- * context to another (config, tier) (relocate.c); placing contexts with the EvicPress policy
- * of engine/policy (placer.c).
+ * engine/track/track.h — the track floor (LAYERS: above segments, below the operations): the
+ * placement state that the read and write paths feed and the placement reads (track.c): the
+ * settings, the tiers' read figures, blocks served per tier, the DRAM tier's admission set, the
+ * tier of a context, the state placer.c keeps between placements; and the access times of
+ * contexts (atime.c). The placement's decisions are in engine/place (place.h).
  *
  * LOCKING: the placement state (db->place) has its own mutex for the figures and the DRAM
  * admission set, never held across I/O or a transaction; placements of one handle run one at
- * a time (run_mu), across handles and processes they meet in LMDB's write lock and
- * kv_relocate's checks (a context that changed meanwhile is skipped).
+ * a time (run_mu).
  */
-#ifndef KV_PLACE_H
-#define KV_PLACE_H
+#ifndef KV_TRACK_H
+#define KV_TRACK_H
 
-#include "kv_cblock.h"
-#include "kv_db.h"
-#include "policy.h"
+#include <string.h>
+
+#include "seg/seg.h"
 #include "tiers/perf.h"
 
-/* ---- place.c ---- */
+/* ---- track.c ---- */
 
 /* The settings a placement runs with: the handle's options when it has placement on, else
  * the ones recorded in the catalog (meta "placement") by the last read-write open with
@@ -59,19 +59,12 @@ void kv_place_served(kvdb *db, MDB_txn *txn, uint64_t out[KVDB_TIER_COUNT]);
 void kv_place_options_init(kvdb_options *o);
 kvdb_status kv_place_options_check(const kvdb_options *o);
 
-/* At open, after the catalog and before recovery: the SmartSSD tier's directory (recorded in
- * the catalog, or the option, or DIR/smartssd; a record another process writes later is
- * adopted by kv_smart_dir), created when the tier is configured and the handle writes; with placement on, the placement state (tier figures probed or loaded, the
- * DRAM admission set). KVDB_INVALID when the option names another directory than the recorded
- * one. */
+/* At open, after the catalog and before recovery: the SmartSSD tier's directory
+ * (kv_smart_dir_open, seg/smartdir.c) and, with placement on, the placement state (tier
+ * figures probed or loaded, the DRAM admission set). */
 kvdb_status kv_place_open(kvdb *db);
 /* At close: what kv_place_open made. Safe on a handle it never ran on. */
 void kv_place_close(kvdb *db);
-
-/* In the write transaction that creates a SmartSSD segment: the recorded directory (which the
- * handle adopts), else the handle's own, recorded now (KVDB_INVALID when it has none, or when
- * its explicit smartssd_dir differs from the record); the directory exists; format 3. */
-kvdb_status kv_place_smart_dir_ready(kvdb *db, MDB_txn *txn);
 
 /* The read figures of each kvdb tier now (read_bps 0: no such tier). */
 void kv_place_perf(kvdb *db, kv_tier_perf out[KVDB_TIER_COUNT]);
@@ -102,20 +95,8 @@ void kv_place_put_opts(kvdb *db, kvdb_put_opts *o);
 void kv_place_info(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t last_access_ms,
                    double *frequency, uint32_t *cached);
 
-/* ---- relocate.c ---- */
-
-/* Keep the config (kv_relocate's `to` NULL) / keep the tier (`tier`). */
-#define KV_TIER_KEEP UINT32_MAX
-
-/*
- * kv_relocate() - move context `ctx` to `tier` (or KV_TIER_KEEP: each block stays on its tier)
- * stored with config `to` (NULL: keep it), in one catalog transaction (kvdb_relocate's and
- * kvdb_recompress's contract). `q`: queries for SnapKV (NULL when there are none).
- * `smart_ok`: the SmartSSD tier may take it (kvdb_relocate: the handle's smartssd_bytes > 0;
- * a placement: its settings have the tier); its directory must be known either way.
- */
-kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
-                        const kvdb_config *to, uint32_t tier, const kv_queries *q, int smart_ok);
+/* The tier of a context's persistent copy: that of its last block (SSD when unreadable). */
+uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
 
 /* placer.c's share of the state: its lock (one placement at a time in a handle), the
  * generation bump that tells every handle to reload its DRAM admission set, and its view of
@@ -132,32 +113,18 @@ kvdb_status kv_place_bump_gen(kvdb *db, MDB_txn *txn);
 kv_place_view *kv_place_view_of(kvdb *db);
 void kv_place_view_drop(kvdb *db);
 
-/* ---- placer.c ---- */
+/* ---- access times of contexts (atime.c) ---- */
 
-/* Right after a put of context `key` is durable, with placement on: count the access, then
- * place it (Algorithm 1 from the catalog's state) and carry out the moves. Failures are logged
- * (the put stands). */
-void kv_place_after_put(kvdb *db, const uint8_t key[16]);
-
-/* Before a put with placement on, from the context's measured profile alone: when its best
- * place is the SSD tier (cached in DRAM or not), *cfg becomes the config the placement will
- * choose there, so that the put writes it once (kv_place_after_put then finds it placed; when
- * other contexts make it place the context elsewhere, it moves it as before). *cfg is left as
- * it is otherwise (a SmartSSD place: the put writes to the SSD first). */
-kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_tokens,
-                                const uint8_t model_hash[16], uint64_t n_tokens,
-                                const kv_profile_rec *prof, kvdb_config *cfg);
-
-/* Re-profiling (EvicPress §4.3), in kvdb_report_quality's write transaction with the context's
- * record `cr` and its profile `p` (the report already averaged in): when placement is on and
- * the stored config's reported quality has drifted below its profiled quality by more than
- * reprofile_drift_pct, re-scale the other entries (kvdb.h, kvdb_report_quality) and require
- * format 3; *drifted = 1 when it did (the caller then calls kv_place_context after the
- * commit). */
-kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
-                           int *drifted);
-/* Place one context again (it takes its best place; over-full tiers are resolved), with
- * placement on; failures are logged. */
-void kv_place_context(kvdb *db, const uint8_t key[16]);
+/* The key of a context's entry in the catalog's access-time table: ms big-endian, the key. */
+static inline void kv_atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16])
+{
+  kv_be64(k, ms);
+  memcpy(k + 8, key, 16);
+}
+/* Note one access of context `key` now (kept in the handle until kv_flush_atime). */
+void kv_note_access(kvdb *db, const uint8_t key[16]);
+/* In a write transaction: write the noted access times to the contexts' records (and, with
+ * placement on, kv_place_touch). */
+kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/verify.c — kvdb_verify: every checksum, and the catalog against the segments;
+ * engine/ops/verify.c — kvdb_verify: every checksum, and the catalog against the segments;
  * kvdb_repair: the records rebuilt from the segments, or the contexts that cannot be dropped.
  *
  * A catalog record has no checksum of its own (LMDB's pages have none), while every block
@@ -34,11 +34,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_db.h"
+#include "ops_int.h"
 #include "catalog/counts.h"
 #include "catalog/ctxstats.h"
 #include "catalog/index.h"
-#include "kv_score.h"
 
 /* ---- a small map of 16-byte keys to counters and notes ---- */
 

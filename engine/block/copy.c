@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/copy.c — copies between a block's page-grouped sections and a caller's
+ * engine/block/copy.c — copies between a block's page-grouped sections and a caller's
  * strided layout (kvdb_kv_view). The only place that interprets caller strides.
  *
  * Fast path: dims contiguous (dim_stride == element size) -> one copy per (token, head) row.
@@ -14,7 +14,7 @@
  * DRAM-tier get to ~0.5x memcpy. Small copies (get_tokens) keep ordinary stores: the caller
  * is about to use the data and it fits in cache.
  */
-#include "kv_db.h"
+#include "cblock.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

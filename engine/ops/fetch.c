@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/fetch.c — kvdb_get_head_tokens: the full-precision K and V rows of chosen
+ * engine/ops/fetch.c — kvdb_get_head_tokens: the full-precision K and V rows of chosen
  * positions of one layer and KV head (kvdb.h "Top-k token scoring"), the fetch after a score
  * pass. HillInfer §4.2: "only the top-k full K/V then leave the device"; InstInfer §IV-C:
  * dual-step loading, pages first, then the tokens in them.
@@ -24,7 +24,7 @@
  *                page of another block fails: no header read is needed), the rows copied;
  *        DECODE  (compressed, format 2) after the snapshot, by kvdb_get_tokens for those
  *                positions (every KV head of the layer; the head's rows are kept). A per-head
- *                decode needs get.c's tokens_from_cblock to take a section range.
+ *                decode needs kv_block_read_tokens (seg/blockio.c) to take a section range.
  *   A read that fails while a compaction moved blocks starts again from a fresh snapshot, up to
  *   three times (as kvdb_get_tokens does).
  */
@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "kv_score.h"
+#include "ops_int.h"
 
 #define DEV_GAP_BYTES (8u * KV_PAGE) /* device reads: runs this close are read as one */
 #define MAX_POS (1u << 23)           /* positions per call (two gathered rows each) */
@@ -387,7 +387,7 @@ static kvdb_status wave_init(fctx *x, dwave *w, kv_fpga_dev *dev, uint64_t bigge
 
 /* ---- one attempt over a catalog snapshot ---- */
 
-static kvdb_status snapshot(fctx *x, const kvdb_key *context, uint64_t *gen)
+static kvdb_status snapshot(fctx *x, const kvdb_key *context, kv_read_snap *s)
 {
   kvdb *db = x->db;
   const kvdb_model *m = x->m;
@@ -395,10 +395,8 @@ static kvdb_status snapshot(fctx *x, const kvdb_key *context, uint64_t *gen)
   MDB_txn *txn;
   char hx[33];
   uint8_t mh[16];
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  *gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", gen);
+  KV_RET(kv_read_begin(db, s));
+  txn = s->txn;
   kv_model_hash(m, bt, mh);
   kv_ctx_rec cr;
   kvdb_status rc = kv_ctx_of_model(db, txn, context->b, mh, m, &cr);
@@ -442,10 +440,10 @@ static int by_block(const void *a, const void *b, void *ctx)
   return x < y ? -1 : x > y;
 }
 
-static kvdb_status attempt(fctx *x, const kvdb_key *context, uint64_t *gen)
+static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
 {
   kvdb *db = x->db;
-  KV_RET(snapshot(x, context, gen));
+  KV_RET(snapshot(x, context, s));
   /* each position's block (blocks are in position order), then the positions by block */
   for (size_t i = 0; i < x->n_pos; i++) {
     uint32_t lo = 0, hi = x->n_b - 1;
@@ -597,14 +595,14 @@ kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *
   kvdb_status rc = KVDB_OK;
   if (x.order == NULL || x.blk == NULL || x.dec == NULL)
     rc = kv_fail(KVDB_NOMEM, "%zu positions", n_pos);
-  for (int tries = 0; rc == KVDB_OK; tries++) {
-    uint64_t gen = 0;
+  kv_read_snap s = {0};
+  while (rc == KVDB_OK) {
     memset(&x.st, 0, sizeof x.st);
-    rc = attempt(&x, context, &gen);
+    rc = attempt(&x, context, &s);
     free(x.b);
     x.b = NULL;
     x.n_b = 0;
-    if (rc == KVDB_OK || tries >= 3 || rc == KVDB_INVALID || !kv_gen_moved(db, gen))
+    if (!kv_read_again(db, &s, rc != KVDB_OK && rc != KVDB_INVALID))
       break;
     rc = KVDB_OK; /* a compaction moved blocks meanwhile: again from a fresh snapshot */
   }

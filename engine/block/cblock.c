@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/cblock.c — compressed block objects (format 2, FORMAT.md §3b) through the
+ * engine/block/cblock.c — compressed block objects (format 2, FORMAT.md §3b) through the
  * codecs of compress/: building one from the caller's KV, and decoding its sections.
  *
  * A block stored with a config other than raw keeps the page-grouped order of sections
@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_cblock.h"
+#include "cblock.h"
 
 /* ---- errors ---- */
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/maint.c — kvdb_compact (online rewrite of sparse segments). kvdb_verify is in
+ * engine/ops/maint.c — kvdb_compact (online rewrite of sparse segments). kvdb_verify is in
  * verify.c.
  *
  * Compaction, per victim segment (sealed, live fraction under the threshold):
@@ -23,7 +23,7 @@
 #include <stdlib.h>
 
 #include "catalog/index.h"
-#include "kv_db.h"
+#include "ops_int.h"
 
 /* ---- compaction ---- */
 

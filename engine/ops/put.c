@@ -1,7 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/put.c — kvdb_put, kvdb_put_block, kvdb_delete and the catalog updates they
- * share (see the PUT steps in api.c's header comment for the durability order).
+ * engine/ops/put.c — the write step of a put (kv_put_context: kvdb_put_ex in engine/db/db.c
+ * composes it with the placement) and kvdb_put_block.
+ *
+ * PUT (durability order, invariant C2 of catalog.h)
+ *   1. hashes; a read transaction decides which blocks are missing (dedup)
+ *   2. missing blocks are gathered from the caller's view into staging buffers, encoded and
+ *      sealed (checksums) and appended to this handle's segment with batched (io_uring)
+ *      writes, double-buffered so gathering overlaps writing
+ *   3. fdatasync of the segment (KVDB_SYNC_FULL)
+ *   4. one LMDB write transaction: block records (or refcount +1 for blocks another writer
+ *      stored meanwhile), the context record, the segment's new end and live bytes; commit
+ *   A crash before 4 commits leaves only an unreferenced tail, truncated at the next open.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -10,13 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_cblock.h"
+#include "ops_int.h"
 #include "catalog/index.h"
-#include "kv_db.h"
 #include "catalog/ctxstats.h"
-#include "kv_place.h"
-#include "kv_profile.h"
-#include "kv_score.h"
 
 /* One block of a put. */
 typedef struct put_blk {
@@ -53,27 +59,6 @@ typedef struct put_req {
 
 /* ---- model records ---- */
 
-kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
-                           const uint8_t mh[16])
-{
-  MDB_val key = {strlen(m->id), (void *)(uintptr_t)m->id}, val;
-  int mrc = mdb_get(txn, db->cat.models, &key, &val);
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_NOTFOUND;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get model");
-  kv_model_rec mr;
-  KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
-  if (memcmp(mr.hash, mh, 16) != 0)
-    return kv_fail(KVDB_MISMATCH,
-                   "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
-                   "block_tokens %u, score_bits %u; this call has %u, %u, %u, %u, %u, %u",
-                   m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
-                   mr.score_bits, m->n_layers, m->n_kv_heads, m->head_dim, (unsigned)m->dtype, bt,
-                   m->score_bits);
-  return KVDB_OK;
-}
-
 static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int insert)
 {
   kvdb_status rc = kv_model_known(db, txn, r->m, r->bt, r->mh);
@@ -92,134 +77,7 @@ static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int inser
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
 }
 
-kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
-                             kv_model_rec *rec)
-{
-  MDB_cursor *cur;
-  int mrc = mdb_cursor_open(txn, db->cat.models, &cur);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "open model cursor");
-  MDB_val k, v;
-  kvdb_status rc = KVDB_NOTFOUND;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    kv_model_rec mr;
-    if (kv_model_rec_decode(v.mv_data, v.mv_size, &mr) == KVDB_OK && memcmp(mr.hash, mh, 16) == 0) {
-      size_t n = k.mv_size < 63 ? k.mv_size : 63;
-      memcpy(id, k.mv_data, n);
-      id[n] = 0;
-      if (rec != NULL)
-        *rec = mr;
-      rc = KVDB_OK;
-      break;
-    }
-  }
-  mdb_cursor_close(cur);
-  return rc;
-}
-
-/* ---- access times (LRU order of contexts) ---- */
-
-static void atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16])
-{
-  kv_be64(k, ms);
-  memcpy(k + 8, key, 16);
-}
-
-void kv_note_access(kvdb *db, const uint8_t key[16])
-{
-  pthread_mutex_lock(&db->mu);
-  if (db->n_pending == db->cap_pending) {
-    size_t cap = db->cap_pending ? db->cap_pending * 2 : 64;
-    if (cap > 4096)
-      cap = 4096;
-    kv_atime *n = cap > db->cap_pending ? realloc(db->pending, cap * sizeof *n) : NULL;
-    if (n != NULL) {
-      db->pending = n;
-      db->cap_pending = cap;
-    } else {
-      db->n_pending = 0; /* full: forget the oldest batch; access times are advisory */
-    }
-  }
-  if (db->cap_pending == 0) { /* no memory for even the first batch: forget this one */
-    pthread_mutex_unlock(&db->mu);
-    return;
-  }
-  memcpy(db->pending[db->n_pending].key, key, 16);
-  db->pending[db->n_pending].ms = kv_now_ms();
-  db->n_pending++;
-  pthread_mutex_unlock(&db->mu);
-}
-
-static kvdb_status set_atime(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t ms)
-{
-  MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  int mrc = mdb_get(txn, db->cat.contexts, &k, &v);
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_OK;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get context");
-  kv_ctx_rec cr;
-  KV_RET(kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr));
-  if (ms <= cr.last_access_ms)
-    return KVDB_OK;
-  uint8_t ak[24];
-  atime_key(ak, cr.last_access_ms, key);
-  MDB_val akv = {24, ak};
-  mdb_del(txn, db->cat.atime, &akv, NULL);
-  size_t len = kv_ctx_rec_size(&cr, cr.n_blocks);
-  uint8_t *buf = malloc(len);
-  if (buf == NULL)
-    return kv_fail(KVDB_NOMEM, "context record");
-  uint64_t old = cr.last_access_ms;
-  (void)old;
-  cr.last_access_ms = ms;
-  kv_ctx_rec_encode(&cr, cr.blocks, buf);
-  MDB_val nv = {len, buf};
-  mrc = mdb_put(txn, db->cat.contexts, &k, &nv, 0);
-  free(buf);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "put context");
-  atime_key(ak, ms, key);
-  MDB_val empty = {0, NULL};
-  mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put access time");
-}
-
-kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
-{
-  pthread_mutex_lock(&db->mu);
-  size_t n = db->n_pending;
-  kv_atime *p = NULL;
-  if (n > 0) {
-    p = malloc(n * sizeof *p);
-    if (p != NULL)
-      memcpy(p, db->pending, n * sizeof *p);
-    db->n_pending = 0;
-  }
-  pthread_mutex_unlock(&db->mu);
-  kvdb_status rc = KVDB_OK;
-  for (size_t i = 0; p != NULL && i < n && rc == KVDB_OK; i++) {
-    rc = set_atime(db, txn, p[i].key, p[i].ms);
-    if (rc == KVDB_OK) /* placement on: every access counts (frequency) */
-      rc = kv_place_touch(db, txn, p[i].key, p[i].ms);
-  }
-  free(p);
-  if (rc == KVDB_OK) /* placement on: the tiers' hit counts */
-    rc = kv_place_flush_stats(db, txn);
-  return rc;
-}
-
-/* ---- segment accounting and block configs shared by put, delete and re-encoding ---- */
-
-kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes)
-{
-  kv_seg_rec sr;
-  KV_RET(kv_cat_get_seg(&db->cat, txn, seg, &sr));
-  sr.live_bytes = sr.live_bytes >= bytes ? sr.live_bytes - bytes : 0;
-  sr.live_blocks = sr.live_blocks ? sr.live_blocks - 1 : 0;
-  return kv_cat_put_seg(&db->cat, txn, seg, &sr);
-}
+/* ---- block configs shared by put and re-encoding ---- */
 
 void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c)
 {
@@ -229,103 +87,6 @@ void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c)
   br->keep_permille = c->keep_permille;
   br->bflags = (c->method != KVDB_METHOD_RAW ? KV_BLK_COMPRESSED : 0) |
                (c->method == KVDB_METHOD_DROP ? KV_BLK_DROPS : 0);
-}
-
-/* ---- delete ---- */
-
-kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed)
-{
-  *freed = 0;
-  kv_ctx_rec cr;
-  KV_RET(kv_cat_get_ctx(&db->cat, txn, key, &cr));
-  KV_RET(kv_counts_add(&db->cat, txn, kv_cat_ctx_tier(&db->cat, txn, &cr), KV_CNT_CONTEXTS, -1));
-  size_t nb = cr.n_blocks;
-  uint8_t *blocks = malloc(16 * nb);
-  if (blocks == NULL)
-    return kv_fail(KVDB_NOMEM, "context blocks");
-  memcpy(blocks, cr.blocks, 16 * nb);
-  kvdb_status rc = KVDB_OK;
-  int mrc;
-  uint8_t ak[24];
-  atime_key(ak, cr.last_access_ms, key);
-  MDB_val akv = {24, ak}, k = {16, (void *)(uintptr_t)key};
-  mdb_del(txn, db->cat.atime, &akv, NULL);
-  if (db->cat.has_profiles)
-    mdb_del(txn, db->cat.profiles, &k, NULL); /* its profile, if one was recorded */
-  KV_ERR(kv_cat_del_ctxstats(&db->cat, txn, key)); /* and its access count */
-  mrc = mdb_del(txn, db->cat.contexts, &k, NULL);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "delete context");
-    goto out;
-  }
-  for (size_t i = 0; i < nb; i++) {
-    const uint8_t *h = blocks + 16 * i;
-    kv_block_rec br;
-    rc = kv_cat_get_block(&db->cat, txn, h, &br);
-    if (rc == KVDB_NOTFOUND) { /* [C1] broken by an earlier fault: nothing to release */
-      rc = KVDB_OK;
-      continue;
-    }
-    if (rc != KVDB_OK)
-      goto out;
-    MDB_val bk = {16, (void *)(uintptr_t)h};
-    if (br.refcount > 1) {
-      br.refcount--;
-      size_t len = kv_block_rec_size(br.n_tokens);
-      uint8_t *buf = malloc(len);
-      if (buf == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "block record");
-        goto out;
-      }
-      kv_block_rec_encode(&br, NULL, buf);
-      MDB_val bv = {len, buf};
-      mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-      free(buf);
-      if (mrc != 0) {
-        rc = kv_mdb_fail(mrc, "put block");
-        goto out;
-      }
-      continue;
-    }
-    uint64_t seg = br.segment, bytes = br.bytes;
-    /* its index entries first: the record's tokens say where they are */
-    KV_ERR(kv_idx_child_del(&db->cat, txn, br.parent, h, br.tokens, br.n_tokens));
-    KV_ERR(kv_idx_seg_del(&db->cat, txn, seg, h));
-    mrc = mdb_del(txn, db->cat.blocks, &bk, NULL);
-    if (mrc != 0) {
-      rc = kv_mdb_fail(mrc, "delete block");
-      goto out;
-    }
-    KV_ERR(kv_seg_unref(db, txn, seg, bytes));
-    *freed += bytes;
-    if (db->dram != NULL)
-      kv_dram_remove(db->dram, h);
-  }
-out:
-  free(blocks);
-  return rc;
-}
-
-kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context)
-{
-  KV_RET(kv_check_db(db));
-  if (context == NULL)
-    return kv_fail(KVDB_INVALID, "context is NULL");
-  if (db->cat.rdonly)
-    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
-  MDB_txn *txn;
-  uint64_t freed;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  kvdb_status rc = kv_delete_ctx_txn(db, txn, context->b, &freed);
-  if (rc == KVDB_NOTFOUND) {
-    char hx[33];
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
-  }
-  if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
-    return rc;
-  }
-  return kv_txn_commit(txn);
 }
 
 /* ---- SSD capacity: evict least recently used contexts (LRU until the policy issue) ---- */
@@ -486,78 +247,118 @@ static kvdb_status drain_and_sync(kvdb *db, kv_writer *w, kv_batch *bt[2], int b
   return rc;
 }
 
-static kvdb_status write_compressed(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
+/* The double-buffered staging of a put's block objects: objects are built in w->stage[cur] at
+ * `fill` (segment offset base + fill) and written by batch bt[cur] while the other buffer's
+ * batch may still be in flight. */
+typedef struct stager {
+  kvdb *db;
+  kv_writer *w;
+  kv_batch *bt[2];
+  int busy[2];
+  int cur;
+  size_t fill;
+  uint64_t base; /* segment offset of stage[cur][0] */
+} stager;
+
+/* Room for an object of at most `bytes` at fill: else the other buffer, once its writes are
+ * done. */
+static kvdb_status stage_room(stager *st, uint64_t bytes)
 {
-  uint64_t biggest = 0;
-  for (uint32_t i = 0; i < r->n; i++)
-    if (r->b[i].write && r->b[i].bound > biggest)
-      biggest = r->b[i].bound;
-  *written = 0;
-  if (biggest == 0)
+  if (st->fill + bytes <= st->w->stage_cap)
     return KVDB_OK;
-  KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
-  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
-  kv_cenc enc;
-  memset(&enc, 0, sizeof enc);
-  kvdb_status rc = KVDB_OK;
-  int busy[2] = {0, 0}, cur = 0;
-  size_t fill = 0;
-  uint64_t base = w->end;
-  if (bt[0] == NULL || bt[1] == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
-    goto out;
+  st->base += st->fill;
+  st->cur ^= 1;
+  st->fill = 0;
+  if (st->busy[st->cur]) {
+    int e = kv_batch_wait(st->db->io, st->bt[st->cur]);
+    st->busy[st->cur] = 0;
+    if (e != 0)
+      return kv_fail_errno(-e, "cannot write segment %" PRIu64, st->w->seg_id);
   }
-  for (uint32_t i = 0; i < r->n; i++) {
-    put_blk *b = &r->b[i];
-    if (!b->write)
-      continue;
-    if (fill + b->bound > w->stage_cap) { /* switch to the other buffer */
-      base += fill;
-      cur ^= 1;
-      fill = 0;
-      if (busy[cur]) {
-        int e = kv_batch_wait(db->io, bt[cur]);
-        busy[cur] = 0;
-        if (e != 0) {
-          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-          goto out;
-        }
-      }
-    }
-    kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
-                         .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
-                         .index = i, .hash = b->hash, .parent = b->parent,
-                         .model_hash = r->mh, .tokens = b->tokens};
-    uint8_t *obj = w->stage[cur] + fill;
-    KV_ERR(kv_cblock_build(&src, &enc, obj, w->stage_cap - fill, &b->obj_bytes));
-    KV_ERR(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
-    b->off = base + fill;
-    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, b->obj_bytes, b->off);
-    busy[cur] = 1;
-    fill += b->obj_bytes;
-    *written = b->off + b->obj_bytes - w->end;
-  }
-  rc = drain_and_sync(db, w, bt, busy, rc);
-out:
-  for (int k = 0; k < 2; k++) {
-    if (bt[k] != NULL && busy[k])
-      kv_batch_wait(db->io, bt[k]);
-    kv_batch_end(db->io, bt[k]);
-  }
-  kv_cenc_free(&enc);
-  return rc;
+  return KVDB_OK;
 }
 
+static void stage_write(stager *st, const uint8_t *p, uint64_t len, uint64_t off)
+{
+  kv_batch_write(st->db->io, st->bt[st->cur], kv_writer_file(st->w), p, len, off);
+  st->busy[st->cur] = 1;
+}
+
+/* Block i of a put stored with a compressed config: encoded into obj (room: b->bound) and its
+ * score region after it, written as one piece. */
+static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc, uint8_t *obj,
+                                uint64_t at)
+{
+  put_blk *b = &r->b[i];
+  kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
+                       .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
+                       .index = i, .hash = b->hash, .parent = b->parent,
+                       .model_hash = r->mh, .tokens = b->tokens};
+  KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
+  KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
+  stage_write(st, obj, b->obj_bytes, at);
+  return KVDB_OK;
+}
+
+/* Block b of a raw put: its sections gathered from the caller's view into obj one by one and
+ * queued in chunks as they are sealed (so gathering overlaps writing), then the score region
+ * (score_bits: sb bytes) and the meta region last. */
+static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, uint8_t *obj,
+                             uint64_t at)
+{
+  const kv_block_geom *g = &b->g;
+  kv_sregion sr; /* the score region after the object, for a model with score_bits */
+  if (sb != 0)
+    KV_RET(kv_sregion_init(&sr, g, r->m->score_bits));
+  uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
+  int padded = g->group_stride != g->group_tokens * g->row_bytes ||
+               g->n_tokens % g->group_tokens != 0;
+  if (padded)
+    memset(obj + g->meta_bytes, 0, g->data_bytes);
+  else
+    memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
+  uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
+  for (uint32_t s = 0; s < g->n_sections; s++) {
+    kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
+    if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
+      KV_RET(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
+    kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
+    int last = s + 1 == g->n_sections;
+    uint64_t ready = last ? g->total_bytes
+                          : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
+                                KV_PAGE;
+    if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
+      stage_write(st, obj + sent, ready - sent, at + sent);
+      sent = ready;
+    }
+  }
+  kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
+  if (sb != 0) {
+    kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
+    kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
+    stage_write(st, obj + g->total_bytes, sb, at + g->total_bytes);
+  }
+  stage_write(st, obj, g->meta_bytes, at);
+  b->obj_bytes = g->total_bytes + sb;
+  return KVDB_OK;
+}
+
+/*
+ * Phase 2: the blocks this put writes, appended to w's segment after w->end and synced
+ * (KVDB_SYNC_FULL). Raw blocks have their exact size, reserved at once (fallocate); compressed
+ * ones at most b->bound. *written: the bytes past w->end the caller commits, or truncates back
+ * when this or the commit fails.
+ */
 static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
-  if (r->cfg.method != KVDB_METHOD_RAW)
-    return write_compressed(db, r, w, written);
-  size_t biggest = 0;
-  uint64_t total = 0;
+  int raw = r->cfg.method == KVDB_METHOD_RAW;
+  unsigned bits = r->m->score_bits;
+  uint64_t biggest = 0, total = 0;
   for (uint32_t i = 0; i < r->n; i++) {
     if (!r->b[i].write)
       continue;
-    uint64_t obj = r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, r->m->score_bits);
+    uint64_t obj = raw ? r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, bits)
+                       : r->b[i].bound;
     total += obj;
     if (obj > biggest)
       biggest = obj;
@@ -565,9 +366,8 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   *written = 0;
   if (biggest == 0)
     return KVDB_OK;
-  size_t cap = biggest > (8u << 20) ? biggest : (8u << 20);
-  KV_RET(kv_writer_stage(w, cap));
-  if (db->io->ops->alloc != NULL && !w->no_alloc) {
+  KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
+  if (raw && db->io->ops->alloc != NULL && !w->no_alloc) {
     int e = db->io->ops->alloc(db->io, kv_writer_file(w), w->end, total);
     if (e == -EOPNOTSUPP) {
       w->no_alloc = 1;
@@ -579,84 +379,39 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
                            w->seg_id);
     }
   }
-  *written = total;
-  kv_batch *bt[2] = {kv_batch_begin(db->io), kv_batch_begin(db->io)};
+  if (raw)
+    *written = total;
+  stager st = {.db = db, .w = w, .bt = {kv_batch_begin(db->io), kv_batch_begin(db->io)},
+               .base = w->end};
+  kv_cenc enc;
+  memset(&enc, 0, sizeof enc);
   kvdb_status rc = KVDB_OK;
-  int busy[2] = {0, 0};
-  if (bt[0] == NULL || bt[1] == NULL) {
+  if (st.bt[0] == NULL || st.bt[1] == NULL) {
     rc = kv_fail(KVDB_NOMEM, "cannot allocate I/O batches");
     goto out;
   }
-  int cur = 0;
-  size_t fill = 0;
-  uint64_t base = w->end; /* segment offset of stage[cur][0] */
   for (uint32_t i = 0; i < r->n; i++) {
     put_blk *b = &r->b[i];
     if (!b->write)
       continue;
-    const kv_block_geom *g = &b->g;
-    kv_sregion sr; /* the score region after the object, for a model with score_bits */
-    uint64_t sb = r->m->score_bits ? kv_score_region_bytes(g, r->m->score_bits) : 0;
-    if (sb != 0)
-      KV_ERR(kv_sregion_init(&sr, g, r->m->score_bits));
-    if (fill + g->total_bytes + sb > w->stage_cap) { /* switch to the other buffer */
-      base += fill;
-      cur ^= 1;
-      fill = 0;
-      if (busy[cur]) {
-        int e = kv_batch_wait(db->io, bt[cur]);
-        busy[cur] = 0;
-        if (e != 0) {
-          rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
-          goto out;
-        }
-      }
-    }
-    uint8_t *obj = w->stage[cur] + fill;
-    uint64_t at = base + fill; /* segment offset of this block object */
-    uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
-    int padded = g->group_stride != g->group_tokens * g->row_bytes ||
-                 g->n_tokens % g->group_tokens != 0;
-    if (padded)
-      memset(obj + g->meta_bytes, 0, g->data_bytes);
-    else
-      memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
-    uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
-    for (uint32_t s = 0; s < g->n_sections; s++) {
-      kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
-      if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
-        KV_ERR(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
-      kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
-      int last = s + 1 == g->n_sections;
-      uint64_t ready = last ? g->total_bytes
-                            : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
-                                  KV_PAGE;
-      if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
-        kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + sent, ready - sent, at + sent);
-        busy[cur] = 1;
-        sent = ready;
-      }
-    }
-    kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
-    if (sb != 0) {
-      kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
-      kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
-      kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj + g->total_bytes, sb,
-                     at + g->total_bytes);
-    }
-    kv_batch_write(db->io, bt[cur], kv_writer_file(w), obj, g->meta_bytes, at);
-    busy[cur] = 1;
+    uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits) : 0;
+    KV_ERR(stage_room(&st, raw ? b->g.total_bytes + sb : b->bound));
+    uint8_t *obj = w->stage[st.cur] + st.fill;
+    uint64_t at = st.base + st.fill; /* segment offset of this block object */
+    KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
     b->off = at;
-    b->obj_bytes = g->total_bytes + sb;
-    fill += g->total_bytes + sb;
+    st.fill += b->obj_bytes;
+    if (!raw)
+      *written = at + b->obj_bytes - w->end;
   }
-  rc = drain_and_sync(db, w, bt, busy, rc);
+  rc = drain_and_sync(db, w, st.bt, st.busy, rc);
 out:
   for (int k = 0; k < 2; k++) {
-    if (bt[k] != NULL && busy[k])
-      kv_batch_wait(db->io, bt[k]);
-    kv_batch_end(db->io, bt[k]);
+    if (st.bt[k] != NULL && st.busy[k])
+      kv_batch_wait(db->io, st.bt[k]);
+    kv_batch_end(db->io, st.bt[k]);
   }
+  kv_cenc_free(&enc);
   return rc;
 }
 
@@ -795,7 +550,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   }
   KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
   uint8_t ak[24];
-  atime_key(ak, now, r->ctx);
+  kv_atime_key(ak, now, r->ctx);
   MDB_val akv = {24, ak}, empty = {0, NULL};
   mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
   if (mrc != 0) {
@@ -890,7 +645,7 @@ static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
   }
 }
 
-static kvdb_status put_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, const kvdb_kv_view *kv)
+kvdb_status kv_put_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, const kvdb_kv_view *kv)
 {
   KV_RET(kv_check_db(db));
   KV_RET(kv_check_model(m, bt));
@@ -908,8 +663,7 @@ void kvdb_put_opts_init(kvdb_put_opts *o)
   o->struct_size = sizeof *o;
 }
 
-/* The caller's options as this build's struct (fields past their struct_size keep defaults). */
-static kvdb_status copy_opts(const kvdb_put_opts *in, kvdb_put_opts *o)
+kvdb_status kv_put_opts_copy(const kvdb_put_opts *in, kvdb_put_opts *o)
 {
   kvdb_put_opts_init(o);
   if (in == NULL)
@@ -943,77 +697,20 @@ kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_quer
   return KVDB_OK;
 }
 
-kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                     const kvdb_kv_view *kv, kvdb_put_info *info)
+kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                           const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
+                           const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
+                           kvdb_put_info *info, uint8_t ctx[16])
 {
-  return kvdb_put_ex(db, m, tokens, n, kv, NULL, info);
-}
-
-/* Whether config c can store every block of an n-token put (a full block and the tail). */
-static int config_fits(const kvdb_config *c, const kvdb_model *m, uint32_t bt, size_t n)
-{
-  if (c->method == KVDB_METHOD_RAW)
-    return 1;
-  uint32_t sizes[2] = {n >= bt ? bt : 0, (uint32_t)(n % bt)};
-  for (int i = 0; i < 2; i++) {
-    kv_block_geom g;
-    if (sizes[i] == 0)
-      continue;
-    if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
-                           sizes[i]) != KVDB_OK ||
-        kv_cblock_bound(c, &g) == 0) {
-      kv_clear_error();
-      return 0;
-    }
-  }
-  return 1;
-}
-
-kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                        const kvdb_kv_view *kv, const kvdb_put_opts *opts, kvdb_put_info *info)
-{
-  uint32_t bt;
-  KV_RET(put_checks(db, m, &bt, kv));
-  if (tokens == NULL || n == 0)
-    return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
-  KV_RET(kv_check_n_tokens(n));
-  KV_RET(kv_check_view_extent(kv, m, n, "kv"));
-  kvdb_put_opts o;
-  KV_RET(copy_opts(opts, &o));
-  kv_place_put_opts(db, &o); /* placement on: profile the context */
-  if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
-    return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
-  KV_RET(kvdb_config_check(m, &o.config));
-  kv_queries qs;
-  const kv_queries *q;
-  KV_RET(kv_opts_queries(&o, m, &qs, &q));
-  if (o.config.method == KVDB_METHOD_DROP && o.config.drop == KVDB_DROP_SNAPKV && q == NULL)
-    return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries "
-                                 "(opts->queries, n_queries, n_q_heads)");
-  put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = o.config, .q = q};
-  kv_model_hash(m, bt, r.mh);
+  put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = *cfg, .q = q,
+               .profile = profile};
+  memcpy(r.mh, mh, 16);
   r.n = (uint32_t)((n + bt - 1) / bt);
   r.b = calloc(r.n, sizeof *r.b);
   if (r.b == NULL)
     return kv_fail(KVDB_NOMEM, "put of %u blocks", r.n);
   const uint8_t *prev = r.mh;
   kvdb_status rc = KVDB_OK;
-  if (o.flags & KVDB_PUT_PROFILE) {
-    r.profile = malloc(sizeof *r.profile);
-    if (r.profile == NULL) {
-      rc = kv_fail(KVDB_NOMEM, "profile");
-      goto out;
-    }
-    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
-                         .space = o.profile_space, .heads = o.profile_heads};
-    KV_ERR(kv_profile_measure(&ps, r.profile));
-    /* placement on: write it once in the config the placement will choose on the SSD */
-    kvdb_config pc = r.cfg;
-    if (kv_place_put_config(db, m, bt, r.mh, n, r.profile, &pc) == KVDB_OK &&
-        kvdb_config_check(m, &pc) == KVDB_OK && config_fits(&pc, m, bt, n))
-      r.cfg = pc;
-    kv_clear_error(); /* only a hint: the placement after the put decides */
-  }
   for (uint32_t i = 0; i < r.n; i++) {
     put_blk *b = &r.b[i];
     b->t0 = (uint64_t)i * bt;
@@ -1037,11 +734,9 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     }
   }
   memcpy(r.ctx, r.b[r.n - 1].hash, 16);
+  memcpy(ctx, r.ctx, 16);
   rc = put_run(db, &r, info);
-  if (rc == KVDB_OK)
-    kv_place_after_put(db, r.ctx); /* placement on: place it (Algorithm 1) */
 out:
-  free(r.profile);
   free(r.b);
   return rc;
 }
@@ -1050,7 +745,7 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
                            const uint32_t *tokens, size_t n_tokens, const kvdb_kv_view *kv)
 {
   uint32_t bt;
-  KV_RET(put_checks(db, m, &bt, kv));
+  KV_RET(kv_put_checks(db, m, &bt, kv));
   if (key == NULL || tokens == NULL || n_tokens == 0)
     return kv_fail(KVDB_INVALID, "key or tokens is NULL, or n_tokens is 0");
   if (n_tokens > bt)
@@ -1071,4 +766,4 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   return put_run(db, &r, NULL);
 }
 
-/* kvdb_recompress: store/relocate.c (a re-encoding is a relocation that keeps the tier) */
+/* kvdb_recompress: engine/place/relocate.c (a re-encoding is a relocation that keeps the tier) */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/profile.c — a context's quality profile (EvicPress §4.3: the profiler that feeds
+ * engine/ops/profile.c — a context's quality profile (EvicPress §4.3: the profiler that feeds
  * the placement policy its (size, quality) per config).
  *
  * For each config of the space and each sampled (layer, KV head): the head's K and V over the
@@ -19,8 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv_place.h"
-#include "kv_profile.h"
+#include "ops_int.h"
 
 static const char *const DEFAULT_SPACE =
     "raw,lossless,int8,int4,int2,knorm90,knorm70,knorm50,knorm30,keydiff90,keydiff70,keydiff50,"
@@ -323,7 +322,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   return rc;
 }
 
-/* ---- recording, reading, reporting ---- */
+/* ---- recording, reading (reports: place/report.c) ---- */
 
 /* Keep the caller's reports of `old` in `p` (matched by config). */
 static void keep_reports(kv_profile_rec *p, const kv_profile_rec *old)
@@ -403,78 +402,5 @@ kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_profile_ent
       out[i] = p->e[i];
   }
   free(p);
-  return rc;
-}
-
-kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_config *config,
-                                double quality)
-{
-  KV_RET(kv_check_db(db));
-  if (context == NULL || config == NULL)
-    return kv_fail(KVDB_INVALID, "context or config is NULL");
-  if (!(quality >= 0.0 && quality <= 1.0))
-    return kv_fail(KVDB_INVALID, "quality %g is not in [0, 1]", quality);
-  char nm[48];
-  KV_RET(kv_config_valid(config, kvdb_config_name(config, nm, sizeof nm)));
-  if (db->cat.rdonly)
-    return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
-  kv_profile_rec *p = malloc(sizeof *p);
-  if (p == NULL)
-    return kv_fail(KVDB_NOMEM, "profile");
-  MDB_txn *txn;
-  kvdb_status rc = kv_txn_begin(&db->cat, 1, &txn);
-  if (rc != KVDB_OK) {
-    free(p);
-    return rc;
-  }
-  kv_ctx_rec cr;
-  char hx[33];
-  int drifted = 0;
-  rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
-  if (rc == KVDB_NOTFOUND)
-    rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
-  if (rc == KVDB_OK) {
-    kvdb_status g = kv_cat_get_profile(&db->cat, txn, context->b, p);
-    if (g == KVDB_NOTFOUND) { /* reports alone make a profile */
-      memset(p, 0, sizeof *p);
-      p->measured_ms = 0;
-      kv_profile_mark_stored(p, &cr.config, cr.bytes);
-    } else if (g != KVDB_OK) {
-      rc = g;
-    }
-  }
-  if (rc == KVDB_OK) {
-    uint32_t i;
-    for (i = 0; i < p->n_entries && !kv_config_equal(&p->e[i].config, config); i++)
-      ;
-    if (i == p->n_entries) {
-      if (i == KV_PROFILE_MAX_ENTRIES) {
-        rc = kv_fail(KVDB_FULL, "the profile of context %s already has %u configs",
-                     kv_hex16(context->b, hx), i);
-      } else {
-        memset(&p->e[i], 0, sizeof p->e[i]);
-        p->e[i].config = *config;
-        p->e[i].quality = p->e[i].rel_l2 = NAN;
-        p->n_entries++;
-      }
-    }
-    if (rc == KVDB_OK) {
-      kvdb_profile_entry *e = &p->e[i];
-      double prev = e->n_reports ? e->reported_quality : 0.0;
-      e->reported_quality = (prev * e->n_reports + quality) / (e->n_reports + 1);
-      e->n_reports++;
-      rc = kv_place_drift(db, txn, &cr, p, &drifted); /* placement on: re-profile (§4.3) */
-      if (rc == KVDB_OK)
-        rc = kv_cat_put_profile(&db->cat, txn, context->b, p);
-    }
-  }
-  free(p);
-  if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
-    return rc;
-  }
-  rc = kv_txn_commit(txn);
-  if (rc == KVDB_OK && drifted)
-    kv_place_context(db, context->b); /* and place it again */
   return rc;
 }

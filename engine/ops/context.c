@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/context.c — whole stored contexts: kvdb_get_context (every config, dropped
+ * engine/ops/context.c — whole stored contexts: kvdb_get_context (every config, dropped
  * tokens included: the kept rows of each layer and KV head with their positions) and the
  * on-demand profile (kvdb_profile), which measures from the context as stored.
  */
@@ -8,9 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kv_cblock.h"
-#include "kv_db.h"
-#include "kv_profile.h"
+#include "ops_int.h"
 
 /* Reading state of one call. */
 typedef struct ctx_reader {
@@ -19,36 +17,6 @@ typedef struct ctx_reader {
   uint32_t *pos;  /* positions of one decoded section */
   kv_cdec dec;
 } ctx_reader;
-
-kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
-                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out)
-{
-  char hx[33];
-  uint32_t bt = m->block_tokens ? m->block_tokens : 256;
-  kvdb_status rc = kv_model_known(db, txn, m, bt, model_hash);
-  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
-    return rc; /* MISMATCH: the id is stored with another shape (both named) */
-  rc = kv_cat_get_ctx(&db->cat, txn, key, out);
-  if (rc == KVDB_NOTFOUND)
-    return kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(key, hx));
-  if (rc == KVDB_OK && memcmp(out->model, model_hash, 16) != 0)
-    return kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'%s",
-                   kv_hex16(key, hx), m->id,
-                   m->score_bits ? " (with its score_bits: they are part of the shape)" : "");
-  return rc;
-}
-
-kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
-                         kv_block_rec *out)
-{
-  kvdb_status rc = kv_cat_get_block(&db->cat, txn, hash, out);
-  if (rc == KVDB_OK)
-    return KVDB_OK;
-  char hx[33], hb[33];
-  return kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
-                 kv_hex16(key, hx), kv_hex16(hash, hb),
-                 rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
-}
 
 static void reader_free(kvdb *db, ctx_reader *r)
 {

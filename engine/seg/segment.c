@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/segment.c — segment files: writers, the read-handle cache, open-time recovery.
+ * engine/seg/segment.c — the handle check (kv_check_db) and segment files: writers, the
+ * read-handle cache, open-time recovery.
  *
  * A segment is an append-only file of 4 KiB-aligned block objects (FORMAT.md §1). Its catalog
  * record is created (state OPEN, end 0) in the write transaction that creates the file; the
@@ -21,8 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kv_db.h"
-#include "kv_place.h"
+#include "seg.h"
 
 /* I/O buffers of at least KV_HUGE_MIN bytes are 2 MiB-aligned and asked to be huge pages. */
 #define KV_HUGE (2u << 20)
@@ -135,7 +135,7 @@ kvdb_status kv_writer_acquire_tier(kvdb *db, uint32_t tier, kv_writer **out)
   KV_ERR(kv_cat_put_u64(&db->cat, txn, "next_segment", id + 1));
   if (tier == KVDB_TIER_SMARTSSD) { /* a format-3 unit: builds before it would not find it */
     id |= KV_SEG_SMARTSSD_BIT;
-    KV_ERR(kv_place_smart_dir_ready(db, txn));
+    KV_ERR(kv_smart_dir_ready(db, txn));
   }
   kv_seg_rec sr = {.tier = tier, .state = KV_SEG_OPEN, .owner_pid = (uint32_t)getpid()};
   KV_ERR(kv_cat_put_seg(&db->cat, txn, id, &sr));
@@ -508,3 +508,15 @@ out:
     mdb_txn_abort(txn);
   return rc;
 }
+/* ---- the handle ---- */
+
+kvdb_status kv_check_db(kvdb *db)
+{
+  kv_clear_error();
+  if (db == NULL)
+    return kv_fail(KVDB_INVALID, "db is NULL");
+  if (db->magic != KVDB_MAGIC_OPEN)
+    return kv_fail(KVDB_MISUSE, "db handle is closed or not a kvdb handle");
+  return KVDB_OK;
+}
+

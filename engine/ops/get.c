@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/get.c — lookup, get, get_tokens, get_block, and the read-only inspection
+ * engine/ops/get.c — lookup, get, get_tokens, get_block, and the read-only inspection
  * calls (context_stat, iterator, stat).
  *
  * The walk (lookup and get): full blocks by chained hash while each one's stored tokens equal
@@ -17,10 +17,7 @@
 #include <sys/stat.h>
 
 #include "catalog/index.h"
-#include "kv_cblock.h"
-#include "kv_db.h"
-#include "kv_place.h"
-#include "kv_score.h"
+#include "ops_int.h"
 
 typedef struct hit {
   kv_block_rec rec; /* tokens point into the read transaction */
@@ -454,17 +451,6 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
   return delivered;
 }
 
-int kv_gen_moved(kvdb *db, uint64_t gen)
-{
-  MDB_txn *txn;
-  uint64_t now = gen;
-  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
-    return 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &now);
-  mdb_txn_abort(txn);
-  return now != gen;
-}
-
 kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
                      const kvdb_kv_view *out, size_t *hit_tokens)
 {
@@ -476,17 +462,15 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   KV_RET(kv_check_view_extent(out, m, n, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  /* A compaction in any handle may move blocks of the hit and remove their old segment file
-   * between this snapshot and the reads; the hit then comes back short and is read again from
-   * a fresh snapshot. Compactions bump "gen"; a block that fails verification does not. */
+  /* a hit that comes back short because a compaction moved its blocks is read again from a
+   * fresh snapshot (kv_read_again, ops_int.h) */
   kvdb_status rc;
-  for (int attempt = 0;; attempt++) {
-    MDB_txn *txn;
-    KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-    kv_files_prune(db, txn);
+  kv_read_snap s = {0};
+  int again;
+  do {
+    KV_RET(kv_read_begin(db, &s));
+    MDB_txn *txn = s.txn;
     kv_place_refresh(db, txn); /* placement on: which blocks the DRAM tier may take */
-    uint64_t gen = 0;
-    kv_cat_get_u64(&db->cat, txn, "gen", &gen);
     walk w = {0};
     rc = model_stored(db, txn, m, bt);
     if (rc == KVDB_OK)
@@ -501,11 +485,9 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
         }
     }
     mdb_txn_abort(txn);
-    int again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && attempt < 3 && kv_gen_moved(db, gen);
+    again = rc == KVDB_OK && *hit_tokens < w.hit_tokens;
     free(w.h);
-    if (!again)
-      break;
-  }
+  } while (kv_read_again(db, &s, again));
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
   return rc;
@@ -521,244 +503,6 @@ static int cmp_range(const void *a, const void *b)
 {
   const range *x = a, *y = b;
   return x->off < y->off ? -1 : x->off > y->off;
-}
-
-/*
- * get_tokens on a compressed block: the header and meta region (section table, page
- * checksums), then the pages of the layer's section headers, then only the pages of the token
- * groups that hold the positions; every page read is verified, then just those groups are
- * decoded. Three rounds of reads (usually: the first 64 KiB hold the meta region).
- */
-typedef struct cpages {
-  kvdb *db;
-  const kv_block_rec *rec;
-  const kv_block_hdr *hdr;
-  kv_segfile *sf;
-  uint8_t *buf;       /* the object's bytes at their offsets */
-  uint8_t *have;      /* per data page: 0 absent, 1 wanted, 2 read and verified */
-  uint64_t bytes;     /* read */
-} cpages;
-
-static void want(cpages *cp, uint64_t off, uint64_t len)
-{
-  uint64_t m = cp->hdr->cl.meta_bytes;
-  uint64_t p0 = (off - m) / KV_PAGE, p1 = (off + len - m + KV_PAGE - 1) / KV_PAGE;
-  for (uint64_t p = p0; p < p1 && p < cp->hdr->cl.data_pages; p++)
-    if (cp->have[p] == 0)
-      cp->have[p] = 1;
-}
-
-/* Read every wanted page (runs merged, one batch) and verify each. */
-static kvdb_status fetch_pages(cpages *cp, const uint8_t *hash)
-{
-  const kv_cblock_layout *l = &cp->hdr->cl;
-  kv_batch *bat = kv_batch_begin(cp->db->io);
-  if (bat == NULL)
-    return kv_fail(KVDB_NOMEM, "get_tokens batch");
-  for (uint32_t p = 0; p < l->data_pages;) {
-    if (cp->have[p] != 1) {
-      p++;
-      continue;
-    }
-    uint32_t q = p;
-    while (q < l->data_pages && cp->have[q] == 1)
-      q++;
-    uint64_t off = l->meta_bytes + (uint64_t)p * KV_PAGE, len = (uint64_t)(q - p) * KV_PAGE;
-    kv_batch_read(cp->db->io, bat, cp->sf->f, cp->buf + off, len, cp->rec->offset + off);
-    cp->bytes += len;
-    p = q;
-  }
-  int e = kv_batch_wait(cp->db->io, bat);
-  kv_batch_end(cp->db->io, bat);
-  char hx[33];
-  if (e != 0)
-    return kv_seg_read_fail(cp->db, -e, cp->rec->segment, cp->rec->offset, cp->rec->bytes, hash);
-  for (uint32_t p = 0; p < l->data_pages; p++) {
-    if (cp->have[p] != 1)
-      continue;
-    uint64_t bad = 0;
-    if (kv_cblock_verify_pages(cp->hdr, cp->buf, p, p + 1, &bad) != KVDB_OK)
-      return kv_fail(KVDB_CORRUPT,
-                     "checksum mismatch in segment %" PRIu64 " at offset %" PRIu64 " (block %s)",
-                     cp->rec->segment, cp->rec->offset + bad, kv_hex16(hash, hx));
-    cp->have[p] = 2;
-  }
-  return KVDB_OK;
-}
-
-static kvdb_status tokens_from_cblock(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
-                                      const kv_block_geom *g, uint32_t layer,
-                                      const uint32_t *positions, size_t n_pos, uint64_t pos0,
-                                      const kvdb_kv_view *out)
-{
-  char hx[33];
-  kv_rbuf *rb = kv_rbuf_acquire(db, rec->bytes);
-  kv_segfile *sf = NULL;
-  kv_block_hdr hdr;
-  cpages cp = {.db = db, .rec = rec, .hdr = &hdr};
-  kv_cdec dec;
-  memset(&dec, 0, sizeof dec);
-  uint32_t *rows_of = malloc(n_pos * sizeof *rows_of);
-  kvdb_status rc = KVDB_OK;
-  if (rb == NULL || rows_of == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "get_tokens buffers");
-    goto out;
-  }
-  cp.buf = rb->p;
-  KV_ERR(kv_segfile_get(db, rec->segment, &sf));
-  cp.sf = sf;
-  /* 1. the header and the meta region (64 KiB at once: the meta of most blocks) */
-  uint64_t body = kv_rec_body_bytes(g, rec); /* not its score region */
-  uint64_t first = body < (64u << 10) ? body : (64u << 10);
-  int e = db->io->ops->pread(db->io, sf->f, cp.buf, first, rec->offset);
-  if (e != 0) {
-    rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
-    goto out;
-  }
-  cp.bytes += first;
-  rc = kv_block_parse_header(cp.buf, first, &hdr);
-  if (rc == KVDB_OK && hdr.obj.meta_bytes > first) {
-    e = db->io->ops->pread(db->io, sf->f, cp.buf + first, hdr.obj.meta_bytes - first,
-                           rec->offset + first);
-    cp.bytes += hdr.obj.meta_bytes - first;
-    if (e != 0) {
-      rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
-      goto out;
-    }
-  }
-  if (rc == KVDB_OK)
-    rc = kv_block_check_meta(rec, hash, cp.buf, &hdr);
-  if (rc != KVDB_OK)
-    goto out;
-  cp.have = calloc(hdr.cl.data_pages, 1);
-  if (cp.have == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "get_tokens page map");
-    goto out;
-  }
-  /* data pages that came with the meta region: verified here, not read again */
-  for (uint32_t p = 0; p < hdr.cl.data_pages; p++) {
-    if (hdr.cl.meta_bytes + ((uint64_t)p + 1) * KV_PAGE > first)
-      break;
-    uint64_t bad = 0;
-    if (kv_cblock_verify_pages(&hdr, cp.buf, p, p + 1, &bad) != KVDB_OK) {
-      rc = kv_fail(KVDB_CORRUPT,
-                   "checksum mismatch in segment %" PRIu64 " at offset %" PRIu64 " (block %s)",
-                   rec->segment, rec->offset + bad, kv_hex16(hash, hx));
-      goto out;
-    }
-    cp.have[p] = 2;
-  }
-  uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
-  /* 2. the section headers (their first page each; more if a header is longer) */
-  for (uint32_t s = s0; s < s1; s++) {
-    uint64_t off;
-    uint32_t len;
-    kv_cblock_section(&hdr, cp.buf, s, &off, &len);
-    want(&cp, off, len < KV_SECTION_FIXED_BYTES + 4096 ? len : KV_SECTION_FIXED_BYTES + 4096);
-  }
-  KV_ERR(fetch_pages(&cp, hash));
-  KV_ERR(kv_cdec_init(&dec));
-  for (int round = 0; round < 2; round++) { /* round 0: plan and fetch; round 1: decode */
-    for (uint32_t s = s0; s < s1; s++) {
-      uint64_t off;
-      uint32_t len;
-      kv_cblock_section(&hdr, cp.buf, s, &off, &len);
-      const uint8_t *sec = cp.buf + off;
-      size_t hbytes;
-      kv_codec_err err;
-      size_t avail = len < KV_SECTION_FIXED_BYTES + 4096 ? len : KV_SECTION_FIXED_BYTES + 4096;
-      kv_codec_status st = kv_section_header_bytes(sec, avail, &hbytes, &err);
-      if (st != KV_CODEC_OK) {
-        rc = kv_codec_fail(st, &err, "section header");
-        goto out;
-      }
-      if (hbytes > avail) { /* a long header (a big keep bitmap or group table) */
-        if (hbytes > len) {
-          rc = kv_fail(KVDB_CORRUPT, "section %u header of %zu bytes is longer than it", s, hbytes);
-          goto out;
-        }
-        want(&cp, off, hbytes);
-        KV_ERR(fetch_pages(&cp, hash));
-      }
-      kv_section_info info;
-      KV_ERR(kv_cblock_section_info(&hdr, sec, hbytes, s,
-                                    cp.buf[hdr.cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12], &info));
-      uint32_t G = info.params.page_tokens;
-      for (size_t i = 0; i < n_pos; i++) {
-        rows_of[i] = KV_SECTION_DROPPED;
-        if (positions[i] < pos0 || positions[i] >= pos0 + g->n_tokens)
-          continue;
-        st = kv_section_row_of_token(sec, hbytes, (uint32_t)(positions[i] - pos0), &rows_of[i],
-                                     &err);
-        if (st != KV_CODEC_OK) {
-          rc = kv_codec_fail(st, &err, "section header");
-          goto out;
-        }
-        if (rows_of[i] == KV_SECTION_DROPPED) {
-          rc = kv_fail(KVDB_NOTFOUND, "position %u was dropped by KV head %u of layer %u "
-                                      "(block %s keeps %u of %u tokens)",
-                       positions[i], (s >> 1) % g->n_kv_heads, layer, kv_hex16(hash, hx),
-                       info.n_rows, g->n_tokens);
-          goto out;
-        }
-      }
-      /* each group holding a wanted row, on its own (groups are independently decodable) */
-      for (uint32_t grp = 0; grp < info.n_groups; grp++) {
-        int needed = 0;
-        for (size_t i = 0; i < n_pos && !needed; i++)
-          needed = rows_of[i] != KV_SECTION_DROPPED && rows_of[i] / G == grp;
-        if (!needed)
-          continue;
-        uint64_t goff, glen;
-        st = kv_section_group_span(sec, hbytes, grp, grp + 1, &goff, &glen, &err);
-        if (st != KV_CODEC_OK || goff + glen > len) {
-          rc = st != KV_CODEC_OK ? kv_codec_fail(st, &err, "group span")
-                                 : kv_fail(KVDB_CORRUPT, "section %u group %u lies past it", s, grp);
-          goto out;
-        }
-        if (round == 0) {
-          want(&cp, off + goff, glen);
-          continue;
-        }
-        size_t rb_bytes = kv_section_rows_bytes(&info, grp, grp + 1);
-        size_t sc = kv_section_scratch_bytes(&info);
-        if (rb_bytes > dec.rows_cap || sc > dec.scratch_cap) {
-          free(dec.rows);
-          free(dec.scratch);
-          dec.rows = malloc(rb_bytes);
-          dec.scratch = malloc(sc ? sc : 1);
-          dec.rows_cap = dec.rows ? rb_bytes : 0;
-          dec.scratch_cap = dec.scratch ? (sc ? sc : 1) : 0;
-          if (dec.rows == NULL || dec.scratch == NULL) {
-            rc = kv_fail(KVDB_NOMEM, "get_tokens decoding buffers");
-            goto out;
-          }
-        }
-        st = kv_section_decode_groups_dctx(dec.ctx, sec, hbytes, sec + goff, glen, grp, grp + 1,
-                                           dec.scratch, dec.scratch_cap, dec.rows, dec.rows_cap,
-                                           &err);
-        if (st != KV_CODEC_OK) {
-          rc = kv_codec_fail(st, &err, "decoding a group");
-          goto out;
-        }
-        for (size_t i = 0; i < n_pos; i++)
-          if (rows_of[i] != KV_SECTION_DROPPED && rows_of[i] / G == grp)
-            kv_put_row(g, s, dec.rows + (size_t)(rows_of[i] - grp * G) * g->row_bytes, out, i);
-      }
-    }
-    if (round == 0)
-      KV_ERR(fetch_pages(&cp, hash));
-  }
-out:
-  if (rc == KVDB_CORRUPT)
-    db->corrupt_blocks++;
-  db->bytes_read += cp.bytes;
-  kv_cdec_free(&dec);
-  free(cp.have);
-  free(rows_of);
-  kv_segfile_put(db, sf);
-  kv_rbuf_release(db, rb);
-  return rc;
 }
 
 static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const uint8_t *hash,
@@ -782,7 +526,7 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
     }
   }
   if (rec->bflags & KV_BLK_COMPRESSED)
-    return tokens_from_cblock(db, rec, hash, g, layer, positions, n_pos, pos0, out);
+    return kv_block_read_tokens(db, rec, hash, g, layer, positions, n_pos, pos0, out);
   uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
   uint8_t *need = calloc(g->n_groups, 1);
   size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
@@ -894,13 +638,10 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   if (layer >= m->n_layers)
     return kv_fail(KVDB_INVALID, "layer %u out of range (model has %u layers)", layer,
                    m->n_layers);
-  int attempt = 0;
+  kv_read_snap s = {0};
 again:;
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  uint64_t gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
+  KV_RET(kv_read_begin(db, &s));
+  MDB_txn *txn = s.txn;
   kv_ctx_rec cr;
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
@@ -930,8 +671,8 @@ again:;
   if (rc == KVDB_OK)
     kv_note_access(db, context->b);
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
-    goto again; /* a compaction moved a block and removed its old file meanwhile (see kvdb_get) */
+  if (kv_read_again(db, &s, rc != KVDB_OK))
+    goto again; /* a compaction moved a block and removed its old file meanwhile */
   return rc;
 }
 
@@ -952,13 +693,10 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
     return kv_fail(KVDB_INVALID, "n_tokens %zu out of range 1..%u", n_tokens, bt);
   kvdb_key ck;
   KV_RET(kvdb_block_context(m, key, &ck));
-  int attempt = 0;
+  kv_read_snap s = {0};
 again:;
-  MDB_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  uint64_t gen = 0;
-  kv_cat_get_u64(&db->cat, txn, "gen", &gen);
+  KV_RET(kv_read_begin(db, &s));
+  MDB_txn *txn = s.txn;
   kv_block_rec br;
   char hx[33];
   kvdb_status rc = model_stored(db, txn, m, bt);
@@ -1014,7 +752,7 @@ again:;
     kv_note_access(db, ck.b);
   }
   mdb_txn_abort(txn);
-  if (rc != KVDB_OK && attempt++ < 3 && kv_gen_moved(db, gen))
+  if (kv_read_again(db, &s, rc != KVDB_OK))
     goto again; /* a compaction moved the block and removed its old file meanwhile */
   return rc;
 }

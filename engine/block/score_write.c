@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/store/score_write.c — a block's score region at put time (kv_score.h, FORMAT.md §3c):
+ * engine/block/score_write.c — a block's score region at put time (cblock.h, FORMAT.md §3c):
  * one score copy per (layer, KV head) of the block's K rows, quantized to int8 or int4 with one
  * scale per token (engine/score/score.h), then the table of their checksums.
  *
@@ -10,7 +10,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-#include "kv_score.h"
+#include "cblock.h"
 
 uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits)
 {

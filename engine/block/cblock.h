@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/block/cblock.h — the block floor (LAYERS: above the model and the catalog's records,
+ * below segments), for the layers above: block bodies in memory, no handle and no I/O.
+ * Compressed block objects (cblock.c), copies between block sections and a caller's view
+ * (copy.c), and a block's score region (score_write.c: FORMAT.md §3c has the bytes,
+ * format/score_region.h the geometry and checksums, engine/score/score.h the copies).
+ *
+ * A model whose fingerprint has score_bits 8 or 4 (kvdb_model.score_bits, part of h_{-1})
+ * gets a score region appended to every block object it writes; the block record says so
+ * (KV_BLK_SCORE8 / KV_BLK_SCORE4) and its `bytes` include the region. Readers of K and V
+ * (get, get_tokens) stop at the end of the data region.
+ */
+#ifndef KV_CBLOCK_H
+#define KV_CBLOCK_H
+
+#include "catalog/catalog.h"
+#include "model/model.h"
+#include "score_region.h"
+
+/* The caller's queries (kvdb_put_opts): [n_queries][n_layers][n_q_heads][head_dim]. */
+typedef struct kv_queries {
+  const float *q;
+  uint32_t n_queries, n_q_heads;
+} kv_queries;
+
+/* Reusable encoding buffers (one put). Zero-initialize; kv_cenc_free() at the end. */
+typedef struct kv_cenc {
+  uint8_t *rows_k, *rows_v, *scratch, *sect, *sect_codec, *pair;
+  uint32_t *keep, *sect_len;
+  float *qwin;
+  size_t rows_k_cap, rows_v_cap, scratch_cap, sect_cap, sect_codec_cap, keep_cap, sect_len_cap,
+      qwin_cap, pair_cap;
+} kv_cenc;
+void kv_cenc_free(kv_cenc *e);
+
+/* What one block is built from. */
+typedef struct kv_cblock_src {
+  const kvdb_config *cfg;
+  const kv_block_geom *g;
+  const kvdb_kv_view *kv; /* the caller's view */
+  uint64_t t0;            /* the block's first token in the view and in the context */
+  uint64_t ctx_tokens;    /* tokens of the whole context (KIVI's residual) */
+  const kv_queries *q;    /* NULL, or the queries (required for SnapKV) */
+  int last_block;         /* the context's last block (SnapKV's window is its tail) */
+  uint32_t index;         /* block index, for messages */
+  const uint8_t *hash, *parent, *model_hash;
+  const uint32_t *tokens; /* g->n_tokens */
+} kv_cblock_src;
+
+/* An upper bound of the object bytes of a block of geometry g stored with cfg; 0 when cfg
+ * cannot store it. */
+uint64_t kv_cblock_bound(const kvdb_config *cfg, const kv_block_geom *g);
+
+/* Encode the K and V sections s, s + 1 (s even) of the block of `src` from their contiguous
+ * rows: e->pair receives the K section (len[0] bytes) then the V section (len[1]); the kept
+ * positions of a drop config are e->keep. */
+kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_codec *sc,
+                                  uint32_t s, const uint8_t *rows_k, const uint8_t *rows_v,
+                                  kv_cenc *e, uint32_t len[2]);
+
+/* Build the compressed block object of `src` into dst (dst_cap >= kv_cblock_bound()). */
+kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
+                            uint64_t *obj_bytes);
+
+/* Decoding state (one thread): a codec decoding context and reusable buffers. */
+typedef struct kv_cdec {
+  void *ctx_mem;
+  kv_codec_dctx *ctx;
+  uint8_t *scratch, *rows;
+  size_t scratch_cap, rows_cap;
+} kv_cdec;
+kvdb_status kv_cdec_init(kv_cdec *d);
+void kv_cdec_free(kv_cdec *d);
+
+/* Parse the header of section s (hdr_bytes, len >= its header) of a compressed block and check
+ * it against the block: codec id of the table, dtype, tokens, dims, K or V. */
+kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_bytes, size_t len,
+                                   uint32_t s, uint8_t codec_id, kv_section_info *info);
+
+/* Decode section s of a verified compressed block in buf (the whole object): *rows (owned by d,
+ * valid until its next use) gets *n_rows rows, positions (optional, n_tokens entries) their
+ * token positions. */
+kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                     kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
+                                     uint32_t *positions);
+
+/* Decode sections [s0, s1) of a verified compressed block that drops no tokens into the raw
+ * page-grouped data region `data` (h->g.data_bytes). */
+kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                  uint32_t s1, kv_cdec *d, uint8_t *data);
+
+/* A codec status as a kvdb status with the codec's message after `what`. */
+kvdb_status kv_codec_fail(kv_codec_status st, const kv_codec_err *err, const char *what);
+
+/* ---- copies between block sections and caller views (copy.c) ---- */
+/* Gather tokens [0, g->n_tokens) of the caller's view starting at token `t0` into the data
+ * region `data` (g->data_bytes, zeroed padding): all sections, or section `s` alone. */
+void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);
+void kv_gather_section(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                       uint8_t *data);
+/* Section s of tokens [t0, t0 + g->n_tokens) of the view as n_tokens contiguous rows (codec
+ * input). */
+void kv_gather_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint32_t s,
+                    uint8_t *rows);
+/* Tokens [t0, t0 + n) of one (layer, KV head) of K (is_v 0) or V as n contiguous rows. */
+void kv_gather_head(const kvdb_kv_view *v, uint32_t elem_bytes, uint32_t head_dim,
+                    uint32_t layer, uint32_t head, int is_v, uint64_t t0, uint64_t n,
+                    uint8_t *rows);
+/* n_tokens contiguous rows into section s of a page-grouped data region. */
+void kv_rows_to_section(const kv_block_geom *g, const uint8_t *rows, uint32_t s, uint8_t *data);
+/* n_rows contiguous rows of section s into the view at tokens t0, t0 + 1, ... */
+void kv_scatter_rows(const kv_block_geom *g, const uint8_t *rows, uint32_t n_rows, uint32_t s,
+                     const kvdb_kv_view *v, uint64_t t0);
+/* Scatter tokens [from, from + n) of the data region into the view at token t0 + (t - from):
+ * all sections, or sections [s0, s1) only, with non-temporal stores when `stream` (what
+ * kv_scatter_streams() says for a scatter of n tokens of every section: a large one). */
+void kv_scatter(const kv_block_geom *g, const uint8_t *data, uint32_t from, uint32_t n,
+                const kvdb_kv_view *v, uint64_t t0);
+int kv_scatter_streams(const kv_block_geom *g, uint32_t n);
+void kv_scatter_sections(const kv_block_geom *g, const uint8_t *data, uint32_t s0, uint32_t s1,
+                         uint32_t from, uint32_t n, const kvdb_kv_view *v, uint64_t t0,
+                         int stream);
+/* One row (head_dim elements) of section s into the view at token dst_tok of layer 0 (the
+ * get_tokens convention). */
+void kv_put_row(const kv_block_geom *g, uint32_t s, const uint8_t *row, const kvdb_kv_view *v,
+                uint64_t dst_tok);
+/* Scatter one token `t` of one layer (all heads, K and V) into view token `dst_tok`. `data`
+ * is the data region (or NULL with `page_of` resolving group addresses). */
+void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_t layer,
+                            uint32_t t, const kvdb_kv_view *v, uint64_t dst_tok);
+
+/* ---- score regions (score_write.c) ---- */
+
+/* The block-record flags of a block written with score copies of `bits` (0: none). */
+static inline uint32_t kv_score_rec_flags(unsigned bits)
+{
+  return bits == 8 ? KV_BLK_SCORE8 : bits == 4 ? KV_BLK_SCORE4 : 0;
+}
+/* The bits of a block record's score copies (0: none). */
+static inline unsigned kv_rec_score_bits(const kv_block_rec *rec)
+{
+  return (rec->bflags & KV_BLK_SCORE8) ? 8 : (rec->bflags & KV_BLK_SCORE4) ? 4 : 0;
+}
+
+/* Bytes of the score region of a block of geometry g at `bits` (0 when bits is 0 or the shape
+ * cannot be scored). */
+uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits);
+/* Bytes of a block record's object before its score region (what get reads at most). */
+uint64_t kv_rec_body_bytes(const kv_block_geom *g, const kv_block_rec *rec);
+
+/*
+ * kv_score_copy_build() - write copy c (layer * n_kv_heads + head) of the region `region` from
+ * the block's n_tokens K rows of that layer and head, row t at rows + t * stride (the model's
+ * dtype). KVDB_INVALID names a non-finite key.
+ */
+kvdb_status kv_score_copy_build(const kv_block_geom *g, const kv_sregion *r, uint32_t c,
+                                const uint8_t *rows, size_t stride, uint8_t *region);
+
+/*
+ * kv_score_region_build() - the whole region of the block whose tokens are [t0, t0 + n_tokens)
+ * of the caller's view: every copy from the view's K rows, then the table (kv_sregion_seal).
+ * `region` holds r->bytes. KVDB_INVALID (a non-finite key), KVDB_NOMEM.
+ */
+kvdb_status kv_score_region_build(const kv_block_geom *g, const kv_sregion *r,
+                                  const kvdb_kv_view *kv, uint64_t t0, const uint8_t hash[16],
+                                  uint8_t *region);
+
+/*
+ * kv_score_copy_from_section() - copy s / 2 (s even: a K section) from K section s of a raw
+ * block object being built in `obj` (its rows read in place, still in cache; gathered from the
+ * view at t0 when the section's groups are not back to back).
+ */
+kvdb_status kv_score_copy_from_section(const kv_block_geom *g, const kv_sregion *r, uint32_t s,
+                                       const uint8_t *obj, const kvdb_kv_view *kv, uint64_t t0,
+                                       uint8_t *region);
+
+/*
+ * kv_score_block_append() - for a model with score_bits: build the score region of a sealed
+ * block object in `obj` (*obj_bytes long; room for kv_score_region_bytes() more) right after
+ * it, from the view's K rows [t0, t0 + n_tokens), mark its header, and add the region to
+ * *obj_bytes. A model without score_bits: nothing. KVDB_INVALID (a non-finite key), KVDB_NOMEM.
+ */
+kvdb_status kv_score_block_append(const kvdb_model *m, const kv_block_geom *g,
+                                  const kvdb_kv_view *kv, uint64_t t0, const uint8_t hash[16],
+                                  uint8_t *obj, uint64_t *obj_bytes);
+
+/* Verify a whole block's score region (kvdb_verify, a whole-block read): buf holds the object
+ * as read (rec->bytes), hdr its parsed header. KVDB_CORRUPT names segment, offset, block. */
+kvdb_status kv_score_region_check(const kv_block_rec *rec, const uint8_t hash[16],
+                                  const kv_block_hdr *hdr, const uint8_t *buf);
+
+#endif

@@ -1,0 +1,276 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/db/db.c — the top floor (LAYERS): kvdb_options_init, kvdb_open, kvdb_close, and the
+ * entry points that compose the operations (engine/ops) with the placement (engine/place).
+ *
+ * PUT (kvdb_put_ex): check -> (placement on: profile the context and ask the placement for the
+ * config it will choose) -> kv_put_context (engine/ops/put.c: hash, encode, write, publish in
+ * one catalog transaction; its head comment has the durability order) -> (placement on: place
+ * the context, Algorithm 1). GET, lookup, delete and the rest live in engine/ops.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ops/ops.h"
+#include "place/place.h"
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+void kvdb_options_init(kvdb_options *opt)
+{
+  if (opt == NULL)
+    return;
+  memset(opt, 0, sizeof *opt);
+  opt->struct_size = sizeof *opt;
+  opt->flags = KVDB_O_CREATE;
+  opt->dram_bytes = 256ull << 20;
+  opt->ssd_bytes = 0;
+  opt->sync_mode = KVDB_SYNC_FULL;
+  opt->segment_bytes = 1ull << 30;
+  opt->catalog_map_bytes = 64ull << 30;
+  opt->use_direct_io = 1;
+  opt->use_io_uring = 1;
+  opt->log_level = 1;
+  kv_place_options_init(opt);
+}
+
+/* ---- put: check -> (placement) config -> write -> (placement) place --------------------- */
+
+kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *kv, kvdb_put_info *info)
+{
+  return kvdb_put_ex(db, m, tokens, n, kv, NULL, info);
+}
+
+/* Whether config c can store every block of an n-token put (a full block and the tail). */
+static int config_fits(const kvdb_config *c, const kvdb_model *m, uint32_t bt, size_t n)
+{
+  if (c->method == KVDB_METHOD_RAW)
+    return 1;
+  uint32_t sizes[2] = {n >= bt ? bt : 0, (uint32_t)(n % bt)};
+  for (int i = 0; i < 2; i++) {
+    kv_block_geom g;
+    if (sizes[i] == 0)
+      continue;
+    if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                           sizes[i]) != KVDB_OK ||
+        kv_cblock_bound(c, &g) == 0) {
+      kv_clear_error();
+      return 0;
+    }
+  }
+  return 1;
+}
+
+kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                        const kvdb_kv_view *kv, const kvdb_put_opts *opts, kvdb_put_info *info)
+{
+  uint32_t bt;
+  KV_RET(kv_put_checks(db, m, &bt, kv));
+  if (tokens == NULL || n == 0)
+    return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
+  KV_RET(kv_check_n_tokens(n));
+  KV_RET(kv_check_view_extent(kv, m, n, "kv"));
+  kvdb_put_opts o;
+  KV_RET(kv_put_opts_copy(opts, &o));
+  kv_place_put_opts(db, &o); /* placement on: profile the context */
+  if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
+    return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  KV_RET(kvdb_config_check(m, &o.config));
+  kv_queries qs;
+  const kv_queries *q;
+  KV_RET(kv_opts_queries(&o, m, &qs, &q));
+  if (o.config.method == KVDB_METHOD_DROP && o.config.drop == KVDB_DROP_SNAPKV && q == NULL)
+    return kv_fail(KVDB_INVALID, "config snapkv needs the prompt's last queries "
+                                 "(opts->queries, n_queries, n_q_heads)");
+  uint8_t mh[16], ctx[16];
+  kv_model_hash(m, bt, mh);
+  kvdb_config cfg = o.config;
+  kv_profile_rec *profile = NULL;
+  kvdb_status rc = KVDB_OK;
+  if (o.flags & KVDB_PUT_PROFILE) {
+    profile = malloc(sizeof *profile);
+    if (profile == NULL)
+      return kv_fail(KVDB_NOMEM, "profile");
+    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
+                         .space = o.profile_space, .heads = o.profile_heads};
+    KV_ERR(kv_profile_measure(&ps, profile));
+    /* placement on: write it once in the config the placement will choose on the SSD */
+    kvdb_config pc = cfg;
+    if (kv_place_put_config(db, m, bt, mh, n, profile, &pc) == KVDB_OK &&
+        kvdb_config_check(m, &pc) == KVDB_OK && config_fits(&pc, m, bt, n))
+      cfg = pc;
+    kv_clear_error(); /* only a hint: the placement after the put decides */
+  }
+  rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, info, ctx);
+  if (rc == KVDB_OK)
+    kv_place_after_put(db, ctx); /* placement on: place it (Algorithm 1) */
+out:
+  free(profile);
+  return rc;
+}
+
+/* ---- open / close ----------------------------------------------------------------------- */
+
+static char *dup_printf(const char *a, const char *b)
+{
+  size_t n = strlen(a) + strlen(b) + 1;
+  char *s = malloc(n);
+  if (s != NULL)
+    snprintf(s, n, "%s%s", a, b);
+  return s;
+}
+
+kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
+{
+  kv_clear_error();
+  if (out == NULL)
+    return kv_fail(KVDB_INVALID, "out is NULL");
+  *out = NULL;
+  if (path == NULL || path[0] == 0)
+    return kv_fail(KVDB_INVALID, "path is NULL or empty");
+  if (strlen(path) > 3900)
+    return kv_fail(KVDB_INVALID, "path '%.40s...' is too long", path);
+  kvdb_options opt;
+  kvdb_options_init(&opt);
+  if (user != NULL) {
+    if (user->struct_size == 0 || user->struct_size > sizeof opt)
+      return kv_fail(KVDB_INVALID, "options.struct_size %u: call kvdb_options_init() first",
+                     user->struct_size);
+    memcpy(&opt, user, user->struct_size);
+    opt.struct_size = sizeof opt;
+  }
+  if ((opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY)) != 0)
+    return kv_fail(KVDB_INVALID, "options.flags 0x%x has unknown bits 0x%x (known: KVDB_O_CREATE, "
+                   "KVDB_O_RDONLY)", opt.flags,
+                   opt.flags & ~(uint32_t)(KVDB_O_CREATE | KVDB_O_RDONLY));
+  if (opt.log_level < -1 || opt.log_level > 3)
+    return kv_fail(KVDB_INVALID, "options.log_level %d is not -1 (nothing), 0 (errors), "
+                   "1 (warnings), 2 (info) or 3 (debug)", opt.log_level);
+  if (opt.use_direct_io != 0 && opt.use_direct_io != 1)
+    return kv_fail(KVDB_INVALID, "options.use_direct_io %d is not 0 or 1", opt.use_direct_io);
+  if (opt.use_io_uring != 0 && opt.use_io_uring != 1)
+    return kv_fail(KVDB_INVALID, "options.use_io_uring %d is not 0 or 1", opt.use_io_uring);
+  if (opt.segment_bytes < (1u << 20))
+    return kv_fail(KVDB_INVALID, "segment_bytes %" PRIu64 " is below 1 MiB", opt.segment_bytes);
+  if (opt.catalog_map_bytes < (1u << 20))
+    return kv_fail(KVDB_INVALID, "catalog_map_bytes %" PRIu64 " is below 1 MiB",
+                   opt.catalog_map_bytes);
+  if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
+    return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
+                   (int)opt.sync_mode);
+  KV_RET(kv_place_options_check(&opt));
+  int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
+  int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
+
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    if (!create)
+      return kv_fail(KVDB_NOTFOUND, "no database directory '%s'", path);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      return kv_fail_errno(errno, "cannot create database directory '%s'", path);
+  } else if (!S_ISDIR(st.st_mode)) {
+    return kv_fail(KVDB_INVALID, "'%s' is not a directory", path);
+  }
+  if (!rdonly && access(path, W_OK) != 0)
+    return kv_fail(KVDB_READONLY, "database directory '%s' is not writable (open with "
+                   "KVDB_O_RDONLY to read it)", path);
+
+  kvdb *db = calloc(1, sizeof *db);
+  if (db == NULL)
+    return kv_fail(KVDB_NOMEM, "cannot allocate the handle");
+  kvdb_status rc = KVDB_OK;
+  db->opt = opt;
+  db->log = (kv_logger){opt.log_fn, opt.log_ctx, opt.log_level};
+  pthread_mutex_init(&db->mu, NULL);
+  db->dir = strdup(path);
+  db->seg_dir = dup_printf(path, "/ssd");
+  if (db->dir == NULL || db->seg_dir == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "cannot allocate paths");
+    goto fail;
+  }
+  rc = kv_catalog_open(&db->cat, path, opt.catalog_map_bytes, rdonly, create,
+                       opt.sync_mode == KVDB_SYNC_NONE);
+  if (rc != KVDB_OK)
+    goto fail;
+  if (!rdonly && mkdir(db->seg_dir, 0755) != 0 && errno != EEXIST) {
+    rc = kv_fail_errno(errno, "cannot create segment directory '%s'", db->seg_dir);
+    goto fail;
+  }
+  db->os_io = kv_io_os_create(opt.use_io_uring);
+  if (db->os_io == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "cannot create the I/O layer");
+    goto fail;
+  }
+  if (opt.use_io_uring && !db->os_io->uring)
+    kv_log(&db->log, 1, "io_uring is not available here; using pread/pwrite");
+  db->io = kv_io_test_wrap ? kv_io_test_wrap(db->os_io) : db->os_io;
+  db->direct = opt.use_direct_io;
+  if (opt.dram_bytes >= KV_PAGE) {
+    db->dram = kv_dram_create(opt.dram_bytes);
+    if (db->dram == NULL) {
+      rc = kv_fail(KVDB_NOMEM, "cannot reserve %" PRIu64 " bytes for the DRAM tier",
+                   opt.dram_bytes);
+      goto fail;
+    }
+  }
+  rc = kv_place_open(db); /* SmartSSD directory (recovery needs it), placement state */
+  if (rc != KVDB_OK)
+    goto fail;
+  db->magic = KVDB_MAGIC_OPEN;
+  if (!rdonly) {
+    rc = kv_recover(db);
+    if (rc != KVDB_OK)
+      goto fail;
+    kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
+  }
+  *out = db;
+  return KVDB_OK;
+fail:
+  db->magic = KVDB_MAGIC_OPEN;
+  {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvdb_errmsg());
+    kvdb_close(db);
+    kv_fail(rc, "%s", msg);
+  }
+  return rc;
+}
+
+void kvdb_close(kvdb *db)
+{
+  if (db == NULL || db->magic != KVDB_MAGIC_OPEN)
+    return;
+  if (db->n_pending > 0 && !db->cat.rdonly && db->cat.env != NULL) {
+    MDB_txn *txn;
+    if (kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
+      if (kv_flush_atime(db, txn) == KVDB_OK)
+        kv_txn_commit(txn);
+      else
+        mdb_txn_abort(txn);
+    }
+  }
+  if (db->io != NULL) {
+    kv_writers_free(db);
+    kv_rbufs_free(db);
+    kv_files_free(db);
+  }
+  kv_place_close(db);
+  kv_score_close(db);
+  kv_catalog_close(&db->cat);
+  kv_io_destroy(db->os_io);
+  kv_dram_destroy(db->dram);
+  free(db->pending);
+  free(db->dir);
+  free(db->seg_dir);
+  pthread_mutex_destroy(&db->mu);
+  db->magic = KVDB_MAGIC_CLOSED;
+  free(db);
+}

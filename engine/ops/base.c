@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/ops/base.c — what the operations share (ops_int.h, and ops.h for the floors above):
+ * model records (kv_model_known, kv_model_by_hash), a context's record and blocks as a read
+ * finds them (kv_ctx_of_model, kv_ctx_block), and the snapshot-and-retry loop of the reads
+ * (kv_read_begin, kv_read_again, kv_gen_moved).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_int.h"
+
+/* ---- model records ---- */
+
+kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint8_t mh[16])
+{
+  MDB_val key = {strlen(m->id), (void *)(uintptr_t)m->id}, val;
+  int mrc = mdb_get(txn, db->cat.models, &key, &val);
+  if (mrc == MDB_NOTFOUND)
+    return KVDB_NOTFOUND;
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "get model");
+  kv_model_rec mr;
+  KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
+  if (memcmp(mr.hash, mh, 16) != 0)
+    return kv_fail(KVDB_MISMATCH,
+                   "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
+                   "block_tokens %u, score_bits %u; this call has %u, %u, %u, %u, %u, %u",
+                   m->id, mr.n_layers, mr.n_kv_heads, mr.head_dim, mr.dtype, mr.block_tokens,
+                   mr.score_bits, m->n_layers, m->n_kv_heads, m->head_dim, (unsigned)m->dtype, bt,
+                   m->score_bits);
+  return KVDB_OK;
+}
+
+kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+                             kv_model_rec *rec)
+{
+  MDB_cursor *cur;
+  int mrc = mdb_cursor_open(txn, db->cat.models, &cur);
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "open model cursor");
+  MDB_val k, v;
+  kvdb_status rc = KVDB_NOTFOUND;
+  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
+       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+    kv_model_rec mr;
+    if (kv_model_rec_decode(v.mv_data, v.mv_size, &mr) == KVDB_OK && memcmp(mr.hash, mh, 16) == 0) {
+      size_t n = k.mv_size < 63 ? k.mv_size : 63;
+      memcpy(id, k.mv_data, n);
+      id[n] = 0;
+      if (rec != NULL)
+        *rec = mr;
+      rc = KVDB_OK;
+      break;
+    }
+  }
+  mdb_cursor_close(cur);
+  return rc;
+}
+
+/* ---- a context as a read finds it ---- */
+
+kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out)
+{
+  char hx[33];
+  uint32_t bt = m->block_tokens ? m->block_tokens : 256;
+  kvdb_status rc = kv_model_known(db, txn, m, bt, model_hash);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc; /* MISMATCH: the id is stored with another shape (both named) */
+  rc = kv_cat_get_ctx(&db->cat, txn, key, out);
+  if (rc == KVDB_NOTFOUND)
+    return kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(key, hx));
+  if (rc == KVDB_OK && memcmp(out->model, model_hash, 16) != 0)
+    return kv_fail(KVDB_MISMATCH, "context %s belongs to another model shape than '%s'%s",
+                   kv_hex16(key, hx), m->id,
+                   m->score_bits ? " (with its score_bits: they are part of the shape)" : "");
+  return rc;
+}
+
+kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+                         kv_block_rec *out)
+{
+  kvdb_status rc = kv_cat_get_block(&db->cat, txn, hash, out);
+  if (rc == KVDB_OK)
+    return KVDB_OK;
+  char hx[33], hb[33];
+  return kv_fail(rc == KVDB_NOTFOUND ? KVDB_CORRUPT : rc, "context %s lists block %s, which %s",
+                 kv_hex16(key, hx), kv_hex16(hash, hb),
+                 rc == KVDB_NOTFOUND ? "is missing" : kvdb_errmsg());
+}
+
+/* ---- snapshot and retry ---- */
+
+int kv_gen_moved(kvdb *db, uint64_t gen)
+{
+  MDB_txn *txn;
+  uint64_t now = gen;
+  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
+    return 0;
+  kv_cat_get_u64(&db->cat, txn, "gen", &now);
+  mdb_txn_abort(txn);
+  return now != gen;
+}
+
+kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s)
+{
+  KV_RET(kv_txn_begin(&db->cat, 0, &s->txn));
+  kv_files_prune(db, s->txn);
+  s->gen = 0;
+  kv_cat_get_u64(&db->cat, s->txn, "gen", &s->gen);
+  return KVDB_OK;
+}
+
+int kv_read_again(kvdb *db, kv_read_snap *s, int failed)
+{
+  if (!failed || s->tries >= KV_READ_RETRIES)
+    return 0;
+  s->tries++;
+  return kv_gen_moved(db, s->gen);
+}

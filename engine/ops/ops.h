@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/ops/ops.h — the operations floor (LAYERS: above the placement state of engine/track,
+ * below the placement's decisions of engine/place), for the floors above. The public entry
+ * points of the operations (put.c, get.c, context.c, fetch.c, score_ctx.c, delete.c, maint.c,
+ * verify.c, profile.c) are declared in kvdb.h; this header has what engine/place and
+ * engine/db compose them with: the write step of a put, deletes inside a transaction, model
+ * and context records, and the quality profile of a context (profile.c: for each config of a
+ * space, the context's size in it and the attention-output fidelity of its decoded KV).
+ * ops_int.h is for the operations' own files.
+ */
+#ifndef KV_OPS_H
+#define KV_OPS_H
+
+#include "track/track.h"
+
+/* ---- put.c ---- */
+
+/* kvdb_put's and kvdb_put_block's checks of the handle, the model and the view (and that the
+ * handle writes); *block_tokens receives the model's. */
+kvdb_status kv_put_checks(kvdb *db, const kvdb_model *m, uint32_t *block_tokens,
+                          const kvdb_kv_view *kv);
+/* The options of a put as this build's struct (fields past the caller's struct_size keep their
+ * defaults); KVDB_INVALID when struct_size is not one kvdb_put_opts_init set. */
+kvdb_status kv_put_opts_copy(const kvdb_put_opts *in, kvdb_put_opts *o);
+/*
+ * kv_put_context() - the write step of kvdb_put_ex, its arguments checked: the chain hashes of
+ * the n tokens (model fingerprint mh, block_tokens bt), every new block encoded with `cfg`,
+ * written, synced and published in one catalog transaction (its durability order: put.c),
+ * `profile` (NULL: none) recorded with the context. ctx receives the context's key (also when
+ * every block was there already). KVDB_INVALID when cfg cannot store a block.
+ */
+kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                           const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
+                           const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
+                           kvdb_put_info *info, uint8_t ctx[16]);
+/* The config fields and flags of a block record stored with c. */
+void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
+
+/* ---- delete.c ---- */
+
+/* One block of `bytes` less in segment seg (live bytes and blocks). */
+kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes);
+/* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
+kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
+
+/* ---- base.c ---- */
+
+/* Whether model m (fingerprint mh) is the one stored under its id: KVDB_OK; KVDB_NOTFOUND (no
+ * model of that id is stored); KVDB_MISMATCH naming both shapes (another shape is stored under
+ * that id: every call with the model fails so, not only put). */
+kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint8_t mh[16]);
+/* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
+kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+                             kv_model_rec *rec);
+/* The context record `key` when it belongs to model m (model_hash = its h_{-1}): else
+ * KVDB_NOTFOUND or KVDB_MISMATCH with a message naming the context. */
+kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+                            const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
+
+/* ---- score_ctx.c ---- */
+
+/* Close the near-data devices kvdb_score keeps in the handle (kvdb_close). */
+void kv_score_close(kvdb *db);
+
+/* ---- profile.c ---- */
+
+#define KV_PROFILE_HEADS_DEFAULT 16
+#define KV_PROFILE_MAX_CONFIGS 64
+
+/* The configs of a space string (names separated by commas; NULL or "" = the default space,
+ * with the snapkv configs only when queries exist). KVDB_INVALID names a bad name. */
+kvdb_status kv_profile_space(const char *space, int have_queries, const kvdb_model *m,
+                             kvdb_config *out, uint32_t cap, uint32_t *n);
+
+/* What a profile is measured from: the whole context in the caller's layout (or decoded). */
+typedef struct kv_profile_src {
+  const kvdb_model *m;
+  uint32_t block_tokens;
+  const kvdb_kv_view *kv; /* n_tokens tokens */
+  uint64_t n_tokens;
+  const kv_queries *q;    /* NULL: probes derived from the keys */
+  const char *space;      /* NULL: the default space */
+  uint32_t heads;         /* sampled (layer, KV head) pairs; 0 = KV_PROFILE_HEADS_DEFAULT */
+  const kvdb_config *not_below; /* NULL, or the config the KV already went through: configs
+                                   that would need what it lost are recorded unmeasured */
+} kv_profile_src;
+
+kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out);
+
+/* Record profile p for an existing context in its own transaction: its stored config and
+ * exact bytes come from the catalog; reports of an earlier profile are kept. */
+kvdb_status kv_profile_store(kvdb *db, const uint8_t key[16], kv_profile_rec *p);
+
+/* The queries of put options, checked against the model (*out NULL when there are none). */
+kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_queries *q,
+                            const kv_queries **out);
+
+/* Mark the entry of cfg as the stored config with exact bytes (adding it when missing). */
+void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes);
+
+/* Whether two configs are the same. */
+int kv_config_equal(const kvdb_config *a, const kvdb_config *b);
+
+/* Whether KV stored with `have` still holds everything `want` needs: precision cannot come
+ * back (a lossy config can only become lossier, dropped tokens stay dropped). */
+int kv_config_reachable(const kvdb_config *have, const kvdb_config *want);
+
+#endif

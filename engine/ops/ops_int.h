@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/ops/ops_int.h — what the files of the operations floor share among themselves (the
+ * floors above use ops.h): the snapshot-and-retry loop of the reads and what reads of a context
+ * share (base.c), a segment's presence (verify.c), and the near-data device of kvdb_score
+ * (score_ctx.c) and the row fetch (fetch.c).
+ */
+#ifndef KV_OPS_INT_H
+#define KV_OPS_INT_H
+
+#include "device.h"
+#include "ops.h"
+
+/* ---- base.c ---- */
+
+/* The record of block `hash`, which context `key` lists: a block the catalog lacks is
+ * KVDB_CORRUPT, and any failure's message names the context and the block. */
+kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+                         kv_block_rec *out);
+/* 1 when a compaction committed since a read snapshot that saw catalog generation `gen` (its
+ * blocks may have moved: the read is worth doing again from a fresh snapshot). */
+int kv_gen_moved(kvdb *db, uint64_t gen);
+
+/*
+ * The snapshot-and-retry loop of the reads. A compaction in any handle may move the blocks a
+ * read found and remove their old segment file between its snapshot and its reads; the read
+ * then fails or comes back short and is worth doing again from a fresh snapshot. Compactions
+ * bump meta "gen"; a block that fails verification does not. A read:
+ *
+ *   kv_read_snap s = {0};
+ *   do {
+ *     KV_RET(kv_read_begin(db, &s));   // s.txn: a read transaction, the segment-file cache
+ *     ... read through s.txn ...        // pruned to it, s.gen its catalog generation
+ *     mdb_txn_abort(s.txn);             // (the read may end the transaction earlier)
+ *   } while (kv_read_again(db, &s, failed_or_short));
+ *
+ * kv_read_again: 1 when the try failed (or came back short), fewer than KV_READ_RETRIES
+ * retries were made, and a compaction committed since the snapshot.
+ */
+#define KV_READ_RETRIES 3
+typedef struct kv_read_snap {
+  MDB_txn *txn;
+  uint64_t gen;
+  int tries; /* retries made */
+} kv_read_snap;
+kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s);
+int kv_read_again(kvdb *db, kv_read_snap *s, int failed);
+
+/* ---- verify.c ---- */
+
+/* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle
+ * moved its blocks and removed its file while the caller read an older snapshot. */
+int kv_seg_gone_now(kvdb *db, uint64_t id);
+
+/* ---- score_ctx.c ---- */
+
+/* Bytes of score copies kvdb_score reads from segment files before scoring them (a wave);
+ * default 16 MiB. Tests lower it to make many waves; nothing else changes it. */
+extern uint64_t kv_score_wave_bytes;
+
+/* ---- the near-data device, shared by scoring (score_ctx.c) and the row fetch (fetch.c) ---- */
+
+/* Options as the caller gave them (struct_size honoured), defaults for the rest, checked:
+ * KVDB_INVALID names the field. */
+kvdb_status kv_score_opts_get(const kvdb_score_opts *opts, kvdb_score_opts *o);
+/* A kvdb_status and message for a failed fpga/ call (`what` first). */
+kvdb_status kv_score_fpga_fail(kv_fpga_status st, const kv_fpga_err *err, const char *what);
+/* Open segment file `seg` for the device's own reads (O_DIRECT where the file system allows). */
+kvdb_status kv_score_open_direct(kvdb *db, uint64_t seg, int *fd);
+/* A device of the kind o asks for (o->device NEAR_DATA or EMULATED, o->xclbin_path): the
+ * handle's kept one if free, else a new one; give it back with kv_score_dev_release. */
+kvdb_status kv_score_dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev **dev,
+                                 int *slot, int *kept);
+void kv_score_dev_release(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *dev, int slot,
+                          int kept);
+
+#endif

@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine/place/place.h — the place floor (LAYERS: above the operations, below the entry
+ * points of engine/db): the placement's decisions. Moving a context to another (config, tier)
+ * (relocate.c); placing contexts with the EvicPress policy of engine/policy (placer.c);
+ * quality reports and re-profiling (report.c). The state they read and the read/write paths
+ * feed is one floor below the operations (engine/track/track.h).
+ *
+ * LOCKING: placements of one handle run one at a time (kv_place_run_lock); across handles and
+ * processes they meet in LMDB's write lock and kv_relocate's checks (a context that changed
+ * meanwhile is skipped).
+ */
+#ifndef KV_PLACE_H
+#define KV_PLACE_H
+
+#include "ops/ops.h"
+#include "policy.h"
+
+/* ---- relocate.c ---- */
+
+/* Keep the config (kv_relocate's `to` NULL) / keep the tier (`tier`). */
+#define KV_TIER_KEEP UINT32_MAX
+
+/*
+ * kv_relocate() - move context `ctx` to `tier` (or KV_TIER_KEEP: each block stays on its tier)
+ * stored with config `to` (NULL: keep it), in one catalog transaction (kvdb_relocate's and
+ * kvdb_recompress's contract). `q`: queries for SnapKV (NULL when there are none).
+ * `smart_ok`: the SmartSSD tier may take it (kvdb_relocate: the handle's smartssd_bytes > 0;
+ * a placement: its settings have the tier); its directory must be known either way.
+ */
+kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
+                        const kvdb_config *to, uint32_t tier, const kv_queries *q, int smart_ok);
+
+/* ---- placer.c ---- */
+
+/* Right after a put of context `key` is durable, with placement on: count the access, then
+ * place it (Algorithm 1 from the catalog's state) and carry out the moves. Failures are logged
+ * (the put stands). */
+void kv_place_after_put(kvdb *db, const uint8_t key[16]);
+
+/* Before a put with placement on, from the context's measured profile alone: when its best
+ * place is the SSD tier (cached in DRAM or not), *cfg becomes the config the placement will
+ * choose there, so that the put writes it once (kv_place_after_put then finds it placed; when
+ * other contexts make it place the context elsewhere, it moves it as before). *cfg is left as
+ * it is otherwise (a SmartSSD place: the put writes to the SSD first). */
+kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_tokens,
+                                const uint8_t model_hash[16], uint64_t n_tokens,
+                                const kv_profile_rec *prof, kvdb_config *cfg);
+
+/* Re-profiling (EvicPress §4.3), in kvdb_report_quality's write transaction with the context's
+ * record `cr` and its profile `p` (the report already averaged in): when placement is on and
+ * the stored config's reported quality has drifted below its profiled quality by more than
+ * reprofile_drift_pct, re-scale the other entries (kvdb.h, kvdb_report_quality) and require
+ * format 3; *drifted = 1 when it did (the caller then calls kv_place_context after the
+ * commit). */
+kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
+                           int *drifted);
+/* Place one context again (it takes its best place; over-full tiers are resolved), with
+ * placement on; failures are logged. */
+void kv_place_context(kvdb *db, const uint8_t key[16]);
+
+#endif
