@@ -66,11 +66,12 @@ typedef MDB_txn kv_txn;
  *                built elsewhere (repair's rebuilt records). Dels say KVDB_NOTFOUND (no
  *                message) when there was nothing to delete. Segment records go through
  *                kv_cat_put_seg / kv_cat_del_seg only (they keep counts.h's counters); the raw
- *                and block/context functions here keep no counters (repair recounts).
+ *                and block/context functions here keep none (their callers call
+ *                kv_counts_add, or recount as repair does).
  *   iteration    a kv_cat_iter lives on the caller's stack; the caller owns it and must
  *                kv_cat_iter_close it (idempotent; safe after a failed open and on a zeroed
- *                iterator: kv_cat_iter it = {0}). The catalog owns
- *                the cursor inside. kv_cat_iter_open positions it before the first entry of a
+ *                iterator, kv_cat_iter it = {0}). The catalog owns the LMDB cursor inside.
+ *                kv_cat_iter_open positions it before the first entry of a
  *                table, kv_cat_iter_open_dups before the first value of one key (a dupsort
  *                table: the segment index, the trie); kv_cat_iter_seg_index is that for the
  *                blocks of one segment. kv_cat_iter_next returns 1 with it.key / it.val set to
@@ -89,6 +90,14 @@ typedef MDB_txn kv_txn;
  *   hot paths    nothing here allocates except kv_cat_put_block for records of more than
  *                1024 tokens (encoded on the stack below that), and iterator opens (LMDB's
  *                cursor): no locks, no transactions of their own.
+ *
+ * NEXT FILES. What the other store files still do with LMDB maps onto this API: full scans
+ * (MDB_FIRST/NEXT) -> kv_cat_iter_open; mdb_get -> the typed gets or kv_cat_get_raw; mdb_stat
+ * -> kv_cat_count; mdb_txn_id -> kv_txn_id; mdb_txn_abort -> kv_txn_abort; place.c's own
+ * mdb_txn_begin -> kv_txn_begin; block record puts -> kv_cat_put_block (or kv_cat_put_raw
+ * where the bytes are built already, as put.c's are). The puts still written out there get
+ * typed functions beside these when they move: a context record with its access-time entry
+ * (put.c, relocate.c), a model record (put.c), an access-time entry alone (put.c).
  *
  * TRANSITION. kv_txn is for now the same type as MDB_txn (typedef MDB_txn kv_txn), so files
  * not yet converted pass their MDB_txn * to the same functions and converted ones use kv_txn
