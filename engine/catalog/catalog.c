@@ -655,6 +655,34 @@ kvdb_status kv_txn_commit(MDB_txn *txn)
   return KVDB_OK;
 }
 
+void kv_txn_abort(kv_txn *txn)
+{
+  kv_mdb_txn_abort(txn);
+}
+
+uint64_t kv_txn_id(kv_txn *txn)
+{
+  return mdb_txn_id(txn);
+}
+
+/* mdb_reader_list's lines: "pid thread txnid" ("-" for an idle slot); the oldest txnid */
+static int oldest_reader_line(const char *msg, void *ctx)
+{
+  uint64_t *oldest = ctx;
+  char txn[32];
+  unsigned long long v;
+  if (sscanf(msg, "%*d %*x %31s", txn) == 1 && sscanf(txn, "%llu", &v) == 1 && v < *oldest)
+    *oldest = v;
+  return 0;
+}
+
+uint64_t kv_cat_oldest_reader(kv_catalog *c)
+{
+  uint64_t oldest = UINT64_MAX;
+  mdb_reader_list(c->env, oldest_reader_line, &oldest);
+  return oldest;
+}
+
 kvdb_status kv_cat_track_commits(kv_catalog *c)
 {
   if (c->rdonly)

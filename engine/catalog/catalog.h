@@ -40,6 +40,74 @@
 
 #include "kv_common.h"
 
+/* the catalog's transaction (see TRANSITION below: the same type as MDB_txn for now) */
+typedef MDB_txn kv_txn;
+
+/*
+ * THE TYPED CATALOG API (issue 14: the catalog owns every LMDB call and the schema)
+ *
+ * The layers above the catalog reach LMDB only through kv_cat_* / kv_txn_* functions; the
+ * files converted so far (store/verify.c, store/maint.c) make no mdb_* call and name no MDB_*
+ * type. The others still do and are converted the same way (see TRANSITION below).
+ *
+ *   kv_txn       the catalog's transaction. Begun by kv_txn_begin, ended by kv_txn_commit
+ *                (commits a write one, ends a read one) or kv_txn_abort (NULL: no-op). Every
+ *                pointer a kv_cat_* function hands out (a record's tokens or blocks, an
+ *                iterator's key and val) points into the map: valid until the transaction
+ *                ends or the next write in it.
+ *   kv_cat_table the schema's databases by name (KV_TBL_*); a database the catalog lacks (an
+ *                older format opened read-only: profiles, ctxstats, next/segblocks, children)
+ *                reads as empty: gets and deletes say KVDB_NOTFOUND, iterators yield nothing,
+ *                puts fail KVDB_READONLY naming it.
+ *   gets         kv_cat_get_<rec>(c, txn, key, &rec): the record decoded; KVDB_NOTFOUND (no
+ *                message) when absent, KVDB_CORRUPT (with one) when it does not decode.
+ *                kv_cat_get_raw: the bytes as stored, for callers that check them (verify).
+ *   puts, dels   kv_cat_put_<rec> encodes the typed record itself; kv_cat_put_raw writes bytes
+ *                built elsewhere (repair's rebuilt records). Dels say KVDB_NOTFOUND (no
+ *                message) when there was nothing to delete. Segment records go through
+ *                kv_cat_put_seg / kv_cat_del_seg only (they keep counts.h's counters); the raw
+ *                and block/context functions here keep none (their callers call
+ *                kv_counts_add, or recount as repair does).
+ *   iteration    a kv_cat_iter lives on the caller's stack; the caller owns it and must
+ *                kv_cat_iter_close it (idempotent; safe after a failed open and on a zeroed
+ *                iterator, kv_cat_iter it = {0}). The catalog owns the LMDB cursor inside.
+ *                kv_cat_iter_open positions it before the first entry of a
+ *                table, kv_cat_iter_open_dups before the first value of one key (a dupsort
+ *                table: the segment index, the trie); kv_cat_iter_seg_index is that for the
+ *                blocks of one segment. kv_cat_iter_next returns 1 with it.key / it.val set to
+ *                the next entry, 0 at the end or on an LMDB failure: it.err is KVDB_OK at the
+ *                end, else the failure's status (message set, naming `what`). A loop reads:
+ *                    kv_cat_iter it;
+ *                    KV_RET(kv_cat_iter_open(c, txn, KV_TBL_SEGMENTS, &it, "segments"));
+ *                    while (kv_cat_iter_next(&it)) {
+ *                      if (kv_cat_iter_seg(&it, &id, &sr) != KVDB_OK) ...  (key and record)
+ *                    }
+ *                    kv_cat_iter_close(&it);   (it.err: how it ended)
+ *                kv_cat_iter_block / _ctx / _seg decode the current entry (key size checked:
+ *                KVDB_CORRUPT naming it); kv_cat_iter_del deletes it (write transactions).
+ *   errors       every function returns a kvdb_status with the message set (kv_mdb_fail
+ *                maps LMDB's codes: MDB_MAP_FULL is KVDB_FULL, ...), except the NOTFOUNDs.
+ *   hot paths    nothing here allocates except kv_cat_put_block for records of more than
+ *                1024 tokens (encoded on the stack below that), and iterator opens (LMDB's
+ *                cursor): no locks, no transactions of their own.
+ *
+ * NEXT FILES. What the other store files still do with LMDB maps onto this API: full scans
+ * (MDB_FIRST/NEXT) -> kv_cat_iter_open; mdb_get -> the typed gets or kv_cat_get_raw; mdb_stat
+ * -> kv_cat_count; mdb_txn_id -> kv_txn_id; mdb_txn_abort -> kv_txn_abort; place.c's own
+ * mdb_txn_begin -> kv_txn_begin; block record puts -> kv_cat_put_block (or kv_cat_put_raw
+ * where the bytes are built already, as put.c's are). The puts still written out there get
+ * typed functions beside these when they move: a context record with its access-time entry
+ * (put.c, relocate.c), a model record (put.c), an access-time entry alone (put.c).
+ *
+ * TRANSITION. kv_txn is for now the same type as MDB_txn (typedef MDB_txn kv_txn), so files
+ * not yet converted pass their MDB_txn * to the same functions and converted ones use kv_txn
+ * with no cast. Once no file outside engine/catalog/ names MDB_txn, the typedef becomes
+ * `typedef struct kv_txn kv_txn;` (opaque; catalog.c casts to MDB_txn at its LMDB calls),
+ * kv_catalog's MDB_env / MDB_dbi fields move into catalog.c's own struct behind a pointer,
+ * kv_cursor_open, kv_mdb_fail and the mdb_txn_* macros below leave this header, and
+ * <lmdb.h> is included by the files of engine/catalog/ only.
+ */
+
 #define KV_REC_VERSION 1u
 #define KV_CTX_REC_VERSION 2u /* version 2: the context's storage config after the header */
 #define KV_PROFILE_REC_VERSION 1u
@@ -268,7 +336,7 @@ unsigned kv_cat_map_full_events(void);
  * the slots of dead readers are cleared, so that a process killed inside a read transaction
  * does not pin its snapshot (and the pages it sees) forever.
  */
-kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out);
+kvdb_status kv_txn_begin(kv_catalog *c, int write, kv_txn **out);
 
 /* Every transaction of a catalog's environment is begun and ended through these (the macros
  * below route the engine's mdb_txn_* calls here): they count open transactions for the map
@@ -284,7 +352,7 @@ void kv_mdb_txn_abort(MDB_txn *txn);
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
  * successful one has a txn id of its own) and its id is recorded once committed. */
-kvdb_status kv_txn_commit(MDB_txn *txn);
+kvdb_status kv_txn_commit(kv_txn *txn);
 
 /*
  * Own-commit tracking, for a view of the catalog kept between transactions that must know
@@ -298,22 +366,100 @@ kvdb_status kv_cat_track_commits(kv_catalog *c);
 int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto);
 
 /* Typed gets: KVDB_NOTFOUND when absent, KVDB_CORRUPT when the record does not decode. */
-kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r);
-kvdb_status kv_cat_get_ctx(kv_catalog *c, MDB_txn *txn, const uint8_t key[16], kv_ctx_rec *r);
-kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec *r);
+kvdb_status kv_cat_get_block(kv_catalog *c, kv_txn *txn, const uint8_t hash[16], kv_block_rec *r);
+kvdb_status kv_cat_get_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16], kv_ctx_rec *r);
+kvdb_status kv_cat_get_seg(kv_catalog *c, kv_txn *txn, uint64_t id, kv_seg_rec *r);
 /* Segment records are written and deleted through these two only: they keep the counters of
  * counts.h. A record that does not decode cannot be replaced or deleted (KVDB_CORRUPT). */
-kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r);
-kvdb_status kv_cat_del_seg(kv_catalog *c, MDB_txn *txn, uint64_t id);
-kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v);
+kvdb_status kv_cat_put_seg(kv_catalog *c, kv_txn *txn, uint64_t id, const kv_seg_rec *r);
+kvdb_status kv_cat_del_seg(kv_catalog *c, kv_txn *txn, uint64_t id);
+kvdb_status kv_cat_get_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t *v);
 /* Raise the catalog's format version to at least `version` in this write transaction (done
  * when the first format-2 record or block is committed). */
-kvdb_status kv_cat_require_format(kv_catalog *c, MDB_txn *txn, uint64_t version);
+kvdb_status kv_cat_require_format(kv_catalog *c, kv_txn *txn, uint64_t version);
 /* The profile of a context: KVDB_NOTFOUND when none is recorded. r is big (~16 KiB). */
-kvdb_status kv_cat_get_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_get_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                kv_profile_rec *r);
-kvdb_status kv_cat_put_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_put_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                const kv_profile_rec *r);
-kvdb_status kv_cat_put_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t v);
+kvdb_status kv_cat_put_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t v);
+
+/* ---- the typed API (see THE TYPED CATALOG API at the top; iter.c) ---- */
+
+/* End a transaction without committing (a read one, or a write one undone); NULL: no-op. */
+void kv_txn_abort(kv_txn *txn);
+/* The transaction's id (LMDB's txnid: the snapshot a read one sees). */
+uint64_t kv_txn_id(kv_txn *txn);
+/* The oldest snapshot any reader of the environment holds (any process: LMDB's reader
+ * table; the caller's own open read transactions count), UINT64_MAX when no slot is used. */
+uint64_t kv_cat_oldest_reader(kv_catalog *c);
+
+typedef enum kv_cat_table {
+  KV_TBL_META,
+  KV_TBL_MODELS,
+  KV_TBL_BLOCKS,
+  KV_TBL_CONTEXTS,
+  KV_TBL_ATIME,
+  KV_TBL_SEGMENTS,
+  KV_TBL_PROFILES,
+  KV_TBL_CTXSTATS,
+  KV_TBL_NEXT,
+  KV_TBL_SEGBLOCKS,
+  KV_TBL_CHILDREN
+} kv_cat_table;
+
+/* Bytes of a catalog entry, pointing into the map (valid as the transaction). */
+typedef struct kv_cat_bytes {
+  const uint8_t *data;
+  size_t size;
+} kv_cat_bytes;
+
+typedef struct kv_cat_iter {
+  kv_cat_bytes key, val; /* the current entry, after kv_cat_iter_next returned 1 */
+  kvdb_status err;       /* KVDB_OK, or the LMDB failure that ended the iteration */
+  /* the catalog's (iter.c) */
+  void *cur_;
+  const char *what_;
+  int state_, dups_;
+} kv_cat_iter;
+
+kvdb_status kv_cat_iter_open(kv_catalog *c, kv_txn *txn, kv_cat_table t, kv_cat_iter *it,
+                             const char *what);
+kvdb_status kv_cat_iter_open_dups(kv_catalog *c, kv_txn *txn, kv_cat_table t, const void *key,
+                                  size_t key_len, kv_cat_iter *it, const char *what);
+/* The segment index's entries for segment `seg`: it.val is a block hash (16 bytes). */
+kvdb_status kv_cat_iter_seg_index(kv_catalog *c, kv_txn *txn, uint64_t seg, kv_cat_iter *it,
+                                  const char *what);
+int kv_cat_iter_next(kv_cat_iter *it);
+/* Delete the current entry (a write transaction). */
+kvdb_status kv_cat_iter_del(kv_cat_iter *it);
+void kv_cat_iter_close(kv_cat_iter *it);
+/* The current entry decoded: blocks and contexts have 16-byte keys, segments 8-byte ones
+ * (KVDB_CORRUPT naming the size otherwise); then the record's decoder. */
+kvdb_status kv_cat_iter_block(const kv_cat_iter *it, kv_block_rec *r);
+kvdb_status kv_cat_iter_ctx(const kv_cat_iter *it, kv_ctx_rec *r);
+kvdb_status kv_cat_iter_seg(const kv_cat_iter *it, uint64_t *id, kv_seg_rec *r);
+
+/* Entries in table t (*n = 0 for an absent one). */
+kvdb_status kv_cat_count(kv_catalog *c, kv_txn *txn, kv_cat_table t, uint64_t *n);
+/* Raw entries (see above). kv_cat_get_raw: KVDB_NOTFOUND without a message when absent. */
+kvdb_status kv_cat_get_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const void *key,
+                           size_t key_len, kv_cat_bytes *val);
+kvdb_status kv_cat_put_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const void *key,
+                           size_t key_len, const void *val, size_t val_len, const char *what);
+kvdb_status kv_cat_del_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const void *key,
+                           size_t key_len, const char *what);
+
+/* Typed puts and deletes (no counters kept: see above). kv_cat_put_block encodes r with the
+ * tokens r->tokens points to. */
+kvdb_status kv_cat_put_block(kv_catalog *c, kv_txn *txn, const uint8_t hash[16],
+                             const kv_block_rec *r);
+kvdb_status kv_cat_del_block(kv_catalog *c, kv_txn *txn, const uint8_t hash[16]);
+kvdb_status kv_cat_del_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+kvdb_status kv_cat_del_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+/* Delete context key's access-time entry: (ms, key) when ms is given and there, else the
+ * entry found by a scan of the table (linear: for repairs). KVDB_NOTFOUND when none. */
+kvdb_status kv_cat_del_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                             const uint64_t *ms);
 
 #endif

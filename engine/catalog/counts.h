@@ -46,31 +46,31 @@ kvdb_status kv_counts_decode(const uint8_t *b, size_t len, uint64_t *stamp, kv_c
 
 /* The counters as of txn (a read transaction): KVDB_OK when current, KVDB_NOTFOUND when
  * absent or stale (no message either way); another status when LMDB fails. */
-kvdb_status kv_counts_get(kv_catalog *c, MDB_txn *txn, kv_counts *out);
+kvdb_status kv_counts_get(kv_catalog *c, kv_txn *txn, kv_counts *out);
 
 /* Count everything anew, as of txn (read or write): O(contexts + segments). A segment record
  * that does not decode is KVDB_CORRUPT; a context record that does not decode is not counted
  * (verify reports it); a context whose last block cannot be read counts as SSD. */
-kvdb_status kv_counts_recount(kv_catalog *c, MDB_txn *txn, kv_counts *out);
+kvdb_status kv_counts_recount(kv_catalog *c, kv_txn *txn, kv_counts *out);
 
 /* The tier of a context's persistent copy: its last block's (SSD when unreadable). */
-uint32_t kv_cat_ctx_tier(kv_catalog *c, MDB_txn *txn, const kv_ctx_rec *cr);
+uint32_t kv_cat_ctx_tier(kv_catalog *c, kv_txn *txn, const kv_ctx_rec *cr);
 
 /* In a write transaction: add `delta` to counter `field` of `tier` when the counters are
  * current (else nothing: they stay stale). A count that would go below zero makes them stale
  * instead (they were wrong; the next rebuild puts them right). */
-kvdb_status kv_counts_add(kv_catalog *c, MDB_txn *txn, uint32_t tier, unsigned field,
+kvdb_status kv_counts_add(kv_catalog *c, kv_txn *txn, uint32_t tier, unsigned field,
                           int64_t delta);
 /* A segment record changes from `old` to `nw` (either NULL: created / deleted). */
-kvdb_status kv_counts_seg(kv_catalog *c, MDB_txn *txn, const kv_seg_rec *old,
+kvdb_status kv_counts_seg(kv_catalog *c, kv_txn *txn, const kv_seg_rec *old,
                           const kv_seg_rec *nw);
 /* In a write transaction: make them stale (a change whose effect is not known). */
-kvdb_status kv_counts_invalidate(kv_catalog *c, MDB_txn *txn);
+kvdb_status kv_counts_invalidate(kv_catalog *c, kv_txn *txn);
 /* In kv_txn_commit, before the commit: stamp current counters with this transaction's id.
  * Nothing on a read transaction or stale counters. */
-void kv_counts_stamp(kv_catalog *c, MDB_txn *txn);
+void kv_counts_stamp(kv_catalog *c, kv_txn *txn);
 /* In a write transaction: store `k` as current. */
-kvdb_status kv_counts_put(kv_catalog *c, MDB_txn *txn, const kv_counts *k);
+kvdb_status kv_counts_put(kv_catalog *c, kv_txn *txn, const kv_counts *k);
 /* At a read-write open: when the counters are absent or stale, recount them in a write
  * transaction of their own (once per database written by an older build, or after one).
  * Best effort: a failure leaves them stale (kvdb_stat then counts). */

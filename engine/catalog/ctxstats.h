@@ -39,24 +39,24 @@ double kv_ctxstats_freq_at(const kv_ctxstats *r, uint64_t now_ms, double half_li
 
 /* Typed access; KVDB_NOTFOUND when absent (also when the catalog has no ctxstats database:
  * a format-1/2 catalog opened read-only). Puts need the database (KVDB_READONLY without). */
-kvdb_status kv_cat_get_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_get_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 kv_ctxstats *r);
-kvdb_status kv_cat_put_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_put_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 const kv_ctxstats *r);
-kvdb_status kv_cat_del_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16]);
+kvdb_status kv_cat_del_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
 
 /* One access at now_ms: decay, + 1, count it (creating the record, tier SSD, when absent). */
-kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                   uint64_t now_ms, double half_life_ms);
 
 /* Meta strings (a NUL-free byte string up to cap - 1 bytes, NUL added). KVDB_NOTFOUND when
  * absent, KVDB_CORRUPT when too long or holding a NUL. */
-kvdb_status kv_cat_get_str(kv_catalog *c, MDB_txn *txn, const char *name, char *buf, size_t cap);
-kvdb_status kv_cat_put_str(kv_catalog *c, MDB_txn *txn, const char *name, const char *v);
+kvdb_status kv_cat_get_str(kv_catalog *c, kv_txn *txn, const char *name, char *buf, size_t cap);
+kvdb_status kv_cat_put_str(kv_catalog *c, kv_txn *txn, const char *name, const char *v);
 
 /* Meta blobs of fixed size (the tier figures): KVDB_CORRUPT when the size differs. */
-kvdb_status kv_cat_get_blob(kv_catalog *c, MDB_txn *txn, const char *name, void *buf, size_t len);
-kvdb_status kv_cat_put_blob(kv_catalog *c, MDB_txn *txn, const char *name, const void *buf,
+kvdb_status kv_cat_get_blob(kv_catalog *c, kv_txn *txn, const char *name, void *buf, size_t len);
+kvdb_status kv_cat_put_blob(kv_catalog *c, kv_txn *txn, const char *name, const void *buf,
                             size_t len);
 
 #endif

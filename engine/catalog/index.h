@@ -34,9 +34,9 @@
 #define KV_FORMAT_INDEXES 4u
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
-kvdb_status kv_idx_child_add(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                              const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n);
-kvdb_status kv_idx_child_del(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_del(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                              const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n);
 
 /*
@@ -45,15 +45,15 @@ kvdb_status kv_idx_child_del(kv_catalog *c, MDB_txn *txn, const uint8_t parent[1
  * point into txn. A catalog without the trie (format < 4 opened read-only) is scanned: every
  * child of `parent` in the legacy `children` database.
  */
-kvdb_status kv_idx_child_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_best(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                               const uint8_t model[16], const uint32_t *q, size_t nq,
                               uint32_t *best, kv_block_rec *rec, uint8_t hash[16]);
 
 /* Segment index: block `hash` is located in segment `seg` / no longer is. */
-kvdb_status kv_idx_seg_add(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16]);
-kvdb_status kv_idx_seg_del(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16]);
+kvdb_status kv_idx_seg_add(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16]);
+kvdb_status kv_idx_seg_del(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16]);
 /* A block record moved from segment `from` to `to` (nothing when they are equal). */
-kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t to,
+kvdb_status kv_idx_seg_move(kv_catalog *c, kv_txn *txn, uint64_t from, uint64_t to,
                             const uint8_t hash[16]);
 
 /*
@@ -62,11 +62,11 @@ kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t
  * the trie; then `children` is dropped and the format raised to KV_FORMAT_INDEXES. The dbis
  * of `next` and `segblocks` are created (MDB_CREATE) and stored in c.
  */
-kvdb_status kv_idx_build(kv_catalog *c, MDB_txn *txn);
+kvdb_status kv_idx_build(kv_catalog *c, kv_txn *txn);
 
 /* Empty both indexes and build them again from the block records (kvdb_repair, after it
  * changed block records): chain blocks into the trie, every block into segblocks. */
-kvdb_status kv_idx_rebuild(kv_catalog *c, MDB_txn *txn);
+kvdb_status kv_idx_rebuild(kv_catalog *c, kv_txn *txn);
 
 /*
  * Check both indexes against the block records (kvdb_verify): every record is listed under its
@@ -75,6 +75,6 @@ kvdb_status kv_idx_rebuild(kv_catalog *c, MDB_txn *txn);
  * Returns a failure only when the catalog cannot be read.
  */
 typedef void (*kv_idx_problem_fn)(void *ctx, const char *msg);
-kvdb_status kv_idx_verify(kv_catalog *c, MDB_txn *txn, kv_idx_problem_fn fn, void *ctx);
+kvdb_status kv_idx_verify(kv_catalog *c, kv_txn *txn, kv_idx_problem_fn fn, void *ctx);
 
 #endif

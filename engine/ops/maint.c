@@ -35,25 +35,20 @@ kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *
   *n = 0;
   if (out == NULL && cap > 0)
     return kv_fail(KVDB_INVALID, "out is NULL with cap %zu", cap);
-  MDB_txn *txn;
-  MDB_cursor *cur = NULL;
-  MDB_val k, v;
+  kv_txn *txn;
+  kv_cat_iter it;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "segments");
+  kvdb_status rc = kv_cat_iter_open(&db->cat, txn, KV_TBL_SEGMENTS, &it, "segments");
   size_t cnt = 0;
-  for (int mrc = rc == KVDB_OK ? mdb_cursor_get(cur, &k, &v, MDB_FIRST) : -1; mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
     kv_seg_rec sr;
-    if (k.mv_size != 8) {
-      rc = kv_fail(KVDB_CORRUPT, "segment key of %zu bytes", k.mv_size);
-      break;
-    }
-    if ((rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr)) != KVDB_OK)
+    uint64_t id;
+    if ((rc = kv_cat_iter_seg(&it, &id, &sr)) != KVDB_OK)
       break;
     if (cnt < cap) {
       kvdb_segment_info *o = &out[cnt];
       memset(o, 0, sizeof *o);
-      o->id = kv_get_be64(k.mv_data);
+      o->id = id;
       o->tier = sr.tier;
       o->sealed = sr.state == KV_SEG_SEALED;
       o->bytes = sr.end;
@@ -62,9 +57,8 @@ kvdb_status kvdb_segments(kvdb *db, kvdb_segment_info *out, size_t cap, size_t *
     }
     cnt++;
   }
-  if (cur != NULL)
-    mdb_cursor_close(cur);
-  mdb_txn_abort(txn);
+  kv_cat_iter_close(&it);
+  kv_txn_abort(txn);
   *n = cnt;
   return rc;
 }
@@ -88,40 +82,34 @@ typedef struct damage {
 /* The blocks located in segment `id` (whose committed end is `end`) in txn's snapshot: hash,
  * offset and bytes of each, in *out (malloc'ed; NULL when none). They come from the segment
  * index (catalog/index.h): the work is linear in the segment's blocks, not in the catalog's. */
-static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t end, mv **out,
+static kvdb_status seg_live_blocks(kvdb *db, kv_txn *txn, uint64_t id, uint64_t end, mv **out,
                                    size_t *out_n)
 {
-  MDB_cursor *cur;
-  MDB_val k, val;
+  kv_cat_iter it;
   mv *list = NULL;
   size_t n = 0, cap = 0;
   *out = NULL;
   *out_n = 0;
-  kvdb_status rc = kv_cursor_open(txn, db->cat.segblocks, &cur, "compaction: segment index");
-  if (rc != KVDB_OK)
-    return rc;
-  uint8_t sk[8];
-  kv_be64(sk, id);
-  k = (MDB_val){8, sk};
-  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_SET_KEY); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT_DUP)) {
+  KV_RET(kv_cat_iter_seg_index(&db->cat, txn, id, &it, "compaction: segment index"));
+  kvdb_status rc = KVDB_OK;
+  while (kv_cat_iter_next(&it)) {
     kv_block_rec br;
     db->compact_visits++;
     /* a record lying past the segment's end is corrupt (verify says so): left alone */
-    if (val.mv_size != 16 || kv_cat_get_block(&db->cat, txn, val.mv_data, &br) != KVDB_OK ||
+    if (it.val.size != 16 || kv_cat_get_block(&db->cat, txn, it.val.data, &br) != KVDB_OK ||
         br.segment != id || br.bytes > end || br.offset > end - br.bytes)
       continue;
     if (kv_grow((void **)&list, n, &cap, sizeof *list, 64) != 0) {
       rc = kv_fail(KVDB_NOMEM, "compaction list");
       break;
     }
-    memcpy(list[n].hash, val.mv_data, 16);
+    memcpy(list[n].hash, it.val.data, 16);
     list[n].off = br.offset;
     list[n].bytes = br.bytes;
     list[n].moved = 0;
     n++;
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   if (rc != KVDB_OK) {
     free(list);
     return rc;
@@ -133,8 +121,7 @@ static kvdb_status seg_live_blocks(kvdb *db, MDB_txn *txn, uint64_t id, uint64_t
 
 static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *rep, damage *dmg)
 {
-  MDB_txn *txn;
-  int mrc;
+  kv_txn *txn;
   mv *list = NULL;
   size_t n = 0;
   kvdb_status rc = KVDB_OK;
@@ -144,7 +131,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     vic.end = 0; /* gone already: nothing to move */
   rc = seg_live_blocks(db, txn, id, vic.end, &list, &n);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   kv_writer *w = NULL;
@@ -187,7 +174,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     written += br.bytes;
   }
   kv_free_aligned(buf);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   txn = NULL;
   if (rc == KVDB_OK && written > 0 && db->opt.sync_mode == KVDB_SYNC_FULL) {
     int e = db->io->ops->sync(db->io, kv_writer_file(w));
@@ -202,9 +189,6 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
    * synced above); a copy whose batch does not commit is dead space inside it. */
   int sealed = 0, removed = 0, gone = 0, committed = 0;
   uint64_t moved_bytes = 0, moved_blocks = 0, old_end = 0;
-  uint8_t *rb = NULL;
-  if (rc == KVDB_OK && (rb = malloc(kv_block_rec_size(4096))) == NULL)
-    rc = kv_fail(KVDB_NOMEM, "record buffer");
   for (size_t next = 0; rc == KVDB_OK && (!committed || next < n);) {
     rc = kv_txn_begin(&db->cat, 1, &txn);
     if (rc != KVDB_OK)
@@ -225,12 +209,8 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
         continue; /* deleted or moved meanwhile: our copy is dead */
       br.segment = w->seg_id;
       br.offset = list[next].new_off;
-      kv_block_rec_encode(&br, NULL, rb);
-      MDB_val bk = {16, list[next].hash}, bv = {kv_block_rec_size(br.n_tokens), rb};
-      mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-      if (mrc != 0)
-        rc = kv_mdb_fail(mrc, "move block");
-      else
+      rc = kv_cat_put_block(&db->cat, txn, list[next].hash, &br);
+      if (rc == KVDB_OK)
         rc = kv_idx_seg_move(&db->cat, txn, id, w->seg_id, list[next].hash);
       old.live_bytes -= br.bytes < old.live_bytes ? br.bytes : old.live_bytes;
       old.live_blocks -= old.live_blocks ? 1 : 0;
@@ -265,7 +245,7 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     if (rc == KVDB_OK) {
       rc = kv_txn_commit(txn);
     } else {
-      mdb_txn_abort(txn);
+      kv_txn_abort(txn);
     }
     txn = NULL;
     if (rc != KVDB_OK) {
@@ -276,7 +256,6 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     moved_bytes += b_bytes;
     moved_blocks += b_blocks;
   }
-  free(rb);
   if (w != NULL) {
     if (committed) /* its records' end covers every copy */
       w->end += written;
@@ -288,10 +267,10 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
     char path[4200];
     if (kv_seg_path(db, id, path, sizeof path) == KVDB_OK)
       db->io->ops->unlink(db->io, path);
-    MDB_txn *rt;
+    kv_txn *rt;
     if (kv_txn_begin(&db->cat, 0, &rt) == KVDB_OK) {
       kv_files_prune(db, rt);
-      mdb_txn_abort(rt);
+      kv_txn_abort(rt);
     }
     rep->segments_rewritten++;
     rep->bytes_reclaimed += old_end;
@@ -305,17 +284,6 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
 }
 
 /* ---- a full disk: free dead bytes in place ---- */
-
-/* mdb_reader_list's lines: "pid thread txnid" ("-" for an idle slot); the oldest txnid */
-static int oldest_reader_line(const char *msg, void *ctx)
-{
-  uint64_t *oldest = ctx;
-  char txn[32];
-  unsigned long long v;
-  if (sscanf(msg, "%*d %*x %31s", txn) == 1 && sscanf(txn, "%llu", &v) == 1 && v < *oldest)
-    *oldest = v;
-  return 0;
-}
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -344,9 +312,9 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
   *freed = 0;
   if (db->io->ops->punch == NULL)
     return KVDB_OK;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  uint64_t snap = mdb_txn_id(txn);
+  uint64_t snap = kv_txn_id(txn);
   typedef struct { uint64_t id, off, len; } range;
   range *r = NULL;
   size_t nr = 0, cap = 0;
@@ -379,8 +347,8 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
   }
   uint64_t oldest = UINT64_MAX; /* (this snapshot is in the table too: not older than itself) */
   if (rc == KVDB_OK && nr > 0)
-    mdb_reader_list(mdb_txn_env(txn), oldest_reader_line, &oldest);
-  mdb_txn_abort(txn);
+    oldest = kv_cat_oldest_reader(&db->cat);
+  kv_txn_abort(txn);
   if (rc == KVDB_OK && nr > 0 && oldest < snap) {
     kv_log(&db->log, 1, "compaction: a reader holds a snapshot older than %" PRIu64 " (txn %"
            PRIu64 "): dead bytes not freed in place", snap, oldest);
@@ -430,22 +398,20 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
     threshold = 0.5;
   if (db->cat.rdonly)
     return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   uint64_t *ids = NULL;
   size_t n = 0, cap = 0;
-  MDB_cursor *cur;
-  MDB_val k, v;
-  int mrc;
-  kvdb_status rc = kv_cursor_open(txn, db->cat.segments, &cur, "compaction: segments");
+  kv_cat_iter it;
+  kvdb_status rc = kv_cat_iter_open(&db->cat, txn, KV_TBL_SEGMENTS, &it, "compaction: segments");
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  while (kv_cat_iter_next(&it)) {
     kv_seg_rec sr;
-    if (k.mv_size != 8 || kv_seg_rec_decode(v.mv_data, v.mv_size, &sr) != KVDB_OK)
+    uint64_t id;
+    if (kv_cat_iter_seg(&it, &id, &sr) != KVDB_OK)
       continue;
     if (sr.state != KV_SEG_SEALED || sr.end == 0 || (double)sr.live_bytes >= threshold * (double)sr.end)
       continue;
@@ -453,11 +419,11 @@ kvdb_status kvdb_compact(kvdb *db, double threshold, kvdb_progress_fn progress, 
       rc = kv_fail(KVDB_NOMEM, "compaction");
       break;
     }
-    ids[n++] = kv_get_be64(k.mv_data);
+    ids[n++] = id;
     ids[n++] = sr.live_bytes;
   }
-  mdb_cursor_close(cur);
-  mdb_txn_abort(txn);
+  kv_cat_iter_close(&it);
+  kv_txn_abort(txn);
   n /= 2;
   /* the least live first: a segment with nothing live frees its file without copying, and
    * each copy needs room for its live bytes only, freed back with interest by its unlink */

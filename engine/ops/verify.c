@@ -146,7 +146,7 @@ typedef struct vctx {
   void *ctx;
   kvdb_verify_report *rep;
   int plan;          /* kvdb_repair: collect the plan */
-  MDB_txn *txn;
+  kv_txn *txn;
   kmap refs, live;
   pblk *pb;
   size_t n_pb, cap_pb;
@@ -178,12 +178,12 @@ static void problem(vctx *v, kvdb_status st, const char *fmt, ...)
 
 int kv_seg_gone_now(kvdb *db, uint64_t id)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
     return 0;
   kv_seg_rec sr;
   int gone = kv_cat_get_seg(&db->cat, txn, id, &sr) == KVDB_NOTFOUND;
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return gone;
 }
 
@@ -219,23 +219,23 @@ static const char *ctx_name(vctx *v, size_t i, char *b)
 
 /* The context record in val, decoded; one whose only fault is its token count is decoded with
  * a count its blocks can hold (*bad_count set), so that its blocks are still known. */
-static kvdb_status ctx_decode(const MDB_val *val, kv_ctx_rec *cr, int *bad_count)
+static kvdb_status ctx_decode(const kv_cat_bytes *val, kv_ctx_rec *cr, int *bad_count)
 {
   *bad_count = 0;
-  kvdb_status rc = kv_ctx_rec_decode(val->mv_data, val->mv_size, cr);
-  if (rc == KVDB_OK || val->mv_size < 56)
+  kvdb_status rc = kv_ctx_rec_decode(val->data, val->size, cr);
+  if (rc == KVDB_OK || val->size < 56)
     return rc;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", kvdb_errmsg());
-  uint8_t *c = dup_bytes(val->mv_data, val->mv_size);
+  uint8_t *c = dup_bytes(val->data, val->size);
   if (c == NULL)
     return rc;
   kv_put_le64(c + 8, kv_get_le32(c + 4)); /* one token per block: the least a record says */
   kv_ctx_rec t;
-  if (kv_ctx_rec_decode(c, val->mv_size, &t) == KVDB_OK) {
+  if (kv_ctx_rec_decode(c, val->size, &t) == KVDB_OK) {
     *cr = t;
-    cr->blocks = (const uint8_t *)val->mv_data + (t.blocks - c);
-    cr->n_tokens = kv_get_le64((const uint8_t *)val->mv_data + 8);
+    cr->blocks = (const uint8_t *)val->data + (t.blocks - c);
+    cr->n_tokens = kv_get_le64((const uint8_t *)val->data + 8);
     *bad_count = 1;
     rc = KVDB_OK;
   } else {
@@ -247,24 +247,22 @@ static kvdb_status ctx_decode(const MDB_val *val, kv_ctx_rec *cr, int *bad_count
 
 static kvdb_status pass_refs(vctx *v)
 {
-  MDB_cursor *cur;
-  MDB_val k, val;
-  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
-  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&v->db->cat, v->txn, KV_TBL_CONTEXTS, &it, "verify: contexts"));
+  while (kv_cat_iter_next(&it)) {
     kv_ctx_rec cr;
     int bad_count;
-    if (k.mv_size != 16 || ctx_decode(&val, &cr, &bad_count) != KVDB_OK)
+    if (it.key.size != 16 || ctx_decode(&it.val, &cr, &bad_count) != KVDB_OK)
       continue; /* pass 3 says so */
     for (uint32_t b = 0; b < cr.n_blocks; b++) {
       size_t i = kmap_at(&v->refs, cr.blocks + 16 * b, 1);
       if (i == SIZE_MAX)
         continue;
       if (v->refs.val[i]++ == 0)
-        memcpy(v->refs.aux[i], k.mv_data, 16);
+        memcpy(v->refs.aux[i], it.key.data, 16);
     }
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   return KVDB_OK;
 }
 
@@ -470,19 +468,19 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
   return out;
 }
 
-static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const MDB_val *val,
+static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const kv_cat_bytes *val,
                               uint8_t *nw, size_t nw_len)
 {
   uint8_t *old;
   if (kv_grow((void **)&v->pb, v->n_pb, &v->cap_pb, sizeof *v->pb, 16) != 0 ||
-      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
+      (old = dup_bytes(val->data, val->size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
   pblk *p = &v->pb[v->n_pb++];
   memcpy(p->hash, hash, 16);
   p->old = old;
-  p->old_len = val->mv_size;
+  p->old_len = val->size;
   p->nw = nw;
   p->nw_len = nw_len;
   if (slot != SIZE_MAX)
@@ -491,16 +489,16 @@ static kvdb_status plan_block(vctx *v, size_t slot, const uint8_t *hash, const M
 }
 
 /* One block record: its location, its object, each field. */
-static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
+static kvdb_status check_block(vctx *v, const uint8_t *hash, const kv_cat_bytes *val)
 {
   kvdb *db = v->db;
   char hx[33], cn[48], ha[33], hb[33];
   size_t slot = kmap_at(&v->refs, hash, 1);
   uint64_t listed = slot != SIZE_MAX ? v->refs.val[slot] : 0;
   const char *who = ctx_name(v, slot, cn);
-  const uint8_t *raw = val->mv_data;
+  const uint8_t *raw = val->data;
   kv_block_rec br;
-  int have = kv_block_rec_decode(val->mv_data, val->mv_size, &br) == KVDB_OK;
+  int have = kv_block_rec_decode(val->data, val->size, &br) == KVDB_OK;
   if (slot != SIZE_MAX)
     v->refs.flag[slot] |= F_SEEN;
   if (!have) {
@@ -508,7 +506,7 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
             who, kvdb_errmsg());
     if (slot != SIZE_MAX)
       v->refs.flag[slot] |= F_BAD;
-    if (val->mv_size < 72) { /* not even where it is */
+    if (val->size < 72) { /* not even where it is */
       if (slot != SIZE_MAX)
         v->refs.flag[slot] |= F_LOST;
       return KVDB_OK;
@@ -524,7 +522,7 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
     br.bytes = kv_get_le64(raw + 32);
     memcpy(br.parent, raw + 40, 16);
     memcpy(br.model, raw + 56, 16);
-    br.tokens = val->mv_size == kv_block_rec_size(br.n_tokens) ? raw + 72 : NULL;
+    br.tokens = val->size == kv_block_rec_size(br.n_tokens) ? raw + 72 : NULL;
   }
   if (listed != br.refcount)
     problem(v, KVDB_CORRUPT, "block %s of %s: field refcount: the record says %u, %" PRIu64
@@ -636,7 +634,7 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
   if (!v->plan)
     return KVDB_OK;
   size_t nl;
-  uint8_t *nw = rebuild_rec(v, raw, val->mv_size, br.segment, at,
+  uint8_t *nw = rebuild_rec(v, raw, val->size, br.segment, at,
                             listed ? (uint32_t)listed : br.refcount, &hdr, &nl);
   if (nw == NULL) {
     if (slot != SIZE_MAX)
@@ -648,33 +646,31 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const MDB_val *val)
 
 static kvdb_status pass_blocks(vctx *v, kvdb_progress_fn progress, void *pcx, uint64_t n_blocks)
 {
-  MDB_cursor *cur;
-  MDB_val k, val;
+  kv_cat_iter it;
   kvdb_status rc = KVDB_OK;
-  KV_RET(kv_cursor_open(v->txn, v->db->cat.blocks, &cur, "verify: blocks"));
-  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  KV_RET(kv_cat_iter_open(&v->db->cat, v->txn, KV_TBL_BLOCKS, &it, "verify: blocks"));
+  while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
     v->rep->blocks_checked++;
     if (progress != NULL)
       progress(pcx, v->rep->blocks_checked, n_blocks);
-    if (k.mv_size != 16) {
-      problem(v, KVDB_CORRUPT, "a block record has a key of %zu bytes", k.mv_size);
+    if (it.key.size != 16) {
+      problem(v, KVDB_CORRUPT, "a block record has a key of %zu bytes", it.key.size);
       continue;
     }
-    rc = check_block(v, k.mv_data, &val);
+    rc = check_block(v, it.key.data, &it.val);
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   return rc;
 }
 
 /* ---- pass 3: each context against its blocks ---- */
 
-static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, uint8_t *nw,
+static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const kv_cat_bytes *val, uint8_t *nw,
                             size_t nw_len, const char *why)
 {
   uint8_t *old;
   if (kv_grow((void **)&v->pc, v->n_pc, &v->cap_pc, sizeof *v->pc, 16) != 0 ||
-      (old = dup_bytes(val->mv_data, val->mv_size)) == NULL) {
+      (old = dup_bytes(val->data, val->size)) == NULL) {
     free(nw);
     return kv_fail(KVDB_NOMEM, "repair plan");
   }
@@ -682,7 +678,7 @@ static kvdb_status plan_ctx(vctx *v, const uint8_t key[16], const MDB_val *val, 
   memcpy(p->key, key, 16);
   snprintf(p->why, sizeof p->why, "%s", why);
   p->old = old;
-  p->old_len = val->mv_size;
+  p->old_len = val->size;
   p->nw = nw;
   p->nw_len = nw_len;
   return KVDB_OK;
@@ -703,7 +699,7 @@ static int block_now(vctx *v, const uint8_t *hash, kv_block_rec *br, uint8_t *st
   return rc == KVDB_OK;
 }
 
-static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
+static kvdb_status check_ctx(vctx *v, const uint8_t *key, const kv_cat_bytes *val)
 {
   char hx[33], hb[33], ha[33];
   kv_ctx_rec cr;
@@ -811,31 +807,29 @@ static kvdb_status check_ctx(vctx *v, const uint8_t *key, const MDB_val *val)
   if (drop)
     return plan_ctx(v, key, val, NULL, 0, why);
   if (recount) {
-    uint8_t *nw = dup_bytes(val->mv_data, val->mv_size);
+    uint8_t *nw = dup_bytes(val->data, val->size);
     if (nw == NULL)
       return kv_fail(KVDB_NOMEM, "repair plan");
     kv_put_le64(nw + 8, sum);
-    return plan_ctx(v, key, val, nw, val->mv_size, "");
+    return plan_ctx(v, key, val, nw, val->size, "");
   }
   return KVDB_OK;
 }
 
 static kvdb_status pass_contexts(vctx *v)
 {
-  MDB_cursor *cur;
-  MDB_val k, val;
+  kv_cat_iter it;
   kvdb_status rc = KVDB_OK;
-  KV_RET(kv_cursor_open(v->txn, v->db->cat.contexts, &cur, "verify: contexts"));
-  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
-    if (k.mv_size != 16) {
+  KV_RET(kv_cat_iter_open(&v->db->cat, v->txn, KV_TBL_CONTEXTS, &it, "verify: contexts"));
+  while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
+    if (it.key.size != 16) {
       v->rep->contexts_checked++;
-      problem(v, KVDB_CORRUPT, "a context record has a key of %zu bytes", k.mv_size);
+      problem(v, KVDB_CORRUPT, "a context record has a key of %zu bytes", it.key.size);
       continue;
     }
-    rc = check_ctx(v, k.mv_data, &val);
+    rc = check_ctx(v, it.key.data, &it.val);
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   return rc;
 }
 
@@ -844,18 +838,16 @@ static kvdb_status pass_contexts(vctx *v)
 static kvdb_status pass_segments(vctx *v)
 {
   kvdb *db = v->db;
-  MDB_cursor *cur;
-  MDB_val k, val;
-  KV_RET(kv_cursor_open(v->txn, db->cat.segments, &cur, "verify: segments"));
-  for (int mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&db->cat, v->txn, KV_TBL_SEGMENTS, &it, "verify: segments"));
+  while (kv_cat_iter_next(&it)) {
     v->rep->segments_checked++;
     kv_seg_rec sr;
-    if (k.mv_size != 8 || kv_seg_rec_decode(val.mv_data, val.mv_size, &sr) != KVDB_OK) {
+    uint64_t id;
+    if (kv_cat_iter_seg(&it, &id, &sr) != KVDB_OK) {
       problem(v, KVDB_CORRUPT, "segment record: %s", kvdb_errmsg());
       continue;
     }
-    uint64_t id = kv_get_be64(k.mv_data);
     uint8_t segkey[16] = {0};
     kv_put_le64(segkey, id);
     uint64_t *l = kmap_slot(&v->live, segkey);
@@ -880,7 +872,7 @@ static kvdb_status pass_segments(vctx *v)
               sr.end, sr.end - size);
     kv_segfile_put(db, sf);
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   return KVDB_OK;
 }
 
@@ -905,8 +897,7 @@ static void vctx_free(vctx *v)
     kmap_free(&v->scanned);
     kmap_free(&v->objs);
   }
-  if (v->txn != NULL)
-    mdb_txn_abort(v->txn);
+  kv_txn_abort(v->txn);
   v->txn = NULL;
 }
 
@@ -927,10 +918,9 @@ static kvdb_status pass_indexes(vctx *v)
 static kvdb_status run_passes(vctx *v, kvdb_progress_fn progress, void *pcx)
 {
   KV_RET(kv_txn_begin(&v->db->cat, 0, &v->txn));
-  MDB_stat ms;
-  if (mdb_stat(v->txn, v->db->cat.blocks, &ms) != 0)
-    ms.ms_entries = 0; /* only sizes the maps */
-  uint64_t n_blocks = ms.ms_entries;
+  uint64_t n_blocks;
+  if (kv_cat_count(&v->db->cat, v->txn, KV_TBL_BLOCKS, &n_blocks) != KVDB_OK)
+    n_blocks = 0; /* only sizes the maps */
   if (kmap_init(&v->refs, n_blocks + 16) != 0 || kmap_init(&v->live, 4096) != 0)
     return kv_fail(KVDB_NOMEM, "verify maps");
   KV_RET(pass_refs(v));
@@ -988,52 +978,31 @@ static void action(rctx *r, const char *fmt, ...)
   r->fn(r->ctx, &p);
 }
 
-/* 1 when record `key` of `dbi` holds exactly (old, len) in txn t: nothing changed it since
- * the plan read it */
-static int unchanged(MDB_txn *t, MDB_dbi dbi, const uint8_t key[16], const uint8_t *old,
-                     size_t len)
+/* 1 when record `key` of table `tbl` holds exactly (old, len) in txn t: nothing changed it
+ * since the plan read it */
+static int unchanged(kvdb *db, kv_txn *t, kv_cat_table tbl, const uint8_t key[16],
+                     const uint8_t *old, size_t len)
 {
-  MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  return mdb_get(t, dbi, &k, &v) == 0 && v.mv_size == len && memcmp(v.mv_data, old, len) == 0;
+  kv_cat_bytes v;
+  return kv_cat_get_raw(&db->cat, t, tbl, key, 16, &v) == KVDB_OK && v.size == len &&
+         memcmp(v.data, old, len) == 0;
 }
 
 /* Drop context `key` (its record is `old`): the record, its access-time entry, profile and
  * access count. Its blocks are released by fix_counts. */
-static kvdb_status drop_ctx(kvdb *db, MDB_txn *t, const uint8_t key[16], const uint8_t *old,
+static kvdb_status drop_ctx(kvdb *db, kv_txn *t, const uint8_t key[16], const uint8_t *old,
                             size_t len)
 {
-  MDB_val k = {16, (void *)(uintptr_t)key};
-  int mrc;
-  if (len >= 40) {
-    uint8_t ak[24];
-    kv_be64(ak, kv_get_le64(old + 32));
-    memcpy(ak + 8, key, 16);
-    MDB_val akv = {24, ak};
-    mrc = mdb_del(t, db->cat.atime, &akv, NULL);
-  } else {
-    mrc = MDB_NOTFOUND;
-  }
-  if (mrc == MDB_NOTFOUND) { /* the record does not say when: look for its entry */
-    MDB_cursor *cur;
-    MDB_val ak, av;
-    KV_RET(kv_cursor_open(t, db->cat.atime, &cur, "repair: atime"));
-    for (mrc = mdb_cursor_get(cur, &ak, &av, MDB_FIRST); mrc == 0;
-         mrc = mdb_cursor_get(cur, &ak, &av, MDB_NEXT)) {
-      if (ak.mv_size == 24 && memcmp((uint8_t *)ak.mv_data + 8, key, 16) == 0) {
-        mrc = mdb_cursor_del(cur, 0);
-        break;
-      }
-    }
-    mdb_cursor_close(cur);
-  }
-  if (mrc != 0 && mrc != MDB_NOTFOUND)
-    return kv_mdb_fail(mrc, "repair: delete access time");
-  if (db->cat.has_profiles && (mrc = mdb_del(t, db->cat.profiles, &k, NULL)) != 0 &&
-      mrc != MDB_NOTFOUND)
-    return kv_mdb_fail(mrc, "repair: delete profile");
+  uint64_t ms = len >= 40 ? kv_get_le64(old + 32) : 0;
+  /* where the record does not say when (or its entry is not there): found by a scan */
+  kvdb_status rc = kv_cat_del_atime(&db->cat, t, key, len >= 40 ? &ms : NULL);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc;
+  rc = kv_cat_del_profile(&db->cat, t, key);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND)
+    return rc;
   KV_RET(kv_cat_del_ctxstats(&db->cat, t, key));
-  mrc = mdb_del(t, db->cat.contexts, &k, NULL);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "repair: delete context");
+  return kv_cat_del_ctx(&db->cat, t, key);
 }
 
 typedef struct bfix {
@@ -1048,21 +1017,19 @@ typedef struct bfix {
  * blocks become what its block records add up to. Dry (t is the plan's snapshot): says what
  * it would do with the plan carried out (v's rebuilt records, its dropped contexts left out).
  */
-static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
+static kvdb_status fix_counts(rctx *r, vctx *v, kv_txn *t)
 {
   kvdb *db = r->db;
   char hx[33];
   kmap cnt, drops, live;
   bfix *fx = NULL;
   size_t n_fx = 0, cap_fx = 0;
-  MDB_cursor *cur = NULL;
-  MDB_val k, val;
-  int mrc;
+  kv_cat_iter it = {0}; /* closed at out: (a zeroed iterator may be) */
   kvdb_status rc = KVDB_OK;
-  MDB_stat ms;
-  if (mdb_stat(t, db->cat.blocks, &ms) != 0)
-    ms.ms_entries = 0;
-  int m1 = kmap_init(&cnt, ms.ms_entries + 16), m2 = kmap_init(&drops, r->dry ? v->n_pc : 0),
+  uint64_t n_blocks;
+  if (kv_cat_count(&db->cat, t, KV_TBL_BLOCKS, &n_blocks) != KVDB_OK)
+    n_blocks = 0;
+  int m1 = kmap_init(&cnt, n_blocks + 16), m2 = kmap_init(&drops, r->dry ? v->n_pc : 0),
       m3 = kmap_init(&live, 4096);
   if (m1 || m2 || m3) {
     rc = kv_fail(KVDB_NOMEM, "repair maps");
@@ -1073,14 +1040,13 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
       if (v->pc[i].nw == NULL)
         kmap_slot(&drops, v->pc[i].key);
   /* the contexts listing each block */
-  if ((rc = kv_cursor_open(t, db->cat.contexts, &cur, "repair: contexts")) != KVDB_OK)
+  if ((rc = kv_cat_iter_open(&db->cat, t, KV_TBL_CONTEXTS, &it, "repair: contexts")) != KVDB_OK)
     goto out;
-  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  while (kv_cat_iter_next(&it)) {
     kv_ctx_rec cr;
     int bad_count;
-    if (k.mv_size != 16 || (r->dry && kmap_at(&drops, k.mv_data, 0) != SIZE_MAX) ||
-        ctx_decode(&val, &cr, &bad_count) != KVDB_OK)
+    if (it.key.size != 16 || (r->dry && kmap_at(&drops, it.key.data, 0) != SIZE_MAX) ||
+        ctx_decode(&it.val, &cr, &bad_count) != KVDB_OK)
       continue;
     for (uint32_t b = 0; b < cr.n_blocks; b++) {
       uint64_t *c = kmap_slot(&cnt, cr.blocks + 16 * b);
@@ -1091,32 +1057,30 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
       (*c)++;
     }
   }
-  mdb_cursor_close(cur);
-  cur = NULL;
+  kv_cat_iter_close(&it);
   /* each block against its count */
-  if ((rc = kv_cursor_open(t, db->cat.blocks, &cur, "repair: blocks")) != KVDB_OK)
+  if ((rc = kv_cat_iter_open(&db->cat, t, KV_TBL_BLOCKS, &it, "repair: blocks")) != KVDB_OK)
     goto out;
-  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
-    if (k.mv_size != 16)
+  while (kv_cat_iter_next(&it)) {
+    if (it.key.size != 16)
       continue;
-    MDB_val rv = val;
-    size_t slot = r->dry ? kmap_at(&v->refs, k.mv_data, 0) : SIZE_MAX;
+    kv_cat_bytes rv = it.val;
+    size_t slot = r->dry ? kmap_at(&v->refs, it.key.data, 0) : SIZE_MAX;
     if (slot != SIZE_MAX && v->refs.idx[slot] != 0 && v->pb[v->refs.idx[slot] - 1].nw != NULL) {
-      rv.mv_data = v->pb[v->refs.idx[slot] - 1].nw;
-      rv.mv_size = v->pb[v->refs.idx[slot] - 1].nw_len;
+      rv.data = v->pb[v->refs.idx[slot] - 1].nw;
+      rv.size = v->pb[v->refs.idx[slot] - 1].nw_len;
     }
     kv_block_rec br;
-    int have = kv_block_rec_decode(rv.mv_data, rv.mv_size, &br) == KVDB_OK;
-    size_t ci = kmap_at(&cnt, k.mv_data, 0);
+    int have = kv_block_rec_decode(rv.data, rv.size, &br) == KVDB_OK;
+    size_t ci = kmap_at(&cnt, it.key.data, 0);
     uint64_t c = ci == SIZE_MAX ? 0 : cnt.val[ci];
     bfix f;
     memset(&f, 0, sizeof f);
-    memcpy(f.hash, k.mv_data, 16);
+    memcpy(f.hash, it.key.data, 16);
     if (c == 0) {
       f.del = 1;
-      if (rv.mv_size >= 72) {
-        memcpy(f.parent, (const uint8_t *)rv.mv_data + 40, 16);
+      if (rv.size >= 72) {
+        memcpy(f.parent, rv.data + 40, 16);
         f.has_parent = 1;
       }
     } else if (!have) {
@@ -1140,21 +1104,16 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     }
     fx[n_fx++] = f;
   }
-  mdb_cursor_close(cur);
-  cur = NULL;
+  kv_cat_iter_close(&it);
   for (size_t i = 0; i < n_fx && rc == KVDB_OK; i++) {
     bfix *f = &fx[i];
-    MDB_val bk = {16, f->hash};
     if (f->del) {
       action(r, "remove block %s: no context lists it", kv_hex16(f->hash, hx));
       r->rep->blocks_dropped++;
       if (r->dry)
         continue;
-      mrc = mdb_del(t, db->cat.blocks, &bk, NULL);
-      if (mrc != 0) {
-        rc = kv_mdb_fail(mrc, "repair: delete block");
+      if ((rc = kv_cat_del_block(&db->cat, t, f->hash)) != KVDB_OK)
         break;
-      }
       /* its index entries: the indexes are rebuilt after the repair's changes */
       if (db->dram != NULL)
         kv_dram_remove(db->dram, f->hash);
@@ -1164,27 +1123,24 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     r->rep->refcounts_fixed++;
     if (r->dry)
       continue;
-    if ((mrc = mdb_get(t, db->cat.blocks, &bk, &val)) != 0) {
-      rc = kv_mdb_fail(mrc, "repair: get block");
+    kv_cat_bytes val;
+    if ((rc = kv_cat_get_raw(&db->cat, t, KV_TBL_BLOCKS, f->hash, 16, &val)) != KVDB_OK)
       break;
-    }
-    uint8_t *nb = dup_bytes(val.mv_data, val.mv_size);
+    uint8_t *nb = dup_bytes(val.data, val.size);
     if (nb == NULL) {
       rc = kv_fail(KVDB_NOMEM, "repair: block record");
       break;
     }
     kv_put_le32(nb + 4, f->refcount);
-    MDB_val nv = {val.mv_size, nb};
-    mrc = mdb_put(t, db->cat.blocks, &bk, &nv, 0);
+    rc = kv_cat_put_raw(&db->cat, t, KV_TBL_BLOCKS, f->hash, 16, nb, val.size,
+                        "repair: put block");
     free(nb);
-    if (mrc != 0)
-      rc = kv_mdb_fail(mrc, "repair: put block");
   }
   if (rc != KVDB_OK)
     goto out;
   /* each segment against its blocks */
   n_fx = 0;
-  if ((rc = kv_cursor_open(t, db->cat.segments, &cur, "repair: segments")) != KVDB_OK)
+  if ((rc = kv_cat_iter_open(&db->cat, t, KV_TBL_SEGMENTS, &it, "repair: segments")) != KVDB_OK)
     goto out;
   typedef struct sfix {
     uint64_t id;
@@ -1192,12 +1148,11 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
   } sfix;
   sfix *sf = NULL;
   size_t n_sf = 0, cap_sf = 0;
-  for (mrc = mdb_cursor_get(cur, &k, &val, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &val, MDB_NEXT)) {
+  while (kv_cat_iter_next(&it)) {
     kv_seg_rec sr;
-    if (k.mv_size != 8 || kv_seg_rec_decode(val.mv_data, val.mv_size, &sr) != KVDB_OK)
+    uint64_t id;
+    if (kv_cat_iter_seg(&it, &id, &sr) != KVDB_OK)
       continue;
-    uint64_t id = kv_get_be64(k.mv_data);
     uint8_t segkey[16] = {0};
     kv_put_le64(segkey, id);
     size_t li = kmap_at(&live, segkey, 0);
@@ -1214,8 +1169,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
     sf[n_sf].sr.live_blocks = nb;
     n_sf++;
   }
-  mdb_cursor_close(cur);
-  cur = NULL;
+  kv_cat_iter_close(&it);
   for (size_t i = 0; i < n_sf && rc == KVDB_OK; i++) {
     action(r, "set the live bytes of segment %" PRIu64 " to %" PRIu64 " in %" PRIu64 " blocks",
            sf[i].id, sf[i].sr.live_bytes, sf[i].sr.live_blocks);
@@ -1225,8 +1179,7 @@ static kvdb_status fix_counts(rctx *r, vctx *v, MDB_txn *t)
   }
   free(sf);
 out:
-  if (cur != NULL)
-    mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   free(fx);
   kmap_free(&cnt);
   kmap_free(&drops);
@@ -1235,7 +1188,7 @@ out:
 }
 
 /* Carry out (or, dry, say) the plan's record changes in txn t. */
-static kvdb_status apply_plan(rctx *r, vctx *v, MDB_txn *t)
+static kvdb_status apply_plan(rctx *r, vctx *v, kv_txn *t)
 {
   kvdb *db = r->db;
   char hx[33], ha[33];
@@ -1247,7 +1200,7 @@ static kvdb_status apply_plan(rctx *r, vctx *v, MDB_txn *t)
     kv_block_rec nr;
     if (kv_block_rec_decode(p->nw, p->nw_len, &nr) != KVDB_OK)
       continue; /* not expected: rebuild_rec checked it */
-    if (!r->dry && !unchanged(t, db->cat.blocks, p->hash, p->old, p->old_len)) {
+    if (!r->dry && !unchanged(db, t, KV_TBL_BLOCKS, p->hash, p->old, p->old_len)) {
       r->rep->skipped++;
       continue;
     }
@@ -1256,16 +1209,14 @@ static kvdb_status apply_plan(rctx *r, vctx *v, MDB_txn *t)
     r->rep->blocks_rebuilt++;
     if (r->dry)
       continue;
-    MDB_val bk = {16, p->hash}, bv = {p->nw_len, p->nw};
-    int mrc = mdb_put(t, db->cat.blocks, &bk, &bv, 0);
-    if (mrc != 0)
-      return kv_mdb_fail(mrc, "repair: put block");
+    KV_RET(kv_cat_put_raw(&db->cat, t, KV_TBL_BLOCKS, p->hash, 16, p->nw, p->nw_len,
+                          "repair: put block"));
     if (db->dram != NULL)
       kv_dram_remove(db->dram, p->hash);
   }
   for (size_t i = 0; i < v->n_pc; i++) {
     pctx *p = &v->pc[i];
-    if (!r->dry && !unchanged(t, db->cat.contexts, p->key, p->old, p->old_len)) {
+    if (!r->dry && !unchanged(db, t, KV_TBL_CONTEXTS, p->key, p->old, p->old_len)) {
       r->rep->skipped++;
       continue;
     }
@@ -1275,10 +1226,8 @@ static kvdb_status apply_plan(rctx *r, vctx *v, MDB_txn *t)
       r->rep->contexts_rebuilt++;
       if (r->dry)
         continue;
-      MDB_val ck = {16, p->key}, cv = {p->nw_len, p->nw};
-      int mrc = mdb_put(t, db->cat.contexts, &ck, &cv, 0);
-      if (mrc != 0)
-        return kv_mdb_fail(mrc, "repair: put context");
+      KV_RET(kv_cat_put_raw(&db->cat, t, KV_TBL_CONTEXTS, p->key, 16, p->nw, p->nw_len,
+                            "repair: put context"));
     } else {
       action(r, "drop context %s: %s", kv_hex16(p->key, ha), p->why);
       r->rep->contexts_dropped++;
@@ -1322,9 +1271,9 @@ kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
       action(&r, "rebuild the block indexes (segment index and lookup trie; %" PRIu64
              " disagreements found)", v.index_problems);
   } else if (rc == KVDB_OK) {
-    mdb_txn_abort(v.txn); /* the plan's snapshot; the write transaction re-checks */
+    kv_txn_abort(v.txn); /* the plan's snapshot; the write transaction re-checks */
     v.txn = NULL;
-    MDB_txn *t;
+    kv_txn *t = NULL; /* (kv_txn_begin leaves it unset when it fails) */
     rc = kv_txn_begin(&db->cat, 1, &t);
     if (rc == KVDB_OK)
       rc = apply_plan(&r, &v, t);
@@ -1344,8 +1293,8 @@ kvdb_status kvdb_repair(kvdb *db, unsigned flags, kvdb_problem_fn on_action,
       rc = kv_cat_put_u64(&db->cat, t, "gen", gen + 1); /* readers drop cached locations */
     if (rc == KVDB_OK)
       rc = kv_txn_commit(t);
-    else if (t != NULL)
-      mdb_txn_abort(t);
+    else
+      kv_txn_abort(t); /* (NULL: no-op) */
     if (rc != KVDB_OK) { /* nothing of it was committed */
       memset(report, 0, sizeof *report);
       report->problems = vr.problems;
