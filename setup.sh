@@ -32,6 +32,9 @@ if [ "$mode" = test ]; then
   # the sanitizer builds: clang, its sanitizer run-times (only recommended by clang, so not
   # installed with it here) and llvm-symbolizer for readable reports
   pkgs="$pkgs clang libclang-rt-14-dev llvm"
+  # the torch tensor tests (test python-torch) with Debian's interpreter: PyPI's torch wheels
+  # carry the CUDA stack (GBs); Debian's python3-torch is the CPU build (~3 minutes to install)
+  pkgs="$pkgs python3-torch python3-pytest"
 fi
 missing=""
 for p in $pkgs; do
