@@ -173,21 +173,30 @@ kvdb_status kv_place_perf_decode(const uint8_t b[KV_PLACE_PERF_BYTES], uint64_t 
   return KVDB_OK;
 }
 
-/* The cached figures of a tier when they are for this directory's device: 1, else 0. */
-static int cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64_t *ms)
+/* The cached figures of a tier when they are for this directory's device: KVDB_OK;
+ * KVDB_NOTFOUND when there are none to use (none cached, another device's, damaged, or the
+ * directory cannot be stat'ed): the tier is probed again. Another status when the catalog
+ * could not be read (out of memory, no reader slot...): an error, not a miss, since a probe
+ * would replace the database's figures with ones measured at this moment (on a loaded
+ * machine a tier many times slower, and the placement then drops contexts it finds faster to
+ * recompute than to read). */
+static kvdb_status cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64_t *ms)
 {
   struct stat st;
   uint8_t b[PERF_REC_BYTES];
   MDB_txn *txn;
-  if (stat(tier_dir(db, tier), &st) != 0 || kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
-    return 0;
+  if (stat(tier_dir(db, tier), &st) != 0)
+    return KVDB_NOTFOUND;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = kv_cat_get_blob(&db->cat, txn, perf_key(tier), b, sizeof b);
   mdb_txn_abort(txn);
+  if (rc != KVDB_OK && rc != KVDB_NOTFOUND && rc != KVDB_CORRUPT)
+    return rc;
   uint64_t dev = 0;
   int ok = rc == KVDB_OK && kv_place_perf_decode(b, &dev, out, ms) == KVDB_OK &&
            dev == (uint64_t)st.st_dev;
   kv_clear_error(); /* a missing or damaged cache is probed again */
-  return ok;
+  return ok ? KVDB_OK : KVDB_NOTFOUND;
 }
 
 /* Figures of one persistent tier: cached, else probed (a read-only handle that finds none
@@ -195,8 +204,9 @@ static int cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64_t *ms)
 static kvdb_status tier_figures(kvdb *db, uint32_t tier, int reprobe, kv_tier_perf *out,
                                 uint64_t *ms)
 {
-  if (!reprobe && cached_perf(db, tier, out, ms))
-    return KVDB_OK;
+  kvdb_status rc = reprobe ? KVDB_NOTFOUND : cached_perf(db, tier, out, ms);
+  if (rc != KVDB_NOTFOUND)
+    return rc; /* the cached figures, or the catalog could not be read */
   if (db->cat.rdonly) {
     if (reprobe)
       return kv_fail(KVDB_READONLY, "database '%s' is open read-only: no probe is cached",

@@ -14,6 +14,14 @@
  * on fails" (a process out of memory, not one unlucky call). Every N is tested (the workload
  * makes a few hundred allocations: kvdb reuses its buffers). Under AddressSanitizer or
  * ThreadSanitizer (whose run-times own malloc) the test skips (77).
+ *
+ * `test_fault_alloc figures`: every allocation point of an open with placement on, while the
+ * clock says every timed step is slow (the test also interposes clock_gettime: during that open
+ * each reading advances the clock 4 ms, what a probe of a tier can measure on a loaded
+ * machine). A failure must not make the open measure the tiers again: the database keeps the
+ * figures its tiers were probed at (a probe at that moment recorded a 4 ms SSD, and the next
+ * rebalance dropped context 0 as faster to recompute than to read), and every context reads
+ * back after a rebalance.
  */
 #include "kvdb_test.h"
 
@@ -21,6 +29,8 @@
 #include <limits.h>
 #include <malloc.h>
 #include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define T_SANITIZED 1
@@ -90,6 +100,23 @@ int posix_memalign(void **out, size_t a, size_t n)
     return ENOMEM;
   *out = p;
   return 0;
+}
+
+/* A loaded machine's clock: with g_clock_step_ns set, every reading is that much later than the
+ * one before (the engine's probes and timings then measure slow tiers); kv_now_ms too. */
+static atomic_long g_clock_step_ns, g_clock_skew_ns;
+
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+  long rc = syscall(SYS_clock_gettime, id, ts);
+  long step = atomic_load(&g_clock_step_ns);
+  if (rc == 0 && step != 0) {
+    long long ns = (long long)ts->tv_sec * 1000000000ll + ts->tv_nsec +
+                   atomic_fetch_add(&g_clock_skew_ns, step) + step;
+    ts->tv_sec = (time_t)(ns / 1000000000ll);
+    ts->tv_nsec = (long)(ns % 1000000000ll);
+  }
+  return (int)rc;
 }
 
 static void arm(long at, int sticky)
@@ -308,8 +335,96 @@ static long loop(int sticky, int place)
   return points;
 }
 
-int main(void)
+/* Every allocation point of an open with placement on (a copy of a base database whose tiers
+ * were probed at a quiet moment), the clock slow during that open: the open fails or not; then,
+ * without faults and at normal speed, a rebalance. The tiers' figures must stay those of the
+ * base (an open that fails to read them must not probe again) and contexts 0..3 must read back
+ * exact. */
+static long figures_loop(void)
 {
+  char *base = t_tmpdir("allocfig");
+  kvdb_tier_perf f0[KVDB_TIER_COUNT];
+  {
+    kvdb_options o = place_opts();
+    kvdb *db;
+    ASSERT_OK(kvdb_open(base, &o, &db));
+    for (int i = 0; i < 4; i++)
+      ASSERT_OK(put_i(db, i, NULL));
+    ASSERT_OK(kvdb_tier_probe(db, 0, f0));
+    kvdb_close(db);
+  }
+  ASSERT(f0[KVDB_TIER_SSD].probed_unix_ms > 0 && f0[KVDB_TIER_SMARTSSD].probed_unix_ms > 0);
+  long points = 0;
+  for (long at = 1;; at++) {
+    char *dir = t_tmpdir("allocfig");
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "cp -a '%s'/. '%s'/", base, dir);
+    ASSERT(system(cmd) == 0);
+    kvdb_options o = place_opts();
+    kvdb *db = NULL;
+    atomic_store(&g_clock_step_ns, 4000000); /* 4 ms a reading: a 4 KiB read "takes" 4 ms */
+    arm(at, 0);
+    kvdb_status rc = kvdb_open(dir, &o, &db);
+    int fired = disarm();
+    atomic_store(&g_clock_step_ns, 0);
+    ASSERT(rc == KVDB_OK || (fired && db == NULL));
+    if (rc == KVDB_OK)
+      kvdb_close(db);
+    /* without faults: the figures, a rebalance, the contexts */
+    ASSERT_OK(kvdb_open(dir, &o, &db));
+    kvdb_tier_perf f[KVDB_TIER_COUNT];
+    ASSERT_OK(kvdb_tier_probe(db, 0, f));
+    int ok = 1;
+    for (int t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++)
+      if (f[t].probed_unix_ms != f0[t].probed_unix_ms || f[t].latency_s != f0[t].latency_s) {
+        fprintf(stderr, "allocation failure %ld in an open: tier %d probed again (%.1f us, was "
+                "%.1f us)\n", at, t, f[t].latency_s * 1e6, f0[t].latency_s * 1e6);
+        ok = 0;
+      }
+    kvdb_place_plan plan;
+    ASSERT_OK(kvdb_rebalance_plan(db, &plan));
+    kvdb_rebalance_report rep;
+    ASSERT_OK(kvdb_rebalance_execute(db, &plan, &rep));
+    kvdb_place_plan_free(&plan);
+    for (int i = 0; i < 4; i++)
+      if (!intact(db, i, 1)) {
+        fprintf(stderr, "allocation failure %ld in an open: context %d lost\n", at, i);
+        ok = 0;
+      }
+    kvdb_close(db);
+    if (!ok)
+      abort();
+    t_rmdir(dir);
+    if (!fired)
+      break;
+    points++;
+  }
+  atomic_store(&g_clock_step_ns, 0);
+  t_rmdir(base);
+  return points;
+}
+
+int main(int argc, char **argv)
+{
+  if (argc > 1 && strcmp(argv[1], "figures") == 0) {
+    for (int i = 0; i < 4; i++) {
+      uint32_t tok[160];
+      size_t n = ctx_tokens(i, tok);
+      g_buf[i] = malloc(n * kvdb_model_token_bytes(&M));
+      t_fill_kv(&M, tok, n, g_buf[i]);
+    }
+    long points = figures_loop();
+    ASSERT(points > 10);
+    printf("test_fault_alloc figures: %ld allocation-failure points of an open with placement "
+           "on, the clock slow: the tiers kept their figures, contexts 0..3 read back\n", points);
+    for (int i = 0; i < 4; i++)
+      free(g_buf[i]);
+    return 0;
+  }
+  if (argc > 1) {
+    fprintf(stderr, "usage: test_fault_alloc [figures]\n");
+    return 2;
+  }
   for (int i = 0; i < 9; i++) {
     uint32_t tok[160];
     size_t n = ctx_tokens(i, tok);
@@ -353,8 +468,10 @@ int main(void)
 }
 
 #else
-int main(void)
+int main(int argc, char **argv)
 {
+  (void)argc;
+  (void)argv;
   printf("skipped: this test interposes malloc, which the sanitizer's run-time owns\n");
   return T_EXIT_SKIP;
 }
