@@ -272,6 +272,9 @@ static kvdb_options place_opts(void)
   kvdb_options o = opts();
   o.placement = KVDB_PLACEMENT_EVICPRESS;
   o.placement_alpha = 1e6; /* quality first: contexts stay exact */
+  /* recomputing is dear (10 tokens/s): no tier figure a loaded machine can measure makes a
+   * drop the cheaper choice, so a context that goes is lost, not evicted by the policy */
+  o.prefill_tokens_per_s = 10;
   o.dram_bytes = 256 << 10;
   o.ssd_bytes = 192 << 10; /* about 3 contexts: the others go to the SmartSSD tier */
   o.smartssd_bytes = 64 << 20;
