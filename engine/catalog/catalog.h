@@ -462,4 +462,34 @@ kvdb_status kv_cat_del_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]
 kvdb_status kv_cat_del_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                              const uint64_t *ms);
 
+/* ==== THE OPERATIONS FLOOR'S RECORDS (engine/catalog/ops_rec.c) ====
+ * Typed gets and puts of the records engine/ops reads and writes beyond those above: model
+ * records, context records and their access-time entries, a profile's presence. Like the
+ * typed API above: KVDB_NOTFOUND without a message when absent, every other failure with a
+ * message (kv_mdb_fail); no counters kept (the callers call kv_counts_add); no transactions
+ * of their own; no allocation except a context record of more than 240 blocks (encoded on the
+ * stack below that). */
+
+/* The model record stored under `id` (a NUL-terminated model id), decoded into *r. */
+kvdb_status kv_cat_get_model(kv_catalog *c, kv_txn *txn, const char *id, kv_model_rec *r);
+/* Store model record r under `id` (replacing one there). */
+kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const kv_model_rec *r);
+/* Store context record r under key, with its r->n_blocks block hashes `blocks` (16 bytes
+ * each; they may point into the map, e.g. the blocks of the record being replaced: the record
+ * is encoded before it is written). Its access-time entry is not touched. */
+kvdb_status kv_cat_put_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16], const kv_ctx_rec *r,
+                           const uint8_t *blocks);
+/* kv_cat_put_ctx and the context's access-time entry at r->last_access_ms (a new context:
+ * invariant C4; an entry at an older time is the caller's to delete, kv_cat_del_atime_at). */
+kvdb_status kv_cat_put_ctx_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                 const kv_ctx_rec *r, const uint8_t *blocks);
+/* The access-time entry (ms, key) alone: put, or deleted (KVDB_NOTFOUND when not there; no
+ * scan, unlike kv_cat_del_atime). */
+kvdb_status kv_cat_put_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms);
+kvdb_status kv_cat_del_atime_at(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms);
+/* 1 when a profile is recorded for context key, else 0 (also on a failure to read: the
+ * caller only reports the presence). */
+int kv_cat_has_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+/* ==== end of THE OPERATIONS FLOOR'S RECORDS ==== */
+
 #endif

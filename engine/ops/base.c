@@ -12,17 +12,11 @@
 
 /* ---- model records ---- */
 
-kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+kvdb_status kv_model_known(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint8_t mh[16])
 {
-  MDB_val key = {strlen(m->id), (void *)(uintptr_t)m->id}, val;
-  int mrc = mdb_get(txn, db->cat.models, &key, &val);
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_NOTFOUND;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get model");
   kv_model_rec mr;
-  KV_RET(kv_model_rec_decode(val.mv_data, val.mv_size, &mr));
+  KV_RET(kv_cat_get_model(&db->cat, txn, m->id, &mr));
   if (memcmp(mr.hash, mh, 16) != 0)
     return kv_fail(KVDB_MISMATCH,
                    "model '%s' is stored with n_layers %u, n_kv_heads %u, head_dim %u, dtype %u, "
@@ -33,21 +27,18 @@ kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t
   return KVDB_OK;
 }
 
-kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+kvdb_status kv_model_by_hash(kvdb *db, kv_txn *txn, const uint8_t mh[16], char id[64],
                              kv_model_rec *rec)
 {
-  MDB_cursor *cur;
-  int mrc = mdb_cursor_open(txn, db->cat.models, &cur);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "open model cursor");
-  MDB_val k, v;
-  kvdb_status rc = KVDB_NOTFOUND;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&db->cat, txn, KV_TBL_MODELS, &it, "open model cursor"));
+  kvdb_status rc = KVDB_NOTFOUND; /* also when the scan ends on a failure */
+  while (kv_cat_iter_next(&it)) {
     kv_model_rec mr;
-    if (kv_model_rec_decode(v.mv_data, v.mv_size, &mr) == KVDB_OK && memcmp(mr.hash, mh, 16) == 0) {
-      size_t n = k.mv_size < 63 ? k.mv_size : 63;
-      memcpy(id, k.mv_data, n);
+    if (kv_model_rec_decode(it.val.data, it.val.size, &mr) == KVDB_OK &&
+        memcmp(mr.hash, mh, 16) == 0) {
+      size_t n = it.key.size < 63 ? it.key.size : 63;
+      memcpy(id, it.key.data, n);
       id[n] = 0;
       if (rec != NULL)
         *rec = mr;
@@ -55,13 +46,13 @@ kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char 
       break;
     }
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   return rc;
 }
 
 /* ---- a context as a read finds it ---- */
 
-kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_ctx_of_model(kvdb *db, kv_txn *txn, const uint8_t key[16],
                             const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out)
 {
   char hx[33];
@@ -79,7 +70,7 @@ kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
   return rc;
 }
 
-kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+kvdb_status kv_ctx_block(kvdb *db, kv_txn *txn, const uint8_t key[16], const uint8_t hash[16],
                          kv_block_rec *out)
 {
   kvdb_status rc = kv_cat_get_block(&db->cat, txn, hash, out);
@@ -95,12 +86,12 @@ kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const ui
 
 int kv_gen_moved(kvdb *db, uint64_t gen)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   uint64_t now = gen;
   if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
     return 0;
   kv_cat_get_u64(&db->cat, txn, "gen", &now);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return now != gen;
 }
 

@@ -136,7 +136,7 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   if (context == NULL)
     return kv_fail(KVDB_INVALID, "context is NULL");
   KV_RET(kv_check_view(out, m, "out"));
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_files_prune(db, txn);
   kv_ctx_rec cr;
@@ -172,7 +172,7 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
     kv_note_access(db, context->b);
   reader_free(db, &rd);
   free(base);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 

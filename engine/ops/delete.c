@@ -13,7 +13,7 @@
 
 /* ---- segment accounting ---- */
 
-kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes)
+kvdb_status kv_seg_unref(kvdb *db, kv_txn *txn, uint64_t seg, uint64_t bytes)
 {
   kv_seg_rec sr;
   KV_RET(kv_cat_get_seg(&db->cat, txn, seg, &sr));
@@ -24,7 +24,7 @@ kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes)
 
 /* ---- delete ---- */
 
-kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed)
+kvdb_status kv_delete_ctx_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t *freed)
 {
   *freed = 0;
   kv_ctx_rec cr;
@@ -36,19 +36,10 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
     return kv_fail(KVDB_NOMEM, "context blocks");
   memcpy(blocks, cr.blocks, 16 * nb);
   kvdb_status rc = KVDB_OK;
-  int mrc;
-  uint8_t ak[24];
-  kv_atime_key(ak, cr.last_access_ms, key);
-  MDB_val akv = {24, ak}, k = {16, (void *)(uintptr_t)key};
-  mdb_del(txn, db->cat.atime, &akv, NULL);
-  if (db->cat.has_profiles)
-    mdb_del(txn, db->cat.profiles, &k, NULL); /* its profile, if one was recorded */
+  kv_cat_del_atime_at(&db->cat, txn, key, cr.last_access_ms); /* [C4]: absent when broken */
+  kv_cat_del_profile(&db->cat, txn, key); /* its profile, if one was recorded */
   KV_ERR(kv_cat_del_ctxstats(&db->cat, txn, key)); /* and its access count */
-  mrc = mdb_del(txn, db->cat.contexts, &k, NULL);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "delete context");
-    goto out;
-  }
+  KV_ERR(kv_cat_del_ctx(&db->cat, txn, key));
   for (size_t i = 0; i < nb; i++) {
     const uint8_t *h = blocks + 16 * i;
     kv_block_rec br;
@@ -59,34 +50,16 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uin
     }
     if (rc != KVDB_OK)
       goto out;
-    MDB_val bk = {16, (void *)(uintptr_t)h};
     if (br.refcount > 1) {
       br.refcount--;
-      size_t len = kv_block_rec_size(br.n_tokens);
-      uint8_t *buf = malloc(len);
-      if (buf == NULL) {
-        rc = kv_fail(KVDB_NOMEM, "block record");
-        goto out;
-      }
-      kv_block_rec_encode(&br, NULL, buf);
-      MDB_val bv = {len, buf};
-      mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-      free(buf);
-      if (mrc != 0) {
-        rc = kv_mdb_fail(mrc, "put block");
-        goto out;
-      }
+      KV_ERR(kv_cat_put_block(&db->cat, txn, h, &br));
       continue;
     }
     uint64_t seg = br.segment, bytes = br.bytes;
     /* its index entries first: the record's tokens say where they are */
     KV_ERR(kv_idx_child_del(&db->cat, txn, br.parent, h, br.tokens, br.n_tokens));
     KV_ERR(kv_idx_seg_del(&db->cat, txn, seg, h));
-    mrc = mdb_del(txn, db->cat.blocks, &bk, NULL);
-    if (mrc != 0) {
-      rc = kv_mdb_fail(mrc, "delete block");
-      goto out;
-    }
+    KV_ERR(kv_cat_del_block(&db->cat, txn, h));
     KV_ERR(kv_seg_unref(db, txn, seg, bytes));
     *freed += bytes;
     if (db->dram != NULL)
@@ -104,7 +77,7 @@ kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context)
     return kv_fail(KVDB_INVALID, "context is NULL");
   if (db->cat.rdonly)
     return kv_fail(KVDB_READONLY, "database '%s' is open read-only", db->dir);
-  MDB_txn *txn;
+  kv_txn *txn;
   uint64_t freed;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_delete_ctx_txn(db, txn, context->b, &freed);
@@ -113,7 +86,7 @@ kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context)
     rc = kv_fail(KVDB_NOTFOUND, "no context %s", kv_hex16(context->b, hx));
   }
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);

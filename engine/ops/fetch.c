@@ -392,7 +392,7 @@ static kvdb_status snapshot(fctx *x, const kvdb_key *context, kv_read_snap *s)
   kvdb *db = x->db;
   const kvdb_model *m = x->m;
   uint32_t bt = m->block_tokens ? m->block_tokens : 256;
-  MDB_txn *txn;
+  kv_txn *txn;
   char hx[33];
   uint8_t mh[16];
   KV_RET(kv_read_begin(db, s));
@@ -429,7 +429,7 @@ static kvdb_status snapshot(fctx *x, const kvdb_key *context, kv_read_snap *s)
     rc = kv_fail(KVDB_CORRUPT, "context %s has %" PRIu64 " tokens in its blocks and %" PRIu64
                  " in its record", kv_hex16(context->b, hx), pos, cr.n_tokens);
 out:
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 

@@ -60,7 +60,7 @@ static uint32_t common_prefix(const uint8_t *stored, uint32_t n_stored, const ui
   return i;
 }
 
-static kvdb_status do_walk(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint32_t *tokens, size_t n, walk *w)
 {
   uint8_t prev[16], h[16];
@@ -119,7 +119,7 @@ static kvdb_status read_checks(kvdb *db, const kvdb_model *m, uint32_t *bt, cons
 
 /* KVDB_MISMATCH when the model's id is stored with another shape; else KVDB_OK (a model that
  * is not stored at all is a miss, not an error). */
-static kvdb_status model_stored(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt)
+static kvdb_status model_stored(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt)
 {
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
@@ -136,13 +136,13 @@ kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   KV_RET(read_checks(db, m, &bt, tokens, n));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   walk w = {0};
   kvdb_status rc = model_stored(db, txn, m, bt);
   if (rc == KVDB_OK)
     rc = do_walk(db, txn, m, bt, tokens, n, &w);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   free(w.h);
   if (rc == KVDB_OK)
     *hit_tokens = w.hit_tokens;
@@ -469,7 +469,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   int again;
   do {
     KV_RET(kv_read_begin(db, &s));
-    MDB_txn *txn = s.txn;
+    kv_txn *txn = s.txn;
     kv_place_refresh(db, txn); /* placement on: which blocks the DRAM tier may take */
     walk w = {0};
     rc = model_stored(db, txn, m, bt);
@@ -484,7 +484,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
           break;
         }
     }
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     again = rc == KVDB_OK && *hit_tokens < w.hit_tokens;
     free(w.h);
   } while (kv_read_again(db, &s, again));
@@ -641,7 +641,7 @@ kvdb_status kvdb_get_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *conte
   kv_read_snap s = {0};
 again:;
   KV_RET(kv_read_begin(db, &s));
-  MDB_txn *txn = s.txn;
+  kv_txn *txn = s.txn;
   kv_ctx_rec cr;
   uint8_t mh[16];
   kv_model_hash(m, bt, mh);
@@ -670,7 +670,7 @@ again:;
   }
   if (rc == KVDB_OK)
     kv_note_access(db, context->b);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (kv_read_again(db, &s, rc != KVDB_OK))
     goto again; /* a compaction moved a block and removed its old file meanwhile */
   return rc;
@@ -696,7 +696,7 @@ kvdb_status kvdb_get_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   kv_read_snap s = {0};
 again:;
   KV_RET(kv_read_begin(db, &s));
-  MDB_txn *txn = s.txn;
+  kv_txn *txn = s.txn;
   kv_block_rec br;
   char hx[33];
   kvdb_status rc = model_stored(db, txn, m, bt);
@@ -751,7 +751,7 @@ again:;
       *out_tokens = br.n_tokens;
     kv_note_access(db, ck.b);
   }
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (kv_read_again(db, &s, rc != KVDB_OK))
     goto again; /* a compaction moved the block and removed its old file meanwhile */
   return rc;
@@ -759,7 +759,7 @@ again:;
 
 /* ---- inspection ---- */
 
-static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const kv_ctx_rec *cr,
+static kvdb_status fill_info(kvdb *db, kv_txn *txn, const uint8_t *key, const kv_ctx_rec *cr,
                              kvdb_context_info *out)
 {
   memset(out, 0, sizeof *out);
@@ -773,10 +773,7 @@ static kvdb_status fill_info(kvdb *db, MDB_txn *txn, const uint8_t *key, const k
   out->tier = kv_ctx_tier(db, txn, cr);
   out->config = cr->config;
   kv_place_info(db, txn, key, cr->last_access_ms, &out->frequency, &out->cached);
-  if (db->cat.has_profiles) {
-    MDB_val pk = {16, (void *)(uintptr_t)key}, pv;
-    out->has_profile = mdb_get(txn, db->cat.profiles, &pk, &pv) == 0;
-  }
+  out->has_profile = kv_cat_has_profile(&db->cat, txn, key);
   kv_model_rec mr;
   if (kv_model_by_hash(db, txn, cr->model, out->model_id, &mr) != KVDB_OK)
     snprintf(out->model_id, sizeof out->model_id, "?");
@@ -801,7 +798,7 @@ kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_in
   KV_RET(kv_check_db(db));
   if (context == NULL || out == NULL)
     return kv_fail(KVDB_INVALID, "context or out is NULL");
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_ctx_rec cr;
   kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, context->b, &cr);
@@ -811,15 +808,15 @@ kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_in
   }
   if (rc == KVDB_OK)
     rc = fill_info(db, txn, context->b, &cr, out);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
 struct kvdb_iter {
   kvdb *db;
-  MDB_txn *txn;
-  MDB_cursor *cur;
-  int started;
+  kv_txn *txn;
+  kv_cat_iter ci; /* over the contexts table, in txn */
+  int failed;     /* an earlier kvdb_iter_next failed reading the catalog */
 };
 
 kvdb_status kvdb_iter_open(kvdb *db, kvdb_iter **out)
@@ -833,11 +830,8 @@ kvdb_status kvdb_iter_open(kvdb *db, kvdb_iter **out)
     return kv_fail(KVDB_NOMEM, "iterator");
   it->db = db;
   kvdb_status rc = kv_txn_begin(&db->cat, 0, &it->txn);
-  if (rc == KVDB_OK) {
-    int mrc = mdb_cursor_open(it->txn, db->cat.contexts, &it->cur);
-    if (mrc != 0)
-      rc = kv_mdb_fail(mrc, "open context cursor");
-  }
+  if (rc == KVDB_OK)
+    rc = kv_cat_iter_open(&db->cat, it->txn, KV_TBL_CONTEXTS, &it->ci, "iterate contexts");
   if (rc != KVDB_OK) {
     kvdb_iter_close(it);
     return rc;
@@ -851,28 +845,25 @@ kvdb_status kvdb_iter_next(kvdb_iter *it, kvdb_context_info *out)
   kv_clear_error();
   if (it == NULL || out == NULL)
     return kv_fail(KVDB_INVALID, "iterator or out is NULL");
-  MDB_val k, v;
-  int mrc = mdb_cursor_get(it->cur, &k, &v, it->started ? MDB_NEXT : MDB_FIRST);
-  it->started = 1;
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_NOTFOUND;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "iterate contexts");
-  if (k.mv_size != 16)
-    return kv_fail(KVDB_CORRUPT, "context key of %zu bytes", k.mv_size);
+  if (!kv_cat_iter_next(&it->ci)) {
+    if (it->ci.err == KVDB_OK)
+      return KVDB_NOTFOUND;
+    if (it->failed++) /* the message went with the call that failed */
+      return kv_fail(it->ci.err, "iterate contexts: the catalog failed earlier: %s",
+                     kvdb_strerror(it->ci.err));
+    return it->ci.err; /* (its message: kv_cat_iter_next) */
+  }
   kv_ctx_rec cr;
-  KV_RET(kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr));
-  return fill_info(it->db, it->txn, k.mv_data, &cr, out);
+  KV_RET(kv_cat_iter_ctx(&it->ci, &cr));
+  return fill_info(it->db, it->txn, it->ci.key.data, &cr, out);
 }
 
 void kvdb_iter_close(kvdb_iter *it)
 {
   if (it == NULL)
     return;
-  if (it->cur != NULL)
-    mdb_cursor_close(it->cur);
-  if (it->txn != NULL)
-    mdb_txn_abort(it->txn);
+  kv_cat_iter_close(&it->ci); /* zeroed (calloc) when it was never opened */
+  kv_txn_abort(it->txn);
   free(it);
 }
 
@@ -882,37 +873,36 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
   if (out == NULL)
     return kv_fail(KVDB_INVALID, "out is NULL");
   memset(out, 0, sizeof *out);
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  MDB_stat ms;
-  uint64_t ver = 0;
+  uint64_t ver = 0, n;
   kv_cat_get_u64(&db->cat, txn, "format", &ver);
   out->format_version = (uint32_t)ver;
-  if (mdb_stat(txn, db->cat.models, &ms) == 0)
-    out->n_models = (uint32_t)ms.ms_entries;
-  if (mdb_stat(txn, db->cat.contexts, &ms) == 0)
-    out->n_contexts = ms.ms_entries;
-  if (mdb_stat(txn, db->cat.blocks, &ms) == 0)
-    out->n_blocks = ms.ms_entries;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_MODELS, &n) == KVDB_OK)
+    out->n_models = (uint32_t)n;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_CONTEXTS, &n) == KVDB_OK)
+    out->n_contexts = n;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_BLOCKS, &n) == KVDB_OK)
+    out->n_blocks = n;
   /* the per-tier figures: the catalog's counters (counts.h), kept by every commit; counted
    * anew when a commit did not keep them (an older build wrote, or a change whose effect on
    * them is not known), and then stored by a read-write handle */
   kv_counts cnt;
-  uint64_t snap = mdb_txn_id(txn);
+  uint64_t snap = kv_txn_id(txn);
   kvdb_status rc = kv_counts_get(&db->cat, txn, &cnt);
   int counted = rc == KVDB_NOTFOUND;
   if (counted)
     rc = kv_counts_recount(&db->cat, txn, &cnt);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc == KVDB_OK && counted && !db->cat.rdonly && kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
     /* something committed since the count (another handle, or this one's placement flushing
      * its figures): count again as of this transaction, so that the stored counters are right */
     kv_counts now = cnt;
-    kvdb_status wr = mdb_txn_id(txn) == snap + 1 ? KVDB_OK : kv_counts_recount(&db->cat, txn, &now);
+    kvdb_status wr = kv_txn_id(txn) == snap + 1 ? KVDB_OK : kv_counts_recount(&db->cat, txn, &now);
     if (wr == KVDB_OK && kv_counts_put(&db->cat, txn, &now) == KVDB_OK)
       kv_txn_commit(txn);
     else
-      mdb_txn_abort(txn);
+      kv_txn_abort(txn);
     kv_clear_error(); /* stored or not, the figures stand */
   }
   for (uint32_t t = 0; rc == KVDB_OK && t < KVDB_TIER_COUNT; t++) {

@@ -40,23 +40,23 @@ void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
 /* ---- delete.c ---- */
 
 /* One block of `bytes` less in segment seg (live bytes and blocks). */
-kvdb_status kv_seg_unref(kvdb *db, MDB_txn *txn, uint64_t seg, uint64_t bytes);
+kvdb_status kv_seg_unref(kvdb *db, kv_txn *txn, uint64_t seg, uint64_t bytes);
 /* Remove a context in a write transaction; *freed receives the bytes of blocks freed. */
-kvdb_status kv_delete_ctx_txn(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t *freed);
+kvdb_status kv_delete_ctx_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t *freed);
 
 /* ---- base.c ---- */
 
 /* Whether model m (fingerprint mh) is the one stored under its id: KVDB_OK; KVDB_NOTFOUND (no
  * model of that id is stored); KVDB_MISMATCH naming both shapes (another shape is stored under
  * that id: every call with the model fails so, not only put). */
-kvdb_status kv_model_known(kvdb *db, MDB_txn *txn, const kvdb_model *m, uint32_t bt,
+kvdb_status kv_model_known(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint8_t mh[16]);
 /* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
-kvdb_status kv_model_by_hash(kvdb *db, MDB_txn *txn, const uint8_t mh[16], char id[64],
+kvdb_status kv_model_by_hash(kvdb *db, kv_txn *txn, const uint8_t mh[16], char id[64],
                              kv_model_rec *rec);
 /* The context record `key` when it belongs to model m (model_hash = its h_{-1}): else
  * KVDB_NOTFOUND or KVDB_MISMATCH with a message naming the context. */
-kvdb_status kv_ctx_of_model(kvdb *db, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_ctx_of_model(kvdb *db, kv_txn *txn, const uint8_t key[16],
                             const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
 
 /* ---- score_ctx.c ---- */

@@ -15,7 +15,7 @@
 
 /* The record of block `hash`, which context `key` lists: a block the catalog lacks is
  * KVDB_CORRUPT, and any failure's message names the context and the block. */
-kvdb_status kv_ctx_block(kvdb *db, MDB_txn *txn, const uint8_t key[16], const uint8_t hash[16],
+kvdb_status kv_ctx_block(kvdb *db, kv_txn *txn, const uint8_t key[16], const uint8_t hash[16],
                          kv_block_rec *out);
 /* 1 when a compaction committed since a read snapshot that saw catalog generation `gen` (its
  * blocks may have moved: the read is worth doing again from a fresh snapshot). */
@@ -31,7 +31,7 @@ int kv_gen_moved(kvdb *db, uint64_t gen);
  *   do {
  *     KV_RET(kv_read_begin(db, &s));   // s.txn: a read transaction, the segment-file cache
  *     ... read through s.txn ...        // pruned to it, s.gen its catalog generation
- *     mdb_txn_abort(s.txn);             // (the read may end the transaction earlier)
+ *     kv_txn_abort(s.txn);             // (the read may end the transaction earlier)
  *   } while (kv_read_again(db, &s, failed_or_short));
  *
  * kv_read_again: 1 when the try failed (or came back short), fewer than KV_READ_RETRIES
@@ -39,7 +39,7 @@ int kv_gen_moved(kvdb *db, uint64_t gen);
  */
 #define KV_READ_RETRIES 3
 typedef struct kv_read_snap {
-  MDB_txn *txn;
+  kv_txn *txn;
   uint64_t gen;
   int tries; /* retries made */
 } kv_read_snap;

@@ -348,7 +348,7 @@ static void keep_reports(kv_profile_rec *p, const kv_profile_rec *old)
 
 kvdb_status kv_profile_store(kvdb *db, const uint8_t key[16], kv_profile_rec *p)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kv_ctx_rec cr;
   kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
@@ -371,7 +371,7 @@ kvdb_status kv_profile_store(kvdb *db, const uint8_t key[16], kv_profile_rec *p)
   }
   free(old);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);
@@ -387,11 +387,11 @@ kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_profile_ent
   kv_profile_rec *p = malloc(sizeof *p);
   if (p == NULL)
     return kv_fail(KVDB_NOMEM, "profile");
-  MDB_txn *txn;
+  kv_txn *txn;
   kvdb_status rc = kv_txn_begin(&db->cat, 0, &txn);
   if (rc == KVDB_OK) {
     rc = kv_cat_get_profile(&db->cat, txn, context->b, p);
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
   }
   char hx[33];
   if (rc == KVDB_NOTFOUND)

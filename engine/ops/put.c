@@ -59,22 +59,16 @@ typedef struct put_req {
 
 /* ---- model records ---- */
 
-static kvdb_status model_txn(kvdb *db, MDB_txn *txn, const put_req *r, int insert)
+static kvdb_status model_txn(kvdb *db, kv_txn *txn, const put_req *r, int insert)
 {
   kvdb_status rc = kv_model_known(db, txn, r->m, r->bt, r->mh);
   if (rc != KVDB_NOTFOUND || !insert)
     return rc == KVDB_NOTFOUND ? KVDB_OK : rc;
-  MDB_val key = {strlen(r->m->id), (void *)(uintptr_t)r->m->id}, val;
-  int mrc;
   kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
                      .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt,
                      .score_bits = r->m->score_bits};
   memcpy(mr.hash, r->mh, 16);
-  uint8_t buf[64];
-  kv_model_rec_encode(&mr, buf);
-  val = (MDB_val){kv_model_rec_size(), buf};
-  mrc = mdb_put(txn, db->cat.models, &key, &val, 0);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
+  return kv_cat_put_model(&db->cat, txn, r->m->id, &mr);
 }
 
 /* ---- block configs shared by put and re-encoding ---- */
@@ -91,48 +85,41 @@ void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c)
 
 /* ---- SSD capacity: evict least recently used contexts (LRU until the policy issue) ---- */
 
-static kvdb_status live_total(kvdb *db, MDB_txn *txn, uint64_t *out)
+static kvdb_status live_total(kvdb *db, kv_txn *txn, uint64_t *out)
 {
-  MDB_cursor *cur;
   *out = 0;
-  int mrc = mdb_cursor_open(txn, db->cat.segments, &cur);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "open segment cursor");
-  MDB_val k, v;
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&db->cat, txn, KV_TBL_SEGMENTS, &it, "open segment cursor"));
   kvdb_status rc = KVDB_OK;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  while (kv_cat_iter_next(&it)) {
     kv_seg_rec sr;
-    rc = kv_seg_rec_decode(v.mv_data, v.mv_size, &sr);
+    rc = kv_seg_rec_decode(it.val.data, it.val.size, &sr);
     if (rc != KVDB_OK)
       break;
     *out += sr.live_bytes;
   }
-  mdb_cursor_close(cur);
-  return rc;
+  kv_cat_iter_close(&it);
+  return rc != KVDB_OK ? rc : it.err;
 }
 
-static kvdb_status make_room(kvdb *db, MDB_txn *txn, const uint8_t keep[16], uint64_t need)
+static kvdb_status make_room(kvdb *db, kv_txn *txn, const uint8_t keep[16], uint64_t need)
 {
   uint64_t live;
   KV_RET(live_total(db, txn, &live));
   while (live + need > db->opt.ssd_bytes) {
-    MDB_cursor *cur;
-    int mrc = mdb_cursor_open(txn, db->cat.atime, &cur);
-    if (mrc != 0)
-      return kv_mdb_fail(mrc, "open access-time cursor");
-    MDB_val k, v;
+    kv_cat_iter it;
+    KV_RET(kv_cat_iter_open(&db->cat, txn, KV_TBL_ATIME, &it, "open access-time cursor"));
     uint8_t victim[16];
     int found = 0;
-    for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-         mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-      if (k.mv_size == 24 && memcmp((uint8_t *)k.mv_data + 8, keep, 16) != 0) {
-        memcpy(victim, (uint8_t *)k.mv_data + 8, 16);
+    while (kv_cat_iter_next(&it)) { /* the least recently used context but `keep` */
+      if (it.key.size == 24 && memcmp(it.key.data + 8, keep, 16) != 0) {
+        memcpy(victim, it.key.data + 8, 16);
         found = 1;
         break;
       }
     }
-    mdb_cursor_close(cur);
+    kv_cat_iter_close(&it);
+    KV_RET(it.err);
     if (!found)
       return kv_fail(KVDB_FULL,
                      "the SSD tier holds %" PRIu64 " bytes of %" PRIu64 " and nothing more can be "
@@ -150,7 +137,7 @@ static kvdb_status make_room(kvdb *db, MDB_txn *txn, const uint8_t keep[16], uin
 /* Phase 1: which blocks must be written? KVDB_OK with *done = 1 when the context exists. */
 static kvdb_status plan(kvdb *db, put_req *r, int *done)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   *done = 0;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = model_txn(db, txn, r, 0);
@@ -201,7 +188,7 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
     }
   }
 out:
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
@@ -419,9 +406,8 @@ out:
 static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, int *sealed,
                           kvdb_put_info *info)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   kvdb_status rc;
-  int mrc;
   uint8_t *buf = NULL;
   *sealed = 0;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
@@ -445,7 +431,6 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   for (uint32_t i = 0; i < r->n; i++) {
     put_blk *b = &r->b[i];
     kv_block_rec br;
-    MDB_val bk = {16, b->hash};
     uint64_t moved_from = UINT64_MAX; /* an existing record that moves here */
     int created = 0;
     rc = kv_cat_get_block(&db->cat, txn, b->hash, &br);
@@ -501,12 +486,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     } else {
       goto out;
     }
-    MDB_val bv = {kv_block_rec_size(b->n_tok), buf};
-    mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-    if (mrc != 0) {
-      rc = kv_mdb_fail(mrc, "put block");
-      goto out;
-    }
+    KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_BLOCKS, b->hash, 16, buf,
+                          kv_block_rec_size(b->n_tok), "put block"));
     last_tier = br.tier;
     /* the indexes (catalog/index.h) */
     if (moved_from != UINT64_MAX)
@@ -530,33 +511,19 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
   if (r->m->score_bits != 0)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 3)); /* blocks with score regions */
-  size_t clen = kv_ctx_rec_size(&cr, r->n);
-  buf = malloc(clen);
-  uint8_t *hashes = malloc(16 * (size_t)r->n);
-  if (buf == NULL || hashes == NULL) {
-    free(hashes);
+  buf = malloc(16 * (size_t)r->n); /* the block hashes */
+  if (buf == NULL) {
     rc = kv_fail(KVDB_NOMEM, "context record");
     goto out;
   }
   for (uint32_t i = 0; i < r->n; i++)
-    memcpy(hashes + 16 * i, r->b[i].hash, 16);
-  kv_ctx_rec_encode(&cr, hashes, buf);
-  free(hashes);
-  MDB_val ck = {16, r->ctx}, cv = {clen, buf};
-  mrc = mdb_put(txn, db->cat.contexts, &ck, &cv, 0);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "put context");
+    memcpy(buf + 16 * i, r->b[i].hash, 16);
+  rc = kv_cat_put_ctx_atime(&db->cat, txn, r->ctx, &cr, buf); /* its access-time entry: now */
+  free(buf);
+  buf = NULL;
+  if (rc != KVDB_OK)
     goto out;
-  }
   KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
-  uint8_t ak[24];
-  kv_atime_key(ak, now, r->ctx);
-  MDB_val akv = {24, ak}, empty = {0, NULL};
-  mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "put access time");
-    goto out;
-  }
   if (w != NULL) {
     kv_seg_rec sr;
     KV_ERR(kv_cat_get_seg(&db->cat, txn, w->seg_id, &sr));
@@ -576,13 +543,12 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   if (db->opt.ssd_bytes > 0 && new_bytes > 0 && db->place == NULL) /* else the placement's */
     KV_ERR(make_room(db, txn, r->ctx, 0));
   KV_ERR(kv_flush_atime(db, txn));
-  free(buf);
   return kv_txn_commit(txn);
 out_abort_ok:
   rc = KVDB_OK;
 out:
   free(buf);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc != KVDB_OK)
     *sealed = 0;
   return rc;
@@ -595,7 +561,7 @@ static kvdb_status put_run(kvdb *db, put_req *r, kvdb_put_info *info)
     info = &tmp;
   /* a full disk: the catalog's reserve is left to deletes and compaction */
   KV_RET(kv_cat_reserve_short(&db->cat));
-  unsigned map_full = kv_cat_map_full_events(); /* an MDB_MAP_FULL: the map grows, go again */
+  unsigned map_full = kv_cat_map_full_events(); /* the catalog's map was full: it grows, go again */
   for (int attempt = 0;; attempt++) {
     memset(info, 0, sizeof *info);
     memcpy(info->context.b, r->ctx, 16);

@@ -773,7 +773,7 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, kv_read_snap *s)
   kvdb *db = x->db;
   const kvdb_model *m = x->m;
   uint32_t bt = m->block_tokens ? m->block_tokens : 256;
-  MDB_txn *txn;
+  kv_txn *txn;
   char hx[33], hx2[33];
   uint8_t mh[16];
   KV_RET(kv_read_begin(db, s));
@@ -823,7 +823,7 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, kv_read_snap *s)
   }
   x->n_tokens = pos;
 out:
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
