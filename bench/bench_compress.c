@@ -27,7 +27,7 @@
  * (block_tokens 512 on the real set): selection and the residual apply to all its tokens.
  * SnapKV's observation window (average pooling, kernel 7, tail_window = 1: the queries are the
  * context's own last tokens, causally masked) is built as the engine builds it from
- * kvdb_put_opts.queries (engine/store/cblock.c): on the real set the model's queries of the
+ * kvdb_put_opts.queries (engine/block/cblock.c): on the real set the model's queries of the
  * last 16 positions, every query head of the KV head's group (16 x 2 rows); on the synthetic
  * set, without queries, the head's last 32 keys scaled to norm sqrt(head_dim) (keys
  * live in the same rotary frame) as a stand-in.
@@ -49,7 +49,7 @@
  *   quality  per head, kv_quality_*: attention outputs of probe queries over the decoded rows
  *            against those over the original rows; quality = mean over heads of the mean
  *            cosine; rel L2 pooled over heads. Probes, as the engine's profile takes them
- *            (engine/store/profile.c): on the real set the model's real queries, the last 16
+ *            (engine/ops/profile.c): on the real set the model's real queries, the last 16
  *            positions x the query heads of the KV head's group (32 per head); beside them
  *            ("derived", JSON keys *_quality_derived) the probes the engine derives when a put
  *            gives no queries (kv_quality_derive_probes: the last 8 keys and 8 spread ones,

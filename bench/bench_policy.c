@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench/bench_policy.c — `kvdb-bench policy`: the EvicPress placement policy (engine/policy,
+ * bench/bench_policy.c — `kvdb-bench policy`: the EvicPress placement policy (policy/,
  * policy.h) against LRU eviction and fixed compression + LRU, on one trace, with this machine's
  * measured tier bandwidths, decode speeds and real-KV quality profiles.
  *
@@ -20,7 +20,7 @@
  *    (each context prefilled but for its last 16 positions, which are fed one by one
  *    to capture the model's queries, refmodel_state_query; per head the probes are those
  *    queries, every query head of the KV head's group, as kvdb_put_ex takes them, and SnapKV's
- *    observation window is built from the same queries as engine/store/cblock.c builds it;
+ *    observation window is built from the same queries as engine/block/cblock.c builds it;
  *    attention outputs of the decoded rows against the original's, mean cosine; a context's
  *    quality = the mean over its 20 heads). The profiles on the probes kvdb derives from K
  *    when a put gives no queries (kv_quality_derive_probes) are measured beside them, and the

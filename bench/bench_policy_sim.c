@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench/bench_policy_sim.c — `kvdb-bench policy` parts 4 and 5: the policies on the trace
- * (LRU, fixed compression + LRU, EvicPress and per byte through engine/policy), each request's
+ * (LRU, fixed compression + LRU, EvicPress and per byte through policy/), each request's
  * TTFT and quality by the policy model; then EvicPress against the baselines at equal quality.
  */
 #define _GNU_SOURCE
@@ -205,24 +205,13 @@ int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
   return 0;
 }
 
-/* kvdb_recompress's rule (engine/store/profile.c kv_config_reachable), made stricter for a
- * quantized context: dropping tokens from it keeps its bits (the kept rows are not exact). */
-static int cfg_equal(const kvdb_config *a, const kvdb_config *b)
-{
-  return a->method == b->method && a->bits == b->bits && a->drop == b->drop &&
-         a->zstd_level == b->zstd_level && a->keep_permille == b->keep_permille &&
-         a->group == b->group && a->residual == b->residual;
-}
-
+/* kvdb_recompress's rule (policy.h's kv_policy_config_reachable), made stricter for a
+ * quantized context: dropping tokens from it keeps its bits (the kept rows are not exact), so
+ * a quantized context does not become a token-dropping config with exact rows (bits 0). */
 static int cfg_reachable(const kvdb_config *have, const kvdb_config *want)
 {
-  if (have->method == KVDB_METHOD_RAW || have->method == KVDB_METHOD_LOSSLESS)
-    return 1;
-  if (have->method == KVDB_METHOD_DROP)
-    return cfg_equal(have, want);
-  if (want->method == KVDB_METHOD_RAW || want->method == KVDB_METHOD_LOSSLESS)
-    return 0;
-  return want->bits != 0 && want->bits <= have->bits;
+  return kv_policy_config_reachable(have, want) &&
+         (have->method != KVDB_METHOD_QUANT || want->bits != 0);
 }
 
 /* The EvicPress policy: admit on every put, rebalance every N/2 requests. */

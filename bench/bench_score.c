@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * bench/bench_score.c — `kvdb-bench score`: near-data top-k scoring (engine/score/score.h and
+ * bench/bench_score.c — `kvdb-bench score`: near-data top-k scoring (score/score.h and
  * fpga/device.h, used directly as `compress` uses codec.h; nothing of the engine).
  *
  * Data: datagen.c's Llama-shaped KV (8 KV heads x head_dim 128, f16, four outlier key channels

@@ -17,7 +17,7 @@
  *              outlier key channels per head), one context of 1024 tokens. No queries.
  *
  * bench_kvset_prepare then computes per head what quality and SnapKV need, as the engine takes
- * them (engine/store/profile.c, cblock.c): the probes (the real set: for KV head g every query
+ * them (engine/ops/profile.c, engine/block/cblock.c): the probes (the real set: for KV head g every query
  * head g*grp .. g*grp + grp - 1 of every captured position, position-major; the synthetic set:
  * derived from K by kv_quality_derive_probes, the engine's fallback) and the original attention
  * outputs for them; on the real set also the derived probes beside the real ones; SnapKV's

@@ -2,7 +2,8 @@
 /*
  * policy/policy.c — the EvicPress model: parameters and their checks, utility and TTFT
  * of a placement (§4.2), evaluation of a set of placements, the enumeration of a context's
- * placement choices, decayed access counts. The greedy is in greedy.c, the exact solver and
+ * placement choices, decayed access counts, which stored config can become which
+ * (kv_policy_config_*). The greedy is in greedy.c, the exact solver and
  * the upper bound in exact.c.
  */
 #include <stdio.h>
@@ -277,6 +278,30 @@ double kv_policy_decay(double f, double elapsed, double half_life, int access)
   if (isfinite(half_life) && half_life > 0 && elapsed > 0)
     f *= exp2(-elapsed / half_life);
   return access ? f + 1.0 : f;
+}
+
+int kv_policy_config_exact(const kvdb_config *c)
+{
+  return c->method == KVDB_METHOD_RAW || c->method == KVDB_METHOD_LOSSLESS;
+}
+
+int kv_policy_config_equal(const kvdb_config *a, const kvdb_config *b)
+{
+  return a->method == b->method && a->bits == b->bits && a->drop == b->drop &&
+         a->zstd_level == b->zstd_level && a->keep_permille == b->keep_permille &&
+         a->group == b->group && a->residual == b->residual;
+}
+
+int kv_policy_config_reachable(const kvdb_config *have, const kvdb_config *want)
+{
+  if (kv_policy_config_exact(have))
+    return 1;
+  if (have->method == KVDB_METHOD_DROP) /* dropped tokens do not come back */
+    return kv_policy_config_equal(have, want);
+  /* quantized: only coarser quantization, with or without dropping, loses nothing more */
+  if (kv_policy_config_exact(want))
+    return 0;
+  return want->bits != 0 ? want->bits <= have->bits : want->method == KVDB_METHOD_DROP;
 }
 
 void kv_policy_plan_free(kv_policy_plan *plan)

@@ -390,6 +390,21 @@ double kv_policy_ttft(const kv_policy_params *p, const kv_policy_context *c,
  */
 double kv_policy_decay(double f, double elapsed, double half_life, int access);
 
+/* ---- storage configs: what a context's stored config can still become ----------------- */
+
+/** @brief 1 when the config decodes to exactly what was put (RAW or LOSSLESS), else 0. */
+int kv_policy_config_exact(const kvdb_config *c);
+/** @brief 1 when two configs are the same (every field of kvdb_config), else 0. */
+int kv_policy_config_equal(const kvdb_config *a, const kvdb_config *b);
+/**
+ * @brief 1 when KV stored with `have` still holds everything `want` needs, else 0: precision
+ * cannot come back and dropped tokens stay dropped. An exact `have` reaches every config; a
+ * DROP `have` only itself; a quantized `have` no exact config, a quantized one (QUANT, or DROP
+ * with rows quantized) of at most its bits, and token dropping with exact rows (bits 0: the
+ * kept rows are its quantized ones). kvdb_recompress and the placer apply this rule.
+ */
+int kv_policy_config_reachable(const kvdb_config *have, const kvdb_config *want);
+
 /** @brief A placement for "not stored". */
 static inline kv_policy_place kv_policy_place_none(void)
 {

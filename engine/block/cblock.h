@@ -4,7 +4,7 @@
  * below segments), for the layers above: block bodies in memory, no handle and no I/O.
  * Compressed block objects (cblock.c), copies between block sections and a caller's view
  * (copy.c), and a block's score region (score_write.c: FORMAT.md §3c has the bytes,
- * format/score_region.h the geometry and checksums, engine/score/score.h the copies).
+ * format/score_region.h the geometry and checksums, score/score.h the copies).
  *
  * A model whose fingerprint has score_bits 8 or 4 (kvdb_model.score_bits, part of h_{-1})
  * gets a score region appended to every block object it writes; the block record says so

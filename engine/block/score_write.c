@@ -2,7 +2,7 @@
 /*
  * engine/block/score_write.c — a block's score region at put time (cblock.h, FORMAT.md §3c):
  * one score copy per (layer, KV head) of the block's K rows, quantized to int8 or int4 with one
- * scale per token (engine/score/score.h), then the table of their checksums.
+ * scale per token (score/score.h), then the table of their checksums.
  *
  * The copies are made from the keys the caller put, whatever config the block's K and V are
  * stored with, so a lossy config does not also degrade the ranking.

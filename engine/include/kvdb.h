@@ -1143,7 +1143,7 @@ KVDB_API kvdb_status kvdb_relocate(kvdb *db, const kvdb_model *m, const kvdb_key
  *
  * SCORE. A query vector (f32, f16 or bf16) is quantized to int8 with one scale; the score of
  * token t is its exact integer dot with t's codes, times the query's scale, times t's scale
- * (engine/score/score.h "SCORE OF TOKEN t"). Grouped-query attention: the G query heads that
+ * (score/score.h "SCORE OF TOKEN t"). Grouped-query attention: the G query heads that
  * share one KV head are combined by KVDB_SCORE_SUM (default), the sum of their raw scores,
  * sum_g q_g·k = (sum_g q_g)·k — one dot with the summed query (summed in double, then
  * quantized), ranking like the group's mean; or by KVDB_SCORE_MAX, the largest of the G raw

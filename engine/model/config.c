@@ -235,11 +235,6 @@ char *kvdb_config_name(const kvdb_config *c, char *buf, size_t cap)
   return buf;
 }
 
-int kv_config_exact(const kvdb_config *c)
-{
-  return c->method == KVDB_METHOD_RAW || c->method == KVDB_METHOD_LOSSLESS;
-}
-
 int kv_config_drops(const kvdb_config *c)
 {
   return c->method == KVDB_METHOD_DROP;

@@ -11,6 +11,7 @@
 #include "block.h"
 #include "codec.h"
 #include "kv_common.h"
+#include "policy.h"
 
 /* ---- checks and hashes (model.c) ---- */
 kvdb_status kv_check_model(const kvdb_model *m, uint32_t *block_tokens);
@@ -34,8 +35,7 @@ void kv_chain_hash(const uint8_t parent[16], const uint32_t *tokens, size_t n, u
 kvdb_status kv_config_valid(const kvdb_config *c, const char *what);
 /* 0 when valid, -1 when not; records no message. */
 int kv_config_valid_quiet(const kvdb_config *c);
-/* RAW or LOSSLESS: decodes to exactly what was put. */
-int kv_config_exact(const kvdb_config *c);
+/* Exact (RAW or LOSSLESS), equal and reachable configs: policy.h's kv_policy_config_*. */
 /* DROP: some tokens are not stored. */
 int kv_config_drops(const kvdb_config *c);
 

@@ -100,11 +100,4 @@ kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_quer
 /* Mark the entry of cfg as the stored config with exact bytes (adding it when missing). */
 void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes);
 
-/* Whether two configs are the same. */
-int kv_config_equal(const kvdb_config *a, const kvdb_config *b);
-
-/* Whether KV stored with `have` still holds everything `want` needs: precision cannot come
- * back (a lossy config can only become lossier, dropped tokens stay dropped). */
-int kv_config_reachable(const kvdb_config *have, const kvdb_config *want);
-
 #endif

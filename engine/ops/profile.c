@@ -26,25 +26,6 @@ static const char *const DEFAULT_SPACE =
     "keydiff30";
 static const char *const DEFAULT_SNAPKV = "snapkv90,snapkv70,snapkv50,snapkv30";
 
-int kv_config_equal(const kvdb_config *a, const kvdb_config *b)
-{
-  return a->method == b->method && a->bits == b->bits && a->drop == b->drop &&
-         a->zstd_level == b->zstd_level && a->keep_permille == b->keep_permille &&
-         a->group == b->group && a->residual == b->residual;
-}
-
-int kv_config_reachable(const kvdb_config *have, const kvdb_config *want)
-{
-  if (kv_config_exact(have))
-    return 1;
-  if (have->method == KVDB_METHOD_DROP) /* dropped tokens do not come back */
-    return kv_config_equal(have, want);
-  /* quantized: only coarser quantization, with or without dropping, loses nothing more */
-  if (kv_config_exact(want))
-    return 0;
-  return want->bits != 0 ? want->bits <= have->bits : want->method == KVDB_METHOD_DROP;
-}
-
 /* The configs named in `list` into out. A config the model cannot take is an error when the
  * caller named it; in the default space (`skip_unfit`) it is left out (a scoring model takes
  * no token dropping; a small block_tokens no large quantization group). */
@@ -71,7 +52,7 @@ static kvdb_status add_names(const char *list, const kvdb_model *m, kvdb_config 
     }
     int dup = 0;
     for (uint32_t i = 0; i < *n && !dup; i++)
-      dup = kv_config_equal(&out[i], &c);
+      dup = kv_policy_config_equal(&out[i], &c);
     if (!dup) {
       if (*n == cap)
         return kv_fail(KVDB_INVALID, "profile space: more than %u configs", cap);
@@ -104,14 +85,14 @@ void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t 
   uint32_t i;
   for (uint32_t k = 0; k < p->n_entries; k++)
     p->e[k].flags &= ~(uint32_t)KVDB_PROFILE_STORED;
-  for (i = 0; i < p->n_entries && !kv_config_equal(&p->e[i].config, cfg); i++)
+  for (i = 0; i < p->n_entries && !kv_policy_config_equal(&p->e[i].config, cfg); i++)
     ;
   if (i == p->n_entries) {
     if (p->n_entries == KV_PROFILE_MAX_ENTRIES)
       return;
     memset(&p->e[i], 0, sizeof p->e[i]);
     p->e[i].config = *cfg;
-    p->e[i].quality = kv_config_exact(cfg) ? 1.0 : NAN;
+    p->e[i].quality = kv_policy_config_exact(cfg) ? 1.0 : NAN;
     p->e[i].reported_quality = NAN;
     p->e[i].n_probes = p->n_probes;
     p->n_entries++;
@@ -237,7 +218,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
     for (uint32_t c = 0; rc == KVDB_OK && c < n_cfg; c++) {
       const kvdb_config *cfg = &cfgs[c];
       if (cfg->method == KVDB_METHOD_RAW ||
-          (src->not_below != NULL && !kv_config_reachable(src->not_below, cfg)))
+          (src->not_below != NULL && !kv_policy_config_reachable(src->not_below, cfg)))
         continue; /* raw: exact by definition; unreachable: recorded unmeasured below */
       uint32_t nk = 0, nv = 0;
       for (uint32_t b = 0; rc == KVDB_OK && b < n_blocks; b++) {
@@ -263,7 +244,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       }
       if (rc != KVDB_OK)
         break;
-      if (kv_config_exact(cfg)) { /* lossless: bit-exact by construction (tested in compress/) */
+      if (kv_policy_config_exact(cfg)) { /* lossless: bit-exact by construction (compress/ tests) */
         qsum[c] += 1.0;
         continue;
       }
@@ -305,7 +286,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
     if (cfgs[c].method == KVDB_METHOD_RAW) {
       pe->quality = 1.0;
       pe->flags = KVDB_PROFILE_EXACT;
-    } else if (src->not_below != NULL && !kv_config_reachable(src->not_below, &cfgs[c])) {
+    } else if (src->not_below != NULL && !kv_policy_config_reachable(src->not_below, &cfgs[c])) {
       pe->quality = pe->rel_l2 = NAN;
       pe->bytes = 0;
     } else {
@@ -331,7 +312,8 @@ static void keep_reports(kv_profile_rec *p, const kv_profile_rec *old)
     if (old->e[i].n_reports == 0)
       continue;
     uint32_t k;
-    for (k = 0; k < p->n_entries && !kv_config_equal(&p->e[k].config, &old->e[i].config); k++)
+    for (k = 0; k < p->n_entries &&
+                !kv_policy_config_equal(&p->e[k].config, &old->e[i].config); k++)
       ;
     if (k == p->n_entries) {
       if (p->n_entries == KV_PROFILE_MAX_ENTRIES)

@@ -176,7 +176,7 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
       /* a shared block keeps the most faithful config of its owners: a lossy one is
        * rewritten when this put stores exactly */
       r->b[i].write = r->b[i].rewrite =
-          kv_config_exact(&r->cfg) && br.method != KVDB_METHOD_RAW &&
+          kv_policy_config_exact(&r->cfg) && br.method != KVDB_METHOD_RAW &&
           br.method != KVDB_METHOD_LOSSLESS;
       r->b[i].old = br;
     } else if (s == KVDB_NOTFOUND || s == KVDB_CORRUPT) {

@@ -5,7 +5,7 @@
  * (kvdb.h "Top-k token scoring"; FORMAT.md §3c for the copies).
  *
  * ONE CALL
- *   1. The requests' queries are quantized (engine/score: kv_score_query_create); the distinct
+ *   1. The requests' queries are quantized (score/: kv_score_query_create); the distinct
  *      copies they need (copy c = layer * n_kv_heads + head) are listed.
  *   2. A read snapshot of the catalog gives the context's blocks (record, first position); each
  *      must carry score copies of the model's bits. Blocks are split three ways:

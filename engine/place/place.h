@@ -2,7 +2,7 @@
 /*
  * engine/place/place.h — the place floor (LAYERS: above the operations, below the entry
  * points of engine/db): the placement's decisions. Moving a context to another (config, tier)
- * (relocate.c); placing contexts with the EvicPress policy of engine/policy (placer.c);
+ * (relocate.c); placing contexts with the EvicPress policy of policy/ (placer.c);
  * quality reports and re-profiling (report.c). The state they read and the read/write paths
  * feed is one floor below the operations (engine/track/track.h).
  *

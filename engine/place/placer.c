@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/place/placer.c — placing contexts with the EvicPress policy (engine/policy): the
+ * engine/place/placer.c — placing contexts with the EvicPress policy (policy/): the
  * policy's instance built from the catalog, Algorithm 1 after each put, rebalance plans and
  * their execution as relocations (kvdb_rebalance_plan / _execute), placement statistics.
  *
@@ -9,7 +9,7 @@
  *   tiers: DRAM (if dram_bytes: inclusive, holding decoded blocks), SSD (ssd_bytes, 0 =
  *     unlimited), SmartSSD (if smartssd_bytes); their read figures from kv_place_figures.
  *   per context: its options = the entries of its quality profile that it can be re-encoded to
- *     (kv_config_reachable from its stored config), token-dropping ones excepted (kvdb_get
+ *     (kv_policy_config_reachable from its stored config), token-dropping ones excepted (kvdb_get
  *     cannot serve them) unless it is stored so, each with the profile's bytes and quality (a
  *     reported quality wins; exact configs are 1); its stored config is always one of them
  *     (without a profile it is the only one, quality 1). raw bytes = tokens x token bytes,
@@ -229,18 +229,18 @@ static kvdb_status inst_put(pinst *in, const uint8_t key[16], const kv_ctx_rec *
   int have_cur = 0;
   for (uint32_t e = 0; prof != NULL && e < prof->n_entries; e++) {
     const kvdb_profile_entry *pe = &prof->e[e];
-    int is_cur = kv_config_equal(&pe->config, &cr->config);
+    int is_cur = kv_policy_config_equal(&pe->config, &cr->config);
     if (!is_cur && (pe->config.method == KVDB_METHOD_DROP ||
-                    !kv_config_reachable(&cr->config, &pe->config)))
+                    !kv_policy_config_reachable(&cr->config, &pe->config)))
       continue;
     int dup = 0;
     for (size_t o = me->opt0; o < in->n_opt && !dup; o++)
-      dup = kv_config_equal(&in->opt[o].config, &pe->config);
+      dup = kv_policy_config_equal(&in->opt[o].config, &pe->config);
     if (dup)
       continue;
     double q = !isnan(pe->reported_quality) ? pe->reported_quality : pe->quality;
     if (isnan(q)) {
-      if (!is_cur && !kv_config_exact(&pe->config))
+      if (!is_cur && !kv_policy_config_exact(&pe->config))
         continue; /* unmeasured */
       q = 1.0;
     }
@@ -266,7 +266,7 @@ static kvdb_status inst_put(pinst *in, const uint8_t key[16], const kv_ctx_rec *
     t = KVDB_TIER_SSD; /* a tier this handle does not place on: planned as SSD */
   int32_t cur_opt = 0;
   for (uint32_t o = 0; o < c->n_options; o++)
-    if (kv_config_equal(&in->opt[me->opt0 + o].config, &cr->config))
+    if (kv_policy_config_equal(&in->opt[me->opt0 + o].config, &cr->config))
       cur_opt = (int32_t)o;
   c->current = (kv_policy_place){in->ptier[t], cur_opt,
                                  cached && in->ptier[KVDB_TIER_DRAM] == 0 ? 1u : 0u};
@@ -523,8 +523,9 @@ static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, s
     uint32_t tier;
     pmodel pm;
     rc = ctx_now(db, mv[i].context.b, &cfg, &tier, &pm);
-    if (rc == KVDB_NOTFOUND || (rc == KVDB_OK && (!kv_config_equal(&cfg, &mv[i].from_config) ||
-                                                   tier != mv[i].from_tier))) {
+    if (rc == KVDB_NOTFOUND ||
+        (rc == KVDB_OK && (!kv_policy_config_equal(&cfg, &mv[i].from_config) ||
+                           tier != mv[i].from_tier))) {
       kv_clear_error(); /* gone or changed since the plan */
       rc = KVDB_OK;
       rep->skipped++;
@@ -546,7 +547,7 @@ static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, s
       }
       continue;
     }
-    int new_cfg = !kv_config_equal(&mv[i].to_config, &cfg);
+    int new_cfg = !kv_policy_config_equal(&mv[i].to_config, &cfg);
     if (new_cfg || mv[i].to_tier != tier) {
       kvdb_model km = model_of(&pm);
       rc = kv_relocate(db, &km, mv[i].context.b, new_cfg ? &mv[i].to_config : NULL,
@@ -807,7 +808,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
   cr.last_access_ms = in.now_ms; /* a new context: one access, now */
   memcpy(cr.model, model_hash, 16);
   for (uint32_t e = 0; e < prof->n_entries && cr.bytes == 0; e++)
-    if (kv_config_equal(&prof->e[e].config, cfg))
+    if (kv_policy_config_equal(&prof->e[e].config, cfg))
       cr.bytes = prof->e[e].bytes;
   rc = grow((void **)&in.models, &in.cap_models, 1, sizeof *in.models) != 0
            ? kv_fail(KVDB_NOMEM, "placement model")
@@ -860,7 +861,7 @@ kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_prof
     return KVDB_OK;
   kvdb_profile_entry *s = NULL;
   for (uint32_t i = 0; i < p->n_entries && s == NULL; i++)
-    if (kv_config_equal(&p->e[i].config, &cr->config))
+    if (kv_policy_config_equal(&p->e[i].config, &cr->config))
       s = &p->e[i];
   if (s == NULL || s->n_reports == 0 || isnan(s->reported_quality) || isnan(s->quality))
     return KVDB_OK;
@@ -1015,7 +1016,7 @@ kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out, kvdb_config
     const kv_policy_option *o = &c->options[c->current.option];
     size_t k = 0;
     while (k < n_all && !(all[k].tier == me->tier && all[k].cached == c->current.cached &&
-                          kv_config_equal(&all[k].config, &me->cur)))
+                          kv_policy_config_equal(&all[k].config, &me->cur)))
       k++;
     if (k == n_all) {
       if (grow((void **)&all, &cap_all, n_all + 1, sizeof *all) != 0) {

@@ -360,11 +360,11 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
     return rc;
   }
   r.cfg = to != NULL ? *to : cr.config;
-  if (to != NULL && !kv_config_equal(&cr.config, to)) {
+  if (to != NULL && !kv_policy_config_equal(&cr.config, to)) {
     char have_nm[48], to_nm[48];
     kvdb_config_name(&cr.config, have_nm, sizeof have_nm);
     kvdb_config_name(to, to_nm, sizeof to_nm);
-    if (!kv_config_reachable(&cr.config, to)) {
+    if (!kv_policy_config_reachable(&cr.config, to)) {
       reloc_free(&r);
       return kv_fail(KVDB_INVALID,
                      "context %s is stored as '%s': re-encoding it to '%s' would need precision "

@@ -49,7 +49,7 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
   }
   if (rc == KVDB_OK) {
     uint32_t i;
-    for (i = 0; i < p->n_entries && !kv_config_equal(&p->e[i].config, config); i++)
+    for (i = 0; i < p->n_entries && !kv_policy_config_equal(&p->e[i].config, config); i++)
       ;
     if (i == p->n_entries) {
       if (i == KV_PROFILE_MAX_ENTRIES) {

@@ -27,7 +27,7 @@
 #include "catalog/counts.h"
 #include "io/io.h"
 #include "kv_common.h"
-#include "tiers/dram.h"
+#include "tiers/tiers.h"
 
 #define KVDB_MAGIC_OPEN 0x6b766462u
 #define KVDB_MAGIC_CLOSED 0xdeadbeefu

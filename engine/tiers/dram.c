@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/tiers/dram.c — the DRAM tier (see dram.h).
+ * engine/tiers/dram.c — the DRAM tier (tiers.h).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "dram.h"
+#include "tiers.h"
 
 #define PAGE 4096u
 

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/tiers/perf.c — tier read figures: the open-time probe and the online fit (perf.h).
+ * engine/tiers/perf.c — tier read figures: the open-time probe and the online fit (tiers.h).
  */
 #define _GNU_SOURCE
-#include "tiers/perf.h"
+#include "tiers/tiers.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -10,7 +10,7 @@
  * database, directory and device: cached in meta "perf.ssd" / "perf.smartssd" (32 bytes: st_dev
  * u64, bandwidth f64, latency f64, probed-at Unix ms u64; FORMAT.md §2) and probed again when
  * the directory's device changes or kvdb_tier_probe asks. Each cold kvdb_get block then feeds
- * an exponentially weighted least-squares fit of read time against bytes (tiers/perf.h) that
+ * an exponentially weighted least-squares fit of read time against bytes (tiers/tiers.h) that
  * starts from the probe. The probe goes to the operating system's I/O directly (db->os_io):
  * it measures the device, and a test's I/O layer does not count its syncs.
  *

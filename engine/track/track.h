@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "seg/seg.h"
-#include "tiers/perf.h"
+#include "tiers/tiers.h"
 
 /* ---- track.c ---- */
 

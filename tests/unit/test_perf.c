@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/unit/test_perf.c — tier read figures (engine/tiers/perf.h): the online fit recovers a
+ * tests/unit/test_perf.c — tier read figures (engine/tiers/tiers.h): the online fit recovers a
  * tier's latency and bandwidth from reads of mixed sizes, keeps the probe's latency when the
  * reads are all one size, and ignores nonsense; the directory probe measures, cleans up after
  * itself, and reports a full disk instead of a figure.
@@ -12,7 +12,7 @@
 #include <math.h>
 
 #include "io_test.h"
-#include "tiers/perf.h"
+#include "tiers/tiers.h"
 
 static double rel(double a, double b) { return fabs(a - b) / b; }
 

@@ -941,6 +941,40 @@ static void test_bad_input(void)
   CHECK(strstr(err.msg, "node budget") != NULL);
 }
 
+/* Which stored config can become which (kv_policy_config_*): the rule kvdb_recompress, the
+ * placer and kvdb-bench policy apply. */
+static void test_config_rules(void)
+{
+  const kvdb_config raw = {KVDB_METHOD_RAW, 0, 0, 0, 0, 0, 0};
+  const kvdb_config lossless = {KVDB_METHOD_LOSSLESS, 0, 0, 3, 0, 0, 0};
+  const kvdb_config int8 = {KVDB_METHOD_QUANT, 8, 0, 0, 0, 0, 0};
+  const kvdb_config int4 = {KVDB_METHOD_QUANT, 4, 0, 0, 0, 0, 0};
+  const kvdb_config int4_g64 = {KVDB_METHOD_QUANT, 4, 0, 0, 0, 64, 0};
+  const kvdb_config drop50 = {KVDB_METHOD_DROP, 0, KVDB_DROP_KNORM, 0, 500, 0, 0};
+  const kvdb_config drop50_int4 = {KVDB_METHOD_DROP, 4, KVDB_DROP_KNORM, 0, 500, 0, 0};
+  const kvdb_config drop50_int8 = {KVDB_METHOD_DROP, 8, KVDB_DROP_KNORM, 0, 500, 0, 0};
+  const kvdb_config drop30 = {KVDB_METHOD_DROP, 0, KVDB_DROP_KNORM, 0, 300, 0, 0};
+
+  CHECK(kv_policy_config_exact(&raw) && kv_policy_config_exact(&lossless));
+  CHECK(!kv_policy_config_exact(&int8) && !kv_policy_config_exact(&drop50));
+  CHECK(kv_policy_config_equal(&int4, &int4) && !kv_policy_config_equal(&int4, &int4_g64));
+  CHECK(!kv_policy_config_equal(&drop50, &drop30) && !kv_policy_config_equal(&raw, &lossless));
+  /* exact reaches everything */
+  CHECK(kv_policy_config_reachable(&raw, &lossless) && kv_policy_config_reachable(&lossless, &raw));
+  CHECK(kv_policy_config_reachable(&lossless, &int4) && kv_policy_config_reachable(&raw, &drop30));
+  /* dropped tokens do not come back: only itself */
+  CHECK(kv_policy_config_reachable(&drop50, &drop50));
+  CHECK(!kv_policy_config_reachable(&drop50, &drop30));
+  CHECK(!kv_policy_config_reachable(&drop50, &raw));
+  CHECK(!kv_policy_config_reachable(&drop50, &drop50_int4));
+  /* quantized: coarser or equal bits, with or without dropping; never exact again */
+  CHECK(kv_policy_config_reachable(&int8, &int4) && kv_policy_config_reachable(&int4, &int4_g64));
+  CHECK(!kv_policy_config_reachable(&int4, &int8) && !kv_policy_config_reachable(&int8, &lossless));
+  CHECK(kv_policy_config_reachable(&int8, &drop50_int4));
+  CHECK(!kv_policy_config_reachable(&int4, &drop50_int8));
+  CHECK(kv_policy_config_reachable(&int4, &drop50)); /* kept rows stay the quantized ones */
+}
+
 int main(void)
 {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -948,6 +982,7 @@ int main(void)
   rng_state = s != NULL ? strtoull(s, NULL, 0) : 1;
   printf("seed %llu\n", (unsigned long long)rng_state);
   test_model();
+  test_config_rules();
   test_figure2();
   test_alg1_single_tier();
   test_alg1_recompress_then_evict();

@@ -1,7 +1,20 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/tiers/perf.h — how fast each tier reads: a short probe when a database is opened, and
- * an online fit from the reads the engine really does.
+ * engine/tiers/tiers.h — the header of engine/tiers (floor io in LAYERS) for the floors above:
+ * the DRAM tier (dram.c) and the tiers' read figures (perf.c).
+ */
+#ifndef KV_TIERS_H
+#define KV_TIERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "io/io.h"
+
+/* ---- tier read figures (perf.c) ----------------------------------------------------------
+ *
+ * How fast each tier reads: a short probe when a database is opened, and an online fit from the
+ * reads the engine really does.
  *
  * EvicPress (seed 004 §4.2) prices a config by TTFT = latency + bytes / bandwidth + decode,
  * with the tier figures static (its §8 names that as a limitation). kvdb measures them: a probe
@@ -14,13 +27,6 @@
  * Pure arithmetic except kv_probe_dir (file I/O through the engine's I/O layer) and
  * kv_probe_memory (a timed memcpy). Not thread-safe: callers lock.
  */
-#ifndef KV_PERF_H
-#define KV_PERF_H
-
-#include <stddef.h>
-#include <stdint.h>
-
-#include "io/io.h"
 
 /* A tier's read figures. */
 typedef struct kv_tier_perf {
@@ -61,5 +67,46 @@ void kv_perf_observe(kv_perf_fit *f, uint64_t bytes, double seconds);
  * it and it is plausible (positive slope, non-negative intercept), else the bandwidth through
  * the prior's latency. */
 void kv_perf_estimate(const kv_perf_fit *f, const kv_tier_perf *prior, kv_tier_perf *out);
+
+/* ---- the DRAM tier (dram.c) --------------------------------------------------------------
+ *
+ * The DRAM tier: a capacity-bounded, per-process, volatile cache of
+ * block data regions, inclusive over the persistent tiers (every block here also has its
+ * persistent copy). LRU eviction for now; the EvicPress policy replaces it later.
+ *
+ * Memory is one mapping of `capacity` bytes made at create time and reused for the life of
+ * the tier (first touches of fresh pages are slow on these machines, so pages are recycled,
+ * never returned). A block occupies a contiguous run of 4 KiB pages (first-fit over a page
+ * bitmap; when no run is free, least recently used unpinned blocks are evicted).
+ *
+ * Thread-safe. A pinned entry is never evicted or freed; readers copy out of it without the
+ * lock. Insertion copies outside the lock too (the entry is invisible until published).
+ */
+
+typedef struct kv_dram kv_dram;
+typedef struct kv_dram_entry kv_dram_entry;
+
+/* NULL when capacity < 4 KiB (no tier) or on allocation failure. */
+kv_dram *kv_dram_create(uint64_t capacity);
+void kv_dram_destroy(kv_dram *d);
+
+/* Find and pin; NULL on a miss (counted). data and len receive the block's data region. */
+kv_dram_entry *kv_dram_pin(kv_dram *d, const uint8_t hash[16], const uint8_t **data,
+                           uint64_t *len);
+void kv_dram_unpin(kv_dram *d, kv_dram_entry *e);
+/* 1 when the block is present (a hint: it may be evicted right after); not counted as a hit
+ * or a miss. */
+int kv_dram_contains(kv_dram *d, const uint8_t hash[16]);
+
+/* Copy `len` bytes in under `hash` (no-op if present). 0, or -1 when it cannot fit. */
+int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);
+/* Drop a block (after a delete or a move). Waits for nothing: a pinned entry is dropped when
+ * unpinned. */
+void kv_dram_remove(kv_dram *d, const uint8_t hash[16]);
+
+typedef struct kv_dram_stats {
+  uint64_t capacity, bytes, blocks, hits, misses;
+} kv_dram_stats;
+void kv_dram_stat(kv_dram *d, kv_dram_stats *out);
 
 #endif
