@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "catalog.h"
+#include "catalog_int.h"
 #include "counts.h"
 #include "index.h"
 #include "model/model.h"

@@ -33,15 +33,15 @@
 #ifndef KV_CATALOG_H
 #define KV_CATALOG_H
 
-#include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "kv_common.h"
 
-/* the catalog's transaction (see TRANSITION below: the same type as MDB_txn for now) */
-typedef MDB_txn kv_txn;
+/* the catalog's transaction (see TRANSITION below: LMDB's transaction for now; this header
+ * does not include lmdb.h: catalog_int.h, the catalog's own header, does) */
+typedef struct MDB_txn kv_txn;
 
 /*
  * THE TYPED CATALOG API (issue 14: the catalog owns every LMDB call and the schema)
@@ -209,14 +209,16 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 /* The catalog environment and its databases. */
 #define KV_CAT_OWN_IDS 64u
 
+/* The LMDB handles (env, and the databases: MDB_dbi, which is unsigned int) are the catalog's
+ * own: only the files of engine/catalog/ use them (catalog_int.h). */
 typedef struct kv_catalog {
-  MDB_env *env;
-  MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
-  MDB_dbi next, segblocks; /* the block indexes (format 4, index.h) */
+  struct MDB_env *env;
+  unsigned meta, models, blocks, children, contexts, atime, segments, profiles;
+  unsigned next, segblocks; /* the block indexes (format 4, index.h) */
   int has_index;    /* they exist (absent in a catalog of format < 4 opened read-only) */
   int has_children; /* the legacy `children` database exists (format < 4) */
   int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
-  MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
+  unsigned ctxstats; /* the placement policy's per-context records (ctxstats.h) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
   /* A read-only catalog opened without LMDB's lock file (kv_catalog_open: the lock file is not
@@ -311,11 +313,6 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
 #define KV_CAT_RESERVE(used) ((uint64_t)(used) / 16 > (8u << 20) ? (uint64_t)(used) / 16 : (8u << 20))
 kvdb_status kv_cat_reserve_short(kv_catalog *c);
 
-/* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
- * and counts in kv_cat_map_full_events(). */
-kvdb_status kv_mdb_fail(int mrc, const char *what);
-/* mdb_cursor_open, its failure (ENOMEM) as a status (kv_mdb_fail naming `what`). */
-kvdb_status kv_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what);
 /* How many MDB_MAP_FULL errors this process has seen (a put retries once after one). */
 unsigned kv_cat_map_full_events(void);
 
@@ -338,17 +335,6 @@ unsigned kv_cat_map_full_events(void);
  */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, kv_txn **out);
 
-/* Every transaction of a catalog's environment is begun and ended through these (the macros
- * below route the engine's mdb_txn_* calls here): they count open transactions for the map
- * growth above. Environments without a catalog pass straight through. */
-int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out);
-int kv_mdb_txn_commit(MDB_txn *txn);
-void kv_mdb_txn_abort(MDB_txn *txn);
-#ifndef KV_CATALOG_IMPL
-#define mdb_txn_begin kv_mdb_txn_begin
-#define mdb_txn_commit kv_mdb_txn_commit
-#define mdb_txn_abort kv_mdb_txn_abort
-#endif
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
  * successful one has a txn id of its own) and its id is recorded once committed. */
@@ -461,5 +447,26 @@ kvdb_status kv_cat_del_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]
  * entry found by a scan of the table (linear: for repairs). KVDB_NOTFOUND when none. */
 kvdb_status kv_cat_del_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                              const uint64_t *ms);
+
+/* ---- records of seg/track/place (place_rec.c): the floors seg, track, place, db ---- */
+
+/* 1 when context key has a record as of txn; 0 when not, or when LMDB fails (no message). */
+int kv_cat_has_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+/* In a write transaction: set context key's last access to ms when that is later than its
+ * record's (rewrites the record, moves its access-time entry); KVDB_OK and nothing done when
+ * the context is gone or ms is not later. Allocates the record's copy. */
+kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms);
+/* Read meta entry `name` (a string without NUL, shorter than cap) as last committed, in a read
+ * transaction of its own: 1 with buf set (NUL-terminated), 0 when absent, too long or LMDB
+ * fails. Sets no error message (callers may be cleaning up after one). */
+int kv_cat_peek_meta_str(kv_catalog *c, const char *name, char *buf, size_t cap);
+
+/* ---- end of records of seg/track/place ---- */
+
+/* TRANSITION: engine/ops/ (ops.h, ops_int.h and most of its .c files) still names LMDB's
+ * types and calls it, and reaches lmdb.h, kv_mdb_fail and the mdb_txn_* routing
+ * (catalog_int.h) through this header. Delete this include once engine/ops/ makes no LMDB
+ * call: then no header outside engine/catalog/ includes lmdb.h. */
+#include "catalog_int.h"
 
 #endif
