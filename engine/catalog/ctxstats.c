@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "catalog_int.h"
 #include "ctxstats.h"
 
 void kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_BYTES])

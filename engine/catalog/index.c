@@ -9,6 +9,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include "catalog_int.h"
 #include "index.h"
 
 #define KV_IDX_CHUNK_MAX 96u     /* tokens of the longest chunk */
