@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/catalog/counts.c — the counters kvdb_stat reads (counts.h).
+ * engine/catalog/counts.c — the counters kvdb_stat reads (catalog.h, COUNTS).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
 
 #include "catalog_int.h"
-#include "counts.h"
 
 #define META_COUNTS "counts"
 

@@ -13,8 +13,6 @@
 #include <string.h>
 
 #include "catalog_int.h"
-#include "counts.h"
-#include "index.h"
 
 kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync)
@@ -104,8 +102,9 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
   KV_ERR(kv_cat_open_dbs(c, txn, MDB_CREATE));
   uint64_t ver = 0;
   if (kv_cat_get_u64(c, txn, "format", &ver) == KVDB_NOTFOUND) {
-    /* created at format 4: its block indexes (index.h) must be kept by every writer, so builds
-     * that know only formats 1-3 refuse it. Other format-2/3 features raise nothing more. */
+    /* created at format 4: its block indexes (catalog.h, INDEXES) must be kept by every
+     * writer, so builds that know only formats 1-3 refuse it. Other format-2/3 features raise
+     * nothing more. */
     KV_ERR(kv_cat_put_u64(c, txn, "format", KV_FORMAT_INDEXES));
     KV_ERR(kv_cat_put_u64(c, txn, "next_segment", 1));
     KV_ERR(kv_cat_put_u64(c, txn, "gen", 1));

@@ -37,7 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "place.h"
 
 /* Decode throughput per kvdb_method (RAW, LOSSLESS, QUANT, DROP) in bytes of original KV per

@@ -25,8 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "catalog/ctxstats.h"
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "place.h"
 
 typedef struct rblk {

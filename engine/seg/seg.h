@@ -24,7 +24,6 @@
 
 #include "block/cblock.h"
 #include "catalog/catalog.h"
-#include "catalog/counts.h"
 #include "io/io.h"
 #include "kv_common.h"
 #include "tiers/dram.h"

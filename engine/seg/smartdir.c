@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "seg.h"
 
 #define META_SMART_DIR "smartssd_dir"

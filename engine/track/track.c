@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "track.h"
 
 #define META_PLACE_GEN "place_gen"
