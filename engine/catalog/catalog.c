@@ -15,9 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "catalog.h"
-#include "counts.h"
-#include "index.h"
+#include "catalog_int.h"
 #include "model/model.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
@@ -628,13 +626,15 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
   return KVDB_OK;
 }
 
-kvdb_status kv_txn_commit(MDB_txn *txn)
+kv_catalog *kv_txn_catalog(kv_txn *txn)
 {
-  kv_catalog *c = mdb_env_get_userctx(mdb_txn_env(txn));
+  return mdb_env_get_userctx(mdb_txn_env(txn));
+}
+
+kvdb_status kv_txn_commit_base(kv_catalog *c, kv_txn *txn)
+{
   uint64_t id = mdb_txn_id(txn);
   int stamped = 0;
-  if (c != NULL)
-    kv_counts_stamp(c, txn); /* kvdb_stat's counters are current as of this commit */
   if (c != NULL && c->track) {
     uint8_t b[8];
     for (int i = 0; i < 8; i++)
@@ -746,38 +746,6 @@ kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec 
   MDB_val v;
   KV_RET(cat_get(txn, c->segments, k, 8, &v, "get segment"));
   return kv_seg_rec_decode(v.mv_data, v.mv_size, r);
-}
-
-kvdb_status kv_cat_put_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, const kv_seg_rec *r)
-{
-  kv_seg_rec old;
-  kvdb_status rc = kv_cat_get_seg(c, txn, id, &old);
-  if (rc == KVDB_CORRUPT) { /* replaced: what it counted is not known */
-    kv_clear_error();
-    KV_RET(kv_counts_invalidate(c, txn));
-  } else if (rc == KVDB_OK || rc == KVDB_NOTFOUND) {
-    KV_RET(kv_counts_seg(c, txn, rc == KVDB_OK ? &old : NULL, r));
-  } else {
-    return rc;
-  }
-  uint8_t k[8], buf[32];
-  kv_be64(k, id);
-  kv_seg_rec_encode(r, buf);
-  MDB_val key = {8, k}, val = {32, buf};
-  int mrc = mdb_put(txn, c->segments, &key, &val, 0);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put segment");
-}
-
-kvdb_status kv_cat_del_seg(kv_catalog *c, MDB_txn *txn, uint64_t id)
-{
-  kv_seg_rec old;
-  KV_RET(kv_cat_get_seg(c, txn, id, &old));
-  KV_RET(kv_counts_seg(c, txn, &old, NULL));
-  uint8_t k[8];
-  kv_be64(k, id);
-  MDB_val key = {8, k};
-  int mrc = mdb_del(txn, c->segments, &key, NULL);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete segment record");
 }
 
 kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v)
@@ -987,7 +955,7 @@ static void cat_env_close(kv_catalog *c)
   }
 }
 
-kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
+kvdb_status kv_cat_env_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
                             int create, int nosync)
 {
   memset(c, 0, sizeof *c);
@@ -1067,106 +1035,12 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     c->lockfd = open(lpath, O_RDWR | O_CLOEXEC);
   }
   kv_cat_reader_check(c); /* slots of processes that died inside a read transaction */
-  MDB_txn *txn = NULL;
-  kvdb_status rc;
-  uint64_t fmt = 0;
-  /* First a read transaction: check the version before writing anything (KVDB_VERSION). */
-  KV_ERR(kv_txn_begin(c, 0, &txn));
-  MDB_dbi meta;
-  mrc = mdb_dbi_open(txn, "meta", 0, &meta);
-  int fresh = (mrc == MDB_NOTFOUND);
-  if (mrc != 0 && !fresh) {
-    rc = kv_mdb_fail(mrc, "open database 'meta'");
-    goto out;
-  }
-  if (!fresh) {
-    c->meta = meta;
-    uint64_t ver = 0;
-    rc = kv_cat_get_u64(c, txn, "format", &ver);
-    if (rc == KVDB_NOTFOUND)
-      rc = kv_fail(KVDB_CORRUPT, "catalog '%s' has no format version", path);
-    if (rc != KVDB_OK)
-      goto out;
-    if (ver > KVDB_FORMAT_VERSION) {
-      rc = kv_fail(KVDB_VERSION,
-                   "database '%s' has format version %llu; this build reads up to %d", dir,
-                   (unsigned long long)ver, KVDB_FORMAT_VERSION);
-      goto out;
-    }
-    fmt = ver;
-  }
-  if (fresh && rdonly) {
-    rc = kv_fail(KVDB_NOTFOUND, "catalog '%s' is empty", path);
-    goto out;
-  }
-  if (!fresh) {
-    KV_ERR(open_dbs(c, txn, 0));
-    if (fmt >= KV_FORMAT_INDEXES && !c->has_index) {
-      rc = kv_fail(KVDB_CORRUPT, "catalog '%s' has format %llu but no block indexes", path,
-                   (unsigned long long)fmt);
-      goto out;
-    }
-    kv_mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
-    txn = NULL;
-    if ((c->has_profiles && c->has_ctxstats && c->has_index) || rdonly)
-      return KVDB_OK;
-    /* an older catalog: add the (empty) profiles and ctxstats databases it lacks, and build
-     * the block indexes of format 4 (unless another process did since the read above) */
-    KV_ERR(kv_txn_begin(c, 1, &txn));
-    if (!c->has_index) {
-      int im = mdb_dbi_open(txn, "next", MDB_DUPSORT | MDB_DUPFIXED, &c->next);
-      if (im == 0)
-        im = mdb_dbi_open(txn, "segblocks", MDB_DUPSORT | MDB_DUPFIXED, &c->segblocks);
-      if (im == 0)
-        c->has_index = 1;
-      else if (im != MDB_NOTFOUND) {
-        rc = kv_mdb_fail(im, "open the block indexes");
-        goto out;
-      }
-      if (!c->has_index)
-        KV_ERR(kv_idx_build(c, txn));
-    }
-    int pm = c->has_profiles ? 0 : mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
-    if (pm != 0) {
-      rc = kv_mdb_fail(pm, "create database 'profiles'");
-      goto out;
-    }
-    c->has_profiles = 1;
-    pm = c->has_ctxstats ? 0 : mdb_dbi_open(txn, "ctxstats", MDB_CREATE, &c->ctxstats);
-    if (pm != 0) {
-      rc = kv_mdb_fail(pm, "create database 'ctxstats'");
-      goto out;
-    }
-    c->has_ctxstats = 1;
-    rc = kv_txn_commit(txn);
-    txn = NULL;
-    if (rc == KVDB_OK)
-      return KVDB_OK;
-    goto out;
-  }
-  kv_mdb_txn_abort(txn);
-  txn = NULL;
-  KV_ERR(kv_txn_begin(c, 1, &txn));
-  KV_ERR(open_dbs(c, txn, MDB_CREATE));
-  uint64_t ver = 0;
-  if (kv_cat_get_u64(c, txn, "format", &ver) == KVDB_NOTFOUND) {
-    /* created at format 4: its block indexes (index.h) must be kept by every writer, so builds
-     * that know only formats 1-3 refuse it. Other format-2/3 features raise nothing more. */
-    KV_ERR(kv_cat_put_u64(c, txn, "format", KV_FORMAT_INDEXES));
-    KV_ERR(kv_cat_put_u64(c, txn, "next_segment", 1));
-    KV_ERR(kv_cat_put_u64(c, txn, "gen", 1));
-    KV_ERR(kv_cat_put_u64(c, txn, "created", kv_now_ms()));
-  }
-  rc = kv_txn_commit(txn);
-  txn = NULL;
-  if (rc == KVDB_OK)
-    return KVDB_OK;
-out:
-  if (txn != NULL)
-    kv_mdb_txn_abort(txn);
-  cat_env_close(c);
-  c->env = NULL;
-  return rc;
+  return KVDB_OK;
+}
+
+kvdb_status kv_cat_open_dbs(kv_catalog *c, kv_txn *txn, unsigned create)
+{
+  return open_dbs(c, txn, create);
 }
 
 void kv_catalog_close(kv_catalog *c)
@@ -1382,8 +1256,8 @@ static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
   return rc;
 }
 
-kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *before,
-                              uint64_t *after)
+kvdb_status kv_cat_vacuum_file(kv_catalog *c, int force, int *done, uint64_t *before,
+                               uint64_t *after, int *recount)
 {
   struct stat fst;
   *done = 0;
@@ -1412,7 +1286,7 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
     return KVDB_OK;
   }
   kvdb_status rc = KVDB_OK;
-  int recount = 0;
+  *recount = 0;
   MDB_txn *rt = NULL;
   char **names = NULL;
   size_t n = 0;
@@ -1471,7 +1345,7 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
     *done = 1;
     /* kvdb_stat's counters carry the id of the transaction that kept them: the new file's ids
      * start anew, so count them again (after the gate below: it begins a transaction) */
-    recount = 1;
+    *recount = 1;
     if (after != NULL && stat(c->path, &fst) == 0)
       *after = (uint64_t)fst.st_size;
   }
@@ -1481,7 +1355,5 @@ out:
   names_free(names, n);
   gate_give(c);
   pthread_mutex_unlock(&reg_mu);
-  if (recount)
-    kv_counts_open(c);
   return rc;
 }

@@ -8,16 +8,16 @@
  *   models    model id -> shape + fingerprint hash
  *   blocks    block hash (16) -> refcount, location (segment, offset, bytes), tokens, parent
  *   next      (node (16), chunk of tokens) -> block hashes (dupsort): the trie that the tail
- *             search of lookup descends (format 4; index.h)
+ *             search of lookup descends (format 4; INDEXES)
  *   segblocks segment id (8, BE) -> hashes of the blocks located in it (dupsort; format 4)
  *   children  (formats 1-3 only) parent hash (16) -> child block hashes (16) (dupsort); a
- *             read-write open replaces it by `next` (index.h, kv_idx_build)
+ *             read-write open replaces it by `next` (INDEXES, kv_idx_build)
  *   contexts  context key (16) -> model hash, block hashes, tokens, times
  *   atime     last access (8, big-endian) || context key -> "" : LRU order for tier capacity
  *   segments  segment id (8, big-endian) -> tier, state, committed end, live bytes, owner pid
  *   profiles  context key (16) -> the context's quality profile (format 2)
- *   ctxstats  context key (16) -> decayed access count and placement (ctxstats.h)
- *   (meta "counts": per-tier counters kept by every commit, read by kvdb_stat: counts.h)
+ *   ctxstats  context key (16) -> decayed access count and placement (CTXSTATS)
+ *   (meta "counts": per-tier counters kept by every commit, read by kvdb_stat: COUNTS)
  *
  * INVARIANTS
  *   C1. A block record exists iff some context lists it; refcount = number of such contexts.
@@ -26,29 +26,30 @@
  *   C3. segment.live_bytes = sum of bytes of the block records located in it.
  *   C4. Every atime entry matches its context's last_access.
  *   C5. (format 4) segblocks lists (s, h) iff block record h is located in segment s; every
- *       chain block is in the trie `next` (index.h).
+ *       chain block is in the trie `next` (INDEXES).
  *
  * Record encoders/decoders are pure and validate every length (catalog bytes come from disk).
  */
 #ifndef KV_CATALOG_H
 #define KV_CATALOG_H
 
-#include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "kv_common.h"
 
-/* the catalog's transaction (see TRANSITION below: the same type as MDB_txn for now) */
-typedef MDB_txn kv_txn;
+/* the catalog's transaction (see TRANSITION below: LMDB's transaction for now; this header
+ * does not include lmdb.h: catalog_int.h, the catalog's own header, does) */
+typedef struct MDB_txn kv_txn;
 
 /*
  * THE TYPED CATALOG API (issue 14: the catalog owns every LMDB call and the schema)
  *
  * The layers above the catalog reach LMDB only through kv_cat_* / kv_txn_* functions; the
- * files converted so far (store/verify.c, store/maint.c) make no mdb_* call and name no MDB_*
- * type. The others still do and are converted the same way (see TRANSITION below).
+ * files converted so far (engine/seg, track, place, db; ops/verify.c, ops/maint.c) make no
+ * mdb_* call and name no MDB_* type. The others still do and are converted the same way (see
+ * TRANSITION below).
  *
  *   kv_txn       the catalog's transaction. Begun by kv_txn_begin, ended by kv_txn_commit
  *                (commits a write one, ends a read one) or kv_txn_abort (NULL: no-op). Every
@@ -65,7 +66,7 @@ typedef MDB_txn kv_txn;
  *   puts, dels   kv_cat_put_<rec> encodes the typed record itself; kv_cat_put_raw writes bytes
  *                built elsewhere (repair's rebuilt records). Dels say KVDB_NOTFOUND (no
  *                message) when there was nothing to delete. Segment records go through
- *                kv_cat_put_seg / kv_cat_del_seg only (they keep counts.h's counters); the raw
+ *                kv_cat_put_seg / kv_cat_del_seg only (they keep the counters (COUNTS)); the raw
  *                and block/context functions here keep none (their callers call
  *                kv_counts_add, or recount as repair does).
  *   iteration    a kv_cat_iter lives on the caller's stack; the caller owns it and must
@@ -99,13 +100,14 @@ typedef MDB_txn kv_txn;
  * typed functions beside these when they move: a context record with its access-time entry
  * (put.c, relocate.c), a model record (put.c), an access-time entry alone (put.c).
  *
- * TRANSITION. kv_txn is for now the same type as MDB_txn (typedef MDB_txn kv_txn), so files
+ * TRANSITION. kv_txn is for now LMDB's transaction (typedef struct MDB_txn kv_txn), so files
  * not yet converted pass their MDB_txn * to the same functions and converted ones use kv_txn
- * with no cast. Once no file outside engine/catalog/ names MDB_txn, the typedef becomes
- * `typedef struct kv_txn kv_txn;` (opaque; catalog.c casts to MDB_txn at its LMDB calls),
- * kv_catalog's MDB_env / MDB_dbi fields move into catalog.c's own struct behind a pointer,
- * kv_cursor_open, kv_mdb_fail and the mdb_txn_* macros below leave this header, and
- * <lmdb.h> is included by the files of engine/catalog/ only.
+ * with no cast. This header does not include <lmdb.h>: kv_catalog names the environment as
+ * struct MDB_env and its databases as unsigned int (MDB_dbi); kv_mdb_fail, kv_cursor_open and
+ * the mdb_txn_* routing are in catalog_int.h, the header of engine/catalog/'s own files. Until
+ * engine/ops/ is converted this header includes catalog_int.h at its end (marked TRANSITION);
+ * once it is not, that include goes and kv_txn can become `typedef struct kv_txn kv_txn;`
+ * (opaque; the catalog's files cast to MDB_txn at their LMDB calls).
  */
 
 #define KV_REC_VERSION 1u
@@ -209,14 +211,16 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 /* The catalog environment and its databases. */
 #define KV_CAT_OWN_IDS 64u
 
+/* The LMDB handles (env, and the databases: MDB_dbi, which is unsigned int) are the catalog's
+ * own: only the files of engine/catalog/ use them (catalog_int.h). */
 typedef struct kv_catalog {
-  MDB_env *env;
-  MDB_dbi meta, models, blocks, children, contexts, atime, segments, profiles;
-  MDB_dbi next, segblocks; /* the block indexes (format 4, index.h) */
+  struct MDB_env *env;
+  unsigned meta, models, blocks, children, contexts, atime, segments, profiles;
+  unsigned next, segblocks; /* the block indexes (format 4, INDEXES) */
   int has_index;    /* they exist (absent in a catalog of format < 4 opened read-only) */
   int has_children; /* the legacy `children` database exists (format < 4) */
   int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
-  MDB_dbi ctxstats; /* the placement policy's per-context records (ctxstats.h) */
+  unsigned ctxstats; /* the placement policy's per-context records (CTXSTATS) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
   /* A read-only catalog opened without LMDB's lock file (kv_catalog_open: the lock file is not
@@ -311,11 +315,6 @@ kvdb_status kv_catalog_vacuum(kv_catalog *c, int force, int *done, uint64_t *bef
 #define KV_CAT_RESERVE(used) ((uint64_t)(used) / 16 > (8u << 20) ? (uint64_t)(used) / 16 : (8u << 20))
 kvdb_status kv_cat_reserve_short(kv_catalog *c);
 
-/* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
- * and counts in kv_cat_map_full_events(). */
-kvdb_status kv_mdb_fail(int mrc, const char *what);
-/* mdb_cursor_open, its failure (ENOMEM) as a status (kv_mdb_fail naming `what`). */
-kvdb_status kv_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what);
 /* How many MDB_MAP_FULL errors this process has seen (a put retries once after one). */
 unsigned kv_cat_map_full_events(void);
 
@@ -338,17 +337,6 @@ unsigned kv_cat_map_full_events(void);
  */
 kvdb_status kv_txn_begin(kv_catalog *c, int write, kv_txn **out);
 
-/* Every transaction of a catalog's environment is begun and ended through these (the macros
- * below route the engine's mdb_txn_* calls here): they count open transactions for the map
- * growth above. Environments without a catalog pass straight through. */
-int kv_mdb_txn_begin(MDB_env *env, MDB_txn *parent, unsigned flags, MDB_txn **out);
-int kv_mdb_txn_commit(MDB_txn *txn);
-void kv_mdb_txn_abort(MDB_txn *txn);
-#ifndef KV_CATALOG_IMPL
-#define mdb_txn_begin kv_mdb_txn_begin
-#define mdb_txn_commit kv_mdb_txn_commit
-#define mdb_txn_abort kv_mdb_txn_abort
-#endif
 /* Commit (a write transaction, or a read one: ends it). With tracking on (below), a write
  * transaction first puts meta "wstamp" (so that no commit of this catalog is empty: each
  * successful one has a txn id of its own) and its id is recorded once committed. */
@@ -370,7 +358,7 @@ kvdb_status kv_cat_get_block(kv_catalog *c, kv_txn *txn, const uint8_t hash[16],
 kvdb_status kv_cat_get_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16], kv_ctx_rec *r);
 kvdb_status kv_cat_get_seg(kv_catalog *c, kv_txn *txn, uint64_t id, kv_seg_rec *r);
 /* Segment records are written and deleted through these two only: they keep the counters of
- * counts.h. A record that does not decode cannot be replaced or deleted (KVDB_CORRUPT). */
+ * COUNTS. A record that does not decode cannot be replaced or deleted (KVDB_CORRUPT). */
 kvdb_status kv_cat_put_seg(kv_catalog *c, kv_txn *txn, uint64_t id, const kv_seg_rec *r);
 kvdb_status kv_cat_del_seg(kv_catalog *c, kv_txn *txn, uint64_t id);
 kvdb_status kv_cat_get_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t *v);
@@ -383,6 +371,234 @@ kvdb_status kv_cat_get_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]
 kvdb_status kv_cat_put_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                const kv_profile_rec *r);
 kvdb_status kv_cat_put_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t v);
+
+/* ==== the schema's users (catalog-schema): counts.c, index.c, ctxstats.c ==== */
+
+/*
+ * COUNTS (counts.c): counters kvdb_stat reads instead of scanning the catalog (meta
+ * "counts", FORMAT.md §2): per tier, the contexts whose persistent copy is there (the tier of
+ * their last block), and the segments' number, file bytes (committed ends) and live bytes and
+ * blocks.
+ *
+ * MAINTAINED in the write transactions that change what they count: a context added (put) or
+ * removed (kv_delete_ctx_txn) or whose last block changes tier (a relocation), and every
+ * segment record written or deleted (kv_cat_put_seg, kv_cat_del_seg). So they are as durable
+ * and crash-safe as the records they count.
+ *
+ * STAMP. The record holds the id of the last write transaction that kept them: every commit of
+ * this build (kv_txn_commit) stamps them, after its changes. A write transaction sees them
+ * current when the stamp is its own id or the one before (the last commit was one of this
+ * build's); a read transaction, when the stamp is its snapshot's id. Anything else — a commit
+ * by a build that does not know them (it ignores the record but changes what it counts), a
+ * raw LMDB write — leaves them stale: changes are not applied to stale counters, readers
+ * recount (kvdb_stat scans as before), and the next read-write open, or a kvdb_stat of a
+ * read-write handle, rebuilds them.
+ */
+
+enum {
+  KV_CNT_CONTEXTS,    /* contexts whose last block is on the tier */
+  KV_CNT_SEGMENTS,    /* segment records of the tier */
+  KV_CNT_SEG_BYTES,   /* sum of their committed ends */
+  KV_CNT_LIVE_BYTES,  /* sum of their live bytes */
+  KV_CNT_LIVE_BLOCKS, /* sum of their live blocks */
+  KV_CNT_N
+};
+
+typedef struct kv_counts {
+  uint64_t v[KVDB_TIER_COUNT][KV_CNT_N];
+} kv_counts;
+
+/* meta "counts": version u8 (1), 7 reserved bytes (0), stamp u64, then v[tier][field] u64
+ * for each tier and field in order. */
+#define KV_COUNTS_BYTES (16 + 8 * KVDB_TIER_COUNT * KV_CNT_N)
+void kv_counts_encode(uint64_t stamp, const kv_counts *k, uint8_t b[KV_COUNTS_BYTES]);
+/* KVDB_CORRUPT (with a message) for a record of another size or version. */
+kvdb_status kv_counts_decode(const uint8_t *b, size_t len, uint64_t *stamp, kv_counts *k);
+
+/* The counters as of txn (a read transaction): KVDB_OK when current, KVDB_NOTFOUND when
+ * absent or stale (no message either way); another status when LMDB fails. */
+kvdb_status kv_counts_get(kv_catalog *c, kv_txn *txn, kv_counts *out);
+
+/* Count everything anew, as of txn (read or write): O(contexts + segments). A segment record
+ * that does not decode is KVDB_CORRUPT; a context record that does not decode is not counted
+ * (verify reports it); a context whose last block cannot be read counts as SSD. */
+kvdb_status kv_counts_recount(kv_catalog *c, kv_txn *txn, kv_counts *out);
+
+/* The tier of a context's persistent copy: its last block's (SSD when unreadable). */
+uint32_t kv_cat_ctx_tier(kv_catalog *c, kv_txn *txn, const kv_ctx_rec *cr);
+
+/* In a write transaction: add `delta` to counter `field` of `tier` when the counters are
+ * current (else nothing: they stay stale). A count that would go below zero makes them stale
+ * instead (they were wrong; the next rebuild puts them right). */
+kvdb_status kv_counts_add(kv_catalog *c, kv_txn *txn, uint32_t tier, unsigned field,
+                          int64_t delta);
+/* A segment record changes from `old` to `nw` (either NULL: created / deleted). */
+kvdb_status kv_counts_seg(kv_catalog *c, kv_txn *txn, const kv_seg_rec *old,
+                          const kv_seg_rec *nw);
+/* In a write transaction: make them stale (a change whose effect is not known). */
+kvdb_status kv_counts_invalidate(kv_catalog *c, kv_txn *txn);
+/* In kv_txn_commit, before the commit: stamp current counters with this transaction's id.
+ * Nothing on a read transaction or stale counters. */
+void kv_counts_stamp(kv_catalog *c, kv_txn *txn);
+/* In a write transaction: store `k` as current. */
+kvdb_status kv_counts_put(kv_catalog *c, kv_txn *txn, const kv_counts *k);
+/* At a read-write open: when the counters are absent or stale, recount them in a write
+ * transaction of their own (once per database written by an older build, or after one).
+ * Best effort: a failure leaves them stale (kvdb_stat then counts). */
+void kv_counts_open(kv_catalog *c);
+
+/*
+ * INDEXES (index.c): the catalog's two indexes of block records (format 4, FORMAT.md §2):
+ *
+ *   next       the tail search of lookup: which stored block continues a prefix furthest. A
+ *              trie over the tokens of every chain block, keyed by (node, tokens of one chunk)
+ *              -> the hashes of the blocks through that entry (dupsort).
+ *   segblocks  segment id (8, BE) -> hashes of the blocks located in it (dupsort): compaction
+ *              visits only its victim's blocks.
+ *
+ * THE TRIE. A block's tokens are cut in chunks at fixed positions (KV_IDX_CHUNK_END: 8, 24,
+ * 56, 120, then every 96 tokens, so a key is at most 16 + 4 * 96 bytes). The entry of chunk d
+ * of block B (tokens t, parent P) is the key node_d || t[s_d, min(n, e_d)) as u32 BE, with
+ * node_0 = P and node_{d+1} = XXH3-128 of node_d and chunk d (seeded: never a block hash); its
+ * duplicates are the hashes of the blocks whose tokens pass through it. B has entries at
+ * depths 0..k, where it stops at the first depth at which it ends or was alone when it was
+ * added. Invariant T: an entry listing two or more blocks lists each of them that has tokens
+ * past the chunk at the next depth too (adding B to an entry that lists one other block A
+ * first gives A its next entry; deleting leaves the others as they were).
+ *
+ * A lookup, at each depth, finds the key that shares most tokens with the query's chunk: in
+ * key order (u32 BE, a prefix before its extensions) it is the query's successor or
+ * predecessor. When that key is the query's whole chunk and lists two or more blocks, T says
+ * every block continuing past it is at the next depth: descend. Otherwise one of its blocks'
+ * records (tokens) gives the answer. Cost: one B-tree search per depth visited (depth > 0 only
+ * when two stored blocks share the chunk), whatever the fan-out.
+ */
+
+/* The catalog format that carries these indexes (meta "format"). */
+#define KV_FORMAT_INDEXES 4u
+
+/* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
+kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
+                             const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n);
+kvdb_status kv_idx_child_del(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
+                             const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n);
+
+/*
+ * The stored child of `parent` (of model `model`, not token-dropped) that shares the longest
+ * prefix with q[0, nq): *best its shared tokens (0: none), rec and hash its record. rec's tokens
+ * point into txn. A catalog without the trie (format < 4 opened read-only) is scanned: every
+ * child of `parent` in the legacy `children` database.
+ */
+kvdb_status kv_idx_child_best(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
+                              const uint8_t model[16], const uint32_t *q, size_t nq,
+                              uint32_t *best, kv_block_rec *rec, uint8_t hash[16]);
+
+/* Segment index: block `hash` is located in segment `seg` / no longer is. */
+kvdb_status kv_idx_seg_add(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16]);
+kvdb_status kv_idx_seg_del(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16]);
+/* A block record moved from segment `from` to `to` (nothing when they are equal). */
+kvdb_status kv_idx_seg_move(kv_catalog *c, kv_txn *txn, uint64_t from, uint64_t to,
+                            const uint8_t hash[16]);
+
+/*
+ * Build both indexes in write transaction txn (the upgrade of a format 1-3 catalog): every
+ * block record goes into segblocks, every child listed by the legacy `children` database into
+ * the trie; then `children` is dropped and the format raised to KV_FORMAT_INDEXES. The dbis
+ * of `next` and `segblocks` are created (MDB_CREATE) and stored in c.
+ */
+kvdb_status kv_idx_build(kv_catalog *c, kv_txn *txn);
+
+/* Empty both indexes and build them again from the block records (kvdb_repair, after it
+ * changed block records): chain blocks into the trie, every block into segblocks. */
+kvdb_status kv_idx_rebuild(kv_catalog *c, kv_txn *txn);
+
+/*
+ * Check both indexes against the block records (kvdb_verify): every record is listed under its
+ * segment and (a chain block) in the trie at depth 0; every segment index entry and every trie
+ * entry names an existing block (of that segment). fn gets one message per disagreement.
+ * Returns a failure only when the catalog cannot be read.
+ */
+typedef void (*kv_idx_problem_fn)(void *ctx, const char *msg);
+kvdb_status kv_idx_verify(kv_catalog *c, kv_txn *txn, kv_idx_problem_fn fn, void *ctx);
+
+/*
+ * CTXSTATS (ctxstats.c): what the placement policy keeps per context in the catalog
+ * (the `ctxstats` database), and the catalog's meta entries of the policy: the SmartSSD
+ * tier's directory and the cached tier read figures (FORMAT.md §2).
+ *
+ * A ctxstats record holds a context's decayed access count (EvicPress §4.2's "frequency": a
+ * count halved every half-life, kept as of `freq_ms`) and where the policy placed it (the tier
+ * of its persistent copy, and whether the DRAM tier is to hold it). Records are advisory: a
+ * context without one counts as accessed once at its last access time; a record whose context
+ * is gone is ignored (and removed by the next rebalance).
+ *
+ * Pure codecs and typed gets/puts, like catalog.h; the databases are opened by catalog.c.
+ */
+
+#define KV_CTXSTATS_REC_VERSION 1u
+#define KV_CTXSTATS_REC_BYTES 32u
+
+/* kv_ctxstats.flags */
+enum { KV_CTXS_CACHED = 1 };
+
+typedef struct kv_ctxstats {
+  uint32_t flags;    /* KV_CTXS_*: the plan keeps it in the DRAM tier */
+  uint32_t tier;     /* kvdb_tier of its persistent copy as last placed */
+  double freq;       /* decayed access count as of freq_ms (finite, >= 0) */
+  uint64_t freq_ms;  /* Unix ms */
+  uint64_t accesses; /* accesses counted (not decayed) */
+} kv_ctxstats;
+
+void kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_BYTES]);
+kvdb_status kv_ctxstats_decode(const uint8_t *src, size_t len, kv_ctxstats *r);
+
+/* The decayed count of r as of now_ms, with half-life half_life_ms (<= 0: no decay). */
+double kv_ctxstats_freq_at(const kv_ctxstats *r, uint64_t now_ms, double half_life_ms);
+
+/* Typed access; KVDB_NOTFOUND when absent (also when the catalog has no ctxstats database:
+ * a format-1/2 catalog opened read-only). Puts need the database (KVDB_READONLY without). */
+kvdb_status kv_cat_get_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                kv_ctxstats *r);
+kvdb_status kv_cat_put_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                const kv_ctxstats *r);
+kvdb_status kv_cat_del_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+
+/* One access at now_ms: decay, + 1, count it (creating the record, tier SSD, when absent). */
+kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                  uint64_t now_ms, double half_life_ms);
+
+/* Meta strings (a NUL-free byte string up to cap - 1 bytes, NUL added). KVDB_NOTFOUND when
+ * absent, KVDB_CORRUPT when too long or holding a NUL. */
+kvdb_status kv_cat_get_str(kv_catalog *c, kv_txn *txn, const char *name, char *buf, size_t cap);
+kvdb_status kv_cat_put_str(kv_catalog *c, kv_txn *txn, const char *name, const char *v);
+
+/* Meta blobs of fixed size (the tier figures): KVDB_CORRUPT when the size differs. */
+kvdb_status kv_cat_get_blob(kv_catalog *c, kv_txn *txn, const char *name, void *buf, size_t len);
+kvdb_status kv_cat_put_blob(kv_catalog *c, kv_txn *txn, const char *name, const void *buf,
+                            size_t len);
+
+/* ==== end of the schema's users ==== */
+
+/* ---- records of seg/track/place (place_rec.c): the floors seg, track, place, db ---- */
+
+/* 1 when context key has a record as of txn; 0 when not, or when LMDB fails (no message). */
+int kv_cat_has_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+/* In a write transaction: set context key's last access to ms when that is later than its
+ * record's (rewrites the record, moves its access-time entry); KVDB_OK and nothing done when
+ * the context is gone or ms is not later. Allocates the record's copy. */
+kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms);
+/* Read meta entry `name` (a string without NUL, shorter than cap) as last committed, in a read
+ * transaction of its own: 1 with buf set (NUL-terminated), 0 when absent, too long or LMDB
+ * fails. Sets no error message (callers may be cleaning up after one). */
+int kv_cat_peek_meta_str(kv_catalog *c, const char *name, char *buf, size_t cap);
+
+/* ---- end of records of seg/track/place ---- */
+
+/* TRANSITION: engine/ops/ (ops.h, ops_int.h and most of its .c files) still names LMDB's
+ * types and calls it, and reaches lmdb.h, kv_mdb_fail and the mdb_txn_* routing
+ * (catalog_int.h) through this header. Delete this include once engine/ops/ makes no LMDB
+ * call: then no header outside engine/catalog/ includes lmdb.h. */
+#include "catalog_int.h"
 
 /* ---- the typed API (see THE TYPED CATALOG API at the top; iter.c) ---- */
 

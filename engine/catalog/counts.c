@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/catalog/counts.c — the counters kvdb_stat reads (counts.h).
+ * engine/catalog/counts.c — the counters kvdb_stat reads (catalog.h, COUNTS).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <string.h>
 
-#include "counts.h"
+#include "catalog_int.h"
 
 #define META_COUNTS "counts"
 
@@ -237,10 +237,12 @@ void kv_counts_open(kv_catalog *c)
       if (rc == KVDB_OK)
         rc = store(c, txn, mdb_txn_id(txn), &k);
     }
-    if (rc == KVDB_OK)
-      rc = kv_txn_commit(txn);
-    else
+    if (rc == KVDB_OK) { /* kv_txn_commit's stamp and commit (schema.c is above this file) */
+      kv_counts_stamp(c, txn);
+      rc = kv_txn_commit_base(c, txn);
+    } else {
       mdb_txn_abort(txn);
+    }
   }
   kv_clear_error(); /* best effort: stale counters only make kvdb_stat count (and report a
                        damaged segment record, as it did before the counters) */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/catalog/ctxstats.c — the ctxstats record codec and the policy's meta entries
- * (ctxstats.h, FORMAT.md §2).
+ * (catalog.h CTXSTATS, FORMAT.md §2).
  *
  * ctxstats record (32 bytes, little-endian):
  *   0 u8 version (1) | 1 u8 flags (bit 0 cached in DRAM) | 2 u8 tier | 3 u8 reserved (0) |
@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ctxstats.h"
+#include "catalog_int.h"
 
 void kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_BYTES])
 {

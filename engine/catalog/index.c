@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/catalog/index.c — the trie of chain blocks (`next`) and the segment index
- * (`segblocks`); index.h says how they are laid out and searched.
+ * (`segblocks`); catalog.h (INDEXES) says how they are laid out and searched.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +9,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "index.h"
+#include "catalog_int.h"
 
 #define KV_IDX_CHUNK_MAX 96u     /* tokens of the longest chunk */
 #define KV_IDX_KEY_MAX (16u + 4u * KV_IDX_CHUNK_MAX)

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "catalog.h"
+#include "catalog_int.h"
 
 /* The database of table t; 0 when the catalog lacks it (an older format opened read-only). */
 static int tbl_dbi(const kv_catalog *c, kv_cat_table t, MDB_dbi *d)

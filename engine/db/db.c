@@ -249,12 +249,12 @@ void kvdb_close(kvdb *db)
   if (db == NULL || db->magic != KVDB_MAGIC_OPEN)
     return;
   if (db->n_pending > 0 && !db->cat.rdonly && db->cat.env != NULL) {
-    MDB_txn *txn;
+    kv_txn *txn;
     if (kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
       if (kv_flush_atime(db, txn) == KVDB_OK)
         kv_txn_commit(txn);
       else
-        mdb_txn_abort(txn);
+        kv_txn_abort(txn);
     }
   }
   if (db->io != NULL) {

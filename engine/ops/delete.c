@@ -7,8 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "catalog/ctxstats.h"
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "ops_int.h"
 
 /* ---- segment accounting ---- */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "ops_int.h"
 
 typedef struct hit {

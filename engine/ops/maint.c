@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "ops_int.h"
 
 /* ---- compaction ---- */

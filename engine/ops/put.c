@@ -21,8 +21,7 @@
 #include <stdlib.h>
 
 #include "ops_int.h"
-#include "catalog/index.h"
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 
 /* One block of a put. */
 typedef struct put_blk {

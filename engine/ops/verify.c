@@ -35,9 +35,7 @@
 #include <stdlib.h>
 
 #include "ops_int.h"
-#include "catalog/counts.h"
-#include "catalog/ctxstats.h"
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 
 /* ---- a small map of 16-byte keys to counters and notes ---- */
 

@@ -53,7 +53,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
  * reprofile_drift_pct, re-scale the other entries (kvdb.h, kvdb_report_quality) and require
  * format 3; *drifted = 1 when it did (the caller then calls kv_place_context after the
  * commit). */
-kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
+kvdb_status kv_place_drift(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
                            int *drifted);
 /* Place one context again (it takes its best place; over-full tiers are resolved), with
  * placement on; failures are logged. */

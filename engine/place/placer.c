@@ -37,7 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "place.h"
 
 /* Decode throughput per kvdb_method (RAW, LOSSLESS, QUANT, DROP) in bytes of original KV per
@@ -104,7 +104,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 }
 
 /* The index of model `hash` in the instance (added from the catalog), or -1. */
-static long model_index(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t hash[16])
+static long model_index(kvdb *db, kv_txn *txn, pinst *in, const uint8_t hash[16])
 {
   for (size_t i = 0; i < in->n_models; i++)
     if (memcmp(in->models[i].hash, hash, 16) == 0)
@@ -276,7 +276,7 @@ static kvdb_status inst_put(pinst *in, const uint8_t key[16], const kv_ctx_rec *
 
 /* One stored context into the instance (its profile and access record read as of txn;
  * `prof` is a buffer for the profile). */
-static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key[16],
+static kvdb_status inst_add(kvdb *db, kv_txn *txn, pinst *in, const uint8_t key[16],
                             const kv_ctx_rec *cr, kv_profile_rec *prof)
 {
   long mi = model_index(db, txn, in, cr->model);
@@ -294,7 +294,7 @@ static kvdb_status inst_add(kvdb *db, MDB_txn *txn, pinst *in, const uint8_t key
 }
 
 /* An instance without contexts: the settings, the tiers and their figures, as of txn. */
-static kvdb_status inst_start(kvdb *db, MDB_txn *txn, pinst *in)
+static kvdb_status inst_start(kvdb *db, kv_txn *txn, pinst *in)
 {
   memset(in, 0, sizeof *in);
   in->now_ms = kv_now_ms();
@@ -306,30 +306,27 @@ static kvdb_status inst_start(kvdb *db, MDB_txn *txn, pinst *in)
 }
 
 /* Every stored context, as of txn. */
-static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
+static kvdb_status inst_build(kvdb *db, kv_txn *txn, pinst *in)
 {
   KV_RET(inst_start(db, txn, in));
   kv_profile_rec *prof = malloc(sizeof *prof);
   if (prof == NULL)
     return kv_fail(KVDB_NOMEM, "profile");
-  MDB_cursor *cur;
-  int mrc = mdb_cursor_open(txn, db->cat.contexts, &cur);
-  if (mrc != 0) {
+  kv_cat_iter it;
+  kvdb_status rc = kv_cat_iter_open(&db->cat, txn, KV_TBL_CONTEXTS, &it, "open context cursor");
+  if (rc != KVDB_OK) {
     free(prof);
-    return kv_mdb_fail(mrc, "open context cursor");
+    return rc;
   }
-  MDB_val k, v;
-  kvdb_status rc = KVDB_OK;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
     kv_ctx_rec cr;
-    if (k.mv_size != 16 || kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr) != KVDB_OK) {
+    if (kv_cat_iter_ctx(&it, &cr) != KVDB_OK) {
       kv_clear_error(); /* a damaged record is verify's to report; it is not placed */
       continue;
     }
-    rc = inst_add(db, txn, in, k.mv_data, &cr, prof);
+    rc = inst_add(db, txn, in, it.key.data, &cr, prof);
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   free(prof);
   for (size_t i = 0; rc == KVDB_OK && i < in->n; i++) /* opt[] is final now */
     in->pc[i].options = &in->opt[in->meta[i].opt0];
@@ -339,7 +336,7 @@ static kvdb_status inst_build(kvdb *db, MDB_txn *txn, pinst *in)
 }
 
 /* Context `key` alone (the others are not read), as of txn; in->n is 0 when it is gone. */
-static kvdb_status inst_one(kvdb *db, MDB_txn *txn, const uint8_t key[16], pinst *in)
+static kvdb_status inst_one(kvdb *db, kv_txn *txn, const uint8_t key[16], pinst *in)
 {
   KV_RET(inst_start(db, txn, in));
   kv_ctx_rec cr;
@@ -429,12 +426,12 @@ void kvdb_place_plan_free(kvdb_place_plan *plan)
 /* Delete a context the plan pushed off the last tier (its own transaction). */
 static kvdb_status evict(kvdb *db, const uint8_t key[16])
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   uint64_t freed;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);
@@ -444,7 +441,7 @@ static kvdb_status evict(kvdb *db, const uint8_t key[16])
 static kvdb_status ctx_now(kvdb *db, const uint8_t key[16], kvdb_config *cfg, uint32_t *tier,
                            pmodel *pm)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_ctx_rec cr;
   kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
@@ -454,7 +451,7 @@ static kvdb_status ctx_now(kvdb *db, const uint8_t key[16], kvdb_config *cfg, ui
     memcpy(pm->hash, cr.model, 16);
     rc = kv_model_by_hash(db, txn, cr.model, pm->id, &pm->rec);
   }
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
@@ -463,7 +460,7 @@ static kvdb_status ctx_now(kvdb *db, const uint8_t key[16], kvdb_config *cfg, ui
 static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, const uint8_t *done,
                                 uint64_t now_ms, int bump)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = KVDB_OK;
   for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
@@ -488,7 +485,7 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
   if (rc == KVDB_OK && bump)
     rc = kv_place_bump_gen(db, txn);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);
@@ -590,11 +587,11 @@ static kvdb_status flush_accesses(kvdb *db)
 {
   if (db->cat.rdonly)
     return KVDB_OK;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_flush_atime(db, txn);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);
@@ -603,10 +600,10 @@ static kvdb_status flush_accesses(kvdb *db)
 /* The instance as of the catalog now. */
 static kvdb_status inst_now(kvdb *db, pinst *in)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = inst_build(db, txn, in);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
@@ -635,11 +632,11 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
 static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int *fits)
 {
   *fits = 0;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
   kvdb_status rc = inst_one(db, txn, key, &in);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   KV_RET(rc);
   if (in.n == 0) { /* deleted meanwhile */
     *fits = 1;
@@ -692,12 +689,12 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
 static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct)
 {
   v->valid = 0;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  uint64_t snap = mdb_txn_id(txn);
+  uint64_t snap = kv_txn_id(txn);
   pinst in;
   kvdb_status rc = inst_build(db, txn, &in);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   KV_RET(rc);
   size_t idx = in.n;
   for (size_t i = 0; key != NULL && i < in.n; i++)
@@ -736,14 +733,14 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
 static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
 {
   /* a put is an access; pending accesses of this handle count too */
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  uint64_t touch = mdb_txn_id(txn);
+  uint64_t touch = kv_txn_id(txn);
   kvdb_status rc = kv_flush_atime(db, txn);
   if (rc == KVDB_OK && access)
     rc = kv_place_touch(db, txn, key, kv_now_ms());
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   KV_RET(kv_txn_commit(txn));
@@ -795,11 +792,11 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
 {
   if (db->place == NULL || prof == NULL)
     return KVDB_OK;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
   kvdb_status rc = inst_start(db, txn, &in);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   KV_RET(rc);
   kv_ctx_rec cr;
   memset(&cr, 0, sizeof cr);
@@ -853,7 +850,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
 
 /* ---- re-profiling (EvicPress §4.3) -------------------------------------------------------- */
 
-kvdb_status kv_place_drift(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
+kvdb_status kv_place_drift(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
                            int *drifted)
 {
   *drifted = 0;
@@ -986,13 +983,13 @@ kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out, kvdb_config
     return kv_fail(KVDB_INVALID, "out is NULL, or uses is NULL with cap %zu", cap);
   memset(out, 0, sizeof *out);
   KV_RET(flush_accesses(db));
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
   kvdb_status rc = inst_build(db, txn, &in);
   if (rc == KVDB_OK)
     kv_place_served(db, txn, out->blocks_read);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc != KVDB_OK)
     return rc;
   kv_tier_perf f[KVDB_TIER_COUNT];

@@ -25,8 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "catalog/ctxstats.h"
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "place.h"
 
 typedef struct rblk {
@@ -65,7 +64,7 @@ static int tier_of(const reloc *r, const rblk *b)
 /* Step 1: C's blocks and tokens; the blocks a tier move rewrites. */
 static kvdb_status survey(kvdb *db, reloc *r, kv_ctx_rec *cr_out)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   char hx[33];
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kv_ctx_rec cr;
@@ -102,7 +101,7 @@ static kvdb_status survey(kvdb *db, reloc *r, kv_ctx_rec *cr_out)
     b->write = b->old.refcount == 1 && (uint32_t)tier_of(r, b) != b->old.tier;
   }
 out:
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   return rc;
 }
 
@@ -198,7 +197,7 @@ out:
 /* Step 3: publish. */
 static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, int *sealed)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   kvdb_status rc;
   char hx[33];
   uint8_t *buf = NULL, *blocks = NULL, *cbuf = NULL;
@@ -239,12 +238,8 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
         br.bflags |= kv_score_rec_flags(r->m->score_bits);
       }
       kv_block_rec_encode(&br, NULL, buf);
-      MDB_val bk = {16, b->hash}, bv = {kv_block_rec_size(br.n_tokens), buf};
-      int mrc = mdb_put(txn, db->cat.blocks, &bk, &bv, 0);
-      if (mrc != 0) {
-        rc = kv_mdb_fail(mrc, "put block");
-        goto out;
-      }
+      KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_BLOCKS, b->hash, 16, buf,
+                            kv_block_rec_size(br.n_tokens), "put block"));
       KV_ERR(kv_idx_seg_move(&db->cat, txn, from, w->seg_id, b->hash));
       new_bytes += br.bytes;
       new_blocks++;
@@ -267,12 +262,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
     goto out;
   }
   kv_ctx_rec_encode(&cr, blocks, cbuf);
-  MDB_val ck = {16, r->ctx}, cv = {clen, cbuf};
-  int mrc = mdb_put(txn, db->cat.contexts, &ck, &cv, 0);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "put context");
-    goto out;
-  }
+  KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_CONTEXTS, r->ctx, 16, cbuf, clen, "put context"));
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
   if (last_tier != was_tier) { /* kvdb_stat's per-tier context counts */
@@ -324,7 +314,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
   txn = NULL;
 out:
   if (txn != NULL)
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
   if (rc != KVDB_OK)
     *sealed = 0;
   free(buf);

@@ -25,7 +25,7 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
   kv_profile_rec *p = malloc(sizeof *p);
   if (p == NULL)
     return kv_fail(KVDB_NOMEM, "profile");
-  MDB_txn *txn;
+  kv_txn *txn;
   kvdb_status rc = kv_txn_begin(&db->cat, 1, &txn);
   if (rc != KVDB_OK) {
     free(p);
@@ -74,7 +74,7 @@ kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context, const kvdb_co
   }
   free(p);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   rc = kv_txn_commit(txn);

@@ -24,7 +24,6 @@
 
 #include "block/cblock.h"
 #include "catalog/catalog.h"
-#include "catalog/counts.h"
 #include "io/io.h"
 #include "kv_common.h"
 #include "tiers/tiers.h"
@@ -141,7 +140,7 @@ void kv_segfile_put(kvdb *db, kv_segfile *sf);
 kvdb_status kv_seg_read_fail(kvdb *db, int err, uint64_t seg, uint64_t off, uint64_t len,
                              const uint8_t *hash);
 /* Drop cached handles of segments whose id is not in the catalog any more. */
-void kv_files_prune(kvdb *db, MDB_txn *txn);
+void kv_files_prune(kvdb *db, kv_txn *txn);
 void kv_files_free(kvdb *db);
 /* Open-time recovery of segments whose writer died (truncate the uncommitted tail). */
 kvdb_status kv_recover(kvdb *db);
@@ -193,12 +192,12 @@ kvdb_status kv_smart_dir_open(kvdb *db);
 /* In the write transaction that creates a SmartSSD segment: the recorded directory (which the
  * handle adopts), else the handle's own, recorded now (KVDB_INVALID when it has none, or when
  * its explicit smartssd_dir differs from the record); the directory exists; format 3. */
-kvdb_status kv_smart_dir_ready(kvdb *db, MDB_txn *txn);
+kvdb_status kv_smart_dir_ready(kvdb *db, kv_txn *txn);
 /* At a read-write open with placement on (track.c records its settings): 1 when the catalog
  * has no record and the handle has a SmartSSD tier of its own, which kv_smart_dir_record then
  * records in the write transaction txn (unless another process recorded one meanwhile). */
-int kv_smart_dir_unrecorded(kvdb *db, MDB_txn *txn);
-kvdb_status kv_smart_dir_record(kvdb *db, MDB_txn *txn);
+int kv_smart_dir_unrecorded(kvdb *db, kv_txn *txn);
+kvdb_status kv_smart_dir_record(kvdb *db, kv_txn *txn);
 /* At close (kv_place_close): what kv_smart_dir_open made. */
 void kv_smart_dir_close(kvdb *db);
 

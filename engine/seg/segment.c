@@ -124,7 +124,7 @@ kvdb_status kv_writer_acquire_tier(kvdb *db, uint32_t tier, kv_writer **out)
    * same write transaction. Recovery in another process runs in a write transaction too, so it
    * never sees the record without a locked file (it would take the segment for a dead
    * writer's: delete the record, or truncate and seal the file under the new writer). */
-  MDB_txn *txn = NULL;
+  kv_txn *txn = NULL;
   kvdb_status rc;
   uint64_t id = 0;
   w = calloc(1, sizeof *w);
@@ -155,7 +155,7 @@ kvdb_status kv_writer_acquire_tier(kvdb *db, uint32_t tier, kv_writer **out)
   }
 out:
   if (txn != NULL)
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
   if (w->f != NULL) { /* the file has no record: remove it (recovery would) */
     char path[4200];
     db->io->ops->lock(db->io, w->f, 0);
@@ -340,7 +340,7 @@ void kv_segfile_put(kvdb *db, kv_segfile *sf)
   }
 }
 
-void kv_files_prune(kvdb *db, MDB_txn *txn)
+void kv_files_prune(kvdb *db, kv_txn *txn)
 {
   uint64_t gen = 0;
   if (kv_cat_get_u64(&db->cat, txn, "gen", &gen) != KVDB_OK)
@@ -385,7 +385,7 @@ void kv_files_free(kvdb *db)
 }
 
 /* Seal an OPEN segment whose writer is gone; truncate what was never committed. */
-static kvdb_status recover_segment(kvdb *db, MDB_txn *txn, uint64_t id, kv_seg_rec *sr,
+static kvdb_status recover_segment(kvdb *db, kv_txn *txn, uint64_t id, kv_seg_rec *sr,
                                    int *deleted)
 {
   *deleted = 0;
@@ -427,7 +427,7 @@ static kvdb_status recover_segment(kvdb *db, MDB_txn *txn, uint64_t id, kv_seg_r
 }
 
 /* Remove the segment files of tier `tier` in `dir` (NULL: none) that have no record. */
-static void remove_orphans(kvdb *db, MDB_txn *txn, const char *dir, uint32_t tier)
+static void remove_orphans(kvdb *db, kv_txn *txn, const char *dir, uint32_t tier)
 {
   DIR *d = dir != NULL ? opendir(dir) : NULL;
   if (d == NULL)
@@ -451,25 +451,21 @@ static void remove_orphans(kvdb *db, MDB_txn *txn, const char *dir, uint32_t tie
 
 kvdb_status kv_recover(kvdb *db)
 {
-  MDB_txn *txn;
-  MDB_cursor *cur = NULL;
+  kv_txn *txn;
+  kv_cat_iter it;
   kvdb_status rc = KVDB_OK;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  int mrc = mdb_cursor_open(txn, db->cat.segments, &cur);
-  if (mrc != 0) {
-    rc = kv_mdb_fail(mrc, "open segment cursor");
+  rc = kv_cat_iter_open(&db->cat, txn, KV_TBL_SEGMENTS, &it, "open segment cursor");
+  if (rc != KVDB_OK)
     goto out;
-  }
-  MDB_val k, v;
   uint64_t *ids = NULL;
   size_t n_ids = 0, cap = 0;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    if (k.mv_size != 8) {
-      rc = kv_fail(KVDB_CORRUPT, "segment key of %zu bytes", k.mv_size);
+  while (kv_cat_iter_next(&it)) {
+    if (it.key.size != 8) {
+      rc = kv_fail(KVDB_CORRUPT, "segment key of %zu bytes", it.key.size);
       break;
     }
-    uint64_t id = kv_get_be64(k.mv_data);
+    uint64_t id = kv_get_be64(it.key.data);
     if (n_ids == cap) {
       cap = cap ? cap * 2 : 64;
       uint64_t *n = realloc(ids, cap * sizeof *ids);
@@ -481,8 +477,7 @@ kvdb_status kv_recover(kvdb *db)
     }
     ids[n_ids++] = id;
   }
-  mdb_cursor_close(cur);
-  cur = NULL;
+  kv_cat_iter_close(&it);
   for (size_t i = 0; rc == KVDB_OK && i < n_ids; i++) {
     kv_seg_rec sr;
     rc = kv_cat_get_seg(&db->cat, txn, ids[i], &sr);
@@ -505,7 +500,7 @@ kvdb_status kv_recover(kvdb *db)
   }
 out:
   if (txn != NULL)
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
   return rc;
 }
 /* ---- the handle ---- */

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "seg.h"
 
 #define META_SMART_DIR "smartssd_dir"
@@ -75,19 +75,11 @@ const char *kv_smart_dir(kvdb *db)
      * the tier since (its first segment records the directory). A transaction of its own
      * reads only what is committed (a caller's write transaction may hold a record that is
      * not, yet; until it commits this handle's own directory is the same one).
-     * Plain LMDB calls: no error message is set (a caller may be cleaning up after one). */
+     * kv_cat_peek_meta_str sets no error message (a caller may be cleaning up after one). */
     char rec[PATH_MAX];
-    MDB_txn *txn;
-    MDB_val k = {sizeof META_SMART_DIR - 1, (void *)(uintptr_t)META_SMART_DIR}, v;
-    if (mdb_txn_begin(db->cat.env, NULL, MDB_RDONLY, &txn) == 0) {
-      if (mdb_get(txn, db->cat.meta, &k, &v) == 0 && v.mv_size < sizeof rec &&
-          memchr(v.mv_data, 0, v.mv_size) == NULL) {
-        memcpy(rec, v.mv_data, v.mv_size);
-        rec[v.mv_size] = 0;
-        adopt_recorded(db, rec);
-      }
-      mdb_txn_abort(txn);
-    } /* none recorded (or unreadable now): the handle's own directory, or none */
+    if (kv_cat_peek_meta_str(&db->cat, META_SMART_DIR, rec, sizeof rec))
+      adopt_recorded(db, rec);
+    /* none recorded (or unreadable now): the handle's own directory, or none */
   }
   return db->smart_dir;
 }
@@ -96,10 +88,10 @@ kvdb_status kv_smart_dir_open(kvdb *db)
 {
   char rec[PATH_MAX];
   int have_rec = 0;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc == KVDB_OK)
     have_rec = 1;
   else if (rc != KVDB_NOTFOUND)
@@ -133,7 +125,7 @@ kvdb_status kv_smart_dir_open(kvdb *db)
   return KVDB_OK;
 }
 
-kvdb_status kv_smart_dir_ready(kvdb *db, MDB_txn *txn)
+kvdb_status kv_smart_dir_ready(kvdb *db, kv_txn *txn)
 {
   char rec[PATH_MAX];
   kvdb_status rc = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec);
@@ -171,14 +163,14 @@ kvdb_status kv_smart_dir_ready(kvdb *db, MDB_txn *txn)
   return kv_cat_require_format(&db->cat, txn, 3);
 }
 
-int kv_smart_dir_unrecorded(kvdb *db, MDB_txn *txn)
+int kv_smart_dir_unrecorded(kvdb *db, kv_txn *txn)
 {
   char rec[PATH_MAX];
   int have_dir = kv_cat_get_str(&db->cat, txn, META_SMART_DIR, rec, sizeof rec) == KVDB_OK;
   return !have_dir && db->smart_own != NULL && db->opt.smartssd_bytes > 0;
 }
 
-kvdb_status kv_smart_dir_record(kvdb *db, MDB_txn *txn)
+kvdb_status kv_smart_dir_record(kvdb *db, kv_txn *txn)
 {
   kvdb_status rc;
   char *def = default_smart_dir(db), abs[PATH_MAX];

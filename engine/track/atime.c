@@ -34,42 +34,7 @@ void kv_note_access(kvdb *db, const uint8_t key[16])
   pthread_mutex_unlock(&db->mu);
 }
 
-static kvdb_status set_atime(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t ms)
-{
-  MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  int mrc = mdb_get(txn, db->cat.contexts, &k, &v);
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_OK;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get context");
-  kv_ctx_rec cr;
-  KV_RET(kv_ctx_rec_decode(v.mv_data, v.mv_size, &cr));
-  if (ms <= cr.last_access_ms)
-    return KVDB_OK;
-  uint8_t ak[24];
-  kv_atime_key(ak, cr.last_access_ms, key);
-  MDB_val akv = {24, ak};
-  mdb_del(txn, db->cat.atime, &akv, NULL);
-  size_t len = kv_ctx_rec_size(&cr, cr.n_blocks);
-  uint8_t *buf = malloc(len);
-  if (buf == NULL)
-    return kv_fail(KVDB_NOMEM, "context record");
-  uint64_t old = cr.last_access_ms;
-  (void)old;
-  cr.last_access_ms = ms;
-  kv_ctx_rec_encode(&cr, cr.blocks, buf);
-  MDB_val nv = {len, buf};
-  mrc = mdb_put(txn, db->cat.contexts, &k, &nv, 0);
-  free(buf);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "put context");
-  kv_atime_key(ak, ms, key);
-  MDB_val empty = {0, NULL};
-  mrc = mdb_put(txn, db->cat.atime, &akv, &empty, 0);
-  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put access time");
-}
-
-kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
+kvdb_status kv_flush_atime(kvdb *db, kv_txn *txn)
 {
   pthread_mutex_lock(&db->mu);
   size_t n = db->n_pending;
@@ -83,7 +48,7 @@ kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn)
   pthread_mutex_unlock(&db->mu);
   kvdb_status rc = KVDB_OK;
   for (size_t i = 0; p != NULL && i < n && rc == KVDB_OK; i++) {
-    rc = set_atime(db, txn, p[i].key, p[i].ms);
+    rc = kv_cat_ctx_set_access(&db->cat, txn, p[i].key, p[i].ms);
     if (rc == KVDB_OK) /* placement on: every access counts (frequency) */
       rc = kv_place_touch(db, txn, p[i].key, p[i].ms);
   }

@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "track.h"
 
 #define META_PLACE_GEN "place_gen"
@@ -138,11 +138,11 @@ static kvdb_status probe_tier(kvdb *db, uint32_t tier, kv_tier_perf *out, uint64
   *ms = kv_now_ms();
   uint8_t b[PERF_REC_BYTES];
   kv_place_perf_encode((uint64_t)st.st_dev, out, *ms, b);
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_cat_put_blob(&db->cat, txn, perf_key(tier), b, sizeof b);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   kv_log(&db->log, 2, "tier probe of '%s': %.2f GB/s, %.1f us", dir, out->read_bps / 1e9,
@@ -184,12 +184,12 @@ static kvdb_status cached_perf(kvdb *db, uint32_t tier, kv_tier_perf *out, uint6
 {
   struct stat st;
   uint8_t b[PERF_REC_BYTES];
-  MDB_txn *txn;
+  kv_txn *txn;
   if (stat(tier_dir(db, tier), &st) != 0)
     return KVDB_NOTFOUND;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = kv_cat_get_blob(&db->cat, txn, perf_key(tier), b, sizeof b);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc != KVDB_OK && rc != KVDB_NOTFOUND && rc != KVDB_CORRUPT)
     return rc;
   uint64_t dev = 0;
@@ -343,7 +343,7 @@ static int kset_add(kset *s, const uint8_t *k)
 }
 
 /* The admission set as of txn. */
-static kvdb_status build_want(kvdb *db, MDB_txn *txn, kset *out, uint64_t *gen)
+static kvdb_status build_want(kvdb *db, kv_txn *txn, kset *out, uint64_t *gen)
 {
   memset(out, 0, sizeof *out);
   *gen = 0;
@@ -351,24 +351,20 @@ static kvdb_status build_want(kvdb *db, MDB_txn *txn, kset *out, uint64_t *gen)
   kv_clear_error();
   if (!db->cat.has_ctxstats)
     return KVDB_OK;
-  MDB_cursor *cur;
-  int mrc = mdb_cursor_open(txn, db->cat.ctxstats, &cur);
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "open ctxstats cursor");
-  MDB_val k, v;
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&db->cat, txn, KV_TBL_CTXSTATS, &it, "open ctxstats cursor"));
   kvdb_status rc = KVDB_OK;
-  for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
-       mrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
     kv_ctxstats cs;
     kv_ctx_rec cr;
-    if (k.mv_size != 16 || kv_ctxstats_decode(v.mv_data, v.mv_size, &cs) != KVDB_OK ||
-        !(cs.flags & KV_CTXS_CACHED) || kv_cat_get_ctx(&db->cat, txn, k.mv_data, &cr) != KVDB_OK)
+    if (it.key.size != 16 || kv_ctxstats_decode(it.val.data, it.val.size, &cs) != KVDB_OK ||
+        !(cs.flags & KV_CTXS_CACHED) || kv_cat_get_ctx(&db->cat, txn, it.key.data, &cr) != KVDB_OK)
       continue;
     for (uint32_t i = 0; i < cr.n_blocks && rc == KVDB_OK; i++)
       if (kset_add(out, cr.blocks + 16 * i) != 0)
         rc = kv_fail(KVDB_NOMEM, "the DRAM admission set");
   }
-  mdb_cursor_close(cur);
+  kv_cat_iter_close(&it);
   kv_clear_error();
   if (rc != KVDB_OK)
     kset_free(out);
@@ -397,18 +393,18 @@ kvdb_status kv_place_reload(kvdb *db)
 {
   if (db->place == NULL)
     return KVDB_OK;
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   kset nw;
   uint64_t gen;
   kvdb_status rc = build_want(db, txn, &nw, &gen);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   if (rc == KVDB_OK)
     install_want(db, &nw, gen);
   return rc;
 }
 
-void kv_place_refresh(kvdb *db, MDB_txn *txn)
+void kv_place_refresh(kvdb *db, kv_txn *txn)
 {
   struct kv_place *p = db->place;
   if (p == NULL)
@@ -441,12 +437,11 @@ int kv_place_dram_admits(kvdb *db, const uint8_t hash[16])
 
 /* ---- access counts, put options, context info -------------------------------------------- */
 
-kvdb_status kv_place_touch(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t ms)
+kvdb_status kv_place_touch(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t ms)
 {
   if (db->place == NULL || !db->cat.has_ctxstats)
     return KVDB_OK;
-  MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  if (mdb_get(txn, db->cat.contexts, &k, &v) != 0)
+  if (!kv_cat_has_ctx(&db->cat, txn, key))
     return KVDB_OK; /* deleted since the access */
   return kv_cat_touch_ctxstats(&db->cat, txn, key, ms, db->opt.freq_half_life_s * 1000.0);
 }
@@ -460,7 +455,7 @@ void kv_place_put_opts(kvdb *db, kvdb_put_opts *o)
     o->profile_space = "lossless,int8,int4,int2";
 }
 
-void kv_place_info(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t last_access_ms,
+void kv_place_info(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t last_access_ms,
                    double *frequency, uint32_t *cached)
 {
   (void)last_access_ms;
@@ -525,7 +520,7 @@ kvdb_status kv_place_set_decode(const uint8_t b[KV_PLACE_SET_BYTES], kv_place_se
   return KVDB_OK;
 }
 
-kvdb_status kv_place_settings(kvdb *db, MDB_txn *txn, kv_place_set *out)
+kvdb_status kv_place_settings(kvdb *db, kv_txn *txn, kv_place_set *out)
 {
   if (db->place != NULL) {
     set_from_opts(db, out);
@@ -573,7 +568,7 @@ static void served_now(kvdb *db, uint64_t out[KVDB_TIER_COUNT])
   out[KVDB_TIER_SMARTSSD] = db->smart_hits;
 }
 
-void kv_place_served(kvdb *db, MDB_txn *txn, uint64_t out[KVDB_TIER_COUNT])
+void kv_place_served(kvdb *db, kv_txn *txn, uint64_t out[KVDB_TIER_COUNT])
 {
   uint8_t b[8 * KVDB_TIER_COUNT];
   memset(out, 0, KVDB_TIER_COUNT * sizeof *out);
@@ -583,7 +578,7 @@ void kv_place_served(kvdb *db, MDB_txn *txn, uint64_t out[KVDB_TIER_COUNT])
   kv_clear_error();
 }
 
-kvdb_status kv_place_flush_stats(kvdb *db, MDB_txn *txn)
+kvdb_status kv_place_flush_stats(kvdb *db, kv_txn *txn)
 {
   struct kv_place *p = db->place;
   if (p == NULL)
@@ -621,12 +616,12 @@ static kvdb_status record_settings(kvdb *db)
   set_from_opts(db, &set);
   uint8_t b[SET_REC_BYTES], old[SET_REC_BYTES];
   kv_place_set_encode(&set, b);
-  MDB_txn *txn;
+  kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   int same = kv_cat_get_blob(&db->cat, txn, META_PLACEMENT, old, sizeof old) == KVDB_OK &&
              memcmp(old, b, sizeof b) == 0;
   int need_dir = kv_smart_dir_unrecorded(db, txn);
-  mdb_txn_abort(txn);
+  kv_txn_abort(txn);
   kv_clear_error();
   if (same && !need_dir)
     return KVDB_OK;
@@ -635,7 +630,7 @@ static kvdb_status record_settings(kvdb *db)
   if (rc == KVDB_OK && need_dir)
     rc = kv_smart_dir_record(db, txn);
   if (rc != KVDB_OK) {
-    mdb_txn_abort(txn);
+    kv_txn_abort(txn);
     return rc;
   }
   return kv_txn_commit(txn);
@@ -689,7 +684,7 @@ void kv_place_close(kvdb *db)
 
 /* ---- tiers of contexts ------------------------------------------------------------------- */
 
-uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr)
+uint32_t kv_ctx_tier(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr)
 {
   return kv_cat_ctx_tier(&db->cat, txn, cr);
 }
@@ -715,7 +710,7 @@ void kv_place_view_drop(kvdb *db)
     __atomic_store_n(&db->place->view_stale, 1, __ATOMIC_RELEASE);
 }
 
-kvdb_status kv_place_bump_gen(kvdb *db, MDB_txn *txn)
+kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn)
 {
   uint64_t gen = 0;
   kv_cat_get_u64(&db->cat, txn, META_PLACE_GEN, &gen);

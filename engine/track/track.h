@@ -44,16 +44,16 @@ kvdb_status kv_place_perf_decode(const uint8_t b[KV_PLACE_PERF_BYTES], uint64_t 
                                  kv_tier_perf *f, uint64_t *ms);
 
 /* KVDB_INVALID when the handle has placement off and the catalog has no recorded settings. */
-kvdb_status kv_place_settings(kvdb *db, MDB_txn *txn, kv_place_set *out);
+kvdb_status kv_place_settings(kvdb *db, kv_txn *txn, kv_place_set *out);
 /* The read figures a placement with `set` uses: the handle's (probe + online fit) when it has
  * placement on, else measured now (DRAM) and cached or probed (persistent tiers). */
 kvdb_status kv_place_figures(kvdb *db, const kv_place_set *set,
                              kv_tier_perf out[KVDB_TIER_COUNT]);
 /* With placement on, in a write transaction: add the blocks this handle served from each tier
  * since the last call to the catalog's counters (meta "stat.blocks"). */
-kvdb_status kv_place_flush_stats(kvdb *db, MDB_txn *txn);
+kvdb_status kv_place_flush_stats(kvdb *db, kv_txn *txn);
 /* The catalog's counters of blocks served per tier (zeros when none). */
-void kv_place_served(kvdb *db, MDB_txn *txn, uint64_t out[KVDB_TIER_COUNT]);
+void kv_place_served(kvdb *db, kv_txn *txn, uint64_t out[KVDB_TIER_COUNT]);
 
 /* kvdb_options_init's placement defaults, and kvdb_open's checks of the fields. */
 void kv_place_options_init(kvdb_options *o);
@@ -78,25 +78,25 @@ void kv_place_observe(kvdb *db, uint32_t tier, uint64_t bytes, uint64_t ns);
 int kv_place_dram_admits(kvdb *db, const uint8_t hash[16]);
 /* In a read transaction of a get: when a placement committed since (meta "place_gen"), reload
  * the DRAM admission set and drop from DRAM the blocks no longer admitted. */
-void kv_place_refresh(kvdb *db, MDB_txn *txn);
+void kv_place_refresh(kvdb *db, kv_txn *txn);
 /* Build the admission set as of the catalog now (a new transaction), dropping from DRAM what
  * leaves it. */
 kvdb_status kv_place_reload(kvdb *db);
 
 /* One access of context `key` at `ms`, in the write transaction that flushes access times
  * (placement off: nothing). */
-kvdb_status kv_place_touch(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t ms);
+kvdb_status kv_place_touch(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t ms);
 
 /* A put's options with placement on: the profile is measured (KVDB_PUT_PROFILE) over the
  * placement's space unless the caller names one. */
 void kv_place_put_opts(kvdb *db, kvdb_put_opts *o);
 
 /* Frequency and cached flag of a context for kvdb_context_info (0 when none is kept). */
-void kv_place_info(kvdb *db, MDB_txn *txn, const uint8_t key[16], uint64_t last_access_ms,
+void kv_place_info(kvdb *db, kv_txn *txn, const uint8_t key[16], uint64_t last_access_ms,
                    double *frequency, uint32_t *cached);
 
 /* The tier of a context's persistent copy: that of its last block (SSD when unreadable). */
-uint32_t kv_ctx_tier(kvdb *db, MDB_txn *txn, const kv_ctx_rec *cr);
+uint32_t kv_ctx_tier(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr);
 
 /* placer.c's share of the state: its lock (one placement at a time in a handle), the
  * generation bump that tells every handle to reload its DRAM admission set, and its view of
@@ -109,7 +109,7 @@ typedef struct kv_place_view {
   uint64_t txnid;                 /* catalog txn id the view is right as of */
 } kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
-kvdb_status kv_place_bump_gen(kvdb *db, MDB_txn *txn);
+kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn);
 kv_place_view *kv_place_view_of(kvdb *db);
 void kv_place_view_drop(kvdb *db);
 
@@ -125,6 +125,6 @@ static inline void kv_atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16
 void kv_note_access(kvdb *db, const uint8_t key[16]);
 /* In a write transaction: write the noted access times to the contexts' records (and, with
  * placement on, kv_place_touch). */
-kvdb_status kv_flush_atime(kvdb *db, MDB_txn *txn);
+kvdb_status kv_flush_atime(kvdb *db, kv_txn *txn);
 
 #endif

@@ -23,8 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "catalog/counts.h"
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "place/place.h"
 #include "kvdb.h"
 

@@ -19,7 +19,7 @@
 
 #include <inttypes.h>
 
-#include "catalog/index.h"
+#include "catalog/catalog.h"
 #include "place/place.h"
 
 static kvdb_model M16 = {"index-16", 1, 1, 16, KVDB_F16, 16};   /* small blocks */

@@ -23,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "catalog/ctxstats.h"
+#include "catalog/catalog.h"
 #include "place/place.h"
 
 static const kvdb_model M = {.id = "place-model", .n_layers = 2, .n_kv_heads = 2, .head_dim = 64,
