@@ -594,12 +594,6 @@ int kv_cat_peek_meta_str(kv_catalog *c, const char *name, char *buf, size_t cap)
 
 /* ---- end of records of seg/track/place ---- */
 
-/* TRANSITION: engine/ops/ (ops.h, ops_int.h and most of its .c files) still names LMDB's
- * types and calls it, and reaches lmdb.h, kv_mdb_fail and the mdb_txn_* routing
- * (catalog_int.h) through this header. Delete this include once engine/ops/ makes no LMDB
- * call: then no header outside engine/catalog/ includes lmdb.h. */
-#include "catalog_int.h"
-
 /* ---- the typed API (see THE TYPED CATALOG API at the top; iter.c) ---- */
 
 /* End a transaction without committing (a read one, or a write one undone); NULL: no-op. */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "catalog.h"
+#include "catalog_int.h"
 #include "model/model.h" /* KV_CONFIG_BYTES */
 
 /* ---- model records ---- */

@@ -28,6 +28,7 @@
  * Seeds: tests/fuzz/corpora/api_ops/ (made by `fuzz_make_seeds DIR`, tests/fuzz/make_seeds.c).
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -5,6 +5,7 @@
  * kind of bad input and damaged file the engine must refuse or survive.
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <fcntl.h>
 #include <pthread.h>

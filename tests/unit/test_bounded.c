@@ -16,6 +16,7 @@
  * carries out a plan of the same size the same way.
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <signal.h>
 #include <sys/wait.h>

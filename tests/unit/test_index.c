@@ -16,6 +16,7 @@
  *    verify reports a damaged index
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <inttypes.h>
 

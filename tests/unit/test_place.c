@@ -16,6 +16,7 @@
  * handle relocated outside the placement, Algorithm 1 runs over everything again.
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <math.h>
 #include <pthread.h>

@@ -11,6 +11,7 @@
  * misses (or hits the prefix another context shares, with correct KV) — never other KV.
  */
 #include "kvdb_test.h"
+#include "catalog/catalog_int.h" /* white-box: LMDB directly */
 
 #include <sys/stat.h>
 #include <sys/wait.h>
