@@ -379,7 +379,7 @@ static void map_usage(kv_catalog *c, uint64_t *used, uint64_t *map)
   MDB_envinfo info;
   MDB_stat st;
   *used = *map = 0;
-  if (mdb_env_info(c->env, &info) == 0 && mdb_env_stat(c->env, &st) == 0) {
+  if (mdb_env_info(kv_menv(c->env), &info) == 0 && mdb_env_stat(kv_menv(c->env), &st) == 0) {
     *used = ((uint64_t)info.me_last_pgno + 1) * st.ms_psize;
     *map = info.me_mapsize;
   }
@@ -411,12 +411,12 @@ static int map_resize(kv_catalog *c, int grow, int force)
         want *= 2;
     }
     if (want > map && want <= (SIZE_MAX >> 1)) {
-      mrc = mdb_env_set_mapsize(c->env, (size_t)want);
+      mrc = mdb_env_set_mapsize(kv_menv(c->env), (size_t)want);
       if (mrc == 0)
         c->map_grows++;
     }
   } else {
-    mrc = mdb_env_set_mapsize(c->env, 0);
+    mrc = mdb_env_set_mapsize(kv_menv(c->env), 0);
   }
   c->map_resizing = 0;
   pthread_cond_broadcast(&c->map_cv);
@@ -456,7 +456,7 @@ static void map_maybe_grow(kv_catalog *c)
 static int cat_begin(kv_catalog *c, MDB_txn *parent, unsigned flags, MDB_txn **out)
 {
   map_enter(c);
-  int mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
+  int mrc = c->env != NULL ? mdb_txn_begin(kv_menv(c->env), parent, flags, out) : EBADF;
   if (mrc == MDB_MAP_RESIZED && txn_depth == 1) {
     /* another process grew the map past ours: adopt its size, then begin again */
     map_leave(c);
@@ -464,7 +464,7 @@ static int cat_begin(kv_catalog *c, MDB_txn *parent, unsigned flags, MDB_txn **o
     if (mrc != 0)
       return mrc;
     map_enter(c);
-    mrc = c->env != NULL ? mdb_txn_begin(c->env, parent, flags, out) : EBADF;
+    mrc = c->env != NULL ? mdb_txn_begin(kv_menv(c->env), parent, flags, out) : EBADF;
   }
   if (mrc != 0)
     map_leave(c);
@@ -510,7 +510,7 @@ static void reserve_top_up(kv_catalog *c)
   int fd = -1;
   if (c->env != NULL) {
     map_usage(c, &used, &map);
-    mdb_env_get_fd(c->env, &fd);
+    mdb_env_get_fd(kv_menv(c->env), &fd);
   }
   pthread_mutex_unlock(&c->map_mu);
   uint64_t want = KV_CAT_RESERVE(used);
@@ -555,13 +555,13 @@ int kv_cat_reader_check(kv_catalog *c)
   if (!c->map_sync || txn_depth > 0) {
     /* a thread holding a transaction: no resize or vacuum replaces the environment now */
     if (c->env != NULL)
-      mrc = mdb_reader_check(c->env, &dead);
+      mrc = mdb_reader_check(kv_menv(c->env), &dead);
   } else { /* not while a resize or a vacuum holds the environment */
     pthread_mutex_lock(&c->map_mu);
     while (c->map_resizing)
       pthread_cond_wait(&c->map_cv, &c->map_mu);
     if (c->env != NULL)
-      mrc = mdb_reader_check(c->env, &dead);
+      mrc = mdb_reader_check(kv_menv(c->env), &dead);
     pthread_mutex_unlock(&c->map_mu);
   }
   if (mrc != 0)
@@ -585,7 +585,7 @@ static void reader_check_due(kv_catalog *c)
   kv_cat_reader_check(c);
 }
 
-kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
+kvdb_status kv_txn_begin(kv_catalog *c, int write, kv_txn **out)
 {
   if (write && !c->rdonly)
     reader_check_due(c);
@@ -593,11 +593,13 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
     map_maybe_grow(c);
     reserve_top_up(c);
   }
-  int mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
-                        : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+  MDB_txn *mt = NULL;
+  int mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, &mt)
+                        : mdb_txn_begin(kv_menv(c->env), NULL, write ? 0 : MDB_RDONLY, &mt);
   if (mrc == MDB_READERS_FULL && kv_cat_reader_check(c) > 0)
-    mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, out)
-                      : mdb_txn_begin(c->env, NULL, write ? 0 : MDB_RDONLY, out);
+    mrc = c->map_sync ? cat_begin(c, NULL, write ? 0 : MDB_RDONLY, &mt)
+                      : mdb_txn_begin(kv_menv(c->env), NULL, write ? 0 : MDB_RDONLY, &mt);
+  *out = kv_ktxn(mt);
   if (mrc == EBADF) {
     *out = NULL;
     return kv_fail(KVDB_IOERR, "catalog: closed after a failed vacuum (see the log); reopen "
@@ -613,8 +615,8 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
   }
   if (c->nolock) {
     MDB_envinfo ei;
-    if (mdb_env_info(c->env, &ei) == 0 && (uint64_t)ei.me_last_txnid != c->nolock_txnid) {
-      kv_mdb_txn_abort(*out);
+    if (mdb_env_info(kv_menv(c->env), &ei) == 0 && (uint64_t)ei.me_last_txnid != c->nolock_txnid) {
+      kv_mdb_txn_abort(kv_mtxn(*out));
       *out = NULL;
       return kv_fail(KVDB_BUSY, "catalog: the database was written (transaction %llu, opened at "
                      "%llu) since this read-only handle opened it without its lock file, "
@@ -628,12 +630,12 @@ kvdb_status kv_txn_begin(kv_catalog *c, int write, MDB_txn **out)
 
 kv_catalog *kv_txn_catalog(kv_txn *txn)
 {
-  return mdb_env_get_userctx(mdb_txn_env(txn));
+  return mdb_env_get_userctx(mdb_txn_env(kv_mtxn(txn)));
 }
 
 kvdb_status kv_txn_commit_base(kv_catalog *c, kv_txn *txn)
 {
-  uint64_t id = mdb_txn_id(txn);
+  uint64_t id = mdb_txn_id(kv_mtxn(txn));
   int stamped = 0;
   if (c != NULL && c->track) {
     uint8_t b[8];
@@ -642,9 +644,9 @@ kvdb_status kv_txn_commit_base(kv_catalog *c, kv_txn *txn)
     MDB_val k = {6, (void *)(uintptr_t)"wstamp"}, v = {8, b};
     /* EACCES: a read transaction (nothing to stamp); another failure leaves the commit to
      * fail or to go unrecorded (a view then takes it for someone else's: conservative) */
-    stamped = mdb_put(txn, c->meta, &k, &v, 0) == 0;
+    stamped = mdb_put(kv_mtxn(txn), c->meta, &k, &v, 0) == 0;
   }
-  int mrc = kv_mdb_txn_commit(txn);
+  int mrc = kv_mdb_txn_commit(kv_mtxn(txn));
   if (mrc != 0)
     return kv_mdb_fail(mrc, "commit");
   if (stamped) {
@@ -657,12 +659,12 @@ kvdb_status kv_txn_commit_base(kv_catalog *c, kv_txn *txn)
 
 void kv_txn_abort(kv_txn *txn)
 {
-  kv_mdb_txn_abort(txn);
+  kv_mdb_txn_abort(kv_mtxn(txn));
 }
 
 uint64_t kv_txn_id(kv_txn *txn)
 {
-  return mdb_txn_id(txn);
+  return mdb_txn_id(kv_mtxn(txn));
 }
 
 /* mdb_reader_list's lines: "pid thread txnid" ("-" for an idle slot); the oldest txnid */
@@ -679,7 +681,7 @@ static int oldest_reader_line(const char *msg, void *ctx)
 uint64_t kv_cat_oldest_reader(kv_catalog *c)
 {
   uint64_t oldest = UINT64_MAX;
-  mdb_reader_list(c->env, oldest_reader_line, &oldest);
+  mdb_reader_list(kv_menv(c->env), oldest_reader_line, &oldest);
   return oldest;
 }
 
@@ -713,11 +715,11 @@ int kv_cat_own_since(kv_catalog *c, uint64_t since, uint64_t upto)
   return all;
 }
 
-static kvdb_status cat_get(MDB_txn *txn, MDB_dbi dbi, const void *k, size_t klen, MDB_val *v,
+static kvdb_status cat_get(kv_txn *txn, MDB_dbi dbi, const void *k, size_t klen, MDB_val *v,
                            const char *what)
 {
   MDB_val key = {klen, (void *)(uintptr_t)k};
-  int mrc = mdb_get(txn, dbi, &key, v);
+  int mrc = mdb_get(kv_mtxn(txn), dbi, &key, v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -725,21 +727,21 @@ static kvdb_status cat_get(MDB_txn *txn, MDB_dbi dbi, const void *k, size_t klen
   return KVDB_OK;
 }
 
-kvdb_status kv_cat_get_block(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16], kv_block_rec *r)
+kvdb_status kv_cat_get_block(kv_catalog *c, kv_txn *txn, const uint8_t hash[16], kv_block_rec *r)
 {
   MDB_val v;
   KV_RET(cat_get(txn, c->blocks, hash, 16, &v, "get block"));
   return kv_block_rec_decode(v.mv_data, v.mv_size, r);
 }
 
-kvdb_status kv_cat_get_ctx(kv_catalog *c, MDB_txn *txn, const uint8_t key[16], kv_ctx_rec *r)
+kvdb_status kv_cat_get_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16], kv_ctx_rec *r)
 {
   MDB_val v;
   KV_RET(cat_get(txn, c->contexts, key, 16, &v, "get context"));
   return kv_ctx_rec_decode(v.mv_data, v.mv_size, r);
 }
 
-kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec *r)
+kvdb_status kv_cat_get_seg(kv_catalog *c, kv_txn *txn, uint64_t id, kv_seg_rec *r)
 {
   uint8_t k[8];
   kv_be64(k, id);
@@ -748,7 +750,7 @@ kvdb_status kv_cat_get_seg(kv_catalog *c, MDB_txn *txn, uint64_t id, kv_seg_rec 
   return kv_seg_rec_decode(v.mv_data, v.mv_size, r);
 }
 
-kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t *v)
+kvdb_status kv_cat_get_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t *v)
 {
   MDB_val val;
   KV_RET(cat_get(txn, c->meta, name, strlen(name), &val, name));
@@ -758,23 +760,23 @@ kvdb_status kv_cat_get_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64
   return KVDB_OK;
 }
 
-kvdb_status kv_cat_put_u64(kv_catalog *c, MDB_txn *txn, const char *name, uint64_t v)
+kvdb_status kv_cat_put_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t v)
 {
   uint8_t b[8];
   kv_put_le64(b, v);
   MDB_val key = {strlen(name), (void *)(uintptr_t)name}, val = {8, b};
-  int mrc = mdb_put(txn, c->meta, &key, &val, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->meta, &key, &val, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, name);
 }
 
-kvdb_status kv_cat_require_format(kv_catalog *c, MDB_txn *txn, uint64_t version)
+kvdb_status kv_cat_require_format(kv_catalog *c, kv_txn *txn, uint64_t version)
 {
   uint64_t cur = 0;
   KV_RET(kv_cat_get_u64(c, txn, "format", &cur));
   return cur >= version ? KVDB_OK : kv_cat_put_u64(c, txn, "format", version);
 }
 
-kvdb_status kv_cat_get_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_get_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                kv_profile_rec *r)
 {
   if (!c->has_profiles)
@@ -784,7 +786,7 @@ kvdb_status kv_cat_get_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16
   return kv_profile_rec_decode(v.mv_data, v.mv_size, r);
 }
 
-kvdb_status kv_cat_put_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_put_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                const kv_profile_rec *r)
 {
   if (!c->has_profiles)
@@ -796,12 +798,12 @@ kvdb_status kv_cat_put_profile(kv_catalog *c, MDB_txn *txn, const uint8_t key[16
     return kv_fail(KVDB_NOMEM, "profile record");
   kv_profile_rec_encode(r, buf);
   MDB_val k = {16, (void *)(uintptr_t)key}, v = {len, buf};
-  int mrc = mdb_put(txn, c->profiles, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->profiles, &k, &v, 0);
   free(buf);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put profile");
 }
 
-static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
+static kvdb_status open_dbs(kv_catalog *c, kv_txn *txn, unsigned create)
 {
   struct {
     const char *name;
@@ -813,7 +815,7 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
     {"atime", &c->atime, 0},       {"segments", &c->segments, 0},
   };
   for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-    int mrc = mdb_dbi_open(txn, t[i].name, t[i].flags | create, t[i].dbi);
+    int mrc = mdb_dbi_open(kv_mtxn(txn), t[i].name, t[i].flags | create, t[i].dbi);
     if (mrc != 0) {
       char what[64];
       snprintf(what, sizeof what, "open database '%s'", t[i].name);
@@ -823,26 +825,26 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
   /* the block indexes came with format 4 (a new catalog has them, an older one gets them from
    * its first read-write open: kv_idx_build); the legacy `children` is in formats 1-3 only */
   const unsigned dup = MDB_DUPSORT | MDB_DUPFIXED;
-  int mrc = mdb_dbi_open(txn, "next", dup | create, &c->next);
+  int mrc = mdb_dbi_open(kv_mtxn(txn), "next", dup | create, &c->next);
   if (mrc == 0)
-    mrc = mdb_dbi_open(txn, "segblocks", dup | create, &c->segblocks);
+    mrc = mdb_dbi_open(kv_mtxn(txn), "segblocks", dup | create, &c->segblocks);
   if (mrc == 0)
     c->has_index = 1;
   else if (mrc != MDB_NOTFOUND)
     return kv_mdb_fail(mrc, "open the block indexes");
-  mrc = create ? MDB_NOTFOUND : mdb_dbi_open(txn, "children", dup, &c->children);
+  mrc = create ? MDB_NOTFOUND : mdb_dbi_open(kv_mtxn(txn), "children", dup, &c->children);
   if (mrc == 0)
     c->has_children = 1;
   else if (mrc != MDB_NOTFOUND)
     return kv_mdb_fail(mrc, "open database 'children'");
   /* profiles came with format 2: a format-1 catalog lacks it until a writer creates it */
-  mrc = mdb_dbi_open(txn, "profiles", create, &c->profiles);
+  mrc = mdb_dbi_open(kv_mtxn(txn), "profiles", create, &c->profiles);
   if (mrc == 0)
     c->has_profiles = 1;
   else if (mrc != MDB_NOTFOUND)
     return kv_mdb_fail(mrc, "open database 'profiles'");
   /* ctxstats came with the placement policy (builds that do not know it ignore it) */
-  mrc = mdb_dbi_open(txn, "ctxstats", create, &c->ctxstats);
+  mrc = mdb_dbi_open(kv_mtxn(txn), "ctxstats", create, &c->ctxstats);
   if (mrc == 0)
     c->has_ctxstats = 1;
   else if (mrc != MDB_NOTFOUND)
@@ -852,15 +854,17 @@ static kvdb_status open_dbs(kv_catalog *c, MDB_txn *txn, unsigned create)
 
 static int env_create(kv_catalog *c, uint64_t map_bytes)
 {
-  int mrc = mdb_env_create(&c->env);
+  MDB_env *env = NULL;
+  int mrc = mdb_env_create(&env);
+  c->env = kv_kenv(env);
   if (mrc != 0) {
     c->env = NULL;
     return mrc;
   }
-  mdb_env_set_userctx(c->env, c); /* kv_txn_commit finds the catalog by its environment */
-  mdb_env_set_maxdbs(c->env, 16);
-  mdb_env_set_maxreaders(c->env, KV_CAT_MAX_READERS);
-  mdb_env_set_mapsize(c->env, (size_t)map_bytes);
+  mdb_env_set_userctx(kv_menv(c->env), c); /* kv_txn_commit finds the catalog by its environment */
+  mdb_env_set_maxdbs(kv_menv(c->env), 16);
+  mdb_env_set_maxreaders(kv_menv(c->env), KV_CAT_MAX_READERS);
+  mdb_env_set_mapsize(kv_menv(c->env), (size_t)map_bytes);
   return 0;
 }
 
@@ -906,7 +910,7 @@ static void reg_add(kv_catalog *c)
 {
   int fd = -1;
   struct stat st;
-  if (mdb_env_get_fd(c->env, &fd) != 0 || fstat(fd, &st) != 0)
+  if (mdb_env_get_fd(kv_menv(c->env), &fd) != 0 || fstat(fd, &st) != 0)
     return;
   c->file_dev = (uint64_t)st.st_dev;
   c->file_ino = (uint64_t)st.st_ino;
@@ -941,7 +945,7 @@ static void cat_env_close(kv_catalog *c)
 {
   reg_del(c);
   if (c->env != NULL)
-    mdb_env_close(c->env);
+    mdb_env_close(kv_menv(c->env));
   if (c->lockfd >= 0)
     close(c->lockfd); /* after the environment: closing it drops this process's fcntl locks */
   c->lockfd = -1;
@@ -988,7 +992,7 @@ kvdb_status kv_cat_env_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     }
   }
   pthread_mutex_lock(&reg_mu); /* not while a vacuum of this process replaces the file */
-  mrc = mdb_env_open(c->env, path, flags, 0644);
+  mrc = mdb_env_open(kv_menv(c->env), path, flags, 0644);
   kvdb_status why = KVDB_OK;
   if (mrc != 0 && rdonly && (mrc == EACCES || mrc == EPERM || mrc == EROFS)) {
     /* the lock file cannot be opened for writing (another user's, or a directory where it
@@ -996,13 +1000,13 @@ kvdb_status kv_cat_env_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
      * mdb_env_open leaves the environment unusable (LMDB: close it), so a fresh one. */
     char lpath[4200];
     snprintf(lpath, sizeof lpath, "%s-lock", path);
-    mdb_env_close(c->env);
+    mdb_env_close(kv_menv(c->env));
     c->env = NULL;
     why = nolock_allowed(lpath);
     if (why == KVDB_OK && (mrc = env_create(c, map_bytes)) == 0) {
-      mrc = mdb_env_open(c->env, path, flags | MDB_NOLOCK, 0644);
+      mrc = mdb_env_open(kv_menv(c->env), path, flags | MDB_NOLOCK, 0644);
       MDB_envinfo ei;
-      if (mrc == 0 && (mrc = mdb_env_info(c->env, &ei)) == 0) {
+      if (mrc == 0 && (mrc = mdb_env_info(kv_menv(c->env), &ei)) == 0) {
         c->nolock = 1;
         c->nolock_txnid = ei.me_last_txnid;
       }
@@ -1027,7 +1031,7 @@ kvdb_status kv_cat_env_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     return kv_fail(KVDB_NOMEM, "catalog path");
   }
   unsigned got = 0;
-  mdb_env_get_flags(c->env, &got);
+  mdb_env_get_flags(kv_menv(c->env), &got);
   c->env_flags = flags | (got & MDB_NOLOCK);
   if (!rdonly) { /* kv_catalog_vacuum asks it whether another process has the catalog open */
     char lpath[4200];
@@ -1223,17 +1227,17 @@ out:
 /* Reopen the (new) catalog file with the same settings and database handles. */
 static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
 {
-  mdb_env_close(c->env);
+  mdb_env_close(kv_menv(c->env));
   c->env = NULL;
   MDB_txn *txn = NULL;
   int mrc = env_create(c, mapsize);
   if (mrc == 0)
-    mrc = mdb_env_open(c->env, c->path, c->env_flags, 0644);
+    mrc = mdb_env_open(kv_menv(c->env), c->path, c->env_flags, 0644);
   if (mrc == 0)
-    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &txn);
+    mrc = mdb_txn_begin(kv_menv(c->env), NULL, MDB_RDONLY, &txn);
   if (mrc != 0) {
     if (c->env != NULL)
-      mdb_env_close(c->env);
+      mdb_env_close(kv_menv(c->env));
     c->env = NULL;
     return kv_mdb_fail(mrc, "vacuum: reopen the catalog");
   }
@@ -1242,7 +1246,7 @@ static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
   if ((mrc = mdb_dbi_open(txn, "meta", 0, &meta)) != 0)
     rc = kv_mdb_fail(mrc, "vacuum: open database 'meta'");
   if (rc == KVDB_OK)
-    rc = open_dbs(c, txn, 0);
+    rc = open_dbs(c, kv_ktxn(txn), 0);
   /* every database handle is taken anew (the engine reads them from c at each use, and no
    * transaction is open): their numbers may differ from the old environment's */
   if (rc == KVDB_OK && (mrc = mdb_txn_commit(txn)) != 0) /* makes the handles permanent */
@@ -1250,7 +1254,7 @@ static kvdb_status vacuum_reopen(kv_catalog *c, size_t mapsize)
   else if (rc != KVDB_OK)
     mdb_txn_abort(txn);
   if (rc != KVDB_OK) {
-    mdb_env_close(c->env);
+    mdb_env_close(kv_menv(c->env));
     c->env = NULL;
   }
   return rc;
@@ -1292,11 +1296,11 @@ kvdb_status kv_cat_vacuum_file(kv_catalog *c, int force, int *done, uint64_t *be
   size_t n = 0;
   MDB_envinfo info;
   MDB_stat est;
-  int mrc = mdb_env_info(c->env, &info);
+  int mrc = mdb_env_info(kv_menv(c->env), &info);
   if (mrc == 0)
-    mrc = mdb_env_stat(c->env, &est);
+    mrc = mdb_env_stat(kv_menv(c->env), &est);
   if (mrc == 0)
-    mrc = mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt);
+    mrc = mdb_txn_begin(kv_menv(c->env), NULL, MDB_RDONLY, &rt);
   if (mrc == 0)
     mrc = db_names(rt, &names, &n);
   if (mrc != 0) {
@@ -1338,7 +1342,7 @@ kvdb_status kv_cat_vacuum_file(kv_catalog *c, int force, int *done, uint64_t *be
   rc = vacuum_reopen(c, info.me_mapsize);
   if (rc == KVDB_OK) {
     int fd = -1;
-    if (mdb_env_get_fd(c->env, &fd) == 0 && fstat(fd, &fst) == 0) {
+    if (mdb_env_get_fd(kv_menv(c->env), &fd) == 0 && fstat(fd, &fst) == 0) {
       c->file_dev = (uint64_t)fst.st_dev; /* the new file (the registry entry is c) */
       c->file_ino = (uint64_t)fst.st_ino;
     }

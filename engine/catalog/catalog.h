@@ -39,17 +39,16 @@
 
 #include "kv_common.h"
 
-/* the catalog's transaction (see TRANSITION below: LMDB's transaction for now; this header
- * does not include lmdb.h: catalog_int.h, the catalog's own header, does) */
-typedef struct MDB_txn kv_txn;
+/* the catalog's transaction: opaque (see LMDB TYPES below; this header does not include
+ * lmdb.h: catalog_int.h, the catalog's own header, does) */
+typedef struct kv_txn kv_txn;
 
 /*
  * THE TYPED CATALOG API (issue 14: the catalog owns every LMDB call and the schema)
  *
- * The layers above the catalog reach LMDB only through kv_cat_* / kv_txn_* functions; the
- * files converted so far (engine/seg, track, place, db; ops/verify.c, ops/maint.c) make no
- * mdb_* call and name no MDB_* type. The others still do and are converted the same way (see
- * TRANSITION below).
+ * The layers above the catalog reach LMDB only through kv_cat_* / kv_txn_* functions: no
+ * engine file outside engine/catalog/ makes an mdb_* call or names an MDB_* type (see LMDB
+ * TYPES below).
  *
  *   kv_txn       the catalog's transaction. Begun by kv_txn_begin, ended by kv_txn_commit
  *                (commits a write one, ends a read one) or kv_txn_abort (NULL: no-op). Every
@@ -92,22 +91,13 @@ typedef struct MDB_txn kv_txn;
  *                1024 tokens (encoded on the stack below that), and iterator opens (LMDB's
  *                cursor): no locks, no transactions of their own.
  *
- * NEXT FILES. What the other store files still do with LMDB maps onto this API: full scans
- * (MDB_FIRST/NEXT) -> kv_cat_iter_open; mdb_get -> the typed gets or kv_cat_get_raw; mdb_stat
- * -> kv_cat_count; mdb_txn_id -> kv_txn_id; mdb_txn_abort -> kv_txn_abort; place.c's own
- * mdb_txn_begin -> kv_txn_begin; block record puts -> kv_cat_put_block (or kv_cat_put_raw
- * where the bytes are built already, as put.c's are). The puts still written out there get
- * typed functions beside these when they move: a context record with its access-time entry
- * (put.c, relocate.c), a model record (put.c), an access-time entry alone (put.c).
- *
- * TRANSITION. kv_txn is for now LMDB's transaction (typedef struct MDB_txn kv_txn), so files
- * not yet converted pass their MDB_txn * to the same functions and converted ones use kv_txn
- * with no cast. This header does not include <lmdb.h>: kv_catalog names the environment as
- * struct MDB_env and its databases as unsigned int (MDB_dbi); kv_mdb_fail, kv_cursor_open and
- * the mdb_txn_* routing are in catalog_int.h, the header of engine/catalog/'s own files. Until
- * engine/ops/ is converted this header includes catalog_int.h at its end (marked TRANSITION);
- * once it is not, that include goes and kv_txn can become `typedef struct kv_txn kv_txn;`
- * (opaque; the catalog's files cast to MDB_txn at their LMDB calls).
+ * LMDB TYPES. kv_txn is opaque (`typedef struct kv_txn kv_txn`; no struct kv_txn is ever
+ * defined): it is LMDB's transaction, and only the files of engine/catalog/ (and the white-box
+ * tests that include catalog_int.h) convert it, explicitly at their LMDB calls (kv_mtxn,
+ * kv_ktxn in catalog_int.h). Likewise kv_catalog names the environment as an opaque
+ * struct kv_env (kv_menv, kv_kenv) and its databases as unsigned int (MDB_dbi). This header
+ * does not include <lmdb.h>; kv_mdb_fail, kv_cursor_open and the mdb_txn_* routing are in
+ * catalog_int.h, the header of engine/catalog/'s own files.
  */
 
 #define KV_REC_VERSION 1u
@@ -211,10 +201,10 @@ static inline uint64_t kv_get_be64(const uint8_t *p)
 /* The catalog environment and its databases. */
 #define KV_CAT_OWN_IDS 64u
 
-/* The LMDB handles (env, and the databases: MDB_dbi, which is unsigned int) are the catalog's
- * own: only the files of engine/catalog/ use them (catalog_int.h). */
+/* The LMDB handles (env: opaque, LMDB's MDB_env; the databases: MDB_dbi, which is unsigned
+ * int) are the catalog's own: only the files of engine/catalog/ use them (catalog_int.h). */
 typedef struct kv_catalog {
-  struct MDB_env *env;
+  struct kv_env *env;
   unsigned meta, models, blocks, children, contexts, atime, segments, profiles;
   unsigned next, segblocks; /* the block indexes (format 4, INDEXES) */
   int has_index;    /* they exist (absent in a catalog of format < 4 opened read-only) */

@@ -2,7 +2,7 @@
 /*
  * engine/catalog/catalog_int.h — the catalog's own header: what only the files of
  * engine/catalog/ use (LMDB's types and calls). The floors above include catalog.h, which
- * names no LMDB type but kv_txn's (see TRANSITION there).
+ * names no LMDB type: kv_txn and kv_catalog's env are opaque there (see LMDB TYPES there).
  */
 #ifndef KV_CATALOG_INT_H
 #define KV_CATALOG_INT_H
@@ -13,6 +13,14 @@
 
 /* kv_catalog's database handles are MDB_dbi (catalog.h declares them unsigned int) */
 _Static_assert(sizeof(MDB_dbi) == sizeof(unsigned), "MDB_dbi is unsigned int");
+
+/* kv_txn and kv_catalog's env are opaque outside the catalog (catalog.h): they are LMDB's
+ * MDB_txn and MDB_env, converted here at the LMDB boundary (the pointer is never dereferenced
+ * as the opaque type: no struct kv_txn or struct kv_env is ever defined). */
+static inline MDB_txn *kv_mtxn(kv_txn *t) { return (MDB_txn *)t; }
+static inline kv_txn *kv_ktxn(MDB_txn *t) { return (kv_txn *)t; }
+static inline MDB_env *kv_menv(struct kv_env *e) { return (MDB_env *)e; }
+static inline struct kv_env *kv_kenv(MDB_env *e) { return (struct kv_env *)e; }
 
 /* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
  * and counts in kv_cat_map_full_events(). */

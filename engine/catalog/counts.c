@@ -38,11 +38,11 @@ kvdb_status kv_counts_decode(const uint8_t *b, size_t len, uint64_t *stamp, kv_c
 }
 
 /* The record in txn: *have = 1 when it decodes (with its stamp), else 0. */
-static kvdb_status load(kv_catalog *c, MDB_txn *txn, kv_counts *k, uint64_t *stamp, int *have)
+static kvdb_status load(kv_catalog *c, kv_txn *txn, kv_counts *k, uint64_t *stamp, int *have)
 {
   MDB_val key = {sizeof META_COUNTS - 1, (void *)(uintptr_t)META_COUNTS}, v;
   *have = 0;
-  int mrc = mdb_get(txn, c->meta, &key, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->meta, &key, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_OK;
   if (mrc != 0)
@@ -55,35 +55,35 @@ static kvdb_status load(kv_catalog *c, MDB_txn *txn, kv_counts *k, uint64_t *sta
   return KVDB_OK;
 }
 
-static kvdb_status store(kv_catalog *c, MDB_txn *txn, uint64_t stamp, const kv_counts *k)
+static kvdb_status store(kv_catalog *c, kv_txn *txn, uint64_t stamp, const kv_counts *k)
 {
   uint8_t b[KV_COUNTS_BYTES];
   kv_counts_encode(stamp, k, b);
   MDB_val key = {sizeof META_COUNTS - 1, (void *)(uintptr_t)META_COUNTS}, v = {sizeof b, b};
-  int mrc = mdb_put(txn, c->meta, &key, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->meta, &key, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put counts");
 }
 
 /* The record in write transaction txn: *cur = 1 when it decodes and is current (kept by this
  * transaction or by the last commit), else 0. */
-static kvdb_status load_w(kv_catalog *c, MDB_txn *txn, kv_counts *k, int *cur)
+static kvdb_status load_w(kv_catalog *c, kv_txn *txn, kv_counts *k, int *cur)
 {
-  uint64_t stamp = 0, id = mdb_txn_id(txn);
+  uint64_t stamp = 0, id = mdb_txn_id(kv_mtxn(txn));
   int have;
   KV_RET(load(c, txn, k, &stamp, &have));
   *cur = have && (stamp == id || stamp + 1 == id);
   return KVDB_OK;
 }
 
-kvdb_status kv_counts_get(kv_catalog *c, MDB_txn *txn, kv_counts *out)
+kvdb_status kv_counts_get(kv_catalog *c, kv_txn *txn, kv_counts *out)
 {
   uint64_t stamp = 0;
   int have;
   KV_RET(load(c, txn, out, &stamp, &have));
-  return have && stamp == mdb_txn_id(txn) ? KVDB_OK : KVDB_NOTFOUND;
+  return have && stamp == mdb_txn_id(kv_mtxn(txn)) ? KVDB_OK : KVDB_NOTFOUND;
 }
 
-uint32_t kv_cat_ctx_tier(kv_catalog *c, MDB_txn *txn, const kv_ctx_rec *cr)
+uint32_t kv_cat_ctx_tier(kv_catalog *c, kv_txn *txn, const kv_ctx_rec *cr)
 {
   kv_block_rec br;
   if (cr->n_blocks == 0 ||
@@ -94,13 +94,13 @@ uint32_t kv_cat_ctx_tier(kv_catalog *c, MDB_txn *txn, const kv_ctx_rec *cr)
   return br.tier;
 }
 
-kvdb_status kv_counts_recount(kv_catalog *c, MDB_txn *txn, kv_counts *out)
+kvdb_status kv_counts_recount(kv_catalog *c, kv_txn *txn, kv_counts *out)
 {
   memset(out, 0, sizeof *out);
   MDB_cursor *cur;
   MDB_val k, v;
   kvdb_status rc = KVDB_OK;
-  int mrc = mdb_cursor_open(txn, c->segments, &cur);
+  int mrc = mdb_cursor_open(kv_mtxn(txn), c->segments, &cur);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "open segment cursor");
   for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0 && rc == KVDB_OK;
@@ -117,7 +117,7 @@ kvdb_status kv_counts_recount(kv_catalog *c, MDB_txn *txn, kv_counts *out)
   mdb_cursor_close(cur);
   if (rc != KVDB_OK)
     return rc;
-  mrc = mdb_cursor_open(txn, c->contexts, &cur);
+  mrc = mdb_cursor_open(kv_mtxn(txn), c->contexts, &cur);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "open context cursor");
   for (mrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); mrc == 0;
@@ -133,7 +133,7 @@ kvdb_status kv_counts_recount(kv_catalog *c, MDB_txn *txn, kv_counts *out)
   return KVDB_OK;
 }
 
-kvdb_status kv_counts_add(kv_catalog *c, MDB_txn *txn, uint32_t tier, unsigned field,
+kvdb_status kv_counts_add(kv_catalog *c, kv_txn *txn, uint32_t tier, unsigned field,
                           int64_t delta)
 {
   if (delta == 0 || c->rdonly)
@@ -149,10 +149,10 @@ kvdb_status kv_counts_add(kv_catalog *c, MDB_txn *txn, uint32_t tier, unsigned f
   if (delta < 0 && (uint64_t)(-(delta + 1)) + 1 > *x)
     return store(c, txn, 0, &k); /* below zero: they were wrong; stale from here */
   *x += (uint64_t)delta;
-  return store(c, txn, mdb_txn_id(txn), &k);
+  return store(c, txn, mdb_txn_id(kv_mtxn(txn)), &k);
 }
 
-kvdb_status kv_counts_seg(kv_catalog *c, MDB_txn *txn, const kv_seg_rec *old,
+kvdb_status kv_counts_seg(kv_catalog *c, kv_txn *txn, const kv_seg_rec *old,
                           const kv_seg_rec *nw)
 {
   if (c->rdonly)
@@ -181,10 +181,10 @@ kvdb_status kv_counts_seg(kv_catalog *c, MDB_txn *txn, const kv_seg_rec *old,
     x[KV_CNT_LIVE_BYTES] += nw->live_bytes;
     x[KV_CNT_LIVE_BLOCKS] += nw->live_blocks;
   }
-  return store(c, txn, bad ? 0 : mdb_txn_id(txn), &k);
+  return store(c, txn, bad ? 0 : mdb_txn_id(kv_mtxn(txn)), &k);
 }
 
-kvdb_status kv_counts_invalidate(kv_catalog *c, MDB_txn *txn)
+kvdb_status kv_counts_invalidate(kv_catalog *c, kv_txn *txn)
 {
   kv_counts k;
   uint64_t stamp = 0;
@@ -193,7 +193,7 @@ kvdb_status kv_counts_invalidate(kv_catalog *c, MDB_txn *txn)
   return have && stamp != 0 ? store(c, txn, 0, &k) : KVDB_OK;
 }
 
-void kv_counts_stamp(kv_catalog *c, MDB_txn *txn)
+void kv_counts_stamp(kv_catalog *c, kv_txn *txn)
 {
   if (c->rdonly)
     return;
@@ -204,44 +204,44 @@ void kv_counts_stamp(kv_catalog *c, MDB_txn *txn)
     kv_clear_error(); /* left stale; recounted */
     return;
   }
-  if (!have || stamp + 1 != mdb_txn_id(txn))
+  if (!have || stamp + 1 != mdb_txn_id(kv_mtxn(txn)))
     return; /* stamped by this transaction already, or stale */
   /* a read transaction's snapshot id is the stamp itself (above), so this is a write one;
    * a failure leaves them stale (the commit may still succeed) */
-  if (store(c, txn, mdb_txn_id(txn), &k) != KVDB_OK)
+  if (store(c, txn, mdb_txn_id(kv_mtxn(txn)), &k) != KVDB_OK)
     kv_clear_error();
 }
 
-kvdb_status kv_counts_put(kv_catalog *c, MDB_txn *txn, const kv_counts *k)
+kvdb_status kv_counts_put(kv_catalog *c, kv_txn *txn, const kv_counts *k)
 {
-  return store(c, txn, mdb_txn_id(txn), k);
+  return store(c, txn, mdb_txn_id(kv_mtxn(txn)), k);
 }
 
 void kv_counts_open(kv_catalog *c)
 {
   if (c->rdonly)
     return;
-  MDB_txn *txn;
+  kv_txn *txn;
   kv_counts k;
   if (kv_txn_begin(c, 0, &txn) != KVDB_OK) {
     kv_clear_error();
     return;
   }
   kvdb_status rc = kv_counts_get(c, txn, &k);
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   if (rc == KVDB_NOTFOUND && (rc = kv_txn_begin(c, 1, &txn)) == KVDB_OK) {
     int cur;
     rc = load_w(c, txn, &k, &cur);
     if (rc == KVDB_OK && !cur) { /* not rebuilt meanwhile */
       rc = kv_counts_recount(c, txn, &k);
       if (rc == KVDB_OK)
-        rc = store(c, txn, mdb_txn_id(txn), &k);
+        rc = store(c, txn, mdb_txn_id(kv_mtxn(txn)), &k);
     }
     if (rc == KVDB_OK) { /* kv_txn_commit's stamp and commit (schema.c is above this file) */
       kv_counts_stamp(c, txn);
       rc = kv_txn_commit_base(c, txn);
     } else {
-      mdb_txn_abort(txn);
+      mdb_txn_abort(kv_mtxn(txn));
     }
   }
   kv_clear_error(); /* best effort: stale counters only make kvdb_stat count (and report a

@@ -53,13 +53,13 @@ double kv_ctxstats_freq_at(const kv_ctxstats *r, uint64_t now_ms, double half_li
   return r->freq * exp2(-(double)(now_ms - r->freq_ms) / half_life_ms);
 }
 
-kvdb_status kv_cat_get_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_get_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 kv_ctxstats *r)
 {
   if (!c->has_ctxstats)
     return KVDB_NOTFOUND;
   MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  int mrc = mdb_get(txn, c->ctxstats, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->ctxstats, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -67,7 +67,7 @@ kvdb_status kv_cat_get_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[1
   return kv_ctxstats_decode(v.mv_data, v.mv_size, r);
 }
 
-kvdb_status kv_cat_put_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_put_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 const kv_ctxstats *r)
 {
   if (!c->has_ctxstats)
@@ -75,20 +75,20 @@ kvdb_status kv_cat_put_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[1
   uint8_t b[KV_CTXSTATS_REC_BYTES];
   kv_ctxstats_encode(r, b);
   MDB_val k = {16, (void *)(uintptr_t)key}, v = {sizeof b, b};
-  int mrc = mdb_put(txn, c->ctxstats, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->ctxstats, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put ctxstats");
 }
 
-kvdb_status kv_cat_del_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16])
+kvdb_status kv_cat_del_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16])
 {
   if (!c->has_ctxstats)
     return KVDB_OK;
   MDB_val k = {16, (void *)(uintptr_t)key};
-  int mrc = mdb_del(txn, c->ctxstats, &k, NULL);
+  int mrc = mdb_del(kv_mtxn(txn), c->ctxstats, &k, NULL);
   return mrc == 0 || mrc == MDB_NOTFOUND ? KVDB_OK : kv_mdb_fail(mrc, "delete ctxstats");
 }
 
-kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key[16],
+kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                   uint64_t now_ms, double half_life_ms)
 {
   kv_ctxstats r;
@@ -111,10 +111,10 @@ kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, MDB_txn *txn, const uint8_t key
   return kv_cat_put_ctxstats(c, txn, key, &r);
 }
 
-kvdb_status kv_cat_get_str(kv_catalog *c, MDB_txn *txn, const char *name, char *buf, size_t cap)
+kvdb_status kv_cat_get_str(kv_catalog *c, kv_txn *txn, const char *name, char *buf, size_t cap)
 {
   MDB_val k = {strlen(name), (void *)(uintptr_t)name}, v;
-  int mrc = mdb_get(txn, c->meta, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->meta, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -127,17 +127,17 @@ kvdb_status kv_cat_get_str(kv_catalog *c, MDB_txn *txn, const char *name, char *
   return KVDB_OK;
 }
 
-kvdb_status kv_cat_put_str(kv_catalog *c, MDB_txn *txn, const char *name, const char *s)
+kvdb_status kv_cat_put_str(kv_catalog *c, kv_txn *txn, const char *name, const char *s)
 {
   MDB_val k = {strlen(name), (void *)(uintptr_t)name}, v = {strlen(s), (void *)(uintptr_t)s};
-  int mrc = mdb_put(txn, c->meta, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->meta, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, name);
 }
 
-kvdb_status kv_cat_get_blob(kv_catalog *c, MDB_txn *txn, const char *name, void *buf, size_t len)
+kvdb_status kv_cat_get_blob(kv_catalog *c, kv_txn *txn, const char *name, void *buf, size_t len)
 {
   MDB_val k = {strlen(name), (void *)(uintptr_t)name}, v;
-  int mrc = mdb_get(txn, c->meta, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->meta, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -149,10 +149,10 @@ kvdb_status kv_cat_get_blob(kv_catalog *c, MDB_txn *txn, const char *name, void 
   return KVDB_OK;
 }
 
-kvdb_status kv_cat_put_blob(kv_catalog *c, MDB_txn *txn, const char *name, const void *buf,
+kvdb_status kv_cat_put_blob(kv_catalog *c, kv_txn *txn, const char *name, const void *buf,
                             size_t len)
 {
   MDB_val k = {strlen(name), (void *)(uintptr_t)name}, v = {len, (void *)(uintptr_t)buf};
-  int mrc = mdb_put(txn, c->meta, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->meta, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, name);
 }

@@ -66,15 +66,15 @@ static void next_node(const uint8_t *key, size_t klen, uint8_t out[16])
   memcpy(out, c.digest, 16);
 }
 
-static kvdb_status idx_cursor(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur)
+static kvdb_status idx_cursor(kv_txn *txn, MDB_dbi dbi, MDB_cursor **cur)
 {
-  return kv_cursor_open(txn, dbi, cur, "open index cursor");
+  return kv_cursor_open(kv_mtxn(txn), dbi, cur, "open index cursor");
 }
 
 /* ---- the trie --------------------------------------------------------------------------- */
 
 /* Give block `o` its entry at depth d + 1 when it has tokens past chunk d (invariant T). */
-static kvdb_status extend(kv_catalog *c, MDB_txn *txn, const uint8_t *key, size_t klen,
+static kvdb_status extend(kv_catalog *c, kv_txn *txn, const uint8_t *key, size_t klen,
                           uint32_t d, const uint8_t o[16])
 {
   kv_block_rec r;
@@ -90,11 +90,11 @@ static kvdb_status extend(kv_catalog *c, MDB_txn *txn, const uint8_t *key, size_
   next_node(key, klen, node);
   size_t nl = make_key_le(nk, node, r.tokens, s0, s1);
   MDB_val k = {nl, nk}, v = {16, (void *)(uintptr_t)o};
-  int mrc = mdb_put(txn, c->next, &k, &v, MDB_NODUPDATA);
+  int mrc = mdb_put(kv_mtxn(txn), c->next, &k, &v, MDB_NODUPDATA);
   return mrc == 0 || mrc == MDB_KEYEXIST ? KVDB_OK : kv_mdb_fail(mrc, "put index entry");
 }
 
-kvdb_status kv_idx_child_add(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                              const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n)
 {
   if (!c->has_index)
@@ -138,7 +138,7 @@ kvdb_status kv_idx_child_add(kv_catalog *c, MDB_txn *txn, const uint8_t parent[1
     }
     k = (MDB_val){klen, key};
     v = (MDB_val){16, (void *)(uintptr_t)hash};
-    mrc = mdb_put(txn, c->next, &k, &v, MDB_NODUPDATA);
+    mrc = mdb_put(kv_mtxn(txn), c->next, &k, &v, MDB_NODUPDATA);
     if (mrc != 0 && mrc != MDB_KEYEXIST) {
       rc = kv_mdb_fail(mrc, "put index entry");
       break;
@@ -154,7 +154,7 @@ kvdb_status kv_idx_child_add(kv_catalog *c, MDB_txn *txn, const uint8_t parent[1
   return rc;
 }
 
-kvdb_status kv_idx_child_del(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_del(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                              const uint8_t hash[16], const uint8_t *tokens_le, uint32_t n)
 {
   if (!c->has_index)
@@ -170,7 +170,7 @@ kvdb_status kv_idx_child_del(kv_catalog *c, MDB_txn *txn, const uint8_t parent[1
     uint64_t s0 = chunk_start(d), s1 = chunk_end(d) < n ? chunk_end(d) : n;
     size_t klen = make_key_le(key, node, tok, s0, s1);
     MDB_val k = {klen, key}, v = {16, (void *)(uintptr_t)hash};
-    int mrc = mdb_del(txn, c->next, &k, &v);
+    int mrc = mdb_del(kv_mtxn(txn), c->next, &k, &v);
     if (mrc == MDB_NOTFOUND)
       break; /* its entries ended at the depth before */
     if (mrc != 0) {
@@ -210,7 +210,7 @@ static uint32_t key_lcp(const MDB_val *k, const uint8_t *qk, size_t qlen)
 
 /* Consider the blocks of the entry under the cursor (positioned on its first duplicate): the
  * first usable one's record gives a candidate. */
-static kvdb_status consider(kv_catalog *c, MDB_txn *txn, MDB_cursor *cur, const uint8_t model[16],
+static kvdb_status consider(kv_catalog *c, kv_txn *txn, MDB_cursor *cur, const uint8_t model[16],
                             const uint32_t *q, size_t nq, uint32_t *best, kv_block_rec *rec,
                             uint8_t hash[16])
 {
@@ -234,12 +234,12 @@ static kvdb_status consider(kv_catalog *c, MDB_txn *txn, MDB_cursor *cur, const 
 }
 
 /* A catalog of format < 4 opened read-only: every child in the legacy database. */
-static kvdb_status legacy_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+static kvdb_status legacy_best(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                                const uint8_t model[16], const uint32_t *q, size_t nq,
                                uint32_t *best, kv_block_rec *rec, uint8_t hash[16])
 {
   MDB_cursor *cur;
-  if (!c->has_children || mdb_cursor_open(txn, c->children, &cur) != 0)
+  if (!c->has_children || mdb_cursor_open(kv_mtxn(txn), c->children, &cur) != 0)
     return KVDB_OK; /* none (or dropped since: below) */
   MDB_val k = {16, (void *)(uintptr_t)parent}, v;
   int mrc;
@@ -262,7 +262,7 @@ static kvdb_status legacy_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent
   return KVDB_OK;
 }
 
-kvdb_status kv_idx_child_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[16],
+kvdb_status kv_idx_child_best(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],
                               const uint8_t model[16], const uint32_t *q, size_t nq,
                               uint32_t *best, kv_block_rec *rec, uint8_t hash[16])
 {
@@ -330,7 +330,7 @@ kvdb_status kv_idx_child_best(kv_catalog *c, MDB_txn *txn, const uint8_t parent[
 
 /* Put (add) or delete the segment index entry (seg, hash); one already there, or already gone,
  * is fine. */
-static kvdb_status seg_entry(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16],
+static kvdb_status seg_entry(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16],
                              int add)
 {
   if (!c->has_index)
@@ -339,25 +339,25 @@ static kvdb_status seg_entry(kv_catalog *c, MDB_txn *txn, uint64_t seg, const ui
   kv_be64(kb, seg);
   MDB_val k = {8, kb}, v = {16, (void *)(uintptr_t)hash};
   if (add) {
-    int mrc = mdb_put(txn, c->segblocks, &k, &v, MDB_NODUPDATA);
+    int mrc = mdb_put(kv_mtxn(txn), c->segblocks, &k, &v, MDB_NODUPDATA);
     return mrc == 0 || mrc == MDB_KEYEXIST ? KVDB_OK : kv_mdb_fail(mrc, "put segment index entry");
   }
-  int mrc = mdb_del(txn, c->segblocks, &k, &v);
+  int mrc = mdb_del(kv_mtxn(txn), c->segblocks, &k, &v);
   return mrc == 0 || mrc == MDB_NOTFOUND ? KVDB_OK
                                          : kv_mdb_fail(mrc, "delete segment index entry");
 }
 
-kvdb_status kv_idx_seg_add(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16])
+kvdb_status kv_idx_seg_add(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16])
 {
   return seg_entry(c, txn, seg, hash, 1);
 }
 
-kvdb_status kv_idx_seg_del(kv_catalog *c, MDB_txn *txn, uint64_t seg, const uint8_t hash[16])
+kvdb_status kv_idx_seg_del(kv_catalog *c, kv_txn *txn, uint64_t seg, const uint8_t hash[16])
 {
   return seg_entry(c, txn, seg, hash, 0);
 }
 
-kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t to,
+kvdb_status kv_idx_seg_move(kv_catalog *c, kv_txn *txn, uint64_t from, uint64_t to,
                             const uint8_t hash[16])
 {
   if (from == to)
@@ -368,15 +368,16 @@ kvdb_status kv_idx_seg_move(kv_catalog *c, MDB_txn *txn, uint64_t from, uint64_t
 
 /* ---- the upgrade ------------------------------------------------------------------------ */
 
-kvdb_status kv_idx_build(kv_catalog *c, MDB_txn *txn)
+kvdb_status kv_idx_build(kv_catalog *c, kv_txn *txn)
 {
   const unsigned dup = MDB_CREATE | MDB_DUPSORT | MDB_DUPFIXED;
-  int mrc = mdb_dbi_open(txn, "next", dup, &c->next);
+  int mrc = mdb_dbi_open(kv_mtxn(txn), "next", dup, &c->next);
   if (mrc == 0)
-    mrc = mdb_dbi_open(txn, "segblocks", dup, &c->segblocks);
+    mrc = mdb_dbi_open(kv_mtxn(txn), "segblocks", dup, &c->segblocks);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "create the block indexes");
-  if ((mrc = mdb_drop(txn, c->next, 0)) != 0 || (mrc = mdb_drop(txn, c->segblocks, 0)) != 0)
+  if ((mrc = mdb_drop(kv_mtxn(txn), c->next, 0)) != 0 ||
+      (mrc = mdb_drop(kv_mtxn(txn), c->segblocks, 0)) != 0)
     return kv_mdb_fail(mrc, "empty the block indexes");
   c->has_index = 1;
   MDB_cursor *cur;
@@ -411,7 +412,7 @@ kvdb_status kv_idx_build(kv_catalog *c, MDB_txn *txn)
     mdb_cursor_close(cur);
     if (rc != KVDB_OK)
       return rc;
-    if ((mrc = mdb_drop(txn, c->children, 1)) != 0)
+    if ((mrc = mdb_drop(kv_mtxn(txn), c->children, 1)) != 0)
       return kv_mdb_fail(mrc, "drop database 'children'");
     c->has_children = 0;
   }
@@ -431,7 +432,7 @@ static void hex16(const uint8_t *h, char out[33])
 }
 
 /* 1 when block `hash` is an explicit-key block (its own context, flagged so): not in the trie */
-static int is_explicit(kv_catalog *c, MDB_txn *txn, const uint8_t hash[16])
+static int is_explicit(kv_catalog *c, kv_txn *txn, const uint8_t hash[16])
 {
   kv_ctx_rec cr;
   return kv_cat_get_ctx(c, txn, hash, &cr) == KVDB_OK && (cr.flags & KV_CTX_EXPLICIT);
@@ -451,7 +452,7 @@ static int listed_under(MDB_cursor *tc, const uint8_t parent[16], const uint8_t 
   return 0;
 }
 
-kvdb_status kv_idx_verify(kv_catalog *c, MDB_txn *txn, kv_idx_problem_fn fn, void *ctx)
+kvdb_status kv_idx_verify(kv_catalog *c, kv_txn *txn, kv_idx_problem_fn fn, void *ctx)
 {
   if (!c->has_index)
     return KVDB_OK; /* format < 4 read-only: nothing to check */
@@ -536,12 +537,13 @@ kvdb_status kv_idx_verify(kv_catalog *c, MDB_txn *txn, kv_idx_problem_fn fn, voi
 
 /* ---- rebuild (kvdb_repair) -------------------------------------------------------------- */
 
-kvdb_status kv_idx_rebuild(kv_catalog *c, MDB_txn *txn)
+kvdb_status kv_idx_rebuild(kv_catalog *c, kv_txn *txn)
 {
   if (!c->has_index)
     return kv_fail(KVDB_READONLY, "the catalog has no block index (format < 4, read-only)");
   int mrc;
-  if ((mrc = mdb_drop(txn, c->next, 0)) != 0 || (mrc = mdb_drop(txn, c->segblocks, 0)) != 0)
+  if ((mrc = mdb_drop(kv_mtxn(txn), c->next, 0)) != 0 ||
+      (mrc = mdb_drop(kv_mtxn(txn), c->segblocks, 0)) != 0)
     return kv_mdb_fail(mrc, "empty the block indexes");
   MDB_cursor *cur;
   MDB_val k, v;

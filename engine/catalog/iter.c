@@ -94,7 +94,7 @@ static kvdb_status it_open(kv_catalog *c, kv_txn *txn, kv_cat_table t, kv_cat_it
     return KVDB_OK;
   }
   MDB_cursor *cur;
-  kvdb_status rc = kv_cursor_open(txn, d, &cur, what);
+  kvdb_status rc = kv_cursor_open(kv_mtxn(txn), d, &cur, what);
   if (rc != KVDB_OK) {
     it->state_ = IT_END; /* kv_cat_iter_next says 0, kv_cat_iter_close does nothing */
     return rc;
@@ -201,7 +201,7 @@ kvdb_status kv_cat_count(kv_catalog *c, kv_txn *txn, kv_cat_table t, uint64_t *n
   *n = 0;
   if (!tbl_dbi(c, t, &d))
     return KVDB_OK;
-  int mrc = mdb_stat(txn, d, &ms);
+  int mrc = mdb_stat(kv_mtxn(txn), d, &ms);
   if (mrc != 0)
     return kv_mdb_fail(mrc, tbl_name(t));
   *n = ms.ms_entries;
@@ -215,7 +215,7 @@ kvdb_status kv_cat_get_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const voi
   if (!tbl_dbi(c, t, &d))
     return KVDB_NOTFOUND;
   MDB_val k = {key_len, (void *)(uintptr_t)key}, v;
-  int mrc = mdb_get(txn, d, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), d, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -233,7 +233,7 @@ kvdb_status kv_cat_put_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const voi
     return kv_fail(KVDB_READONLY, "catalog: %s: the catalog has no %s database (an older "
                    "format opened read-only)", what, tbl_name(t));
   MDB_val k = {key_len, (void *)(uintptr_t)key}, v = {val_len, (void *)(uintptr_t)val};
-  int mrc = mdb_put(txn, d, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), d, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);
 }
 
@@ -244,7 +244,7 @@ kvdb_status kv_cat_del_raw(kv_catalog *c, kv_txn *txn, kv_cat_table t, const voi
   if (!tbl_dbi(c, t, &d))
     return KVDB_NOTFOUND;
   MDB_val k = {key_len, (void *)(uintptr_t)key};
-  int mrc = mdb_del(txn, d, &k, NULL);
+  int mrc = mdb_del(kv_mtxn(txn), d, &k, NULL);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, what);

@@ -17,7 +17,7 @@
 kvdb_status kv_cat_get_model(kv_catalog *c, kv_txn *txn, const char *id, kv_model_rec *r)
 {
   MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v;
-  int mrc = mdb_get(txn, c->models, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->models, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
   if (mrc != 0)
@@ -30,7 +30,7 @@ kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const k
   uint8_t buf[64];
   kv_model_rec_encode(r, buf);
   MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v = {kv_model_rec_size(), buf};
-  int mrc = mdb_put(txn, c->models, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->models, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
 }
 
@@ -56,7 +56,7 @@ kvdb_status kv_cat_put_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16], co
     return kv_fail(KVDB_NOMEM, "context record of %zu bytes", len);
   kv_ctx_rec_encode(r, blocks, buf);
   MDB_val k = {16, (void *)(uintptr_t)key}, v = {len, buf};
-  int mrc = mdb_put(txn, c->contexts, &k, &v, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->contexts, &k, &v, 0);
   if (buf != stk)
     free(buf);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put context");
@@ -67,7 +67,7 @@ kvdb_status kv_cat_put_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16], 
   uint8_t ak[24];
   atime_key(ak, ms, key);
   MDB_val k = {24, ak}, empty = {0, NULL};
-  int mrc = mdb_put(txn, c->atime, &k, &empty, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->atime, &k, &empty, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put access time");
 }
 
@@ -83,7 +83,7 @@ kvdb_status kv_cat_del_atime_at(kv_catalog *c, kv_txn *txn, const uint8_t key[16
   uint8_t ak[24];
   atime_key(ak, ms, key);
   MDB_val k = {24, ak};
-  int mrc = mdb_del(txn, c->atime, &k, NULL);
+  int mrc = mdb_del(kv_mtxn(txn), c->atime, &k, NULL);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete access time");
 }
 
@@ -94,5 +94,5 @@ int kv_cat_has_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16])
   if (!c->has_profiles)
     return 0;
   MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  return mdb_get(txn, c->profiles, &k, &v) == 0;
+  return mdb_get(kv_mtxn(txn), c->profiles, &k, &v) == 0;
 }

@@ -13,13 +13,13 @@
 int kv_cat_has_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16])
 {
   MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  return mdb_get(txn, c->contexts, &k, &v) == 0;
+  return mdb_get(kv_mtxn(txn), c->contexts, &k, &v) == 0;
 }
 
 kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms)
 {
   MDB_val k = {16, (void *)(uintptr_t)key}, v;
-  int mrc = mdb_get(txn, c->contexts, &k, &v);
+  int mrc = mdb_get(kv_mtxn(txn), c->contexts, &k, &v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_OK;
   if (mrc != 0)
@@ -32,7 +32,7 @@ kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[
   kv_be64(ak, cr.last_access_ms);
   memcpy(ak + 8, key, 16);
   MDB_val akv = {24, ak};
-  mdb_del(txn, c->atime, &akv, NULL);
+  mdb_del(kv_mtxn(txn), c->atime, &akv, NULL);
   size_t len = kv_ctx_rec_size(&cr, cr.n_blocks);
   uint8_t *buf = malloc(len);
   if (buf == NULL)
@@ -40,13 +40,13 @@ kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[
   cr.last_access_ms = ms;
   kv_ctx_rec_encode(&cr, cr.blocks, buf);
   MDB_val nv = {len, buf};
-  mrc = mdb_put(txn, c->contexts, &k, &nv, 0);
+  mrc = mdb_put(kv_mtxn(txn), c->contexts, &k, &nv, 0);
   free(buf);
   if (mrc != 0)
     return kv_mdb_fail(mrc, "put context");
   kv_be64(ak, ms);
   MDB_val empty = {0, NULL};
-  mrc = mdb_put(txn, c->atime, &akv, &empty, 0);
+  mrc = mdb_put(kv_mtxn(txn), c->atime, &akv, &empty, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put access time");
 }
 
@@ -55,7 +55,7 @@ int kv_cat_peek_meta_str(kv_catalog *c, const char *name, char *buf, size_t cap)
   MDB_txn *txn;
   MDB_val k = {strlen(name), (void *)(uintptr_t)name}, v;
   int found = 0;
-  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &txn) == 0) {
+  if (mdb_txn_begin(kv_menv(c->env), NULL, MDB_RDONLY, &txn) == 0) {
     if (mdb_get(txn, c->meta, &k, &v) == 0 && v.mv_size < cap &&
         memchr(v.mv_data, 0, v.mv_size) == NULL) {
       memcpy(buf, v.mv_data, v.mv_size);

@@ -19,13 +19,13 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
 {
   KV_RET(kv_cat_env_open(c, dir, map_bytes, rdonly, create, nosync));
   int mrc;
-  MDB_txn *txn = NULL;
+  kv_txn *txn = NULL;
   kvdb_status rc;
   uint64_t fmt = 0;
   /* First a read transaction: check the version before writing anything (KVDB_VERSION). */
   KV_ERR(kv_txn_begin(c, 0, &txn));
   MDB_dbi meta;
-  mrc = mdb_dbi_open(txn, "meta", 0, &meta);
+  mrc = mdb_dbi_open(kv_mtxn(txn), "meta", 0, &meta);
   int fresh = (mrc == MDB_NOTFOUND);
   if (mrc != 0 && !fresh) {
     rc = kv_mdb_fail(mrc, "open database 'meta'");
@@ -58,7 +58,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
                    (unsigned long long)fmt);
       goto out;
     }
-    kv_mdb_txn_commit(txn); /* a read txn: makes the dbi handles permanent */
+    kv_mdb_txn_commit(kv_mtxn(txn)); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
     if ((c->has_profiles && c->has_ctxstats && c->has_index) || rdonly)
       return KVDB_OK;
@@ -66,9 +66,9 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
      * the block indexes of format 4 (unless another process did since the read above) */
     KV_ERR(kv_txn_begin(c, 1, &txn));
     if (!c->has_index) {
-      int im = mdb_dbi_open(txn, "next", MDB_DUPSORT | MDB_DUPFIXED, &c->next);
+      int im = mdb_dbi_open(kv_mtxn(txn), "next", MDB_DUPSORT | MDB_DUPFIXED, &c->next);
       if (im == 0)
-        im = mdb_dbi_open(txn, "segblocks", MDB_DUPSORT | MDB_DUPFIXED, &c->segblocks);
+        im = mdb_dbi_open(kv_mtxn(txn), "segblocks", MDB_DUPSORT | MDB_DUPFIXED, &c->segblocks);
       if (im == 0)
         c->has_index = 1;
       else if (im != MDB_NOTFOUND) {
@@ -78,13 +78,14 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       if (!c->has_index)
         KV_ERR(kv_idx_build(c, txn));
     }
-    int pm = c->has_profiles ? 0 : mdb_dbi_open(txn, "profiles", MDB_CREATE, &c->profiles);
+    int pm = c->has_profiles ? 0
+                             : mdb_dbi_open(kv_mtxn(txn), "profiles", MDB_CREATE, &c->profiles);
     if (pm != 0) {
       rc = kv_mdb_fail(pm, "create database 'profiles'");
       goto out;
     }
     c->has_profiles = 1;
-    pm = c->has_ctxstats ? 0 : mdb_dbi_open(txn, "ctxstats", MDB_CREATE, &c->ctxstats);
+    pm = c->has_ctxstats ? 0 : mdb_dbi_open(kv_mtxn(txn), "ctxstats", MDB_CREATE, &c->ctxstats);
     if (pm != 0) {
       rc = kv_mdb_fail(pm, "create database 'ctxstats'");
       goto out;
@@ -96,7 +97,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       return KVDB_OK;
     goto out;
   }
-  kv_mdb_txn_abort(txn);
+  kv_mdb_txn_abort(kv_mtxn(txn));
   txn = NULL;
   KV_ERR(kv_txn_begin(c, 1, &txn));
   KV_ERR(kv_cat_open_dbs(c, txn, MDB_CREATE));
@@ -116,7 +117,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     return KVDB_OK;
 out:
   if (txn != NULL)
-    kv_mdb_txn_abort(txn);
+    kv_mdb_txn_abort(kv_mtxn(txn));
   kv_catalog_close(c); /* the environment kv_cat_env_open opened */
   return rc;
 }
@@ -145,7 +146,7 @@ kvdb_status kv_cat_put_seg(kv_catalog *c, kv_txn *txn, uint64_t id, const kv_seg
   kv_be64(k, id);
   kv_seg_rec_encode(r, buf);
   MDB_val key = {8, k}, val = {32, buf};
-  int mrc = mdb_put(txn, c->segments, &key, &val, 0);
+  int mrc = mdb_put(kv_mtxn(txn), c->segments, &key, &val, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put segment");
 }
 
@@ -157,7 +158,7 @@ kvdb_status kv_cat_del_seg(kv_catalog *c, kv_txn *txn, uint64_t id)
   uint8_t k[8];
   kv_be64(k, id);
   MDB_val key = {8, k};
-  int mrc = mdb_del(txn, c->segments, &key, NULL);
+  int mrc = mdb_del(kv_mtxn(txn), c->segments, &key, NULL);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "delete segment record");
 }
 

@@ -494,7 +494,7 @@ static void op_corrupt_catalog(state *s, input *in)
   MDB_dbi dbi = dbis[u8(in) % 5];
   unsigned pick = u8(in), how = u8(in) % 3, at = u8(in), x = u8(in) | 1;
   MDB_txn *txn;
-  if (mdb_txn_begin(c->env, NULL, 0, &txn) != 0)
+  if (mdb_txn_begin(kv_menv(c->env), NULL, 0, &txn) != 0)
     FAIL("begin");
   MDB_stat ms;
   MDB_cursor *cur;

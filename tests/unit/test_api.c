@@ -785,7 +785,7 @@ static int t_set_format_version(const char *dir, unsigned v)
   kv_catalog c;
   if (kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0) != KVDB_OK)
     return -1;
-  MDB_txn *txn;
+  kv_txn *txn;
   if (kv_txn_begin(&c, 1, &txn) != KVDB_OK)
     return -1;
   kv_cat_put_u64(&c, txn, "format", v);
@@ -800,15 +800,15 @@ static void t_edit_block_record(const char *dir, const kvdb_key *hash,
 {
   kv_catalog c;
   ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  MDB_txn *txn;
+  kv_txn *txn;
   ASSERT_OK(kv_txn_begin(&c, 1, &txn));
   MDB_val k = {16, (void *)hash->b}, v;
-  ASSERT_EQ(mdb_get(txn, c.blocks, &k, &v), 0);
+  ASSERT_EQ(mdb_get(kv_mtxn(txn), c.blocks, &k, &v), 0);
   uint8_t *rec = malloc(v.mv_size);
   memcpy(rec, v.mv_data, v.mv_size);
   edit(rec, v.mv_size);
   MDB_val nv = {v.mv_size, rec};
-  ASSERT_EQ(mdb_put(txn, c.blocks, &k, &nv, 0), 0);
+  ASSERT_EQ(mdb_put(kv_mtxn(txn), c.blocks, &k, &nv, 0), 0);
   ASSERT_OK(kv_txn_commit(txn));
   kv_catalog_close(&c);
   free(rec);

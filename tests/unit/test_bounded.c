@@ -72,12 +72,12 @@ static void check_counts(kvdb *db, int must_be_current)
 {
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
-  MDB_txn *txn;
+  kv_txn *txn;
   ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
   kv_counts kept, re;
   kvdb_status rc = kv_counts_get(&db->cat, txn, &kept);
   ASSERT_OK(kv_counts_recount(&db->cat, txn, &re));
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   if (must_be_current) {
     ASSERT_OK(rc);
     for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
@@ -187,7 +187,7 @@ static void random_op(kvdb *db, world *w, uint64_t *rs, const char **what)
 static void raw_old_build_delete(kvdb *db, const kvdb_key *key)
 {
   MDB_txn *txn;
-  ASSERT_EQ(mdb_txn_begin(db->cat.env, NULL, 0, &txn), 0);
+  ASSERT_EQ(mdb_txn_begin(kv_menv(db->cat.env), NULL, 0, &txn), 0);
   MDB_val k = {16, (void *)key->b};
   ASSERT_EQ(mdb_del(txn, db->cat.contexts, &k, NULL), 0);
   ASSERT_EQ(mdb_txn_commit(txn), 0);
@@ -195,11 +195,11 @@ static void raw_old_build_delete(kvdb *db, const kvdb_key *key)
 
 static int counts_current(kvdb *db)
 {
-  MDB_txn *txn;
+  kv_txn *txn;
   kv_counts k;
   ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
   kvdb_status rc = kv_counts_get(&db->cat, txn, &k);
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   ASSERT(rc == KVDB_OK || rc == KVDB_NOTFOUND);
   return rc == KVDB_OK;
 }

@@ -97,7 +97,7 @@ static pid_t reader_child(const char *dir, uint64_t seed)
   if (pid == 0) {
     close(pfd[0]);
     kvdb *db = open_db(dir, 0);
-    MDB_txn *txn;
+    kv_txn *txn;
     if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
       _exit(2);
     uint32_t tok[16];

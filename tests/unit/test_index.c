@@ -416,11 +416,11 @@ static void test_compact_linear(void)
     ASSERT_OK(kvdb_kv_view_packed(&v, buf, m, 16, KVDB_LAYOUT_LKTHD));
     ASSERT_OK(kvdb_put(db, m, tok, 16, &v, &info));
   }
-  MDB_txn *txn;
+  kv_txn *txn;
   kv_block_rec br;
   ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
   ASSERT_OK(kv_cat_get_block(&db->cat, txn, info.context.b, &br));
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   kvdb_close(db);
   o.segment_bytes = 64 * br.bytes;
   ASSERT_OK(kvdb_open(dir, &o, &db));
@@ -450,7 +450,7 @@ static void test_compact_linear(void)
     if (b.segment == victim && in_victim++ % 2 == 0 && nd < 64)
       del[nd++] = keys[i];
   }
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   ASSERT_EQ(in_victim, 64);
   for (int i = 0; i < nd; i++)
     ASSERT_OK(kvdb_delete(db, &del[i]));

@@ -1028,7 +1028,7 @@ static void test_ctxstats_records(void)
   ASSERT(db->cat.has_ctxstats);
   uint8_t k[16];
   memset(k, 7, sizeof k);
-  MDB_txn *txn;
+  kv_txn *txn;
   ASSERT_OK(kv_txn_begin(&db->cat, 1, &txn));
   kv_ctxstats r;
   ASSERT_STATUS(KVDB_NOTFOUND, kv_cat_get_ctxstats(&db->cat, txn, k, &r));
@@ -1064,7 +1064,7 @@ static void test_ctxstats_records(void)
   ASSERT(back[0] == 1.5 && back[1] == -2.0);
   ASSERT_STATUS(KVDB_CORRUPT, kv_cat_get_blob(&db->cat, txn, "t.blob", back, 8));
   ASSERT_STATUS(KVDB_NOTFOUND, kv_cat_get_blob(&db->cat, txn, "t.none", back, 8));
-  mdb_txn_abort(txn);
+  mdb_txn_abort(kv_mtxn(txn));
   kvdb_close(db);
   t_rmdir(dir);
 }

@@ -66,17 +66,17 @@ static void edit_record(const char *dir, int contexts, const uint8_t key[16], ed
 {
   kv_catalog c;
   ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  MDB_txn *txn;
+  kv_txn *txn;
   ASSERT_OK(kv_txn_begin(&c, 1, &txn));
   MDB_dbi dbi = contexts ? c.contexts : c.blocks;
   MDB_val k = {16, (void *)key}, v;
-  ASSERT_EQ(mdb_get(txn, dbi, &k, &v), 0);
+  ASSERT_EQ(mdb_get(kv_mtxn(txn), dbi, &k, &v), 0);
   uint8_t *rec = malloc(v.mv_size + 64);
   memcpy(rec, v.mv_data, v.mv_size);
   size_t len = v.mv_size;
   edit(rec, &len);
   MDB_val nv = {len, rec};
-  ASSERT_EQ(mdb_put(txn, dbi, &k, &nv, 0), 0);
+  ASSERT_EQ(mdb_put(kv_mtxn(txn), dbi, &k, &nv, 0), 0);
   ASSERT_OK(kv_txn_commit(txn));
   kv_catalog_close(&c);
   free(rec);
