@@ -39,25 +39,6 @@ void kv_mdb_txn_abort(MDB_txn *txn);
 #define mdb_txn_begin kv_mdb_txn_begin
 #define mdb_txn_commit kv_mdb_txn_commit
 #define mdb_txn_abort kv_mdb_txn_abort
-/* ---- the base below the schema (catalog.c), for schema.c and the schema's users ---- */
-
-/* The catalog of txn's environment (NULL: an environment without one). */
-kv_catalog *kv_txn_catalog(kv_txn *txn);
-/* kv_txn_commit without the counters' stamp: the own-commit "wstamp" (kv_cat_track_commits)
- * and the commit. kv_txn_commit (schema.c) is kv_counts_stamp and this; counts.c, below
- * schema.c, calls the two itself. */
-kvdb_status kv_txn_commit_base(kv_catalog *c, kv_txn *txn);
-/* kv_catalog_open's first half: the environment (opened, registered, lock file, dead
- * readers cleared), no transaction yet. On failure the catalog is closed again. */
-kvdb_status kv_cat_env_open(kv_catalog *c, const char *dir, uint64_t map_bytes, int rdonly,
-                            int create, int nosync);
-/* Open (create: MDB_CREATE) the schema's databases in txn and note which exist (has_*). */
-kvdb_status kv_cat_open_dbs(kv_catalog *c, kv_txn *txn, unsigned create);
-/* kv_catalog_vacuum without the recount: *recount = 1 when the file was replaced (the
- * counters' stamps no longer match its transaction ids). */
-kvdb_status kv_cat_vacuum_file(kv_catalog *c, int force, int *done, uint64_t *before,
-                               uint64_t *after, int *recount);
-
 #endif
 
 /* ---- the base below the schema (catalog.c), for schema.c and the schema's users ---- */
