@@ -6,7 +6,7 @@
  *   OFF SIZE FIELD
  *     0   4  magic 0xB10CDB4B
  *     4   2  format version (1)
- *     6   2  flags: bit 0 the object ends with a score region (score_region.h); others 0
+ *     6   2  flags: bit 0 the object ends with a score region (block.h, "THE SCORE REGION"); others 0
  *     8   4  meta_bytes
  *    12   4  n_tokens
  *    16  16  block hash h_i
@@ -26,7 +26,6 @@
 #endif
 
 #include "block.h"
-#include "score_region.h"
 
 /*
  * Every checksum of this file goes through xxh64() / xxh64_seed(). libxxhash's run-time dispatch

@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * format/score_region.c — geometry, sealing and verification of a block's score region
- * (score_region.h, FORMAT.md §3c).
+ * (block.h "THE SCORE REGION", FORMAT.md §3c).
  */
 #include <xxhash.h>
 #ifdef KVDB_HAVE_XXH_DISPATCH
 #include <xxh_x86dispatch.h>
 #endif
 
-#include "score_region.h"
+#include "block.h"
 
 /* XXH3-64 with the caller's seed, then vzeroupper where the CPU has AVX: libxxhash's dispatched
  * code leaves the vector registers' upper halves dirty (the reason is in block.c). */

@@ -4,7 +4,7 @@
  * below segments), for the layers above: block bodies in memory, no handle and no I/O.
  * Compressed block objects (cblock.c), copies between block sections and a caller's view
  * (copy.c), and a block's score region (score_write.c: FORMAT.md §3c has the bytes,
- * format/score_region.h the geometry and checksums, score/score.h the copies).
+ * format/block.h ("THE SCORE REGION") the geometry and checksums, score/score.h the copies).
  *
  * A model whose fingerprint has score_bits 8 or 4 (kvdb_model.score_bits, part of h_{-1})
  * gets a score region appended to every block object it writes; the block record says so
@@ -16,7 +16,7 @@
 
 #include "catalog/catalog.h"
 #include "model/model.h"
-#include "score_region.h"
+#include "block.h"
 
 /* The caller's queries (kvdb_put_opts): [n_queries][n_layers][n_q_heads][head_dim]. */
 typedef struct kv_queries {

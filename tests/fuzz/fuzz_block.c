@@ -42,7 +42,6 @@
 #include <xxhash.h>
 
 #include "block.h"
-#include "score_region.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -19,7 +19,6 @@
 #include "block.h"
 #include "catalog/catalog.h"
 #include "kvdb.h"
-#include "score_region.h"
 
 static const char *root;
 
