@@ -575,7 +575,8 @@ kvdb_status kv_cat_put_blob(kv_catalog *c, kv_txn *txn, const char *name, const 
 int kv_cat_has_ctx(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
 /* In a write transaction: set context key's last access to ms when that is later than its
  * record's (rewrites the record, moves its access-time entry); KVDB_OK and nothing done when
- * the context is gone or ms is not later. Allocates the record's copy. */
+ * the context is gone or ms is not later. Through kv_cat_get_ctx, kv_cat_del_atime_at and
+ * kv_cat_put_ctx_atime (ops_rec.c: the record encoded on the stack up to 240 blocks). */
 kvdb_status kv_cat_ctx_set_access(kv_catalog *c, kv_txn *txn, const uint8_t key[16], uint64_t ms);
 /* Read meta entry `name` (a string without NUL, shorter than cap) as last committed, in a read
  * transaction of its own: 1 with buf set (NUL-terminated), 0 when absent, too long or LMDB

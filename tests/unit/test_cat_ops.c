@@ -5,7 +5,8 @@
  * API on a catalog of its own: model records, context records with and without their
  * access-time entries (short ones encoded on the stack, long ones not; blocks that point into
  * the record being replaced), access-time entries alone (a delete at a time where there is no
- * entry finds nothing and leaves the others), a profile's presence.
+ * entry finds nothing and leaves the others), the access-time update of place_rec.c, a
+ * profile's presence.
  */
 #include "kvdb_test.h"
 
@@ -152,6 +153,48 @@ static void test_contexts(const char *dir)
   kv_catalog_close(&c);
 }
 
+/* kv_cat_ctx_set_access (place_rec.c, over the functions above): a later time rewrites the
+ * record and moves its access-time entry; an earlier or equal one, or a context that is gone,
+ * changes nothing */
+static void test_set_access(const char *dir)
+{
+  kv_catalog c;
+  open_cat(&c, dir);
+  put_ctx_check(&c, 9, 300, 7000, 1); /* 300 blocks: the record does not fit on the stack */
+  uint8_t key[16] = {9}, gone[16] = {99};
+  kv_txn *txn;
+  kv_ctx_rec r;
+  uint64_t n0, n;
+  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
+  ASSERT_OK(kv_cat_count(&c, txn, KV_TBL_ATIME, &n0));
+  ASSERT_OK(kv_cat_ctx_set_access(&c, txn, key, 7500));
+  ASSERT_OK(kv_cat_get_ctx(&c, txn, key, &r));
+  ASSERT_EQ(r.last_access_ms, 7500);
+  ASSERT_EQ(r.n_blocks, 300);
+  ASSERT_EQ(r.created_ms, 6995);
+  ASSERT_EQ(r.config.method, KVDB_METHOD_LOSSLESS);
+  for (size_t i = 0; i < 16 * 300; i++)
+    ASSERT_EQ(r.blocks[i], (uint8_t)(i * 31 + 9));
+  ASSERT(atime_there(&c, txn, key, 7500));
+  ASSERT(!atime_there(&c, txn, key, 7000));
+  ASSERT_OK(kv_cat_count(&c, txn, KV_TBL_ATIME, &n));
+  ASSERT_EQ(n, n0); /* moved, not added */
+  ASSERT_OK(kv_cat_ctx_set_access(&c, txn, key, 7200)); /* earlier: nothing */
+  ASSERT_OK(kv_cat_ctx_set_access(&c, txn, key, 7500)); /* equal: nothing */
+  ASSERT_OK(kv_cat_get_ctx(&c, txn, key, &r));
+  ASSERT_EQ(r.last_access_ms, 7500);
+  ASSERT(atime_there(&c, txn, key, 7500));
+  ASSERT(!atime_there(&c, txn, key, 7200));
+  kv_clear_error();
+  ASSERT_OK(kv_cat_ctx_set_access(&c, txn, gone, 9000)); /* gone: nothing, no message */
+  ASSERT_EQ(kvdb_errmsg()[0], 0);
+  ASSERT(!atime_there(&c, txn, gone, 9000));
+  ASSERT_OK(kv_cat_count(&c, txn, KV_TBL_ATIME, &n));
+  ASSERT_EQ(n, n0);
+  ASSERT_OK(kv_txn_commit(txn));
+  kv_catalog_close(&c);
+}
+
 static void test_profiles(const char *dir)
 {
   kv_catalog c;
@@ -179,6 +222,7 @@ int main(void)
   char *dir = t_tmpdir("catops");
   test_models(dir);
   test_contexts(dir);
+  test_set_access(dir);
   test_profiles(dir);
   t_rmdir(dir);
   printf("test_cat_ops: all passed\n");
