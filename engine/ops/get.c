@@ -867,6 +867,22 @@ void kvdb_iter_close(kvdb_iter *it)
   free(it);
 }
 
+/* kvdb_stat's catalog figures as of txn's snapshot: format, models, contexts, blocks. */
+static void stat_tables(kvdb *db, kv_txn *txn, kvdb_stats *out)
+{
+  uint64_t ver = 0, n;
+  kv_cat_get_u64(&db->cat, txn, "format", &ver);
+  out->format_version = (uint32_t)ver;
+  out->n_models = 0;
+  out->n_contexts = out->n_blocks = 0;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_MODELS, &n) == KVDB_OK)
+    out->n_models = (uint32_t)n;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_CONTEXTS, &n) == KVDB_OK)
+    out->n_contexts = n;
+  if (kv_cat_count(&db->cat, txn, KV_TBL_BLOCKS, &n) == KVDB_OK)
+    out->n_blocks = n;
+}
+
 kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
 {
   KV_RET(kv_check_db(db));
@@ -875,15 +891,7 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
   memset(out, 0, sizeof *out);
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  uint64_t ver = 0, n;
-  kv_cat_get_u64(&db->cat, txn, "format", &ver);
-  out->format_version = (uint32_t)ver;
-  if (kv_cat_count(&db->cat, txn, KV_TBL_MODELS, &n) == KVDB_OK)
-    out->n_models = (uint32_t)n;
-  if (kv_cat_count(&db->cat, txn, KV_TBL_CONTEXTS, &n) == KVDB_OK)
-    out->n_contexts = n;
-  if (kv_cat_count(&db->cat, txn, KV_TBL_BLOCKS, &n) == KVDB_OK)
-    out->n_blocks = n;
+  stat_tables(db, txn, out);
   /* the per-tier figures: the catalog's counters (counts.h), kept by every commit; counted
    * anew when a commit did not keep them (an older build wrote, or a change whose effect on
    * them is not known), and then stored by a read-write handle */
@@ -895,11 +903,21 @@ kvdb_status kvdb_stat(kvdb *db, kvdb_stats *out)
     rc = kv_counts_recount(&db->cat, txn, &cnt);
   kv_txn_abort(txn);
   if (rc == KVDB_OK && counted && !db->cat.rdonly && kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {
-    /* something committed since the count (another handle, or this one's placement flushing
-     * its figures): count again as of this transaction, so that the stored counters are right */
-    kv_counts now = cnt;
-    kvdb_status wr = kv_txn_id(txn) == snap + 1 ? KVDB_OK : kv_counts_recount(&db->cat, txn, &now);
-    if (wr == KVDB_OK && kv_counts_put(&db->cat, txn, &now) == KVDB_OK)
+    /* a commit this read did not see (another handle's; or one whose writer was killed
+     * before it told readers, whose next writer is this): count again as of this
+     * transaction, and report every figure as of it, so that they are one snapshot's and
+     * equal what is stored */
+    if (kv_txn_id(txn) != snap + 1) {
+      kv_counts now;
+      if (kv_counts_recount(&db->cat, txn, &now) == KVDB_OK) {
+        cnt = now;
+        stat_tables(db, txn, out);
+      } else {
+        kv_txn_abort(txn);
+        txn = NULL;
+      }
+    }
+    if (txn != NULL && kv_counts_put(&db->cat, txn, &cnt) == KVDB_OK)
       kv_txn_commit(txn);
     else
       kv_txn_abort(txn);
