@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -40,7 +40,10 @@ def pattern(c: int, n_elems: int) -> np.ndarray:
     return bits.astype(np.uint16).view(np.float16)
 
 
-def put_get(dirpath: Path, n_ctx: int) -> Dict[str, float]:
+def put_get(dirpath: Path, n_ctx: int, get_db: Optional[Path] = None) -> Dict[str, float]:
+    """The put and get figures through numpy views. The gets read `get_db` when given (the
+    database kvdb-bench llama's C side wrote and read just before, with the same contexts),
+    else the second database the puts wrote."""
     m = kvdb.Model("bench-llama-smollm2", dtype="f16", block_tokens=64, **SHAPE)
     L, H, D = SHAPE["n_layers"], SHAPE["n_kv_heads"], SHAPE["head_dim"]
     shape = (L, 2, CTX_TOKENS, H, D)
@@ -62,7 +65,7 @@ def put_get(dirpath: Path, n_ctx: int) -> Dict[str, float]:
                 db.put(m, toks[c], bufs[c][:, 0], bufs[c][:, 1])
             ns = time.perf_counter_ns() - t0
             put_ns = ns if put_ns is None else min(put_ns, ns)
-    with kvdb.open(dirpath / "r1", dram_bytes=0) as db:
+    with kvdb.open(get_db if get_db is not None else dirpath / "r1", dram_bytes=0) as db:
         best = None
         for _ in range(3):
             t0 = time.perf_counter_ns()
@@ -132,7 +135,8 @@ def main(args) -> int:
     try:
         if args.part in ("all", "putget"):
             n_ctx = 4 if quick else 12  # 94 MB / 283 MB (>= 256 MiB)
-            r = put_get(base / "putget", n_ctx)
+            get_db = getattr(args, "get_db", None)
+            r = put_get(base / "putget", n_ctx, Path(get_db) if get_db else None)
             print(f"Python put/get through numpy views: {r['bytes'] / 1e6:.0f} MB, put "
                   f"{r['put_gbps']:.3f} GB/s, get {r['get_gbps']:.3f} GB/s", flush=True)
             fields["py_put_gbps"] = r["put_gbps"]

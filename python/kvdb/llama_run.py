@@ -227,6 +227,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.add_argument("--json", action="store_true")
     a.add_argument("--dir", default=None)
     a.add_argument("--part", choices=("all", "putget", "ttft"), default="all")
+    a.add_argument("--get-db", default=None,
+                   help="get from this database (kvdb-bench llama's C side wrote it) instead "
+                        "of the one the Python put wrote, so both sides read the same files")
     args = ap.parse_args(argv)
     if args.cmd == "ingest":
         return cmd_ingest(args)
