@@ -55,6 +55,11 @@ void kv_cenc_free(kv_cenc *e)
   free(e->sect_len);
   free(e->sect_codec);
   free(e->pair);
+  free(e->frows);
+  free(e->fsecs);
+  free(e->ffirst);
+  free(e->flen);
+  free(e->fsb);
   memset(e, 0, sizeof *e);
 }
 
@@ -205,12 +210,86 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
   return KVDB_OK;
 }
 
+/* A lossless block as frames (format 3): the sections, in block order, cut by kv_frames_plan()
+ * into frames of >= src->frame_bytes raw bytes, each frame encoded from its sections' rows. */
+static kvdb_status build_frames(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst,
+                                size_t dst_cap, uint64_t *obj_bytes)
+{
+  const kv_block_geom *g = src->g;
+  uint32_t ns = g->n_sections;
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  if (e->fcap < ns) {
+    free(e->fsb);
+    free(e->ffirst);
+    free(e->flen);
+    e->fsb = malloc(ns * sizeof *e->fsb);
+    e->ffirst = malloc((ns + 1) * sizeof *e->ffirst);
+    e->flen = malloc(ns * sizeof *e->flen);
+    e->fcap = e->fsb && e->ffirst && e->flen ? ns : 0;
+  }
+  if (e->fsecs == NULL)
+    e->fsecs = malloc(KV_FRAME_MAX_SECTIONS * sizeof *e->fsecs);
+  if (e->fcap < ns || e->fsecs == NULL)
+    return kv_fail(KVDB_NOMEM, "compression buffers");
+  for (uint32_t i = 0; i < ns; i++)
+    e->fsb[i] = rows_bytes;
+  uint32_t nf = kv_frames_plan(e->fsb, ns, src->frame_bytes, e->ffirst);
+  e->ffirst[nf] = ns;
+  int level = src->cfg->zstd_level != 0 ? src->cfg->zstd_level : KV_FRAME_LEVEL_DEFAULT;
+  uint64_t used = 0;
+  for (uint32_t f = 0; f < nf; f++) {
+    uint32_t a = e->ffirst[f], n = e->ffirst[f + 1] - a;
+    if (grow(&e->frows, &e->frows_cap, (size_t)n * rows_bytes) == NULL)
+      return kv_fail(KVDB_NOMEM, "compression buffers");
+    for (uint32_t i = 0; i < n; i++) {
+      kv_gather_rows(g, src->kv, src->t0, a + i, e->frows + (size_t)i * rows_bytes);
+      e->fsecs[i].rows = e->frows + (size_t)i * rows_bytes;
+      e->fsecs[i].n_rows = g->n_tokens;
+      e->fsecs[i].head_dim = g->head_dim;
+      e->fsecs[i].kind = ((a + i) & 1) ? KV_SECTION_V : KV_SECTION_K;
+    }
+    size_t bound = kv_frame_bound((kv_codec_dtype)g->dtype, e->fsecs, n);
+    size_t scr = kv_frame_encode_scratch_bytes((kv_codec_dtype)g->dtype, e->fsecs, n, level);
+    if (bound == 0 || scr == 0)
+      return kv_fail(KVDB_INVALID, "a lossless frame of %u sections of %u tokens x %u dims", n,
+                     g->n_tokens, g->head_dim);
+    if (grow(&e->scratch, &e->scratch_cap, scr) == NULL ||
+        grow(&e->sect, &e->sect_cap, used + bound) == NULL)
+      return kv_fail(KVDB_NOMEM, "compression buffers");
+    size_t out = 0;
+    kv_codec_err err;
+    kv_codec_status st = kv_frame_encode((kv_codec_dtype)g->dtype, e->fsecs, n, level,
+                                         e->scratch, e->scratch_cap, e->sect + used, bound, &out,
+                                         &err);
+    if (st != KV_CODEC_OK) {
+      char what[96];
+      snprintf(what, sizeof what, "encoding frame %u of block %u", f, src->index);
+      return kv_codec_fail(st, &err, what);
+    }
+    e->flen[f] = (uint32_t)out;
+    used += out;
+  }
+  kv_cblock_layout l;
+  kv_cblock_layout_init(g, used, &l);
+  if (l.total_bytes > dst_cap)
+    return kv_fail(KVDB_PANIC, "compressed block of %" PRIu64 " bytes exceeds its bound %zu",
+                   l.total_bytes, dst_cap);
+  memcpy(dst + l.meta_bytes, e->sect, used);
+  memset(dst + l.meta_bytes + used, 0, l.data_bytes - used);
+  kv_cblock_seal_frames(g, &l, nf, e->ffirst, e->flen, src->hash, src->parent, src->model_hash,
+                        src->tokens, dst);
+  *obj_bytes = l.total_bytes;
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
                             uint64_t *obj_bytes)
 {
   const kv_block_geom *g = src->g;
   kv_section_codec sc;
   KV_RET(kv_config_section(src->cfg, g, src->ctx_tokens, src->t0, &sc));
+  if (sc.codec->id == KV_CODEC_ID_ZSTD_PLANES)
+    return build_frames(src, e, dst, dst_cap, obj_bytes);
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
   if (grow(&e->rows_k, &e->rows_k_cap, rows_bytes) == NULL ||
       grow(&e->rows_v, &e->rows_v_cap, rows_bytes) == NULL ||
@@ -261,6 +340,7 @@ void kv_cdec_free(kv_cdec *d)
   free(d->ctx_mem);
   free(d->scratch);
   free(d->rows);
+  free(d->frame);
   memset(d, 0, sizeof *d);
 }
 
@@ -287,10 +367,76 @@ kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_byt
   return KVDB_OK;
 }
 
+kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                 kv_cdec *d, const uint8_t **rows)
+{
+  const kv_block_geom *g = &h->g;
+  uint64_t off;
+  uint32_t len;
+  kv_cblock_section(h, buf, s, &off, &len);
+  uint32_t idx = kv_cblock_frame_index(h, buf, s);
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  if (!d->frame_valid || d->frame_off != off || memcmp(d->frame_hash, h->block_hash, 16) != 0) {
+    d->frame_valid = 0;
+    kv_frame_info info;
+    kv_codec_err err;
+    kv_codec_status st = kv_frame_parse(buf + off, len, &info, &err);
+    if (st != KV_CODEC_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "frame of section %u", s);
+      return kv_codec_fail(KV_CODEC_ECORRUPT, &err, what);
+    }
+    /* the frame holds exactly the table's sections of it, each the block's shape and kind */
+    uint32_t first = s - idx, last = first + info.n_sections - 1;
+    if (idx >= info.n_sections || (uint32_t)info.dtype != g->dtype || last >= g->n_sections ||
+        kv_cblock_frame_index(h, buf, last) != info.n_sections - 1 ||
+        (last + 1 < g->n_sections && kv_cblock_frame_index(h, buf, last + 1) != 0))
+      return kv_fail(KVDB_CORRUPT, "the frame of section %u holds %u sections of dtype %u; the "
+                                   "block's table gives it index %u (dtype %u)",
+                     s, info.n_sections, (unsigned)info.dtype, idx, g->dtype);
+    for (uint32_t i = 0; i < info.n_sections; i++) {
+      uint32_t r, dim;
+      kv_section_kind kind;
+      kv_frame_section(buf + off, &info, i, &r, &dim, &kind, NULL);
+      if (r != g->n_tokens || dim != g->head_dim ||
+          kind != (((first + i) & 1) ? KV_SECTION_V : KV_SECTION_K))
+        return kv_fail(KVDB_CORRUPT, "section %u of a frame is %u tokens x %u dims (%s); the "
+                                     "block has %u x %u (%s)",
+                       first + i, r, dim, kind == KV_SECTION_V ? "V" : "K", g->n_tokens,
+                       g->head_dim, ((first + i) & 1) ? "V" : "K");
+    }
+    size_t out_bytes = (size_t)info.n_sections * rows_bytes;
+    size_t scratch = kv_frame_decode_scratch_bytes(&info);
+    if (grow(&d->frame, &d->frame_cap, out_bytes) == NULL ||
+        grow(&d->scratch, &d->scratch_cap, scratch) == NULL)
+      return kv_fail(KVDB_NOMEM, "decoding buffers");
+    st = kv_frame_decode(d->ctx, buf + off, len, d->scratch, d->scratch_cap, d->frame,
+                         d->frame_cap, &err);
+    if (st != KV_CODEC_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "decoding the frame of section %u", s);
+      return kv_codec_fail(st, &err, what);
+    }
+    memcpy(d->frame_hash, h->block_hash, 16);
+    d->frame_off = off;
+    d->frame_valid = 1;
+  }
+  *rows = d->frame + (size_t)idx * rows_bytes;
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                      kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
                                      uint32_t *positions)
 {
+  if (h->version >= 3) {
+    KV_RET(kv_cblock_frame_rows(h, buf, s, d, rows));
+    *n_rows = h->g.n_tokens;
+    if (positions != NULL)
+      for (uint32_t t = 0; t < h->g.n_tokens; t++)
+        positions[t] = t;
+    return KVDB_OK;
+  }
   uint64_t off;
   uint32_t len;
   kv_cblock_section(h, buf, s, &off, &len);
@@ -327,6 +473,11 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
   for (uint32_t s = s0; s < s1; s++) {
     const uint8_t *rows = NULL;
     uint32_t n_rows = 0;
+    if (h->version >= 3) { /* a frame is decoded once for its sections */
+      KV_RET(kv_cblock_frame_rows(h, buf, s, d, &rows));
+      kv_rows_to_section(&h->g, rows, s, data);
+      continue;
+    }
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
     if (n_rows != h->g.n_tokens)
       return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
