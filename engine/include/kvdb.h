@@ -556,6 +556,14 @@ typedef struct kvdb_context_info {
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
 KVDB_API kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_info *out);
 
+/**
+ * @brief The model stored under `id` (kvdb_context_info.model_id): its shape, dtype,
+ * block_tokens and score_bits; out->id = id (not copied: it must outlive out's use). With it a
+ * tool can re-encode contexts it did not write (kvdb-admin recompress).
+ * @return KVDB_OK; KVDB_NOTFOUND (no such model); KVDB_INVALID (NULL, id not 1..63 bytes).
+ */
+KVDB_API kvdb_status kvdb_model_get(kvdb *db, const char *id, kvdb_model *out);
+
 typedef struct kvdb_iter kvdb_iter;
 /** @brief Iterate over all contexts in key order. The iterator sees the catalog as of
  * kvdb_iter_open (a snapshot). It belongs to one thread. @return KVDB_OK; KVDB_NOMEM. */

@@ -812,6 +812,34 @@ kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_in
   return rc;
 }
 
+kvdb_status kvdb_model_get(kvdb *db, const char *id, kvdb_model *out)
+{
+  KV_RET(kv_check_db(db));
+  if (id == NULL || out == NULL)
+    return kv_fail(KVDB_INVALID, "id or out is NULL");
+  size_t len = strlen(id);
+  if (len < 1 || len > 63)
+    return kv_fail(KVDB_INVALID, "model id of %zu bytes (1..63)", len);
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_model_rec mr;
+  kvdb_status rc = kv_cat_get_model(&db->cat, txn, id, &mr);
+  kv_txn_abort(txn);
+  if (rc == KVDB_NOTFOUND)
+    return kv_fail(KVDB_NOTFOUND, "no model '%s' in the database", id);
+  if (rc != KVDB_OK)
+    return rc;
+  memset(out, 0, sizeof *out);
+  out->id = id;
+  out->n_layers = mr.n_layers;
+  out->n_kv_heads = mr.n_kv_heads;
+  out->head_dim = mr.head_dim;
+  out->dtype = (kvdb_dtype)mr.dtype;
+  out->block_tokens = mr.block_tokens;
+  out->score_bits = mr.score_bits;
+  return KVDB_OK;
+}
+
 struct kvdb_iter {
   kvdb *db;
   kv_txn *txn;
