@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cblock.h"
 
@@ -341,6 +342,14 @@ void kv_cdec_free(kv_cdec *d)
   free(d->scratch);
   free(d->rows);
   free(d->frame);
+  for (unsigned t = 0; t < d->mt_n; t++) {
+    free(d->mt_ctx[t]);
+    free(d->mt_w[t].scratch);
+  }
+  free(d->mt_ctx);
+  free(d->mt_w);
+  free(d->mt_jobs);
+  free(d->mt_rows);
   memset(d, 0, sizeof *d);
 }
 
@@ -367,6 +376,45 @@ kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_byt
   return KVDB_OK;
 }
 
+/* Parse the frame holding section s and check it against the block and its table: *first =
+ * its first section. */
+static kvdb_status frame_check(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                               kv_frame_info *info, uint64_t *off, uint32_t *len,
+                               uint32_t *first)
+{
+  const kv_block_geom *g = &h->g;
+  kv_cblock_section(h, buf, s, off, len);
+  uint32_t idx = kv_cblock_frame_index(h, buf, s);
+  kv_codec_err err;
+  kv_codec_status st = kv_frame_parse(buf + *off, *len, info, &err);
+  if (st != KV_CODEC_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "frame of section %u", s);
+    return kv_codec_fail(KV_CODEC_ECORRUPT, &err, what);
+  }
+  /* the frame holds exactly the table's sections of it, each the block's shape and kind */
+  uint32_t f0 = s - idx, last = f0 + info->n_sections - 1;
+  if (idx >= info->n_sections || (uint32_t)info->dtype != g->dtype || last >= g->n_sections ||
+      kv_cblock_frame_index(h, buf, last) != info->n_sections - 1 ||
+      (last + 1 < g->n_sections && kv_cblock_frame_index(h, buf, last + 1) != 0))
+    return kv_fail(KVDB_CORRUPT, "the frame of section %u holds %u sections of dtype %u; the "
+                                 "block's table gives it index %u (dtype %u)",
+                   s, info->n_sections, (unsigned)info->dtype, idx, g->dtype);
+  for (uint32_t i = 0; i < info->n_sections; i++) {
+    uint32_t r, dim;
+    kv_section_kind kind;
+    kv_frame_section(buf + *off, info, i, &r, &dim, &kind, NULL);
+    if (r != g->n_tokens || dim != g->head_dim ||
+        kind != (((f0 + i) & 1) ? KV_SECTION_V : KV_SECTION_K))
+      return kv_fail(KVDB_CORRUPT, "section %u of a frame is %u tokens x %u dims (%s); the "
+                                   "block has %u x %u (%s)",
+                     f0 + i, r, dim, kind == KV_SECTION_V ? "V" : "K", g->n_tokens,
+                     g->head_dim, ((f0 + i) & 1) ? "V" : "K");
+  }
+  *first = f0;
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                  kv_cdec *d, const uint8_t **rows)
 {
@@ -379,39 +427,16 @@ kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint
   if (!d->frame_valid || d->frame_off != off || memcmp(d->frame_hash, h->block_hash, 16) != 0) {
     d->frame_valid = 0;
     kv_frame_info info;
-    kv_codec_err err;
-    kv_codec_status st = kv_frame_parse(buf + off, len, &info, &err);
-    if (st != KV_CODEC_OK) {
-      char what[64];
-      snprintf(what, sizeof what, "frame of section %u", s);
-      return kv_codec_fail(KV_CODEC_ECORRUPT, &err, what);
-    }
-    /* the frame holds exactly the table's sections of it, each the block's shape and kind */
-    uint32_t first = s - idx, last = first + info.n_sections - 1;
-    if (idx >= info.n_sections || (uint32_t)info.dtype != g->dtype || last >= g->n_sections ||
-        kv_cblock_frame_index(h, buf, last) != info.n_sections - 1 ||
-        (last + 1 < g->n_sections && kv_cblock_frame_index(h, buf, last + 1) != 0))
-      return kv_fail(KVDB_CORRUPT, "the frame of section %u holds %u sections of dtype %u; the "
-                                   "block's table gives it index %u (dtype %u)",
-                     s, info.n_sections, (unsigned)info.dtype, idx, g->dtype);
-    for (uint32_t i = 0; i < info.n_sections; i++) {
-      uint32_t r, dim;
-      kv_section_kind kind;
-      kv_frame_section(buf + off, &info, i, &r, &dim, &kind, NULL);
-      if (r != g->n_tokens || dim != g->head_dim ||
-          kind != (((first + i) & 1) ? KV_SECTION_V : KV_SECTION_K))
-        return kv_fail(KVDB_CORRUPT, "section %u of a frame is %u tokens x %u dims (%s); the "
-                                     "block has %u x %u (%s)",
-                       first + i, r, dim, kind == KV_SECTION_V ? "V" : "K", g->n_tokens,
-                       g->head_dim, ((first + i) & 1) ? "V" : "K");
-    }
+    uint32_t first;
+    KV_RET(frame_check(h, buf, s, &info, &off, &len, &first));
     size_t out_bytes = (size_t)info.n_sections * rows_bytes;
     size_t scratch = kv_frame_decode_scratch_bytes(&info);
     if (grow(&d->frame, &d->frame_cap, out_bytes) == NULL ||
         grow(&d->scratch, &d->scratch_cap, scratch) == NULL)
       return kv_fail(KVDB_NOMEM, "decoding buffers");
-    st = kv_frame_decode(d->ctx, buf + off, len, d->scratch, d->scratch_cap, d->frame,
-                         d->frame_cap, &err);
+    kv_codec_err err;
+    kv_codec_status st = kv_frame_decode(d->ctx, buf + off, len, d->scratch, d->scratch_cap,
+                                         d->frame, d->frame_cap, &err);
     if (st != KV_CODEC_OK) {
       char what[64];
       snprintf(what, sizeof what, "decoding the frame of section %u", s);
@@ -422,6 +447,99 @@ kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint
     d->frame_valid = 1;
   }
   *rows = d->frame + (size_t)idx * rows_bytes;
+  return KVDB_OK;
+}
+
+/* The decoding threads of d (kv_frames_decode_mt): made at the first parallel decode, each with
+ * its own decoding context and scratch of at least `scratch` bytes. The number of threads is
+ * 0 when they cannot be had (the caller decodes alone). */
+static unsigned mt_workers(kv_cdec *d, size_t scratch)
+{
+  if (d->mt_n == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned nt = n < 2 ? 0 : n > KV_CDEC_MAX_THREADS ? KV_CDEC_MAX_THREADS : (unsigned)n;
+    if (nt == 0)
+      return 0;
+    d->mt_w = calloc(nt, sizeof *d->mt_w);
+    d->mt_ctx = calloc(nt, sizeof *d->mt_ctx);
+    if (d->mt_w == NULL || d->mt_ctx == NULL)
+      return 0;
+    for (unsigned t = 0; t < nt; t++) {
+      d->mt_ctx[t] = malloc(kv_codec_dctx_bytes());
+      if (d->mt_ctx[t] == NULL)
+        return 0;
+      d->mt_w[t].ctx = kv_codec_dctx_init(d->mt_ctx[t], kv_codec_dctx_bytes());
+      d->mt_n = t + 1;
+    }
+  }
+  for (unsigned t = 0; t < d->mt_n; t++)
+    if (d->mt_w[t].scratch_cap < scratch) {
+      void *p = realloc(d->mt_w[t].scratch, scratch);
+      if (p == NULL)
+        return 0;
+      d->mt_w[t].scratch = p;
+      d->mt_w[t].scratch_cap = scratch;
+    }
+  return d->mt_n;
+}
+
+/* Sections [s0, s1) of a format-3 block decoded on every core: the frames holding them are
+ * decoded in parallel into d->mt_rows, then copied into the data region. 1 when done, 0 when
+ * the range is too small for threads to pay (or they cannot be had): the caller decodes
+ * alone. */
+static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                    uint32_t s1, kv_cdec *d, uint8_t *data, int *done)
+{
+  const kv_block_geom *g = &h->g;
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  *done = 0;
+  uint32_t f0 = s0 - kv_cblock_frame_index(h, buf, s0), nf = 0;
+  uint64_t total = 0;
+  for (uint32_t s = f0; s < s1; s++)
+    if (kv_cblock_frame_index(h, buf, s) == 0 || s == f0)
+      nf++;
+  /* the frames' rows from the first frame's first section to the end of the last frame */
+  uint32_t end = s1;
+  while (end < g->n_sections && kv_cblock_frame_index(h, buf, end) != 0)
+    end++;
+  total = (uint64_t)(end - f0) * rows_bytes;
+  if (nf < 2 || total < KV_CDEC_MT_MIN_BYTES)
+    return KVDB_OK;
+  if (grow(&d->mt_rows, &d->mt_rows_cap, total) == NULL)
+    return KVDB_OK; /* no memory for the threads' way: decode alone */
+  if (d->mt_jobs_cap < nf) {
+    free(d->mt_jobs);
+    d->mt_jobs = malloc(nf * sizeof *d->mt_jobs);
+    d->mt_jobs_cap = d->mt_jobs != NULL ? nf : 0;
+    if (d->mt_jobs == NULL)
+      return KVDB_OK;
+  }
+  size_t scratch = 0;
+  uint32_t j = 0;
+  for (uint32_t s = f0; s < end;) {
+    kv_frame_info info;
+    uint64_t off;
+    uint32_t len, first;
+    KV_RET(frame_check(h, buf, s, &info, &off, &len, &first));
+    size_t sb = kv_frame_decode_scratch_bytes(&info);
+    scratch = sb > scratch ? sb : scratch;
+    d->mt_jobs[j].src = buf + off;
+    d->mt_jobs[j].len = len;
+    d->mt_jobs[j].dst = d->mt_rows + (size_t)(s - f0) * rows_bytes;
+    d->mt_jobs[j].dst_cap = (size_t)info.n_sections * rows_bytes;
+    j++;
+    s = first + info.n_sections;
+  }
+  unsigned nt = mt_workers(d, scratch);
+  if (nt < 2)
+    return KVDB_OK;
+  kv_codec_err err;
+  kv_codec_status st = kv_frames_decode_mt(d->mt_jobs, j, d->mt_w, nt, &err);
+  if (st != KV_CODEC_OK)
+    return kv_codec_fail(st, &err, "decoding frames");
+  for (uint32_t s = s0; s < s1; s++)
+    kv_rows_to_section(g, d->mt_rows + (size_t)(s - f0) * rows_bytes, s, data);
+  *done = 1;
   return KVDB_OK;
 }
 
@@ -470,6 +588,12 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data)
 {
+  if (h->version >= 3 && s1 > s0) { /* many frames: on every core */
+    int done;
+    KV_RET(decode_frames_mt(h, buf, s0, s1, d, data, &done));
+    if (done)
+      return KVDB_OK;
+  }
   for (uint32_t s = s0; s < s1; s++) {
     const uint8_t *rows = NULL;
     uint32_t n_rows = 0;

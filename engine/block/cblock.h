@@ -87,7 +87,19 @@ typedef struct kv_cdec {
   uint8_t frame_hash[16];
   uint64_t frame_off;
   int frame_valid;
+  /* format 3, many frames at once (kv_cblock_decode_data): one worker per online CPU */
+  kv_frame_worker *mt_w;
+  void **mt_ctx;
+  unsigned mt_n;
+  kv_frame_job *mt_jobs;
+  uint32_t mt_jobs_cap;
+  uint8_t *mt_rows;
+  size_t mt_rows_cap;
 } kv_cdec;
+/* A decode of a format-3 block range uses every core from this many bytes of KV and 2 frames
+ * on, with at most this many threads. */
+#define KV_CDEC_MT_MIN_BYTES (256u << 10)
+#define KV_CDEC_MAX_THREADS 16u
 kvdb_status kv_cdec_init(kv_cdec *d);
 void kv_cdec_free(kv_cdec *d);
 
@@ -104,7 +116,9 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
                                      uint32_t *positions);
 
 /* Decode sections [s0, s1) of a verified compressed block that drops no tokens into the raw
- * page-grouped data region `data` (h->g.data_bytes). */
+ * page-grouped data region `data` (h->g.data_bytes). Format 3: the range's frames are decoded
+ * on every online CPU (kv_frames_decode_mt) when they are 2 or more and hold at least
+ * KV_CDEC_MT_MIN_BYTES; the calling thread alone otherwise. */
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data);
 

@@ -420,10 +420,19 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
         uint32_t s0 = l * per_layer;
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
+        if (hdr.version >= 3) /* lossless frames: decoded together once all are verified */
+          continue;
         if (rr == KVDB_OK && hdr.version >= 2)
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK)
           kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, x->n_copy, out, x->t0, stream);
+      }
+      /* format 3: the block's frames decoded on every core (kv_cblock_decode_data), then
+       * scattered, after its last wave */
+      if (rr == KVDB_OK && hdr.version >= 3 && k + 1 == wv.n) {
+        rr = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, (uint8_t *)data);
+        if (rr == KVDB_OK)
+          kv_scatter_sections(&g, data, 0, g.n_sections, 0, x->n_copy, out, x->t0, stream);
       }
     }
     if (rr != KVDB_OK) {

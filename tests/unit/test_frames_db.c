@@ -19,8 +19,12 @@
 #include <sys/stat.h>
 
 /* 4 layers x 2 KV heads x head_dim 32, f16, 32-token blocks: 16 sections of 2 KiB per block */
-static const kvdb_model M = {"test-frames", 4, 2, 32, KVDB_F16, 32};
-enum { N = 80 }; /* 2 full blocks and one of 16 tokens */
+static const kvdb_model M_SMALL = {"test-frames", 4, 2, 32, KVDB_F16, 32};
+/* 8 layers x 4 KV heads x head_dim 64, f16, 64-token blocks: 64 sections of 8 KiB (512 KiB) per
+ * block, so that a get decodes its frames on every core (KV_CDEC_MT_MIN_BYTES) */
+static const kvdb_model M_BIG = {"test-frames-big", 8, 4, 64, KVDB_F16, 64};
+static const kvdb_model *M = &M_SMALL;
+static size_t N = 80; /* M_SMALL: 2 full blocks and one of 16 tokens */
 
 static kvdb_options opts(uint32_t frame_bytes)
 {
@@ -73,33 +77,35 @@ static void scan_blocks(const char *dir, uint32_t version, uint32_t *blocks, uin
 
 static void check_reads(kvdb *db, const uint32_t *tok, const uint16_t *src, const kvdb_key *ctx)
 {
-  size_t tb = kvdb_model_token_bytes(&M);
+  size_t tb = kvdb_model_token_bytes(M);
   uint16_t *out = malloc(N * tb);
   ASSERT(out != NULL);
   kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, M, N, KVDB_LAYOUT_LKTHD));
   size_t hit = 0;
   memset(out, 0xA5, N * tb);
-  ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
+  ASSERT_OK(kvdb_get(db, M, tok, N, &v, &hit));
   ASSERT_EQ(hit, N);
   ASSERT(memcmp(out, src, N * tb) == 0);
   memset(out, 0xA5, N * tb);
-  ASSERT_OK(kvdb_get_context(db, &M, ctx, &v, NULL, NULL));
+  ASSERT_OK(kvdb_get_context(db, M, ctx, &v, NULL, NULL));
   ASSERT(memcmp(out, src, N * tb) == 0);
   /* every layer, positions spread over all three blocks, in any order, repeated */
   uint32_t pos[7] = {79, 0, 33, 31, 64, 33, 50};
-  size_t row = (size_t)M.n_kv_heads * M.head_dim; /* elements of one token of one layer, K or V */
-  uint16_t rows[7 * 2 * 2 * 32];
+  size_t row = (size_t)M->n_kv_heads * M->head_dim; /* elements of one token of one layer, K or V */
+  uint16_t *rows = calloc(7 * 2 * row, 2);
+  ASSERT(rows != NULL);
   kvdb_kv_view rv;
-  ASSERT_OK(kvdb_kv_view_packed(&rv, rows, &M, 7, KVDB_LAYOUT_LKTHD));
-  for (uint32_t l = 0; l < M.n_layers; l++) {
-    memset(rows, 0, sizeof rows);
-    ASSERT_OK(kvdb_get_tokens(db, &M, ctx, l, pos, 7, &rv));
+  ASSERT_OK(kvdb_kv_view_packed(&rv, rows, M, 7, KVDB_LAYOUT_LKTHD));
+  for (uint32_t l = 0; l < M->n_layers; l++) {
+    memset(rows, 0, 7 * 2 * row * 2);
+    ASSERT_OK(kvdb_get_tokens(db, M, ctx, l, pos, 7, &rv));
     for (uint32_t kv = 0; kv < 2; kv++)
       for (uint32_t i = 0; i < 7; i++) /* LKTHD: layer 0 of the view holds the layer read */
         ASSERT(memcmp(rows + ((size_t)kv * 7 + i) * row,
                       src + (((size_t)l * 2 + kv) * N + pos[i]) * row, row * 2) == 0);
   }
+  free(rows);
   free(out);
 }
 
@@ -109,15 +115,16 @@ static void test_frames_put_read(uint32_t frame_bytes, uint32_t want_frames)
   kvdb_options o = opts(frame_bytes);
   kvdb *db;
   ASSERT_OK(kvdb_open(dir, &o, &db));
-  uint32_t tok[N];
+  uint32_t *tok = malloc(N * sizeof *tok);
+  ASSERT(tok != NULL);
   uint64_t seed = 5 + frame_bytes;
   for (size_t i = 0; i < N; i++)
     tok[i] = (uint32_t)(t_rand(&seed) % 30000);
-  uint16_t *src = malloc(N * kvdb_model_token_bytes(&M));
+  uint16_t *src = malloc(N * kvdb_model_token_bytes(M));
   ASSERT(src != NULL);
-  t_fill_kv(&M, tok, N, src);
+  t_fill_kv(M, tok, N, src);
   kvdb_key ctx;
-  ASSERT_OK(t_put_config(db, &M, tok, N, "lossless", &ctx));
+  ASSERT_OK(t_put_config(db, M, tok, N, "lossless", &ctx));
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT_EQ(st.format_version, 5); /* lossless frames */
@@ -134,6 +141,7 @@ static void test_frames_put_read(uint32_t frame_bytes, uint32_t want_frames)
   check_reads(db, tok, src, &ctx);
   kvdb_close(db);
   free(src);
+  free(tok);
   t_rmdir(dir);
 }
 
@@ -262,6 +270,15 @@ int main(int argc, char **argv)
   printf("ok frames of 4 KiB\n");
   test_frames_put_read(0, 3); /* the default (64 KiB): one frame per block (32 KiB) */
   printf("ok frames of the default size\n");
+  /* 512 KiB blocks in frames of 16 KiB (2 sections): 32 frames per full block, decoded on
+   * every core by a get (with 2 or more CPUs); the 22-token block: 64 sections of 2816 bytes,
+   * 6 per frame (16896 bytes), 11 frames */
+  M = &M_BIG;
+  N = 150;
+  test_frames_put_read(16384, 32 + 32 + 11);
+  printf("ok frames of 16 KiB, decoded in parallel\n");
+  M = &M_SMALL;
+  N = 80;
   test_bad_frame_bytes();
   printf("ok bad frame sizes\n");
   test_migrate_golden(argv[1]);
