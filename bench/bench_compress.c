@@ -805,7 +805,8 @@ int bench_compress(const bench_env *env, bench_json *j)
              "from K; cos min = worst probe of any head\n");
   bench_frames_figures ffr = {0}, ffs = {0};
   if (rr == 0) {
-    if (bench_set(env, j, &real, &fr) != 0 || bench_frames_set(env, j, &real, &ffr) != 0)
+    if (bench_set(env, j, &real, &fr) != 0 || bench_frames_set(env, j, &real, &ffr) != 0 ||
+        bench_layout_set(env, j, &real) != 0)
       goto out;
   } else {
     fprintf(o, "\nreal KV: SKIPPED — %s\n", why);

@@ -19,4 +19,9 @@ typedef struct bench_frames_figures {
 int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
                      bench_frames_figures *fig);
 
+/* bench_layout.c: the real set's contexts put through kvdb in each config; stored bytes over
+ * logical bytes (issue 16, must-have 3), JSON raw_bytes_vs_logical and layout_*. 0, or -1
+ * logged. */
+int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s);
+
 #endif
