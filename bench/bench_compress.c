@@ -811,7 +811,8 @@ int bench_compress(const bench_env *env, bench_json *j)
   } else {
     fprintf(o, "\nreal KV: SKIPPED — %s\n", why);
   }
-  if (bench_set(env, j, &syn, &fs) != 0 || bench_frames_set(env, j, &syn, &ffs) != 0)
+  if (bench_set(env, j, &syn, &fs) != 0 || bench_frames_set(env, j, &syn, &ffs) != 0 ||
+      bench_get_vs_read(env, j, &syn) != 0)
     goto out;
   /* issue 16: the lossless targets are the frames' (section format 2); zstd-planes (v1) is
    * reported beside them as lossless_v1_* */

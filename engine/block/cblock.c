@@ -505,8 +505,17 @@ static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, u
   total = (uint64_t)(end - f0) * rows_bytes;
   if (nf < 2 || total < KV_CDEC_MT_MIN_BYTES)
     return KVDB_OK;
-  if (grow(&d->mt_rows, &d->mt_rows_cap, total) == NULL)
-    return KVDB_OK; /* no memory for the threads' way: decode alone */
+  /* whole frames of sections whose rows lie back to back in the data region (no padding
+   * between groups or sections): decoded in place, else into d->mt_rows and copied */
+  int in_place = f0 == s0 && end == s1 &&
+                 g->group_stride == (uint64_t)g->group_tokens * g->row_bytes &&
+                 g->section_bytes == rows_bytes;
+  uint8_t *base = in_place ? data + (size_t)s0 * rows_bytes : NULL;
+  if (!in_place) {
+    if (grow(&d->mt_rows, &d->mt_rows_cap, total) == NULL)
+      return KVDB_OK; /* no memory for the threads' way: decode alone */
+    base = d->mt_rows;
+  }
   if (d->mt_jobs_cap < nf) {
     free(d->mt_jobs);
     d->mt_jobs = malloc(nf * sizeof *d->mt_jobs);
@@ -525,7 +534,7 @@ static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, u
     scratch = sb > scratch ? sb : scratch;
     d->mt_jobs[j].src = buf + off;
     d->mt_jobs[j].len = len;
-    d->mt_jobs[j].dst = d->mt_rows + (size_t)(s - f0) * rows_bytes;
+    d->mt_jobs[j].dst = base + (size_t)(s - f0) * rows_bytes;
     d->mt_jobs[j].dst_cap = (size_t)info.n_sections * rows_bytes;
     j++;
     s = first + info.n_sections;
@@ -537,8 +546,9 @@ static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, u
   kv_codec_status st = kv_frames_decode_mt(d->mt_jobs, j, d->mt_w, nt, &err);
   if (st != KV_CODEC_OK)
     return kv_codec_fail(st, &err, "decoding frames");
-  for (uint32_t s = s0; s < s1; s++)
-    kv_rows_to_section(g, d->mt_rows + (size_t)(s - f0) * rows_bytes, s, data);
+  if (!in_place)
+    for (uint32_t s = s0; s < s1; s++)
+      kv_rows_to_section(g, d->mt_rows + (size_t)(s - f0) * rows_bytes, s, data);
   *done = 1;
   return KVDB_OK;
 }
