@@ -67,6 +67,7 @@
 #include "bench.h"
 #include "codec.h"
 #include "kvset.h"
+#include "bench_frames.h"
 
 /*
  * CB_REAL_CTX_*       : real contexts (each 20 heads x 2 sections of 8 KiB).
@@ -124,7 +125,7 @@ static size_t add_method(method *m, size_t n, unsigned id, unsigned bits, unsign
     snprintf(x->key, sizeof x->key, "raw");
     snprintf(x->label, sizeof x->label, "raw");
   } else if (id == KV_CODEC_ID_ZSTD_PLANES) {
-    snprintf(x->key, sizeof x->key, "lossless");
+    snprintf(x->key, sizeof x->key, "lossless_v1"); /* "lossless_*": frames (bench_frames.c) */
     snprintf(x->label, sizeof x->label, "zstd-planes -%d", KV_CODEC_ZSTD_LEVEL_DEFAULT);
   } else if (id == KV_CODEC_ID_KIVI) {
     snprintf(x->key, sizeof x->key, "int%u", bits);
@@ -695,7 +696,7 @@ static int bench_set(const bench_env *env, bench_json *j, bench_kvset *s, set_fi
   fig->int4_qd = r4->quality_d;
   fig->int4_r128_q = r4r->quality;
 
-  snprintf(k, sizeof k, "%slossless_vs_bound", s->prefix);
+  snprintf(k, sizeof k, "%slossless_v1_vs_bound", s->prefix);
   bench_json_num(j, k, ll_vs_bound);
   snprintf(k, sizeof k, "%sentropy_bound_ratio", s->prefix);
   bench_json_num(j, k, bound_ratio);
@@ -711,7 +712,7 @@ static int bench_set(const bench_env *env, bench_json *j, bench_kvset *s, set_fi
   bench_json_num(j, k, z1.enc_gbps);
   snprintf(k, sizeof k, "%szstd1_raw_decode_gbps", s->prefix);
   bench_json_num(j, k, z1.dec_gbps);
-  snprintf(k, sizeof k, "%slossless_decode_noctx_gbps", s->prefix);
+  snprintf(k, sizeof k, "%slossless_v1_decode_noctx_gbps", s->prefix);
   bench_json_num(j, k, ll->dec_noctx_gbps);
   snprintf(k, sizeof k, "%smemcpy_gbps", s->prefix);
   bench_json_num(j, k, mc.dec_gbps);
@@ -802,14 +803,23 @@ int bench_compress(const bench_env *env, bench_json *j)
              "original KV) for probe queries: on real KV the model's queries, as kvdb_put_ex "
              "takes them (derived-probe figures beside them), on synthetic KV 16 probes derived "
              "from K; cos min = worst probe of any head\n");
+  bench_frames_figures ffr = {0}, ffs = {0};
   if (rr == 0) {
-    if (bench_set(env, j, &real, &fr) != 0)
+    if (bench_set(env, j, &real, &fr) != 0 || bench_frames_set(env, j, &real, &ffr) != 0 ||
+        bench_layout_set(env, j, &real) != 0)
       goto out;
   } else {
     fprintf(o, "\nreal KV: SKIPPED — %s\n", why);
   }
-  if (bench_set(env, j, &syn, &fs) != 0)
+  if (bench_set(env, j, &syn, &fs) != 0 || bench_frames_set(env, j, &syn, &ffs) != 0 ||
+      bench_get_vs_read(env, j, &syn) != 0)
     goto out;
+  /* issue 16: the lossless targets are the frames' (section format 2); zstd-planes (v1) is
+   * reported beside them as lossless_v1_* */
+  fr.lossless_dec = ffr.dec_gbps;
+  fr.lossless_vs_bound = ffr.vs_bound;
+  fs.lossless_dec = ffs.dec_gbps;
+  fs.lossless_vs_bound = ffs.vs_bound;
 
   int t[10] = {
     fr.ok && fr.lossless_vs_bound >= T_LOSSLESS_VS_BOUND,

@@ -179,6 +179,8 @@ int bench_kvset_synthetic(bench_kvset *s, const bench_env *env, uint32_t layers)
   s->prefix = "synthetic_";
   s->n_ctx = 1;
   s->heads_per_ctx = s->n_heads = L * H;
+  s->n_layers = L;
+  s->n_kv_heads = H;
   s->n_tokens = n;
   s->head_dim = d;
   s->sec_bytes = (size_t)n * d * 2;

@@ -585,4 +585,112 @@ kv_codec_status kv_quality_attention(const kv_section_shape *shape, const void *
 }
 #endif
 
+/* ---- LOSSLESS FRAMES (section format version 2; frames.c; FORMAT-codecs.md) -------------------
+ *
+ * A FRAME holds the KV of several sections (any n_rows x head_dim each, one dtype) losslessly:
+ * byte plane b of every element of the K sections, then of the V sections (each in section
+ * order), is stored as one zstd frame per kind (K and V bytes have their own statistics: one
+ * Huffman table for both lost ~4% of ratio on stories260K), or raw when zstd does not save 1/32
+ * of the plane. One frame's fixed costs (zstd frame, Huffman table) are
+ * paid once for all its sections; a reader of one section decodes its whole frame. The frame
+ * size is chosen by the writer (kv_frames_plan(): consecutive sections until their raw bytes
+ * reach frame_bytes); KV_FRAME_BYTES_DEFAULT is measured by `kvdb-bench compress` (decode speed
+ * and ratio vs the read amplification of token-subset reads).
+ */
+#define KV_CODEC_ID_FRAME 5        /**< byte 0 of a frame: never a section codec id */
+#define KV_FRAME_VERSION 2         /**< byte 1: the section format version that frames are */
+#define KV_FRAME_FIXED_BYTES 8
+#define KV_FRAME_MAX_SECTIONS 4096u
+#define KV_FRAME_MAX_ELEMS (1ull << 28) /**< elements of a frame (all planes fit a u32) */
+#define KV_FRAME_MIN_SAVING 32     /**< a plane is compressed only when zstd saves >= 1/32 */
+#define KV_FRAME_LEVEL_DEFAULT 1   /**< measured: level 3 gains < 0.3% of ratio, decodes no faster */
+#define KV_FRAME_MIN_MATCH 7       /**< zstd minMatch at encode: measured 3-12% faster decoding */
+#define KV_FRAME_BYTES_DEFAULT (64u << 10) /**< raw bytes per frame (measured; RESULTS.md) */
+#define KV_FRAME_MAX_THREADS 256u
+#define KV_FRAME_V_BIT 0x80000000u  /**< in a section's stored row count: a V section */
+
+/** @brief One section of a frame being encoded: n_rows x head_dim elements in host order; its
+ * kind (K or V) puts its bytes in the K or the V stream of each plane. */
+typedef struct kv_frame_sec {
+  const void *rows;
+  uint32_t n_rows, head_dim;
+  kv_section_kind kind;
+} kv_frame_sec;
+
+/** @brief What a frame's header says (kv_frame_parse()). */
+typedef struct kv_frame_info {
+  kv_codec_dtype dtype;
+  int zstd_level;
+  uint32_t n_sections;
+  uint64_t n_elems;       /**< elements of all its sections */
+  uint64_t k_elems;       /**< elements of its K sections (the K stream of each plane) */
+  size_t header_bytes;    /**< 8 + 8 x n_sections + 4 x element bytes */
+  size_t frame_bytes;     /**< the whole frame (header + planes) */
+  uint32_t plane_len[4];  /**< stored bytes of plane b (n_elems = raw) */
+} kv_frame_info;
+
+/** @brief Bytes of a frame's header for n_sections sections of dtype. */
+size_t kv_frame_header_bytes(kv_codec_dtype dtype, uint32_t n_sections);
+/** @brief Most bytes a frame of these sections can take; 0 for invalid arguments. */
+size_t kv_frame_bound(kv_codec_dtype dtype, const kv_frame_sec *secs, uint32_t n_sections);
+/** @brief Scratch kv_frame_encode() needs; 0 for invalid arguments. */
+size_t kv_frame_encode_scratch_bytes(kv_codec_dtype dtype, const kv_frame_sec *secs,
+                                     uint32_t n_sections, int level);
+/**
+ * @brief Encode sections secs[0 .. n_sections) into one frame at dst (*out_len bytes).
+ * level: zstd level -7..22, 0 = KV_FRAME_LEVEL_DEFAULT. KV_CODEC_EINVAL (bad arguments),
+ * KV_CODEC_ENOMEM (scratch too small), KV_CODEC_ETOOSMALL (dst_cap < what it needs; the bound
+ * always suffices).
+ */
+kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
+                                uint32_t n_sections, int level, void *scratch, size_t scratch_cap,
+                                void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err);
+/** @brief Parse and check a frame's header against its length len (exact). KV_CODEC_ECORRUPT. */
+kv_codec_status kv_frame_parse(const void *src, size_t len, kv_frame_info *info,
+                               kv_codec_err *err);
+/** @brief Rows, dims, kind and the byte offset in the decoded output of section i of a parsed
+ * frame (NULL outputs are skipped). */
+kv_codec_status kv_frame_section(const void *src, const kv_frame_info *info, uint32_t i,
+                                 uint32_t *n_rows, uint32_t *head_dim, kv_section_kind *kind,
+                                 uint64_t *byte_offset);
+/** @brief Scratch kv_frame_decode() needs for a parsed frame. */
+size_t kv_frame_decode_scratch_bytes(const kv_frame_info *info);
+/**
+ * @brief Decode a whole frame: the rows of its sections back to back (host order) into dst
+ * (dst_cap >= n_elems x element bytes). ctx: a decoding context (NULL: one is built in the
+ * scratch). KV_CODEC_ECORRUPT, KV_CODEC_ENOMEM, KV_CODEC_ETOOSMALL.
+ */
+kv_codec_status kv_frame_decode(kv_codec_dctx *ctx, const void *src, size_t len, void *scratch,
+                                size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err);
+/**
+ * @brief Cut n_sections sections (raw bytes sec_bytes[s]) into frames of consecutive sections
+ * whose raw bytes reach frame_bytes (0 = KV_FRAME_BYTES_DEFAULT; the last frame may be smaller;
+ * at most KV_FRAME_MAX_SECTIONS each). first[f] (NULL: only count) = the first section of frame
+ * f. Returns the number of frames.
+ */
+uint32_t kv_frames_plan(const uint64_t *sec_bytes, uint32_t n_sections, uint64_t frame_bytes,
+                        uint32_t *first);
+
+/** @brief One frame to decode (kv_frames_decode_mt()). */
+typedef struct kv_frame_job {
+  const void *src;
+  size_t len;
+  void *dst;
+  size_t dst_cap;
+} kv_frame_job;
+/** @brief One decoding thread's state: a context (or NULL) and scratch for the largest frame. */
+typedef struct kv_frame_worker {
+  kv_codec_dctx *ctx;
+  void *scratch;
+  size_t scratch_cap;
+} kv_frame_worker;
+/**
+ * @brief Decode jobs[0 .. n_jobs) on n_threads threads (the caller's and n_threads - 1 it
+ * starts and joins; fewer when threads cannot be started), thread t with w[t]. Frames are
+ * handed out one at a time. On failure: the status and message of the lowest failing job
+ * (later jobs may be left undecoded). KV_CODEC_EINVAL for bad arguments.
+ */
+kv_codec_status kv_frames_decode_mt(const kv_frame_job *jobs, size_t n_jobs, kv_frame_worker *w,
+                                    unsigned n_threads, kv_codec_err *err);
+
 #endif /* KV_CODEC_H */

@@ -163,6 +163,16 @@ double kv_codec_dot_f32(const float *a, const float *b, uint32_t d);
 void kv_codec_store_le(kv_codec_dtype dtype, const void *src, size_t n, uint8_t *dst);
 void kv_codec_load_le(kv_codec_dtype dtype, const uint8_t *src, size_t n, void *dst);
 
+/* lossless.c — byte planes (plane p = byte p of each element of es bytes, host order), shared
+ * with frames.c's multi-section frames. */
+void kv_planes_split(const uint8_t *src, size_t n, size_t es, unsigned p, uint8_t *out);
+void kv_planes_join2(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst);
+void kv_planes_join4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3,
+                     size_t n, uint8_t *dst);
+/* This thread's zstd compression context (made at its first use, freed at thread exit), or
+ * NULL when it cannot be made. */
+struct ZSTD_CCtx_s *kv_lossless_thread_cctx(void);
+
 /* quant.c — KIVI page groups, shared by the kivi and drop codecs. Rows are the rows of the
  * section being written (row_map maps them to rows of src; NULL = identity). */
 size_t kv_quant_group_bytes(const kv_section_info *info, uint32_t g);

@@ -16,8 +16,8 @@
  * outside that buffer or ask for memory.
  *
  * Encoding uses one zstd compression context per thread, made at the thread's first encode and
- * freed when the thread exits (thread_cctx): building a context runs libzstd's CPUID check,
- * which traps to the hypervisor in a VM (~20 us here: longer than compressing a 4 KiB plane, and
+ * freed when the thread exits (kv_lossless_thread_cctx, frames.c uses it too): building a
+ * context runs libzstd's CPUID check, which traps to the hypervisor in a VM (~20 us here: longer than compressing a 4 KiB plane, and
  * the profile of one put encodes hundreds of sections). Where that context cannot be had (out of
  * memory), the section is encoded on a static context in the caller's scratch, as before: no
  * call fails for it.
@@ -124,7 +124,7 @@ kv_codec_status kv_codec_raw_check(const kv_section_info *info, const uint8_t *h
 /* ---- byte planes ------------------------------------------------------------------------------ */
 
 /* plane p of n elements of es bytes (host order) -> out. Byte p is (v >> 8p) & 0xff. */
-static void split_plane(const uint8_t *src, size_t n, size_t es, unsigned p, uint8_t *out)
+void kv_planes_split(const uint8_t *src, size_t n, size_t es, unsigned p, uint8_t *out)
 {
   if (es == 2) {
     unsigned sh = 8 * p;
@@ -144,7 +144,7 @@ static void split_plane(const uint8_t *src, size_t n, size_t es, unsigned p, uin
 }
 
 /* Two planes -> n 16-bit elements (host order). */
-static void join2(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst)
+void kv_planes_join2(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst)
 {
   size_t i = 0;
 #if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -162,8 +162,8 @@ static void join2(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst)
 }
 
 /* Four planes -> n 32-bit elements (host order). */
-static void join4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3,
-                  size_t n, uint8_t *dst)
+void kv_planes_join4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3,
+                     size_t n, uint8_t *dst)
 {
   size_t i = 0;
 #if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -241,7 +241,7 @@ static void cctx_key_make(void)
   cctx_key_ok = pthread_key_create(&cctx_key, cctx_free) == 0;
 }
 
-static ZSTD_CCtx *thread_cctx(void)
+struct ZSTD_CCtx_s *kv_lossless_thread_cctx(void)
 {
   if (pthread_once(&cctx_once, cctx_key_make) != 0 || !cctx_key_ok)
     return NULL;
@@ -273,7 +273,7 @@ kv_codec_status kv_codec_zp_encode(const kv_section_shape *shape, const void *sr
   size_t cap = scratch_cap;
   uint8_t *ws = kv_codec_scratch_align(scratch, &cap);
   size_t cctx_bytes = align64(zp_cctx_bytes(&info));
-  ZSTD_CCtx *cctx = thread_cctx(), *own = NULL; /* own: the scratch one, made when needed */
+  ZSTD_CCtx *cctx = kv_lossless_thread_cctx(), *own = NULL; /* own: the scratch one, if needed */
   if (cctx == NULL && (cctx = own = ZSTD_initStaticCCtx(ws, cctx_bytes)) == NULL)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", cctx_bytes, 0);
   uint8_t *plane = ws + cctx_bytes;
@@ -298,7 +298,7 @@ kv_codec_status kv_codec_zp_encode(const kv_section_shape *shape, const void *sr
                            bound);
     pos += 4 * es;
     for (unsigned b = 0; b < es; b++) {
-      split_plane(gsrc, n, es, b, plane);
+      kv_planes_split(gsrc, n, es, b, plane);
       size_t avail = dst_cap - pos;
       size_t len = 0;
       if (n > 1 && avail > 0) {
@@ -417,9 +417,9 @@ kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *
       ps += len;
     }
     if (es == 2)
-      join2(planes[0], planes[1], n, out);
+      kv_planes_join2(planes[0], planes[1], n, out);
     else
-      join4(planes[0], planes[1], planes[2], planes[3], n, out);
+      kv_planes_join4(planes[0], planes[1], planes[2], planes[3], n, out);
     out += (size_t)kv_codec_group_rows(info, g) * row;
     in += glen;
   }

@@ -292,7 +292,9 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   out->version = version;
   out->flags = flags;
   out->codec = buf[OFF_CODEC];
-  uint32_t want_codec = version == 1 ? KV_CODEC_RAW : KV_CODEC_SECTIONS;
+  uint32_t want_codec = version == 1   ? KV_CODEC_RAW
+                        : version == 2 ? KV_CODEC_SECTIONS
+                                       : KV_CODEC_FRAMES;
   if (out->codec != want_codec)
     return kv_fail(KVDB_CORRUPT, "block format %u with codec %u", version, out->codec);
   memcpy(out->block_hash, buf + OFF_HASH, 16);
@@ -315,7 +317,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
     out->obj = (kv_block_geom_obj){g->meta_bytes, g->data_bytes, g->total_bytes};
     return parse_score(buf, out);
   }
-  /* format 2: the data region holds data_pages pages of encoded sections */
+  /* formats 2 and 3: the data region holds data_pages pages of encoded sections or frames */
   uint32_t pages = kv_get_le32(buf + OFF_NG);
   uint64_t max_pages = 2 * (g->data_bytes / KV_PAGE) + g->n_sections + 1;
   if (kv_get_le32(buf + OFF_GT) != 0 || pages == 0 || pages > max_pages)
@@ -337,11 +339,31 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
     if (xxh64(meta + g->tokens_off, l->pcks_end - g->tokens_off) != h->meta_checksum)
       return kv_fail(KVDB_CORRUPT,
                      "block meta checksum mismatch (tokens, section table or page checksums)");
-    uint64_t at = l->meta_bytes, end = l->meta_bytes + l->data_bytes;
+    uint64_t at = l->meta_bytes, end = l->meta_bytes + l->data_bytes, prev_off = 0;
+    uint32_t prev_len = 0, prev_idx = 0;
     for (uint32_t s = 0; s < g->n_sections; s++) {
       const uint8_t *ent = meta + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
       uint64_t off = kv_get_le64(ent);
       uint32_t len = kv_get_le32(ent + 8);
+      if (h->version >= 3) {
+        /* format 3: a frame's first section starts where the previous frame ends; the others
+         * repeat its offset and length with the next index */
+        uint32_t idx = kv_get_le16(ent + 13);
+        int ok = ent[12] == KV_SECT_FRAME && ent[15] == 0 && kv_get_le64(ent + 16) == 0;
+        if (idx == 0)
+          ok = ok && off == at && len >= 24 && off + len <= end;
+        else
+          ok = ok && s > 0 && off == prev_off && len == prev_len && idx == prev_idx + 1;
+        if (!ok)
+          return kv_fail(KVDB_CORRUPT, "section table entry %u (offset %llu, length %u, frame "
+                                       "index %u) is not a frame of the data region",
+                         s, (unsigned long long)off, len, idx);
+        prev_off = off;
+        prev_len = len;
+        prev_idx = idx;
+        at = off + len;
+        continue;
+      }
       if (off != at || len < 32 || off + len > end || ent[12] == 0 || ent[13] || ent[14] ||
           ent[15] || kv_get_le64(ent + 16) != 0)
         return kv_fail(KVDB_CORRUPT, "section table entry %u (offset %llu, length %u) is not the "
@@ -410,6 +432,41 @@ void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uin
                 kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
   kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
   kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
+}
+
+void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, uint32_t n_frames,
+                           const uint32_t *frame_first, const uint32_t *frame_len,
+                           const uint8_t block_hash[16], const uint8_t parent_hash[16],
+                           const uint8_t model_hash[16], const uint32_t *tokens, uint8_t *buf)
+{
+  memset(buf, 0, l->meta_bytes);
+  put_fixed(buf, g, 3, KV_CODEC_FRAMES, l->meta_bytes, 0, l->data_pages, l->data_bytes,
+            block_hash, parent_hash, model_hash, tokens);
+  uint64_t at = l->meta_bytes;
+  for (uint32_t f = 0; f < n_frames; f++) {
+    for (uint32_t s = frame_first[f]; s < frame_first[f + 1]; s++) {
+      uint8_t *ent = buf + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
+      kv_put_le64(ent, at);
+      kv_put_le32(ent + 8, frame_len[f]);
+      ent[12] = KV_SECT_FRAME;
+      kv_put_le16(ent + 13, (uint16_t)(s - frame_first[f]));
+    }
+    at += frame_len[f];
+  }
+  kv_block_hdr h;
+  memcpy(h.block_hash, block_hash, 16);
+  for (uint32_t p = 0; p < l->data_pages; p++)
+    kv_put_le64(buf + l->pcks_off + 8u * p,
+                kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
+  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
+}
+
+uint32_t kv_cblock_frame_index(const kv_block_hdr *h, const uint8_t *meta, uint32_t s)
+{
+  if (h->version < 3)
+    return 0;
+  return kv_get_le16(meta + h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 13);
 }
 
 void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,

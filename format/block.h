@@ -27,11 +27,15 @@
 
 #define KV_BLOCK_MAGIC 0xB10CDB4Bu /* bytes 4B DB 0C B1: not ASCII, no trivial pattern */
 #define KV_BLOCK_VERSION 1u      /* raw, page-grouped sections */
-#define KV_BLOCK_VERSION_MAX 2u  /* 2: compressed sections (codec KV_CODEC_SECTIONS) */
+#define KV_BLOCK_VERSION_MAX 3u  /* 2: compressed sections (codec KV_CODEC_SECTIONS);
+                                    3: lossless frames (codec KV_CODEC_FRAMES) */
 #define KV_BLOCK_HDR_BYTES 128u
 #define KV_BLOCK_SECT_ENTRY 24u
 #define KV_CODEC_RAW 0u
 #define KV_CODEC_SECTIONS 1u /* format 2: compress/ sections, page checksums */
+#define KV_CODEC_FRAMES 2u   /* format 3: compress/ lossless frames (section format 2), the
+                                layout of format 2 otherwise */
+#define KV_SECT_FRAME 5u     /* a format-3 section table entry's codec byte (KV_CODEC_ID_FRAME) */
 
 /* Shape of one block object, derived from the model and n_tokens (never stored alone). */
 typedef struct kv_block_geom {
@@ -196,6 +200,20 @@ void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uin
                     const uint8_t *sect_codec, const uint8_t block_hash[16],
                     const uint8_t parent_hash[16], const uint8_t model_hash[16],
                     const uint32_t *tokens, uint8_t *buf);
+
+/*
+ * kv_cblock_seal_frames() - the same for a block of lossless frames (format 3): frames
+ * f = 0 .. n_frames - 1 are in place back to back from l->meta_bytes, frame_len[f] bytes each,
+ * frame f holding sections frame_first[f] .. frame_first[f + 1] - 1 (frame_first[n_frames] =
+ * n_sections). Section s's table entry gives its frame's offset and length, codec byte
+ * KV_SECT_FRAME and (u16 at +13) its index in the frame.
+ */
+void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, uint32_t n_frames,
+                           const uint32_t *frame_first, const uint32_t *frame_len,
+                           const uint8_t block_hash[16], const uint8_t parent_hash[16],
+                           const uint8_t model_hash[16], const uint32_t *tokens, uint8_t *buf);
+/* Index of section s in its frame (format 3; 0 for format 2). */
+uint32_t kv_cblock_frame_index(const kv_block_hdr *h, const uint8_t *meta, uint32_t s);
 
 /* Section s of a verified compressed block's meta region: its offset (from the block start)
  * and length. */

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cblock.h"
 
@@ -55,6 +56,11 @@ void kv_cenc_free(kv_cenc *e)
   free(e->sect_len);
   free(e->sect_codec);
   free(e->pair);
+  free(e->frows);
+  free(e->fsecs);
+  free(e->ffirst);
+  free(e->flen);
+  free(e->fsb);
   memset(e, 0, sizeof *e);
 }
 
@@ -205,12 +211,86 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
   return KVDB_OK;
 }
 
+/* A lossless block as frames (format 3): the sections, in block order, cut by kv_frames_plan()
+ * into frames of >= src->frame_bytes raw bytes, each frame encoded from its sections' rows. */
+static kvdb_status build_frames(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst,
+                                size_t dst_cap, uint64_t *obj_bytes)
+{
+  const kv_block_geom *g = src->g;
+  uint32_t ns = g->n_sections;
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  if (e->fcap < ns) {
+    free(e->fsb);
+    free(e->ffirst);
+    free(e->flen);
+    e->fsb = malloc(ns * sizeof *e->fsb);
+    e->ffirst = malloc((ns + 1) * sizeof *e->ffirst);
+    e->flen = malloc(ns * sizeof *e->flen);
+    e->fcap = e->fsb && e->ffirst && e->flen ? ns : 0;
+  }
+  if (e->fsecs == NULL)
+    e->fsecs = malloc(KV_FRAME_MAX_SECTIONS * sizeof *e->fsecs);
+  if (e->fcap < ns || e->fsecs == NULL)
+    return kv_fail(KVDB_NOMEM, "compression buffers");
+  for (uint32_t i = 0; i < ns; i++)
+    e->fsb[i] = rows_bytes;
+  uint32_t nf = kv_frames_plan(e->fsb, ns, src->frame_bytes, e->ffirst);
+  e->ffirst[nf] = ns;
+  int level = src->cfg->zstd_level != 0 ? src->cfg->zstd_level : KV_FRAME_LEVEL_DEFAULT;
+  uint64_t used = 0;
+  for (uint32_t f = 0; f < nf; f++) {
+    uint32_t a = e->ffirst[f], n = e->ffirst[f + 1] - a;
+    if (grow(&e->frows, &e->frows_cap, (size_t)n * rows_bytes) == NULL)
+      return kv_fail(KVDB_NOMEM, "compression buffers");
+    for (uint32_t i = 0; i < n; i++) {
+      kv_gather_rows(g, src->kv, src->t0, a + i, e->frows + (size_t)i * rows_bytes);
+      e->fsecs[i].rows = e->frows + (size_t)i * rows_bytes;
+      e->fsecs[i].n_rows = g->n_tokens;
+      e->fsecs[i].head_dim = g->head_dim;
+      e->fsecs[i].kind = ((a + i) & 1) ? KV_SECTION_V : KV_SECTION_K;
+    }
+    size_t bound = kv_frame_bound((kv_codec_dtype)g->dtype, e->fsecs, n);
+    size_t scr = kv_frame_encode_scratch_bytes((kv_codec_dtype)g->dtype, e->fsecs, n, level);
+    if (bound == 0 || scr == 0)
+      return kv_fail(KVDB_INVALID, "a lossless frame of %u sections of %u tokens x %u dims", n,
+                     g->n_tokens, g->head_dim);
+    if (grow(&e->scratch, &e->scratch_cap, scr) == NULL ||
+        grow(&e->sect, &e->sect_cap, used + bound) == NULL)
+      return kv_fail(KVDB_NOMEM, "compression buffers");
+    size_t out = 0;
+    kv_codec_err err;
+    kv_codec_status st = kv_frame_encode((kv_codec_dtype)g->dtype, e->fsecs, n, level,
+                                         e->scratch, e->scratch_cap, e->sect + used, bound, &out,
+                                         &err);
+    if (st != KV_CODEC_OK) {
+      char what[96];
+      snprintf(what, sizeof what, "encoding frame %u of block %u", f, src->index);
+      return kv_codec_fail(st, &err, what);
+    }
+    e->flen[f] = (uint32_t)out;
+    used += out;
+  }
+  kv_cblock_layout l;
+  kv_cblock_layout_init(g, used, &l);
+  if (l.total_bytes > dst_cap)
+    return kv_fail(KVDB_PANIC, "compressed block of %" PRIu64 " bytes exceeds its bound %zu",
+                   l.total_bytes, dst_cap);
+  memcpy(dst + l.meta_bytes, e->sect, used);
+  memset(dst + l.meta_bytes + used, 0, l.data_bytes - used);
+  kv_cblock_seal_frames(g, &l, nf, e->ffirst, e->flen, src->hash, src->parent, src->model_hash,
+                        src->tokens, dst);
+  *obj_bytes = l.total_bytes;
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
                             uint64_t *obj_bytes)
 {
   const kv_block_geom *g = src->g;
   kv_section_codec sc;
   KV_RET(kv_config_section(src->cfg, g, src->ctx_tokens, src->t0, &sc));
+  if (sc.codec->id == KV_CODEC_ID_ZSTD_PLANES)
+    return build_frames(src, e, dst, dst_cap, obj_bytes);
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
   if (grow(&e->rows_k, &e->rows_k_cap, rows_bytes) == NULL ||
       grow(&e->rows_v, &e->rows_v_cap, rows_bytes) == NULL ||
@@ -261,6 +341,15 @@ void kv_cdec_free(kv_cdec *d)
   free(d->ctx_mem);
   free(d->scratch);
   free(d->rows);
+  free(d->frame);
+  for (unsigned t = 0; t < d->mt_n; t++) {
+    free(d->mt_ctx[t]);
+    free(d->mt_w[t].scratch);
+  }
+  free(d->mt_ctx);
+  free(d->mt_w);
+  free(d->mt_jobs);
+  free(d->mt_rows);
   memset(d, 0, sizeof *d);
 }
 
@@ -287,10 +376,195 @@ kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_byt
   return KVDB_OK;
 }
 
+/* Parse the frame holding section s and check it against the block and its table: *first =
+ * its first section. */
+static kvdb_status frame_check(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                               kv_frame_info *info, uint64_t *off, uint32_t *len,
+                               uint32_t *first)
+{
+  const kv_block_geom *g = &h->g;
+  kv_cblock_section(h, buf, s, off, len);
+  uint32_t idx = kv_cblock_frame_index(h, buf, s);
+  kv_codec_err err;
+  kv_codec_status st = kv_frame_parse(buf + *off, *len, info, &err);
+  if (st != KV_CODEC_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "frame of section %u", s);
+    return kv_codec_fail(KV_CODEC_ECORRUPT, &err, what);
+  }
+  /* the frame holds exactly the table's sections of it, each the block's shape and kind */
+  uint32_t f0 = s - idx, last = f0 + info->n_sections - 1;
+  if (idx >= info->n_sections || (uint32_t)info->dtype != g->dtype || last >= g->n_sections ||
+      kv_cblock_frame_index(h, buf, last) != info->n_sections - 1 ||
+      (last + 1 < g->n_sections && kv_cblock_frame_index(h, buf, last + 1) != 0))
+    return kv_fail(KVDB_CORRUPT, "the frame of section %u holds %u sections of dtype %u; the "
+                                 "block's table gives it index %u (dtype %u)",
+                   s, info->n_sections, (unsigned)info->dtype, idx, g->dtype);
+  for (uint32_t i = 0; i < info->n_sections; i++) {
+    uint32_t r, dim;
+    kv_section_kind kind;
+    kv_frame_section(buf + *off, info, i, &r, &dim, &kind, NULL);
+    if (r != g->n_tokens || dim != g->head_dim ||
+        kind != (((f0 + i) & 1) ? KV_SECTION_V : KV_SECTION_K))
+      return kv_fail(KVDB_CORRUPT, "section %u of a frame is %u tokens x %u dims (%s); the "
+                                   "block has %u x %u (%s)",
+                     f0 + i, r, dim, kind == KV_SECTION_V ? "V" : "K", g->n_tokens,
+                     g->head_dim, ((f0 + i) & 1) ? "V" : "K");
+  }
+  *first = f0;
+  return KVDB_OK;
+}
+
+kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                 kv_cdec *d, const uint8_t **rows)
+{
+  const kv_block_geom *g = &h->g;
+  uint64_t off;
+  uint32_t len;
+  kv_cblock_section(h, buf, s, &off, &len);
+  uint32_t idx = kv_cblock_frame_index(h, buf, s);
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  if (!d->frame_valid || d->frame_off != off || memcmp(d->frame_hash, h->block_hash, 16) != 0) {
+    d->frame_valid = 0;
+    kv_frame_info info;
+    uint32_t first;
+    KV_RET(frame_check(h, buf, s, &info, &off, &len, &first));
+    size_t out_bytes = (size_t)info.n_sections * rows_bytes;
+    size_t scratch = kv_frame_decode_scratch_bytes(&info);
+    if (grow(&d->frame, &d->frame_cap, out_bytes) == NULL ||
+        grow(&d->scratch, &d->scratch_cap, scratch) == NULL)
+      return kv_fail(KVDB_NOMEM, "decoding buffers");
+    kv_codec_err err;
+    kv_codec_status st = kv_frame_decode(d->ctx, buf + off, len, d->scratch, d->scratch_cap,
+                                         d->frame, d->frame_cap, &err);
+    if (st != KV_CODEC_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "decoding the frame of section %u", s);
+      return kv_codec_fail(st, &err, what);
+    }
+    memcpy(d->frame_hash, h->block_hash, 16);
+    d->frame_off = off;
+    d->frame_valid = 1;
+  }
+  *rows = d->frame + (size_t)idx * rows_bytes;
+  return KVDB_OK;
+}
+
+/* The decoding threads of d (kv_frames_decode_mt): made at the first parallel decode, each with
+ * its own decoding context and scratch of at least `scratch` bytes. The number of threads is
+ * 0 when they cannot be had (the caller decodes alone). */
+static unsigned mt_workers(kv_cdec *d, size_t scratch)
+{
+  if (d->mt_n == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned nt = n < 2 ? 0 : n > KV_CDEC_MAX_THREADS ? KV_CDEC_MAX_THREADS : (unsigned)n;
+    if (nt == 0)
+      return 0;
+    d->mt_w = calloc(nt, sizeof *d->mt_w);
+    d->mt_ctx = calloc(nt, sizeof *d->mt_ctx);
+    if (d->mt_w == NULL || d->mt_ctx == NULL)
+      return 0;
+    for (unsigned t = 0; t < nt; t++) {
+      d->mt_ctx[t] = malloc(kv_codec_dctx_bytes());
+      if (d->mt_ctx[t] == NULL)
+        return 0;
+      d->mt_w[t].ctx = kv_codec_dctx_init(d->mt_ctx[t], kv_codec_dctx_bytes());
+      d->mt_n = t + 1;
+    }
+  }
+  for (unsigned t = 0; t < d->mt_n; t++)
+    if (d->mt_w[t].scratch_cap < scratch) {
+      void *p = realloc(d->mt_w[t].scratch, scratch);
+      if (p == NULL)
+        return 0;
+      d->mt_w[t].scratch = p;
+      d->mt_w[t].scratch_cap = scratch;
+    }
+  return d->mt_n;
+}
+
+/* Sections [s0, s1) of a format-3 block decoded on every core: the frames holding them are
+ * decoded in parallel into d->mt_rows, then copied into the data region. 1 when done, 0 when
+ * the range is too small for threads to pay (or they cannot be had): the caller decodes
+ * alone. */
+static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                    uint32_t s1, kv_cdec *d, uint8_t *data, int *done)
+{
+  const kv_block_geom *g = &h->g;
+  size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
+  *done = 0;
+  uint32_t f0 = s0 - kv_cblock_frame_index(h, buf, s0), nf = 0;
+  uint64_t total = 0;
+  for (uint32_t s = f0; s < s1; s++)
+    if (kv_cblock_frame_index(h, buf, s) == 0 || s == f0)
+      nf++;
+  /* the frames' rows from the first frame's first section to the end of the last frame */
+  uint32_t end = s1;
+  while (end < g->n_sections && kv_cblock_frame_index(h, buf, end) != 0)
+    end++;
+  total = (uint64_t)(end - f0) * rows_bytes;
+  if (nf < 2 || total < KV_CDEC_MT_MIN_BYTES)
+    return KVDB_OK;
+  /* whole frames of sections whose rows lie back to back in the data region (no padding
+   * between groups or sections): decoded in place, else into d->mt_rows and copied */
+  int in_place = f0 == s0 && end == s1 &&
+                 g->group_stride == (uint64_t)g->group_tokens * g->row_bytes &&
+                 g->section_bytes == rows_bytes;
+  uint8_t *base = in_place ? data + (size_t)s0 * rows_bytes : NULL;
+  if (!in_place) {
+    if (grow(&d->mt_rows, &d->mt_rows_cap, total) == NULL)
+      return KVDB_OK; /* no memory for the threads' way: decode alone */
+    base = d->mt_rows;
+  }
+  if (d->mt_jobs_cap < nf) {
+    free(d->mt_jobs);
+    d->mt_jobs = malloc(nf * sizeof *d->mt_jobs);
+    d->mt_jobs_cap = d->mt_jobs != NULL ? nf : 0;
+    if (d->mt_jobs == NULL)
+      return KVDB_OK;
+  }
+  size_t scratch = 0;
+  uint32_t j = 0;
+  for (uint32_t s = f0; s < end;) {
+    kv_frame_info info;
+    uint64_t off;
+    uint32_t len, first;
+    KV_RET(frame_check(h, buf, s, &info, &off, &len, &first));
+    size_t sb = kv_frame_decode_scratch_bytes(&info);
+    scratch = sb > scratch ? sb : scratch;
+    d->mt_jobs[j].src = buf + off;
+    d->mt_jobs[j].len = len;
+    d->mt_jobs[j].dst = base + (size_t)(s - f0) * rows_bytes;
+    d->mt_jobs[j].dst_cap = (size_t)info.n_sections * rows_bytes;
+    j++;
+    s = first + info.n_sections;
+  }
+  unsigned nt = mt_workers(d, scratch);
+  if (nt < 2)
+    return KVDB_OK;
+  kv_codec_err err;
+  kv_codec_status st = kv_frames_decode_mt(d->mt_jobs, j, d->mt_w, nt, &err);
+  if (st != KV_CODEC_OK)
+    return kv_codec_fail(st, &err, "decoding frames");
+  if (!in_place)
+    for (uint32_t s = s0; s < s1; s++)
+      kv_rows_to_section(g, d->mt_rows + (size_t)(s - f0) * rows_bytes, s, data);
+  *done = 1;
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                      kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
                                      uint32_t *positions)
 {
+  if (h->version >= 3) {
+    KV_RET(kv_cblock_frame_rows(h, buf, s, d, rows));
+    *n_rows = h->g.n_tokens;
+    if (positions != NULL)
+      for (uint32_t t = 0; t < h->g.n_tokens; t++)
+        positions[t] = t;
+    return KVDB_OK;
+  }
   uint64_t off;
   uint32_t len;
   kv_cblock_section(h, buf, s, &off, &len);
@@ -324,9 +598,20 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data)
 {
+  if (h->version >= 3 && s1 > s0) { /* many frames: on every core */
+    int done;
+    KV_RET(decode_frames_mt(h, buf, s0, s1, d, data, &done));
+    if (done)
+      return KVDB_OK;
+  }
   for (uint32_t s = s0; s < s1; s++) {
     const uint8_t *rows = NULL;
     uint32_t n_rows = 0;
+    if (h->version >= 3) { /* a frame is decoded once for its sections */
+      KV_RET(kv_cblock_frame_rows(h, buf, s, d, &rows));
+      kv_rows_to_section(&h->g, rows, s, data);
+      continue;
+    }
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
     if (n_rows != h->g.n_tokens)
       return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "

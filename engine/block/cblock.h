@@ -31,6 +31,13 @@ typedef struct kv_cenc {
   float *qwin;
   size_t rows_k_cap, rows_v_cap, scratch_cap, sect_cap, sect_codec_cap, keep_cap, sect_len_cap,
       qwin_cap, pair_cap;
+  /* lossless frames (format 3): a frame's rows, its sections, the plan */
+  uint8_t *frows;
+  kv_frame_sec *fsecs;
+  uint32_t *ffirst, *flen;
+  uint64_t *fsb;
+  size_t frows_cap;
+  uint32_t fcap; /* entries of fsb, ffirst (+ 1) and flen */
 } kv_cenc;
 void kv_cenc_free(kv_cenc *e);
 
@@ -46,6 +53,8 @@ typedef struct kv_cblock_src {
   uint32_t index;         /* block index, for messages */
   const uint8_t *hash, *parent, *model_hash;
   const uint32_t *tokens; /* g->n_tokens */
+  uint32_t frame_bytes;   /* lossless: raw bytes per frame (kvdb_options.lossless_frame_bytes;
+                             0 = KV_FRAME_BYTES_DEFAULT) */
 } kv_cblock_src;
 
 /* An upper bound of the object bytes of a block of geometry g stored with cfg; 0 when cfg
@@ -59,7 +68,9 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
                                   uint32_t s, const uint8_t *rows_k, const uint8_t *rows_v,
                                   kv_cenc *e, uint32_t len[2]);
 
-/* Build the compressed block object of `src` into dst (dst_cap >= kv_cblock_bound()). */
+/* Build the compressed block object of `src` into dst (dst_cap >= kv_cblock_bound()). A
+ * lossless config writes lossless frames (format 3: kv_cblock_seal_frames), the others
+ * sections (format 2). */
 kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
                             uint64_t *obj_bytes);
 
@@ -69,7 +80,26 @@ typedef struct kv_cdec {
   kv_codec_dctx *ctx;
   uint8_t *scratch, *rows;
   size_t scratch_cap, rows_cap;
+  /* format 3: the last frame decoded (its block's hash and offset), so that the sections of
+   * one frame decode it once */
+  uint8_t *frame;
+  size_t frame_cap;
+  uint8_t frame_hash[16];
+  uint64_t frame_off;
+  int frame_valid;
+  /* format 3, many frames at once (kv_cblock_decode_data): one worker per online CPU */
+  kv_frame_worker *mt_w;
+  void **mt_ctx;
+  unsigned mt_n;
+  kv_frame_job *mt_jobs;
+  uint32_t mt_jobs_cap;
+  uint8_t *mt_rows;
+  size_t mt_rows_cap;
 } kv_cdec;
+/* A decode of a format-3 block range uses every core from this many bytes of KV and 2 frames
+ * on, with at most this many threads. */
+#define KV_CDEC_MT_MIN_BYTES (256u << 10)
+#define KV_CDEC_MAX_THREADS 16u
 kvdb_status kv_cdec_init(kv_cdec *d);
 void kv_cdec_free(kv_cdec *d);
 
@@ -80,15 +110,23 @@ kvdb_status kv_cblock_section_info(const kv_block_hdr *h, const uint8_t *hdr_byt
 
 /* Decode section s of a verified compressed block in buf (the whole object): *rows (owned by d,
  * valid until its next use) gets *n_rows rows, positions (optional, n_tokens entries) their
- * token positions. */
+ * token positions. Format 3: the section's frame is decoded (once for all its sections). */
 kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                      kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
                                      uint32_t *positions);
 
 /* Decode sections [s0, s1) of a verified compressed block that drops no tokens into the raw
- * page-grouped data region `data` (h->g.data_bytes). */
+ * page-grouped data region `data` (h->g.data_bytes). Format 3: the range's frames are decoded
+ * on every online CPU (kv_frames_decode_mt) when they are 2 or more and hold at least
+ * KV_CDEC_MT_MIN_BYTES; the calling thread alone otherwise. */
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data);
+
+/* Format 3: the rows of section s from its frame, decoded into d->frame unless it holds it
+ * already; the frame is checked against the block (dtype, sections, their shapes and kinds).
+ * buf holds the meta region and at least the frame's bytes (verified). */
+kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                 kv_cdec *d, const uint8_t **rows);
 
 /* A codec status as a kvdb status with the codec's message after `what`. */
 kvdb_status kv_codec_fail(kv_codec_status st, const kv_codec_err *err, const char *what);

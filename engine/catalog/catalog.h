@@ -466,6 +466,7 @@ void kv_counts_open(kv_catalog *c);
 
 /* The catalog format that carries these indexes (meta "format"). */
 #define KV_FORMAT_INDEXES 4u
+#define KV_FORMAT_FRAMES 5u /* lossless frames: block format 3 (FORMAT.md §3d) */
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
 kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],

@@ -91,7 +91,7 @@ KVDB_API unsigned kvdb_version_number(void);
  * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
  * all the children of its last matched block).
  */
-#define KVDB_FORMAT_VERSION 4
+#define KVDB_FORMAT_VERSION 5
 
 /* =================================== Part I: the core ===================================== */
 
@@ -356,6 +356,14 @@ typedef struct kvdb_options {
    * re-profiling always resolve to the capacities.
    */
   double placement_slack_pct;
+  /**
+   * Raw bytes per lossless frame (format 5): a block stored "lossless" packs the byte planes of
+   * consecutive sections (layer -> KV head -> K, V) into frames of at least this many bytes of
+   * KV, each decoded as a whole (a read of one layer's tokens decodes the frames holding that
+   * layer). 0 = the default, 65536 (measured: `kvdb-bench compress`, bench/RESULTS.md);
+   * else 4096 .. 16 MiB (KVDB_INVALID otherwise). Only new writes use it; every frame size reads.
+   */
+  uint32_t lossless_frame_bytes;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -547,6 +555,14 @@ typedef struct kvdb_context_info {
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
 KVDB_API kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_info *out);
+
+/**
+ * @brief The model stored under `id` (kvdb_context_info.model_id): its shape, dtype,
+ * block_tokens and score_bits; out->id = id (not copied: it must outlive out's use). With it a
+ * tool can re-encode contexts it did not write (kvdb-admin recompress).
+ * @return KVDB_OK; KVDB_NOTFOUND (no such model); KVDB_INVALID (NULL, id not 1..63 bytes).
+ */
+KVDB_API kvdb_status kvdb_model_get(kvdb *db, const char *id, kvdb_model *out);
 
 typedef struct kvdb_iter kvdb_iter;
 /** @brief Iterate over all contexts in key order. The iterator sees the catalog as of
@@ -1091,6 +1107,10 @@ KVDB_API kvdb_status kvdb_report_quality(kvdb *db, const kvdb_key *context,
  * context shares with others are left as they are (they keep the most faithful config of
  * their owners). Precision cannot come back: re-encoding a lossy context to a more faithful
  * config is KVDB_INVALID. `opts` gives queries for SnapKV (optional, NULL).
+ * With `to` equal to the context's config: nothing is re-encoded (KVDB_OK), except a context
+ * stored "lossless" (any zstd level), whose blocks it owns alone are rewritten in this build's
+ * lossless format (lossless frames, format 5; the same KV bit for bit): the migration of
+ * contexts written by earlier builds (`kvdb-admin recompress`).
  * @return KVDB_OK; KVDB_NOTFOUND; KVDB_MISMATCH; KVDB_INVALID; KVDB_READONLY; KVDB_FULL;
  *   KVDB_CORRUPT; KVDB_IOERR.
  */

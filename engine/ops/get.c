@@ -420,10 +420,19 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
         uint32_t s0 = l * per_layer;
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
+        if (hdr.version >= 3) /* lossless frames: decoded together once all are verified */
+          continue;
         if (rr == KVDB_OK && hdr.version >= 2)
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK)
           kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, x->n_copy, out, x->t0, stream);
+      }
+      /* format 3: the block's frames decoded on every core (kv_cblock_decode_data), then
+       * scattered, after its last wave */
+      if (rr == KVDB_OK && hdr.version >= 3 && k + 1 == wv.n) {
+        rr = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, (uint8_t *)data);
+        if (rr == KVDB_OK)
+          kv_scatter_sections(&g, data, 0, g.n_sections, 0, x->n_copy, out, x->t0, stream);
       }
     }
     if (rr != KVDB_OK) {
@@ -810,6 +819,34 @@ kvdb_status kvdb_context_stat(kvdb *db, const kvdb_key *context, kvdb_context_in
     rc = fill_info(db, txn, context->b, &cr, out);
   kv_txn_abort(txn);
   return rc;
+}
+
+kvdb_status kvdb_model_get(kvdb *db, const char *id, kvdb_model *out)
+{
+  KV_RET(kv_check_db(db));
+  if (id == NULL || out == NULL)
+    return kv_fail(KVDB_INVALID, "id or out is NULL");
+  size_t len = strlen(id);
+  if (len < 1 || len > 63)
+    return kv_fail(KVDB_INVALID, "model id of %zu bytes (1..63)", len);
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kv_model_rec mr;
+  kvdb_status rc = kv_cat_get_model(&db->cat, txn, id, &mr);
+  kv_txn_abort(txn);
+  if (rc == KVDB_NOTFOUND)
+    return kv_fail(KVDB_NOTFOUND, "no model '%s' in the database", id);
+  if (rc != KVDB_OK)
+    return rc;
+  memset(out, 0, sizeof *out);
+  out->id = id;
+  out->n_layers = mr.n_layers;
+  out->n_kv_heads = mr.n_kv_heads;
+  out->head_dim = mr.head_dim;
+  out->dtype = (kvdb_dtype)mr.dtype;
+  out->block_tokens = mr.block_tokens;
+  out->score_bits = mr.score_bits;
+  return KVDB_OK;
 }
 
 struct kvdb_iter {

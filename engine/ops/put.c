@@ -279,7 +279,8 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
   kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
                        .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
                        .index = i, .hash = b->hash, .parent = b->parent,
-                       .model_hash = r->mh, .tokens = b->tokens};
+                       .model_hash = r->mh, .tokens = b->tokens,
+                       .frame_bytes = st->db->opt.lossless_frame_bytes};
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
   KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
   stage_write(st, obj, b->obj_bytes, at);
@@ -508,6 +509,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   memcpy(cr.model, r->mh, 16);
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
+  if (r->cfg.method == KVDB_METHOD_LOSSLESS)
+    KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
   if (r->m->score_bits != 0)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 3)); /* blocks with score regions */
   buf = malloc(16 * (size_t)r->n); /* the block hashes */

@@ -169,7 +169,8 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
       kv_cblock_src src = {.cfg = &r->cfg, .g = &g, .kv = &v, .t0 = b->t0,
                            .ctx_tokens = r->n_tokens, .q = q, .last_block = i + 1 == r->n,
                            .index = i, .hash = b->hash, .parent = b->parent,
-                           .model_hash = r->mh, .tokens = b->tokens};
+                           .model_hash = r->mh, .tokens = b->tokens,
+                           .frame_bytes = db->opt.lossless_frame_bytes};
       KV_ERR(kv_cblock_build(&src, &enc, obj, obj_cap, &b->obj_bytes));
     }
     if (r->reencode)
@@ -265,6 +266,8 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
   KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_CONTEXTS, r->ctx, 16, cbuf, clen, "put context"));
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
+  if (r->reencode && r->cfg.method == KVDB_METHOD_LOSSLESS)
+    KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
   if (last_tier != was_tier) { /* kvdb_stat's per-tier context counts */
     KV_ERR(kv_counts_add(&db->cat, txn, was_tier, KV_CNT_CONTEXTS, -1));
     KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
@@ -363,6 +366,12 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
     }
     r.reencode = 1;
     for (uint32_t i = 0; i < r.n; i++) /* every block C owns alone takes the new config */
+      r.b[i].write = r.b[i].old.refcount == 1;
+  } else if (to != NULL && tier == KV_TIER_KEEP && to->method == KVDB_METHOD_LOSSLESS) {
+    /* kvdb_recompress to the same lossless config: rewritten in this build's lossless format
+     * (frames), the migration of blocks an earlier build wrote as zstd-planes sections */
+    r.reencode = 1;
+    for (uint32_t i = 0; i < r.n; i++)
       r.b[i].write = r.b[i].old.refcount == 1;
   }
   int need_write = 0, ctx_changes = r.reencode;

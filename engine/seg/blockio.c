@@ -265,6 +265,26 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
     cp.have[p] = 2;
   }
   uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
+  if (hdr.version >= 3) {
+    /* lossless frames (format 3): the pages of the frames holding the layer's sections, each
+     * frame decoded once (kv_cblock_frame_rows keeps the last one), the wanted rows copied */
+    for (uint32_t s = s0; s < s1; s++) {
+      uint64_t off;
+      uint32_t len;
+      kv_cblock_section(&hdr, cp.buf, s, &off, &len);
+      want(&cp, off, len);
+    }
+    KV_ERR(fetch_pages(&cp, hash));
+    KV_ERR(kv_cdec_init(&dec));
+    for (uint32_t s = s0; s < s1; s++) {
+      const uint8_t *rows;
+      KV_ERR(kv_cblock_frame_rows(&hdr, cp.buf, s, &dec, &rows));
+      for (size_t i = 0; i < n_pos; i++)
+        if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
+          kv_put_row(g, s, rows + (size_t)(positions[i] - pos0) * g->row_bytes, out, i);
+    }
+    goto out;
+  }
   /* 2. the section headers (their first page each; more if a header is longer) */
   for (uint32_t s = s0; s < s1; s++) {
     uint64_t off;

@@ -613,7 +613,8 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     sync ("full" default, or "none"), segment_bytes, catalog_map_bytes, use_direct_io,
     use_io_uring, log_level, smartssd_dir, smartssd_bytes, placement ("off", "evicpress",
     "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
-    placement_slack_pct. An unknown option is a TypeError; a bad value raises InvalidError."""
+    placement_slack_pct, lossless_frame_bytes. An unknown option is a TypeError; a bad value
+    raises InvalidError."""
     return DB(str(path), **options)
 
 

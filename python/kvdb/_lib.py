@@ -61,7 +61,8 @@ class Options(Structure):
                 ("log_level", c_int), ("smartssd_dir", c_char_p), ("smartssd_bytes", c_uint64),
                 ("placement", c_int), ("placement_alpha", c_double),
                 ("freq_half_life_s", c_double), ("reprofile_drift_pct", c_double),
-                ("prefill_tokens_per_s", c_double), ("placement_slack_pct", c_double)]
+                ("prefill_tokens_per_s", c_double), ("placement_slack_pct", c_double),
+                ("lossless_frame_bytes", c_uint32)]
 
 
 class PutInfo(Structure):

@@ -133,7 +133,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     codec[s] = buf[l->sectab_off + KV_BLOCK_SECT_ENTRY * s + 12];
   }
   memcpy(again, buf, l->total_bytes);
-  kv_cblock_seal(g, l, sect_len, codec, h.block_hash, h.parent_hash, h.model_hash, tok, again);
+  if (h.version >= 3) { /* lossless frames: a frame starts at each index-0 entry */
+    uint32_t *ff = malloc(4u * g->n_sections + 4), *fl = malloc(4u * g->n_sections + 4), nf = 0;
+    if (ff == NULL || fl == NULL)
+      abort();
+    for (uint32_t s = 0; s < g->n_sections; s++)
+      if (kv_cblock_frame_index(&h, buf, s) == 0) {
+        ff[nf] = s;
+        fl[nf++] = sect_len[s];
+      }
+    ff[nf] = g->n_sections;
+    kv_cblock_seal_frames(g, l, nf, ff, fl, h.block_hash, h.parent_hash, h.model_hash, tok,
+                          again);
+    free(ff);
+    free(fl);
+  } else {
+    kv_cblock_seal(g, l, sect_len, codec, h.block_hash, h.parent_hash, h.model_hash, tok, again);
+  }
   /* kept from the input: the alignment padding after the tokens (covered by the meta
    * checksum, never read) and so the meta checksum; the padding after the page checksums is
    * covered by nothing and never read */

@@ -3,7 +3,7 @@
  * tests/unit/test_golden_db.c — databases written by earlier builds must keep opening, reading
  * and verifying, and must keep working after this build writes to them.
  *
- *   test_golden_db DIR            verify tests/golden/db/format1, 2 and 3 (the meson test)
+ *   test_golden_db DIR            verify tests/golden/db/format1 to 4 (the meson test)
  *   test_golden_db --write DIR    write them: only when a new catalog or block format version is
  *                                 introduced, into a new formatN folder; never rewrite a
  *                                 released format's files
@@ -52,7 +52,7 @@
 #include <math.h>
 #include <sys/stat.h>
 
-#define GOLDEN_FORMATS 3
+#define GOLDEN_FORMATS 4
 
 static const kvdb_model GM = {"test/golden", 2, 2, 32, KVDB_F16, 32};
 /* format 3: a model with int8 score copies (every block carries a score region) */
@@ -427,6 +427,52 @@ static void write_format3(const char *dir)
   WM = &GM;
 }
 
+/* Format 4 (catalog indexes `next` and `segblocks`; block format 2 with one zstd frame per byte
+ * plane of each page group of each section): every config kind as this format writes it, so
+ * that a later section or block format (issue 16) keeps reading them and `kvdb_recompress`
+ * can migrate them. */
+static void write_format4(const char *dir)
+{
+  kvdb *db;
+  kvdb_options o = golden_opts();
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint32_t p[70], q[64], r[64], s[64], t[64], u[80];
+  make_tokens(p, 70, 41);
+  make_tokens(q, 64, 42);
+  make_tokens(r, 64, 43);
+  make_tokens(s, 64, 44);
+  make_tokens(t, 64, 45);
+  memcpy(u, p, 32 * sizeof *u); /* shares p's first (lossless) block */
+  make_tokens(u + 32, 48, 46);
+  kvdb_put_info ip = put_cfg(db, p, 70, 41, "lossless", KVDB_PUT_PROFILE);
+  kvdb_put_info iq = put_cfg(db, q, 64, 42, "lossless:z9", 0);
+  kvdb_put_info ir = put_cfg(db, r, 64, 43, "int4:r16", 0);
+  kvdb_put_info is = put_cfg(db, s, 64, 44, "keydiff50+int4", 0);
+  kvdb_put_info it = put_cfg(db, t, 64, 45, "int2", 0);
+  kvdb_put_info iu = put_cfg(db, u, 80, 46, "raw", 0);
+
+  char path[4200];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *mf = fopen(path, "w");
+  ASSERT(mf != NULL);
+  fprintf(mf, "model %s %u %u %u %u %u\n", GM.id, GM.n_layers, GM.n_kv_heads, GM.head_dim,
+          (unsigned)GM.dtype, GM.block_tokens);
+  emit_stats(mf, db);
+  emit_get(mf, db, p, 70);
+  emit_get(mf, db, q, 64);
+  emit_get(mf, db, r, 64);
+  emit_get(mf, db, s, 64); /* dropped tokens: kvdb_get stops at the first block */
+  emit_get(mf, db, t, 64);
+  emit_get(mf, db, u, 80);
+  const kvdb_key *keys[] = {&ip.context, &iq.context, &ir.context, &is.context, &it.context,
+                            &iu.context};
+  for (size_t i = 0; i < 6; i++)
+    emit_context(mf, db, keys[i]);
+  emit_profile(mf, db, &ip.context);
+  ASSERT(fclose(mf) == 0);
+  kvdb_close(db);
+}
+
 static void copy_db(const char *from, const char *to)
 {
   ASSERT(mkdir(to, 0755) == 0 || errno == EEXIST);
@@ -512,8 +558,9 @@ static void check_all(kvdb *db, const manifest *mf, int written)
       ASSERT(sscanf(save, "%u %" SCNu64 " %" SCNu64, &fmt, &nc, &nb) == 3);
       kvdb_stats st;
       ASSERT_OK(kvdb_stat(db, &st));
-      if (written != 1) { /* 2: opened read-write, so upgraded to the current format */
-        ASSERT_EQ(st.format_version, written == 2 ? KVDB_FORMAT_VERSION : fmt);
+      if (written != 1) { /* 2: opened read-write, so upgraded to format 4 (its block
+                           * indexes; format 5 comes with the first lossless frames) */
+        ASSERT_EQ(st.format_version, written == 2 ? (fmt > 4 ? fmt : 4) : fmt);
         ASSERT_EQ(st.n_contexts, nc);
         ASSERT_EQ(st.n_blocks, nb);
       } else {
@@ -670,7 +717,25 @@ static void verify_one(const char *golden, const char *scratch, unsigned format)
   ASSERT_OK(kvdb_kv_view_packed(&ov, out, &m, 50, KVDB_LAYOUT_LKTHD));
   kvdb_put_info info;
   ASSERT_OK(kvdb_put_ex(db, &m, tok, 50, &v, &po, &info));
+  /* and a lossless one (lossless frames: format 5) */
+  uint32_t ltok[40];
+  make_tokens(ltok, 40, 98);
+  uint16_t *lkv = make_kv(&m, 40, 98), *lout = calloc(40, kvdb_model_token_bytes(&m));
+  ASSERT(lout != NULL);
+  kvdb_put_opts lpo;
+  kvdb_put_opts_init(&lpo);
+  ASSERT_OK(kvdb_config_parse("lossless", &lpo.config));
+  kvdb_kv_view lv, lov;
+  ASSERT_OK(kvdb_kv_view_packed(&lv, lkv, &m, 40, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&lov, lout, &m, 40, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info linfo;
+  ASSERT_OK(kvdb_put_ex(db, &m, ltok, 40, &lv, &lpo, &linfo));
   size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, &m, ltok, 40, &lov, &hit));
+  ASSERT_EQ(hit, 40);
+  ASSERT(memcmp(lout, lkv, 40 * kvdb_model_token_bytes(&m)) == 0);
+  free(lkv);
+  free(lout);
   ASSERT_OK(kvdb_get(db, &m, tok, 50, &ov, &hit));
   ASSERT_EQ(hit, 50);
   uint64_t new_hash = hash_lkthd(&m, out, 50, 50);
@@ -786,7 +851,8 @@ int main(int argc, char **argv)
   if (argc == 3 && strcmp(argv[1], "--write") == 0) {
     /* only the formats not written yet: released formats are never rewritten (format 1 can
      * only be written by a build of that format) */
-    void (*writers[])(const char *) = {write_format1, write_format2, write_format3};
+    void (*writers[])(const char *) = {write_format1, write_format2, write_format3,
+                                          write_format4};
     for (unsigned f = 1; f <= GOLDEN_FORMATS; f++) {
       char dir[4096], lock[4200];
       snprintf(dir, sizeof dir, "%s/format%u", argv[2], f);

@@ -168,7 +168,8 @@ static void test_relocate_tiers(void)
 
   kvdb_stats s1;
   ASSERT_OK(kvdb_stat(db, &s1));
-  ASSERT_EQ(s1.format_version, 4); /* created at 4 (SmartSSD segments are format 3) */
+  ASSERT_EQ(s1.format_version, 5); /* created at 4 (SmartSSD segments are format 3); its lossless
+                                    * context brings lossless frames: 5 */
   ASSERT_EQ(s1.tier[KVDB_TIER_SMARTSSD].contexts, 3);
   ASSERT_EQ(s1.tier[KVDB_TIER_SSD].contexts, 0);
   ASSERT(s1.tier[KVDB_TIER_SMARTSSD].bytes > 0);

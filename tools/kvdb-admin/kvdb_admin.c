@@ -1073,6 +1073,89 @@ static int cmd_compact(const cli *c)
   return finish(&r, EXIT_OKAY);
 }
 
+/* ---- recompress ----------------------------------------------------------------------------- */
+
+/* Every lossless context re-encoded to its own config: this build writes it in its lossless
+ * format (lossless frames, format 5), the KV bit for bit (kvdb_recompress's migration). */
+static int cmd_recompress(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 1);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  /* the contexts first (the iterator's snapshot), then one re-encoding each */
+  kvdb_iter *it;
+  st = kvdb_iter_open(r.db, &it);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  kvdb_context_info *todo = NULL;
+  size_t n = 0, cap = 0, seen = 0;
+  int code = EXIT_OKAY;
+  for (;;) {
+    kvdb_context_info ci;
+    st = kvdb_iter_next(it, &ci);
+    if (st == KVDB_NOTFOUND)
+      break;
+    if (st != KVDB_OK) {
+      code = fail_kv(&r, st);
+      break;
+    }
+    seen++;
+    if (ci.config.method != KVDB_METHOD_LOSSLESS)
+      continue;
+    if (n == cap) {
+      size_t ncap = cap ? 2 * cap : 64;
+      kvdb_context_info *t = realloc(todo, ncap * sizeof *t);
+      if (t == NULL) {
+        code = fail(&r, KVDB_NOMEM, "cannot hold %zu contexts", ncap);
+        break;
+      }
+      todo = t;
+      cap = ncap;
+    }
+    todo[n++] = ci;
+  }
+  kvdb_iter_close(it);
+  uint64_t before = 0, after = 0;
+  size_t done = 0;
+  for (size_t i = 0; code == EXIT_OKAY && i < n; i++) {
+    kvdb_model m;
+    char hx[33];
+    st = kvdb_model_get(r.db, todo[i].model_id, &m);
+    if (st == KVDB_OK)
+      st = kvdb_recompress(r.db, &m, &todo[i].key, &todo[i].config, NULL);
+    kvdb_context_info ci;
+    if (st == KVDB_OK)
+      st = kvdb_context_stat(r.db, &todo[i].key, &ci);
+    if (st == KVDB_NOTFOUND) /* deleted meanwhile by another process */
+      continue;
+    if (st != KVDB_OK) {
+      code = fail(&r, st, "context %s: %s", kvdb_key_hex(&todo[i].key, hx), kvdb_errmsg());
+      break;
+    }
+    before += todo[i].bytes;
+    after += ci.bytes;
+    done++;
+  }
+  free(todo);
+  if (code != EXIT_OKAY)
+    return finish(&r, code);
+  if (c->json) {
+    jw *j = &r.j;
+    jw_u64(j, "contexts", seen);
+    jw_u64(j, "contexts_rewritten", done);
+    jw_u64(j, "bytes_before", before);
+    jw_u64(j, "bytes_after", after);
+  } else if (!c->quiet) {
+    char b[64], b2[64];
+    kv_line("contexts", "%zu (%zu lossless, rewritten as lossless frames)", seen, done);
+    kv_line("their bytes", "%s -> %s", size_exact(before, b, sizeof b),
+            size_exact(after, b2, sizeof b2));
+  }
+  return finish(&r, EXIT_OKAY);
+}
+
 /* ---- placement: rebalance, stats, probe --------------------------------------------------- */
 
 static const char *place_name(uint32_t tier, uint32_t cached, const kvdb_config *c, char *buf,
@@ -1385,6 +1468,13 @@ static const command commands[] = {
    "  --dry-run       print the plan only\n"
    "  --step N        moves per step (default 64)\n",
    cmd_rebalance},
+  {"recompress", "DIR", 1, "rewrite lossless contexts in this build's lossless format",
+   "Re-encode every context stored lossless (kvdb_recompress to its own config): this build\n"
+   "writes it as lossless frames (block format 3, catalog format 5), the same KV bit for bit,\n"
+   "so a database written by an earlier build (zstd-planes sections, format 2 blocks) gets the\n"
+   "faster format. Blocks a context shares with another are kept as they are. The old copies\n"
+   "become dead bytes (kvdb-admin compact reclaims them). Opens the database read-write.\n",
+   cmd_recompress},
   {"stats", "DIR", 1, "placement: configs in use per tier, tier hit rates, utility",
    "Print the placement's view: per tier the contexts served from it (DRAM: those the\n"
    "placement keeps there), their utility, the blocks gets read from it (every handle with\n"

@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_layout.c — part of `kvdb-bench compress` (issue 16, must-have 3): do stored bytes
+ * follow the config? The real set's contexts (stories260K, 512 tokens each) are put through the
+ * engine (kvdb_put_ex into a fresh database under the run's directory) in each config, and the
+ * bytes kvdb_context_stat reports (the block objects: meta region, data region, padding to
+ * 4 KiB pages) are divided by the logical KV bytes (n_tokens x kvdb_model_token_bytes). At the
+ * model's default block size (16 tokens, tools/refkv) and f32 storage (refkv's default), then
+ * at f16, and at 256-token blocks. Sizes, not speeds: deterministic.
+ *
+ * JSON: raw_bytes_vs_logical (f32, 16-token blocks: the issue's figure), and
+ * layout_<f32|f16>_bt<16|256>_<config>_vs_logical for config raw, lossless, int8, int4, int2,
+ * and layout_<...>_<config>_vs_raw (stored bytes over the raw context's stored bytes).
+ *
+ * bench_get_vs_read(): a cold get of a whole context through kvdb (no DRAM tier: every block
+ * read from its segment file with O_DIRECT, decoded, scattered into the caller's buffer) in
+ * fp16-equivalent (logical) bytes per second, over the O_DIRECT read bandwidth of a plain file
+ * of the context's stored size in the same directory, same run (4 MiB reads): JSON
+ * <config>_logical_get_vs_raw_read (int4 is the issue's figure; raw and lossless beside it),
+ * <config>_get_logical_gbps, get_raw_read_gbps. Median of 5 of each, alternated.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "bench_frames.h"
+#include "codec.h"
+#include "kvdb.h"
+
+#define BL_CONFIGS 5
+static const char *const BL_CFG[BL_CONFIGS] = {"raw", "lossless", "int8", "int4", "int2"};
+#define BL_MAX_CTX 16u
+
+/* Context c of set s as one LKTHD buffer of the model's dtype. */
+static void fill_ctx(const bench_kvset *s, uint32_t c, kvdb_dtype dt, void *out)
+{
+  uint32_t L = s->n_layers, H = s->n_kv_heads, d = s->head_dim, n = s->n_tokens;
+  for (uint32_t l = 0; l < L; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < H; h++) {
+          const uint16_t *src = s->kv + (((size_t)(c * L + l) * H + h) * 2 + kv) * n * d +
+                                (size_t)t * d;
+          size_t at = ((((size_t)l * 2 + kv) * n + t) * H + h) * d;
+          if (dt == KVDB_F16) {
+            memcpy((uint16_t *)out + at, src, d * 2);
+          } else {
+            float *o = (float *)out + at;
+            kv_codec_to_f32(KV_CODEC_F16, src, d, o);
+          }
+        }
+}
+
+int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
+{
+  FILE *o = env->out;
+  uint32_t n_ctx = s->n_ctx < BL_MAX_CTX ? s->n_ctx : BL_MAX_CTX;
+  static const kvdb_dtype DT[2] = {KVDB_F32, KVDB_F16};
+  static const uint32_t BT[2] = {16, 256};
+  char k[128];
+  int rc = -1;
+  fprintf(o, "\nbytes that follow the config (issue 16): %u stories260K contexts of %u tokens "
+             "put through kvdb; stored = kvdb_context_stat bytes (block objects, 4 KiB pages), "
+             "logical = tokens x %u layers x %u KV heads x 2 x head_dim %u x element bytes\n",
+          n_ctx, s->n_tokens, s->n_layers, s->n_kv_heads, s->head_dim);
+  fprintf(o, "  %-10s %6s", "storage", "block");
+  for (int c = 0; c < BL_CONFIGS; c++)
+    fprintf(o, " %10s", BL_CFG[c]);
+  fprintf(o, "   (stored / logical)\n");
+  for (int di = 0; di < 2; di++)
+    for (int bi = 0; bi < 2; bi++) {
+      kvdb_model m = {"bench-layout-stories260K", s->n_layers, s->n_kv_heads, s->head_dim,
+                      DT[di], BT[bi], 0};
+      size_t tb = kvdb_model_token_bytes(&m);
+      char dir[4200];
+      snprintf(dir, sizeof dir, "%s/layout-%d-%u", env->dir, di, BT[bi]);
+      kvdb_options opt;
+      kvdb_options_init(&opt);
+      opt.dram_bytes = 0;
+      opt.log_level = -1;
+      kvdb *db = NULL;
+      void *buf = malloc((size_t)s->n_tokens * tb);
+      uint32_t *tok = malloc(s->n_tokens * sizeof *tok);
+      if (buf == NULL || tok == NULL || kvdb_open(dir, &opt, &db) != KVDB_OK) {
+        bench_log("layout: cannot open %s: %s", dir, kvdb_errmsg());
+        free(buf);
+        free(tok);
+        return -1;
+      }
+      double ratio[BL_CONFIGS];
+      for (int ci = 0; ci < BL_CONFIGS; ci++) {
+        kvdb_put_opts po;
+        kvdb_put_opts_init(&po);
+        if (kvdb_config_parse(BL_CFG[ci], &po.config) != KVDB_OK)
+          goto fail;
+        uint64_t stored = 0;
+        for (uint32_t c = 0; c < n_ctx; c++) {
+          fill_ctx(s, c, DT[di], buf);
+          for (uint32_t t = 0; t < s->n_tokens; t++) /* no two contexts share a block */
+            tok[t] = 1000000u * (uint32_t)(ci + 1) + 1000u * c + t;
+          kvdb_kv_view v;
+          kvdb_put_info info;
+          if (kvdb_kv_view_packed(&v, buf, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+              kvdb_put_ex(db, &m, tok, s->n_tokens, &v, &po, &info) != KVDB_OK)
+            goto fail;
+          kvdb_context_info ci_;
+          if (kvdb_context_stat(db, &info.context, &ci_) != KVDB_OK)
+            goto fail;
+          stored += ci_.bytes;
+        }
+        ratio[ci] = (double)stored / ((double)n_ctx * s->n_tokens * tb);
+      }
+      fprintf(o, "  %-10s %6u", DT[di] == KVDB_F32 ? "f32" : "f16", BT[bi]);
+      for (int ci = 0; ci < BL_CONFIGS; ci++)
+        fprintf(o, " %10.4f", ratio[ci]);
+      fprintf(o, "\n");
+      for (int ci = 0; ci < BL_CONFIGS; ci++) {
+        snprintf(k, sizeof k, "layout_%s_bt%u_%s_vs_logical", DT[di] == KVDB_F32 ? "f32" : "f16",
+                 BT[bi], BL_CFG[ci]);
+        bench_json_num(j, k, ratio[ci]);
+        snprintf(k, sizeof k, "layout_%s_bt%u_%s_vs_raw", DT[di] == KVDB_F32 ? "f32" : "f16",
+                 BT[bi], BL_CFG[ci]);
+        bench_json_num(j, k, ratio[ci] / ratio[0]);
+      }
+      if (di == 0 && bi == 0)
+        bench_json_num(j, "raw_bytes_vs_logical", ratio[0]);
+      kvdb_close(db);
+      free(buf);
+      free(tok);
+      if (!env->keep)
+        bench_rmtree(dir);
+      continue;
+    fail:
+      bench_log("layout: put of '%s' failed: %s", BL_CFG[0], kvdb_errmsg());
+      kvdb_close(db);
+      free(buf);
+      free(tok);
+      return -1;
+    }
+  rc = 0;
+  return rc;
+}
+
+/* O_DIRECT read of `bytes` of file fd (4 MiB requests): ns, or 0 on failure. */
+static uint64_t direct_read_ns(int fd, uint8_t *buf, uint64_t bytes)
+{
+  uint64_t t0 = bench_now_ns();
+  for (uint64_t off = 0; off < bytes; off += 4u << 20) {
+    size_t n = bytes - off < (4u << 20) ? (size_t)(bytes - off) : (4u << 20);
+    if (bench_pread_all(fd, buf, n, off) != 0)
+      return 0;
+  }
+  return bench_now_ns() - t0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+int bench_get_vs_read(const bench_env *env, bench_json *j, const bench_kvset *s)
+{
+  FILE *o = env->out;
+  static const char *const CFG[3] = {"int4", "raw", "lossless"};
+  enum { REPS = 5 };
+  kvdb_model m = {"bench-getspeed", s->n_layers, s->n_kv_heads, s->head_dim, KVDB_F16, 256, 0};
+  size_t tb = kvdb_model_token_bytes(&m), logical = (size_t)s->n_tokens * tb;
+  char dir[4200], path[4300];
+  snprintf(dir, sizeof dir, "%s/getspeed", env->dir);
+  snprintf(path, sizeof path, "%s/getspeed-plain", env->dir);
+  uint8_t *src = bench_alloc(logical), *out = bench_alloc(logical), *rbuf = bench_alloc(4u << 20);
+  uint32_t *tok = malloc(s->n_tokens * sizeof *tok);
+  int rc = -1, fd = -1;
+  kvdb *db = NULL;
+  if (src == NULL || out == NULL || rbuf == NULL || tok == NULL)
+    goto out;
+  fill_ctx(s, 0, KVDB_F16, src);
+  fprintf(o, "\ncold get vs raw read (issue 16): %s KV, one context of %u tokens (%.1f MB of "
+             "f16), 256-token blocks, no DRAM tier; GB/s of fp16-equivalent bytes delivered by "
+             "kvdb_get over the O_DIRECT read GB/s of a plain file of the context's stored size "
+             "(same directory, 4 MiB reads), median of %d\n",
+          s->name, s->n_tokens, (double)logical / 1e6, REPS);
+  for (int ci = 0; ci < 3; ci++) {
+    kvdb_options opt;
+    kvdb_options_init(&opt);
+    opt.dram_bytes = 0;
+    opt.log_level = -1;
+    bench_rmtree(dir);
+    kvdb_put_opts po;
+    kvdb_put_opts_init(&po);
+    kvdb_kv_view v, ov;
+    kvdb_put_info info;
+    kvdb_context_info cinf;
+    for (uint32_t t = 0; t < s->n_tokens; t++)
+      tok[t] = 7000000u + 100000u * (uint32_t)ci + t;
+    if (kvdb_config_parse(CFG[ci], &po.config) != KVDB_OK || kvdb_open(dir, &opt, &db) != KVDB_OK ||
+        kvdb_kv_view_packed(&v, src, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+        kvdb_kv_view_packed(&ov, out, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+        kvdb_put_ex(db, &m, tok, s->n_tokens, &v, &po, &info) != KVDB_OK ||
+        kvdb_context_stat(db, &info.context, &cinf) != KVDB_OK) {
+      bench_log("get vs read: %s: %s", CFG[ci], kvdb_errmsg());
+      goto out;
+    }
+    kvdb_close(db);
+    db = NULL;
+    /* the plain file: the context's stored bytes */
+    uint64_t stored = (cinf.bytes + 4095) & ~(uint64_t)4095;
+    fd = open(path, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+    if (fd < 0)
+      goto out;
+    memset(rbuf, 0x5a, 4u << 20);
+    for (uint64_t off = 0; off < stored; off += 4u << 20)
+      if (bench_pwrite_all(fd, rbuf, stored - off < (4u << 20) ? stored - off : (4u << 20), off) !=
+          0)
+        goto out;
+    if (fdatasync(fd) != 0)
+      goto out;
+    close(fd);
+    fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    int direct = fd >= 0;
+    if (fd < 0)
+      fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || kvdb_open(dir, &opt, &db) != KVDB_OK)
+      goto out;
+    uint64_t gns[REPS], rns[REPS];
+    for (int r = 0; r < REPS; r++) {
+      size_t hit = 0;
+      uint64_t t0 = bench_now_ns();
+      if (kvdb_get(db, &m, tok, s->n_tokens, &ov, &hit) != KVDB_OK || hit != s->n_tokens) {
+        bench_log("get vs read: get of %s hit %zu of %u: %s", CFG[ci], hit, s->n_tokens,
+                  kvdb_errmsg());
+        goto out;
+      }
+      gns[r] = bench_now_ns() - t0;
+      if ((rns[r] = direct_read_ns(fd, rbuf, stored)) == 0)
+        goto out;
+    }
+    if (ci == 1 && memcmp(out, src, logical) != 0) {
+      bench_log("get vs read: the raw get is not the KV put");
+      goto out;
+    }
+    kvdb_close(db);
+    db = NULL;
+    close(fd);
+    fd = -1;
+    qsort(gns, REPS, sizeof gns[0], cmp_u64);
+    qsort(rns, REPS, sizeof rns[0], cmp_u64);
+    double g = bench_gbps(logical, gns[REPS / 2]), rd = bench_gbps(stored, rns[REPS / 2]);
+    fprintf(o, "  %-9s stored %.4f of logical: get %.3f GB/s logical, plain read %.3f GB/s%s: "
+               "%.3fx\n",
+            CFG[ci], (double)cinf.bytes / (double)logical, g, rd,
+            direct ? "" : " (page cache: O_DIRECT refused)", g / rd);
+    char k[96];
+    snprintf(k, sizeof k, "%s_logical_get_vs_raw_read", CFG[ci]);
+    bench_json_num(j, k, g / rd);
+    snprintf(k, sizeof k, "%s_get_logical_gbps", CFG[ci]);
+    bench_json_num(j, k, g);
+    if (ci == 0)
+      bench_json_num(j, "get_raw_read_gbps", rd);
+  }
+  rc = 0;
+out:
+  if (rc != 0)
+    bench_log("get vs read failed (%s)", strerror(errno));
+  if (db != NULL)
+    kvdb_close(db);
+  if (fd >= 0)
+    close(fd);
+  if (!env->keep) {
+    bench_rmtree(dir);
+    unlink(path);
+  }
+  bench_free(src);
+  bench_free(out);
+  bench_free(rbuf);
+  free(tok);
+  return rc;
+}
