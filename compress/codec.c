@@ -18,6 +18,7 @@ static const kv_codec *const registry[] = {
   &kv_codec_zstd_planes,
   &kv_codec_kivi,
   &kv_codec_drop,
+  &kv_codec_kvquant,
 };
 #define N_CODECS (sizeof registry / sizeof registry[0])
 
@@ -250,6 +251,8 @@ static kv_codec_status kv_codec_decode_parsed(const kv_section_info *info, const
     return kv_kivi_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
   case KV_CODEC_ID_DROP:
     return kv_drop_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
+  case KV_CODEC_ID_KVQUANT: /* the same group decoder, kvquant's layout (quant.c geom) */
+    return kv_kivi_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
   default: break;
   }
   return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unknown codec id", info->codec_id,
@@ -459,6 +462,25 @@ const kv_codec kv_codec_kivi = {
   .scratch_bytes = kv_codec_kivi_scratch_bytes,
   .encode = kv_codec_kivi_encode,
   .decode = kivi_decode,
+  .check = kv_quant_check,
+};
+
+static kv_codec_status kvq_decode(const void *hdr, size_t hdr_len, const void *payload,
+                                  size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
+                                  size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err)
+{
+  return decode_member(KV_CODEC_ID_KVQUANT, hdr, hdr_len, payload, payload_len, g0, g1, scratch,
+                       scratch_cap, dst, dst_cap, err);
+}
+
+const kv_codec kv_codec_kvquant = {
+  .id = KV_CODEC_ID_KVQUANT,
+  .name = "kvquant",
+  .flags = KV_CODEC_LOSSY,
+  .bound = kv_codec_kvq_bound,
+  .scratch_bytes = kv_codec_kvq_scratch_bytes,
+  .encode = kv_codec_kvq_encode,
+  .decode = kvq_decode,
   .check = kv_quant_check,
 };
 

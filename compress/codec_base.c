@@ -312,8 +312,10 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
                          (uint64_t)p->page_tokens * s->head_dim * es, KV_GROUP_RAW_MAX);
 
   int uses_level = id == KV_CODEC_ID_ZSTD_PLANES;
-  int uses_quant = id == KV_CODEC_ID_KIVI || (id == KV_CODEC_ID_DROP && p->bits != 0);
+  int uses_quant = id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT ||
+                   (id == KV_CODEC_ID_DROP && p->bits != 0);
   int uses_drop = id == KV_CODEC_ID_DROP;
+  int percol = s->kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT; /* groups of tokens */
 
   if (uses_level) {
     if (p->zstd_level < -7 || p->zstd_level > 22 || p->zstd_level == 0)
@@ -328,13 +330,13 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
       return KV_CODEC_FAIL(err, code, "bits must be 8, 4 or 2", p->bits, 8);
     if (p->group == 0 || p->group > 65535)
       return KV_CODEC_FAIL(err, code, "quantization group out of range", p->group, 65535);
-    if (s->kind == KV_SECTION_K && p->group > n_rows)
+    if (percol && p->group > n_rows)
       return KV_CODEC_FAIL(err, code, "quantization group larger than the tokens", p->group,
                            n_rows);
-    if (s->kind == KV_SECTION_V && p->group > s->head_dim)
+    if (!percol && p->group > s->head_dim)
       return KV_CODEC_FAIL(err, code, "quantization group larger than head_dim", p->group,
                            s->head_dim);
-    if (s->kind == KV_SECTION_K && p->page_tokens % p->group != 0)
+    if (percol && p->page_tokens % p->group != 0)
       return KV_CODEC_FAIL(err, code, "page_tokens not a multiple of the key group",
                            p->page_tokens, p->group);
     if (p->residual > n_rows)
@@ -386,7 +388,7 @@ static uint32_t default_page_tokens(uint8_t id, uint32_t head_dim, size_t es,
   uint32_t g = 16;
   while (g * row < want && g < KV_CODEC_MAX_PAGE_TOKENS)
     g <<= 1;
-  if (uses_quant && kind == KV_SECTION_K && p->group > 0)
+  if (uses_quant && (kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT) && p->group > 0)
     g = (g + p->group - 1) / p->group * p->group;
   return g;
 }
@@ -443,18 +445,21 @@ kv_codec_status kv_codec_plan(uint8_t id, const kv_section_shape *shape, const k
                          p->n_keep, 0);
   }
 
-  int uses_quant = id == KV_CODEC_ID_KIVI || (id == KV_CODEC_ID_DROP && p->bits != 0);
+  int uses_quant = id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT ||
+                   (id == KV_CODEC_ID_DROP && p->bits != 0);
   if (id == KV_CODEC_ID_ZSTD_PLANES && r->zstd_level == 0)
     r->zstd_level = KV_CODEC_ZSTD_LEVEL_DEFAULT;
   if (uses_quant && r->group == 0) {
-    uint32_t lim = shape->kind == KV_SECTION_K ? n_rows : shape->head_dim;
-    r->group = KV_CODEC_GROUP_DEFAULT < lim ? KV_CODEC_GROUP_DEFAULT : lim;
+    uint32_t lim = shape->kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT ? n_rows
+                                                                             : shape->head_dim;
+    uint32_t def = id == KV_CODEC_ID_KVQUANT ? KV_CODEC_KVQ_GROUP_DEFAULT : KV_CODEC_GROUP_DEFAULT;
+    r->group = def < lim ? def : lim;
   }
   if (r->page_tokens == 0)
     r->page_tokens = default_page_tokens(id, shape->head_dim, kv_codec_dtype_bytes(shape->dtype),
                                          r, shape->kind, uses_quant);
-  if (id < KV_CODEC_ID_RAW || id > KV_CODEC_ID_DROP)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "unknown codec id", id, KV_CODEC_ID_DROP);
+  if (id < KV_CODEC_ID_RAW || id > KV_CODEC_ID_KVQUANT)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "unknown codec id", id, KV_CODEC_ID_KVQUANT);
 
   kv_codec_status rc = kv_codec_validate_config(id, shape, n_rows, r, KV_CODEC_EINVAL, err);
   if (rc != KV_CODEC_OK)

@@ -177,6 +177,14 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
                            void *dst, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
+/* kvquant's encode scratch: kv_quant_scratch_bytes() plus a page group's rows as floats. */
+size_t kv_kvq_scratch_bytes(uint32_t head_dim, uint32_t page_tokens);
+size_t kv_codec_kvq_bound(const kv_section_shape *shape, const kv_codec_params *p);
+size_t kv_codec_kvq_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                  kv_codec_op op);
+kv_codec_status kv_codec_kvq_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                    const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                    void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err);
 kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
                                kv_codec_err *err);
 
@@ -224,5 +232,6 @@ extern const kv_codec kv_codec_raw;
 extern const kv_codec kv_codec_zstd_planes;
 extern const kv_codec kv_codec_kivi;
 extern const kv_codec kv_codec_drop;
+extern const kv_codec kv_codec_kvquant;
 
 #endif /* KV_CODEC_INT_H */

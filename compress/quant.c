@@ -55,8 +55,10 @@ static inline float clamp_fp16_range(float y)
 typedef struct qgeom {
   uint32_t r0;         /* first row of the group */
   uint32_t t;          /* rows */
-  uint32_t q;          /* quantized rows (the rest are residual rows, stored raw) */
-  uint32_t n_pairs;    /* scale/zero pairs */
+  uint32_t q;          /* quantized rows (the rest are residual rows: raw, or 8-bit for kvquant) */
+  uint32_t n_pairs;    /* scale/zero pairs (kvquant: the residual chunk's d pairs included) */
+  int percol;          /* rows quantized per channel in chunks of `group` rows (K; kvquant V too) */
+  int res8;            /* kvquant: the residual rows are one 8-bit per-channel chunk, not raw */
   size_t rowpack;      /* code bytes per row */
   size_t pairs_bytes, codes_bytes, raw_bytes;
 } qgeom;
@@ -66,17 +68,20 @@ static void geom(const kv_section_info *info, uint32_t g, qgeom *o)
   const kv_codec_params *p = &info->params;
   uint32_t d = info->shape.head_dim;
   uint32_t qend = info->n_rows - p->residual;
+  int kvq = info->codec_id == KV_CODEC_ID_KVQUANT;
   o->r0 = g * p->page_tokens;
   o->t = kv_codec_group_rows(info, g);
   o->q = o->r0 >= qend ? 0 : (qend - o->r0 < o->t ? qend - o->r0 : o->t);
   o->rowpack = ((size_t)d * p->bits + 7) / 8;
-  if (info->shape.kind == KV_SECTION_K)
-    o->n_pairs = (o->q + p->group - 1) / p->group * d;
+  o->percol = info->shape.kind == KV_SECTION_K || kvq;
+  o->res8 = kvq && o->t > o->q;
+  if (o->percol)
+    o->n_pairs = (o->q + p->group - 1) / p->group * d + (o->res8 ? d : 0);
   else
     o->n_pairs = o->q * ((d + p->group - 1) / p->group);
   o->pairs_bytes = 4 * (size_t)o->n_pairs;
-  o->codes_bytes = (size_t)o->q * o->rowpack;
-  o->raw_bytes = (size_t)(o->t - o->q) * d * kv_codec_dtype_bytes(info->shape.dtype);
+  o->codes_bytes = (size_t)o->q * o->rowpack + (kvq ? (size_t)(o->t - o->q) * d : 0);
+  o->raw_bytes = kvq ? 0 : (size_t)(o->t - o->q) * d * kv_codec_dtype_bytes(info->shape.dtype);
 }
 
 /* At most ~5x the raw rows of a group (<= 2^30 by [H1]), so it fits a u32 table entry. */
@@ -205,6 +210,116 @@ static kv_codec_status load_row(const kv_section_info *info, const uint8_t *src,
   return KV_CODEC_OK;
 }
 
+/*
+ * kvquant's clipping (encoder only): the [lo, hi] range of one channel of a chunk that gives
+ * the smallest squared error after quantization, among the ranges that shrink [min, max] by
+ * 0, 5, 10, 15 or 20% of its width from either end. Outliers then saturate at a code's end
+ * instead of stretching every other value's step (V and K alike; KVQuant, Hooper et al. 2024).
+ */
+static void clip_range(const float *buf, uint32_t n, uint32_t d, uint32_t j, unsigned maxq,
+                       float *lo, float *hi)
+{
+  static const float cut[5] = {0.0f, 0.05f, 0.10f, 0.15f, 0.20f};
+  float mn = INFINITY, mx = -INFINITY;
+  for (uint32_t r = 0; r < n; r++) {
+    float x = buf[(size_t)r * d + j];
+    mn = x < mn ? x : mn;
+    mx = x > mx ? x : mx;
+  }
+  *lo = mn;
+  *hi = mx;
+  if (!(mx > mn) || n < 4)
+    return;
+  double best = HUGE_VAL;
+  float w = mx - mn;
+  for (int a = 0; a < 5; a++)
+    for (int b = 0; b < 5; b++) {
+      float l = mn + cut[a] * w, h = mx - cut[b] * w;
+      uint16_t sh, zh;
+      scale_zero(l, h, maxq, &sh, &zh);
+      float sf = kv_codec_f16_to_f32(sh), zf = kv_codec_f16_to_f32(zh);
+      float iv = sf > 0 ? 1.0f / sf : 0.0f;
+      double e = 0;
+      for (uint32_t r = 0; r < n && e < best; r++) {
+        float x = buf[(size_t)r * d + j];
+        float c = floorf((x - zf) * iv + 0.5f);
+        c = c < 0 ? 0 : (c > (float)maxq ? (float)maxq : c);
+        float y = c * sf + zf;
+        e += (double)(y - x) * (y - x);
+      }
+      if (e < best) {
+        best = e;
+        *lo = l;
+        *hi = h;
+      }
+    }
+}
+
+/*
+ * Rows [rel0, rel0 + nrows) of group q (relative to its first row) quantized per channel in
+ * chunks of `group` rows: per chunk d scales then d zeros at `pairs`, codes at `codes`, one
+ * row of rowpack bytes after another. clip: choose each range by clip_range() (needs the
+ * chunk's rows as floats in ws: kv_kvq_scratch_bytes()); else min/max (KIVI's K).
+ */
+static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8,
+                                  const uint32_t *row_map, uint32_t r0, uint32_t nrows,
+                                  uint32_t group, unsigned bits, int clip, uint8_t *pairs,
+                                  uint8_t *codes, size_t rowpack, void *ws, kv_codec_err *err)
+{
+  uint32_t d = info->shape.head_dim;
+  unsigned maxq = (1u << bits) - 1;
+  float *x = ws, *mn = x + d, *mx = mn + d, *zf = mx + d;
+  double *inv = (double *)(void *)(zf + d); /* 16*d bytes in: 8-aligned, ws is 64-aligned */
+  float *buf = (float *)(void *)((uint8_t *)ws + 8 * sizeof(float) * (size_t)d + 64);
+  kv_codec_status rc;
+  memset(codes, 0, (size_t)nrows * rowpack);
+  for (uint32_t c0 = 0; c0 < nrows; c0 += group) {
+    uint32_t c1 = c0 + group < nrows ? c0 + group : nrows;
+    uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
+    for (uint32_t j = 0; j < d; j++) {
+      mn[j] = INFINITY;
+      mx[j] = -INFINITY;
+    }
+    for (uint32_t r = c0; r < c1; r++) {
+      float *xr = clip ? buf + (size_t)(r - c0) * d : x;
+      if ((rc = load_row(info, s8, row_map, r0 + r, xr, err)) != KV_CODEC_OK)
+        return rc;
+      for (uint32_t j = 0; j < d; j++) {
+        mn[j] = xr[j] < mn[j] ? xr[j] : mn[j];
+        mx[j] = xr[j] > mx[j] ? xr[j] : mx[j];
+      }
+    }
+    if (clip)
+      for (uint32_t j = 0; j < d; j++)
+        clip_range(buf, c1 - c0, d, j, maxq, &mn[j], &mx[j]);
+    for (uint32_t j = 0; j < d; j++) {
+      uint16_t sh, zh;
+      scale_zero(mn[j], mx[j], maxq, &sh, &zh);
+      kv_codec_put_le16(cp + 2 * (size_t)j, sh);                 /* scales[d] */
+      kv_codec_put_le16(cp + 2 * (size_t)d + 2 * (size_t)j, zh); /* then zeros[d] */
+      float sf = kv_codec_f16_to_f32(sh);
+      zf[j] = kv_codec_f16_to_f32(zh);
+      inv[j] = sf > 0 ? 1.0 / sf : 0.0;
+    }
+    for (uint32_t r = c0; r < c1; r++) {
+      const float *xr = x;
+      if (clip)
+        xr = buf + (size_t)(r - c0) * d;
+      else
+        (void)load_row(info, s8, row_map, r0 + r, x, NULL); /* checked above */
+      uint8_t *row = codes + (size_t)r * rowpack;
+      for (uint32_t j = 0; j < d; j++)
+        put_code(row, bits, j, quantize(xr[j], zf[j], inv[j], maxq));
+    }
+  }
+  return KV_CODEC_OK;
+}
+
+size_t kv_kvq_scratch_bytes(uint32_t head_dim, uint32_t page_tokens)
+{
+  return kv_quant_scratch_bytes(head_dim) + 4 * (size_t)page_tokens * head_dim + 64;
+}
+
 kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, const void *src,
                                       const uint32_t *row_map, void *ws, uint8_t *dst,
                                       kv_codec_err *err)
@@ -216,44 +331,25 @@ kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, c
   qgeom q;
   geom(info, g, &q);
   uint8_t *pairs = dst, *codes = dst + q.pairs_bytes, *raw = codes + q.codes_bytes;
-  float *x = ws, *mn = x + d, *mx = mn + d, *zf = mx + d;
-  double *inv = (double *)(void *)(zf + d); /* 16*d bytes in: 8-aligned, ws is 64-aligned */
+  float *x = ws;
   kv_codec_status rc;
 
-  memset(codes, 0, q.codes_bytes);
+  if (info->codec_id == KV_CODEC_ID_KVQUANT) {
+    uint32_t nch = (q.q + p->group - 1) / p->group;
+    rc = enc_percol(info, s8, row_map, q.r0, q.q, p->group, bits, bits <= 4, pairs, codes,
+                    q.rowpack, ws, err);
+    if (rc == KV_CODEC_OK && q.res8)
+      rc = enc_percol(info, s8, row_map, q.r0 + q.q, q.t - q.q, q.t - q.q, 8, 0,
+                      pairs + 4 * (size_t)nch * d, codes + (size_t)q.q * q.rowpack, d, ws, err);
+    return rc;
+  }
   if (info->shape.kind == KV_SECTION_K) {
-    for (uint32_t c0 = 0; c0 < q.q; c0 += p->group) {
-      uint32_t c1 = c0 + p->group < q.q ? c0 + p->group : q.q;
-      uint8_t *cp = pairs + 4 * (size_t)(c0 / p->group) * d;
-      for (uint32_t j = 0; j < d; j++) {
-        mn[j] = INFINITY;
-        mx[j] = -INFINITY;
-      }
-      for (uint32_t r = c0; r < c1; r++) {
-        if ((rc = load_row(info, s8, row_map, q.r0 + r, x, err)) != KV_CODEC_OK)
-          return rc;
-        for (uint32_t j = 0; j < d; j++) {
-          mn[j] = x[j] < mn[j] ? x[j] : mn[j];
-          mx[j] = x[j] > mx[j] ? x[j] : mx[j];
-        }
-      }
-      for (uint32_t j = 0; j < d; j++) {
-        uint16_t sh, zh;
-        scale_zero(mn[j], mx[j], maxq, &sh, &zh);
-        kv_codec_put_le16(cp + 2 * (size_t)j, sh);                 /* scales[d] */
-        kv_codec_put_le16(cp + 2 * (size_t)d + 2 * (size_t)j, zh); /* then zeros[d] */
-        float sf = kv_codec_f16_to_f32(sh);
-        zf[j] = kv_codec_f16_to_f32(zh);
-        inv[j] = sf > 0 ? 1.0 / sf : 0.0;
-      }
-      for (uint32_t r = c0; r < c1; r++) {
-        (void)load_row(info, s8, row_map, q.r0 + r, x, NULL); /* checked above */
-        uint8_t *row = codes + (size_t)r * q.rowpack;
-        for (uint32_t j = 0; j < d; j++)
-          put_code(row, bits, j, quantize(x[j], zf[j], inv[j], maxq));
-      }
-    }
+    rc = enc_percol(info, s8, row_map, q.r0, q.q, p->group, bits, 0, pairs, codes, q.rowpack,
+                    ws, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
   } else {
+    memset(codes, 0, q.codes_bytes);
     uint32_t ng = (d + p->group - 1) / p->group;
     for (uint32_t r = 0; r < q.q; r++) {
       if ((rc = load_row(info, s8, row_map, q.r0 + r, x, err)) != KV_CODEC_OK)
@@ -656,6 +752,33 @@ static void halves(const uint8_t *src, uint32_t n, float *dst, int simd)
     dst[i] = kv_codec_f16_to_f32(kv_codec_get_le16(src + 2 * (size_t)i));
 }
 
+/* Rows quantized per channel in chunks of `group` rows (enc_percol's layout) into out. */
+static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpack, uint32_t nrows,
+                       uint32_t group, unsigned bits, uint32_t d, kv_codec_dtype dt, uint8_t *out,
+                       size_t rowb, int simd, int nt, float *tmp, float *s, float *z, uint8_t *u8)
+{
+  for (uint32_t c0 = 0; c0 < nrows; c0 += group) {
+    uint32_t c1 = c0 + group < nrows ? c0 + group : nrows;
+    const uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
+    halves(cp, d, s, simd);
+    halves(cp + 2 * (size_t)d, d, z, simd);
+    uint32_t done = 0; /* channels [0, done) decoded by the SIMD kernel */
+#if KV_QUANT_X86
+    if (simd) {
+      k_rows_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z, dt,
+                  out + c0 * rowb, rowb, nt);
+      done = d / 8 * 8;
+    }
+#else
+    (void)nt;
+#endif
+    if (done < d)
+      for (uint32_t r = c0; r < c1; r++)
+        deq_span_portable(codes + (size_t)r * rowpack, bits, done, d, s, z, 0, 0, dt,
+                          out + r * rowb, tmp, u8);
+  }
+}
+
 void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
                            void *dst, int simd)
 {
@@ -675,24 +798,14 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
   simd = simd && kv_quant_simd_available();
   nt = nt && simd;
 
-  if (info->shape.kind == KV_SECTION_K) {
-    for (uint32_t c0 = 0; c0 < q.q; c0 += group) {
-      uint32_t c1 = c0 + group < q.q ? c0 + group : q.q;
-      const uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
-      halves(cp, d, s, simd);
-      halves(cp + 2 * (size_t)d, d, z, simd);
-      uint32_t done = 0; /* channels [0, done) decoded by the SIMD kernel */
-#if KV_QUANT_X86
-      if (simd) {
-        k_rows_avx2(codes + (size_t)c0 * q.rowpack, q.rowpack, c1 - c0, d, bits, s, z, dt,
-                    out + c0 * rowb, rowb, nt);
-        done = d / 8 * 8;
-      }
-#endif
-      if (done < d)
-        for (uint32_t r = c0; r < c1; r++)
-          deq_span_portable(codes + (size_t)r * q.rowpack, bits, done, d, s, z, 0, 0, dt,
-                            out + r * rowb, tmp, u8);
+  if (q.percol) {
+    dec_percol(pairs, codes, q.rowpack, q.q, group, bits, d, dt, out, rowb, simd, nt, tmp, s, z,
+               u8);
+    if (q.res8) { /* kvquant: the residual rows, one 8-bit chunk */
+      uint32_t nch = (q.q + group - 1) / group;
+      dec_percol(pairs + 4 * (size_t)nch * d, codes + (size_t)q.q * q.rowpack, d, q.t - q.q,
+                 q.t - q.q, 8, d, dt, out + (size_t)q.q * rowb, rowb, simd, nt, tmp, s, z, u8);
+      return;
     }
   } else {
     uint32_t ng = (d + group - 1) / group, rows = q.q;
@@ -809,3 +922,63 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   return KV_CODEC_OK;
 }
 
+
+/* ---- the kvquant codec -------------------------------------------------------------------------- */
+
+size_t kv_codec_kvq_bound(const kv_section_shape *shape, const kv_codec_params *p)
+{
+  kv_section_info info;
+  if (kv_codec_plan(KV_CODEC_ID_KVQUANT, shape, p, &info, NULL) != KV_CODEC_OK)
+    return 0;
+  size_t n = info.header_bytes;
+  for (uint32_t g = 0; g < info.n_groups; g++)
+    n += kv_quant_group_bytes(&info, g);
+  return n;
+}
+
+size_t kv_codec_kvq_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                  kv_codec_op op)
+{
+  kv_section_info info;
+  if (kv_codec_plan(KV_CODEC_ID_KVQUANT, shape, p, &info, NULL) != KV_CODEC_OK)
+    return 0;
+  if (op == KV_CODEC_OP_DECODE)
+    return kv_quant_scratch_bytes(shape->head_dim);
+  return kv_kvq_scratch_bytes(shape->head_dim, info.params.page_tokens);
+}
+
+kv_codec_status kv_codec_kvq_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                    const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                    void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+{
+  kv_section_info info;
+  kv_codec_status rc = kv_codec_encode_args(shape, src, src_len, dst, out_len, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  rc = kv_codec_plan(KV_CODEC_ID_KVQUANT, shape, p, &info, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  size_t need = kv_kvq_scratch_bytes(shape->head_dim, info.params.page_tokens);
+  if (scratch == NULL || scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
+                         scratch ? scratch_cap : 0, need);
+  size_t bound = kv_codec_kvq_bound(shape, p);
+  if (dst_cap < bound)
+    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
+                         bound);
+  size_t cap = scratch_cap;
+  void *ws = kv_codec_scratch_align(scratch, &cap);
+  uint8_t *d = dst;
+  kv_codec_write_header(&info, NULL, d);
+  size_t pos = info.header_bytes;
+  for (uint32_t g = 0; g < info.n_groups; g++) {
+    size_t n = kv_quant_group_bytes(&info, g);
+    rc = kv_quant_encode_group(&info, g, src, NULL, ws, d + pos, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
+    kv_codec_put_le32(d + KV_SECTION_FIXED_BYTES + 4 * (size_t)g, (uint32_t)n);
+    pos += n;
+  }
+  *out_len = pos;
+  return KV_CODEC_OK;
+}
