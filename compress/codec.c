@@ -117,7 +117,7 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
                          KV_SECTION_VERSION);
   if (h[3] & 0xfeu)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved flag bits set", h[3], 1);
-  if (h[31] != 0)
+  if (h[31] != 0 && h[0] != KV_CODEC_ID_KVQUANT) /* kvquant: its sink rows */
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved header byte set", h[31], 0);
 
   info->codec_id = h[0];
@@ -136,6 +136,7 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   p->residual = kv_codec_get_le32(h + 24);
   p->keep_permille = kv_codec_get_le16(h + 28);
   p->zstd_level = (int8_t)h[30];
+  p->sink = h[0] == KV_CODEC_ID_KVQUANT ? h[31] : 0;
   if (info->codec_id == KV_CODEC_ID_DROP)
     p->n_keep = info->n_rows;
 

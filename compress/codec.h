@@ -234,6 +234,8 @@ typedef struct kv_codec_params {
   const uint32_t *keep_pos; /**< drop, encode only: the kept positions, strictly increasing,
                                  < n_tokens (from kv_drop_select()); read, not retained */
   uint32_t n_keep;        /**< drop: entries of keep_pos */
+  unsigned sink;          /**< kvquant: the section's first rows (0..255, attention sinks, as
+                               KVQuant keeps the first token) stored at 8 bits; else 0 */
 } kv_codec_params;
 
 /** @brief Set every field to its default (levels/groups 0 = default, bits 0, no drop). */

@@ -341,6 +341,12 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
                            p->page_tokens, p->group);
     if (p->residual > n_rows)
       return KV_CODEC_FAIL(err, code, "residual larger than the rows", p->residual, n_rows);
+    if (p->sink > 255 || (p->sink != 0 && id != KV_CODEC_ID_KVQUANT))
+      return KV_CODEC_FAIL(err, code, "sink rows set for a codec without them, or above 255",
+                           p->sink, id == KV_CODEC_ID_KVQUANT ? 255 : 0);
+    if (p->sink > p->page_tokens || p->sink + p->residual > n_rows)
+      return KV_CODEC_FAIL(err, code, "sink rows beyond the first page group or the residual",
+                           p->sink, p->page_tokens);
   } else {
     if (p->bits != 0)
       return KV_CODEC_FAIL(err, code, "bits set for a codec without quantization", p->bits, 0);
@@ -349,6 +355,9 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
     if (p->residual != 0)
       return KV_CODEC_FAIL(err, code, "residual set for a codec without quantization",
                            p->residual, 0);
+    if (p->sink != 0)
+      return KV_CODEC_FAIL(err, code, "sink rows set for a codec without quantization", p->sink,
+                           0);
   }
 
   if (uses_drop) {
@@ -489,7 +498,7 @@ void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos
   kv_codec_put_le32(dst + 24, p->residual);
   kv_codec_put_le16(dst + 28, (uint16_t)p->keep_permille);
   dst[30] = (uint8_t)(int8_t)p->zstd_level;
-  dst[31] = 0;
+  dst[31] = (uint8_t)p->sink; /* kvquant's sink rows; 0 for every other codec */
   if (info->codec_id == KV_CODEC_ID_DROP) {
     size_t b = ((size_t)info->shape.n_tokens + 7) / 8;
     uint8_t *bm = dst + KV_SECTION_FIXED_BYTES;

@@ -786,6 +786,20 @@ typedef struct kvdb_put_opts {
    * dropping for a scoring model); a named config the model cannot take is KVDB_INVALID. */
   const char *profile_space;
   uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
+  /**
+   * The quality profile's probes (issue 16), optional: the model's own queries at positions
+   * spread over the context (e.g. 64 of them, evenly spaced), layout
+   * [n_probe_queries][n_layers][n_q_heads][head_dim] floats in the keys' rotary state, with
+   * n_q_heads as above (set it even without `queries`), the query of position
+   * probe_positions[i] at row i (strictly increasing, < the context's tokens). Each probe
+   * attends causally to the keys at positions <= its own. Without them the profile probes with
+   * the keys at 64 evenly spaced positions (scaled to a query's norm). `queries` (SnapKV's
+   * window) are never probes. KVDB_INVALID: one of the two pointers NULL with n_probe_queries
+   * > 0 (or set with 0), n_probe_queries > 1024, positions not increasing or past the context.
+   */
+  const float *probe_queries;
+  const uint32_t *probe_positions;
+  uint32_t n_probe_queries;
 } kvdb_put_opts;
 
 /** @brief Fill *o with defaults (raw config, no profile). Cannot fail. */
