@@ -8,8 +8,9 @@
  * one so the queries of every position are captured (all layers, all query heads, after RoPE);
  * K (after RoPE) and V rounded to f16, as kvdb stores them.
  *
- * int4 targets (one JSON field each): kvquant (codec 5) at 4 bits, group 128, the last 8 rows
- * in 8 bit, on each (layer, KV head) section of a whole 512-token context (the unit
+ * int4 targets (one JSON field each): kvquant (codec 5) at 4 bits, K quantized before RoPE
+ * (the model's RoPE: llama2.c's adjacent pairs, base 10000), group 128 for K and V, V clipped,
+ * the last 8 rows in 8 bit, on each (layer, KV head) section of a whole 512-token context (the unit
  * `compress` measures: a context of one block):
  *   int4_bits_per_element    encoded bytes x 8 / elements, headers, scales, zeros and residual
  *                            rows included
@@ -80,46 +81,36 @@ typedef struct tcfg {
   kv_drop_method drop;
   unsigned permille;
   unsigned sink; /* kvquant: first rows at 8 bits */
-  unsigned prerope; /* experiment: K un-rotated before encoding, re-rotated after decoding */
-  unsigned vbits, vgroup; /* experiment: V's bits / group when not 0 */
+  unsigned prerope;     /* kvquant: K quantized before RoPE (the model's: adjacent, base 1e4) */
+  unsigned vbits, vgroup; /* V's bits / group when not 0 (else those of K) */
 } tcfg;
 
 static const tcfg CFGS[] = {
-  {"kivi int8", KV_CODEC_ID_KIVI, 8, 0, 0, KV_DROP_NONE, 0},
-  {"kivi int4", KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0},
-  {"kivi int2", KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0},
-  {"kvquant int8", KV_CODEC_ID_KVQUANT, 8, 128, 0, KV_DROP_NONE, 0},
-  {"kvquant int4", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0},
-  {"kvquant int4 s4 r0", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0, 4},
-  {"kvquant int4 prerope", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1},
-  {"kvquant int4 prerope r0", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0, 0, 1},
-  {"kvq prerope K4 V8", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1, 8},
-  {"kvq K8 V4", KV_CODEC_ID_KVQUANT, 8, 128, 8, KV_DROP_NONE, 0, 0, 0, 4},
-  {"kvq prerope K4 V4g32", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1, 4, 32},
-  {"kvq prerope K4g64 V4", KV_CODEC_ID_KVQUANT, 4, 64, 8, KV_DROP_NONE, 0, 0, 1, 4, 128},
-  {"kvquant int2 prerope", KV_CODEC_ID_KVQUANT, 2, 128, 8, KV_DROP_NONE, 0, 0, 1},
-  {"kvquant int4 s1 r4", KV_CODEC_ID_KVQUANT, 4, 128, 4, KV_DROP_NONE, 0, 1},
-  {"kvquant int4 s4 r8", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 4},
-  {"kvquant int4 r0", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0},
-  {"kvquant int4 g64", KV_CODEC_ID_KVQUANT, 4, 64, 8, KV_DROP_NONE, 0},
-  {"kvquant int2", KV_CODEC_ID_KVQUANT, 2, 128, 8, KV_DROP_NONE, 0},
-  {"kvquant int2 g64 r32", KV_CODEC_ID_KVQUANT, 2, 64, 32, KV_DROP_NONE, 0},
-  {"knorm 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 900},
-  {"knorm 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 700},
-  {"knorm 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 500},
-  {"knorm 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 300},
-  {"keydiff 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 900},
-  {"keydiff 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 700},
-  {"keydiff 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 500},
-  {"keydiff 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 300},
-  {"snapkv 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 900},
-  {"snapkv 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 700},
-  {"snapkv 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 500},
-  {"snapkv 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 300},
-  {"snapkv 50 + kivi int4", KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_SNAPKV, 500},
+  {"kivi int8", KV_CODEC_ID_KIVI, 8, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kivi int4", KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kivi int2", KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kvquant int8", KV_CODEC_ID_KVQUANT, 8, 128, 0, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"kvquant int4", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"kvquant int4 post-RoPE", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kvquant int4 sink 4", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0, 4, 1, 0, 0},
+  {"kvquant K4 g64 V4", KV_CODEC_ID_KVQUANT, 4, 64, 8, KV_DROP_NONE, 0, 0, 1, 4, 128},
+  {"kvquant int2", KV_CODEC_ID_KVQUANT, 2, 128, 8, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"knorm 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 900, 0, 0, 0, 0},
+  {"knorm 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 700, 0, 0, 0, 0},
+  {"knorm 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 500, 0, 0, 0, 0},
+  {"knorm 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 300, 0, 0, 0, 0},
+  {"keydiff 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 900, 0, 0, 0, 0},
+  {"keydiff 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 700, 0, 0, 0, 0},
+  {"keydiff 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 500, 0, 0, 0, 0},
+  {"keydiff 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 300, 0, 0, 0, 0},
+  {"snapkv 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 900, 0, 0, 0, 0},
+  {"snapkv 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 700, 0, 0, 0, 0},
+  {"snapkv 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 500, 0, 0, 0, 0},
+  {"snapkv 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 300, 0, 0, 0, 0},
+  {"snapkv 50 + kivi int4", KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_SNAPKV, 500, 0, 0, 0, 0},
 };
 #define N_CFG (sizeof CFGS / sizeof CFGS[0])
-#define INT4_CFG 4 /* the int4 of the targets in CFGS */
+#define INT4_CFG 4 /* the int4 of the targets in CFGS: kvquant, pre-RoPE K, g128, r8 */
 
 /* One context: tokens, the queries of every position, the f16 KV of every position. */
 typedef struct tctx {
@@ -205,23 +196,6 @@ static uint32_t head_queries(const truth *t, const tctx *c, uint32_t l, uint32_t
   return k;
 }
 
-/* Rotate (dir 1) or un-rotate (dir -1) an f16 row by the model's RoPE at position pos (llama2.c:
- * adjacent pairs, base 10000). */
-static void rope_row(const uint16_t *in, uint16_t *out, uint32_t d, uint32_t pos, int dir)
-{
-  float x[64];
-  kv_codec_to_f32(KV_CODEC_F16, in, d, x);
-  for (uint32_t i = 0; i < d; i += 2) {
-    double freq = pow(10000.0, -(double)i / (double)d);
-    double a = (double)pos * freq;
-    double c = cos(a), s = dir * sin(a);
-    double v0 = x[i], v1 = x[i + 1];
-    x[i] = (float)(v0 * c - v1 * s);
-    x[i + 1] = (float)(v0 * s + v1 * c);
-  }
-  kv_codec_from_f32(KV_CODEC_F16, x, d, out);
-}
-
 /* Encode and decode one head's first n tokens of K and V in config cf: decoded rows into
  * kd/vd, their token positions into rpos, *rows, encoded bytes into *bytes. enc_out (when not
  * NULL, cap enc_cap) keeps the two encoded sections back to back. */
@@ -248,11 +222,10 @@ static int codec_head(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t 
     p[1].group = cf->vgroup;
   const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
   size_t len = (size_t)n * d * 2;
-  uint16_t kun[TR_TOKENS * 64];
-  if (cf->prerope) {
-    for (uint32_t r = 0; r < n; r++)
-      rope_row(k + (size_t)r * d, kun + (size_t)r * d, d, r, -1);
-    k = kun;
+  if (cf->prerope) { /* the model's RoPE: llama2.c's adjacent pairs, base 10000 */
+    p[0].rope_base = 10000.0f;
+    p[0].rope_style = KV_ROPE_ADJACENT;
+    p[0].rope_pos0 = 0;
   }
   if (cf->id == KV_CODEC_ID_DROP) {
     float win[TR_WIN * 8 * 64];
@@ -300,9 +273,6 @@ static int codec_head(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t 
     kv_section_info info;
     if (kv_section_decode(enc, el, ws, wcap, kv ? vd : kd, len, &info, &err) != KV_CODEC_OK)
       return bench_codec_fail("kv_section_decode", &err);
-    if (kv == 0 && cf->prerope)
-      for (uint32_t r = 0; r < n; r++)
-        rope_row(kd + (size_t)r * d, kd + (size_t)r * d, d, r, 1);
     if (kv == 0) {
       *rows = info.n_rows;
       if (kv_section_positions(enc, el, 0, info.n_rows, rpos, &err) != KV_CODEC_OK)
@@ -786,8 +756,8 @@ int bench_truth(const bench_env *env, bench_json *j)
             spearman(mv, ma, N_CFG), spearman(mv, mklneg, N_CFG), spc, spk);
   }
 
-  fprintf(o, "\nint4 (kvquant, codec 5: 4 bits, K and V per channel in groups of 128 tokens, "
-             "clipped, the last 8 rows in 8 bit) on %u stories260K contexts x %u layers x %u "
+  fprintf(o, "\nint4 (kvquant, codec 5: 4 bits, K before RoPE, K and V per channel in groups "
+             "of 128 tokens, V clipped, the last 8 rows in 8 bit) on %u stories260K contexts x %u layers x %u "
              "KV heads, sections of %u tokens x %u:\n",
           t.n_ctx, t.L, t.H, TR_TOKENS, t.d);
   fprintf(o, "  bits per element %.4f (target <= %.1f: %s)\n", f4.bpe, T_INT4_BPE,

@@ -236,7 +236,19 @@ typedef struct kv_codec_params {
   uint32_t n_keep;        /**< drop: entries of keep_pos */
   unsigned sink;          /**< kvquant: the section's first rows (0..255, attention sinks, as
                                KVQuant keeps the first token) stored at 8 bits; else 0 */
+  /* kvquant K sections, optional: quantize K before RoPE (KVQuant's pre-RoPE keys). The
+   * encoder un-rotates row r by the angles of token position rope_pos0 + r, the decoder
+   * re-rotates; keys then keep their per-channel structure instead of spinning through it.
+   * rope_base 0 = off (and the other two 0); else base (1 < base <= 1e9, finite; head_dim
+   * even), style KV_ROPE_ADJACENT (pairs 2i, 2i+1: llama2.c, GPT-J) or KV_ROPE_HALF (pairs i,
+   * i + d/2: NeoX, HF Llama), and the first row's position (rope_pos0 + n_tokens <= 2^31). */
+  float rope_base;
+  unsigned rope_style;
+  uint32_t rope_pos0;
 } kv_codec_params;
+
+#define KV_ROPE_ADJACENT 1
+#define KV_ROPE_HALF 2
 
 /** @brief Set every field to its default (levels/groups 0 = default, bits 0, no drop). */
 void kv_codec_params_init(kv_codec_params *p);

@@ -344,6 +344,19 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
     if (p->sink > 255 || (p->sink != 0 && id != KV_CODEC_ID_KVQUANT))
       return KV_CODEC_FAIL(err, code, "sink rows set for a codec without them, or above 255",
                            p->sink, id == KV_CODEC_ID_KVQUANT ? 255 : 0);
+    if (p->rope_base != 0 || p->rope_style != 0 || p->rope_pos0 != 0) {
+      if (id != KV_CODEC_ID_KVQUANT || s->kind != KV_SECTION_K)
+        return KV_CODEC_FAIL(err, code, "RoPE set for other than a kvquant K section", id, 5);
+      if (!(p->rope_base > 1.0f && p->rope_base <= 1e9f))
+        return KV_CODEC_FAIL(err, code, "RoPE base outside (1, 1e9]", (uint64_t)p->rope_base,
+                             1000000000);
+      if (p->rope_style != KV_ROPE_ADJACENT && p->rope_style != KV_ROPE_HALF)
+        return KV_CODEC_FAIL(err, code, "unknown RoPE style", p->rope_style, KV_ROPE_HALF);
+      if (s->head_dim % 2 != 0)
+        return KV_CODEC_FAIL(err, code, "RoPE needs an even head_dim", s->head_dim, 0);
+      if ((uint64_t)p->rope_pos0 + s->n_tokens > (1ull << 31))
+        return KV_CODEC_FAIL(err, code, "RoPE positions beyond 2^31", p->rope_pos0, 1u << 31);
+    }
     if (p->sink > p->page_tokens || p->sink + p->residual > n_rows)
       return KV_CODEC_FAIL(err, code, "sink rows beyond the first page group or the residual",
                            p->sink, p->page_tokens);
@@ -358,6 +371,8 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
     if (p->sink != 0)
       return KV_CODEC_FAIL(err, code, "sink rows set for a codec without quantization", p->sink,
                            0);
+    if (p->rope_base != 0 || p->rope_style != 0 || p->rope_pos0 != 0)
+      return KV_CODEC_FAIL(err, code, "RoPE set for a codec without quantization", id, 5);
   }
 
   if (uses_drop) {
@@ -475,7 +490,7 @@ kv_codec_status kv_codec_plan(uint8_t id, const kv_section_shape *shape, const k
     return rc;
   info->n_rows = n_rows;
   info->n_groups = (uint32_t)(((uint64_t)n_rows + r->page_tokens - 1) / r->page_tokens);
-  size_t bitmap = id == KV_CODEC_ID_DROP ? ((size_t)shape->n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(id, kv_section_flags(info), shape->n_tokens);
   info->header_bytes = KV_SECTION_FIXED_BYTES + bitmap + 4 * (size_t)info->n_groups;
   return KV_CODEC_OK;
 }
@@ -487,7 +502,7 @@ void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos
   dst[0] = info->codec_id;
   dst[1] = info->version;
   dst[2] = (uint8_t)info->shape.dtype;
-  dst[3] = (uint8_t)(info->shape.kind == KV_SECTION_V ? 1 : 0);
+  dst[3] = kv_section_flags(info);
   kv_codec_put_le32(dst + 4, info->shape.n_tokens);
   kv_codec_put_le32(dst + 8, info->shape.head_dim);
   kv_codec_put_le32(dst + 12, info->n_rows);
@@ -499,6 +514,12 @@ void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos
   kv_codec_put_le16(dst + 28, (uint16_t)p->keep_permille);
   dst[30] = (uint8_t)(int8_t)p->zstd_level;
   dst[31] = (uint8_t)p->sink; /* kvquant's sink rows; 0 for every other codec */
+  if (p->rope_base != 0) { /* kvquant pre-RoPE K: base and first position */
+    uint32_t b;
+    memcpy(&b, &p->rope_base, 4);
+    kv_codec_put_le32(dst + KV_SECTION_FIXED_BYTES, b);
+    kv_codec_put_le32(dst + KV_SECTION_FIXED_BYTES + 4, p->rope_pos0);
+  }
   if (info->codec_id == KV_CODEC_ID_DROP) {
     size_t b = ((size_t)info->shape.n_tokens + 7) / 8;
     uint8_t *bm = dst + KV_SECTION_FIXED_BYTES;

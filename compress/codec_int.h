@@ -148,6 +148,22 @@ kv_codec_status kv_codec_encode_args(const kv_section_shape *shape, const void *
                                      size_t src_len, const void *dst, size_t *out_len,
                                      kv_codec_err *err);
 
+/* Bytes between a section's fixed header and its group table: the drop codec's keep bitmap, or
+ * kvquant's RoPE extension (flags bit 1: f32 rope_base, u32 rope_pos0). */
+#define KV_SECTION_ROPE_EXT 8
+static inline size_t kv_section_ext_bytes(uint8_t id, uint8_t flags, uint32_t n_tokens)
+{
+  if (id == KV_CODEC_ID_DROP)
+    return ((size_t)n_tokens + 7) / 8;
+  return id == KV_CODEC_ID_KVQUANT && (flags & 2u) ? KV_SECTION_ROPE_EXT : 0;
+}
+static inline uint8_t kv_section_flags(const kv_section_info *info)
+{
+  const kv_codec_params *p = &info->params;
+  return (uint8_t)((info->shape.kind == KV_SECTION_V ? 1u : 0u) | (p->rope_base != 0 ? 2u : 0u) |
+                   (p->rope_style == KV_ROPE_HALF ? 4u : 0u));
+}
+
 /* Rows of group g and its first row. */
 static inline uint32_t kv_codec_group_rows(const kv_section_info *info, uint32_t g)
 {

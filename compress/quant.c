@@ -97,16 +97,18 @@ size_t kv_quant_group_bytes(const kv_section_info *info, uint32_t g)
   return q.pairs_bytes + q.codes_bytes + q.raw_bytes;
 }
 
-/* row buffer (float), min, max, zero (float) and 1/scale (double) per channel */
+/* row buffer (float), min, max, zero (float) and 1/scale (double) per channel; decode: a row,
+ * scales, zeros, codes; then (pre-RoPE K) the rotation state, up to 15d floats */
 size_t kv_quant_scratch_bytes(uint32_t head_dim)
 {
-  return KV_CODEC_SCRATCH_SLACK + 8 * sizeof(float) * (size_t)head_dim + 64;
+  return KV_CODEC_SCRATCH_SLACK + 16 * sizeof(float) * (size_t)head_dim + 64;
 }
 
 kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
                                kv_codec_err *err)
 {
-  size_t bitmap = info->codec_id == KV_CODEC_ID_DROP ? ((size_t)info->shape.n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(info->codec_id, kv_section_flags(info),
+                                       info->shape.n_tokens);
   const uint8_t *t = hdr + KV_SECTION_FIXED_BYTES + bitmap;
   for (uint32_t g = 0; g < info->n_groups; g++) {
     size_t want = kv_quant_group_bytes(info, g);
@@ -262,6 +264,88 @@ static void clip_range(const float *buf, uint32_t n, uint32_t d, uint32_t j, uns
 }
 
 /*
+ * kvquant's pre-RoPE keys. The pair (a, b) of frequency i (adjacent: channels 2i, 2i+1; half:
+ * i, i + d/2) of the row at token position p is rotated by the angle p * base^(-2i/d), in
+ * double: encode un-rotates each row with cos/sin of its own angle (rope_unrotate), decode
+ * rotates the decoded rows back (rope_rotate_rows: the first row's cos/sin from libm, the next
+ * rows' by rotating that pair by one position's angle, in double), then rounds to the dtype.
+ */
+static void rope_pair(uint32_t d, unsigned style, uint32_t i, uint32_t *a, uint32_t *b)
+{
+  *a = style == KV_ROPE_HALF ? i : 2 * i;
+  *b = style == KV_ROPE_HALF ? i + d / 2 : 2 * i + 1;
+}
+
+static void rope_unrotate(const kv_codec_params *p, uint32_t d, uint32_t pos, float *x)
+{
+  for (uint32_t i = 0; i < d / 2; i++) {
+    uint32_t a, b;
+    rope_pair(d, p->rope_style, i, &a, &b);
+    double ang = (double)pos * pow((double)p->rope_base, -2.0 * i / d);
+    double c = cos(ang), s = sin(ang), x0 = x[a], x1 = x[b];
+    x[a] = (float)(x0 * c + x1 * s);
+    x[b] = (float)(x1 * c - x0 * s);
+  }
+}
+
+#define KV_ROPE_CHAINS 4 /* independent angle recurrences: row r advances chain r % 4 */
+
+/* The decoder's angles of group rows starting at position pos, for frequency i with theta_i =
+ * pow(base, -2i/d): chain 0 starts at cos/sin(pos theta_i) (libm, double); chain j at chain
+ * j-1's double (c, s) rotated by (cos, sin)(theta_i); the step is that rotation applied
+ * KV_ROPE_CHAINS times to (1, 0); all in double, then rounded to float. c, s:
+ * [KV_ROPE_CHAINS][h]; ct, st: [h]. */
+static void rope_state(const kv_codec_params *p, uint32_t d, uint32_t pos, float *c, float *s,
+                       float *ct, float *st)
+{
+  uint32_t h = d / 2;
+  for (uint32_t i = 0; i < h; i++) {
+    double th = pow((double)p->rope_base, -2.0 * i / d);
+    double c1 = cos(th), s1 = sin(th), cj = cos((double)pos * th), sj = sin((double)pos * th);
+    double cs = 1, ss = 0;
+    for (uint32_t j = 0; j < KV_ROPE_CHAINS; j++) {
+      c[j * h + i] = (float)cj;
+      s[j * h + i] = (float)sj;
+      double cn = cj * c1 - sj * s1, csn = cs * c1 - ss * s1;
+      sj = sj * c1 + cj * s1;
+      cj = cn;
+      ss = ss * c1 + cs * s1;
+      cs = csn;
+    }
+    ct[i] = (float)cs;
+    st[i] = (float)ss;
+  }
+}
+
+static void rope_rotate_rows(const kv_codec_params *p, uint32_t d, kv_codec_dtype dt,
+                             uint32_t pos, uint32_t rows, uint8_t *out, float *ws)
+{
+  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
+  uint32_t h = d / 2;
+  float *c = ws, *s = c + KV_ROPE_CHAINS * h, *ct = s + KV_ROPE_CHAINS * h, *st = ct + h;
+  float *y = st + h; /* d floats: 6d in all */
+  rope_state(p, d, pos, c, s, ct, st);
+  int half = p->rope_style == KV_ROPE_HALF;
+  for (uint32_t r = 0; r < rows; r++) {
+    uint8_t *row = out + (size_t)r * rowb;
+    float *cj = c + (r % KV_ROPE_CHAINS) * h, *sj = s + (r % KV_ROPE_CHAINS) * h;
+    kv_codec_to_f32(dt, row, d, y);
+    for (uint32_t i = 0; i < h; i++) {
+      uint32_t a = half ? i : 2 * i, b = half ? i + h : 2 * i + 1;
+      float y0 = y[a], y1 = y[b];
+      float p0 = y0 * cj[i], p1 = y1 * sj[i], p2 = y0 * sj[i], p3 = y1 * cj[i];
+      y[a] = p0 - p1;
+      y[b] = p2 + p3;
+      /* this chain's next angle: rotate (c, s) by KV_ROPE_CHAINS steps, in float */
+      float q0 = cj[i] * ct[i], q1 = sj[i] * st[i], q2 = sj[i] * ct[i], q3 = cj[i] * st[i];
+      cj[i] = q0 - q1;
+      sj[i] = q2 + q3;
+    }
+    kv_codec_from_f32(dt, y, d, row);
+  }
+}
+
+/*
  * Rows [rel0, rel0 + nrows) of group q (relative to its first row) quantized per channel in
  * chunks of `group` rows: per chunk d scales then d zeros at `pairs`, codes at `codes`, one
  * row of rowpack bytes after another. clip: choose each range by clip_range() (needs the
@@ -290,6 +374,8 @@ static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8
       float *xr = clip ? buf + (size_t)(r - c0) * d : x;
       if ((rc = load_row(info, s8, row_map, r0 + r, xr, err)) != KV_CODEC_OK)
         return rc;
+      if (info->params.rope_base != 0)
+        rope_unrotate(&info->params, d, info->params.rope_pos0 + r0 + r, xr);
       for (uint32_t j = 0; j < d; j++) {
         mn[j] = xr[j] < mn[j] ? xr[j] : mn[j];
         mx[j] = xr[j] > mx[j] ? xr[j] : mx[j];
@@ -311,8 +397,9 @@ static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8
       const float *xr = x;
       if (clip)
         xr = buf + (size_t)(r - c0) * d;
-      else
-        (void)load_row(info, s8, row_map, r0 + r, x, NULL); /* checked above */
+      else if (load_row(info, s8, row_map, r0 + r, x, NULL) == KV_CODEC_OK && /* checked above */
+               info->params.rope_base != 0)
+        rope_unrotate(&info->params, d, info->params.rope_pos0 + r0 + r, x);
       uint8_t *row = codes + (size_t)r * rowpack;
       for (uint32_t j = 0; j < d; j++)
         put_code(row, bits, j, quantize(xr[j], zf[j], inv[j], maxq));
@@ -618,6 +705,61 @@ KV_AVX2 static KV_INLINE uint32_t deq_blocks(const uint8_t *codes, unsigned bits
 }
 
 /* fp16 little-endian -> float, n values */
+/*
+ * rope_rotate_rows for f16 rows of adjacent pairs, d % 8 == 0: the same float operations, eight
+ * lanes at a time. ws: per chain j, vc[j], vs[j] (cos and sin of each channel's pair,
+ * duplicated over the pair: KV_ROPE_CHAINS x d floats each), then vct, vst (d each): 10d
+ * floats, set by the caller. head_dim 8 keeps the four chains in registers.
+ */
+KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, float *ws)
+{
+  float *vc = ws, *vs = vc + KV_ROPE_CHAINS * d, *vct = vs + KV_ROPE_CHAINS * d, *vst = vct + d;
+  const __m256 sign = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
+#define ROPE8(ROW, C, S, CT, ST)                                                                   \
+  do {                                                                                             \
+    __m256 y_ = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(ROW)));           \
+    __m256 z_ = _mm256_add_ps(_mm256_mul_ps(y_, C),                                              \
+                              _mm256_mul_ps(_mm256_permute_ps(y_, 0xb1), _mm256_xor_ps(S, sign))); \
+    _mm_storeu_si128((__m128i *)(void *)(ROW),                                                     \
+                     _mm256_cvtps_ph(z_, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));         \
+    __m256 cn_ = _mm256_sub_ps(_mm256_mul_ps(C, CT), _mm256_mul_ps(S, ST));                       \
+    S = _mm256_add_ps(_mm256_mul_ps(S, CT), _mm256_mul_ps(C, ST));                                 \
+    C = cn_;                                                                                       \
+  } while (0)
+  if (d == 8) {
+    __m256 c0 = _mm256_loadu_ps(vc), c1 = _mm256_loadu_ps(vc + 8), c2 = _mm256_loadu_ps(vc + 16);
+    __m256 c3 = _mm256_loadu_ps(vc + 24), s0 = _mm256_loadu_ps(vs), s1 = _mm256_loadu_ps(vs + 8);
+    __m256 s2 = _mm256_loadu_ps(vs + 16), s3 = _mm256_loadu_ps(vs + 24);
+    __m256 ct = _mm256_loadu_ps(vct), st = _mm256_loadu_ps(vst);
+    uint32_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
+      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
+      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
+      ROPE8(out + (size_t)(r + 3) * 16, c3, s3, ct, st);
+    }
+    if (r < rows)
+      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
+    if (r + 1 < rows)
+      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
+    if (r + 2 < rows)
+      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
+    return;
+  }
+  for (uint32_t r = 0; r < rows; r++) {
+    uint8_t *row = out + (size_t)r * 2 * d;
+    float *cj = vc + (size_t)(r % KV_ROPE_CHAINS) * d, *sj = vs + (size_t)(r % KV_ROPE_CHAINS) * d;
+    for (uint32_t k = 0; k < d; k += 8) {
+      __m256 c = _mm256_loadu_ps(cj + k), sn = _mm256_loadu_ps(sj + k);
+      __m256 ct = _mm256_loadu_ps(vct + k), st = _mm256_loadu_ps(vst + k);
+      ROPE8(row + 2 * k, c, sn, ct, st);
+      _mm256_storeu_ps(cj + k, c);
+      _mm256_storeu_ps(sj + k, sn);
+    }
+  }
+#undef ROPE8
+}
+
 KV_AVX2 static void halves_avx2(const uint8_t *src, uint32_t n, float *dst)
 {
   uint32_t i = 0;
@@ -826,8 +968,33 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
                  q.t - qe, q.t - qe, 8, d, dt, out + (size_t)qe * rowb, rowb, simd, nt, tmp, s, z,
                  u8);
     }
-    if (info->codec_id == KV_CODEC_ID_KVQUANT)
-      return; /* no raw rows */
+    if (info->codec_id == KV_CODEC_ID_KVQUANT) { /* no raw rows; pre-RoPE K: rotate back */
+#if KV_QUANT_X86
+      if (p->rope_base != 0 && simd && dt == KV_CODEC_F16 && p->rope_style == KV_ROPE_ADJACENT &&
+          d % 8 == 0) {
+        /* rope_rotate_rows' state, each pair's values duplicated over its two channels */
+        float *w = tmp, *vc = w + 5 * (size_t)d, *vs = vc + KV_ROPE_CHAINS * (size_t)d;
+        float *vct = vs + KV_ROPE_CHAINS * (size_t)d, *vst = vct + d;
+        uint32_t h = d / 2;
+        rope_state(p, d, p->rope_pos0 + q.r0, w, w + KV_ROPE_CHAINS * h, w + 2 * KV_ROPE_CHAINS * h,
+                   w + 2 * KV_ROPE_CHAINS * h + h);
+        float *c = w, *sn = w + KV_ROPE_CHAINS * h, *ct = sn + KV_ROPE_CHAINS * h, *st = ct + h;
+        for (uint32_t i = 0; i < h; i++) {
+          for (uint32_t j = 0; j < KV_ROPE_CHAINS; j++) {
+            vc[j * d + 2 * i] = vc[j * d + 2 * i + 1] = c[j * h + i];
+            vs[j * d + 2 * i] = vs[j * d + 2 * i + 1] = sn[j * h + i];
+          }
+          vct[2 * i] = vct[2 * i + 1] = ct[i];
+          vst[2 * i] = vst[2 * i + 1] = st[i];
+        }
+        rope_rows_avx2(d, q.t, out, vc);
+        return;
+      }
+#endif
+      if (p->rope_base != 0)
+        rope_rotate_rows(p, d, dt, p->rope_pos0 + q.r0, q.t, out, tmp);
+      return;
+    }
   } else {
     uint32_t ng = (d + group - 1) / group, rows = q.q;
     int fast = 0;
@@ -997,7 +1164,8 @@ kv_codec_status kv_codec_kvq_encode(const kv_section_shape *shape, const void *s
     rc = kv_quant_encode_group(&info, g, src, NULL, ws, d + pos, err);
     if (rc != KV_CODEC_OK)
       return rc;
-    kv_codec_put_le32(d + KV_SECTION_FIXED_BYTES + 4 * (size_t)g, (uint32_t)n);
+    kv_codec_put_le32(d + info.header_bytes - 4 * (size_t)info.n_groups + 4 * (size_t)g,
+                      (uint32_t)n);
     pos += n;
   }
   *out_len = pos;

@@ -200,6 +200,99 @@ TEST(sink_rows)
   (void)e;
 }
 
+/* Pre-RoPE K: keys with per-channel structure, rotated by RoPE (adjacent pairs, base 10000) at
+ * positions 100.., as a model caches them. Quantizing before RoPE (the codec un-rotates at
+ * encode and rotates back at decode) loses far less than quantizing the rotated keys. */
+static void rope_rotate(float *x, uint32_t n, uint32_t d, uint32_t pos0, int half)
+{
+  for (uint32_t t = 0; t < n; t++)
+    for (uint32_t i = 0; i < d / 2; i++) {
+      uint32_t a = half ? i : 2 * i, b = half ? i + d / 2 : 2 * i + 1;
+      double th = pow(10000.0, -2.0 * i / d), ang = (double)(pos0 + t) * th;
+      double x0 = x[t * d + a], x1 = x[t * d + b];
+      x[t * d + a] = (float)(x0 * cos(ang) - x1 * sin(ang));
+      x[t * d + b] = (float)(x0 * sin(ang) + x1 * cos(ang));
+    }
+}
+
+static double rms_err(const float *a, const float *b, size_t n)
+{
+  double e = 0, r = 0;
+  for (size_t i = 0; i < n; i++) {
+    e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    r += (double)a[i] * a[i];
+  }
+  return sqrt(e / r);
+}
+
+TEST(pre_rope_keys)
+{
+  uint32_t n = 512, d = 64;
+  for (int half = 0; half < 2; half++)
+    for (int dti = 0; dti < 2; dti++) {
+      kv_codec_dtype dt = dti ? KV_CODEC_F32 : KV_CODEC_F16; /* f16: the AVX2 kernel (adjacent) */
+      float *k = kt_xmalloc(sizeof(float) * n * d);
+      kvgen_keys(77, n, d, k);
+      rope_rotate(k, n, d, 100, half);
+      size_t es = kv_codec_dtype_bytes(dt), len = (size_t)n * d * es;
+      void *src = kt_xmalloc(len);
+      kv_codec_from_f32(dt, k, (size_t)n * d, src);
+      kv_codec_to_f32(dt, src, (size_t)n * d, k); /* the values as stored */
+      kv_section_shape s = shp(dt, KV_SECTION_K, n, d);
+      kv_codec_params p;
+      kv_codec_params_init(&p);
+      p.bits = 4;
+      p.residual = 8;
+      size_t el0, el1;
+      uint8_t *post = kt_encode(KV_CODEC_ID_KVQUANT, &s, src, len, &p, &el0);
+      p.rope_base = 10000.0f;
+      p.rope_style = half ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+      p.rope_pos0 = 100;
+      uint8_t *pre = kt_encode(KV_CODEC_ID_KVQUANT, &s, src, len, &p, &el1);
+      CHECK(el1 == el0 + KV_SECTION_ROPE_EXT && (pre[3] & 2) && ((pre[3] & 4) != 0) == half);
+      kv_section_info info;
+      void *d0 = kt_decode(post, el0, &info), *d1 = kt_decode(pre, el1, &info);
+      CHECK(info.params.rope_base == 10000.0f && info.params.rope_pos0 == 100 &&
+            info.params.rope_style == p.rope_style);
+      float *y0 = kt_xmalloc(sizeof(float) * n * d), *y1 = kt_xmalloc(sizeof(float) * n * d);
+      kv_codec_to_f32(dt, d0, (size_t)n * d, y0);
+      kv_codec_to_f32(dt, d1, (size_t)n * d, y1);
+      double e0 = rms_err(k, y0, (size_t)n * d), e1 = rms_err(k, y1, (size_t)n * d);
+      fprintf(stderr, "pre-RoPE %s %s: relative RMS error %.4f (post-RoPE %.4f)\n",
+              half ? "half" : "adjacent", dti ? "f32" : "f16", e1, e0);
+      CHECK(e1 < 0.08 && e1 < e0);
+      /* a page group alone decodes the same rows (its angles start at its own position) */
+      kv_codec_err e = {0};
+      uint64_t off, glen;
+      CHECK_OK(e, kv_section_group_span(pre, el1, 1, 2, &off, &glen, &e));
+      size_t ob = kv_section_rows_bytes(&info, 1, 2), scr = kv_section_scratch_bytes(&info);
+      uint8_t *one = kt_xmalloc(ob);
+      void *scratch = kt_xmalloc(scr);
+      CHECK_OK(e, kv_section_decode_groups(pre, el1, pre + off, glen, 1, 2, scratch, scr, one, ob,
+                                           &e));
+      CHECK(memcmp(one, (uint8_t *)d1 + (size_t)info.params.page_tokens * d * es, ob) == 0);
+      /* a V section cannot carry RoPE; a header claiming it is corrupt */
+      uint8_t *b = kt_xmalloc(el1);
+      memcpy(b, pre, el1);
+      b[3] |= 1;
+      CHECK_RC(KV_CODEC_ECORRUPT, e, kt_try_decode(b, el1, &e));
+      memcpy(b, pre, el1);
+      float bad = 0.5f; /* base outside (1, 1e9] */
+      memcpy(b + KV_SECTION_FIXED_BYTES, &bad, 4);
+      CHECK_RC(KV_CODEC_ECORRUPT, e, kt_try_decode(b, el1, &e));
+      CHECK_RC(KV_CODEC_ECORRUPT, e, kt_try_decode(pre, KV_SECTION_FIXED_BYTES + 4, &e));
+      free(b), free(one), free(scratch), free(y0), free(y1), free(d0), free(d1), free(pre);
+      free(post), free(src), free(k);
+    }
+  kv_section_shape v = shp(KV_CODEC_F16, KV_SECTION_V, 64, 8);
+  kv_codec_params p;
+  kv_codec_params_init(&p);
+  p.bits = 4;
+  p.rope_base = 10000.0f;
+  p.rope_style = KV_ROPE_ADJACENT;
+  CHECK(kv_codec_bound(kv_codec_by_id(KV_CODEC_ID_KVQUANT), &v, &p) == 0); /* V: refused */
+}
+
 TEST(bad_configs_and_corrupt_input)
 {
   kv_codec_err e = {0};
@@ -327,6 +420,7 @@ int main(void)
   RUN(error_bound_and_clipping);
   RUN(page_groups_decode_alone);
   RUN(sink_rows);
+  RUN(pre_rope_keys);
   RUN(bad_configs_and_corrupt_input);
   RUN(causal_attend_known_answers);
   RUN(kvquant_int4_on_the_causal_metric);
