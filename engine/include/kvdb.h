@@ -1039,8 +1039,10 @@ KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
  *
  * A context's profile lists, for each config of a configured space, the context's stored size
  * in that config and its quality: the attention-output fidelity of the decoded KV against the
- * original — for probe queries q (the caller's queries, else derived from the context's keys:
- * its last 8 keys and 8 evenly spaced ones, scaled to the norm of a unit-variance query),
+ * original — for probe queries q at token positions spread over the context (the caller's
+ * kvdb_put_opts.probe_queries, else the context's keys at 64 evenly spaced positions, scaled to
+ * the norm of a unit-variance query; never kvdb_put_opts.queries, SnapKV's window), each
+ * attending causally to the keys at positions <= its own (dropped tokens absent),
  * softmax(q.K^T / sqrt(head_dim)).V per sampled (layer, KV head), compared by cosine (mean)
  * and relative L2 error. Sizes are extrapolated from the sampled heads, except for the config
  * the context is stored in (exact). A quality the caller measured itself (kvdb_report_quality,
