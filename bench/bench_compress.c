@@ -128,16 +128,16 @@ static size_t add_method(method *m, size_t n, unsigned id, unsigned bits, unsign
     snprintf(x->key, sizeof x->key, "lossless_v1"); /* "lossless_*": frames (bench_frames.c) */
     snprintf(x->label, sizeof x->label, "zstd-planes -%d", KV_CODEC_ZSTD_LEVEL_DEFAULT);
   } else if (id == KV_CODEC_ID_KIVI) {
-    snprintf(x->key, sizeof x->key, "int%u", bits);
+    snprintf(x->key, sizeof x->key, "kivi_int%u", bits); /* int4_*: kvquant (bench_truth.c) */
     snprintf(x->label, sizeof x->label, "kivi int%u", bits);
     if (group != 0) {
       x->group = group;
-      snprintf(x->key, sizeof x->key, "int%u_g%u", bits, group);
+      snprintf(x->key, sizeof x->key, "kivi_int%u_g%u", bits, group);
       snprintf(x->label, sizeof x->label, "kivi int%u group %u", bits, group);
     }
     if (residual != 0) {
       x->residual = residual;
-      snprintf(x->key, sizeof x->key, "int%u_r%u", bits, residual);
+      snprintf(x->key, sizeof x->key, "kivi_int%u_r%u", bits, residual);
       snprintf(x->label, sizeof x->label, "kivi int%u residual %u", bits, residual);
     }
   } else if (bits == 0) {
@@ -679,11 +679,11 @@ static int bench_set(const bench_env *env, bench_json *j, bench_kvset *s, set_fi
 
   const result *r8 = NULL, *r4 = NULL, *r4r = NULL;
   for (size_t i = 0; i < n_m; i++) {
-    if (strcmp(ms[i].key, "int8") == 0)
+    if (strcmp(ms[i].key, "kivi_int8") == 0)
       r8 = &res[i];
-    if (strcmp(ms[i].key, "int4") == 0)
+    if (strcmp(ms[i].key, "kivi_int4") == 0)
       r4 = &res[i];
-    if (strcmp(ms[i].key, "int4_r128") == 0)
+    if (strcmp(ms[i].key, "kivi_int4_r128") == 0)
       r4r = &res[i];
   }
   fig->ok = 1;
@@ -820,6 +820,8 @@ int bench_compress(const bench_env *env, bench_json *j)
   fr.lossless_vs_bound = ffr.vs_bound;
   fs.lossless_dec = ffs.dec_gbps;
   fs.lossless_vs_bound = ffs.vs_bound;
+  if (bench_truth(env, j) != 0) /* issue 16: int4 targets, quality vs the model */
+    goto out;
 
   int t[10] = {
     fr.ok && fr.lossless_vs_bound >= T_LOSSLESS_VS_BOUND,

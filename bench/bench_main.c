@@ -35,6 +35,8 @@ static const bench_cmd CMDS[] = {
    bench_compact},
   {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
    bench_compress},
+  {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
+   "stories260K's next-token agreement and KL", bench_truth},
   {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "
    "the emulated SmartSSD", bench_score},
   {"prefix", "time to first token with a stored prefix vs a full prefill (stories260K); ingest "

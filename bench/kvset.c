@@ -425,3 +425,16 @@ out:
     bench_kvset_free(s);
   return rc;
 }
+
+/* ---- the inputs for other measurements on the reference model (bench_truth.c) ---- */
+
+int bench_kvset_inputs(const bench_env *env, char *bin, char *tok, char *text, size_t cap,
+                       char *looked, size_t looked_cap)
+{
+  return find_inputs(env, bin, tok, text, cap, looked, looked_cap);
+}
+
+int bench_kvset_tokens(const refmodel_tokenizer *tk, const char *textp, size_t need, int **out)
+{
+  return corpus_tokens(tk, textp, need, out);
+}

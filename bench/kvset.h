@@ -107,4 +107,13 @@ int bench_codec_fail(const char *what, const kv_codec_err *err);
 /* rows x d floats from f16 keys: each row scaled to norm sqrt(d) (a unit-variance query's). */
 void bench_keys_as_queries(const uint16_t *k, uint32_t rows, uint32_t d, float *q);
 
+/* The reference model's files and the corpus (the paths bench_kvset_real uses; `looked` lists
+ * the paths tried when one is missing; -1 then, unlogged), and at least
+ * `need` tokens of the corpus (malloc'd into *out; 0, or -1 logged). For bench_truth.c. */
+struct refmodel_tokenizer;
+int bench_kvset_inputs(const bench_env *env, char *bin, char *tok, char *text, size_t cap,
+                       char *looked, size_t looked_cap);
+int bench_kvset_tokens(const struct refmodel_tokenizer *tk, const char *textp, size_t need,
+                       int **out);
+
 #endif

@@ -18,6 +18,7 @@ static const kv_codec *const registry[] = {
   &kv_codec_zstd_planes,
   &kv_codec_kivi,
   &kv_codec_drop,
+  &kv_codec_kvquant,
 };
 #define N_CODECS (sizeof registry / sizeof registry[0])
 
@@ -93,7 +94,7 @@ kv_codec_status kv_section_header_bytes(const void *src, size_t src_len, size_t 
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "page_tokens out of range", page,
                          KV_CODEC_MAX_PAGE_TOKENS);
   uint64_t n_groups = ((uint64_t)n_rows + page - 1) / page;
-  size_t bitmap = h[0] == KV_CODEC_ID_DROP ? ((size_t)n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(h[0], h[3], n_tokens);
   *out = KV_SECTION_FIXED_BYTES + bitmap + 4 * (size_t)n_groups;
   return KV_CODEC_OK;
 }
@@ -114,9 +115,9 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   if (h[1] != KV_SECTION_VERSION)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unsupported section version", h[1],
                          KV_SECTION_VERSION);
-  if (h[3] & 0xfeu)
+  if (h[3] & (h[0] == KV_CODEC_ID_KVQUANT && h[3] == 2u + (h[3] & 4u) ? 0xf8u : 0xfeu))
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved flag bits set", h[3], 1);
-  if (h[31] != 0)
+  if (h[31] != 0 && h[0] != KV_CODEC_ID_KVQUANT) /* kvquant: its sink rows */
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved header byte set", h[31], 0);
 
   info->codec_id = h[0];
@@ -135,6 +136,16 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   p->residual = kv_codec_get_le32(h + 24);
   p->keep_permille = kv_codec_get_le16(h + 28);
   p->zstd_level = (int8_t)h[30];
+  p->sink = h[0] == KV_CODEC_ID_KVQUANT ? h[31] : 0;
+  if (h[3] & 2u) { /* kvquant pre-RoPE K: the extension after the fixed header */
+    if (src_len < KV_SECTION_FIXED_BYTES + KV_SECTION_ROPE_EXT)
+      return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section truncated inside its header", src_len,
+                           KV_SECTION_FIXED_BYTES + KV_SECTION_ROPE_EXT);
+    uint32_t b = kv_codec_get_le32(h + KV_SECTION_FIXED_BYTES);
+    memcpy(&p->rope_base, &b, 4);
+    p->rope_pos0 = kv_codec_get_le32(h + KV_SECTION_FIXED_BYTES + 4);
+    p->rope_style = (h[3] & 4u) ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+  }
   if (info->codec_id == KV_CODEC_ID_DROP)
     p->n_keep = info->n_rows;
 
@@ -143,7 +154,7 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   if (rc != KV_CODEC_OK)
     return rc;
   info->n_groups = (uint32_t)(((uint64_t)info->n_rows + p->page_tokens - 1) / p->page_tokens);
-  size_t bitmap = info->codec_id == KV_CODEC_ID_DROP ? ((size_t)info->shape.n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(info->codec_id, h[3], info->shape.n_tokens);
   info->header_bytes = KV_SECTION_FIXED_BYTES + bitmap + 4 * (size_t)info->n_groups;
   if (src_len < info->header_bytes)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section truncated inside its header", src_len,
@@ -171,7 +182,8 @@ size_t kv_section_scratch_bytes(const kv_section_info *info)
 
 static const uint8_t *group_table(const kv_section_info *info, const uint8_t *hdr)
 {
-  size_t bitmap = info->codec_id == KV_CODEC_ID_DROP ? ((size_t)info->shape.n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(info->codec_id, kv_section_flags(info),
+                                       info->shape.n_tokens);
   return hdr + KV_SECTION_FIXED_BYTES + bitmap;
 }
 
@@ -250,6 +262,8 @@ static kv_codec_status kv_codec_decode_parsed(const kv_section_info *info, const
     return kv_kivi_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
   case KV_CODEC_ID_DROP:
     return kv_drop_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
+  case KV_CODEC_ID_KVQUANT: /* the same group decoder, kvquant's layout (quant.c geom) */
+    return kv_kivi_decode_parsed(info, payload, g0, g1, scratch, scratch_cap, dst, ctx, err);
   default: break;
   }
   return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unknown codec id", info->codec_id,
@@ -459,6 +473,25 @@ const kv_codec kv_codec_kivi = {
   .scratch_bytes = kv_codec_kivi_scratch_bytes,
   .encode = kv_codec_kivi_encode,
   .decode = kivi_decode,
+  .check = kv_quant_check,
+};
+
+static kv_codec_status kvq_decode(const void *hdr, size_t hdr_len, const void *payload,
+                                  size_t payload_len, uint32_t g0, uint32_t g1, void *scratch,
+                                  size_t scratch_cap, void *dst, size_t dst_cap, kv_codec_err *err)
+{
+  return decode_member(KV_CODEC_ID_KVQUANT, hdr, hdr_len, payload, payload_len, g0, g1, scratch,
+                       scratch_cap, dst, dst_cap, err);
+}
+
+const kv_codec kv_codec_kvquant = {
+  .id = KV_CODEC_ID_KVQUANT,
+  .name = "kvquant",
+  .flags = KV_CODEC_LOSSY,
+  .bound = kv_codec_kvq_bound,
+  .scratch_bytes = kv_codec_kvq_scratch_bytes,
+  .encode = kv_codec_kvq_encode,
+  .decode = kvq_decode,
   .check = kv_quant_check,
 };
 

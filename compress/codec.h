@@ -30,6 +30,15 @@
  *   4 "drop"         token dropping: a keep bitmap over the section's tokens plus the kept rows,
  *                    stored raw (bits 0) or KIVI-quantized (bits 8/4/2). The positions come from
  *                    kv_drop_select() run once on K and are used for both K and V of the head.
+ *   5 "kvquant"      per-channel quantization of K AND V (KVQuant, Hooper et al. 2024; issue 16):
+ *                    a scale/zero pair per channel per `group` tokens (default 128) for both
+ *                    kinds, the encoder clipping each channel's range to the one of least
+ *                    squared error (bits <= 4), and the last `residual` rows kept at 8 bits
+ *                    (one per-channel chunk per page group) instead of full precision. At
+ *                    4 bits, group 128, residual 16 of 512 tokens: 4.47 bits per element
+ *                    (headers included) against kivi int4's 6.5. Lossy; values a clip range
+ *                    cut off saturate (no per-element bound for them), the others keep
+ *                    KIVI's bound with the chosen range.
  *
  * KIVI ERROR BOUND. For a quantization unit (one channel x `group` tokens for K; one token x
  * `group` channels for V) with minimum m and maximum M, the stored fp16 zero z is m rounded
@@ -206,6 +215,7 @@ typedef enum kv_drop_method {
 
 #define KV_CODEC_ZSTD_LEVEL_DEFAULT 3
 #define KV_CODEC_GROUP_DEFAULT 32
+#define KV_CODEC_KVQ_GROUP_DEFAULT 128 /**< kvquant: tokens per scale/zero pair, K and V */
 
 /**
  * Encoding parameters. Fill with kv_codec_params_init(), then change fields. A field a codec
@@ -224,7 +234,21 @@ typedef struct kv_codec_params {
   const uint32_t *keep_pos; /**< drop, encode only: the kept positions, strictly increasing,
                                  < n_tokens (from kv_drop_select()); read, not retained */
   uint32_t n_keep;        /**< drop: entries of keep_pos */
+  unsigned sink;          /**< kvquant: the section's first rows (0..255, attention sinks, as
+                               KVQuant keeps the first token) stored at 8 bits; else 0 */
+  /* kvquant K sections, optional: quantize K before RoPE (KVQuant's pre-RoPE keys). The
+   * encoder un-rotates row r by the angles of token position rope_pos0 + r, the decoder
+   * re-rotates; keys then keep their per-channel structure instead of spinning through it.
+   * rope_base 0 = off (and the other two 0); else base (1 < base <= 1e9, finite; head_dim
+   * even), style KV_ROPE_ADJACENT (pairs 2i, 2i+1: llama2.c, GPT-J) or KV_ROPE_HALF (pairs i,
+   * i + d/2: NeoX, HF Llama), and the first row's position (rope_pos0 + n_tokens <= 2^31). */
+  float rope_base;
+  unsigned rope_style;
+  uint32_t rope_pos0;
 } kv_codec_params;
+
+#define KV_ROPE_ADJACENT 1
+#define KV_ROPE_HALF 2
 
 /** @brief Set every field to its default (levels/groups 0 = default, bits 0, no drop). */
 void kv_codec_params_init(kv_codec_params *p);
@@ -236,6 +260,7 @@ void kv_codec_params_init(kv_codec_params *p);
 #define KV_CODEC_ID_ZSTD_PLANES 2
 #define KV_CODEC_ID_KIVI 3
 #define KV_CODEC_ID_DROP 4
+#define KV_CODEC_ID_KVQUANT 5
 
 #define KV_CODEC_LOSSLESS 1u     /**< decode(encode(x)) == x, bit for bit */
 #define KV_CODEC_LOSSY 2u        /**< values change within a stated bound */
@@ -581,6 +606,52 @@ kv_codec_status kv_quality_attention(const kv_section_shape *shape, const void *
                                      const float *probes, uint32_t n_probes, void *scratch,
                                      size_t scratch_cap, kv_quality *q, kv_codec_err *err);
 
+/*
+ * THE CAUSAL METRIC (issue 16). What a model sees of a stored context: queries at positions
+ * spread over the whole context (not the last ones, which SnapKV also uses to choose what to
+ * keep), each attending causally to the keys at positions <= its own, over all of the
+ * context's keys as stored (dropped ones absent, quantized ones decoded). Per head: the
+ * attention outputs over the decoded rows against those over the original rows, compared by
+ * kv_quality_compare() (mean cosine over the probes, relative L2). A context's quality is the
+ * mean over heads; the worst head is reported beside it. The probes are the model's real
+ * queries at those positions when the caller has them (kvdb_put_opts.probe_queries), else the
+ * keys at those positions scaled to norm sqrt(head_dim) (kv_quality_spread_probes()).
+ */
+#define KV_QUALITY_SPREAD_PROBES 64 /**< probe positions of the causal metric */
+
+/**
+ * @brief n_probes positions spread evenly over [0, n_tokens): floor((2j+1) n / (2 n_probes)),
+ * j = 0..n_probes-1 (every position when n_probes >= n_tokens), increasing, into pos.
+ * @return how many (0 when an argument is 0 or NULL). Cannot fail.
+ */
+uint32_t kv_quality_probe_positions(uint32_t n_tokens, uint32_t n_probes, uint32_t *pos);
+
+/** @brief Scratch kv_quality_causal_attend() needs; 0 when an argument is 0. */
+size_t kv_quality_causal_scratch_bytes(uint32_t n_rows, uint32_t head_dim);
+
+/**
+ * @brief Causal attention outputs: out[p] = softmax(q_p . K_S^T / sqrt(d)) . V_S over the rows
+ * S whose token position (row_pos[i], or i when row_pos is NULL; strictly increasing) is
+ * <= q_pos[p]; a zero row when S is empty. K and V: n_rows rows of dtype (host order); q and
+ * out: float [n_q][head_dim]. Logits in float, sums in double.
+ * @return OK, EINVAL (NULLs, empty, row positions not increasing), ENOMEM (scratch).
+ */
+kv_codec_status kv_quality_causal_attend(kv_codec_dtype dtype, uint32_t n_rows, uint32_t head_dim,
+                                         const void *k, const void *v, const uint32_t *row_pos,
+                                         const float *q, const uint32_t *q_pos, uint32_t n_q,
+                                         void *scratch, size_t scratch_cap, float *out,
+                                         kv_codec_err *err);
+
+/**
+ * @brief Probes for the causal metric without real queries: the keys at
+ * kv_quality_probe_positions(n_tokens, n_probes) scaled to norm sqrt(head_dim) (see
+ * kv_quality_derive_probes() for why), their positions into pos; *n_out = how many.
+ * probes holds n_probes rows of head_dim floats, pos n_probes entries. @return OK, EINVAL.
+ */
+kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const void *k,
+                                         size_t k_len, uint32_t n_probes, float *probes,
+                                         uint32_t *pos, uint32_t *n_out, kv_codec_err *err);
+
 #ifdef __cplusplus
 }
 #endif
@@ -597,7 +668,7 @@ kv_codec_status kv_quality_attention(const kv_section_shape *shape, const void *
  * reach frame_bytes); KV_FRAME_BYTES_DEFAULT is measured by `kvdb-bench compress` (decode speed
  * and ratio vs the read amplification of token-subset reads).
  */
-#define KV_CODEC_ID_FRAME 5        /**< byte 0 of a frame: never a section codec id */
+#define KV_CODEC_ID_FRAME 6        /**< byte 0 of a frame: never a section codec id */
 #define KV_FRAME_VERSION 2         /**< byte 1: the section format version that frames are */
 #define KV_FRAME_FIXED_BYTES 8
 #define KV_FRAME_MAX_SECTIONS 4096u

@@ -312,8 +312,10 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
                          (uint64_t)p->page_tokens * s->head_dim * es, KV_GROUP_RAW_MAX);
 
   int uses_level = id == KV_CODEC_ID_ZSTD_PLANES;
-  int uses_quant = id == KV_CODEC_ID_KIVI || (id == KV_CODEC_ID_DROP && p->bits != 0);
+  int uses_quant = id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT ||
+                   (id == KV_CODEC_ID_DROP && p->bits != 0);
   int uses_drop = id == KV_CODEC_ID_DROP;
+  int percol = s->kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT; /* groups of tokens */
 
   if (uses_level) {
     if (p->zstd_level < -7 || p->zstd_level > 22 || p->zstd_level == 0)
@@ -328,17 +330,36 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
       return KV_CODEC_FAIL(err, code, "bits must be 8, 4 or 2", p->bits, 8);
     if (p->group == 0 || p->group > 65535)
       return KV_CODEC_FAIL(err, code, "quantization group out of range", p->group, 65535);
-    if (s->kind == KV_SECTION_K && p->group > n_rows)
+    if (percol && p->group > n_rows)
       return KV_CODEC_FAIL(err, code, "quantization group larger than the tokens", p->group,
                            n_rows);
-    if (s->kind == KV_SECTION_V && p->group > s->head_dim)
+    if (!percol && p->group > s->head_dim)
       return KV_CODEC_FAIL(err, code, "quantization group larger than head_dim", p->group,
                            s->head_dim);
-    if (s->kind == KV_SECTION_K && p->page_tokens % p->group != 0)
+    if (percol && p->page_tokens % p->group != 0)
       return KV_CODEC_FAIL(err, code, "page_tokens not a multiple of the key group",
                            p->page_tokens, p->group);
     if (p->residual > n_rows)
       return KV_CODEC_FAIL(err, code, "residual larger than the rows", p->residual, n_rows);
+    if (p->sink > 255 || (p->sink != 0 && id != KV_CODEC_ID_KVQUANT))
+      return KV_CODEC_FAIL(err, code, "sink rows set for a codec without them, or above 255",
+                           p->sink, id == KV_CODEC_ID_KVQUANT ? 255 : 0);
+    if (p->rope_base != 0 || p->rope_style != 0 || p->rope_pos0 != 0) {
+      if (id != KV_CODEC_ID_KVQUANT || s->kind != KV_SECTION_K)
+        return KV_CODEC_FAIL(err, code, "RoPE set for other than a kvquant K section", id, 5);
+      if (!(p->rope_base > 1.0f && p->rope_base <= 1e9f))
+        return KV_CODEC_FAIL(err, code, "RoPE base outside (1, 1e9]", (uint64_t)p->rope_base,
+                             1000000000);
+      if (p->rope_style != KV_ROPE_ADJACENT && p->rope_style != KV_ROPE_HALF)
+        return KV_CODEC_FAIL(err, code, "unknown RoPE style", p->rope_style, KV_ROPE_HALF);
+      if (s->head_dim % 2 != 0)
+        return KV_CODEC_FAIL(err, code, "RoPE needs an even head_dim", s->head_dim, 0);
+      if ((uint64_t)p->rope_pos0 + s->n_tokens > (1ull << 31))
+        return KV_CODEC_FAIL(err, code, "RoPE positions beyond 2^31", p->rope_pos0, 1u << 31);
+    }
+    if (p->sink > p->page_tokens || p->sink + p->residual > n_rows)
+      return KV_CODEC_FAIL(err, code, "sink rows beyond the first page group or the residual",
+                           p->sink, p->page_tokens);
   } else {
     if (p->bits != 0)
       return KV_CODEC_FAIL(err, code, "bits set for a codec without quantization", p->bits, 0);
@@ -347,6 +368,11 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
     if (p->residual != 0)
       return KV_CODEC_FAIL(err, code, "residual set for a codec without quantization",
                            p->residual, 0);
+    if (p->sink != 0)
+      return KV_CODEC_FAIL(err, code, "sink rows set for a codec without quantization", p->sink,
+                           0);
+    if (p->rope_base != 0 || p->rope_style != 0 || p->rope_pos0 != 0)
+      return KV_CODEC_FAIL(err, code, "RoPE set for a codec without quantization", id, 5);
   }
 
   if (uses_drop) {
@@ -386,7 +412,7 @@ static uint32_t default_page_tokens(uint8_t id, uint32_t head_dim, size_t es,
   uint32_t g = 16;
   while (g * row < want && g < KV_CODEC_MAX_PAGE_TOKENS)
     g <<= 1;
-  if (uses_quant && kind == KV_SECTION_K && p->group > 0)
+  if (uses_quant && (kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT) && p->group > 0)
     g = (g + p->group - 1) / p->group * p->group;
   return g;
 }
@@ -443,25 +469,28 @@ kv_codec_status kv_codec_plan(uint8_t id, const kv_section_shape *shape, const k
                          p->n_keep, 0);
   }
 
-  int uses_quant = id == KV_CODEC_ID_KIVI || (id == KV_CODEC_ID_DROP && p->bits != 0);
+  int uses_quant = id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT ||
+                   (id == KV_CODEC_ID_DROP && p->bits != 0);
   if (id == KV_CODEC_ID_ZSTD_PLANES && r->zstd_level == 0)
     r->zstd_level = KV_CODEC_ZSTD_LEVEL_DEFAULT;
   if (uses_quant && r->group == 0) {
-    uint32_t lim = shape->kind == KV_SECTION_K ? n_rows : shape->head_dim;
-    r->group = KV_CODEC_GROUP_DEFAULT < lim ? KV_CODEC_GROUP_DEFAULT : lim;
+    uint32_t lim = shape->kind == KV_SECTION_K || id == KV_CODEC_ID_KVQUANT ? n_rows
+                                                                             : shape->head_dim;
+    uint32_t def = id == KV_CODEC_ID_KVQUANT ? KV_CODEC_KVQ_GROUP_DEFAULT : KV_CODEC_GROUP_DEFAULT;
+    r->group = def < lim ? def : lim;
   }
   if (r->page_tokens == 0)
     r->page_tokens = default_page_tokens(id, shape->head_dim, kv_codec_dtype_bytes(shape->dtype),
                                          r, shape->kind, uses_quant);
-  if (id < KV_CODEC_ID_RAW || id > KV_CODEC_ID_DROP)
-    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "unknown codec id", id, KV_CODEC_ID_DROP);
+  if (id < KV_CODEC_ID_RAW || id > KV_CODEC_ID_KVQUANT)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "unknown codec id", id, KV_CODEC_ID_KVQUANT);
 
   kv_codec_status rc = kv_codec_validate_config(id, shape, n_rows, r, KV_CODEC_EINVAL, err);
   if (rc != KV_CODEC_OK)
     return rc;
   info->n_rows = n_rows;
   info->n_groups = (uint32_t)(((uint64_t)n_rows + r->page_tokens - 1) / r->page_tokens);
-  size_t bitmap = id == KV_CODEC_ID_DROP ? ((size_t)shape->n_tokens + 7) / 8 : 0;
+  size_t bitmap = kv_section_ext_bytes(id, kv_section_flags(info), shape->n_tokens);
   info->header_bytes = KV_SECTION_FIXED_BYTES + bitmap + 4 * (size_t)info->n_groups;
   return KV_CODEC_OK;
 }
@@ -473,7 +502,7 @@ void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos
   dst[0] = info->codec_id;
   dst[1] = info->version;
   dst[2] = (uint8_t)info->shape.dtype;
-  dst[3] = (uint8_t)(info->shape.kind == KV_SECTION_V ? 1 : 0);
+  dst[3] = kv_section_flags(info);
   kv_codec_put_le32(dst + 4, info->shape.n_tokens);
   kv_codec_put_le32(dst + 8, info->shape.head_dim);
   kv_codec_put_le32(dst + 12, info->n_rows);
@@ -484,7 +513,13 @@ void kv_codec_write_header(const kv_section_info *info, const uint32_t *keep_pos
   kv_codec_put_le32(dst + 24, p->residual);
   kv_codec_put_le16(dst + 28, (uint16_t)p->keep_permille);
   dst[30] = (uint8_t)(int8_t)p->zstd_level;
-  dst[31] = 0;
+  dst[31] = (uint8_t)p->sink; /* kvquant's sink rows; 0 for every other codec */
+  if (p->rope_base != 0) { /* kvquant pre-RoPE K: base and first position */
+    uint32_t b;
+    memcpy(&b, &p->rope_base, 4);
+    kv_codec_put_le32(dst + KV_SECTION_FIXED_BYTES, b);
+    kv_codec_put_le32(dst + KV_SECTION_FIXED_BYTES + 4, p->rope_pos0);
+  }
   if (info->codec_id == KV_CODEC_ID_DROP) {
     size_t b = ((size_t)info->shape.n_tokens + 7) / 8;
     uint8_t *bm = dst + KV_SECTION_FIXED_BYTES;

@@ -148,6 +148,22 @@ kv_codec_status kv_codec_encode_args(const kv_section_shape *shape, const void *
                                      size_t src_len, const void *dst, size_t *out_len,
                                      kv_codec_err *err);
 
+/* Bytes between a section's fixed header and its group table: the drop codec's keep bitmap, or
+ * kvquant's RoPE extension (flags bit 1: f32 rope_base, u32 rope_pos0). */
+#define KV_SECTION_ROPE_EXT 8
+static inline size_t kv_section_ext_bytes(uint8_t id, uint8_t flags, uint32_t n_tokens)
+{
+  if (id == KV_CODEC_ID_DROP)
+    return ((size_t)n_tokens + 7) / 8;
+  return id == KV_CODEC_ID_KVQUANT && (flags & 2u) ? KV_SECTION_ROPE_EXT : 0;
+}
+static inline uint8_t kv_section_flags(const kv_section_info *info)
+{
+  const kv_codec_params *p = &info->params;
+  return (uint8_t)((info->shape.kind == KV_SECTION_V ? 1u : 0u) | (p->rope_base != 0 ? 2u : 0u) |
+                   (p->rope_style == KV_ROPE_HALF ? 4u : 0u));
+}
+
 /* Rows of group g and its first row. */
 static inline uint32_t kv_codec_group_rows(const kv_section_info *info, uint32_t g)
 {
@@ -187,6 +203,14 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
                            void *dst, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
+/* kvquant's encode scratch: kv_quant_scratch_bytes() plus a page group's rows as floats. */
+size_t kv_kvq_scratch_bytes(uint32_t head_dim, uint32_t page_tokens);
+size_t kv_codec_kvq_bound(const kv_section_shape *shape, const kv_codec_params *p);
+size_t kv_codec_kvq_scratch_bytes(const kv_section_shape *shape, const kv_codec_params *p,
+                                  kv_codec_op op);
+kv_codec_status kv_codec_kvq_encode(const kv_section_shape *shape, const void *src, size_t src_len,
+                                    const kv_codec_params *p, void *scratch, size_t scratch_cap,
+                                    void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err);
 kv_codec_status kv_quant_check(const kv_section_info *info, const uint8_t *hdr,
                                kv_codec_err *err);
 
@@ -234,5 +258,6 @@ extern const kv_codec kv_codec_raw;
 extern const kv_codec kv_codec_zstd_planes;
 extern const kv_codec kv_codec_kivi;
 extern const kv_codec kv_codec_drop;
+extern const kv_codec kv_codec_kvquant;
 
 #endif /* KV_CODEC_INT_H */

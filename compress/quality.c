@@ -234,3 +234,131 @@ kv_codec_status kv_quality_attention(const kv_section_shape *shape, const void *
     return rc;
   return kv_quality_compare(ref, test, np, d, q, err);
 }
+
+/* ---- the causal metric (issue 16) ----------------------------------------------------------- */
+
+uint32_t kv_quality_probe_positions(uint32_t n_tokens, uint32_t n_probes, uint32_t *pos)
+{
+  if (n_tokens == 0 || n_probes == 0 || pos == NULL)
+    return 0;
+  if (n_probes >= n_tokens) {
+    for (uint32_t t = 0; t < n_tokens; t++)
+      pos[t] = t;
+    return n_tokens;
+  }
+  uint32_t c = 0;
+  for (uint32_t j = 0; j < n_probes; j++) {
+    uint32_t t = (uint32_t)(((uint64_t)2 * j + 1) * n_tokens / (2 * (uint64_t)n_probes));
+    if (c == 0 || t > pos[c - 1])
+      pos[c++] = t;
+  }
+  return c;
+}
+
+size_t kv_quality_causal_scratch_bytes(uint32_t n_rows, uint32_t head_dim)
+{
+  if (n_rows == 0 || head_dim == 0)
+    return 0;
+  /* K and V rows as float, a logit per row, a double accumulator row */
+  return 64 + 2 * al64(4 * (size_t)n_rows * head_dim) + al64(4 * (size_t)n_rows) +
+         al64(8 * (size_t)head_dim);
+}
+
+kv_codec_status kv_quality_causal_attend(kv_codec_dtype dtype, uint32_t n_rows, uint32_t head_dim,
+                                         const void *k, const void *v, const uint32_t *row_pos,
+                                         const float *q, const uint32_t *q_pos, uint32_t n_q,
+                                         void *scratch, size_t scratch_cap, float *out,
+                                         kv_codec_err *err)
+{
+  size_t es = kv_codec_dtype_bytes(dtype);
+  if (es == 0)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "unknown dtype", dtype, 3);
+  if (n_rows == 0 || head_dim == 0 || head_dim > KV_CODEC_MAX_HEAD_DIM || n_q == 0)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "empty rows, head_dim or queries", n_rows, 0);
+  if (k == NULL || v == NULL || q == NULL || q_pos == NULL || out == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL k, v, q, q_pos or out", 0, 0);
+  for (uint32_t i = 1; row_pos != NULL && i < n_rows; i++)
+    if (row_pos[i] <= row_pos[i - 1])
+      return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "row positions not strictly increasing",
+                           row_pos[i], row_pos[i - 1]);
+  size_t need = kv_quality_causal_scratch_bytes(n_rows, head_dim);
+  if (scratch == NULL || scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than the causal attend scratch",
+                         scratch ? scratch_cap : 0, need);
+  size_t cap = scratch_cap;
+  uint8_t *ws = kv_codec_scratch_align(scratch, &cap);
+  uint32_t d = head_dim;
+  float *kf = (float *)(void *)ws;
+  float *vf = (float *)(void *)(ws + al64(4 * (size_t)n_rows * d));
+  float *l = (float *)(void *)(ws + 2 * al64(4 * (size_t)n_rows * d));
+  double *acc = (double *)(void *)((uint8_t *)l + al64(4 * (size_t)n_rows));
+  kv_codec_to_f32(dtype, k, (size_t)n_rows * d, kf);
+  kv_codec_to_f32(dtype, v, (size_t)n_rows * d, vf);
+  float scale = (float)(1.0 / sqrt((double)d));
+  for (uint32_t p = 0; p < n_q; p++) {
+    const float *qp = q + (size_t)p * d;
+    /* rows at positions <= q_pos[p]: a prefix of the rows (positions increase) */
+    uint32_t lo = 0, hi = n_rows;
+    while (lo < hi) {
+      uint32_t mid = lo + (hi - lo) / 2;
+      uint32_t pm = row_pos ? row_pos[mid] : mid;
+      if (pm <= q_pos[p])
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    uint32_t m = lo;
+    float *o = out + (size_t)p * d;
+    if (m == 0) { /* nothing to attend to: the output is zero */
+      memset(o, 0, 4 * (size_t)d);
+      continue;
+    }
+    float mx = -INFINITY;
+    for (uint32_t i = 0; i < m; i++) {
+      l[i] = (float)kv_codec_dot_f32(qp, kf + (size_t)i * d, d) * scale;
+      mx = l[i] > mx ? l[i] : mx;
+    }
+    double s = 0;
+    memset(acc, 0, 8 * (size_t)d);
+    for (uint32_t i = 0; i < m; i++) {
+      double w = expf(l[i] - mx);
+      s += w;
+      const float *vr = vf + (size_t)i * d;
+      for (uint32_t j = 0; j < d; j++)
+        acc[j] += w * vr[j];
+    }
+    for (uint32_t j = 0; j < d; j++)
+      o[j] = (float)(acc[j] / s);
+  }
+  return KV_CODEC_OK;
+}
+
+kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const void *k,
+                                         size_t k_len, uint32_t n_probes, float *probes,
+                                         uint32_t *pos, uint32_t *n_out, kv_codec_err *err)
+{
+  size_t unused;
+  if (probes == NULL || pos == NULL || n_out == NULL || n_probes == 0)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL probes, pos or n_out, or no probes", 0, 0);
+  *n_out = 0;
+  kv_codec_status rc = kv_codec_encode_args(k_shape, k, k_len, k, &unused, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  uint32_t d = k_shape->head_dim;
+  uint32_t c = kv_quality_probe_positions(k_shape->n_tokens, n_probes, pos);
+  size_t rowb = (size_t)d * kv_codec_dtype_bytes(k_shape->dtype);
+  for (uint32_t i = 0; i < c; i++) {
+    float *pr = probes + (size_t)i * d;
+    kv_codec_to_f32(k_shape->dtype, (const uint8_t *)k + (size_t)pos[i] * rowb, d, pr);
+    double ss = 0;
+    for (uint32_t j = 0; j < d; j++)
+      ss += (double)pr[j] * pr[j];
+    if (ss > 0 && isfinite(ss)) {
+      float f = (float)(sqrt((double)d / ss));
+      for (uint32_t j = 0; j < d; j++)
+        pr[j] *= f;
+    }
+  }
+  *n_out = c;
+  return KV_CODEC_OK;
+}

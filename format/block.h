@@ -35,7 +35,7 @@
 #define KV_CODEC_SECTIONS 1u /* format 2: compress/ sections, page checksums */
 #define KV_CODEC_FRAMES 2u   /* format 3: compress/ lossless frames (section format 2), the
                                 layout of format 2 otherwise */
-#define KV_SECT_FRAME 5u     /* a format-3 section table entry's codec byte (KV_CODEC_ID_FRAME) */
+#define KV_SECT_FRAME 6u     /* a format-3 section table entry's codec byte (KV_CODEC_ID_FRAME) */
 
 /* Shape of one block object, derived from the model and n_tokens (never stored alone). */
 typedef struct kv_block_geom {

@@ -99,8 +99,12 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     profile = malloc(sizeof *profile);
     if (profile == NULL)
       return kv_fail(KVDB_NOMEM, "profile");
-    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
-                         .space = o.profile_space, .heads = o.profile_heads};
+    kv_queries pqs;
+    const kv_queries *pq;
+    const uint32_t *pq_pos;
+    KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
+    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q, .pq = pq,
+                         .pq_pos = pq_pos, .space = o.profile_space, .heads = o.profile_heads};
     KV_ERR(kv_profile_measure(&ps, profile));
     /* placement on: write it once in the config the placement will choose on the SSD */
     kvdb_config pc = cfg;

@@ -802,6 +802,20 @@ typedef struct kvdb_put_opts {
    * dropping for a scoring model); a named config the model cannot take is KVDB_INVALID. */
   const char *profile_space;
   uint32_t profile_heads;    /**< (layer, KV head) pairs the profile samples; 0 = 16 */
+  /**
+   * The quality profile's probes (issue 16), optional: the model's own queries at positions
+   * spread over the context (e.g. 64 of them, evenly spaced), layout
+   * [n_probe_queries][n_layers][n_q_heads][head_dim] floats in the keys' rotary state, with
+   * n_q_heads as above (set it even without `queries`), the query of position
+   * probe_positions[i] at row i (strictly increasing, < the context's tokens). Each probe
+   * attends causally to the keys at positions <= its own. Without them the profile probes with
+   * the keys at 64 evenly spaced positions (scaled to a query's norm). `queries` (SnapKV's
+   * window) are never probes. KVDB_INVALID: one of the two pointers NULL with n_probe_queries
+   * > 0 (or set with 0), n_probe_queries > 1024, positions not increasing or past the context.
+   */
+  const float *probe_queries;
+  const uint32_t *probe_positions;
+  uint32_t n_probe_queries;
 } kvdb_put_opts;
 
 /** @brief Fill *o with defaults (raw config, no profile). Cannot fail. */
@@ -1041,8 +1055,10 @@ KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
  *
  * A context's profile lists, for each config of a configured space, the context's stored size
  * in that config and its quality: the attention-output fidelity of the decoded KV against the
- * original — for probe queries q (the caller's queries, else derived from the context's keys:
- * its last 8 keys and 8 evenly spaced ones, scaled to the norm of a unit-variance query),
+ * original — for probe queries q at token positions spread over the context (the caller's
+ * kvdb_put_opts.probe_queries, else the context's keys at 64 evenly spaced positions, scaled to
+ * the norm of a unit-variance query; never kvdb_put_opts.queries, SnapKV's window), each
+ * attending causally to the keys at positions <= its own (dropped tokens absent),
  * softmax(q.K^T / sqrt(head_dim)).V per sampled (layer, KV head), compared by cosine (mean)
  * and relative L2 error. Sizes are extrapolated from the sampled heads, except for the config
  * the context is stored in (exact). A quality the caller measured itself (kvdb_report_quality,

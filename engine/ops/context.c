@@ -220,10 +220,15 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
   kv_profile_rec *p = rc == KVDB_OK ? malloc(sizeof *p) : NULL;
   if (rc == KVDB_OK && p == NULL)
     rc = kv_fail(KVDB_NOMEM, "profile");
+  kv_queries pqs;
+  const kv_queries *pq = NULL;
+  const uint32_t *pq_pos = NULL;
+  if (rc == KVDB_OK)
+    rc = kv_opts_probes(&o, m, ci.n_tokens, &pqs, &pq, &pq_pos);
   if (rc == KVDB_OK) {
     kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
-                         .space = o.profile_space, .heads = o.profile_heads,
-                         .not_below = &ci.config};
+                         .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
+                         .heads = o.profile_heads, .not_below = &ci.config};
     rc = kv_profile_measure(&ps, p);
   }
   if (rc == KVDB_OK)

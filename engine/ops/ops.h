@@ -80,7 +80,10 @@ typedef struct kv_profile_src {
   uint32_t block_tokens;
   const kvdb_kv_view *kv; /* n_tokens tokens */
   uint64_t n_tokens;
-  const kv_queries *q;    /* NULL: probes derived from the keys */
+  const kv_queries *q;    /* SnapKV's window (never probes) */
+  const kv_queries *pq;   /* probe queries at the positions pq_pos (NULL: the keys at
+                             KV_QUALITY_SPREAD_PROBES spread positions) */
+  const uint32_t *pq_pos;
   const char *space;      /* NULL: the default space */
   uint32_t heads;         /* sampled (layer, KV head) pairs; 0 = KV_PROFILE_HEADS_DEFAULT */
   const kvdb_config *not_below; /* NULL, or the config the KV already went through: configs
@@ -96,6 +99,11 @@ kvdb_status kv_profile_store(kvdb *db, const uint8_t key[16], kv_profile_rec *p)
 /* The queries of put options, checked against the model (*out NULL when there are none). */
 kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_queries *q,
                             const kv_queries **out);
+
+/* The probe queries of put options, checked against the model and the context's n_tokens
+ * (*out NULL when there are none; *pos their positions). */
+kvdb_status kv_opts_probes(const kvdb_put_opts *o, const kvdb_model *m, uint64_t n_tokens,
+                           kv_queries *q, const kv_queries **out, const uint32_t **pos);
 
 /* Mark the entry of cfg as the stored config with exact bytes (adding it when missing). */
 void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes);

@@ -5,13 +5,18 @@
  *
  * For each config of the space and each sampled (layer, KV head): the head's K and V over the
  * whole context are encoded block by block exactly as a put with that config stores them
- * (same codec parameters, same per-block token selection), decoded, and the attention outputs
- * softmax(q.K^T / sqrt(d)).V of the probe queries over the decoded rows are compared with those
- * over the original rows (compress/'s kv_quality_*): quality = the mean over heads of the mean
- * cosine, rel_l2 the mean of the relative L2 errors. The size of the whole context in the
- * config is its sampled sections' encoded bytes scaled to all sections, laid out per block.
- * Probes are the caller's queries of that head (its query heads), else derived from the keys
- * (kv_quality_derive_probes: the last 8 keys and 8 evenly spaced ones, at a query's norm).
+ * (same codec parameters, same per-block token selection), decoded, and measured by
+ * compress/'s causal metric (codec.h THE CAUSAL METRIC, issue 16): each probe, at a token
+ * position, attends causally, softmax(q.K^T / sqrt(d)).V, to the keys at positions <= its own,
+ * over the decoded rows (dropped tokens absent) and over the original ones; quality = the mean
+ * over heads of the mean cosine of the two outputs, rel_l2 the mean of the relative L2
+ * errors. The size of the whole context in the config is its sampled sections' encoded bytes
+ * scaled to all sections, laid out per block.
+ * Probes are the model's queries at positions spread over the context when the caller gives
+ * them (kvdb_put_opts.probe_queries: every query head of the KV head's group), else the keys
+ * at KV_QUALITY_SPREAD_PROBES evenly spaced positions scaled to a query's norm
+ * (kv_quality_spread_probes). SnapKV's window (kvdb_put_opts.queries) is never a probe: those
+ * queries chose what SnapKV keeps, and probing with them flattered it (issue 16).
  * Sampling keeps the cost bounded: per config, about 2 x heads x n_tokens x head_dim elements
  * are encoded, decoded and attended (16 heads of a 1024-token Llama-3-8B context: 8 MiB).
  */
@@ -105,6 +110,7 @@ void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t 
 typedef struct prof_buf {
   uint8_t *k, *v, *kd, *vd, *ascratch, *dscratch;
   float *probes, *ref, *out;
+  uint32_t *ppos, *rpos; /* probe positions; token positions of the decoded rows */
   size_t dscratch_cap;
 } prof_buf;
 
@@ -117,13 +123,17 @@ static void prof_free(prof_buf *b)
   free(b->ascratch);
   free(b->dscratch);
   free(b->probes);
+  free(b->ppos);
+  free(b->rpos);
   free(b->ref);
   free(b->out);
 }
 
-/* Decode one encoded section (len bytes at src) and append its rows to dst (*n_rows so far). */
+/* Decode one encoded section (len bytes at src) and append its rows to dst (*n_rows so far);
+ * pos (when not NULL) receives their token positions, t0 added. */
 static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, prof_buf *pb,
-                                 uint8_t *dst, uint32_t row_bytes, uint32_t *n_rows)
+                                 uint8_t *dst, uint32_t row_bytes, uint32_t *n_rows,
+                                 uint32_t *pos, uint64_t t0)
 {
   kv_section_info info;
   kv_codec_err err;
@@ -140,6 +150,11 @@ static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, p
     st = kv_section_decode_dctx(d->ctx, src, len, pb->dscratch, pb->dscratch_cap,
                                 dst + (size_t)*n_rows * row_bytes,
                                 kv_section_rows_bytes(&info, 0, info.n_groups), NULL, &err);
+  }
+  if (st == KV_CODEC_OK && pos != NULL) {
+    st = kv_section_positions(src, len, 0, info.n_rows, pos + *n_rows, &err);
+    for (uint32_t i = 0; st == KV_CODEC_OK && i < info.n_rows; i++)
+      pos[*n_rows + i] += (uint32_t)t0;
   }
   if (st != KV_CODEC_OK)
     return kv_codec_fail(st, &err, "profile: decoding a section it just encoded");
@@ -160,8 +175,8 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   uint32_t S = src->heads ? src->heads : KV_PROFILE_HEADS_DEFAULT;
   if (S > L * H)
     S = L * H;
-  uint32_t grp = src->q ? src->q->n_q_heads / H : 0;
-  uint32_t max_probes = src->q ? src->q->n_queries * grp : KV_QUALITY_MAX_DERIVED;
+  uint32_t grp = src->pq ? src->pq->n_q_heads / H : 0;
+  uint32_t max_probes = src->pq ? src->pq->n_queries * grp : KV_QUALITY_SPREAD_PROBES;
 
   memset(out, 0, sizeof *out);
   out->n_entries = n_cfg;
@@ -176,15 +191,19 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   pb.kd = malloc(rows_bytes);
   pb.vd = malloc(rows_bytes);
   pb.probes = malloc((size_t)max_probes * d * sizeof(float));
+  pb.ppos = malloc((size_t)max_probes * sizeof *pb.ppos);
+  pb.rpos = malloc((size_t)n * sizeof *pb.rpos);
   pb.ref = malloc((size_t)max_probes * d * sizeof(float));
   pb.out = malloc((size_t)max_probes * d * sizeof(float));
-  pb.ascratch = malloc(kv_quality_attend_scratch_bytes((uint32_t)n, d, max_probes));
+  size_t asc = kv_quality_causal_scratch_bytes((uint32_t)n, d);
+  pb.ascratch = malloc(asc);
   kv_cenc e;
   memset(&e, 0, sizeof e);
   kv_cdec dec;
   kvdb_status rc = kv_cdec_init(&dec);
   if (rc == KVDB_OK && (!qsum || !rsum || !enc || !pb.k || !pb.v || !pb.kd || !pb.vd ||
-                        !pb.probes || !pb.ref || !pb.out || !pb.ascratch))
+                        !pb.probes || !pb.ppos || !pb.rpos || !pb.ref || !pb.out ||
+                        !pb.ascratch))
     rc = kv_fail(KVDB_NOMEM, "profile buffers for %llu tokens", (unsigned long long)n);
   kv_codec_err err;
   kv_section_shape kshape = {(kv_codec_dtype)m->dtype, KV_SECTION_K, (uint32_t)n, d};
@@ -193,24 +212,27 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
     kv_gather_head(src->kv, eb, d, layer, head, 0, 0, n, pb.k);
     kv_gather_head(src->kv, eb, d, layer, head, 1, 0, n, pb.v);
     uint32_t np = 0;
-    if (src->q != NULL) { /* the query heads of this KV head, every observed query */
-      for (uint32_t o = 0; o < src->q->n_queries; o++)
-        for (uint32_t j = 0; j < grp; j++, np++)
+    if (src->pq != NULL) { /* the query heads of this KV head at every probe position */
+      for (uint32_t o = 0; o < src->pq->n_queries; o++)
+        for (uint32_t j = 0; j < grp; j++, np++) {
           memcpy(pb.probes + (size_t)np * d,
-                 src->q->q + (((size_t)o * L + layer) * src->q->n_q_heads + head * grp + j) * d,
+                 src->pq->q + (((size_t)o * L + layer) * src->pq->n_q_heads + head * grp + j) * d,
                  d * sizeof(float));
+          pb.ppos[np] = src->pq_pos[o];
+        }
     } else {
-      kv_codec_status st = kv_quality_derive_probes(&kshape, pb.k, rows_bytes, pb.probes,
-                                                    max_probes, &np, &err);
+      kv_codec_status st = kv_quality_spread_probes(&kshape, pb.k, rows_bytes,
+                                                    KV_QUALITY_SPREAD_PROBES, pb.probes, pb.ppos,
+                                                    &np, &err);
       if (st != KV_CODEC_OK) {
         rc = kv_codec_fail(st, &err, "profile: deriving probes");
         break;
       }
     }
     out->n_probes = np;
-    size_t asc = kv_quality_attend_scratch_bytes((uint32_t)n, d, np);
-    kv_codec_status st = kv_quality_attend((kv_codec_dtype)m->dtype, (uint32_t)n, d, pb.k, pb.v,
-                                           pb.probes, np, pb.ascratch, asc, pb.ref, &err);
+    kv_codec_status st = kv_quality_causal_attend((kv_codec_dtype)m->dtype, (uint32_t)n, d, pb.k,
+                                                  pb.v, NULL, pb.probes, pb.ppos, np, pb.ascratch,
+                                                  asc, pb.ref, &err);
     if (st != KV_CODEC_OK) {
       rc = kv_codec_fail(st, &err, "profile: attention over the original KV");
       break;
@@ -237,9 +259,9 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         uint32_t s = (layer * H + head) * 2;
         rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);
         if (rc == KVDB_OK)
-          rc = decode_append(e.pair, len[0], &dec, &pb, pb.kd, row, &nk);
+          rc = decode_append(e.pair, len[0], &dec, &pb, pb.kd, row, &nk, pb.rpos, t0);
         if (rc == KVDB_OK)
-          rc = decode_append(e.pair + len[0], len[1], &dec, &pb, pb.vd, row, &nv);
+          rc = decode_append(e.pair + len[0], len[1], &dec, &pb, pb.vd, row, &nv, NULL, 0);
         enc[(size_t)c * n_blocks + b] += (uint64_t)len[0] + len[1];
       }
       if (rc != KVDB_OK)
@@ -249,8 +271,8 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         continue;
       }
       kv_quality qy;
-      st = kv_quality_attend((kv_codec_dtype)m->dtype, nk, d, pb.kd, pb.vd, pb.probes, np,
-                             pb.ascratch, asc, pb.out, &err);
+      st = kv_quality_causal_attend((kv_codec_dtype)m->dtype, nk, d, pb.kd, pb.vd, pb.rpos,
+                                    pb.probes, pb.ppos, np, pb.ascratch, asc, pb.out, &err);
       if (st == KV_CODEC_OK)
         st = kv_quality_compare(pb.ref, pb.out, np, d, &qy, &err);
       if (st != KV_CODEC_OK) {

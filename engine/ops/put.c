@@ -665,6 +665,35 @@ kvdb_status kv_opts_queries(const kvdb_put_opts *o, const kvdb_model *m, kv_quer
   return KVDB_OK;
 }
 
+kvdb_status kv_opts_probes(const kvdb_put_opts *o, const kvdb_model *m, uint64_t n_tokens,
+                           kv_queries *q, const kv_queries **out, const uint32_t **pos)
+{
+  *out = NULL;
+  *pos = NULL;
+  if (o->probe_queries == NULL || o->probe_positions == NULL || o->n_probe_queries == 0) {
+    if (o->probe_queries != NULL || o->probe_positions != NULL || o->n_probe_queries != 0)
+      return kv_fail(KVDB_INVALID, "opts->probe_queries, probe_positions and n_probe_queries "
+                                   "(%u) must be set together", o->n_probe_queries);
+    return KVDB_OK;
+  }
+  if (o->n_probe_queries > 1024)
+    return kv_fail(KVDB_INVALID, "opts->n_probe_queries %u out of range 1..1024",
+                   o->n_probe_queries);
+  if (o->n_q_heads == 0 || o->n_q_heads % m->n_kv_heads != 0 || o->n_q_heads > 65536)
+    return kv_fail(KVDB_INVALID, "opts->n_q_heads %u is not a multiple of n_kv_heads %u",
+                   o->n_q_heads, m->n_kv_heads);
+  for (uint32_t i = 0; i < o->n_probe_queries; i++)
+    if (o->probe_positions[i] >= n_tokens ||
+        (i > 0 && o->probe_positions[i] <= o->probe_positions[i - 1]))
+      return kv_fail(KVDB_INVALID, "opts->probe_positions[%u] = %u: not increasing, or not below "
+                                   "the context's %" PRIu64 " tokens",
+                     i, o->probe_positions[i], n_tokens);
+  *q = (kv_queries){o->probe_queries, o->n_probe_queries, o->n_q_heads};
+  *out = q;
+  *pos = o->probe_positions;
+  return KVDB_OK;
+}
+
 kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                            const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
                            const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,

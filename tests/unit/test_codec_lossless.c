@@ -46,9 +46,10 @@ TEST(registry_lookup)
     {KV_CODEC_ID_ZSTD_PLANES, "zstd-planes", KV_CODEC_LOSSLESS},
     {KV_CODEC_ID_KIVI, "kivi", KV_CODEC_LOSSY},
     {KV_CODEC_ID_DROP, "drop", KV_CODEC_LOSSY | KV_CODEC_DROPS_TOKENS},
+    {KV_CODEC_ID_KVQUANT, "kvquant", KV_CODEC_LOSSY},
   };
-  CHECK(kv_codec_count() == 4);
-  for (size_t i = 0; i < 4; i++) {
+  CHECK(kv_codec_count() == 5);
+  for (size_t i = 0; i < 5; i++) {
     const kv_codec *c = kv_codec_by_id(want[i].id);
     CHECK(c != NULL && c->id == want[i].id);
     CHECK(strcmp(c->name, want[i].name) == 0);
@@ -56,8 +57,8 @@ TEST(registry_lookup)
     CHECK(kv_codec_by_name(want[i].name) == c);
     CHECK(kv_codec_at(i) == c);
   }
-  CHECK(kv_codec_at(4) == NULL);
-  CHECK(kv_codec_by_id(0) == NULL && kv_codec_by_id(5) == NULL && kv_codec_by_id(255) == NULL);
+  CHECK(kv_codec_at(5) == NULL);
+  CHECK(kv_codec_by_id(0) == NULL && kv_codec_by_id(6) == NULL && kv_codec_by_id(255) == NULL);
   CHECK(kv_codec_by_name("zstd") == NULL && kv_codec_by_name("") == NULL);
   CHECK(kv_codec_by_name(NULL) == NULL);
   CHECK(kv_codec_dtype_bytes(KV_CODEC_F16) == 2 && kv_codec_dtype_bytes(KV_CODEC_BF16) == 2);
@@ -556,7 +557,7 @@ TEST(corrupt_sections_rejected)
     CHECK_RC(KV_CODEC_ECORRUPT, e, kt_try_decode(b, n + 1, &e));
     CHECK(kt_msg_has(&e, "bytes after the last group"));
 
-    static const uint8_t bad_ids[] = {0, 5, 200, 255};
+    static const uint8_t bad_ids[] = {0, 6, 200, 255};
     for (size_t i = 0; i < sizeof bad_ids; i++) {
       memcpy(b, enc, n);
       b[0] = bad_ids[i];

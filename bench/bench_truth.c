@@ -1,0 +1,888 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_truth.c — part of `kvdb-bench compress` (issue 16): the int4 targets on the
+ * redesigned quantizer, and the quality proxy checked against the model itself.
+ *
+ * Data: stories260K (tools/refmodel, float32 forward pass) over TinyStories, contexts of 512
+ * tokens (BOS + a text window, positions 0..511, the model's seq_len), every token fed one by
+ * one so the queries of every position are captured (all layers, all query heads, after RoPE);
+ * K (after RoPE) and V rounded to f16, as kvdb stores them.
+ *
+ * int4 targets (one JSON field each): kvquant (codec 5) at 4 bits, K quantized before RoPE
+ * (the model's RoPE: llama2.c's adjacent pairs, base 10000), group 128 for K and V, V clipped,
+ * the last 8 rows in 8 bit, on each (layer, KV head) section of a whole 512-token context (the unit
+ * `compress` measures: a context of one block):
+ *   int4_bits_per_element    encoded bytes x 8 / elements, headers, scales, zeros and residual
+ *                            rows included
+ *   int4_quality             the causal metric (codec.h THE CAUSAL METRIC): the model's real
+ *                            queries at 64 positions spread over the context (every query head
+ *                            of the KV head's group), causal attention over all the decoded keys,
+ *                            mean cosine of the outputs against the original KV's; mean over
+ *                            (context, layer, KV head)
+ *   int4_quality_worst_head  the (layer, KV head) with the lowest quality, averaged over contexts
+ *   int4_decode_gbps         kv_section_decode_dctx of every int4 section, one core, median pass,
+ *                            GB/s of decoded f16
+ *
+ * Truth: every context stores its first P = 448 tokens in each config of the list below
+ * (each head's K and V sections encoded and decoded; dropped rows marked absent in the model,
+ * refmodel_state_set_absent); the model then reuses a prefix of that stored context — its
+ * first c tokens, c = 112, 224, 336 and 448 (the whole) — and continues over the text's next
+ * T = 64 tokens (teacher forcing: the true token is fed at each step, so one early difference
+ * does not decide every later step). Against the same runs on the raw (f16) KV: next-token
+ * agreement (argmax equal) and mean KL(raw || config) of the next-token distributions,
+ * averaged over the four prefix lengths (a stored context serves prefix hits of any length:
+ * issue 16 item 4), and at c = 448 alone ("end"). The profiled quality of each (context,
+ * config) is the causal metric with the model's queries at 64 positions spread over the P
+ * stored tokens — never the last 16, which SnapKV uses as its observation window to choose
+ * what to keep. Then
+ *   quality_spearman_vs_model     Spearman rank correlation, across configs, of the mean
+ *                                 profiled quality and the mean agreement (over prefix lengths)
+ *   quality_spearman_per_context  per context, across configs, Spearman of the profiled quality
+ *                                 and the agreement (ties in agreement, which counts 64 steps
+ *                                 per prefix length, broken by the lower KL), averaged over
+ *                                 contexts
+ * Beside them (*_end: the continuation after the whole stored context only, as issue 16's own
+ * measurement did; *_old_metric: issue 3's probes, the queries of the last 16 positions,
+ * non-causal over the block) the same correlations, and four variants of the causal metric
+ * tried against the end-only truth.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "codec.h"
+#include "kvset.h"
+#include "refmodel.h"
+
+/*
+ * TR_CTX_*   : contexts (full, --quick).
+ * TR_TOKENS  : tokens per context (stories260K's seq_len).
+ * TR_STORED  : the stored prefix of the truth runs; TR_TOKENS - TR_STORED continuation steps.
+ * TR_WIN     : SnapKV's observation window (the last stored positions' queries).
+ * TR_PROBES  : probe positions of the causal metric.
+ */
+#define TR_CTX_FULL 24u
+#define TR_CTX_QUICK 6u
+#define TR_TOKENS 512u
+#define TR_STORED 448u
+#define TR_STEPS (TR_TOKENS - TR_STORED)
+#define TR_WIN 16u
+#define TR_PROBES KV_QUALITY_SPREAD_PROBES
+#define TR_DEC_MIN_NS_FULL 500000000ull
+#define TR_DEC_MIN_NS_QUICK 100000000ull
+
+#define T_INT4_BPE 4.5
+#define T_INT4_Q 0.99
+#define T_INT4_WORST 0.97
+#define T_INT4_DEC 8.0
+#define T_SPEARMAN_MODEL 0.95
+#define T_SPEARMAN_CTX 0.9
+
+typedef struct tcfg {
+  const char *name;
+  unsigned id, bits, group, residual;
+  kv_drop_method drop;
+  unsigned permille;
+  unsigned sink; /* kvquant: first rows at 8 bits */
+  unsigned prerope;     /* kvquant: K quantized before RoPE (the model's: adjacent, base 1e4) */
+  unsigned vbits, vgroup; /* V's bits / group when not 0 (else those of K) */
+} tcfg;
+
+static const tcfg CFGS[] = {
+  {"kivi int8", KV_CODEC_ID_KIVI, 8, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kivi int4", KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kivi int2", KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kvquant int8", KV_CODEC_ID_KVQUANT, 8, 128, 0, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"kvquant int4", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"kvquant int4 post-RoPE", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 0, 0, 0},
+  {"kvquant int4 sink 4", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0, 4, 1, 0, 0},
+  {"kvquant K4 g64 V4", KV_CODEC_ID_KVQUANT, 4, 64, 8, KV_DROP_NONE, 0, 0, 1, 4, 128},
+  {"kvquant int2", KV_CODEC_ID_KVQUANT, 2, 128, 8, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"knorm 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 900, 0, 0, 0, 0},
+  {"knorm 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 700, 0, 0, 0, 0},
+  {"knorm 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 500, 0, 0, 0, 0},
+  {"knorm 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KNORM, 300, 0, 0, 0, 0},
+  {"keydiff 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 900, 0, 0, 0, 0},
+  {"keydiff 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 700, 0, 0, 0, 0},
+  {"keydiff 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 500, 0, 0, 0, 0},
+  {"keydiff 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_KEYDIFF, 300, 0, 0, 0, 0},
+  {"snapkv 90", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 900, 0, 0, 0, 0},
+  {"snapkv 70", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 700, 0, 0, 0, 0},
+  {"snapkv 50", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 500, 0, 0, 0, 0},
+  {"snapkv 30", KV_CODEC_ID_DROP, 0, 0, 0, KV_DROP_SNAPKV, 300, 0, 0, 0, 0},
+  {"snapkv 50 + kivi int4", KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_SNAPKV, 500, 0, 0, 0, 0},
+};
+#define N_CFG (sizeof CFGS / sizeof CFGS[0])
+#define INT4_CFG 4 /* the int4 of the targets in CFGS: kvquant, pre-RoPE K, g128, r8 */
+
+/* One context: tokens, the queries of every position, the f16 KV of every position. */
+typedef struct tctx {
+  int tok[TR_TOKENS];
+  float *q;     /* [TR_TOKENS][L][n_q_heads][d] */
+  uint16_t *kv; /* [L][H][2][TR_TOKENS][d] f16 */
+} tctx;
+
+typedef struct truth {
+  const bench_env *env;
+  refmodel_model *m;
+  refmodel_state *st;
+  uint32_t L, H, QH, grp, d, vocab, kv_dim, n_ctx;
+  tctx *ctx;
+  void *scratch; /* codec, selection and quality scratch */
+  size_t scratch_cap;
+} truth;
+
+static int tfail(const char *what, int rc)
+{
+  bench_log("%s: %s: %s", what, refmodel_strerror(rc), refmodel_errmsg());
+  return -1;
+}
+
+static uint16_t *sec_of(const truth *t, const tctx *c, uint32_t l, uint32_t h, int kv)
+{
+  return c->kv + ((((size_t)l * t->H + h) * 2 + (size_t)kv) * TR_TOKENS) * t->d;
+}
+
+static int need_scratch(truth *t, size_t n)
+{
+  if (n <= t->scratch_cap)
+    return 0;
+  free(t->scratch);
+  t->scratch = malloc(n);
+  t->scratch_cap = t->scratch ? n : 0;
+  if (t->scratch == NULL)
+    bench_log("out of memory (%zu bytes of scratch)", n);
+  return t->scratch ? 0 : -1;
+}
+
+/* Feed a context token by token, keeping every position's queries and K, V. */
+static int run_context(truth *t, tctx *c)
+{
+  size_t qstep = (size_t)t->L * t->QH * t->d;
+  int r;
+  refmodel_state_clear_absent(t->st);
+  for (uint32_t p = 0; p < TR_TOKENS; p++) {
+    if ((r = refmodel_forward(t->st, c->tok[p], (int)p, NULL)) != REFMODEL_OK)
+      return tfail("refmodel_forward", r);
+    for (uint32_t l = 0; l < t->L; l++)
+      memcpy(c->q + p * qstep + (size_t)l * t->QH * t->d, refmodel_state_query(t->st, (int)l),
+             (size_t)t->QH * t->d * sizeof(float));
+  }
+  for (uint32_t l = 0; l < t->L; l++)
+    for (uint32_t p = 0; p < TR_TOKENS; p++) {
+      const float *kp = refmodel_state_key(t->st, (int)l, (int)p);
+      const float *vp = refmodel_state_value(t->st, (int)l, (int)p);
+      for (uint32_t h = 0; h < t->H; h++) {
+        kv_codec_from_f32(KV_CODEC_F16, kp + (size_t)h * t->d, t->d,
+                          sec_of(t, c, l, h, 0) + (size_t)p * t->d);
+        kv_codec_from_f32(KV_CODEC_F16, vp + (size_t)h * t->d, t->d,
+                          sec_of(t, c, l, h, 1) + (size_t)p * t->d);
+      }
+    }
+  return 0;
+}
+
+/* Queries of KV head h of layer l at positions pos[0..n) (every query head of its group), and
+ * their positions, into q / qpos; returns the rows. */
+static uint32_t head_queries(const truth *t, const tctx *c, uint32_t l, uint32_t h,
+                             const uint32_t *pos, uint32_t n, float *q, uint32_t *qpos)
+{
+  size_t qstep = (size_t)t->L * t->QH * t->d;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < n; i++)
+    for (uint32_t j = 0; j < t->grp; j++, k++) {
+      memcpy(q + (size_t)k * t->d,
+             c->q + pos[i] * qstep + ((size_t)l * t->QH + h * t->grp + j) * t->d,
+             t->d * sizeof(float));
+      qpos[k] = pos[i];
+    }
+  return k;
+}
+
+/* Encode and decode one head's first n tokens of K and V in config cf: decoded rows into
+ * kd/vd, their token positions into rpos, *rows, encoded bytes into *bytes. enc_out (when not
+ * NULL, cap enc_cap) keeps the two encoded sections back to back. */
+static int codec_head(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t n, const tcfg *cf,
+                      uint16_t *kd, uint16_t *vd, uint32_t *rpos, uint32_t *rows, size_t *bytes,
+                      uint8_t *enc_out, size_t enc_cap, size_t *enc_len)
+{
+  uint32_t d = t->d;
+  const kv_codec *codec = kv_codec_by_id(cf->id);
+  kv_section_shape sh[2] = {{KV_CODEC_F16, KV_SECTION_K, n, d}, {KV_CODEC_F16, KV_SECTION_V, n, d}};
+  kv_codec_params p[2];
+  kv_codec_err err;
+  uint32_t keep[TR_TOKENS], nk = 0;
+  for (int kv = 0; kv < 2; kv++) {
+    kv_codec_params_init(&p[kv]);
+    p[kv].bits = cf->bits;
+    p[kv].group = cf->id == KV_CODEC_ID_KVQUANT ? cf->group : 0;
+    p[kv].residual = cf->residual;
+    p[kv].sink = cf->sink;
+  }
+  if (cf->vbits)
+    p[1].bits = cf->vbits;
+  if (cf->vgroup)
+    p[1].group = cf->vgroup;
+  const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
+  size_t len = (size_t)n * d * 2;
+  if (cf->prerope) { /* the model's RoPE: llama2.c's adjacent pairs, base 10000 */
+    p[0].rope_base = 10000.0f;
+    p[0].rope_style = KV_ROPE_ADJACENT;
+    p[0].rope_pos0 = 0;
+  }
+  if (cf->id == KV_CODEC_ID_DROP) {
+    float win[TR_WIN * 8 * 64];
+    uint32_t wpos[TR_WIN], wq[TR_WIN * 8];
+    for (uint32_t i = 0; i < TR_WIN; i++)
+      wpos[i] = n - TR_WIN + i;
+    if ((size_t)TR_WIN * t->grp * d > sizeof win / sizeof win[0]) {
+      bench_log("SnapKV window larger than the bench's buffer");
+      return -1;
+    }
+    head_queries(t, c, l, h, wpos, TR_WIN, win, wq);
+    kv_snapkv_window w = {win, TR_WIN, t->grp, 0, KV_POOL_AVG, 1};
+    const kv_snapkv_window *wp = cf->drop == KV_DROP_SNAPKV ? &w : NULL;
+    if (need_scratch(t, kv_drop_scratch_bytes(cf->drop, n, d, wp)) != 0)
+      return -1;
+    if (kv_drop_select(cf->drop, &sh[0], k, len, cf->permille, wp, t->scratch, t->scratch_cap,
+                       keep, TR_TOKENS, &nk, &err) != KV_CODEC_OK)
+      return bench_codec_fail("kv_drop_select", &err);
+    for (int kv = 0; kv < 2; kv++) {
+      p[kv].keep_permille = cf->permille;
+      p[kv].drop_method = cf->drop;
+      p[kv].keep_pos = keep;
+      p[kv].n_keep = nk;
+    }
+  }
+  *bytes = 0;
+  if (enc_len)
+    *enc_len = 0;
+  for (int kv = 0; kv < 2; kv++) {
+    size_t b = kv_codec_bound(codec, &sh[kv], &p[kv]);
+    size_t es = kv_codec_scratch_bytes(codec, &sh[kv], &p[kv], KV_CODEC_OP_ENCODE);
+    size_t ds = kv_codec_scratch_bytes(codec, &sh[kv], &p[kv], KV_CODEC_OP_DECODE);
+    if (b == 0 || es == 0 || ds == 0) {
+      bench_log("%s: the codec refuses %u x %u sections", cf->name, n, d);
+      return -1;
+    }
+    if (need_scratch(t, b + (es > ds ? es : ds) + 64) != 0)
+      return -1;
+    uint8_t *enc = t->scratch;
+    void *ws = (uint8_t *)t->scratch + b;
+    size_t wcap = t->scratch_cap - b, el = 0;
+    if (kv_codec_encode(codec, &sh[kv], kv ? v : k, len, &p[kv], ws, wcap, enc, b, &el, &err) !=
+        KV_CODEC_OK)
+      return bench_codec_fail("kv_codec_encode", &err);
+    kv_section_info info;
+    if (kv_section_decode(enc, el, ws, wcap, kv ? vd : kd, len, &info, &err) != KV_CODEC_OK)
+      return bench_codec_fail("kv_section_decode", &err);
+    if (kv == 0) {
+      *rows = info.n_rows;
+      if (kv_section_positions(enc, el, 0, info.n_rows, rpos, &err) != KV_CODEC_OK)
+        return bench_codec_fail("kv_section_positions", &err);
+    }
+    if (enc_out != NULL) {
+      if (*enc_len + el > enc_cap) {
+        bench_log("encoded sections larger than their arena");
+        return -1;
+      }
+      memcpy(enc_out + *enc_len, enc, el);
+      *enc_len += el;
+    }
+    *bytes += el;
+  }
+  return 0;
+}
+
+/* Causal-metric quality of one head: decoded rows (kd, vd, rpos, rows) against the original
+ * first n tokens, with the model's queries at the spread positions. Also the old metric (the
+ * last TR_WIN positions' queries, non-causal) into *old when old is not NULL. */
+static int head_quality(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t n,
+                        const uint16_t *kd, const uint16_t *vd, const uint32_t *rpos,
+                        uint32_t rows, double *q, double *old, double *var)
+{
+  uint32_t d = t->d, pos[TR_PROBES];
+  uint32_t np = kv_quality_probe_positions(n, TR_PROBES, pos);
+  size_t qn = (size_t)np * t->grp;
+  float *pr = malloc(qn * d * sizeof(float) * 3);
+  uint32_t *qpos = malloc(qn * sizeof *qpos);
+  if (pr == NULL || qpos == NULL) {
+    free(pr);
+    free(qpos);
+    bench_log("out of memory (probes)");
+    return -1;
+  }
+  float *ref = pr + qn * d, *test = ref + qn * d;
+  uint32_t nq = head_queries(t, c, l, h, pos, np, pr, qpos);
+  kv_codec_err err;
+  kv_quality qy;
+  int rc = -1;
+  size_t sc = kv_quality_causal_scratch_bytes(n, d);
+  size_t so = kv_quality_attend_scratch_bytes(n, d, TR_WIN * t->grp);
+  if (need_scratch(t, sc > so ? sc : so) != 0)
+    goto out;
+  const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
+  if (kv_quality_causal_attend(KV_CODEC_F16, n, d, k, v, NULL, pr, qpos, nq, t->scratch,
+                               t->scratch_cap, ref, &err) != KV_CODEC_OK ||
+      kv_quality_causal_attend(KV_CODEC_F16, rows, d, kd, vd, rpos, pr, qpos, nq, t->scratch,
+                               t->scratch_cap, test, &err) != KV_CODEC_OK ||
+      kv_quality_compare(ref, test, nq, d, &qy, &err) != KV_CODEC_OK) {
+    bench_codec_fail("causal quality", &err);
+    goto out;
+  }
+  *q = qy.cos_mean;
+  if (var != NULL) { /* experiments: 0 weighted by keys seen, 1 = 1 - rel L2, 2 second half,
+                        3 mean of per-probe 1 - rel err */
+    double sw = 0, w = 0, s2 = 0, n2 = 0, re = 0;
+    for (uint32_t i = 0; i < nq; i++) {
+      const float *a = ref + (size_t)i * d, *b = test + (size_t)i * d;
+      double ab = 0, aa = 0, bb = 0, dd = 0;
+      for (uint32_t j = 0; j < d; j++) {
+        ab += (double)a[j] * b[j];
+        aa += (double)a[j] * a[j];
+        bb += (double)b[j] * b[j];
+        dd += ((double)a[j] - b[j]) * ((double)a[j] - b[j]);
+      }
+      double cs = dd == 0 ? 1 : (aa == 0 || bb == 0 ? 0 : ab / sqrt(aa * bb));
+      sw += cs * (qpos[i] + 1);
+      w += qpos[i] + 1;
+      if (qpos[i] >= n / 2) {
+        s2 += cs;
+        n2++;
+      }
+      re += aa > 0 ? 1 - fmin(1, sqrt(dd / aa)) : 1;
+    }
+    var[0] = sw / w;
+    var[1] = 1 - qy.rel_l2;
+    var[2] = s2 / n2;
+    var[3] = re / nq;
+  }
+  if (old != NULL) { /* issue 3's probes: the last positions' queries over the whole block */
+    uint32_t wpos[TR_WIN];
+    for (uint32_t i = 0; i < TR_WIN; i++)
+      wpos[i] = n - TR_WIN + i;
+    uint32_t nw = head_queries(t, c, l, h, wpos, TR_WIN, pr, qpos);
+    if (kv_quality_attend(KV_CODEC_F16, n, d, k, v, pr, nw, t->scratch, t->scratch_cap, ref,
+                          &err) != KV_CODEC_OK ||
+        kv_quality_attend(KV_CODEC_F16, rows, d, kd, vd, pr, nw, t->scratch, t->scratch_cap, test,
+                          &err) != KV_CODEC_OK ||
+        kv_quality_compare(ref, test, nw, d, &qy, &err) != KV_CODEC_OK) {
+      bench_codec_fail("old quality", &err);
+      goto out;
+    }
+    *old = qy.cos_mean;
+  }
+  rc = 0;
+out:
+  free(pr);
+  free(qpos);
+  return rc;
+}
+
+/* ---- Spearman ---- */
+
+static void ranks(const double *x, uint32_t n, double *r)
+{
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t less = 0, eq = 0;
+    for (uint32_t j = 0; j < n; j++) {
+      less += x[j] < x[i];
+      eq += x[j] == x[i];
+    }
+    r[i] = less + (eq + 1) / 2.0; /* average rank of the ties */
+  }
+}
+
+static double spearman(const double *x, const double *y, uint32_t n)
+{
+  double rx[64], ry[64];
+  if (n < 2 || n > 64)
+    return NAN;
+  ranks(x, n, rx);
+  ranks(y, n, ry);
+  double mx = 0, my = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    mx += rx[i];
+    my += ry[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    sxy += (rx[i] - mx) * (ry[i] - my);
+    sxx += (rx[i] - mx) * (rx[i] - mx);
+    syy += (ry[i] - my) * (ry[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? sxy / sqrt(sxx * syy) : NAN;
+}
+
+/* ---- the continuation runs ---- */
+
+/* Put the stored prefix (raw, or the decoded rows of every head) into the state and run the
+ * continuation; log-probabilities of each step into lp [TR_STEPS][vocab]. */
+static int continuation(truth *t, const tctx *c, uint32_t cut, float *lp)
+{
+  int r;
+  for (uint32_t s = 0; s < TR_STEPS; s++) {
+    uint32_t p = cut + s;
+    const float *lg;
+    if ((r = refmodel_forward(t->st, c->tok[p], (int)p, &lg)) != REFMODEL_OK)
+      return tfail("refmodel_forward", r);
+    refmodel_log_softmax(lg, (int)t->vocab, lp + (size_t)s * t->vocab);
+  }
+  return 0;
+}
+
+static void put_rows(truth *t, uint32_t l, uint32_t h, const uint16_t *kd, const uint16_t *vd,
+                     const uint32_t *rpos, uint32_t rows)
+{
+  uint32_t d = t->d, i = 0;
+  for (uint32_t p = 0; p < TR_STORED; p++) {
+    float *kp = refmodel_state_key(t->st, (int)l, (int)p) + (size_t)h * d;
+    float *vp = refmodel_state_value(t->st, (int)l, (int)p) + (size_t)h * d;
+    if (i < rows && rpos[i] == p) {
+      kv_codec_to_f32(KV_CODEC_F16, kd + (size_t)i * d, d, kp);
+      kv_codec_to_f32(KV_CODEC_F16, vd + (size_t)i * d, d, vp);
+      i++;
+    } else { /* dropped: absent, its row zero (finite, never weighted) */
+      memset(kp, 0, d * sizeof(float));
+      memset(vp, 0, d * sizeof(float));
+      refmodel_state_set_absent(t->st, (int)l, (int)h, (int)p, 1);
+    }
+  }
+}
+
+typedef struct cres {
+  double q, q_old, agree, kl, bytes, var[4];
+  double agree_cuts, kl_cuts; /* the mean over the TR_CUTS prefix lengths */
+} cres;
+
+/* Prefix lengths of the prefix-reuse truth: TR_STORED (k + 1) / TR_CUTS; the last is the end. */
+#define TR_CUTS 4u
+
+static void score_steps(const float *lp_raw, const float *lp, uint32_t V, double *agree, double *kl)
+{
+  *agree = *kl = 0;
+  for (uint32_t s = 0; s < TR_STEPS; s++) {
+    const float *a = lp_raw + (size_t)s * V, *b = lp + (size_t)s * V;
+    *agree += (refmodel_argmax(a, (int)V) == refmodel_argmax(b, (int)V)) / (double)TR_STEPS;
+    double k = 0;
+    for (uint32_t i = 0; i < V; i++)
+      k += exp((double)a[i]) * ((double)a[i] - b[i]);
+    *kl += k / TR_STEPS;
+  }
+}
+
+/* One context in every config: quality, agreement, KL. res[N_CFG] of this context. */
+static int truth_context(truth *t, const tctx *c, cres *res)
+{
+  uint32_t d = t->d, V = t->vocab, nh = t->L * t->H;
+  size_t hrow = (size_t)TR_TOKENS * d;
+  float *lp_raw = malloc((size_t)TR_STEPS * V * sizeof(float) * (TR_CUTS + 1));
+  uint16_t *kd = malloc(hrow * 2 * 2 * nh); /* every head's decoded K and V */
+  uint32_t *rpos = malloc(sizeof(uint32_t) * TR_TOKENS * nh), *rows = malloc(4 * (size_t)nh);
+  uint32_t ident[TR_TOKENS];
+  int rc = -1;
+  if (lp_raw == NULL || kd == NULL || rpos == NULL || rows == NULL) {
+    bench_log("out of memory (truth)");
+    goto out;
+  }
+  float *lp = lp_raw + (size_t)TR_CUTS * TR_STEPS * V;
+  for (uint32_t i = 0; i < TR_TOKENS; i++)
+    ident[i] = i;
+  for (uint32_t k = 0; k < TR_CUTS; k++) { /* raw KV, each prefix length */
+    refmodel_state_clear_absent(t->st);
+    for (uint32_t l = 0; l < t->L; l++)
+      for (uint32_t h = 0; h < t->H; h++)
+        put_rows(t, l, h, sec_of(t, c, l, h, 0), sec_of(t, c, l, h, 1), ident, TR_STORED);
+    if (continuation(t, c, TR_STORED * (k + 1) / TR_CUTS, lp_raw + (size_t)k * TR_STEPS * V) != 0)
+      goto out;
+  }
+  for (size_t ci = 0; ci < N_CFG; ci++) {
+    cres *r = &res[ci];
+    memset(r, 0, sizeof *r);
+    for (uint32_t l = 0; l < t->L; l++)
+      for (uint32_t h = 0; h < t->H; h++) {
+        size_t b, hi = (size_t)l * t->H + h;
+        double q, qo, var[4];
+        uint16_t *hk = kd + hi * 2 * hrow, *hv = hk + hrow;
+        uint32_t *hp = rpos + hi * TR_TOKENS;
+        if (codec_head(t, c, l, h, TR_STORED, &CFGS[ci], hk, hv, hp, &rows[hi], &b, NULL, 0,
+                       NULL) != 0 ||
+            head_quality(t, c, l, h, TR_STORED, hk, hv, hp, rows[hi], &q, &qo, var) != 0)
+          goto out;
+        for (int vi = 0; vi < 4; vi++)
+          r->var[vi] += var[vi] / nh;
+        r->q += q / nh;
+        r->q_old += qo / nh;
+        r->bytes += (double)b;
+      }
+    for (uint32_t k = 0; k < TR_CUTS; k++) {
+      refmodel_state_clear_absent(t->st);
+      for (uint32_t hi = 0; hi < nh; hi++)
+        put_rows(t, hi / t->H, hi % t->H, kd + (size_t)hi * 2 * hrow,
+                 kd + (size_t)hi * 2 * hrow + hrow, rpos + (size_t)hi * TR_TOKENS, rows[hi]);
+      if (continuation(t, c, TR_STORED * (k + 1) / TR_CUTS, lp) != 0)
+        goto out;
+      double ag, kl;
+      score_steps(lp_raw + (size_t)k * TR_STEPS * V, lp, V, &ag, &kl);
+      r->agree_cuts += ag / TR_CUTS;
+      r->kl_cuts += kl / TR_CUTS;
+      if (k + 1 == TR_CUTS) { /* the end of the stored context: the issue's measure */
+        r->agree = ag;
+        r->kl = kl;
+      }
+    }
+  }
+  rc = 0;
+out:
+  free(lp_raw);
+  free(kd);
+  free(rpos);
+  free(rows);
+  return rc;
+}
+
+/* ---- the int4 targets ---- */
+
+typedef struct dec_run {
+  const uint8_t *arena;
+  const size_t *off, *len;
+  size_t n_sec, sec_bytes;
+  uint8_t *out;
+  void *ws;
+  size_t ws_cap;
+  kv_codec_dctx *ctx;
+} dec_run;
+
+static int dec_pass(void *payload, size_t iter)
+{
+  dec_run *r = payload;
+  kv_codec_err err;
+  (void)iter;
+  for (size_t s = 0; s < r->n_sec; s++)
+    if (kv_section_decode_dctx(r->ctx, r->arena + r->off[s], r->len[s], r->ws, r->ws_cap,
+                               r->out + s * r->sec_bytes, r->sec_bytes, NULL, &err) != KV_CODEC_OK)
+      return bench_codec_fail("kv_section_decode_dctx", &err);
+  return 0;
+}
+
+typedef struct int4_fig {
+  double bpe, q, worst_head, worst_any, dec_gbps;
+  uint32_t worst_l, worst_h;
+} int4_fig;
+
+static int int4_targets(truth *t, int4_fig *f)
+{
+  uint32_t d = t->d, heads = t->L * t->H;
+  size_t n_sec = (size_t)t->n_ctx * heads * 2, sec_bytes = (size_t)TR_TOKENS * d * 2;
+  size_t cap = n_sec * (sec_bytes + 4096);
+  uint8_t *arena = bench_alloc(cap), *out = bench_alloc(n_sec * sec_bytes);
+  size_t *off = malloc(n_sec * sizeof *off), *len = malloc(n_sec * sizeof *len);
+  double *hq = calloc(heads, sizeof *hq);
+  uint16_t *kd = malloc(sec_bytes * 2), *vd = kd ? kd + (size_t)TR_TOKENS * d : NULL;
+  void *ctx_mem = malloc(kv_codec_dctx_bytes());
+  uint32_t rpos[TR_TOKENS];
+  int rc = -1;
+  memset(f, 0, sizeof *f);
+  if (!arena || !out || !off || !len || !hq || !kd || !ctx_mem) {
+    bench_log("out of memory (int4 sections)");
+    goto out;
+  }
+  size_t pos = 0, bytes = 0, s = 0;
+  f->worst_any = 1;
+  for (uint32_t ci = 0; ci < t->n_ctx; ci++)
+    for (uint32_t l = 0; l < t->L; l++)
+      for (uint32_t h = 0; h < t->H; h++) {
+        uint32_t rows;
+        size_t b, el;
+        double q;
+        if (codec_head(t, &t->ctx[ci], l, h, TR_TOKENS, &CFGS[INT4_CFG], kd, vd, rpos, &rows, &b,
+                       arena + pos, cap - pos, &el) != 0 ||
+            head_quality(t, &t->ctx[ci], l, h, TR_TOKENS, kd, vd, rpos, rows, &q, NULL, NULL) != 0)
+          goto out;
+        kv_section_info info; /* the K section's length, then V's */
+        kv_codec_err err;
+        if (kv_section_parse(arena + pos, el, &info, &err) != KV_CODEC_OK) {
+          bench_codec_fail("kv_section_parse", &err);
+          goto out;
+        }
+        off[s] = pos;
+        len[s] = (size_t)info.section_bytes;
+        off[s + 1] = pos + len[s];
+        len[s + 1] = el - len[s];
+        s += 2;
+        pos += el;
+        bytes += b;
+        f->q += q / ((double)t->n_ctx * heads);
+        hq[l * t->H + h] += q / t->n_ctx;
+        f->worst_any = q < f->worst_any ? q : f->worst_any;
+      }
+  f->bpe = 8.0 * (double)bytes / ((double)n_sec * TR_TOKENS * d);
+  f->worst_head = 1;
+  for (uint32_t i = 0; i < heads; i++)
+    if (hq[i] < f->worst_head) {
+      f->worst_head = hq[i];
+      f->worst_l = i / t->H;
+      f->worst_h = i % t->H;
+    }
+  dec_run r = {arena, off, len, n_sec, sec_bytes, out, NULL, 0,
+               kv_codec_dctx_init(ctx_mem, kv_codec_dctx_bytes())};
+  kv_section_info i0;
+  kv_codec_err e0;
+  if (kv_section_parse(arena, len[0], &i0, &e0) != KV_CODEC_OK) {
+    bench_codec_fail("kv_section_parse", &e0);
+    goto out;
+  }
+  if (need_scratch(t, kv_section_scratch_bytes(&i0)) != 0)
+    goto out;
+  r.ws = t->scratch;
+  r.ws_cap = t->scratch_cap;
+  bench_samples sm = {0};
+  bench_fn_opts o = {dec_pass, &r, 3, 0,
+                     t->env->quick ? TR_DEC_MIN_NS_QUICK : TR_DEC_MIN_NS_FULL};
+  if (bench_fn_run(&o, &sm) != 0) {
+    bench_samples_free(&sm);
+    goto out;
+  }
+  f->dec_gbps = bench_gbps(n_sec * sec_bytes, bench_samples_pct(&sm, 50));
+  bench_samples_free(&sm);
+  rc = 0;
+out:
+  bench_free(arena);
+  bench_free(out);
+  free(off);
+  free(len);
+  free(hq);
+  free(kd);
+  free(ctx_mem);
+  return rc;
+}
+
+/* ---- the subcommand's part ---- */
+
+int bench_truth(const bench_env *env, bench_json *j)
+{
+  FILE *o = env->out;
+  char bin[4200], tokp[4200], textp[4200], why[8500] = "";
+  truth t;
+  memset(&t, 0, sizeof t);
+  t.env = env;
+  if (bench_kvset_inputs(env, bin, tokp, textp, sizeof bin, why, sizeof why) != 0) {
+    fprintf(o, "\nint4 targets and quality truth: SKIPPED — %s\n", why);
+    bench_json_str(j, "quality_truth_skipped", why);
+    return 0;
+  }
+  refmodel_tokenizer *tk = NULL;
+  int *toks = NULL, rc = -1, r;
+  cres *res = NULL;
+  if ((r = refmodel_model_load(bin, &t.m)) != REFMODEL_OK)
+    return tfail("loading the model", r);
+  const refmodel_config *cf = refmodel_model_config(t.m);
+  t.L = (uint32_t)cf->n_layers;
+  t.H = (uint32_t)cf->n_kv_heads;
+  t.QH = (uint32_t)cf->n_heads;
+  t.grp = t.QH / t.H;
+  t.d = (uint32_t)cf->head_size;
+  t.vocab = (uint32_t)cf->vocab_size;
+  t.kv_dim = (uint32_t)cf->kv_dim;
+  t.n_ctx = env->quick ? TR_CTX_QUICK : TR_CTX_FULL;
+  uint64_t t0 = bench_now_ns();
+  if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
+    tfail("loading the tokenizer", r);
+    goto out;
+  }
+  if ((r = refmodel_state_new(t.m, TR_TOKENS, &t.st)) != REFMODEL_OK) {
+    tfail("refmodel_state_new", r);
+    goto out;
+  }
+  /* the contexts follow those of the `compress` real set in the corpus (other text) */
+  size_t skip = (size_t)(env->quick ? 8 : 64) * (TR_TOKENS - 1);
+  if (bench_kvset_tokens(tk, textp, skip + (size_t)t.n_ctx * (TR_TOKENS - 1), &toks) != 0)
+    goto out;
+  t.ctx = calloc(t.n_ctx, sizeof *t.ctx);
+  res = calloc((size_t)t.n_ctx * N_CFG, sizeof *res);
+  if (t.ctx == NULL || res == NULL) {
+    bench_log("out of memory (contexts)");
+    goto out;
+  }
+  bench_log("quality truth: %u contexts of stories260K ...", t.n_ctx);
+  for (uint32_t c = 0; c < t.n_ctx; c++) {
+    tctx *x = &t.ctx[c];
+    x->q = malloc((size_t)TR_TOKENS * t.L * t.QH * t.d * sizeof(float));
+    x->kv = malloc((size_t)t.L * t.H * 2 * TR_TOKENS * t.d * 2);
+    if (x->q == NULL || x->kv == NULL) {
+      bench_log("out of memory (context %u)", c);
+      goto out;
+    }
+    x->tok[0] = REFMODEL_TOKEN_BOS;
+    memcpy(x->tok + 1, toks + skip + (size_t)c * (TR_TOKENS - 1), (TR_TOKENS - 1) * sizeof(int));
+    if (run_context(&t, x) != 0)
+      goto out;
+  }
+
+  int4_fig f4;
+  bench_log("int4 targets ...");
+  if (int4_targets(&t, &f4) != 0)
+    goto out;
+  bench_log("truth runs: %zu configs x %u contexts ...", N_CFG, t.n_ctx);
+  for (uint32_t c = 0; c < t.n_ctx; c++)
+    if (truth_context(&t, &t.ctx[c], res + (size_t)c * N_CFG) != 0)
+      goto out;
+
+  /* across configs (means over contexts) and within each context */
+  double mq[N_CFG], mqo[N_CFG], ma[N_CFG], mkl[N_CFG], mb[N_CFG], key[N_CFG], x[N_CFG], xo[N_CFG];
+  memset(mq, 0, sizeof mq);
+  memset(mqo, 0, sizeof mqo);
+  memset(ma, 0, sizeof ma);
+  memset(mkl, 0, sizeof mkl);
+  memset(mb, 0, sizeof mb);
+  double sp_ctx = 0, sp_ctx_old = 0;
+  uint32_t n_sp = 0, n_sp_old = 0;
+  for (uint32_t c = 0; c < t.n_ctx; c++) {
+    const cres *rc_ = res + (size_t)c * N_CFG;
+    for (size_t i = 0; i < N_CFG; i++) {
+      mq[i] += rc_[i].q / t.n_ctx;
+      mqo[i] += rc_[i].q_old / t.n_ctx;
+      ma[i] += rc_[i].agree / t.n_ctx;
+      mkl[i] += rc_[i].kl / t.n_ctx;
+      mb[i] += rc_[i].bytes / t.n_ctx;
+      key[i] = rc_[i].agree - 1e-3 * fmin(rc_[i].kl, 15.0); /* agreement, ties by KL */
+      x[i] = rc_[i].q;
+      xo[i] = rc_[i].q_old;
+    }
+    double s = spearman(x, key, N_CFG), so = spearman(xo, key, N_CFG);
+    if (!isnan(s)) {
+      sp_ctx += s;
+      n_sp++;
+    }
+    if (!isnan(so)) {
+      sp_ctx_old += so;
+      n_sp_old++;
+    }
+  }
+  sp_ctx = n_sp ? sp_ctx / n_sp : NAN;
+  sp_ctx_old = n_sp_old ? sp_ctx_old / n_sp_old : NAN;
+  double sp_model = spearman(mq, ma, N_CFG), sp_model_old = spearman(mqo, ma, N_CFG);
+  /* the prefix-reuse truth: agreement averaged over the TR_CUTS prefix lengths */
+  double mac[N_CFG], sp_cut_ctx = 0, sp_cut_ctx_old = 0;
+  memset(mac, 0, sizeof mac);
+  for (uint32_t c = 0; c < t.n_ctx; c++) {
+    const cres *rc_ = res + (size_t)c * N_CFG;
+    for (size_t i = 0; i < N_CFG; i++) {
+      mac[i] += rc_[i].agree_cuts / t.n_ctx;
+      key[i] = rc_[i].agree_cuts - 1e-3 * fmin(rc_[i].kl_cuts, 15.0);
+      x[i] = rc_[i].q;
+      xo[i] = rc_[i].q_old;
+    }
+    sp_cut_ctx += spearman(x, key, N_CFG) / t.n_ctx;
+    sp_cut_ctx_old += spearman(xo, key, N_CFG) / t.n_ctx;
+  }
+  double sp_cut_model = spearman(mq, mac, N_CFG), sp_cut_model_old = spearman(mqo, mac, N_CFG);
+  double secs = (double)(bench_now_ns() - t0) * 1e-9;
+  for (int vi = 0; vi < 4; vi++) { /* experiments */
+    double mv[N_CFG], spc = 0, spk = 0, mklneg[N_CFG];
+    for (size_t i = 0; i < N_CFG; i++) {
+      mv[i] = 0;
+      mklneg[i] = -mkl[i];
+    }
+    for (uint32_t c = 0; c < t.n_ctx; c++) {
+      const cres *rc_ = res + (size_t)c * N_CFG;
+      double kk[N_CFG], kl2[N_CFG];
+      for (size_t i = 0; i < N_CFG; i++) {
+        mv[i] += rc_[i].var[vi] / t.n_ctx;
+        x[i] = rc_[i].var[vi];
+        kk[i] = rc_[i].agree - 1e-3 * fmin(rc_[i].kl, 15.0);
+        kl2[i] = -rc_[i].kl;
+      }
+      spc += spearman(x, kk, N_CFG) / t.n_ctx;
+      spk += spearman(x, kl2, N_CFG) / t.n_ctx;
+    }
+    static const char *const vname[4] = {"cosine weighted by keys seen", "1 - pooled rel L2",
+                                         "cosine, probes in the second half",
+                                         "mean of 1 - per-probe rel error"};
+    fprintf(o, "  metric variant vs the end-only truth, %s: across %.4f (vs -KL %.4f), per "
+               "context %.4f (vs -KL %.4f)\n", vname[vi],
+            spearman(mv, ma, N_CFG), spearman(mv, mklneg, N_CFG), spc, spk);
+  }
+
+  fprintf(o, "\nint4 (kvquant, codec 5: 4 bits, K before RoPE, K and V per channel in groups "
+             "of 128 tokens, V clipped, the last 8 rows in 8 bit) on %u stories260K contexts x %u layers x %u "
+             "KV heads, sections of %u tokens x %u:\n",
+          t.n_ctx, t.L, t.H, TR_TOKENS, t.d);
+  fprintf(o, "  bits per element %.4f (target <= %.1f: %s)\n", f4.bpe, T_INT4_BPE,
+          bench_met(f4.bpe <= T_INT4_BPE));
+  fprintf(o, "  quality, causal metric, the model's queries at %u spread positions: mean %.5f "
+             "(>= %.2f: %s); worst head (layer %u, KV head %u, over contexts) %.5f (>= %.2f: %s); "
+             "worst single (context, head) %.5f\n",
+          TR_PROBES, f4.q, T_INT4_Q, bench_met(f4.q >= T_INT4_Q), f4.worst_l, f4.worst_h,
+          f4.worst_head, T_INT4_WORST, bench_met(f4.worst_head >= T_INT4_WORST), f4.worst_any);
+  fprintf(o, "  decode %.3f GB/s of f16, one core (>= %.0f: %s)\n", f4.dec_gbps, T_INT4_DEC,
+          bench_met(f4.dec_gbps >= T_INT4_DEC));
+  fprintf(o, "\nquality truth: each context stores its first %u tokens in a config, the model "
+             "continues over the next %u (teacher-forced), against the same on raw f16 KV; %u "
+             "contexts, %.1f s\n",
+          TR_STORED, TR_STEPS, t.n_ctx, secs);
+  fprintf(o, "  %-24s %8s %9s %9s %9s %9s %11s\n", "config", "bits/el", "quality", "old q",
+          "agree", "KL", "agree cuts");
+  for (size_t i = 0; i < N_CFG; i++)
+    fprintf(o, "  %-24s %8.3f %9.5f %9.5f %9.4f %9.5f %11.4f\n", CFGS[i].name,
+            8.0 * mb[i] / ((double)t.L * t.H * 2 * TR_STORED * t.d), mq[i], mqo[i], ma[i],
+            mkl[i], mac[i]);
+  fprintf(o, "  Spearman, profiled quality vs agreement averaged over continuations after %u "
+             "prefix lengths (%u..%u tokens of the stored context): across configs %.4f (>= %.2f: "
+             "%s), within a context (mean) %.4f (>= %.1f: %s); the old metric (last %u positions' "
+             "queries, no causal mask): %.4f and %.4f\n",
+          TR_CUTS, TR_STORED / TR_CUTS, TR_STORED, sp_cut_model, T_SPEARMAN_MODEL,
+          bench_met(sp_cut_model >= T_SPEARMAN_MODEL), sp_cut_ctx, T_SPEARMAN_CTX,
+          bench_met(sp_cut_ctx >= T_SPEARMAN_CTX), TR_WIN, sp_cut_model_old, sp_cut_ctx_old);
+  fprintf(o, "  the same after the whole stored context only (end): across configs %.4f, within "
+             "a context %.4f; the old metric %.4f and %.4f\n",
+          sp_model, sp_ctx, sp_model_old, sp_ctx_old);
+
+  bench_json_num(j, "int4_bits_per_element", f4.bpe);
+  bench_json_num(j, "int4_quality", f4.q);
+  bench_json_num(j, "int4_quality_worst_head", f4.worst_head);
+  bench_json_num(j, "int4_quality_worst_context_head", f4.worst_any);
+  bench_json_num(j, "int4_decode_gbps", f4.dec_gbps);
+  bench_json_num(j, "quality_spearman_vs_model", sp_cut_model);
+  bench_json_num(j, "quality_spearman_per_context", sp_cut_ctx);
+  bench_json_num(j, "quality_spearman_vs_model_old_metric", sp_cut_model_old);
+  bench_json_num(j, "quality_spearman_per_context_old_metric", sp_cut_ctx_old);
+  bench_json_num(j, "quality_spearman_vs_model_end", sp_model);
+  bench_json_num(j, "quality_spearman_per_context_end", sp_ctx);
+  bench_json_num(j, "quality_spearman_vs_model_end_old_metric", sp_model_old);
+  bench_json_num(j, "quality_spearman_per_context_end_old_metric", sp_ctx_old);
+  bench_json_int(j, "quality_truth_contexts", t.n_ctx);
+  bench_json_int(j, "quality_truth_configs", (int64_t)N_CFG);
+  for (size_t i = 0; i < N_CFG; i++) {
+    char k[96], nm[48];
+    size_t n = 0;
+    for (const char *p = CFGS[i].name; *p && n + 1 < sizeof nm; p++)
+      nm[n++] = (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ? *p : '_';
+    nm[n] = 0;
+    snprintf(k, sizeof k, "truth_%s_agreement", nm);
+    bench_json_num(j, k, ma[i]);
+    snprintf(k, sizeof k, "truth_%s_kl", nm);
+    bench_json_num(j, k, mkl[i]);
+    snprintf(k, sizeof k, "truth_%s_quality", nm);
+    bench_json_num(j, k, mq[i]);
+  }
+  rc = 0;
+out:
+  for (uint32_t c = 0; t.ctx != NULL && c < t.n_ctx; c++) {
+    free(t.ctx[c].q);
+    free(t.ctx[c].kv);
+  }
+  free(t.ctx);
+  free(res);
+  free(toks);
+  free(t.scratch);
+  refmodel_state_free(t.st);
+  refmodel_tokenizer_free(tk);
+  refmodel_model_free(t.m);
+  return rc;
+}
