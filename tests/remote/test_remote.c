@@ -14,6 +14,9 @@
  *   evict    maxmemory with allkeys-lru eviction (misses, never wrong KV) and noeviction (OOM
  *            replies: errors and unsent blocks, puts go on)
  *   reset    CLIENT KILL of the tier's connections mid-run: a miss, then reconnects
+ *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
+ *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
+ *            real prometheus server (its query API returns the scraped value)
  */
 #include "redis_test.h"
 
@@ -420,6 +423,179 @@ static void mode_reset(void)
   r_cleanup(&s);
 }
 
+/* ---- metrics ---- */
+
+/* GET http://127.0.0.1:port/path: the response (headers and body, malloc'd) or NULL. */
+static char *http_get(int port, const char *path)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return NULL;
+  }
+  char req[512];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+  if (write(fd, req, (size_t)n) != n) {
+    close(fd);
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  ssize_t k;
+  while ((k = read(fd, buf + len, cap - 1 - len)) > 0) {
+    len += (size_t)k;
+    if (len + 1 == cap)
+      buf = realloc(buf, cap *= 2);
+  }
+  buf[len] = 0;
+  close(fd);
+  return buf;
+}
+
+static pid_t spawn(const char *const *argv, const char *log)
+{
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    FILE *f = freopen(log, "w", stdout);
+    (void)f;
+    dup2(1, 2);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < R_MAX_SERVERS; i++)
+    if (r_pids[i] == 0) {
+      r_pids[i] = pid;
+      break;
+    }
+  return pid;
+}
+
+static void write_file(const char *path, const char *text, size_t len)
+{
+  FILE *f = fopen(path, "w");
+  ASSERT(f != NULL && fwrite(text, 1, len, f) == len && fclose(f) == 0);
+}
+
+static void promtool_check(const char *file)
+{
+  char cmd[4300];
+  snprintf(cmd, sizeof cmd, "promtool check metrics < '%s'", file);
+  int rc = system(cmd);
+  if (rc != 0) {
+    fprintf(stderr, "promtool check metrics failed on %s\n", file);
+    abort();
+  }
+}
+
+static void mode_metrics(const char *admin)
+{
+  static const char *const more[] = {"promtool", "prometheus"};
+  r_require(more, 2);
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 8 * 16;
+  uint32_t *t1 = ctx_tokens(9, n), *t2 = ctx_tokens(10, n);
+  char *da, *db_dir;
+  kvdb *a = open_db("rm-a", s.port, "m", &da);
+  kvdb *b = open_db("rm-b", s.port, "m", &db_dir);
+  t_put_kv(a, &r_model, t1, n, NULL);
+  t_put_kv(a, &r_model, t2, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(lookup(b, t1, n), n);
+  ASSERT_EQ(t_get_check(b, &r_model, t2, n), n);
+  size_t len;
+  char small[16];
+  ASSERT_STATUS(KVDB_FULL, kvdb_metrics(b, small, sizeof small, &len));
+  ASSERT(len > 1000);
+  char *text = malloc(len + 1);
+  ASSERT_OK(kvdb_metrics(b, text, len + 1, &len));
+  ASSERT(strstr(text, "kvdb_tier_hits_total{tier=\"remote\"} 16\n") != NULL);
+  ASSERT(strstr(text, "kvdb_get_seconds_count 1\n") != NULL);
+  ASSERT(strstr(text, "kvdb_lookup_seconds_count 1\n") != NULL);
+  ASSERT(strstr(text, "kvdb_remote_enabled 1\n") != NULL);
+  char file[4200];
+  snprintf(file, sizeof file, "%s/handle.prom", s.dir);
+  write_file(file, text, len);
+  promtool_check(file);
+  free(text);
+  ASSERT_OK(kvdb_metrics(a, small, 0, &len) == KVDB_FULL ? KVDB_OK : KVDB_PANIC);
+  text = malloc(len + 1);
+  ASSERT_OK(kvdb_metrics(a, text, len + 1, &len));
+  ASSERT(strstr(text, "kvdb_remote_written_total 16\n") != NULL);
+  ASSERT(strstr(text, "kvdb_put_seconds_count 2\n") != NULL);
+  ASSERT(strstr(text, "kvdb_contexts 2\n") != NULL);
+  free(text);
+  kvdb_close(a);
+  kvdb_close(b);
+  /* kvdb-admin metrics DIR */
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd, "'%s' metrics '%s' > '%s/admin.prom'", admin, da, s.dir);
+  ASSERT(system(cmd) == 0);
+  snprintf(file, sizeof file, "%s/admin.prom", s.dir);
+  promtool_check(file);
+  /* kvdb-admin serve --metrics, scraped by a real prometheus server */
+  int mport = r_free_port(), pport = r_free_port();
+  char maddr[64], paddr[64], log1[4200], log2[4200], cfg[4200], tsdb[4200];
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", mport);
+  snprintf(paddr, sizeof paddr, "127.0.0.1:%d", pport);
+  snprintf(log1, sizeof log1, "%s/serve.log", s.dir);
+  snprintf(log2, sizeof log2, "%s/prometheus.log", s.dir);
+  snprintf(cfg, sizeof cfg, "%s/prometheus.yml", s.dir);
+  snprintf(tsdb, sizeof tsdb, "%s/tsdb", s.dir);
+  const char *sargv[] = {admin, "serve", da, "--metrics", maddr, NULL};
+  pid_t serve = spawn(sargv, log1);
+  char *resp = NULL;
+  for (int i = 0; i < 200 && resp == NULL; i++) {
+    r_sleep_ms(20);
+    resp = http_get(mport, "/metrics");
+  }
+  ASSERT(resp != NULL && strncmp(resp, "HTTP/1.", 7) == 0 && strncmp(resp + 8, " 200", 4) == 0 &&
+         strstr(resp, "kvdb_contexts 2\n") != NULL);
+  free(resp);
+  resp = http_get(mport, "/nothing");
+  ASSERT(resp != NULL && strstr(resp, " 404 ") != NULL);
+  free(resp);
+  char yml[512];
+  int yl = snprintf(yml, sizeof yml,
+                    "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: kvdb\n"
+                    "    static_configs:\n      - targets: ['%s']\n", maddr);
+  write_file(cfg, yml, (size_t)yl);
+  char cfgarg[4300], tsdbarg[4300], listen[128];
+  snprintf(cfgarg, sizeof cfgarg, "--config.file=%s", cfg);
+  snprintf(tsdbarg, sizeof tsdbarg, "--storage.tsdb.path=%s", tsdb);
+  snprintf(listen, sizeof listen, "--web.listen-address=%s", paddr);
+  const char *pargv[] = {"prometheus", cfgarg, tsdbarg, listen, NULL};
+  pid_t prom = spawn(pargv, log2);
+  int seen = 0;
+  for (int i = 0; i < 300 && !seen; i++) { /* up to 30 s */
+    r_sleep_ms(100);
+    resp = http_get(pport, "/api/v1/query?query=kvdb_contexts");
+    seen = resp != NULL && strstr(resp, "\"job\":\"kvdb\"") != NULL && strstr(resp, ",\"2\"]") != NULL;
+    free(resp);
+  }
+  if (!seen)
+    fprintf(stderr, "prometheus never scraped kvdb_contexts 2 (logs in %s)\n", s.dir);
+  ASSERT(seen);
+  kill(prom, SIGTERM);
+  kill(serve, SIGTERM);
+  int st;
+  ASSERT(waitpid(serve, &st, 0) == serve && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  waitpid(prom, NULL, 0);
+  for (int i = 0; i < R_MAX_SERVERS; i++)
+    if (r_pids[i] == serve || r_pids[i] == prom)
+      r_pids[i] = 0;
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  free(t1);
+  free(t2);
+  r_cleanup(&s);
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
@@ -438,6 +614,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "metrics") == 0 && argc > 2)
+    mode_metrics(argv[2]);
   else {
     fprintf(stderr, "unknown mode '%s'\n", mode);
     return T_EXIT_FAIL;
