@@ -14,6 +14,9 @@
  *   evict    maxmemory with allkeys-lru eviction (misses, never wrong KV) and noeviction (OOM
  *            replies: errors and unsent blocks, puts go on)
  *   reset    CLIENT KILL of the tier's connections mid-run: a miss, then reconnects
+ *   cluster  a local three-master Redis Cluster: blocks over the slots, a chain in one round
+ *            trip, a resharding (redis-cli --cluster reshard) during gets and a master killed:
+ *            every hit exact, MOVED/ASK followed
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
@@ -596,6 +599,133 @@ static void mode_metrics(const char *admin)
   r_cleanup(&s);
 }
 
+/* ---- Redis Cluster ---- */
+
+static void cluster_wait_ok(const r_server *s, int n)
+{
+  for (int k = 0; k < n; k++) {
+    int ok = 0;
+    for (int i = 0; i < 500 && !ok; i++) {
+      redisContext *c = r_connect(s[k].port);
+      redisReply *r = c ? redisCommand(c, "CLUSTER INFO") : NULL;
+      ok = r != NULL && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+      if (r)
+        freeReplyObject(r);
+      if (c)
+        redisFree(c);
+      if (!ok)
+        r_sleep_ms(20);
+    }
+    ASSERT(ok);
+  }
+}
+
+static void node_id(int port, char id[64])
+{
+  redisContext *c = r_connect(port);
+  ASSERT(c != NULL);
+  redisReply *r = r_cmd(c, "CLUSTER MYID", NULL);
+  snprintf(id, 64, "%s", r->str);
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+/* Every get of every context delivers exact KV (t_get_check); returns the sum of hits. */
+static size_t get_all(kvdb *db, uint32_t **tok, int n_ctx, size_t n)
+{
+  size_t sum = 0;
+  for (int i = 0; i < n_ctx; i++)
+    sum += t_get_check(db, &r_model, tok[i], n);
+  return sum;
+}
+
+static void mode_cluster(void)
+{
+  static const char *const more[] = {"redis-cli"};
+  r_require(more, 1);
+  r_server s[3];
+  memset(s, 0, sizeof s);
+  for (int k = 0; k < 3; k++) {
+    const char *extra[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                           "--cluster-node-timeout", "1500", NULL};
+    r_start(&s[k], 0, extra);
+  }
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd,
+           "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d "
+           "--cluster-replicas 0 --cluster-yes > '%s/create.log' 2>&1",
+           s[0].port, s[1].port, s[2].port, s[0].dir);
+  ASSERT(system(cmd) == 0);
+  cluster_wait_ok(s, 3);
+  enum { N_CTX = 6 };
+  const size_t n = 32 * 16;
+  uint32_t *tok[N_CTX];
+  char *da, *db_dir;
+  kvdb *a = open_db("rc-a", s[0].port, "c", &da);
+  kvdb *b = open_db("rc-b", s[1].port, "c", &db_dir);
+  for (int i = 0; i < N_CTX; i++) {
+    tok[i] = ctx_tokens(200 + (uint64_t)i, n);
+    t_put_kv(a, &r_model, tok[i], n, NULL);
+  }
+  r_drain(a);
+  ASSERT_EQ(r_stat(a).written, N_CTX * 32);
+  ASSERT_EQ(r_stat(a).dropped, 0);
+  ASSERT_EQ(lookup(b, tok[0], n), n);
+  kvdb_remote_stats rb = r_stat(b);
+  ASSERT(rb.cluster == 1 && rb.nodes == 3);
+  uint64_t rt0 = rb.round_trips;
+  ASSERT_EQ(lookup(b, tok[1], n), n); /* 32 blocks on three masters: one round trip */
+  ASSERT_EQ(r_stat(b).round_trips - rt0, 1);
+  ASSERT_EQ(get_all(b, tok, N_CTX, n), N_CTX * n);
+  /* resharding mid-run: 3000 slots from the first master to the second while gets go on */
+  char id0[64], id1[64];
+  node_id(s[0].port, id0);
+  node_id(s[1].port, id1);
+  snprintf(cmd, sizeof cmd,
+           "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s "
+           "--cluster-slots 3000 --cluster-yes > '%s/reshard.log' 2>&1",
+           s[0].port, id0, id1, s[0].dir);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0)
+    _exit(system(cmd) == 0 ? 0 : 1);
+  int rounds = 0, st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    get_all(b, tok, N_CTX, n); /* every hit exact, whatever its length */
+    rounds++;
+  }
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  cluster_wait_ok(s, 3);
+  size_t sum = 0;
+  for (int i = 0; i < 100 && sum != N_CTX * n; i++) /* the slot map follows MOVED */
+    sum = get_all(b, tok, N_CTX, n);
+  ASSERT_EQ(sum, N_CTX * n);
+  ASSERT(r_stat(b).redirects > 0);
+  printf("reshard: %d rounds of gets during it, %llu redirects followed\n", rounds,
+         (unsigned long long)r_stat(b).redirects);
+  /* a master killed: hits stay exact (shorter), local work goes on */
+  r_stop(&s[2]);
+  for (int i = 0; i < 5; i++) {
+    get_all(b, tok, N_CTX, n);
+    uint32_t *extra = ctx_tokens(300 + (uint64_t)i, 64);
+    t_put_kv(a, &r_model, extra, 64, NULL);
+    ASSERT_EQ(t_get_check(a, &r_model, extra, 64), 64);
+    free(extra);
+  }
+  for (int i = 0; i < N_CTX; i++)
+    ASSERT_EQ(t_get_check(a, &r_model, tok[i], n), n);
+  ASSERT(r_stat(b).errors + r_stat(b).down_skips > 0);
+  kvdb_close(a);
+  kvdb_close(b);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  for (int i = 0; i < N_CTX; i++)
+    free(tok[i]);
+  for (int k = 0; k < 3; k++)
+    r_cleanup(&s[k]);
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
@@ -614,6 +744,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "cluster") == 0)
+    mode_cluster();
   else if (strcmp(mode, "metrics") == 0 && argc > 2)
     mode_metrics(argv[2]);
   else {
