@@ -306,7 +306,9 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
       rec.bytes > 2 * raw + (uint64_t)g.n_sections * KV_PAGE +
                       kv_score_region_bytes(&g, kv_rec_score_bits(&rec)))
     return -1;
-  if (((uintptr_t)obj & 63) != 0) { /* the reply's bytes are not aligned: copy them */
+  /* a full block's object starts 16-byte aligned in the reply (malloc'd; envelope 80 + 64k
+   * bytes); a partial block's may not: copied, as the decoders read u16 and u32 fields */
+  if (((uintptr_t)obj & 15) != 0) {
     if (*obuf == NULL || (*obuf)->cap < rec.bytes) {
       kv_rbuf_release(db, *obuf);
       if ((*obuf = kv_rbuf_acquire(db, rec.bytes)) == NULL)

@@ -8,6 +8,7 @@
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,6 +324,43 @@ static void refresh_map(kv_remote *r, connset *cs)
   }
 }
 
+/* ---- SIGPIPE ---- */
+
+/* A write to a connection the server closed raises SIGPIPE, whose default action ends the
+ * process; the library must not, and must not change the process's handlers either. So, as
+ * libcurl and OpenSSL advise, SIGPIPE is blocked in the calling thread while it talks to Redis,
+ * and one it raised meanwhile is consumed before the old mask comes back. */
+typedef struct pipe_guard {
+  sigset_t old;
+  int pending_before;
+} pipe_guard;
+
+static void pipe_block(pipe_guard *g)
+{
+  sigset_t set, pend;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  sigpending(&pend);
+  g->pending_before = sigismember(&pend, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void pipe_unblock(pipe_guard *g)
+{
+  if (!g->pending_before) {
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (sigismember(&pend, SIGPIPE)) {
+      struct timespec zero = {0, 0};
+      while (sigtimedwait(&set, NULL, &zero) == -1 && errno == EINTR)
+        ;
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* ---- batches ---- */
 
 static const char *op_name(int op)
@@ -467,6 +505,8 @@ kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n)
       give_connset(r, cs);
     return kv_fail(KVDB_NOMEM, "remote batch of %zu commands", n);
   }
+  pipe_guard pg;
+  pipe_block(&pg);
   pthread_mutex_lock(&r->mu);
   int need = !r->probed || r->refresh;
   pthread_mutex_unlock(&r->mu);
@@ -552,6 +592,7 @@ kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n)
     else if (rd != 0)
       cmds[i].status = KV_RCMD_ERR; /* a second redirect: the map is moving; a miss now */
   }
+  pipe_unblock(&pg);
   free(redir);
   free(to);
   free(node);
