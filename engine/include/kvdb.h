@@ -415,7 +415,9 @@ KVDB_API void kvdb_options_init(kvdb_options *opt);
 KVDB_API kvdb_status kvdb_open(const char *path, const kvdb_options *opt, kvdb **out);
 
 /** @brief Close the handle and free everything it holds. NULL is a no-op. Not concurrent
- * with other calls on the same handle. */
+ * with other calls on the same handle. With a remote tier, the blocks still queued for
+ * write-through are sent first (each round trip bounded by remote_timeout_ms; with the server
+ * down they fail at once). */
 KVDB_API void kvdb_close(kvdb *db);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -459,6 +461,10 @@ KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * read-only examines all of them). No block data is read. A block whose stored tokens
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
  * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
+ * With a remote tier (kvdb_options.remote_addr) the hit then continues there, block by block
+ * from the first block the local hit does not cover, each value's envelope and tokens checked
+ * (one round trip); a remote failure or a value that fails its checks ends the hit, never the
+ * call (still KVDB_OK).
  * @param[out] hit_tokens 0..n.
  * @return KVDB_OK (also for 0 hits, and for a model id that is not stored); KVDB_INVALID (also
  *   n above 2^32 x 16, as kvdb_put); KVDB_MISMATCH (the id is stored with another shape);
@@ -479,6 +485,10 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * hit; kvdb_stat counts it in `corrupt_blocks`. Blocks stored with a lossy config (QUANT)
  * are returned decoded: an approximation, as the put asked for. A block whose segment file is
  * missing or too short also ends the hit (kvdb_get_tokens and kvdb_verify say KVDB_CORRUPT).
+ * With a remote tier (kvdb_options.remote_addr) the hit then continues there from the first
+ * block the local hit did not deliver (one round trip), each value verified whole before its
+ * KV is copied (see kvdb_options.remote_addr); a remote failure or a rejected value ends the
+ * hit, never the call (still KVDB_OK). Remote hits are not stored locally.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
  *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
  *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.
