@@ -391,7 +391,8 @@ typedef struct kvdb_options {
   uint32_t remote_timeout_ms;   /**< per round trip (connect, send, receive): 1..60000;
                                      default 250 */
   uint32_t remote_queue_blocks; /**< write-through queue bound in blocks; default 4096; 0 = no
-                                     write-through (the tier is read only) */
+                                     write-through (the tier is read only, as it always is for
+                                     a KVDB_O_RDONLY handle) */
   uint32_t remote_put_wait_ms;  /**< most a put waits for room in a full queue, 0..10000;
                                      default 0 (never waits) */
 } kvdb_options;
