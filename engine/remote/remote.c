@@ -208,8 +208,11 @@ static int node_find_add(kv_remote *r, const char *host, int port)
   return r->n_nodes++;
 }
 
-static void node_failed(kv_remote *r, connset *cs, int i, const char *what)
+/* `what` may be the failed connection's errstr: copied before the connection is freed. */
+static void node_failed(kv_remote *r, connset *cs, int i, const char *what_in)
 {
+  char what[160];
+  snprintf(what, sizeof what, "%s", what_in);
   if (cs->c[i] != NULL) {
     redisFree(cs->c[i]);
     cs->c[i] = NULL;

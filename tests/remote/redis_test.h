@@ -81,7 +81,7 @@ static inline void r_require(const char *const *names, size_t n)
   atexit(r_kill_all);
 }
 
-static inline int r_free_port(void)
+static inline int r_free_port_once(void)
 {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
@@ -92,6 +92,16 @@ static inline int r_free_port(void)
   int port = ntohs(a.sin_port);
   close(fd);
   return port;
+}
+
+/* A free port at most 55535: a Cluster node also listens on port + 10000. */
+static inline int r_free_port(void)
+{
+  for (;;) {
+    int p = r_free_port_once();
+    if (p <= 55535)
+      return p;
+  }
 }
 
 static inline void r_sleep_ms(unsigned ms)
