@@ -8,7 +8,8 @@
  *       tier alone (host B: an empty local store; contexts of 16 blocks, so 16 values per
  *       pipelined round trip; every value verified, decoded into the caller's buffer) divided by
  *       redis-benchmark's GET requests per second at the same value size and pipeline depth
- *       (-P 16, one client, as kvdb_get is one thread), measured in the same run.   >= 0.8
+ *       (-P 16, one client, as kvdb_get is one thread), measured in the same run: five
+ *       alternating rounds of each, the best round of each counts.                    >= 0.8
  *   chain_lookup_round_trips  round trips of one kvdb_lookup of a 64-block chain (host B).  1
  *   wrong_kv_under_faults  gets whose delivered KV differs from what was put, over a run that
  *       injects faults_injected >= 10,000 faults into the values a get is about to read: a
@@ -355,17 +356,29 @@ int bench_remote(const bench_env *env, bench_json *j)
   size_t hit;
   int wrong = 0;
   get_ctx(b, 0, out, NULL, &hit, &wrong); /* connects, asks what the server is */
-  unsigned reps = env->quick ? 2 : 6;
-  uint64_t blocks = 0, t0 = bench_now_ns();
-  for (unsigned r = 0; r < reps; r++)
-    for (unsigned i = 0; i < n_ctx; i++) {
-      if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
-        goto out;
-      blocks += hit / R_BT;
-    }
-  uint64_t get_ns = bench_now_ns() - t0;
-  double kv_bps = get_ns ? (double)blocks * 1e9 / (double)get_ns : 0;
-  double rb_rps = redis_benchmark_get(s.port, vbytes, R_CTX_BLOCKS, env->quick ? 20000 : 60000);
+  /* the two alternate, 5 rounds each (--quick: 3), and the best round of each counts: on a
+   * shared machine
+   * one measured at a busier moment than the other would decide the ratio */
+  unsigned reps = env->quick ? 1 : 3;
+  double kv_bps = 0, rb_rps = 0;
+  uint64_t t0;
+  for (int round = 0; round < (env->quick ? 3 : 5); round++) {
+    uint64_t blocks = 0;
+    t0 = bench_now_ns();
+    for (unsigned r = 0; r < reps; r++)
+      for (unsigned i = 0; i < n_ctx; i++) {
+        if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
+          goto out;
+        blocks += hit / R_BT;
+      }
+    uint64_t get_ns = bench_now_ns() - t0;
+    double bps = get_ns ? (double)blocks * 1e9 / (double)get_ns : 0;
+    double rps = redis_benchmark_get(s.port, vbytes, R_CTX_BLOCKS, env->quick ? 8000 : 20000);
+    bench_log("remote: round %d: kvdb_get %.0f blocks/s, redis-benchmark GET %.0f/s", round, bps,
+              rps);
+    kv_bps = bps > kv_bps ? bps : kv_bps;
+    rb_rps = rps > rb_rps ? rps : rb_rps;
+  }
   double ratio = bench_ratio(kv_bps, rb_rps);
   fprintf(env->out, "remote get: %.0f blocks/s (%.2f GB/s of values, %u-block contexts); "
           "redis-benchmark GET -d %zu -P %u -c 1: %.0f/s: ratio %.3f (target >= 0.8: %s)\n",

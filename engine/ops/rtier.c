@@ -343,6 +343,65 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
   return 0;
 }
 
+/* The state of one remote continuation: replies are taken in chain order as they arrive
+ * (kv_remote_exec's callback), so each value is verified and copied while the next ones are
+ * still on their way. */
+typedef struct chain {
+  kvdb *db;
+  struct kv_rtier *t;
+  const kvdb_model *m;
+  uint32_t bt;
+  const uint32_t *tokens;
+  size_t n, s, nb;
+  uint8_t (*h)[16];
+  kv_rcmd *c;
+  uint8_t *arrived;
+  const kvdb_kv_view *out;
+  size_t next;  /* the next block (index from s) to take */
+  int stopped;  /* the chain ended (a miss or a rejected value) */
+  size_t got;   /* tokens hit so far */
+  kv_cdec dec;
+  kv_rbuf *dbuf, *obuf;
+} chain;
+
+/* Take block s + k of the chain (its reply final): a hit extends ch->got, else the chain ends. */
+static void take_block(chain *ch, size_t k)
+{
+  kv_rcmd *x = &ch->c[k];
+  size_t i = ch->s + k, t0 = i * ch->bt;
+  uint32_t nt = (uint32_t)(t0 + ch->bt <= ch->n ? ch->bt : ch->n - t0);
+  if (ch->stopped) {
+    kv_remote_release(x, 1);
+    return;
+  }
+  if (x->status != KV_RCMD_OK || x->len == 0) { /* GETRANGE of no key is "" */
+    ch->t->misses++;
+    ch->stopped = 1;
+  } else if (!env_ok(ch->t, x->data, x->len, ch->h[0], ch->h[i], ch->h[i + 1],
+                     ch->tokens + t0, nt, ch->out != NULL) ||
+             (ch->out != NULL &&
+              deliver(ch->db, ch->m, ch->bt, x->data, ch->h[i + 1], ch->h[0], ch->h[i],
+                      ch->tokens + t0, nt, ch->out, t0, &ch->dec, &ch->dbuf, &ch->obuf) != 0)) {
+    ch->t->rejected++;
+    ch->stopped = 1;
+    char hx[33];
+    kv_log(&ch->db->log, 1, "remote tier: the value of block %s failed verification: a miss",
+           kv_hex16(ch->h[i + 1], hx));
+  } else {
+    ch->t->hits++;
+    ch->got = t0 + nt;
+  }
+  kv_remote_release(x, 1); /* its memory back at once */
+}
+
+static void on_reply(void *ctx, size_t k)
+{
+  chain *ch = ctx;
+  ch->arrived[k] = 1;
+  while (ch->next < ch->nb - ch->s && ch->arrived[ch->next])
+    take_block(ch, ch->next++);
+}
+
 size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *tokens,
                        size_t n, size_t have, const kvdb_kv_view *out)
 {
@@ -352,64 +411,51 @@ size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_
   size_t nb = (n + bt - 1) / bt, s = have / bt;
   if (s >= nb)
     return have;
-  uint8_t(*h)[16] = malloc((nb + 1) * 16);
+  chain ch;
+  memset(&ch, 0, sizeof ch);
+  ch.db = db;
+  ch.t = t;
+  ch.m = m;
+  ch.bt = bt;
+  ch.tokens = tokens;
+  ch.n = n;
+  ch.s = s;
+  ch.nb = nb;
+  ch.out = out;
+  ch.got = have;
+  ch.h = malloc((nb + 1) * 16);
   char(*keys)[RV_KEY_MAX] = malloc((nb - s) * RV_KEY_MAX);
-  kv_rcmd *c = calloc(nb - s, sizeof *c);
-  if (h == NULL || keys == NULL || c == NULL) {
-    free(h);
-    free(keys);
-    free(c);
-    return have;
-  }
-  /* h[0] = h_{-1} (the model fingerprint), h[i + 1] = block i's chained hash */
-  kv_model_hash(m, bt, h[0]);
-  for (size_t i = 0; i < nb; i++) {
-    size_t t0 = i * bt, nt = t0 + bt <= n ? bt : n - t0;
-    kv_chain_hash(h[i], tokens + t0, nt, h[i + 1]);
-  }
-  for (size_t i = s; i < nb; i++) {
-    kv_rcmd *x = &c[i - s];
-    size_t nt = i * bt + bt <= n ? bt : n - i * bt;
-    x->op = out != NULL ? KV_RCMD_GET : KV_RCMD_GETRANGE;
-    x->range_end = (int64_t)(RV_HDR + 4 * nt) - 1;
-    x->key = keys[i - s];
-    x->klen = rt_key(t, h[0], h[i + 1], keys[i - s]);
-  }
-  size_t got = have;
-  if (kv_remote_exec(t->r, c, nb - s) == KVDB_OK) {
-    kv_cdec dec;
-    memset(&dec, 0, sizeof dec);
-    kv_rbuf *dbuf = NULL, *obuf = NULL;
-    for (size_t i = s; i < nb; i++) {
-      kv_rcmd *x = &c[i - s];
-      size_t t0 = i * bt;
-      uint32_t nt = (uint32_t)(t0 + bt <= n ? bt : n - t0);
-      if (x->status != KV_RCMD_OK || x->len == 0) { /* GETRANGE of no key is "" */
-        t->misses++;
-        break;
-      }
-      if (!env_ok(t, x->data, x->len, h[0], h[i], h[i + 1], tokens + t0, nt, out != NULL) ||
-          (out != NULL && deliver(db, m, bt, x->data, h[i + 1], h[0], h[i],
-                                  tokens + t0, nt, out, t0, &dec, &dbuf, &obuf) != 0)) {
-        t->rejected++;
-        char hx[33];
-        kv_log(&db->log, 1, "remote tier: the value of block %s failed verification: a miss",
-               kv_hex16(h[i + 1], hx));
-        break;
-      }
-      t->hits++;
-      got = t0 + nt;
+  ch.c = calloc(nb - s, sizeof *ch.c);
+  ch.arrived = calloc(nb - s, 1);
+  if (ch.h != NULL && keys != NULL && ch.c != NULL && ch.arrived != NULL) {
+    /* h[0] = h_{-1} (the model fingerprint), h[i + 1] = block i's chained hash */
+    kv_model_hash(m, bt, ch.h[0]);
+    for (size_t i = 0; i < nb; i++) {
+      size_t t0 = i * bt, nt = t0 + bt <= n ? bt : n - t0;
+      kv_chain_hash(ch.h[i], tokens + t0, nt, ch.h[i + 1]);
     }
-    kv_rbuf_release(db, dbuf);
-    kv_rbuf_release(db, obuf);
-    kv_cdec_free(&dec);
-    kv_remote_release(c, nb - s);
+    for (size_t i = s; i < nb; i++) {
+      kv_rcmd *x = &ch.c[i - s];
+      size_t nt = i * bt + bt <= n ? bt : n - i * bt;
+      x->op = out != NULL ? KV_RCMD_GET : KV_RCMD_GETRANGE;
+      x->range_end = (int64_t)(RV_HDR + 4 * nt) - 1;
+      x->key = keys[i - s];
+      x->klen = rt_key(t, ch.h[0], ch.h[i + 1], keys[i - s]);
+    }
+    if (kv_remote_exec_cb(t->r, ch.c, nb - s, on_reply, &ch) == KVDB_OK)
+      while (ch.next < nb - s) /* replies the callback did not see (a node down) */
+        take_block(&ch, ch.next++);
+    kv_remote_release(ch.c, nb - s);
   }
-  free(h);
+  kv_rbuf_release(db, ch.dbuf);
+  kv_rbuf_release(db, ch.obuf);
+  kv_cdec_free(&ch.dec);
+  free(ch.h);
   free(keys);
-  free(c);
+  free(ch.c);
+  free(ch.arrived);
   kv_clear_error();
-  return got > have ? got : have;
+  return ch.got > have ? ch.got : have;
 }
 
 /* ---- open, close, stats ---- */

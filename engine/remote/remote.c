@@ -498,6 +498,11 @@ static void give_connset(kv_remote *r, connset *cs)
 
 kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n)
 {
+  return kv_remote_exec_cb(r, cmds, n, NULL, NULL);
+}
+
+kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn cb, void *ctx)
+{
   if (n == 0)
     return KVDB_OK;
   connset *cs = take_connset(r);
@@ -574,6 +579,8 @@ kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n)
         redir[i] = (int8_t)rd;
         to[i] = (int16_t)t;
         redirected = 1;
+      } else if (cb != NULL) {
+        cb(ctx, i);
       }
     }
     if (ok)
@@ -594,6 +601,8 @@ kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n)
       node_failed(r, cs, to[i], c->errstr[0] ? c->errstr : "connection lost");
     else if (rd != 0)
       cmds[i].status = KV_RCMD_ERR; /* a second redirect: the map is moving; a miss now */
+    if (cb != NULL)
+      cb(ctx, i);
   }
   pipe_unblock(&pg);
   free(redir);

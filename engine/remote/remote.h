@@ -71,6 +71,11 @@ void kv_remote_close(kv_remote *r);
 /* Run cmds[0..n) as one pipelined round trip. Returns KVDB_OK when every command has its
  * status; KVDB_NOMEM. Failures are per command (status KV_RCMD_ERR) and counted. */
 kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n);
+/* kv_remote_exec, calling cb(ctx, i) as soon as command i's reply is final (in the order the
+ * replies arrive: command order per node), so a caller can use each value while the next ones
+ * are still on the wire; a command that gets no call (its node down) is final on return. */
+typedef void (*kv_rcmd_fn)(void *ctx, size_t i);
+kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn cb, void *ctx);
 /* Free the replies of cmds[0..n) (their data). */
 void kv_remote_release(kv_rcmd *cmds, size_t n);
 void kv_remote_counters_get(kv_remote *r, kv_remote_counters *out);
