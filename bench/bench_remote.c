@@ -9,7 +9,7 @@
  *       pipelined round trip; every value verified, decoded into the caller's buffer) divided by
  *       redis-benchmark's GET requests per second at the same value size and pipeline depth
  *       (-P 16, one client, as kvdb_get is one thread), measured in the same run: five
- *       alternating rounds of each, the best round of each counts.                    >= 0.8
+ *       rounds of one each, alternating; the median of the rounds' ratios.            >= 0.8
  *   chain_lookup_round_trips  round trips of one kvdb_lookup of a 64-block chain (host B).  1
  *   wrong_kv_under_faults  gets whose delivered KV differs from what was put, over a run that
  *       injects faults_injected >= 10,000 faults into the values a get is about to read: a
@@ -356,13 +356,14 @@ int bench_remote(const bench_env *env, bench_json *j)
   size_t hit;
   int wrong = 0;
   get_ctx(b, 0, out, NULL, &hit, &wrong); /* connects, asks what the server is */
-  /* the two alternate, 5 rounds each (--quick: 3), and the best round of each counts: on a
-   * shared machine
-   * one measured at a busier moment than the other would decide the ratio */
+  /* the two alternate, 5 rounds (--quick: 3) of one each; each round's ratio pairs two
+   * measurements a few seconds apart, and the median round counts: on a shared machine one
+   * measured at a busier moment than the other would decide a single ratio */
   unsigned reps = env->quick ? 1 : 3;
-  double kv_bps = 0, rb_rps = 0;
+  double kv_bps = 0, rb_rps = 0, rr[5];
+  int n_round = env->quick ? 3 : 5;
   uint64_t t0;
-  for (int round = 0; round < (env->quick ? 3 : 5); round++) {
+  for (int round = 0; round < n_round; round++) {
     uint64_t blocks = 0;
     t0 = bench_now_ns();
     for (unsigned r = 0; r < reps; r++)
@@ -378,12 +379,20 @@ int bench_remote(const bench_env *env, bench_json *j)
               rps);
     kv_bps = bps > kv_bps ? bps : kv_bps;
     rb_rps = rps > rb_rps ? rps : rb_rps;
+    rr[round] = bench_ratio(bps, rps);
   }
-  double ratio = bench_ratio(kv_bps, rb_rps);
-  fprintf(env->out, "remote get: %.0f blocks/s (%.2f GB/s of values, %u-block contexts); "
-          "redis-benchmark GET -d %zu -P %u -c 1: %.0f/s: ratio %.3f (target >= 0.8: %s)\n",
+  for (int x = 1; x < n_round; x++) /* sort the round ratios */
+    for (int y = x; y > 0 && rr[y] < rr[y - 1]; y--) {
+      double tmp = rr[y];
+      rr[y] = rr[y - 1];
+      rr[y - 1] = tmp;
+    }
+  double ratio = rr[n_round / 2], best_ratio = bench_ratio(kv_bps, rb_rps);
+  fprintf(env->out, "remote get: best %.0f blocks/s (%.2f GB/s of values, %u-block contexts); "
+          "redis-benchmark GET -d %zu -P %u -c 1: best %.0f/s; ratio: median of %d paired "
+          "rounds %.3f (target >= 0.8: %s), best vs best %.3f\n",
           kv_bps, kv_bps * (double)vbytes / 1e9, R_CTX_BLOCKS, vbytes, R_CTX_BLOCKS, rb_rps,
-          ratio, bench_met(ratio >= 0.8));
+          n_round, ratio, bench_met(ratio >= 0.8), best_ratio);
 
   /* 2. round trips of a 64-block chain lookup */
   uint32_t tok64[64 * R_BT];
@@ -550,6 +559,7 @@ int bench_remote(const bench_env *env, bench_json *j)
   bench_json_int(j, "wrong_kv_under_faults", (int64_t)wrong_kv);
   bench_json_int(j, "faults_injected", (int64_t)faults);
   bench_json_num(j, "put_p99_redis_down_ratio", put_ratio);
+  bench_json_num(j, "remote_get_vs_redis_benchmark_best", best_ratio);
   bench_json_num(j, "remote_get_blocks_per_s", kv_bps);
   bench_json_num(j, "redis_benchmark_get_per_s", rb_rps);
   bench_json_int(j, "value_bytes", (int64_t)vbytes);
