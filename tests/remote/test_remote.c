@@ -10,7 +10,7 @@
  *   tenants  namespaces: the same tokens in another tenant never hit, not even a value
  *            copied under the other tenant's key
  *   down     no server: puts and gets go on, errors counted; the server comes up: reconnects
- *   pause    CLIENT PAUSE and DEBUG SLEEP: calls come back (timeouts), then hits again
+ *   pause    CLIENT PAUSE and DEBUG SLEEP (2 s each): calls come back (timeouts), then hits again
  *   evict    maxmemory with allkeys-lru eviction (misses, never wrong KV) and noeviction (OOM
  *            replies: errors and unsent blocks, puts go on)
  *   reset    CLIENT KILL of the tier's connections mid-run: a miss, then reconnects
@@ -309,7 +309,7 @@ static void mode_pause(void)
   t_put_kv(a, &r_model, t1, n, NULL);
   r_drain(a);
   ASSERT_EQ(lookup(b, t1, n), n);
-  const char *faults[2] = {"CLIENT PAUSE 1200 ALL", "DEBUG SLEEP 1.2"};
+  const char *faults[2] = {"CLIENT PAUSE 2000 ALL", "DEBUG SLEEP 2"};
   for (int f = 0; f < 2; f++) {
     redisContext *rc = r_connect(s.port);
     uint64_t e0 = r_stat(b).errors;
@@ -317,13 +317,14 @@ static void mode_pause(void)
       freeReplyObject(r_cmd(rc, faults[0], NULL));
     else
       send_nowait(rc, faults[1]);
+    r_sleep_ms(100); /* the server has taken it (another connection's command could come first) */
     /* the remote calls time out (300 ms): a miss, counted; local puts go on */
     ASSERT_EQ(lookup(b, t1, n), 0);
     ASSERT(r_stat(b).errors > e0);
     t_put_kv(a, &r_model, t2, n, NULL);
     ASSERT_EQ(t_get_check(a, &r_model, t2, n), n);
     ASSERT_EQ(lookup(b, t1, n), 0); /* backing off: no wait at all */
-    r_sleep_ms(1300);
+    r_sleep_ms(2000);
     ASSERT_EQ(lookup_until(b, t1, n, n), n);
     ASSERT_EQ(t_get_check(b, &r_model, t1, n), n);
     redisFree(rc);
