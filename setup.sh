@@ -26,6 +26,10 @@ case "$mode" in
 esac
 
 pkgs="meson ninja-build pkgconf gcc liblmdb-dev libzstd-dev liburing-dev libxxhash-dev libjansson-dev python3 libxrt-dev uuid-dev"
+# the remote tier: hiredis (built in), libmicrohttpd (kvdb-admin serve --metrics); redis-server,
+# redis-tools (the remote-* tests and kvdb-bench remote start their own servers), prometheus
+# (promtool and the server the metrics test scrapes with)
+pkgs="$pkgs libhiredis-dev libmicrohttpd-dev redis-server redis-tools prometheus"
 # the virtual environment of the Python package; g++ and cmake build llama-cpp-python
 pkgs="$pkgs python3-venv g++ cmake"
 if [ "$mode" = test ]; then

@@ -49,6 +49,8 @@ static const bench_cmd CMDS[] = {
    "catalog size over delete-and-compact cycles", bench_growth},
   {"llama", "kvdb as llama.cpp's prefix cache (SmolLM2-135M): TTFT at 25-99% hit, the Python "
    "package's put/get vs the C API", bench_llama},
+  {"remote", "the remote tier on a local redis-server: get vs redis-benchmark, chain lookup round "
+   "trips, wrong KV under 10k injected faults, put p99 with Redis down", bench_remote},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

@@ -39,6 +39,8 @@ void kvdb_options_init(kvdb_options *opt)
   opt->use_io_uring = 1;
   opt->log_level = 1;
   kv_place_options_init(opt);
+  opt->remote_timeout_ms = 250;
+  opt->remote_queue_blocks = 4096;
 }
 
 /* ---- put: check -> (placement) config -> write -> (placement) place --------------------- */
@@ -113,9 +115,11 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
       cfg = pc;
     kv_clear_error(); /* only a hint: the placement after the put decides */
   }
+  uint64_t t_start = kv_place_now_ns();
   rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, info, ctx);
   if (rc == KVDB_OK)
     kv_place_after_put(db, ctx); /* placement on: place it (Algorithm 1) */
+  kv_lat_note(db, KV_LAT_PUT, kv_place_now_ns() - t_start);
 out:
   free(profile);
   return rc;
@@ -239,6 +243,9 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
       goto fail;
     kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
   }
+  rc = kv_rtier_open(db); /* the remote tier when remote_addr names one (no connection yet) */
+  if (rc != KVDB_OK)
+    goto fail;
   *out = db;
   return KVDB_OK;
 fail:
@@ -256,6 +263,7 @@ void kvdb_close(kvdb *db)
 {
   if (db == NULL || db->magic != KVDB_MAGIC_OPEN)
     return;
+  kv_rtier_close(db); /* first: its thread reads blocks through the handle */
   if (db->n_pending > 0 && !db->cat.rdonly && db->cat.env != NULL) {
     kv_txn *txn;
     if (kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {

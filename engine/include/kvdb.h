@@ -53,7 +53,8 @@
  *   Part II: the rest
  *     9. Put options, partial reads       kvdb_put_ex, kvdb_get_context, kvdb_get_tokens
  *    10. Explicit keys                    kvdb_put_block, kvdb_get_block, kvdb_block_context
- *    11. Tiers and placement              kvdb_tier_probe, kvdb_rebalance_*, kvdb_placement_stat
+ *    11. Tiers and placement              kvdb_tier_probe, kvdb_rebalance_*, kvdb_placement_stat,
+ *                                         kvdb_remote_stat, kvdb_metrics
  *    12. Quality profiles, re-encoding    kvdb_profile*, kvdb_report_quality, kvdb_recompress,
  *                                         kvdb_relocate
  *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
@@ -364,6 +365,43 @@ typedef struct kvdb_options {
    * else 4096 .. 16 MiB (KVDB_INVALID otherwise). Only new writes use it; every frame size reads.
    */
   uint32_t lossless_frame_bytes;
+   * The remote tier (a Redis server, or any node of a Redis Cluster: its slot map is asked for
+   * with CLUSTER SLOTS and followed through MOVED and ASK), shared by every host that names it.
+   * NULL (the default) = no remote tier: nothing below changes anything. "host:port" = on:
+   * - write-through: a put that wrote blocks queues them (their hashes) for a background thread
+   *   of the handle, which reads each block object back from the local store (verified) and
+   *   SETs it, as stored (compressed, checksummed, with its tokens) in an envelope that names
+   *   its tokens, model fingerprint, parent and namespace, under the key
+   *   "kvdb:" namespace ":" hex(model fingerprint) ":" hex(chained block hash). The queue holds
+   *   remote_queue_blocks hashes; a put waits at most remote_put_wait_ms for room, then the
+   *   blocks that did not fit are not written through (counted: kvdb_remote_stats.dropped).
+   *   A put's status never depends on the remote tier.
+   * - kvdb_lookup and kvdb_get: after the local catalog's hit, the rest of the query's chain
+   *   (its full blocks and the exact trailing partial block) is asked for in ONE pipelined round
+   *   trip (lookup: each value's envelope and tokens only, GETRANGE; get: the values). Each
+   *   value is verified before it counts: envelope checksum, namespace, model fingerprint,
+   *   parent, tokens equal to the query's, and for a get every checksum of the block object;
+   *   a value that fails (corrupt, stale, another key's block) is a miss, counted in
+   *   kvdb_remote_stats.rejected, never KV. The remote hit continues the local one block by
+   *   block and ends at the first miss. Remote hits are not copied to the local store.
+   * - any Redis failure (down, paused, out of memory, connection reset, a timeout) is a miss or
+   *   an unsent block, counted; reconnects back off (50 ms doubling to 2 s). No call fails
+   *   because of it, and no call waits on Redis longer than remote_timeout_ms per round trip.
+   * kvdb_open checks the address's form only (KVDB_INVALID), never connects: a server that is
+   * down does not fail the open.
+   */
+  const char *remote_addr;
+  /** the tenant's namespace (a caller's salt): 0..63 bytes of [A-Za-z0-9._-]; default "" (NULL
+   * = ""). Handles with different namespaces never see each other's blocks, even for the same
+   * tokens and model (the namespace is in the key and, hashed, in every value: checked). */
+  const char *remote_namespace;
+  uint32_t remote_timeout_ms;   /**< per round trip (connect, send, receive): 1..60000;
+                                     default 250 */
+  uint32_t remote_queue_blocks; /**< write-through queue bound in blocks; default 4096; 0 = no
+                                     write-through (the tier is read only, as it always is for
+                                     a KVDB_O_RDONLY handle) */
+  uint32_t remote_put_wait_ms;  /**< most a put waits for room in a full queue, 0..10000;
+                                     default 0 (never waits) */
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -385,7 +423,9 @@ KVDB_API void kvdb_options_init(kvdb_options *opt);
 KVDB_API kvdb_status kvdb_open(const char *path, const kvdb_options *opt, kvdb **out);
 
 /** @brief Close the handle and free everything it holds. NULL is a no-op. Not concurrent
- * with other calls on the same handle. */
+ * with other calls on the same handle. With a remote tier, the blocks still queued for
+ * write-through are sent first (each round trip bounded by remote_timeout_ms; with the server
+ * down they fail at once). */
 KVDB_API void kvdb_close(kvdb *db);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -429,6 +469,10 @@ KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * read-only examines all of them). No block data is read. A block whose stored tokens
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
  * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
+ * With a remote tier (kvdb_options.remote_addr) the hit then continues there, block by block
+ * from the first block the local hit does not cover, each value's envelope and tokens checked
+ * (one round trip); a remote failure or a value that fails its checks ends the hit, never the
+ * call (still KVDB_OK).
  * @param[out] hit_tokens 0..n.
  * @return KVDB_OK (also for 0 hits, and for a model id that is not stored); KVDB_INVALID (also
  *   n above 2^32 x 16, as kvdb_put); KVDB_MISMATCH (the id is stored with another shape);
@@ -449,6 +493,10 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * hit; kvdb_stat counts it in `corrupt_blocks`. Blocks stored with a lossy config (QUANT)
  * are returned decoded: an approximation, as the put asked for. A block whose segment file is
  * missing or too short also ends the hit (kvdb_get_tokens and kvdb_verify say KVDB_CORRUPT).
+ * With a remote tier (kvdb_options.remote_addr) the hit then continues there from the first
+ * block the local hit did not deliver (one round trip), each value verified whole before its
+ * KV is copied (see kvdb_options.remote_addr); a remote failure or a rejected value ends the
+ * hit, never the call (still KVDB_OK). Remote hits are not stored locally.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
  *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
  *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.
@@ -1048,6 +1096,47 @@ typedef struct kvdb_placement_stats {
  */
 KVDB_API kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out,
                                          kvdb_config_use *uses, size_t cap);
+
+/** What the remote tier did for this handle since it opened (see kvdb_options.remote_addr). */
+typedef struct kvdb_remote_stats {
+  int enabled;          /**< 1 when the handle has a remote tier */
+  int cluster;          /**< 1 when its server is a Redis Cluster */
+  uint64_t nodes;       /**< Redis nodes known */
+  uint64_t hits;        /**< blocks served (get) or counted (lookup) from the remote tier */
+  uint64_t misses;      /**< remote chains that ended on an absent value or a failed command */
+  uint64_t rejected;    /**< values that failed verification (corrupt, stale, colliding,
+                             another namespace's): misses, never KV */
+  uint64_t queued;      /**< blocks queued for write-through */
+  uint64_t written;     /**< blocks written through (SET acknowledged) */
+  uint64_t dropped;     /**< blocks not written through: queue full past remote_put_wait_ms,
+                             failed SETs, blocks gone from the local store before their turn */
+  uint64_t queue_len;   /**< blocks in the queue now */
+  uint64_t round_trips; /**< pipelined round trips to Redis (a MOVED or ASK adds one) */
+  uint64_t errors;      /**< connection failures, timeouts and error replies */
+  uint64_t reconnects;  /**< connections opened again after a failure */
+  uint64_t down_skips;  /**< commands not sent: their node was backing off after a failure */
+  uint64_t redirects;   /**< MOVED and ASK replies followed */
+  uint64_t bytes_in, bytes_out; /**< value bytes received and sent */
+} kvdb_remote_stats;
+
+/** @brief Fill *out (all zero but enabled = 0 without a remote tier). @return KVDB_OK;
+ * KVDB_INVALID (NULL out, bad handle). */
+KVDB_API kvdb_status kvdb_remote_stat(kvdb *db, kvdb_remote_stats *out);
+
+/**
+ * @brief The handle's metrics in Prometheus' text exposition format (version 0.0.4) into
+ * buf[0..cap), NUL-terminated; *len receives the text's length (without the NUL) also when
+ * it does not fit, so a caller can size a buffer and call again. Families (all `kvdb_`):
+ * tier_hits_total / tier_misses_total {tier="dram|ssd|smartssd|remote"} (blocks, this
+ * handle), tier_bytes / tier_contexts / tier_blocks {tier} (the catalog's counters; remote:
+ * none), get_seconds / put_seconds / lookup_seconds (histograms of this handle's calls),
+ * remote_* counters (kvdb_remote_stats), corrupt_blocks_total, placement_moves_total and
+ * prefetch_hits_total (blocks served from the DRAM tier), bytes_read_total,
+ * bytes_written_total.
+ * @return KVDB_OK; KVDB_FULL (it did not fit: *len says how much is needed); KVDB_INVALID;
+ *   KVDB_IOERR (reading the catalog's counters).
+ */
+KVDB_API kvdb_status kvdb_metrics(kvdb *db, char *buf, size_t cap, size_t *len);
 
 /* ------------------------------------------------------------------------------------------ */
 /**

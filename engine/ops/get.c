@@ -136,6 +136,7 @@ kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   KV_RET(read_checks(db, m, &bt, tokens, n));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
+  uint64_t t_start = kv_place_now_ns();
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   walk w = {0};
@@ -144,8 +145,9 @@ kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     rc = do_walk(db, txn, m, bt, tokens, n, &w);
   kv_txn_abort(txn);
   free(w.h);
-  if (rc == KVDB_OK)
-    *hit_tokens = w.hit_tokens;
+  if (rc == KVDB_OK) /* the rest of the chain on the remote tier, if any */
+    *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, w.hit_tokens, NULL);
+  kv_lat_note(db, KV_LAT_LOOKUP, kv_place_now_ns() - t_start);
   return rc;
 }
 
@@ -476,6 +478,7 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   kvdb_status rc;
   kv_read_snap s = {0};
   int again;
+  uint64_t t_start = kv_place_now_ns();
   do {
     KV_RET(kv_read_begin(db, &s));
     kv_txn *txn = s.txn;
@@ -497,8 +500,11 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     again = rc == KVDB_OK && *hit_tokens < w.hit_tokens;
     free(w.h);
   } while (kv_read_again(db, &s, again));
+  if (rc == KVDB_OK) /* the rest of the chain on the remote tier, if any */
+    *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, *hit_tokens, out);
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
+  kv_lat_note(db, KV_LAT_GET, kv_place_now_ns() - t_start);
   return rc;
 }
 

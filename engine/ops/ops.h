@@ -37,6 +37,15 @@ kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
 /* The config fields and flags of a block record stored with c. */
 void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
 
+/* ---- rtier.c: the remote tier (kvdb_options.remote_addr) ---- */
+
+/* At open: the remote tier when the options name one (its write-through thread when the
+ * handle writes and remote_queue_blocks > 0); KVDB_INVALID names a bad remote option. Nothing
+ * is connected here. */
+kvdb_status kv_rtier_open(kvdb *db);
+/* At close: the queued blocks are sent (each round trip bounded by the timeout), then freed. */
+void kv_rtier_close(kvdb *db);
+
 /* ---- delete.c ---- */
 
 /* One block of `bytes` less in segment seg (live bytes and blocks). */

@@ -46,6 +46,17 @@ typedef struct kv_read_snap {
 kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s);
 int kv_read_again(kvdb *db, kv_read_snap *s, int failed);
 
+/* ---- rtier.c ---- */
+
+/* Queue blocks a put wrote for write-through (waits at most remote_put_wait_ms for room; what
+ * does not fit is counted as dropped). No-op without a remote tier. */
+void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n);
+/* The remote continuation of a chain whose first `have` tokens hit locally: blocks from
+ * have / bt on are asked for in one round trip and verified (out NULL: envelopes and tokens,
+ * a lookup; else whole values, delivered into out). Returns the hit, at least `have`. */
+size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *tokens,
+                       size_t n, size_t have, const kvdb_kv_view *out);
+
 /* ---- verify.c ---- */
 
 /* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle

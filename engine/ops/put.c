@@ -733,6 +733,15 @@ kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
   memcpy(r.ctx, r.b[r.n - 1].hash, 16);
   memcpy(ctx, r.ctx, 16);
   rc = put_run(db, &r, info);
+  if (rc == KVDB_OK && db->rtier != NULL) { /* write-through of the blocks written now */
+    uint8_t(*wh)[16] = malloc((size_t)r.n * 16);
+    uint32_t nw = 0;
+    for (uint32_t i = 0; wh != NULL && i < r.n; i++)
+      if (r.b[i].write)
+        memcpy(wh[nw++], r.b[i].hash, 16);
+    kv_rtier_note_put(db, (const uint8_t(*)[16])wh, nw);
+    free(wh);
+  }
 out:
   free(r.b);
   return rc;

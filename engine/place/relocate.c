@@ -412,6 +412,8 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
     for (uint32_t i = 0; i < r.n; i++)
       if (r.b[i].write)
         kv_dram_remove(db->dram, r.b[i].hash);
+  if (rc == KVDB_OK)
+    db->relocations++;
   reloc_free(&r);
   return rc;
 }

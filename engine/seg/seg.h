@@ -67,6 +67,17 @@ typedef struct kv_rbuf {
   struct kv_rbuf *next;
 } kv_rbuf;
 
+/* Latency histograms of the calls (kvdb_metrics): bucket upper bounds in ns, then +Inf. */
+#define KV_LAT_BUCKETS 12
+enum { KV_LAT_GET = 0, KV_LAT_PUT = 1, KV_LAT_LOOKUP = 2, KV_LAT_N = 3 };
+static const uint64_t kv_lat_bounds_ns[KV_LAT_BUCKETS] = {
+    10000, 50000, 100000, 500000, 1000000, 5000000, 10000000, 50000000, 100000000,
+    500000000, 1000000000, 5000000000};
+typedef struct kv_lat {
+  _Atomic uint64_t b[KV_LAT_BUCKETS + 1]; /* per bucket (not cumulative); the last is +Inf */
+  _Atomic uint64_t count, sum_ns;
+} kv_lat;
+
 typedef struct kv_atime {
   uint8_t key[16];
   uint64_t ms;
@@ -108,7 +119,22 @@ struct kvdb {
   _Atomic uint64_t ssd_hits, ssd_misses, corrupt_blocks, bytes_read, bytes_written;
   _Atomic uint64_t smart_hits; /* blocks read from the SmartSSD tier */
   _Atomic uint64_t compact_visits; /* segment index entries compaction visited (tests) */
+  _Atomic uint64_t relocations;    /* contexts kvdb_relocate moved or re-encoded */
+  kv_lat lat[KV_LAT_N];            /* kvdb_get, kvdb_put_ex, kvdb_lookup */
+  struct kv_rtier *rtier;          /* the remote tier (ops/rtier.c); NULL when off */
 };
+
+/* Count a call of `ns` nanoseconds in histogram `which`. */
+static inline void kv_lat_note(kvdb *db, int which, uint64_t ns)
+{
+  kv_lat *l = &db->lat[which];
+  unsigned i = 0;
+  while (i < KV_LAT_BUCKETS && ns > kv_lat_bounds_ns[i])
+    i++;
+  l->b[i]++;
+  l->count++;
+  l->sum_ns += ns;
+}
 
 /* ---- the handle (segment.c) ---- */
 /* KVDB_INVALID (NULL) or KVDB_MISUSE (closed) unless db is an open handle; clears the

@@ -426,10 +426,10 @@ class DB:
                                  f"{sorted(_OPTION_ENUMS[key])}")
                     value = _OPTION_ENUMS[key][value]
                 setattr(opt, key, int(value))
-            elif name == "smartssd_dir":
+            elif name in ("smartssd_dir", "remote_addr", "remote_namespace"):
                 b = None if value is None else str(value).encode()
                 self._keep.append(b)
-                opt.smartssd_dir = b
+                setattr(opt, name, b)
             elif name in names:
                 setattr(opt, name, type(getattr(opt, name))(value))
             else:
@@ -613,7 +613,8 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     sync ("full" default, or "none"), segment_bytes, catalog_map_bytes, use_direct_io,
     use_io_uring, log_level, smartssd_dir, smartssd_bytes, placement ("off", "evicpress",
     "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
-    placement_slack_pct, lossless_frame_bytes. An unknown option is a TypeError; a bad value
+    placement_slack_pct, lossless_frame_bytes, remote_addr, remote_namespace, remote_timeout_ms,
+    remote_queue_blocks, remote_put_wait_ms. An unknown option is a TypeError; a bad value
     raises InvalidError."""
     return DB(str(path), **options)
 

@@ -62,7 +62,9 @@ class Options(Structure):
                 ("placement", c_int), ("placement_alpha", c_double),
                 ("freq_half_life_s", c_double), ("reprofile_drift_pct", c_double),
                 ("prefill_tokens_per_s", c_double), ("placement_slack_pct", c_double),
-                ("lossless_frame_bytes", c_uint32)]
+                ("lossless_frame_bytes", c_uint32), ("remote_addr", c_char_p),
+                ("remote_namespace", c_char_p), ("remote_timeout_ms", c_uint32),
+                ("remote_queue_blocks", c_uint32), ("remote_put_wait_ms", c_uint32)]
 
 
 class PutInfo(Structure):

@@ -33,6 +33,7 @@
 
 #include "kvdb.h"
 
+#include "admin_metrics.h"
 #include "admin_out.h"
 
 #if defined(__GNUC__)
@@ -62,6 +63,7 @@ typedef struct cli {
   int dry_run; /* rebalance --dry-run, verify --repair --dry-run */
   int repair;  /* verify --repair */
   uint64_t step_moves; /* rebalance --step N (moves per kvdb_rebalance_step) */
+  const char *metrics_addr; /* serve --metrics ADDR */
 } cli;
 
 typedef struct command {
@@ -1400,6 +1402,29 @@ static int cmd_probe(const cli *c)
   return finish(&r, EXIT_OKAY);
 }
 
+static int cmd_metrics(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st == KVDB_OK)
+    st = admin_metrics_print(r.db);
+  return finish(&r, st == KVDB_OK ? EXIT_OKAY : fail_kv(&r, st));
+}
+
+static int cmd_serve(const cli *c)
+{
+  run r;
+  begin(&r, c);
+  kvdb_status st = open_db(&r, 0);
+  if (st != KVDB_OK)
+    return finish(&r, fail_kv(&r, st));
+  char err[256];
+  if (admin_metrics_serve(r.db, c->metrics_addr, err, sizeof err) != 0)
+    return finish(&r, fail(&r, KVDB_INVALID, "%s", err));
+  return finish(&r, EXIT_OKAY);
+}
+
 /* ---- command line ------------------------------------------------------------------------- */
 
 static const command commands[] = {
@@ -1488,6 +1513,19 @@ static const command commands[] = {
    "record the figures for the placement (replacing the cached ones). Opens the database\n"
    "read-write.\n",
    cmd_probe},
+  {"metrics", "DIR", 1, "print the metrics once in Prometheus' text format",
+   "Print kvdb_metrics' text (Prometheus exposition format 0.0.4): per tier the blocks,\n"
+   "bytes and contexts the catalog counts, and this process's hits, misses, latency\n"
+   "histograms and remote-tier counters (zero for a process that only opened the database).\n"
+   "Opens the database read-only. --json does not apply.\n",
+   cmd_metrics},
+  {"serve", "DIR --metrics ADDR", 1, "serve the metrics at http://ADDR/metrics",
+   "Serve kvdb_metrics' text at http://ADDR/metrics (libmicrohttpd) until SIGINT or SIGTERM,\n"
+   "each scrape read anew from the catalog. ADDR is IPv4:PORT or :PORT (every interface).\n"
+   "Opens the database read-only.\n"
+   "\n"
+   "  --metrics ADDR  where to listen (required)\n",
+   cmd_serve},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 
@@ -1600,6 +1638,13 @@ int main(int argc, char **argv)
           missing_value = a;
       } else if (strncmp(a, "--step=", 7) == 0)
         step_arg = a + 7;
+      else if (strcmp(a, "--metrics") == 0) {
+        if (i + 1 < argc)
+          c.metrics_addr = argv[++i];
+        else
+          missing_value = a;
+      } else if (strncmp(a, "--metrics=", 10) == 0)
+        c.metrics_addr = a + 10;
       else if (bad_option == NULL)
         bad_option = a;
       continue;
@@ -1650,6 +1695,10 @@ int main(int argc, char **argv)
   if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
     return usage_error(c.cmd,
                        "option '--dry-run' applies to rebalance only (and to verify --repair)");
+  if (c.metrics_addr != NULL && c.cmd->run != cmd_serve)
+    return usage_error(c.cmd, "option '--metrics' applies to serve only");
+  if (c.cmd->run == cmd_serve && c.metrics_addr == NULL)
+    return usage_error(c.cmd, "serve: missing --metrics ADDR");
   c.step_moves = 64;
   if (step_arg != NULL) {
     if (c.cmd->run != cmd_rebalance)

@@ -1,0 +1,581 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench/bench_remote.c — kvdb-bench remote: the remote tier (kvdb_options.remote_addr) on a
+ * redis-server this run starts on a free loopback port (Debian's redis-server; redis-benchmark
+ * from redis-tools for the baseline) and kills at the end. Issue 20's targets:
+ *
+ *   remote_get_vs_redis_benchmark  blocks per second that kvdb_get delivers from the remote
+ *       tier alone (host B: an empty local store; contexts of 16 blocks, so 16 values per
+ *       pipelined round trip; every value verified, decoded into the caller's buffer) divided by
+ *       redis-benchmark's GET requests per second at the same value size and pipeline depth
+ *       (-P 16, one client, as kvdb_get is one thread), measured in the same run: five
+ *       rounds of one each, alternating; the median of the rounds' ratios.            >= 0.8
+ *   chain_lookup_round_trips  round trips of one kvdb_lookup of a 64-block chain (host B).  1
+ *   wrong_kv_under_faults  gets whose delivered KV differs from what was put, over a run that
+ *       injects faults_injected >= 10,000 faults into the values a get is about to read: a
+ *       flipped byte of the object or of the envelope, a truncated value, garbage, another
+ *       block's value (COPY: a collision or stale write), another namespace's value, a deleted
+ *       key (an eviction), and CLIENT KILL of the tier's connections and SIGKILL + restart of
+ *       the server (kills).                                                              0
+ *   put_p99_redis_down_ratio  kvdb_put p99 on host A with write-through to Redis, the server
+ *       killed, divided by the same with it up (same contexts' shape, new tokens).   <= 1.1
+ *
+ * Model: 2 layers x 4 KV heads x 128 dims, f16, 16-token blocks (64 KiB of K/V per block; a
+ * value is the 68 KiB block object plus its 144-byte envelope). sync_mode NONE, buffered I/O.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kvdb.h"
+
+#define R_BT 16u
+#define R_CTX_BLOCKS 16u
+#define R_NT (R_BT * R_CTX_BLOCKS)
+
+static const kvdb_model RM = {"remote-bench", 2, 4, 128, KVDB_F16, R_BT};
+
+typedef struct rsrv {
+  pid_t pid;
+  int port;
+  char dir[4096];
+} rsrv;
+
+static int free_port(void)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+static void sleep_ms(unsigned ms)
+{
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static redisContext *rconnect(int port)
+{
+  struct timeval tv = {5, 0};
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (c != NULL && c->err) {
+    redisFree(c);
+    c = NULL;
+  }
+  return c;
+}
+
+static int srv_start(rsrv *s)
+{
+  char ports[16];
+  snprintf(ports, sizeof ports, "%d", s->port);
+  char logf[4200];
+  snprintf(logf, sizeof logf, "%s/redis.log", s->dir);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--dir",
+           s->dir, "--save", "", "--appendonly", "no", "--logfile", logf, (char *)NULL);
+    _exit(127);
+  }
+  s->pid = pid;
+  for (int i = 0; i < 500; i++) {
+    redisContext *c = rconnect(s->port);
+    if (c != NULL) {
+      redisReply *r = redisCommand(c, "PING");
+      int ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+      if (r)
+        freeReplyObject(r);
+      redisFree(c);
+      if (ok)
+        return 0;
+    }
+    sleep_ms(10);
+  }
+  bench_log("remote: redis-server did not start (log %s)", logf);
+  return -1;
+}
+
+static void srv_stop(rsrv *s)
+{
+  if (s->pid > 0) {
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+    s->pid = 0;
+  }
+}
+
+static uint64_t mix(uint64_t x)
+{
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static void ctx_tokens(uint64_t id, uint32_t *tok, size_t n)
+{
+  for (size_t k = 0; k < n; k++)
+    tok[k] = (uint32_t)(mix(id * 1000003ull + k) % 32000u);
+}
+
+/* KV of tokens (packed LKTHD f16): a function of the token and its predecessor. */
+static void fill_kv(const uint32_t *tok, size_t n, uint16_t *buf)
+{
+  size_t row = (size_t)RM.n_kv_heads * RM.head_dim, i = 0;
+  for (uint32_t l = 0; l < RM.n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (size_t t = 0; t < n; t++) {
+        uint64_t s = mix(tok[t] * 31ull + (t ? tok[t - 1] : 7) * 131ull + l * 2 + kv + t * 977);
+        for (size_t d = 0; d < row; d++)
+          buf[i++] = (uint16_t)(mix(s + d) & 0x7bff);
+      }
+}
+
+static kvdb *open_host(const char *dir, int port, const char *ns, kvdb_status *st)
+{
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.sync_mode = KVDB_SYNC_NONE;
+  o.use_direct_io = 0;
+  o.dram_bytes = 0;
+  o.log_level = -1;
+  o.remote_addr = addr;
+  o.remote_namespace = ns;
+  o.remote_timeout_ms = 500;
+  kvdb *db = NULL;
+  *st = kvdb_open(dir, &o, &db);
+  if (*st != KVDB_OK)
+    bench_log("remote: open %s: %s", dir, kvdb_errmsg());
+  return db;
+}
+
+static void drain(kvdb *db)
+{
+  for (int i = 0; i < 6000; i++) {
+    kvdb_remote_stats rs;
+    if (kvdb_remote_stat(db, &rs) != KVDB_OK || rs.queue_len == 0)
+      return;
+    sleep_ms(5);
+  }
+}
+
+static int put_ctx(kvdb *db, uint64_t id, uint16_t *kv, uint64_t *ns)
+{
+  uint32_t tok[R_NT];
+  ctx_tokens(id, tok, R_NT);
+  fill_kv(tok, R_NT, kv);
+  kvdb_kv_view v;
+  kvdb_kv_view_packed(&v, kv, &RM, R_NT, KVDB_LAYOUT_LKTHD);
+  uint64_t t0 = bench_now_ns();
+  kvdb_status rc = kvdb_put(db, &RM, tok, R_NT, &v, NULL);
+  if (ns != NULL)
+    *ns = bench_now_ns() - t0;
+  if (rc != KVDB_OK)
+    bench_log("remote: put: %s: %s", kvdb_status_name(rc), kvdb_errmsg());
+  return rc == KVDB_OK ? 0 : -1;
+}
+
+/* kvdb_get of context id into out; *hit tokens; *wrong 1 when a delivered byte is not the
+ * context's KV (expect holds it). */
+static int get_ctx(kvdb *db, uint64_t id, uint16_t *out, uint16_t *expect, size_t *hit,
+                   int *wrong)
+{
+  uint32_t tok[R_NT];
+  ctx_tokens(id, tok, R_NT);
+  kvdb_kv_view v;
+  kvdb_kv_view_packed(&v, out, &RM, R_NT, KVDB_LAYOUT_LKTHD);
+  kvdb_status rc = kvdb_get(db, &RM, tok, R_NT, &v, hit);
+  if (rc != KVDB_OK) {
+    bench_log("remote: get: %s: %s", kvdb_status_name(rc), kvdb_errmsg());
+    return -1;
+  }
+  if (expect != NULL) {
+    fill_kv(tok, R_NT, expect);
+    size_t row = (size_t)RM.n_kv_heads * RM.head_dim * 2;
+    *wrong = 0;
+    for (uint32_t lk = 0; lk < RM.n_layers * 2; lk++)
+      if (memcmp((uint8_t *)out + lk * R_NT * row, (uint8_t *)expect + lk * R_NT * row,
+                 *hit * row) != 0)
+        *wrong = 1;
+  }
+  return 0;
+}
+
+/* redis-benchmark's GET requests per second at value size `bytes`, pipeline `depth`, one
+ * client; 0 when it cannot run. */
+static double redis_benchmark_get(int port, size_t bytes, unsigned depth, unsigned n)
+{
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "redis-benchmark -h 127.0.0.1 -p %d -t set,get -n %u -d %zu -P %u -c 1 --csv "
+           "2>/dev/null",
+           port, n, bytes, depth);
+  FILE *p = popen(cmd, "r");
+  if (p == NULL)
+    return 0;
+  char line[512];
+  double rps = 0;
+  while (fgets(line, sizeof line, p) != NULL)
+    if (strncmp(line, "\"GET\",\"", 7) == 0)
+      rps = strtod(line + 7, NULL);
+  pclose(p);
+  return rps;
+}
+
+/* The Redis key of block i of context id under ns (rtier.c's form). */
+static void block_key(const char *ns, uint64_t id, unsigned i, const char *mh_hex, char *key,
+                      size_t cap)
+{
+  uint32_t tok[R_NT];
+  ctx_tokens(id, tok, R_NT);
+  kvdb_key h[R_CTX_BLOCKS];
+  kvdb_chain_hashes(&RM, tok, R_NT, h, R_CTX_BLOCKS);
+  char hx[33];
+  snprintf(key, cap, "kvdb:%s:%s:%s", ns, mh_hex, kvdb_key_hex(&h[i], hx));
+}
+
+/* The model fingerprint's hex, found from the server's keys (it is not public). */
+static int find_mh(redisContext *c, const char *ns, char mh[33])
+{
+  redisReply *r = redisCommand(c, "KEYS kvdb:%s:*", ns);
+  int ok = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+  if (ok) {
+    const char *k = r->element[0]->str + 5 + strlen(ns) + 1;
+    memcpy(mh, k, 32);
+    mh[32] = 0;
+  }
+  if (r)
+    freeReplyObject(r);
+  return ok ? 0 : -1;
+}
+
+/* The values of every block of contexts [0, n_ctx) under ns, kept in memory (snap_get), and
+ * written back (snap_put: after a server restart). */
+static void snap_get(redisContext *rc, const char *ns, const char *mh, unsigned n_ctx, char **val,
+                     size_t *len)
+{
+  char key[256];
+  for (unsigned i = 0; i < n_ctx; i++)
+    for (unsigned k = 0; k < R_CTX_BLOCKS; k++) {
+      block_key(ns, i, k, mh, key, sizeof key);
+      redisReply *v = redisCommand(rc, "GET %s", key);
+      if (v && v->type == REDIS_REPLY_STRING) {
+        val[i * R_CTX_BLOCKS + k] = malloc(v->len);
+        memcpy(val[i * R_CTX_BLOCKS + k], v->str, v->len);
+        len[i * R_CTX_BLOCKS + k] = v->len;
+      }
+      if (v)
+        freeReplyObject(v);
+    }
+}
+
+static void snap_put(redisContext *rc, const char *ns, const char *mh, unsigned n_ctx,
+                     char **val, const size_t *len)
+{
+  char key[256];
+  for (unsigned q = 0; q < n_ctx * R_CTX_BLOCKS; q++)
+    if (val[q] != NULL) {
+      block_key(ns, q / R_CTX_BLOCKS, q % R_CTX_BLOCKS, mh, key, sizeof key);
+      freeReplyObject(redisCommand(rc, "SET %s %b", key, val[q], len[q]));
+    }
+}
+
+int bench_remote(const bench_env *env, bench_json *j)
+{
+  char path[4200];
+  const unsigned n_ctx = env->quick ? 16 : 32;
+  const unsigned fault_target = 10000;
+  rsrv s = {0};
+  snprintf(s.dir, sizeof s.dir, "%s/redis", env->dir);
+  if (mkdir(s.dir, 0755) != 0 || (s.port = free_port()) < 0 || srv_start(&s) != 0) {
+    bench_log("remote: needs redis-server (Debian: redis-server) on PATH");
+    return 1;
+  }
+  int ret = 1;
+  size_t ctx_bytes = (size_t)R_NT * kvdb_model_token_bytes(&RM);
+  uint16_t *kv = malloc(ctx_bytes), *out = malloc(ctx_bytes), *expect = malloc(ctx_bytes);
+  kvdb *a = NULL, *b = NULL;
+  redisContext *rc = NULL;
+  bench_samples up = {0}, down = {0};
+  kvdb_status st;
+  snprintf(path, sizeof path, "%s/host-a", env->dir);
+  a = open_host(path, s.port, "bench", &st);
+  snprintf(path, sizeof path, "%s/host-b", env->dir);
+  b = open_host(path, s.port, "bench", &st);
+  if (kv == NULL || out == NULL || expect == NULL || a == NULL || b == NULL)
+    goto out;
+  /* host A puts (write-through), host B reads from the remote tier only */
+  for (unsigned i = 0; i < n_ctx; i++)
+    if (put_ctx(a, i, kv, NULL) != 0)
+      goto out;
+  drain(a);
+  { /* the same contexts put by another tenant (values for the fault of that kind) */
+    snprintf(path, sizeof path, "%s/host-other", env->dir);
+    kvdb *o = open_host(path, s.port, "other", &st);
+    for (unsigned i = 0; o != NULL && i < n_ctx; i++)
+      put_ctx(o, i, kv, NULL);
+    kvdb_close(o); /* sends what is queued */
+  }
+  rc = rconnect(s.port);
+  char mh[33];
+  if (rc == NULL || find_mh(rc, "bench", mh) != 0) {
+    bench_log("remote: no value reached the server");
+    goto out;
+  }
+  char key[256];
+  block_key("bench", 0, 0, mh, key, sizeof key);
+  redisReply *v = redisCommand(rc, "STRLEN %s", key);
+  size_t vbytes = v && v->type == REDIS_REPLY_INTEGER ? (size_t)v->integer : 0;
+  if (v)
+    freeReplyObject(v);
+
+  /* 1. remote get throughput vs redis-benchmark GET (same value size, pipeline 16, 1 client) */
+  size_t hit;
+  int wrong = 0;
+  get_ctx(b, 0, out, NULL, &hit, &wrong); /* connects, asks what the server is */
+  /* the two alternate, 5 rounds (--quick: 3) of one each; each round's ratio pairs two
+   * measurements a few seconds apart, and the median round counts: on a shared machine one
+   * measured at a busier moment than the other would decide a single ratio */
+  unsigned reps = env->quick ? 1 : 3;
+  double kv_bps = 0, rb_rps = 0, rr[5];
+  int n_round = env->quick ? 3 : 5;
+  uint64_t t0;
+  for (int round = 0; round < n_round; round++) {
+    uint64_t blocks = 0;
+    t0 = bench_now_ns();
+    for (unsigned r = 0; r < reps; r++)
+      for (unsigned i = 0; i < n_ctx; i++) {
+        if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
+          goto out;
+        blocks += hit / R_BT;
+      }
+    uint64_t get_ns = bench_now_ns() - t0;
+    double bps = get_ns ? (double)blocks * 1e9 / (double)get_ns : 0;
+    double rps = redis_benchmark_get(s.port, vbytes, R_CTX_BLOCKS, env->quick ? 8000 : 20000);
+    bench_log("remote: round %d: kvdb_get %.0f blocks/s, redis-benchmark GET %.0f/s", round, bps,
+              rps);
+    kv_bps = bps > kv_bps ? bps : kv_bps;
+    rb_rps = rps > rb_rps ? rps : rb_rps;
+    rr[round] = bench_ratio(bps, rps);
+  }
+  for (int x = 1; x < n_round; x++) /* sort the round ratios */
+    for (int y = x; y > 0 && rr[y] < rr[y - 1]; y--) {
+      double tmp = rr[y];
+      rr[y] = rr[y - 1];
+      rr[y - 1] = tmp;
+    }
+  double ratio = rr[n_round / 2], best_ratio = bench_ratio(kv_bps, rb_rps);
+  fprintf(env->out, "remote get: best %.0f blocks/s (%.2f GB/s of values, %u-block contexts); "
+          "redis-benchmark GET -d %zu -P %u -c 1: best %.0f/s; ratio: median of %d paired "
+          "rounds %.3f (target >= 0.8: %s), best vs best %.3f\n",
+          kv_bps, kv_bps * (double)vbytes / 1e9, R_CTX_BLOCKS, vbytes, R_CTX_BLOCKS, rb_rps,
+          n_round, ratio, bench_met(ratio >= 0.8), best_ratio);
+
+  /* 2. round trips of a 64-block chain lookup */
+  uint32_t tok64[64 * R_BT];
+  uint16_t *kv64 = malloc(64 * R_BT * kvdb_model_token_bytes(&RM));
+  ctx_tokens(999999, tok64, 64 * R_BT);
+  fill_kv(tok64, 64 * R_BT, kv64);
+  kvdb_kv_view v64;
+  kvdb_kv_view_packed(&v64, kv64, &RM, 64 * R_BT, KVDB_LAYOUT_LKTHD);
+  kvdb_put(a, &RM, tok64, 64 * R_BT, &v64, NULL);
+  free(kv64);
+  drain(a);
+  kvdb_remote_stats r0, r1;
+  kvdb_remote_stat(b, &r0);
+  kvdb_lookup(b, &RM, tok64, 64 * R_BT, &hit);
+  kvdb_remote_stat(b, &r1);
+  uint64_t chain_rt = r1.round_trips - r0.round_trips;
+  fprintf(env->out, "64-block chain lookup on Redis: %zu tokens hit, %" PRIu64
+          " round trip(s) (target 1: %s)\n", hit, chain_rt, bench_met(chain_rt == 1 && hit == 64 * R_BT));
+
+  /* 3. faults: each aimed at a value the next get reads; every get checked */
+  char **orig = calloc((size_t)n_ctx * R_CTX_BLOCKS, sizeof *orig);
+  size_t *olen = calloc((size_t)n_ctx * R_CTX_BLOCKS, sizeof *olen);
+  char **oth = calloc((size_t)n_ctx * R_CTX_BLOCKS, sizeof *oth);
+  size_t *othlen = calloc((size_t)n_ctx * R_CTX_BLOCKS, sizeof *othlen);
+  snap_get(rc, "bench", mh, n_ctx, orig, olen);
+  snap_get(rc, "other", mh, n_ctx, oth, othlen);
+  uint64_t faults = 0, wrong_kv = 0, gets = 0, kills = 0, partial = 0, seed = env->seed + 17;
+  uint64_t kind_n[8] = {0};
+  static const char *const kinds[8] = {"object-byte", "envelope-byte", "truncated", "garbage",
+                                       "other-block", "other-namespace", "deleted", "kill"};
+  t0 = bench_now_ns();
+  while (faults < fault_target) {
+    unsigned c = (unsigned)(mix(seed++) % n_ctx);
+    unsigned nf = 1 + (unsigned)(mix(seed++) % 4);
+    unsigned touched[4];
+    for (unsigned f = 0; f < nf; f++) {
+      unsigned k = (unsigned)(mix(seed++) % R_CTX_BLOCKS), idx = c * R_CTX_BLOCKS + k;
+      touched[f] = idx;
+      unsigned kind = (unsigned)(mix(seed++) % 7);
+      if (faults % 2000 == 1999)
+        kind = 7;
+      block_key("bench", c, k, mh, key, sizeof key);
+      char *bad = NULL;
+      size_t bl = olen[idx];
+      if (orig[idx] == NULL)
+        continue;
+      switch (kind) {
+      case 0:
+      case 1:
+        bad = malloc(bl);
+        memcpy(bad, orig[idx], bl);
+        bad[kind == 0 ? 144 + mix(seed) % (bl - 144) : mix(seed) % 144] ^=
+            (char)(1u << (mix(seed + 1) % 8));
+        seed += 2;
+        freeReplyObject(redisCommand(rc, "SET %s %b", key, bad, bl));
+        break;
+      case 2:
+        freeReplyObject(redisCommand(rc, "SET %s %b", key, orig[idx], mix(seed++) % bl));
+        break;
+      case 3:
+        freeReplyObject(redisCommand(rc, "SET %s %s", key, "garbage"));
+        break;
+      case 4: {
+        unsigned o = (unsigned)(mix(seed++) % ((size_t)n_ctx * R_CTX_BLOCKS));
+        if (o == idx || orig[o] == NULL)
+          o = (idx + 1) % ((unsigned)n_ctx * R_CTX_BLOCKS);
+        if (orig[o] != NULL)
+          freeReplyObject(redisCommand(rc, "SET %s %b", key, orig[o], olen[o]));
+        break;
+      }
+      case 5: { /* the same block as another tenant stored it, under this tenant's key */
+        char key2[256];
+        block_key("other", c, k, mh, key2, sizeof key2);
+        freeReplyObject(redisCommand(rc, "COPY %s %s REPLACE", key2, key));
+        break;
+      }
+      case 6:
+        freeReplyObject(redisCommand(rc, "DEL %s", key));
+        break;
+      case 7: /* kills: the tier's connections, or the server itself (every other time) */
+        kills++;
+        if (kills % 2 == 1) {
+          freeReplyObject(redisCommand(rc, "CLIENT KILL TYPE normal SKIPME yes"));
+        } else {
+          redisFree(rc);
+          rc = NULL;
+          srv_stop(&s);
+          if (srv_start(&s) != 0 || (rc = rconnect(s.port)) == NULL)
+            goto out;
+          snap_put(rc, "bench", mh, n_ctx, orig, olen); /* repopulate both tenants */
+          snap_put(rc, "other", mh, n_ctx, oth, othlen);
+        }
+        break;
+      }
+      free(bad);
+      kind_n[kind]++;
+      faults++;
+    }
+    if (get_ctx(b, c, out, expect, &hit, &wrong) != 0)
+      goto out;
+    gets++;
+    wrong_kv += (uint64_t)wrong;
+    partial += hit < R_NT;
+    for (unsigned f = 0; f < nf; f++) { /* restore */
+      unsigned idx = touched[f];
+      if (orig[idx] == NULL)
+        continue;
+      block_key("bench", idx / R_CTX_BLOCKS, idx % R_CTX_BLOCKS, mh, key, sizeof key);
+      freeReplyObject(redisCommand(rc, "SET %s %b", key, orig[idx], olen[idx]));
+    }
+  }
+  uint64_t fault_ns = bench_now_ns() - t0;
+  kvdb_remote_stats rb;
+  kvdb_remote_stat(b, &rb);
+  fprintf(env->out, "faults: %" PRIu64 " injected (", faults);
+  for (int k = 0; k < 8; k++)
+    fprintf(env->out, "%s%s %" PRIu64, k ? ", " : "", kinds[k], kind_n[k]);
+  fprintf(env->out, ") over %" PRIu64 " gets in %.1f s: %" PRIu64 " gets short, %" PRIu64
+          " wrong KV (target 0: %s); %" PRIu64 " values rejected, %" PRIu64 " errors, %" PRIu64
+          " reconnects\n", gets, (double)fault_ns / 1e9, partial, wrong_kv,
+          bench_met(wrong_kv == 0), rb.rejected, rb.errors, rb.reconnects);
+  for (unsigned q = 0; q < n_ctx * R_CTX_BLOCKS; q++) {
+    free(orig[q]);
+    free(oth[q]);
+  }
+  free(orig);
+  free(olen);
+  free(oth);
+  free(othlen);
+
+  /* 4. put p99 on host A: Redis up, then down */
+  unsigned n_put = env->quick ? 100 : 400;
+  uint64_t id = 1000000;
+  for (unsigned i = 0; i < n_put; i++) {
+    uint64_t ns;
+    if (put_ctx(a, id++, kv, &ns) != 0)
+      goto out;
+    bench_samples_push(&up, ns);
+  }
+  drain(a);
+  redisFree(rc);
+  rc = NULL;
+  srv_stop(&s);
+  for (unsigned i = 0; i < n_put; i++) {
+    uint64_t ns;
+    if (put_ctx(a, id++, kv, &ns) != 0)
+      goto out;
+    bench_samples_push(&down, ns);
+  }
+  drain(a);
+  double p99_up = (double)bench_samples_pct(&up, 99), p99_down = (double)bench_samples_pct(&down, 99);
+  double put_ratio = bench_ratio(p99_down, p99_up);
+  kvdb_remote_stats ra;
+  kvdb_remote_stat(a, &ra);
+  fprintf(env->out, "put p99 (%u puts of %u blocks each): Redis up %.0f us, down %.0f us: "
+          "ratio %.3f (target <= 1.1: %s); p50 up %.0f us, down %.0f us; write-through: %"
+          PRIu64 " written, %" PRIu64 " not sent\n", n_put, R_CTX_BLOCKS, p99_up / 1e3,
+          p99_down / 1e3, put_ratio, bench_met(put_ratio <= 1.1),
+          (double)bench_samples_pct(&up, 50) / 1e3, (double)bench_samples_pct(&down, 50) / 1e3,
+          ra.written, ra.dropped);
+
+  bench_json_num(j, "remote_get_vs_redis_benchmark", ratio);
+  bench_json_int(j, "chain_lookup_round_trips", (int64_t)chain_rt);
+  bench_json_int(j, "wrong_kv_under_faults", (int64_t)wrong_kv);
+  bench_json_int(j, "faults_injected", (int64_t)faults);
+  bench_json_num(j, "put_p99_redis_down_ratio", put_ratio);
+  bench_json_num(j, "remote_get_vs_redis_benchmark_best", best_ratio);
+  bench_json_num(j, "remote_get_blocks_per_s", kv_bps);
+  bench_json_num(j, "redis_benchmark_get_per_s", rb_rps);
+  bench_json_int(j, "value_bytes", (int64_t)vbytes);
+  bench_json_num(j, "put_p99_up_us", p99_up / 1e3);
+  bench_json_num(j, "put_p99_down_us", p99_down / 1e3);
+  ret = 0;
+out:
+  bench_samples_free(&up);
+  bench_samples_free(&down);
+  if (rc != NULL)
+    redisFree(rc);
+  kvdb_close(a);
+  kvdb_close(b);
+  srv_stop(&s);
+  free(kv);
+  free(out);
+  free(expect);
+  return ret;
+}

@@ -1,0 +1,767 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/remote/test_remote.c — the remote tier (kvdb_options.remote_addr) against real
+ * redis-server processes this test starts and kills. Modes (meson tests remote-*):
+ *   tier     write-through, a second handle's lookup (one round trip for a 64-block chain) and
+ *            get (identical KV), a local prefix continued remotely, and every damaged value a
+ *            miss and a counter: a corrupt object byte, corrupt tokens, another block's value
+ *            under a key (collision/stale), a truncated value, garbage
+ *   hosts    two processes with separate databases share one Redis: B hits what A put
+ *   tenants  namespaces: the same tokens in another tenant never hit, not even a value
+ *            copied under the other tenant's key
+ *   down     no server: puts and gets go on, errors counted; the server comes up: reconnects
+ *   pause    CLIENT PAUSE and DEBUG SLEEP (2 s each): calls come back (timeouts), then hits again
+ *   evict    maxmemory with allkeys-lru eviction (misses, never wrong KV) and noeviction (OOM
+ *            replies: errors and unsent blocks, puts go on)
+ *   reset    CLIENT KILL of the tier's connections mid-run: a miss, then reconnects
+ *   cluster  a local three-master Redis Cluster: blocks over the slots, a chain in one round
+ *            trip, a resharding (redis-cli --cluster reshard) during gets and a master killed:
+ *            every hit exact, MOVED/ASK followed
+ *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
+ *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
+ *            real prometheus server (its query API returns the scraped value)
+ */
+#include "redis_test.h"
+
+static const char *const progs[] = {"redis-server"};
+
+/* Context `seed` of n tokens. */
+static uint32_t *ctx_tokens(uint64_t seed, size_t n)
+{
+  uint32_t *t = malloc(n * sizeof *t);
+  ASSERT(t != NULL);
+  t_family_tokens(seed, seed, 0, t, n);
+  return t;
+}
+
+static kvdb *open_db(const char *tag, int port, const char *ns, char **dir)
+{
+  *dir = t_tmpdir(tag);
+  kvdb_options o;
+  r_opts(&o, port, ns);
+  kvdb *db;
+  ASSERT_OK(kvdb_open(*dir, &o, &db));
+  return db;
+}
+
+static size_t lookup(kvdb *db, const uint32_t *tok, size_t n)
+{
+  size_t hit = 0;
+  ASSERT_OK(kvdb_lookup(db, &r_model, tok, n, &hit));
+  return hit;
+}
+
+/* ---- tier ---- */
+
+static void mode_tier(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 64 * 16; /* 64 blocks */
+  uint32_t *tok = ctx_tokens(1, n);
+  char *da, *db_dir, *dc;
+  kvdb *a = open_db("rt-a", s.port, "t1", &da);
+  t_put_kv(a, &r_model, tok, n, NULL);
+  r_drain(a);
+  kvdb_remote_stats ra = r_stat(a);
+  ASSERT_EQ(ra.written, 64);
+  ASSERT_EQ(ra.dropped, 0);
+
+  kvdb *b = open_db("rt-b", s.port, "t1", &db_dir);
+  uint32_t *other = ctx_tokens(99, 64);
+  ASSERT_EQ(lookup(b, other, 64), 0); /* the first call also asks what the server is */
+  uint64_t rt0 = r_stat(b).round_trips;
+  ASSERT_EQ(lookup(b, tok, n), n);
+  ASSERT_EQ(r_stat(b).round_trips - rt0, 1); /* 64 blocks: one pipelined round trip */
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), n);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(b, &st));
+  ASSERT_EQ(st.n_contexts, 0); /* remote hits are not stored locally */
+  /* a prefix stored locally, the rest remote */
+  kvdb *c = open_db("rt-c", s.port, "t1", &dc);
+  t_put_kv(c, &r_model, tok, 20 * 16 + 5, NULL);
+  r_drain(c);
+  rt0 = r_stat(c).round_trips;
+  ASSERT_EQ(t_get_check(c, &r_model, tok, n), n);
+  ASSERT_EQ(r_stat(c).round_trips - rt0, 1);
+  ASSERT_EQ(r_stat(c).hits, 44); /* blocks 20..63 */
+
+  /* damaged values: each a miss from there on, counted, the KV before it exact */
+  redisContext *rc = r_connect(s.port);
+  ASSERT(rc != NULL);
+  char key[256], key2[256];
+  uint64_t rej = r_stat(b).rejected;
+  r_block_key("t1", &r_model, tok, n, 30, key, sizeof key);
+  redisReply *v = r_cmd(rc, "GET %s", key);
+  ASSERT(v->type == REDIS_REPLY_STRING);
+  size_t vlen = v->len;
+  char *orig = malloc(vlen);
+  memcpy(orig, v->str, vlen);
+  freeReplyObject(v);
+  char *bad = malloc(vlen);
+  memcpy(bad, orig, vlen);
+  bad[vlen - 100] ^= 0x10; /* a byte of the object's data */
+  freeReplyObject(r_cmd(rc, "SET %s %b", key, bad, vlen));
+  ASSERT_EQ(lookup(b, tok, n), n); /* a lookup reads envelopes and tokens only */
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), 30 * 16);
+  ASSERT_EQ(r_stat(b).rejected, rej + 1);
+  memcpy(bad, orig, vlen);
+  bad[80 + 4 * 3] ^= 0x01; /* a token of the envelope */
+  freeReplyObject(r_cmd(rc, "SET %s %b", key, bad, vlen));
+  ASSERT_EQ(lookup(b, tok, n), 30 * 16);
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), 30 * 16);
+  ASSERT_EQ(r_stat(b).rejected, rej + 3);
+  /* the value of another block (a collision, a stale write) under block 30's key */
+  r_block_key("t1", &r_model, tok, n, 31, key2, sizeof key2);
+  v = r_cmd(rc, "GET %s", key2);
+  freeReplyObject(r_cmd(rc, "SET %s %b", key, v->str, v->len));
+  freeReplyObject(v);
+  ASSERT_EQ(lookup(b, tok, n), 30 * 16);
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), 30 * 16);
+  /* a truncated value, then garbage */
+  freeReplyObject(r_cmd(rc, "SET %s %b", key, orig, vlen / 2));
+  ASSERT_EQ(lookup(b, tok, n), n); /* envelope and tokens are whole: the get sees it */
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), 30 * 16);
+  freeReplyObject(r_cmd(rc, "SET %s %s", key, "not a block"));
+  ASSERT_EQ(lookup(b, tok, n), 30 * 16);
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), 30 * 16);
+  ASSERT_EQ(r_stat(b).rejected, rej + 8);
+  /* the original back: the whole chain again */
+  freeReplyObject(r_cmd(rc, "SET %s %b", key, orig, vlen));
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), n);
+  /* another model with the same tokens: other keys, a miss */
+  kvdb_model m2 = r_model;
+  m2.id = "remote-test-2";
+  size_t hit = 1;
+  ASSERT_OK(kvdb_lookup(b, &m2, tok, n, &hit));
+  ASSERT_EQ(hit, 0);
+  free(orig);
+  free(bad);
+  redisFree(rc);
+  kvdb_close(a);
+  kvdb_close(b);
+  kvdb_close(c);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  t_rmdir(dc);
+  free(tok);
+  free(other);
+  r_cleanup(&s);
+}
+
+/* ---- hosts: two processes ---- */
+
+static void mode_hosts(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 40 * 16 + 7; /* a trailing partial block too */
+  uint32_t *tok = ctx_tokens(2, n);
+  char *da;
+  kvdb *a = open_db("rh-a", s.port, "shared", &da);
+  t_put_kv(a, &r_model, tok, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(r_stat(a).written, 41);
+  kvdb_close(a); /* its write-through thread ends: the fork copies one thread (TSan needs it) */
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) { /* host B: its own process and database */
+    char *dbd;
+    kvdb *b = open_db("rh-b", s.port, "shared", &dbd);
+    size_t h1 = lookup(b, tok, n);
+    size_t h2 = t_get_check(b, &r_model, tok, n);
+    kvdb_close(b);
+    t_rmdir(dbd);
+    _exit(h1 == n && h2 == n ? 0 : 3);
+  }
+  int st;
+  ASSERT(waitpid(pid, &st, 0) == pid);
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  t_rmdir(da);
+  free(tok);
+  r_cleanup(&s);
+}
+
+/* ---- tenants ---- */
+
+static void mode_tenants(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 8 * 16;
+  uint32_t *tok = ctx_tokens(3, n);
+  char *d1, *d2;
+  kvdb *t1 = open_db("rn-1", s.port, "tenant-a", &d1);
+  kvdb *t2 = open_db("rn-2", s.port, "tenant-b", &d2);
+  t_put_kv(t1, &r_model, tok, n, NULL);
+  r_drain(t1);
+  ASSERT_EQ(lookup(t2, tok, n), 0);
+  ASSERT_EQ(t_get_check(t2, &r_model, tok, n), 0);
+  ASSERT(r_stat(t2).misses >= 2);
+  ASSERT_EQ(r_stat(t2).hits, 0);
+  /* tenant A's value copied under tenant B's key (a key-level leak): still a miss */
+  redisContext *rc = r_connect(s.port);
+  char ka[256], kb[256];
+  r_block_key("tenant-a", &r_model, tok, n, 0, ka, sizeof ka);
+  r_block_key("tenant-b", &r_model, tok, n, 0, kb, sizeof kb);
+  redisReply *v = r_cmd(rc, "GET %s", ka);
+  ASSERT(v->type == REDIS_REPLY_STRING);
+  freeReplyObject(r_cmd(rc, "SET %s %b", kb, v->str, v->len));
+  freeReplyObject(v);
+  ASSERT_EQ(lookup(t2, tok, n), 0);
+  ASSERT_EQ(t_get_check(t2, &r_model, tok, n), 0);
+  ASSERT_EQ(r_stat(t2).rejected, 2);
+  /* tenant B's own put: both hit their own */
+  t_put_kv(t2, &r_model, tok, n, NULL);
+  r_drain(t2);
+  char *d3;
+  kvdb *t3 = open_db("rn-3", s.port, "tenant-b", &d3);
+  ASSERT_EQ(t_get_check(t3, &r_model, tok, n), n);
+  /* a bad namespace is refused at open */
+  kvdb_options o;
+  r_opts(&o, s.port, "a b");
+  kvdb *x;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_open(d3, &o, &x));
+  ASSERT_MSG_HAS("remote_namespace");
+  r_opts(&o, s.port, "t");
+  o.remote_addr = "no-port";
+  ASSERT_STATUS(KVDB_INVALID, kvdb_open(d3, &o, &x));
+  ASSERT_MSG_HAS("remote_addr");
+  redisFree(rc);
+  kvdb_close(t1);
+  kvdb_close(t2);
+  kvdb_close(t3);
+  t_rmdir(d1);
+  t_rmdir(d2);
+  t_rmdir(d3);
+  free(tok);
+  r_cleanup(&s);
+}
+
+/* ---- faults ---- */
+
+/* Wait (up to 5 s) until a lookup of tok on db hits `want` tokens; returns the last hit. */
+static size_t lookup_until(kvdb *db, const uint32_t *tok, size_t n, size_t want)
+{
+  size_t h = 0;
+  for (int i = 0; i < 100; i++) {
+    h = lookup(db, tok, n);
+    if (h == want)
+      break;
+    r_sleep_ms(50);
+  }
+  return h;
+}
+
+static void mode_down(void)
+{
+  int port = r_free_port(); /* nothing listens there yet */
+  const size_t n = 8 * 16;
+  uint32_t *t1 = ctx_tokens(4, n), *t2 = ctx_tokens(5, n);
+  char *da, *db_dir;
+  kvdb *a = open_db("rd-a", port, "f", &da);
+  kvdb *b = open_db("rd-b", port, "f", &db_dir);
+  t_put_kv(a, &r_model, t1, n, NULL); /* local put: fine */
+  r_drain(a);
+  ASSERT_EQ(t_get_check(a, &r_model, t1, n), n); /* local get: fine */
+  ASSERT_EQ(lookup(b, t1, n), 0);
+  kvdb_remote_stats ra = r_stat(a), rb = r_stat(b);
+  ASSERT(ra.errors + ra.down_skips > 0 && ra.dropped == 8 && ra.written == 0);
+  ASSERT(rb.errors + rb.down_skips > 0 && rb.misses >= 1);
+  /* the server comes up on that port: after the backoff, write-through and hits resume */
+  r_server s = {0};
+  r_start(&s, port, NULL);
+  r_sleep_ms(200);
+  t_put_kv(a, &r_model, t2, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(lookup_until(b, t2, n, n), n);
+  ASSERT_EQ(t_get_check(b, &r_model, t2, n), n);
+  ASSERT(r_stat(a).reconnects >= 1 || r_stat(b).reconnects >= 1);
+  ASSERT_EQ(r_stat(a).written, 8);
+  kvdb_close(a);
+  kvdb_close(b);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  free(t1);
+  free(t2);
+  r_cleanup(&s);
+}
+
+/* Send a command without waiting for its reply (the server is busy with it). */
+static void send_nowait(redisContext *c, const char *cmd)
+{
+  redisAppendCommand(c, cmd);
+  int done = 0;
+  while (!done)
+    ASSERT(redisBufferWrite(c, &done) == REDIS_OK);
+}
+
+static void mode_pause(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 8 * 16;
+  uint32_t *t1 = ctx_tokens(6, n), *t2 = ctx_tokens(7, n);
+  char *da, *db_dir;
+  kvdb *a = open_db("rp-a", s.port, "p", &da);
+  kvdb *b = open_db("rp-b", s.port, "p", &db_dir);
+  t_put_kv(a, &r_model, t1, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(lookup(b, t1, n), n);
+  const char *faults[2] = {"CLIENT PAUSE 2000 ALL", "DEBUG SLEEP 2"};
+  for (int f = 0; f < 2; f++) {
+    redisContext *rc = r_connect(s.port);
+    uint64_t e0 = r_stat(b).errors;
+    if (f == 0)
+      freeReplyObject(r_cmd(rc, faults[0], NULL));
+    else
+      send_nowait(rc, faults[1]);
+    r_sleep_ms(100); /* the server has taken it (another connection's command could come first) */
+    /* the remote calls time out (300 ms): a miss, counted; local puts go on */
+    ASSERT_EQ(lookup(b, t1, n), 0);
+    ASSERT(r_stat(b).errors > e0);
+    t_put_kv(a, &r_model, t2, n, NULL);
+    ASSERT_EQ(t_get_check(a, &r_model, t2, n), n);
+    ASSERT_EQ(lookup(b, t1, n), 0); /* backing off: no wait at all */
+    r_sleep_ms(2000);
+    ASSERT_EQ(lookup_until(b, t1, n, n), n);
+    ASSERT_EQ(t_get_check(b, &r_model, t1, n), n);
+    redisFree(rc);
+  }
+  kvdb_close(a);
+  kvdb_close(b);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  free(t1);
+  free(t2);
+  r_cleanup(&s);
+}
+
+static void mode_evict(void)
+{
+  const char *lru[] = {"--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru", NULL};
+  r_server s = {0};
+  r_start(&s, 0, lru);
+  enum { N_CTX = 24 };
+  const size_t n = 16 * 16; /* 16 blocks of ~20 KiB per context: 24 x 320 KiB > 3 MiB */
+  uint32_t *tok[N_CTX];
+  char *da, *db_dir;
+  kvdb *a = open_db("re-a", s.port, "e", &da);
+  kvdb *b = open_db("re-b", s.port, "e", &db_dir);
+  for (int i = 0; i < N_CTX; i++) {
+    tok[i] = ctx_tokens(100 + (uint64_t)i, n);
+    t_put_kv(a, &r_model, tok[i], n, NULL);
+    r_drain(a);
+  }
+  redisContext *rc = r_connect(s.port);
+  redisReply *info = r_cmd(rc, "INFO stats", NULL);
+  ASSERT(strstr(info->str, "evicted_keys:0\r") == NULL); /* it did evict */
+  freeReplyObject(info);
+  size_t full = 0, part = 0;
+  for (int i = 0; i < N_CTX; i++) {
+    size_t h = t_get_check(b, &r_model, tok[i], n); /* whatever hits is exact */
+    full += h == n;
+    part += h < n;
+    ASSERT_EQ(t_get_check(a, &r_model, tok[i], n), n); /* local copies untouched */
+  }
+  ASSERT(part > 0);
+  ASSERT_EQ(r_stat(b).rejected, 0);
+  printf("allkeys-lru: %zu contexts whole, %zu short\n", full, part);
+  redisFree(rc);
+  kvdb_close(b);
+  t_rmdir(db_dir);
+  r_cleanup(&s);
+  /* noeviction: SETs fail with OOM; puts go on, the blocks are counted as not sent */
+  const char *noev[] = {"--maxmemory", "2mb", "--maxmemory-policy", "noeviction", NULL};
+  r_server s2 = {0};
+  r_start(&s2, 0, noev);
+  kvdb_close(a);
+  t_rmdir(da);
+  a = open_db("re-c", s2.port, "e", &da);
+  for (int i = 0; i < N_CTX; i++) {
+    t_put_kv(a, &r_model, tok[i], n, NULL);
+    r_drain(a);
+  }
+  kvdb_remote_stats ra = r_stat(a);
+  ASSERT(ra.dropped > 0 && ra.errors > 0 && ra.written > 0);
+  ASSERT_EQ(ra.written + ra.dropped, (uint64_t)N_CTX * 16);
+  for (int i = 0; i < N_CTX; i++) {
+    ASSERT_EQ(t_get_check(a, &r_model, tok[i], n), n);
+    free(tok[i]);
+  }
+  kvdb_close(a);
+  t_rmdir(da);
+  r_cleanup(&s2);
+}
+
+static void mode_reset(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 8 * 16;
+  uint32_t *t1 = ctx_tokens(8, n);
+  char *da, *db_dir;
+  kvdb *a = open_db("rr-a", s.port, "r", &da);
+  kvdb *b = open_db("rr-b", s.port, "r", &db_dir);
+  t_put_kv(a, &r_model, t1, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(lookup(b, t1, n), n);
+  redisContext *rc = r_connect(s.port);
+  for (int round = 0; round < 3; round++) {
+    uint64_t e0 = r_stat(b).errors, c0 = r_stat(b).reconnects;
+    freeReplyObject(r_cmd(rc, "CLIENT KILL TYPE normal SKIPME yes", NULL));
+    r_sleep_ms(50);
+    /* write-through on the killed connection: the SETs fail (the blocks are not sent) and
+     * the process goes on (a write on a reset socket raises SIGPIPE, which the library blocks
+     * while it talks to Redis) */
+    uint32_t *t2 = ctx_tokens(50 + (uint64_t)round, 16 * 16);
+    t_put_kv(a, &r_model, t2, 16 * 16, NULL);
+    r_drain(a);
+    free(t2);
+    ASSERT_EQ(lookup(b, t1, n), 0); /* the connection is gone: a miss, counted */
+    ASSERT(r_stat(b).errors > e0);
+    ASSERT_EQ(t_get_check(a, &r_model, t1, n), n);
+    ASSERT_EQ(lookup_until(b, t1, n, n), n);
+    ASSERT(r_stat(b).reconnects > c0);
+    ASSERT_EQ(t_get_check(b, &r_model, t1, n), n);
+  }
+  redisFree(rc);
+  kvdb_close(a);
+  kvdb_close(b);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  free(t1);
+  r_cleanup(&s);
+}
+
+/* ---- metrics ---- */
+
+/* GET http://127.0.0.1:port/path: the response (headers and body, malloc'd) or NULL. */
+static char *http_get(int port, const char *path)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return NULL;
+  }
+  char req[512];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+  if (write(fd, req, (size_t)n) != n) {
+    close(fd);
+    return NULL;
+  }
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  ssize_t k;
+  while ((k = read(fd, buf + len, cap - 1 - len)) > 0) {
+    len += (size_t)k;
+    if (len + 1 == cap)
+      buf = realloc(buf, cap *= 2);
+  }
+  buf[len] = 0;
+  close(fd);
+  return buf;
+}
+
+static pid_t spawn(const char *const *argv, const char *log)
+{
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    FILE *f = freopen(log, "w", stdout);
+    (void)f;
+    dup2(1, 2);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  for (int i = 0; i < R_MAX_SERVERS; i++)
+    if (r_pids[i] == 0) {
+      r_pids[i] = pid;
+      break;
+    }
+  return pid;
+}
+
+static void write_file(const char *path, const char *text, size_t len)
+{
+  FILE *f = fopen(path, "w");
+  ASSERT(f != NULL && fwrite(text, 1, len, f) == len && fclose(f) == 0);
+}
+
+static void promtool_check(const char *file)
+{
+  char cmd[4300];
+  snprintf(cmd, sizeof cmd, "promtool check metrics < '%s'", file);
+  int rc = system(cmd);
+  if (rc != 0) {
+    fprintf(stderr, "promtool check metrics failed on %s\n", file);
+    abort();
+  }
+}
+
+static void mode_metrics(const char *admin)
+{
+  static const char *const more[] = {"promtool", "prometheus"};
+  r_require(more, 2);
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 8 * 16;
+  uint32_t *t1 = ctx_tokens(9, n), *t2 = ctx_tokens(10, n);
+  char *da, *db_dir;
+  kvdb *a = open_db("rm-a", s.port, "m", &da);
+  kvdb *b = open_db("rm-b", s.port, "m", &db_dir);
+  t_put_kv(a, &r_model, t1, n, NULL);
+  t_put_kv(a, &r_model, t2, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(lookup(b, t1, n), n);
+  ASSERT_EQ(t_get_check(b, &r_model, t2, n), n);
+  size_t len;
+  char small[16];
+  ASSERT_STATUS(KVDB_FULL, kvdb_metrics(b, small, sizeof small, &len));
+  ASSERT(len > 1000);
+  char *text = malloc(len + 1);
+  ASSERT_OK(kvdb_metrics(b, text, len + 1, &len));
+  ASSERT(strstr(text, "kvdb_tier_hits_total{tier=\"remote\"} 16\n") != NULL);
+  ASSERT(strstr(text, "kvdb_get_seconds_count 1\n") != NULL);
+  ASSERT(strstr(text, "kvdb_lookup_seconds_count 1\n") != NULL);
+  ASSERT(strstr(text, "kvdb_remote_enabled 1\n") != NULL);
+  char file[4200];
+  snprintf(file, sizeof file, "%s/handle.prom", s.dir);
+  write_file(file, text, len);
+  promtool_check(file);
+  free(text);
+  ASSERT_OK(kvdb_metrics(a, small, 0, &len) == KVDB_FULL ? KVDB_OK : KVDB_PANIC);
+  text = malloc(len + 1);
+  ASSERT_OK(kvdb_metrics(a, text, len + 1, &len));
+  ASSERT(strstr(text, "kvdb_remote_written_total 16\n") != NULL);
+  ASSERT(strstr(text, "kvdb_put_seconds_count 2\n") != NULL);
+  ASSERT(strstr(text, "kvdb_contexts 2\n") != NULL);
+  free(text);
+  kvdb_close(a);
+  kvdb_close(b);
+  /* kvdb-admin metrics DIR */
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd, "'%s' metrics '%s' > '%s/admin.prom'", admin, da, s.dir);
+  ASSERT(system(cmd) == 0);
+  snprintf(file, sizeof file, "%s/admin.prom", s.dir);
+  promtool_check(file);
+  /* kvdb-admin serve --metrics, scraped by a real prometheus server */
+  int mport = r_free_port(), pport = r_free_port();
+  char maddr[64], paddr[64], log1[4200], log2[4200], cfg[4200], tsdb[4200];
+  snprintf(maddr, sizeof maddr, "127.0.0.1:%d", mport);
+  snprintf(paddr, sizeof paddr, "127.0.0.1:%d", pport);
+  snprintf(log1, sizeof log1, "%s/serve.log", s.dir);
+  snprintf(log2, sizeof log2, "%s/prometheus.log", s.dir);
+  snprintf(cfg, sizeof cfg, "%s/prometheus.yml", s.dir);
+  snprintf(tsdb, sizeof tsdb, "%s/tsdb", s.dir);
+  const char *sargv[] = {admin, "serve", da, "--metrics", maddr, NULL};
+  pid_t serve = spawn(sargv, log1);
+  char *resp = NULL;
+  for (int i = 0; i < 200 && resp == NULL; i++) {
+    r_sleep_ms(20);
+    resp = http_get(mport, "/metrics");
+  }
+  ASSERT(resp != NULL && strncmp(resp, "HTTP/1.", 7) == 0 && strncmp(resp + 8, " 200", 4) == 0 &&
+         strstr(resp, "kvdb_contexts 2\n") != NULL);
+  free(resp);
+  resp = http_get(mport, "/nothing");
+  ASSERT(resp != NULL && strstr(resp, " 404 ") != NULL);
+  free(resp);
+  char yml[512];
+  int yl = snprintf(yml, sizeof yml,
+                    "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: kvdb\n"
+                    "    static_configs:\n      - targets: ['%s']\n", maddr);
+  write_file(cfg, yml, (size_t)yl);
+  char cfgarg[4300], tsdbarg[4300], listen[128];
+  snprintf(cfgarg, sizeof cfgarg, "--config.file=%s", cfg);
+  snprintf(tsdbarg, sizeof tsdbarg, "--storage.tsdb.path=%s", tsdb);
+  snprintf(listen, sizeof listen, "--web.listen-address=%s", paddr);
+  const char *pargv[] = {"prometheus", cfgarg, tsdbarg, listen, NULL};
+  pid_t prom = spawn(pargv, log2);
+  int seen = 0;
+  for (int i = 0; i < 300 && !seen; i++) { /* up to 30 s */
+    r_sleep_ms(100);
+    resp = http_get(pport, "/api/v1/query?query=kvdb_contexts");
+    seen = resp != NULL && strstr(resp, "\"job\":\"kvdb\"") != NULL && strstr(resp, ",\"2\"]") != NULL;
+    free(resp);
+  }
+  if (!seen)
+    fprintf(stderr, "prometheus never scraped kvdb_contexts 2 (logs in %s)\n", s.dir);
+  ASSERT(seen);
+  kill(prom, SIGTERM);
+  kill(serve, SIGTERM);
+  int st;
+  ASSERT(waitpid(serve, &st, 0) == serve && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  waitpid(prom, NULL, 0);
+  for (int i = 0; i < R_MAX_SERVERS; i++)
+    if (r_pids[i] == serve || r_pids[i] == prom)
+      r_pids[i] = 0;
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  free(t1);
+  free(t2);
+  r_cleanup(&s);
+}
+
+/* ---- Redis Cluster ---- */
+
+static void cluster_wait_ok(const r_server *s, int n)
+{
+  for (int k = 0; k < n; k++) {
+    int ok = 0;
+    for (int i = 0; i < 500 && !ok; i++) {
+      redisContext *c = r_connect(s[k].port);
+      redisReply *r = c ? redisCommand(c, "CLUSTER INFO") : NULL;
+      ok = r != NULL && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+      if (r)
+        freeReplyObject(r);
+      if (c)
+        redisFree(c);
+      if (!ok)
+        r_sleep_ms(20);
+    }
+    ASSERT(ok);
+  }
+}
+
+static void node_id(int port, char id[64])
+{
+  redisContext *c = r_connect(port);
+  ASSERT(c != NULL);
+  redisReply *r = r_cmd(c, "CLUSTER MYID", NULL);
+  snprintf(id, 64, "%s", r->str);
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+/* Every get of every context delivers exact KV (t_get_check); returns the sum of hits. */
+static size_t get_all(kvdb *db, uint32_t **tok, int n_ctx, size_t n)
+{
+  size_t sum = 0;
+  for (int i = 0; i < n_ctx; i++)
+    sum += t_get_check(db, &r_model, tok[i], n);
+  return sum;
+}
+
+static void mode_cluster(void)
+{
+  static const char *const more[] = {"redis-cli"};
+  r_require(more, 1);
+  r_server s[3];
+  memset(s, 0, sizeof s);
+  for (int k = 0; k < 3; k++) {
+    const char *extra[] = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                           "--cluster-node-timeout", "1500", NULL};
+    r_start(&s[k], 0, extra);
+  }
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd,
+           "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d "
+           "--cluster-replicas 0 --cluster-yes > '%s/create.log' 2>&1",
+           s[0].port, s[1].port, s[2].port, s[0].dir);
+  ASSERT(system(cmd) == 0);
+  cluster_wait_ok(s, 3);
+  enum { N_CTX = 6 };
+  const size_t n = 32 * 16;
+  uint32_t *tok[N_CTX];
+  char *da, *db_dir;
+  kvdb *a = open_db("rc-a", s[0].port, "c", &da);
+  kvdb *b = open_db("rc-b", s[1].port, "c", &db_dir);
+  for (int i = 0; i < N_CTX; i++) {
+    tok[i] = ctx_tokens(200 + (uint64_t)i, n);
+    t_put_kv(a, &r_model, tok[i], n, NULL);
+  }
+  r_drain(a);
+  ASSERT_EQ(r_stat(a).written, N_CTX * 32);
+  ASSERT_EQ(r_stat(a).dropped, 0);
+  ASSERT_EQ(lookup(b, tok[0], n), n);
+  kvdb_remote_stats rb = r_stat(b);
+  ASSERT(rb.cluster == 1 && rb.nodes == 3);
+  uint64_t rt0 = rb.round_trips;
+  ASSERT_EQ(lookup(b, tok[1], n), n); /* 32 blocks on three masters: one round trip */
+  ASSERT_EQ(r_stat(b).round_trips - rt0, 1);
+  ASSERT_EQ(get_all(b, tok, N_CTX, n), N_CTX * n);
+  /* resharding mid-run: 3000 slots from the first master to the second while gets go on */
+  char id0[64], id1[64];
+  node_id(s[0].port, id0);
+  node_id(s[1].port, id1);
+  snprintf(cmd, sizeof cmd,
+           "redis-cli --cluster reshard 127.0.0.1:%d --cluster-from %s --cluster-to %s "
+           "--cluster-slots 3000 --cluster-yes > '%s/reshard.log' 2>&1",
+           s[0].port, id0, id1, s[0].dir);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0)
+    _exit(system(cmd) == 0 ? 0 : 1);
+  int rounds = 0, st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    get_all(b, tok, N_CTX, n); /* every hit exact, whatever its length */
+    rounds++;
+  }
+  ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  cluster_wait_ok(s, 3);
+  size_t sum = 0;
+  for (int i = 0; i < 100 && sum != N_CTX * n; i++) /* the slot map follows MOVED */
+    sum = get_all(b, tok, N_CTX, n);
+  ASSERT_EQ(sum, N_CTX * n);
+  ASSERT(r_stat(b).redirects > 0);
+  printf("reshard: %d rounds of gets during it, %llu redirects followed\n", rounds,
+         (unsigned long long)r_stat(b).redirects);
+  /* a master killed: hits stay exact (shorter), local work goes on */
+  r_stop(&s[2]);
+  for (int i = 0; i < 5; i++) {
+    get_all(b, tok, N_CTX, n);
+    uint32_t *extra = ctx_tokens(300 + (uint64_t)i, 64);
+    t_put_kv(a, &r_model, extra, 64, NULL);
+    ASSERT_EQ(t_get_check(a, &r_model, extra, 64), 64);
+    free(extra);
+  }
+  for (int i = 0; i < N_CTX; i++)
+    ASSERT_EQ(t_get_check(a, &r_model, tok[i], n), n);
+  ASSERT(r_stat(b).errors + r_stat(b).down_skips > 0);
+  kvdb_close(a);
+  kvdb_close(b);
+  t_rmdir(da);
+  t_rmdir(db_dir);
+  for (int i = 0; i < N_CTX; i++)
+    free(tok[i]);
+  for (int k = 0; k < 3; k++)
+    r_cleanup(&s[k]);
+}
+
+int main(int argc, char **argv)
+{
+  const char *mode = argc > 1 ? argv[1] : "tier";
+  r_require(progs, 1);
+  if (strcmp(mode, "tier") == 0)
+    mode_tier();
+  else if (strcmp(mode, "hosts") == 0)
+    mode_hosts();
+  else if (strcmp(mode, "tenants") == 0)
+    mode_tenants();
+  else if (strcmp(mode, "down") == 0)
+    mode_down();
+  else if (strcmp(mode, "pause") == 0)
+    mode_pause();
+  else if (strcmp(mode, "evict") == 0)
+    mode_evict();
+  else if (strcmp(mode, "reset") == 0)
+    mode_reset();
+  else if (strcmp(mode, "cluster") == 0)
+    mode_cluster();
+  else if (strcmp(mode, "metrics") == 0 && argc > 2)
+    mode_metrics(argv[2]);
+  else {
+    fprintf(stderr, "unknown mode '%s'\n", mode);
+    return T_EXIT_FAIL;
+  }
+  printf("remote %s: ok\n", mode);
+  return T_EXIT_PASS;
+}
+
