@@ -365,6 +365,7 @@ typedef struct kvdb_options {
    * else 4096 .. 16 MiB (KVDB_INVALID otherwise). Only new writes use it; every frame size reads.
    */
   uint32_t lossless_frame_bytes;
+  /**
    * The remote tier (a Redis server, or any node of a Redis Cluster: its slot map is asked for
    * with CLUSTER SLOTS and followed through MOVED and ASK), shared by every host that names it.
    * NULL (the default) = no remote tier: nothing below changes anything. "host:port" = on:
