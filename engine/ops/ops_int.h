@@ -46,6 +46,21 @@ typedef struct kv_read_snap {
 kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s);
 int kv_read_again(kvdb *db, kv_read_snap *s, int failed);
 
+/* ---- get.c: the prefetch's read (prefetch.c) ---- */
+
+typedef struct kv_prefetch_result {
+  uint64_t staged_tokens; /* leading tokens whose blocks are in the DRAM tier */
+  uint32_t blocks_read, blocks_present;
+  uint64_t bytes_read;
+  int stopped;            /* the gate ended it */
+} kv_prefetch_result;
+/* The longest stored prefix of tokens[0..n) into the DRAM tier (no view), in reads of at most
+ * wave_bytes (whole layers), each first admitted by gate(gate_ctx, bytes) (nonzero: stop).
+ * Returns as kvdb_get (KVDB_UNSUPPORTED without a DRAM tier); res always filled. */
+kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                              uint64_t wave_bytes, int (*gate)(void *, uint64_t), void *gate_ctx,
+                              kv_prefetch_result *res);
+
 /* ---- verify.c ---- */
 
 /* 1 when segment `id` has no record in the catalog as it is now: a compaction in some handle

@@ -108,6 +108,9 @@ struct kvdb {
   _Atomic uint64_t ssd_hits, ssd_misses, corrupt_blocks, bytes_read, bytes_written;
   _Atomic uint64_t smart_hits; /* blocks read from the SmartSSD tier */
   _Atomic uint64_t compact_visits; /* segment index entries compaction visited (tests) */
+  struct kv_prefetch *prefetch;    /* kvdb_prefetch's queue and worker (ops/prefetch.c) */
+  _Atomic uint32_t fg_reads;       /* kvdb_get fetches reading now (the prefetch yields) */
+  _Atomic uint64_t fg_bytes;       /* bytes kvdb_get fetches read (its admission control) */
 };
 
 /* ---- the handle (segment.c) ---- */
