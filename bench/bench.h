@@ -127,6 +127,7 @@ int bench_policy_puts(const bench_env *env, bench_json *j); /* part of policy */
 int bench_background(const bench_env *env, bench_json *j);
 int bench_growth(const bench_env *env, bench_json *j);
 int bench_llama(const bench_env *env, bench_json *j);
+int bench_prefetch(const bench_env *env, bench_json *j);
 
 /* "met" or "MISSED": a target's verdict in the reports. Never NULL. */
 const char *bench_met(int ok);

@@ -47,6 +47,8 @@ static const bench_cmd CMDS[] = {
    "catalog size over delete-and-compact cycles", bench_growth},
   {"llama", "kvdb as llama.cpp's prefix cache (SmolLM2-135M): TTFT at 25-99% hit, the Python "
    "package's put/get vs the C API", bench_llama},
+  {"prefetch", "TierKV prefetch: foreground p99 under prefetch, prefetched vs DRAM TTFT, serving "
+              "simulation (LRU/LFU/static/oracle/K=1..8), gets into GPU memory", bench_prefetch},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

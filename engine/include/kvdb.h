@@ -1321,7 +1321,8 @@ KVDB_API kvdb_status kvdb_key_parse(const char *hex, kvdb_key *out);
  * at most 1 MiB (whole layers), so a foreground get waits for at most one of them.
  *
  * Idempotent: a prefetch of a token sequence that is queued or running (same model, same
- * tokens) returns that request's ticket and queues nothing. Cancellable: kvdb_prefetch_cancel.
+ * tokens) returns that request's ticket and queues nothing; the request takes the higher of
+ * the two priorities and the earlier of the two deadlines. Cancellable: kvdb_prefetch_cancel.
  * kvdb_close cancels what is queued, stops the running one at its next read, and waits for it.
  * The handle remembers the outcome of its last 1,024 finished requests.
  */

@@ -376,7 +376,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       break;
     int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
     if (s < 0 && (out != NULL ? from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)
-                              : kv_dram_contains(db->dram, x->hash))) {
+                              : kv_dram_keep(db->dram, x->hash))) {
       delivered = x->t0 + x->n_copy;
       ctl->blocks_present += out == NULL;
       if (ctl->on_block != NULL)
@@ -474,7 +474,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     db->bytes_read += kv_rec_body_bytes(&g, &x->rec);
     kv_place_observe(db, x->rec.tier, kv_rec_body_bytes(&g, &x->rec), kv_place_now_ns() - t_blk);
     if (out == NULL) { /* a prefetch: into the DRAM tier whatever the placement keeps */
-      if (kv_dram_insert(db->dram, x->hash, data, g.data_bytes) != 0)
+      if (kv_dram_stage(db->dram, x->hash, data, g.data_bytes) != 0)
         break; /* the tier cannot take it (pinned full): nothing more would stay */
       ctl->blocks_read++;
       ctl->bytes_read += kv_rec_body_bytes(&g, &x->rec);

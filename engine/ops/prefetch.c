@@ -119,8 +119,9 @@ static int must_stop(gate_ctx *g)
 {
   pthread_mutex_lock(&g->p->mu);
   int stop = g->p->stop || g->r->cancel;
+  uint64_t deadline = g->r->deadline_ns;
   pthread_mutex_unlock(&g->p->mu);
-  if (!stop && g->r->deadline_ns != 0 && now_ns() > g->r->deadline_ns) {
+  if (!stop && deadline != 0 && now_ns() > deadline) {
     g->expired = 1;
     stop = 1;
   }
@@ -283,11 +284,17 @@ kvdb_status kvdb_prefetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
   }
   struct kv_prefetch *p;
   KV_RET(state_of(db, &p));
+  uint64_t deadline = o.deadline_us ? now_ns() + o.deadline_us * 1000ull : 0;
   pthread_mutex_lock(&p->mu);
   for (pf_req *r = p->reqs; r != NULL; r = r->next)
     if (!finished(r) && !r->cancel && r->n == n && memcmp(r->key, key, 16) == 0 &&
         strcmp(r->model_id, m->id) == 0 &&
         memcmp(r->tokens, tokens, n * sizeof *tokens) == 0) {
+      /* the same request: it takes the more urgent of its order and this call's */
+      if (o.priority > r->priority)
+        r->priority = o.priority;
+      if (deadline != 0 && (r->deadline_ns == 0 || deadline < r->deadline_ns))
+        r->deadline_ns = deadline;
       *id = r->id;
       pthread_mutex_unlock(&p->mu);
       return KVDB_OK;
@@ -308,7 +315,7 @@ kvdb_status kvdb_prefetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
   r->tokens = copy;
   r->n = n;
   r->priority = o.priority;
-  r->deadline_ns = o.deadline_us ? now_ns() + o.deadline_us * 1000ull : 0;
+  r->deadline_ns = deadline;
   r->info.state = KVDB_PREFETCH_QUEUED;
   r->info.status = KVDB_OK;
   pthread_mutex_lock(&p->mu);

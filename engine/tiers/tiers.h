@@ -100,6 +100,13 @@ int kv_dram_contains(kv_dram *d, const uint8_t hash[16]);
 
 /* Copy `len` bytes in under `hash` (no-op if present). 0, or -1 when it cannot fit. */
 int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);
+/* The same for a prefetch: the block is STAGED (a present one becomes staged) until its next
+ * pin, and eviction takes staged blocks only when no other unpinned block is left (least
+ * recently used first either way), so what a prefetch staged waits for its read. */
+int kv_dram_stage(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);
+/* 1 when the block is present, which then becomes staged as kv_dram_stage makes it (not
+ * counted as a hit or a miss). */
+int kv_dram_keep(kv_dram *d, const uint8_t hash[16]);
 /* Drop a block (after a delete or a move). Waits for nothing: a pinned entry is dropped when
  * unpinned. */
 void kv_dram_remove(kv_dram *d, const uint8_t hash[16]);

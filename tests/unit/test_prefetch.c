@@ -7,7 +7,8 @@
  *            bad input; kvdb_get_notify's ranges
  *   close    kvdb_close while a request reads: it stops, nothing leaks, the data reads back
  *   kill     SIGKILL of a process while its prefetch reads: the database opens and verifies
- *   bucket   the token bucket's arithmetic on a synthetic clock
+ *   bucket   the token bucket's arithmetic on a synthetic clock; the DRAM tier's staged blocks
+ *            (a prefetch's) evicted only after the others
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -117,6 +118,7 @@ static void test_api(const char *dir)
   ASSERT_EQ(in.state, KVDB_PREFETCH_DONE);
   ASSERT_EQ(in.blocks_read, 0);
   ASSERT_EQ(in.blocks_present, blocks);
+  ASSERT_EQ(tier_hits(db, KVDB_TIER_SSD), ssd0);
 
   /* a prompt longer than what is stored: its stored prefix; a prompt of nothing stored: 0 */
   uint32_t longer[N_TOK + 40];
@@ -366,12 +368,53 @@ static void test_bucket(void)
   ASSERT(w > S * 9 / 10); /* 1 MiB less the 64 KiB burst at 1 MB/s */
 }
 
+/* The DRAM tier keeps staged blocks while it can evict others. */
+static void test_dram(void)
+{
+  kv_dram *d = kv_dram_create(4 * 4096);
+  ASSERT(d != NULL);
+  uint8_t h[8][16], page[4096];
+  memset(h, 0, sizeof h);
+  for (int i = 0; i < 8; i++)
+    h[i][0] = (uint8_t)(i + 1);
+  memset(page, 7, sizeof page);
+  ASSERT_EQ(kv_dram_stage(d, h[0], page, sizeof page), 0); /* the oldest, staged */
+  for (int i = 1; i < 4; i++)
+    ASSERT_EQ(kv_dram_insert(d, h[i], page, sizeof page), 0);
+  ASSERT_EQ(kv_dram_insert(d, h[4], page, sizeof page), 0); /* full: evicts 1, not 0 */
+  ASSERT(kv_dram_contains(d, h[0]));
+  ASSERT(!kv_dram_contains(d, h[1]));
+  /* a block already present becomes staged */
+  ASSERT_EQ(kv_dram_keep(d, h[2]), 1);
+  ASSERT_EQ(kv_dram_keep(d, h[7]), 0);
+  ASSERT_EQ(kv_dram_insert(d, h[5], page, sizeof page), 0); /* evicts 3: 0 and 2 are staged */
+  ASSERT(kv_dram_contains(d, h[0]) && kv_dram_contains(d, h[2]) && !kv_dram_contains(d, h[3]));
+  /* a read unstages: 0 is then the least recently used unstaged block after 4 and 5 */
+  const uint8_t *data;
+  uint64_t len;
+  kv_dram_entry *e = kv_dram_pin(d, h[0], &data, &len);
+  ASSERT(e != NULL && len == sizeof page && data[0] == 7);
+  kv_dram_unpin(d, e);
+  ASSERT_EQ(kv_dram_insert(d, h[6], page, sizeof page), 0); /* evicts 4 */
+  ASSERT(!kv_dram_contains(d, h[4]) && kv_dram_contains(d, h[0]));
+  /* all staged: the least recently used staged block goes */
+  for (int i = 0; i < 8; i++)
+    kv_dram_keep(d, h[i]);
+  ASSERT_EQ(kv_dram_stage(d, h[7], page, sizeof page), 0);
+  ASSERT(kv_dram_contains(d, h[7]));
+  kv_dram_stats st;
+  kv_dram_stat(d, &st);
+  ASSERT_EQ(st.blocks, 4);
+  kv_dram_destroy(d);
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "api";
   if (strcmp(mode, "bucket") == 0) {
     test_bucket();
-    printf("ok bucket\n");
+    test_dram();
+    printf("ok bucket, dram\n");
     return T_EXIT_PASS;
   }
   char *dir = t_tmpdir("prefetch");
