@@ -41,7 +41,8 @@ const char *kvdb_gpu_name(const kvdb_gpu *g);
 
 /**
  * kvdb_get of tokens[0..n) into device memory `dev` (layout, room for n tokens): positions
- * [0, *hit_tokens) receive the hit's KV, the rest is untouched. Returns as kvdb_get, and
+ * [0, *hit_tokens) receive the hit's KV; the rest is unspecified as kvdb_get's (untouched
+ * unless a retried read ended sooner: kvdb_get_notify). Returns as kvdb_get, and
  * KVDB_IOERR for a failed CUDA call (the message names it and its error), KVDB_NOMEM when the
  * staging buffer cannot grow, KVDB_INVALID for NULL arguments or a bad layout.
  */

@@ -2,6 +2,9 @@
 # SPDX-License-Identifier: MIT
 # scripts/gpu-check.sh BUILD_DIR [DATA_DIR] — the checks that need a GPU, run directly from a
 # build folder made elsewhere (meson + ninja, CUDA found): no meson, no compiler, no network.
+# scripts/gpu-check.sh --pack BUILD_DIR OUT_DIR — on the build machine: copy what the checks
+# need (the three programs, libkvdb and every shared library they load but glibc's, this script)
+# into OUT_DIR, a few MiB to carry; then, on the GPU machine: OUT_DIR/gpu-check.sh OUT_DIR.
 #
 #   1. BUILD_DIR/tests/test_score_cuda gpu   the CUDA scorer against the CPU scorer (test score-cuda-gpu)
 #   2. BUILD_DIR/tests/test_gpu host         libkvgpu's pipeline on the emulated device (sanity)
@@ -16,7 +19,25 @@
 # Exit status: 0 when everything passed, 1 when something failed, 2 when something skipped
 # (on a GPU machine a skip means no usable GPU was seen: read its reason).
 set -u
+if [ "${1:-}" = --pack ]; then
+  B=${2:?usage: scripts/gpu-check.sh --pack BUILD_DIR OUT_DIR}
+  O=${3:?usage: scripts/gpu-check.sh --pack BUILD_DIR OUT_DIR}
+  mkdir -p "$O/tests" "$O/bench" "$O/lib" || exit 1
+  for f in tests/test_score_cuda tests/test_gpu bench/kvdb-bench; do
+    [ -x "$B/$f" ] || { echo "gpu-check: $B/$f is missing (build it: ninja -C $B $f)"; exit 1; }
+    cp "$B/$f" "$O/$f" || exit 1
+    # every library it loads but the C library's own (glibc is on every machine)
+    ldd "$B/$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
+      grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so' |
+      while read -r lib; do cp -L "$lib" "$O/lib/" || exit 1; done
+  done
+  cp "$0" "$O/gpu-check.sh" && chmod +x "$O/gpu-check.sh"
+  echo "gpu-check: packed into $O ($(du -sh "$O" | cut -f1)):"; ls "$O/lib"
+  exit 0
+fi
 B=${1:?usage: scripts/gpu-check.sh BUILD_DIR [DATA_DIR]}
+# a packed folder brings its libraries
+[ -d "$B/lib" ] && export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 DATA=${2:-${TMPDIR:-/var/tmp}}
 fail=0
 skip=0
