@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "kvdb_test.h"
+#include "seg/seg.h" /* db->fg_reads: a foreground read held open by the test */
 #include "tiers/tiers.h"
 
 static const kvdb_model M = {"prefetch-test", 4, 4, 64, KVDB_F16, 16, 0};
@@ -243,6 +244,21 @@ static void test_api(const char *dir)
   /* everything staged reads back right */
   for (int c = 0; c < N_CTX; c++)
     ASSERT_EQ(t_get_check(db, &M, toks[c], N_TOK), N_TOK);
+  kvdb_close(db);
+
+  /* foreground first: while a get reads (db->fg_reads held above 0 here), the prefetch queues
+   * no read; once it is done, the prefetch goes on */
+  db = open_db(dir, 64u << 20, 0);
+  db->fg_reads++;
+  ASSERT_OK(kvdb_prefetch(db, &M, toks[2], N_TOK, NULL, &id));
+  msleep(300);
+  ASSERT_OK(kvdb_prefetch_poll(db, id, &in));
+  ASSERT_EQ(in.state, KVDB_PREFETCH_RUNNING);
+  ASSERT_EQ(in.bytes_read, 0);
+  db->fg_reads--;
+  in = wait_done(db, id);
+  ASSERT_EQ(in.state, KVDB_PREFETCH_DONE);
+  ASSERT_EQ(in.blocks_read, blocks);
   kvdb_close(db);
 }
 
