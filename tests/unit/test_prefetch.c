@@ -357,20 +357,27 @@ static void test_bucket(void)
   kv_bucket_init(&b, 1e9, 0, 1 << 20, 0);
   kv_bucket_observe(&b, 0, 0, 0);
   uint64_t fg = 0;
-  for (uint64_t ms = 10; ms <= 1000; ms += 10) {
+  for (uint64_t ms = 10; ms <= 3000; ms += 10) {
     fg += 10000000; /* 1 GB/s */
     kv_bucket_observe(&b, fg, fg, ms * 1000000);
   }
   ASSERT(b.fg_bps > 0.95e9);
   ASSERT(b.rate_bps <= KV_ADMIT_FLOOR * 1e9 + 1);
-  for (uint64_t ms = 1010; ms <= 2000; ms += 10) {
+  for (uint64_t ms = 3010; ms <= 6000; ms += 10) {
     fg += 2000000; /* 0.2 GB/s */
     kv_bucket_observe(&b, fg, fg, ms * 1000000);
   }
   ASSERT(b.rate_bps > 0.55e9 && b.rate_bps < 0.65e9); /* 0.8 - 0.2 */
+  /* a burst of one get (30 ms at 2 GB/s) barely moves it: the load, not the burst */
+  double before = b.rate_bps;
+  for (uint64_t ms = 6010; ms <= 6030; ms += 10) {
+    fg += 20000000;
+    kv_bucket_observe(&b, fg, fg, ms * 1000000);
+  }
+  ASSERT(b.rate_bps > before - 0.2e9);
   /* reads measured faster than the guess raise the capacity */
   uint64_t all = fg;
-  for (uint64_t ms = 2010; ms <= 2100; ms += 10) {
+  for (uint64_t ms = 6040; ms <= 6130; ms += 10) {
     all += 30000000; /* 3 GB/s all together */
     kv_bucket_observe(&b, fg, all, ms * 1000000);
   }
