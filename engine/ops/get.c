@@ -242,7 +242,8 @@ static void wave_range(const kv_block_geom *g, const waves *wv, uint32_t k, uint
  * What a fetch does with the blocks it reads. A get (kv_fetch_ctl.out set) scatters each
  * block into the caller's view and tells on_block; a prefetch (out NULL) copies each block's
  * data region into the DRAM tier and asks `gate` before every read it queues (admission
- * control: it waits there; nonzero ends the fetch, with `stopped` set).
+ * control: it waits there; nonzero ends the fetch, with `stopped` set) and, with 0 bytes,
+ * before it processes each wave that arrived (it yields the CPU to foreground reads too).
  */
 typedef struct kv_fetch_ctl {
   const kvdb_kv_view *out; /* NULL: into the DRAM tier only */
@@ -430,6 +431,12 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       rr = arrive(db, bat, &sl[s], x);
       if (rr != KVDB_OK)
         break;
+      /* a prefetch also yields its processing (verify, copy) to a foreground read: gate(0) */
+      if (out == NULL && ctl->gate != NULL && ctl->gate(ctl->gate_ctx, 0) != 0) {
+        ctl->stopped = 1;
+        rr = KVDB_BUSY;
+        break;
+      }
       /* the next wave is queued now, before this one is verified and scattered */
       if (k + 1 < wv.n) {
         /* a later wave only queues: only the gate can stop it */

@@ -140,6 +140,8 @@ static int gate(void *ctx, uint64_t bytes)
       sleep_ns(FG_POLL_NS);
       continue;
     }
+    if (bytes == 0) /* before processing a wave: only the foreground comes first */
+      return 0;
     uint64_t t = now_ns();
     kv_bucket_observe(&g->p->bucket, db->fg_bytes, db->bytes_read, t);
     uint64_t wait = kv_bucket_take(&g->p->bucket, bytes, t);
