@@ -71,7 +71,7 @@ run() {
 }
 
 export KVDB_SHARED_DIR="${KVDB_SHARED_DIR:-/nonexistent}" MALLOC_PERTURB_=165
-run score-cuda-gpu 300 "$B/tests/test_score_cuda" gpu
+run score-cuda-gpu 180 "$B/tests/test_score_cuda" gpu
 run gpu-host 120 "$B/tests/test_gpu" host
 run gpu-gpu 120 "$B/tests/test_gpu" gpu
 grep -m1 '^device:' "$out" | sed 's/^/gpu-check: gpu-gpu /'
