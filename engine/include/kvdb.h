@@ -1318,7 +1318,9 @@ KVDB_API kvdb_status kvdb_key_parse(const char *hex, kvdb_key *out);
  * handle is reading, and its bandwidth is bounded by a token bucket whose rate is what the
  * foreground leaves below 80% of the tier's read speed (as measured from the handle's reads),
  * at least 5% of it, at most kvdb_options.prefetch_bps when set. Prefetch reads go in waves of
- * at most 1 MiB (whole layers), so a foreground get waits for at most one of them.
+ * whole layers, at most 1 MiB (or one layer where a layer of a block is larger), so a
+ * foreground get waits for at most one of them; the worker also waits while a foreground get
+ * reads before it verifies and copies what arrived.
  *
  * Idempotent: a prefetch of a token sequence that is queued or running (same model, same
  * tokens) returns that request's ticket and queues nothing; the request takes the higher of
