@@ -51,6 +51,8 @@ static const bench_cmd CMDS[] = {
    "package's put/get vs the C API", bench_llama},
   {"remote", "the remote tier on a local redis-server: get vs redis-benchmark, chain lookup round "
    "trips, wrong KV under 10k injected faults, put p99 with Redis down", bench_remote},
+  {"prefetch", "TierKV prefetch: foreground p99 under prefetch, prefetched vs DRAM TTFT, serving "
+              "simulation (LRU/LFU/static/oracle/K=1..8), gets into GPU memory", bench_prefetch},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

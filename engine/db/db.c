@@ -179,6 +179,9 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
     return kv_fail(KVDB_INVALID, "options.lossless_frame_bytes %u is not 0 (default) or "
                    "4096 .. 16 MiB", opt.lossless_frame_bytes);
   KV_RET(kv_place_options_check(&opt));
+  if (!(opt.prefetch_bps >= 0 && opt.prefetch_bps < 1e300))
+    return kv_fail(KVDB_INVALID, "options.prefetch_bps %g is not a finite number >= 0",
+                   opt.prefetch_bps);
   int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
   int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
 
@@ -263,7 +266,8 @@ void kvdb_close(kvdb *db)
 {
   if (db == NULL || db->magic != KVDB_MAGIC_OPEN)
     return;
-  kv_rtier_close(db); /* first: its thread reads blocks through the handle */
+  kv_prefetch_close(db); /* first: its worker reads through everything below */
+  kv_rtier_close(db);    /* then the write-through thread, which reads blocks likewise */
   if (db->n_pending > 0 && !db->cat.rdonly && db->cat.env != NULL) {
     kv_txn *txn;
     if (kv_txn_begin(&db->cat, 1, &txn) == KVDB_OK) {

@@ -59,6 +59,8 @@
  *                                         kvdb_relocate
  *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
  *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
+ *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify (GPU destinations:
+ *                                         gpu/kvdb_gpu.h, the optional libkvgpu)
  */
 #ifndef KVDB_H
 #define KVDB_H
@@ -403,6 +405,12 @@ typedef struct kvdb_options {
                                      a KVDB_O_RDONLY handle) */
   uint32_t remote_put_wait_ms;  /**< most a put waits for room in a full queue, 0..10000;
                                      default 0 (never waits) */
+  /**
+   * The most bytes per second the background prefetch (kvdb_prefetch) may read; 0 (default) =
+   * no ceiling of its own: it takes what the foreground leaves below 80% of the tier's measured
+   * read speed (see kvdb_prefetch, "admission"); < 0 or not finite: KVDB_INVALID.
+   */
+  double prefetch_bps;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -1414,6 +1422,117 @@ KVDB_API kvdb_status kvdb_score_batch(kvdb *db, const kvdb_model *m, const kvdb_
 KVDB_API char *kvdb_key_hex(const kvdb_key *key, char *buf);
 /** @brief Parse 32 hex chars. @return KVDB_OK; KVDB_INVALID. */
 KVDB_API kvdb_status kvdb_key_parse(const char *hex, kvdb_key *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup prefetch Prefetch (TierKV, seed 003 §3.4-§3.5)
+ *
+ * A serving engine's scheduler knows the requests of its next K steps. kvdb_prefetch stages
+ * the longest stored prefix of such a request's prompt into the DRAM tier in the background:
+ * the call only queues it (no I/O, no catalog read) and returns a ticket; one worker thread
+ * of the handle then finds the prefix's blocks (as kvdb_lookup) and reads each block not yet in
+ * the DRAM tier from its segment file, verified as kvdb_get verifies, into the DRAM tier,
+ * whatever the placement keeps there. A later kvdb_get of the prompt finds those blocks there
+ * (unless the tier's LRU evicted them meanwhile: size dram_bytes for the window). What the
+ * tier already holds is not read again.
+ *
+ * Order: the queued request with the earliest deadline first, then those without one by
+ * higher priority, then in the order queued. A request whose deadline passes before it has
+ * been read ends KVDB_PREFETCH_EXPIRED (what it staged stays staged).
+ *
+ * Admission: foreground reads first. The worker queues no read while a kvdb_get of the
+ * handle is reading, and its bandwidth is bounded by a token bucket whose rate is what the
+ * foreground leaves below 80% of the tier's read speed (as measured from the handle's reads),
+ * at least 5% of it, at most kvdb_options.prefetch_bps when set. Prefetch reads go in waves of
+ * whole layers, at most 1 MiB (or one layer where a layer of a block is larger), so a
+ * foreground get waits for at most one of them; the worker also waits while a foreground get
+ * reads before it verifies and copies what arrived.
+ *
+ * Idempotent: a prefetch of a token sequence that is queued or running (same model, same
+ * tokens) returns that request's ticket and queues nothing; the request takes the higher of
+ * the two priorities and the earlier of the two deadlines. Cancellable: kvdb_prefetch_cancel.
+ * kvdb_close cancels what is queued, stops the running one at its next read, and waits for it.
+ * The handle remembers the outcome of its last 1,024 finished requests.
+ */
+
+typedef uint64_t kvdb_prefetch_id; /**< a ticket; 0 is never one */
+
+/** Where a prefetch request is. Values are pinned. */
+typedef enum kvdb_prefetch_state {
+  KVDB_PREFETCH_QUEUED = 0,
+  KVDB_PREFETCH_RUNNING = 1,
+  KVDB_PREFETCH_DONE = 2,      /**< the prefix is staged (status KVDB_OK) */
+  KVDB_PREFETCH_CANCELLED = 3, /**< kvdb_prefetch_cancel or kvdb_close */
+  KVDB_PREFETCH_FAILED = 4,    /**< status says why (e.g. KVDB_IOERR, KVDB_MISMATCH) */
+  KVDB_PREFETCH_EXPIRED = 5,   /**< its deadline passed first */
+} kvdb_prefetch_state;
+
+/** Options of kvdb_prefetch(). Call kvdb_prefetch_opts_init() first; read during the call. */
+typedef struct kvdb_prefetch_opts {
+  uint32_t struct_size; /**< set by kvdb_prefetch_opts_init() */
+  int32_t priority;     /**< higher first among requests without a deadline; default 0 */
+  uint64_t deadline_us; /**< microseconds from the call by which it is needed; 0 (default):
+                             none. Earliest deadline first; a request not done by then ends
+                             EXPIRED */
+} kvdb_prefetch_opts;
+
+/** @brief Fill *o with defaults. Cannot fail. */
+KVDB_API void kvdb_prefetch_opts_init(kvdb_prefetch_opts *o);
+
+/** What kvdb_prefetch_poll() reports. */
+typedef struct kvdb_prefetch_info {
+  kvdb_prefetch_state state;
+  kvdb_status status;      /**< KVDB_OK unless FAILED */
+  uint64_t staged_tokens;  /**< leading tokens of the prompt whose blocks are in the DRAM tier
+                                (when DONE: the stored prefix, as kvdb_lookup gives it) */
+  uint32_t blocks_read;    /**< blocks this request read into the DRAM tier */
+  uint32_t blocks_present; /**< blocks it found there already */
+  uint64_t bytes_read;     /**< bytes it read from segment files (while RUNNING: the bytes
+                                of the reads it has queued so far) */
+} kvdb_prefetch_info;
+
+/**
+ * @brief Queue a prefetch of the longest stored prefix of `tokens[0..n)` into the DRAM tier
+ * (see the group's comment). Never waits for I/O. tokens are copied.
+ * @param opts NULL = defaults. @param[out] id the request's ticket (also an existing one's).
+ * @return KVDB_OK; KVDB_INVALID (NULL, n 0 or above 2^32 x 16, bad model, opts not set by
+ *   kvdb_prefetch_opts_init); KVDB_UNSUPPORTED (the handle has no DRAM tier: dram_bytes 0);
+ *   KVDB_NOMEM. Errors of the reads (KVDB_MISMATCH, KVDB_IOERR, ...) are the request's, through
+ *   kvdb_prefetch_poll.
+ */
+KVDB_API kvdb_status kvdb_prefetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
+                                   size_t n, const kvdb_prefetch_opts *opts,
+                                   kvdb_prefetch_id *id);
+
+/**
+ * @brief Where request `id` is (the completion query). Never waits.
+ * @return KVDB_OK; KVDB_INVALID (NULL out); KVDB_NOTFOUND (no such ticket, or one finished
+ *   longer ago than the last 1,024).
+ */
+KVDB_API kvdb_status kvdb_prefetch_poll(kvdb *db, kvdb_prefetch_id id, kvdb_prefetch_info *out);
+
+/**
+ * @brief Cancel request `id`: a queued one ends CANCELLED at once; a running one stops before
+ * its next read (blocks it staged stay in the DRAM tier: they are valid). Never waits.
+ * @return KVDB_OK (also when it had finished already: nothing changes then); KVDB_NOTFOUND.
+ */
+KVDB_API kvdb_status kvdb_prefetch_cancel(kvdb *db, kvdb_prefetch_id id);
+
+/** Called by kvdb_get_notify once positions [t0, t0 + n_tokens) of its `out` hold their
+ * verified KV, in the calling thread, in order of t0. */
+typedef void (*kvdb_block_fn)(void *ctx, size_t t0, size_t n_tokens);
+
+/**
+ * @brief kvdb_get, telling `on_block` (optional) as each block of the hit lands in `out`, so a
+ * caller can move it on (to a GPU: gpu/kvdb_gpu.h) while the next one is read. A told range
+ * holds the verified KV of its positions. A range may be told more than once, with the same
+ * bytes, and (rarely) past the final *hit_tokens: when a read that came back short is retried
+ * after a compaction moved blocks, the retry may end sooner. on_block NULL: kvdb_get. Returns as
+ * kvdb_get.
+ */
+KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
+                                     size_t n, const kvdb_kv_view *out, size_t *hit_tokens,
+                                     kvdb_block_fn on_block, void *ctx);
 
 #ifdef __cplusplus
 }

@@ -211,7 +211,8 @@ typedef struct waves {
 } waves;
 
 /* A compressed object (its layout known only from its meta region) is read in one wave. */
-static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, waves *wv)
+static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, uint64_t wave_bytes,
+                       waves *wv)
 {
   wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
   wv->total = kv_rec_body_bytes(g, rec); /* a score region after the data is not read */
@@ -221,7 +222,7 @@ static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, waves *w
     wv->layers_per = g->n_layers;
     return;
   }
-  uint64_t per = KV_GET_WAVE / wv->layer_bytes;
+  uint64_t per = wave_bytes / wv->layer_bytes;
   wv->layers_per = per == 0 ? 1 : per >= g->n_layers ? g->n_layers : (uint32_t)per;
   wv->n = (g->n_layers + wv->layers_per - 1) / wv->layers_per;
 }
@@ -239,9 +240,29 @@ static void wave_range(const kv_block_geom *g, const waves *wv, uint32_t k, uint
   *len = b - a;
 }
 
-/* Queue wave k of hit x into slot s (wave 0 first opens the block's segment: -1 on failure). */
+/*
+ * What a fetch does with the blocks it reads. A get (kv_fetch_ctl.out set) scatters each
+ * block into the caller's view and tells on_block; a prefetch (out NULL) copies each block's
+ * data region into the DRAM tier and asks `gate` before every read it queues (admission
+ * control: it waits there; nonzero ends the fetch, with `stopped` set) and, with 0 bytes,
+ * before it processes each wave that arrived (it yields the CPU to foreground reads too).
+ */
+typedef struct kv_fetch_ctl {
+  const kvdb_kv_view *out; /* NULL: into the DRAM tier only */
+  uint64_t wave_bytes;     /* bytes of a block read at once (whole layers) */
+  int (*gate)(void *ctx, uint64_t bytes);
+  void *gate_ctx;
+  void (*on_block)(void *ctx, size_t t0, size_t n_tokens);
+  void *block_ctx;
+  int stopped;             /* the gate said stop */
+  uint32_t blocks_read, blocks_present; /* prefetch: read from disk, found in the DRAM tier */
+  uint64_t bytes_read;
+} kv_fetch_ctl;
+
+/* Queue wave k of hit x into slot s (wave 0 first opens the block's segment: -1 on failure;
+ * -1 also when the control's gate stops the fetch). */
 static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block_geom *g,
-                 size_t idx, uint32_t k)
+                 size_t idx, uint32_t k, kv_fetch_ctl *ctl)
 {
   if (k == 0) {
     kv_segfile_put(db, s->sf);
@@ -250,9 +271,13 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
       return -1;
   }
   waves wv;
-  plan_waves(g, &x->rec, &wv);
+  plan_waves(g, &x->rec, ctl->wave_bytes, &wv);
   uint64_t off, len;
   wave_range(g, &wv, k, &off, &len);
+  if (ctl->gate != NULL && ctl->gate(ctl->gate_ctx, len) != 0) {
+    ctl->stopped = 1;
+    return -1;
+  }
   s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
   s->idx = idx;
   s->wave = k;
@@ -310,10 +335,12 @@ static kvdb_status check_hit_tokens(const hit *x, const uint8_t *buf, const uint
   return KVDB_OK;
 }
 
-/* Fetch the hits into `out`; returns how many tokens were delivered (a failure ends it). */
+/* Fetch the hits into ctl->out (or the DRAM tier); returns how many tokens were delivered (a
+ * failure, or the gate, ends it). */
 static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const uint32_t *tokens,
-                    const kvdb_kv_view *out)
+                    kv_fetch_ctl *ctl)
 {
+  const kvdb_kv_view *out = ctl->out;
   size_t biggest = 0;
   for (size_t i = 0; i < w->n; i++) {
     kv_block_geom gi;
@@ -344,15 +371,19 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
                            w->h[i].rec.n_tokens) == KVDB_OK && gi.data_bytes > data_cap)
       data_cap = gi.data_bytes;
   }
-  for (size_t i = 0; i < w->n; i++) {
+  for (size_t i = 0; i < w->n && !ctl->stopped; i++) {
     hit *x = &w->h[i];
     kv_block_geom g;
     if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                            x->rec.n_tokens) != KVDB_OK)
       break;
     int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
-    if (s < 0 && from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)) {
+    if (s < 0 && (out != NULL ? from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)
+                              : kv_dram_keep(db->dram, x->hash))) {
       delivered = x->t0 + x->n_copy;
+      ctl->blocks_present += out == NULL;
+      if (ctl->on_block != NULL)
+        ctl->on_block(ctl->block_ctx, x->t0, x->n_copy);
       continue;
     }
     uint64_t t_blk = kv_place_now_ns(); /* the block's share of the get (placement figures) */
@@ -372,16 +403,18 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         sl[0].idx = sl[1].idx = SIZE_MAX;
       }
       s = 0;
-      if (issue(db, bat, &sl[s], x, &g, i, 0) != 0)
+      if (issue(db, bat, &sl[s], x, &g, i, 0, ctl) != 0)
         break;
     }
-    if (x->rec.tier == KVDB_TIER_SMARTSSD)
+    if (out == NULL)
+      ; /* a prefetch serves nobody yet: the get that finds it counts a DRAM hit */
+    else if (x->rec.tier == KVDB_TIER_SMARTSSD)
       db->smart_hits++;
     else
       db->ssd_hits++;
     const uint8_t *buf = sl[s].buf->p;
     waves wv;
-    plan_waves(&g, &x->rec, &wv);
+    plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
     if (x->rec.bflags & KV_BLK_COMPRESSED) {
       if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
@@ -400,9 +433,20 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       rr = arrive(db, bat, &sl[s], x);
       if (rr != KVDB_OK)
         break;
+      /* a prefetch also yields its processing (verify, copy) to a foreground read: gate(0) */
+      if (out == NULL && ctl->gate != NULL && ctl->gate(ctl->gate_ctx, 0) != 0) {
+        ctl->stopped = 1;
+        rr = KVDB_BUSY;
+        break;
+      }
       /* the next wave is queued now, before this one is verified and scattered */
       if (k + 1 < wv.n) {
-        issue(db, bat, &sl[s], x, &g, i, k + 1); /* a later wave only queues: cannot fail */
+        /* a later wave only queues: only the gate can stop it */
+        if (issue(db, bat, &sl[s], x, &g, i, k + 1, ctl) != 0) {
+          sl[s].idx = SIZE_MAX;
+          rr = KVDB_BUSY;
+          break;
+        }
       } else {
         sl[s].idx = SIZE_MAX;
         size_t j = next_from_disk(db, w, i);
@@ -410,7 +454,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         if (j < w->n &&
             kv_block_geom_init(&gj, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                                w->h[j].rec.n_tokens) == KVDB_OK)
-          issue(db, bat, &sl[s ^ 1], &w->h[j], &gj, j, 0); /* a failure shows when needed */
+          issue(db, bat, &sl[s ^ 1], &w->h[j], &gj, j, 0, ctl); /* a failure shows when
+                                                                     needed */
       }
       if (rr == KVDB_OK && k == 0)
         rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
@@ -426,7 +471,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
           continue;
         if (rr == KVDB_OK && hdr.version >= 2)
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
-        if (rr == KVDB_OK)
+        if (rr == KVDB_OK && out != NULL)
           kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, x->n_copy, out, x->t0, stream);
       }
       /* format 3: the block's frames decoded on every core (kv_cblock_decode_data), then
@@ -440,14 +485,23 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     if (rr != KVDB_OK) {
       if (rr == KVDB_CORRUPT)
         db->corrupt_blocks++;
-      kv_log(&db->log, 0, "%s", kvdb_errmsg());
+      if (!ctl->stopped)
+        kv_log(&db->log, 0, "%s", kvdb_errmsg());
       break;
     }
     db->bytes_read += kv_rec_body_bytes(&g, &x->rec);
     kv_place_observe(db, x->rec.tier, kv_rec_body_bytes(&g, &x->rec), kv_place_now_ns() - t_blk);
-    if (db->dram != NULL && kv_place_dram_admits(db, x->hash))
+    if (out == NULL) { /* a prefetch: into the DRAM tier whatever the placement keeps */
+      if (kv_dram_stage(db->dram, x->hash, data, g.data_bytes) != 0)
+        break; /* the tier cannot take it (pinned full): nothing more would stay */
+      ctl->blocks_read++;
+      ctl->bytes_read += kv_rec_body_bytes(&g, &x->rec);
+    } else if (db->dram != NULL && kv_place_dram_admits(db, x->hash)) {
       kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
+    }
     delivered = x->t0 + x->n_copy;
+    if (ctl->on_block != NULL)
+      ctl->on_block(ctl->block_ctx, x->t0, x->n_copy);
   }
   if (bat != NULL) {
     kv_batch_wait(db->io, bat);
@@ -462,17 +516,12 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
   return delivered;
 }
 
-kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                     const kvdb_kv_view *out, size_t *hit_tokens)
+/* kvdb_get and kvdb_get_notify: the walk, then the fetch as ctl says, in the snapshot-and-retry
+ * loop. A foreground read (ctl->out set) is counted in db->fg_reads while it runs and its bytes
+ * in db->fg_bytes: the prefetch's admission control (prefetch.c) reads both. */
+static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *tokens,
+                           size_t n, kv_fetch_ctl *ctl, size_t *hit_tokens)
 {
-  uint32_t bt;
-  if (hit_tokens != NULL)
-    *hit_tokens = 0;
-  KV_RET(read_checks(db, m, &bt, tokens, n));
-  KV_RET(kv_check_view(out, m, "out"));
-  KV_RET(kv_check_view_extent(out, m, n, "out"));
-  if (hit_tokens == NULL)
-    return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
   /* a hit that comes back short because a compaction moved its blocks is read again from a
    * fresh snapshot (kv_read_again, ops_int.h) */
   kvdb_status rc;
@@ -488,16 +537,23 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
     if (rc == KVDB_OK)
       rc = do_walk(db, txn, m, bt, tokens, n, &w);
     if (rc == KVDB_OK && w.n > 0) {
-      *hit_tokens = fetch(db, m, bt, &w, tokens, out);
-      /* the context whose last block is the last block delivered, if there is one */
-      for (size_t i = w.n; i-- > 0;)
-        if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
-          kv_note_access(db, w.h[i].hash);
-          break;
-        }
+      uint64_t before = db->bytes_read;
+      if (ctl->out != NULL)
+        db->fg_reads++;
+      *hit_tokens = fetch(db, m, bt, &w, tokens, ctl);
+      if (ctl->out != NULL) {
+        db->fg_bytes += db->bytes_read - before; /* other threads' reads too: an estimate */
+        db->fg_reads--;
+        /* the context whose last block is the last block delivered, if there is one */
+        for (size_t i = w.n; i-- > 0;)
+          if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
+            kv_note_access(db, w.h[i].hash);
+            break;
+          }
+      }
     }
     kv_txn_abort(txn);
-    again = rc == KVDB_OK && *hit_tokens < w.hit_tokens;
+    again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && !ctl->stopped;
     free(w.h);
   } while (kv_read_again(db, &s, again));
   if (rc == KVDB_OK) /* the rest of the chain on the remote tier, if any */
@@ -505,6 +561,48 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
   kv_lat_note(db, KV_LAT_GET, kv_place_now_ns() - t_start);
+  return rc;
+}
+
+kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                            const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                            void *ctx)
+{
+  uint32_t bt;
+  if (hit_tokens != NULL)
+    *hit_tokens = 0;
+  KV_RET(read_checks(db, m, &bt, tokens, n));
+  KV_RET(kv_check_view(out, m, "out"));
+  KV_RET(kv_check_view_extent(out, m, n, "out"));
+  if (hit_tokens == NULL)
+    return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
+  kv_fetch_ctl ctl = {out, KV_GET_WAVE, NULL, NULL, on_block, ctx, 0, 0, 0, 0};
+  return get_ctl(db, m, bt, tokens, n, &ctl, hit_tokens);
+}
+
+kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *out, size_t *hit_tokens)
+{
+  return kvdb_get_notify(db, m, tokens, n, out, hit_tokens, NULL, NULL);
+}
+
+kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                              uint64_t wave_bytes, int (*gate)(void *, uint64_t), void *gate_ctx,
+                              kv_prefetch_result *res)
+{
+  uint32_t bt;
+  memset(res, 0, sizeof *res);
+  KV_RET(read_checks(db, m, &bt, tokens, n));
+  if (db->dram == NULL)
+    return kv_fail(KVDB_UNSUPPORTED, "prefetch: the DRAM tier is off (options.dram_bytes 0)");
+  kv_fetch_ctl ctl = {NULL, wave_bytes, gate, gate_ctx, NULL, NULL, 0, 0, 0, 0};
+  size_t staged = 0;
+  kvdb_status rc = get_ctl(db, m, bt, tokens, n, &ctl, &staged);
+  res->staged_tokens = staged;
+  res->blocks_read = ctl.blocks_read;
+  res->blocks_present = ctl.blocks_present;
+  res->bytes_read = ctl.bytes_read;
+  res->stopped = ctl.stopped;
   return rc;
 }
 

@@ -68,6 +68,12 @@ kvdb_status kv_model_by_hash(kvdb *db, kv_txn *txn, const uint8_t mh[16], char i
 kvdb_status kv_ctx_of_model(kvdb *db, kv_txn *txn, const uint8_t key[16],
                             const uint8_t model_hash[16], const kvdb_model *m, kv_ctx_rec *out);
 
+/* ---- prefetch.c ---- */
+
+/* Stop the prefetch worker (cancel what is queued, end the running request at its next read,
+ * join) and free its state (kvdb_close, first). */
+void kv_prefetch_close(kvdb *db);
+
 /* ---- score_ctx.c ---- */
 
 /* Close the near-data devices kvdb_score keeps in the handle (kvdb_close). */

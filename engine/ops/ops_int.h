@@ -56,6 +56,20 @@ void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n);
  * a lookup; else whole values, delivered into out). Returns the hit, at least `have`. */
 size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *tokens,
                        size_t n, size_t have, const kvdb_kv_view *out);
+/* ---- get.c: the prefetch's read (prefetch.c) ---- */
+
+typedef struct kv_prefetch_result {
+  uint64_t staged_tokens; /* leading tokens whose blocks are in the DRAM tier */
+  uint32_t blocks_read, blocks_present;
+  uint64_t bytes_read;
+  int stopped;            /* the gate ended it */
+} kv_prefetch_result;
+/* The longest stored prefix of tokens[0..n) into the DRAM tier (no view), in reads of at most
+ * wave_bytes (whole layers), each first admitted by gate(gate_ctx, bytes) (nonzero: stop).
+ * Returns as kvdb_get (KVDB_UNSUPPORTED without a DRAM tier); res always filled. */
+kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                              uint64_t wave_bytes, int (*gate)(void *, uint64_t), void *gate_ctx,
+                              kv_prefetch_result *res);
 
 /* ---- verify.c ---- */
 

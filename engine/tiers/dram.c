@@ -18,6 +18,7 @@ struct kv_dram_entry {
   int pins;
   int visible; /* published (fill finished) */
   int dead;    /* removed while pinned: free on last unpin */
+  int staged;  /* put here by a prefetch and not read since: evicted after the others */
   kv_dram_entry *hnext;        /* hash chain */
   kv_dram_entry *prev, *next;  /* LRU list, most recent at head */
 };
@@ -195,6 +196,7 @@ kv_dram_entry *kv_dram_pin(kv_dram *d, const uint8_t hash[16], const uint8_t **d
   }
   e->pins++;
   d->hits++;
+  e->staged = 0; /* the read it was staged for (or another) has come */
   lru_unlink(d, e);
   lru_push(d, e);
   *data = d->mem + e->first_page * PAGE;
@@ -212,6 +214,17 @@ int kv_dram_contains(kv_dram *d, const uint8_t hash[16])
   return present;
 }
 
+int kv_dram_keep(kv_dram *d, const uint8_t hash[16])
+{
+  pthread_mutex_lock(&d->mu);
+  kv_dram_entry *e = find(d, hash);
+  int present = e != NULL && e->visible;
+  if (present)
+    e->staged = 1;
+  pthread_mutex_unlock(&d->mu);
+  return present;
+}
+
 void kv_dram_unpin(kv_dram *d, kv_dram_entry *e)
 {
   if (e == NULL)
@@ -222,21 +235,39 @@ void kv_dram_unpin(kv_dram *d, kv_dram_entry *e)
   pthread_mutex_unlock(&d->mu);
 }
 
-int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len)
+/* The entry to evict: the least recently used unpinned one that is not staged, else the least
+ * recently used unpinned one; NULL when every entry is pinned. */
+static kv_dram_entry *victim(kv_dram *d)
+{
+  kv_dram_entry *any = NULL;
+  for (kv_dram_entry *v = d->tail; v != NULL; v = v->prev) {
+    if (v->pins > 0)
+      continue;
+    if (!v->staged)
+      return v;
+    if (any == NULL)
+      any = v;
+  }
+  return any;
+}
+
+static int insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len,
+                  int staged)
 {
   uint64_t n = (len + PAGE - 1) / PAGE;
   if (n == 0 || n > d->n_pages)
     return -1;
   pthread_mutex_lock(&d->mu);
-  if (find(d, hash) != NULL) {
+  kv_dram_entry *had = find(d, hash);
+  if (had != NULL) {
+    if (staged && had->visible)
+      had->staged = 1;
     pthread_mutex_unlock(&d->mu);
     return 0;
   }
   uint64_t first;
   while ((first = find_run(d, n)) == UINT64_MAX) {
-    kv_dram_entry *v = d->tail;
-    while (v != NULL && v->pins > 0)
-      v = v->prev;
+    kv_dram_entry *v = victim(d);
     if (v == NULL) {
       pthread_mutex_unlock(&d->mu);
       return -1;
@@ -252,6 +283,7 @@ int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint
   e->first_page = first;
   e->n_pages = n;
   e->len = len;
+  e->staged = staged;
   e->pins = 1; /* held by this filler */
   mark(d, first, n, 1);
   uint64_t s = slot(d, hash);
@@ -270,6 +302,16 @@ int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint
     release(d, e);
   pthread_mutex_unlock(&d->mu);
   return 0;
+}
+
+int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len)
+{
+  return insert(d, hash, data, len, 0);
+}
+
+int kv_dram_stage(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len)
+{
+  return insert(d, hash, data, len, 1);
 }
 
 void kv_dram_remove(kv_dram *d, const uint8_t hash[16])

@@ -100,6 +100,13 @@ int kv_dram_contains(kv_dram *d, const uint8_t hash[16]);
 
 /* Copy `len` bytes in under `hash` (no-op if present). 0, or -1 when it cannot fit. */
 int kv_dram_insert(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);
+/* The same for a prefetch: the block is STAGED (a present one becomes staged) until its next
+ * pin, and eviction takes staged blocks only when no other unpinned block is left (least
+ * recently used first either way), so what a prefetch staged waits for its read. */
+int kv_dram_stage(kv_dram *d, const uint8_t hash[16], const uint8_t *data, uint64_t len);
+/* 1 when the block is present, which then becomes staged as kv_dram_stage makes it (not
+ * counted as a hit or a miss). */
+int kv_dram_keep(kv_dram *d, const uint8_t hash[16]);
 /* Drop a block (after a delete or a move). Waits for nothing: a pinned entry is dropped when
  * unpinned. */
 void kv_dram_remove(kv_dram *d, const uint8_t hash[16]);
@@ -108,5 +115,47 @@ typedef struct kv_dram_stats {
   uint64_t capacity, bytes, blocks, hits, misses;
 } kv_dram_stats;
 void kv_dram_stat(kv_dram *d, kv_dram_stats *out);
+
+/* ---- prefetch admission (admit.c) --------------------------------------------------------
+ *
+ * The bandwidth a background prefetch may take from a tier (TierKV, seed 003 §3.4): a token
+ * bucket whose refill rate follows the measured foreground load. The tier's capacity is the
+ * larger of the caller's ceiling and what reads were measured to reach (both EWMAs of bytes
+ * per second over windows of at least KV_ADMIT_WINDOW_NS); the prefetch's rate is the share
+ * below the high-water mark the foreground leaves:
+ *
+ *     rate = clamp(high_water * capacity - foreground_bps, floor * capacity, ceiling)
+ *
+ * so a foreground that reads at the tier's full speed leaves the prefetch its floor, and an
+ * idle one leaves it the high-water share. The bucket holds at most `burst` bytes; a take
+ * larger than the burst waits for a full bucket and leaves a debt that the next take waits
+ * out, so the long-run rate holds whatever the sizes. Pure arithmetic on the
+ * caller's clock (nanoseconds), no lock: the caller serializes.
+ */
+#define KV_ADMIT_WINDOW_NS 10000000ull /* 10 ms */
+#define KV_ADMIT_HIGH_WATER 0.8        /* TierKV's default high-water mark */
+#define KV_ADMIT_FLOOR 0.05            /* the share a saturated foreground still leaves */
+
+typedef struct kv_bucket {
+  double ceiling_bps;  /* the most the prefetch may take; 0 = no ceiling but the capacity's */
+  double capacity_bps; /* the tier's bandwidth as measured (EWMA of the fastest windows) */
+  double fg_bps;       /* foreground read bytes per second (EWMA) */
+  double rate_bps;     /* the refill rate now */
+  double burst, tokens;
+  uint64_t last_ns;                 /* last refill */
+  uint64_t win_ns, win_fg, win_all; /* the open measurement window: start, bytes at start */
+  int started;                      /* a first observation set the window's origin */
+} kv_bucket;
+
+/* A bucket for a tier believed to read `capacity_bps` (> 0; the first guess, refined by
+ * kv_bucket_observe), at most `ceiling_bps` for the prefetch (0: none), burst bytes (> 0). */
+void kv_bucket_init(kv_bucket *b, double capacity_bps, double ceiling_bps, double burst,
+                    uint64_t now_ns);
+/* The read counters now: fg_total the foreground's bytes so far, all_total every read's
+ * (foreground and prefetch); closes a window once KV_ADMIT_WINDOW_NS has passed and moves the
+ * rate. */
+void kv_bucket_observe(kv_bucket *b, uint64_t fg_total, uint64_t all_total, uint64_t now_ns);
+/* Nanoseconds to wait before `bytes` may be read; 0 = taken now (the tokens are spent). */
+uint64_t kv_bucket_take(kv_bucket *b, uint64_t bytes, uint64_t now_ns);
 
 #endif

@@ -614,7 +614,7 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     use_io_uring, log_level, smartssd_dir, smartssd_bytes, placement ("off", "evicpress",
     "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
     placement_slack_pct, lossless_frame_bytes, remote_addr, remote_namespace, remote_timeout_ms,
-    remote_queue_blocks, remote_put_wait_ms. An unknown option is a TypeError; a bad value
+    remote_queue_blocks, remote_put_wait_ms, prefetch_bps. An unknown option is a TypeError; a bad value
     raises InvalidError."""
     return DB(str(path), **options)
 

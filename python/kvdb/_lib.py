@@ -64,7 +64,8 @@ class Options(Structure):
                 ("prefill_tokens_per_s", c_double), ("placement_slack_pct", c_double),
                 ("lossless_frame_bytes", c_uint32), ("remote_addr", c_char_p),
                 ("remote_namespace", c_char_p), ("remote_timeout_ms", c_uint32),
-                ("remote_queue_blocks", c_uint32), ("remote_put_wait_ms", c_uint32)]
+                ("remote_queue_blocks", c_uint32), ("remote_put_wait_ms", c_uint32),
+                ("prefetch_bps", c_double)]
 
 
 class PutInfo(Structure):
