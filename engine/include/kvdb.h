@@ -1527,8 +1527,9 @@ typedef void (*kvdb_block_fn)(void *ctx, size_t t0, size_t n_tokens);
  * caller can move it on (to a GPU: gpu/kvdb_gpu.h) while the next one is read. A told range
  * holds the verified KV of its positions. A range may be told more than once, with the same
  * bytes, and (rarely) past the final *hit_tokens: when a read that came back short is retried
- * after a compaction moved blocks, the retry may end sooner. on_block NULL: kvdb_get. Returns as
- * kvdb_get.
+ * after a compaction moved blocks, the retry may end sooner. on_block NULL: kvdb_get. With
+ * on_block set the hit is the local one: a remote tier (kvdb_options.remote_addr) is not asked
+ * for the rest of the chain (its blocks would land untold). Returns as kvdb_get.
  */
 KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
                                      size_t n, const kvdb_kv_view *out, size_t *hit_tokens,

@@ -556,8 +556,11 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
     again = rc == KVDB_OK && *hit_tokens < w.hit_tokens && !ctl->stopped;
     free(w.h);
   } while (kv_read_again(db, &s, again));
-  if (rc == KVDB_OK) /* the rest of the chain on the remote tier, if any */
-    *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, *hit_tokens, out);
+  /* the rest of the chain on the remote tier, if any: for a get into the caller's view only
+   * (a prefetch stages local blocks; a get that reports each block as it lands, the GPU hop's,
+   * ends at the local hit, since remote blocks would land unreported) */
+  if (rc == KVDB_OK && ctl->out != NULL && ctl->on_block == NULL && !ctl->stopped)
+    *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, *hit_tokens, ctl->out);
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
   kv_lat_note(db, KV_LAT_GET, kv_place_now_ns() - t_start);
