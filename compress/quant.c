@@ -1050,6 +1050,38 @@ size_t kv_codec_kivi_scratch_bytes(const kv_section_shape *shape, const kv_codec
   return kv_quant_scratch_bytes(shape->head_dim);
 }
 
+/* The encode kivi and kvquant share once their section is planned: the scratch (need bytes)
+ * and dst (bound bytes) checked, the header written, then each page group and its size in the
+ * group table (the header's last 4 * n_groups bytes). */
+static kv_codec_status quant_encode_planned(const kv_section_info *info, size_t need, size_t bound,
+                                            const void *src, void *scratch, size_t scratch_cap,
+                                            void *dst, size_t dst_cap, size_t *out_len,
+                                            kv_codec_err *err)
+{
+  if (scratch == NULL || scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
+                         scratch ? scratch_cap : 0, need);
+  if (dst_cap < bound)
+    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
+                         bound);
+  size_t cap = scratch_cap;
+  void *ws = kv_codec_scratch_align(scratch, &cap);
+  uint8_t *d = dst;
+  kv_codec_write_header(info, NULL, d);
+  size_t pos = info->header_bytes;
+  uint8_t *table = d + info->header_bytes - 4 * (size_t)info->n_groups;
+  for (uint32_t g = 0; g < info->n_groups; g++) {
+    size_t n = kv_quant_group_bytes(info, g);
+    kv_codec_status rc = kv_quant_encode_group(info, g, src, NULL, ws, d + pos, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
+    kv_codec_put_le32(table + 4 * (size_t)g, (uint32_t)n);
+    pos += n;
+  }
+  *out_len = pos;
+  return KV_CODEC_OK;
+}
+
 kv_codec_status kv_codec_kivi_encode(const kv_section_shape *shape, const void *src, size_t src_len,
                                      const kv_codec_params *p, void *scratch, size_t scratch_cap,
                                      void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
@@ -1061,29 +1093,9 @@ kv_codec_status kv_codec_kivi_encode(const kv_section_shape *shape, const void *
   rc = kv_codec_plan(KV_CODEC_ID_KIVI, shape, p, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t need = kv_quant_scratch_bytes(shape->head_dim);
-  if (scratch == NULL || scratch_cap < need)
-    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
-                         scratch ? scratch_cap : 0, need);
-  size_t bound = kv_codec_kivi_bound(shape, p);
-  if (dst_cap < bound)
-    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
-                         bound);
-  size_t cap = scratch_cap;
-  void *ws = kv_codec_scratch_align(scratch, &cap);
-  uint8_t *d = dst;
-  kv_codec_write_header(&info, NULL, d);
-  size_t pos = info.header_bytes;
-  for (uint32_t g = 0; g < info.n_groups; g++) {
-    size_t n = kv_quant_group_bytes(&info, g);
-    rc = kv_quant_encode_group(&info, g, src, NULL, ws, d + pos, err);
-    if (rc != KV_CODEC_OK)
-      return rc;
-    kv_codec_put_le32(d + KV_SECTION_FIXED_BYTES + 4 * (size_t)g, (uint32_t)n);
-    pos += n;
-  }
-  *out_len = pos;
-  return KV_CODEC_OK;
+  return quant_encode_planned(&info, kv_quant_scratch_bytes(shape->head_dim),
+                              kv_codec_kivi_bound(shape, p), src, scratch, scratch_cap, dst,
+                              dst_cap, out_len, err);
 }
 
 kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t *payload,
@@ -1146,28 +1158,7 @@ kv_codec_status kv_codec_kvq_encode(const kv_section_shape *shape, const void *s
   rc = kv_codec_plan(KV_CODEC_ID_KVQUANT, shape, p, &info, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  size_t need = kv_kvq_scratch_bytes(shape->head_dim, info.params.page_tokens);
-  if (scratch == NULL || scratch_cap < need)
-    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
-                         scratch ? scratch_cap : 0, need);
-  size_t bound = kv_codec_kvq_bound(shape, p);
-  if (dst_cap < bound)
-    return KV_CODEC_FAIL(err, KV_CODEC_ETOOSMALL, "dst smaller than the encoded section", dst_cap,
-                         bound);
-  size_t cap = scratch_cap;
-  void *ws = kv_codec_scratch_align(scratch, &cap);
-  uint8_t *d = dst;
-  kv_codec_write_header(&info, NULL, d);
-  size_t pos = info.header_bytes;
-  for (uint32_t g = 0; g < info.n_groups; g++) {
-    size_t n = kv_quant_group_bytes(&info, g);
-    rc = kv_quant_encode_group(&info, g, src, NULL, ws, d + pos, err);
-    if (rc != KV_CODEC_OK)
-      return rc;
-    kv_codec_put_le32(d + info.header_bytes - 4 * (size_t)info.n_groups + 4 * (size_t)g,
-                      (uint32_t)n);
-    pos += n;
-  }
-  *out_len = pos;
-  return KV_CODEC_OK;
+  return quant_encode_planned(&info, kv_kvq_scratch_bytes(shape->head_dim, info.params.page_tokens),
+                              kv_codec_kvq_bound(shape, p), src, scratch, scratch_cap, dst,
+                              dst_cap, out_len, err);
 }
