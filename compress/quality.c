@@ -23,6 +23,27 @@ static inline size_t al64(size_t n)
   return (n + 63) & ~(size_t)63;
 }
 
+/* Probes from the key rows at pos[0..c): each row as f32, scaled to norm sqrt(d) (a zero or
+ * non-finite row stays as it is). */
+static void probes_from_keys(const kv_section_shape *k_shape, const void *k, const uint32_t *pos,
+                             uint32_t c, float *probes)
+{
+  uint32_t d = k_shape->head_dim;
+  size_t rowb = (size_t)d * kv_codec_dtype_bytes(k_shape->dtype);
+  for (uint32_t i = 0; i < c; i++) {
+    float *pr = probes + (size_t)i * d;
+    kv_codec_to_f32(k_shape->dtype, (const uint8_t *)k + (size_t)pos[i] * rowb, d, pr);
+    double ss = 0;
+    for (uint32_t j = 0; j < d; j++)
+      ss += (double)pr[j] * pr[j];
+    if (ss > 0 && isfinite(ss)) {
+      float f = (float)(sqrt((double)d / ss));
+      for (uint32_t j = 0; j < d; j++)
+        pr[j] *= f;
+    }
+  }
+}
+
 kv_codec_status kv_quality_derive_probes(const kv_section_shape *k_shape, const void *k,
                                          size_t k_len, float *probes, uint32_t probes_cap,
                                          uint32_t *n_probes, kv_codec_err *err)
@@ -56,19 +77,7 @@ kv_codec_status kv_quality_derive_probes(const kv_section_shape *k_shape, const 
   if (probes_cap < c)
     return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "probes_cap smaller than the derived probes",
                          probes_cap, c);
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(k_shape->dtype);
-  for (uint32_t i = 0; i < c; i++) {
-    float *pr = probes + (size_t)i * d;
-    kv_codec_to_f32(k_shape->dtype, (const uint8_t *)k + (size_t)pos[i] * rowb, d, pr);
-    double ss = 0;
-    for (uint32_t j = 0; j < d; j++)
-      ss += (double)pr[j] * pr[j];
-    if (ss > 0 && isfinite(ss)) {
-      float f = (float)(sqrt((double)d / ss));
-      for (uint32_t j = 0; j < d; j++)
-        pr[j] *= f;
-    }
-  }
+  probes_from_keys(k_shape, k, pos, c, probes);
   *n_probes = c;
   return KV_CODEC_OK;
 }
@@ -344,21 +353,8 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
   kv_codec_status rc = kv_codec_encode_args(k_shape, k, k_len, k, &unused, err);
   if (rc != KV_CODEC_OK)
     return rc;
-  uint32_t d = k_shape->head_dim;
   uint32_t c = kv_quality_probe_positions(k_shape->n_tokens, n_probes, pos);
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(k_shape->dtype);
-  for (uint32_t i = 0; i < c; i++) {
-    float *pr = probes + (size_t)i * d;
-    kv_codec_to_f32(k_shape->dtype, (const uint8_t *)k + (size_t)pos[i] * rowb, d, pr);
-    double ss = 0;
-    for (uint32_t j = 0; j < d; j++)
-      ss += (double)pr[j] * pr[j];
-    if (ss > 0 && isfinite(ss)) {
-      float f = (float)(sqrt((double)d / ss));
-      for (uint32_t j = 0; j < d; j++)
-        pr[j] *= f;
-    }
-  }
+  probes_from_keys(k_shape, k, pos, c, probes);
   *n_out = c;
   return KV_CODEC_OK;
 }
