@@ -104,7 +104,7 @@ static int op_better(const opc *a, const opc *b)
 /* The cost of an operation; NaN (impossible from checked input) becomes +inf. */
 static double cost(const pol_model *m, double drop, uint64_t freed)
 {
-  double c = m->p->rule == KV_POLICY_PER_BYTE ? drop / (double)freed : drop;
+  double c = m->p->rule != KV_POLICY_LEAST_DROP ? drop / (double)freed : drop;
   return isnan(c) ? INFINITY : c;
 }
 
@@ -426,7 +426,7 @@ static void h_down(gstate *g, size_t k)
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
-enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_N };
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -459,6 +459,187 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
   ws->buf[k] = aligned_alloc(64, bytes);
   ws->cap[k] = ws->buf[k] != NULL ? bytes : 0;
   return ws->buf[k];
+}
+
+/* ---- the default rule's additions (policy.h THE DEFAULT RULE) ------------------------------ */
+
+/* A placement the refill considers, with its utility. */
+typedef struct rpl {
+  int32_t tier, option;
+  uint32_t cached;
+  double u;
+} rpl;
+
+/* The utility of a context where it is now. */
+static inline double cur_util(const gstate *g, const cst *c, size_t i)
+{
+  if (c->tier == KV_POLICY_NONE)
+    return pol_util_none(g->m, &g->m->ctx[i]);
+  return util(g, serving(c), c, (uint32_t)c->option);
+}
+
+/* Bytes a placement uses per tier. */
+static void rpl_use(const gstate *g, const cst *c, const rpl *r, uint64_t *use)
+{
+  memset(use, 0, KV_POLICY_MAX_TIERS * sizeof *use);
+  if (r->tier == KV_POLICY_NONE)
+    return;
+  use[r->tier] += obytes(g, (uint32_t)r->tier, c, (uint32_t)r->option);
+  if (r->cached)
+    use[0] += obytes(g, 0, c, (uint32_t)r->option);
+}
+
+enum { FIT_ROOM = 0, FIT_EMPTY = 1, FIT_ANY = 2 };
+
+/* The placement of highest utility of context i among those that fit: FIT_ROOM in the room the
+ * others leave (starting from where it is: only a strictly higher utility replaces that),
+ * FIT_EMPTY in the empty tiers (starting from "not stored"), FIT_ANY without capacities
+ * (starting from where it is). Ties: the first in the order none, then per persistent tier
+ * from the top, per option, uncached before cached. */
+static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
+{
+  const pol_model *m = g->m;
+  rpl best;
+  uint64_t room[KV_POLICY_MAX_TIERS], own[KV_POLICY_MAX_TIERS];
+  if (mode == FIT_EMPTY || c->tier == KV_POLICY_NONE) {
+    best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, pol_util_none(m, &m->ctx[i])};
+  } else {
+    best = (rpl){c->tier, c->option, c->cached, cur_util(g, c, i)};
+  }
+  rpl now = {c->tier, c->option, c->cached, 0};
+  rpl_use(g, c, &now, own);
+  for (uint32_t t = 0; t < m->T; t++) {
+    if (mode == FIT_ANY || m->cap[t] == KV_POLICY_UNLIMITED) {
+      room[t] = UINT64_MAX;
+    } else if (mode == FIT_EMPTY) {
+      room[t] = m->cap[t];
+    } else {
+      uint64_t others = g->used[t] - own[t];
+      room[t] = m->cap[t] > others ? m->cap[t] - others : 0;
+    }
+  }
+  double unone = pol_util_none(m, &m->ctx[i]);
+  if (unone > best.u)
+    best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, unone};
+  for (uint32_t t = m->first; t < m->T; t++)
+    for (uint32_t o = 0; o < c->k; o++) {
+      if (obytes(g, t, c, o) > room[t])
+        continue;
+      double u = util(g, t, c, o);
+      if (u > best.u)
+        best = (rpl){(int32_t)t, (int32_t)o, 0, u};
+      if (m->incl && obytes(g, 0, c, o) <= room[0]) {
+        u = util(g, 0, c, o);
+        if (u > best.u)
+          best = (rpl){(int32_t)t, (int32_t)o, 1, u};
+      }
+    }
+  return best;
+}
+
+static void set_place(gstate *g, cst *c, const rpl *r)
+{
+  use(g, c, -1);
+  c->tier = (int8_t)r->tier;
+  c->option = r->option;
+  c->cached = (uint8_t)(r->cached ? 1 : 0);
+  use(g, c, +1);
+}
+
+static int hent_cmp(const void *a, const void *b)
+{
+  const hent *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* One refill pass (b): the contexts that would gain from more room, by gain per byte added
+ * (highest first), each to its best placement that fits. Returns how many changed. */
+static size_t refill_pass(gstate *g, hent *keys)
+{
+  size_t n = g->m->n, nk = 0, changed = 0;
+  for (size_t i = 0; i < n; i++) {
+    const cst *c = &g->cs[i];
+    double ucur = cur_util(g, c, i);
+    rpl b = choose(g, c, i, FIT_ANY);
+    if (!(b.u > ucur))
+      continue;
+    uint64_t nu[KV_POLICY_MAX_TIERS], own[KV_POLICY_MAX_TIERS], add = 0;
+    rpl now = {c->tier, c->option, c->cached, 0};
+    rpl_use(g, c, &b, nu);
+    rpl_use(g, c, &now, own);
+    for (uint32_t t = 0; t < g->m->T; t++)
+      add += nu[t] > own[t] ? nu[t] - own[t] : 0;
+    keys[nk].key = -(b.u - ucur) / (double)(add > 0 ? add : 1);
+    keys[nk].i = (uint32_t)i;
+    nk++;
+  }
+  qsort(keys, nk, sizeof *keys, hent_cmp);
+  for (size_t k = 0; k < nk; k++) {
+    cst *c = &g->cs[keys[k].i];
+    rpl b = choose(g, c, keys[k].i, FIT_ROOM);
+    rpl now = {c->tier, c->option, c->cached, 0};
+    if (b.tier == now.tier && b.option == now.option && b.cached == now.cached)
+      continue;
+    set_place(g, c, &b);
+    changed++;
+  }
+  return changed;
+}
+
+static void refill(gstate *g, hent *keys)
+{
+  for (int pass = 0; pass < 3 && refill_pass(g, keys) > 0; pass++)
+    ;
+}
+
+static double total_util(const gstate *g)
+{
+  double u = 0;
+  for (size_t i = 0; i < g->m->n; i++)
+    u += cur_util(g, &g->cs[i], i);
+  return u;
+}
+
+/* The best-single-item guard (c). save: [n] scratch. */
+static void guard(gstate *g, hent *keys, kv_policy_place *save)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n, top = n;
+  double gtop = 0;
+  rpl alone = {KV_POLICY_NONE, KV_POLICY_NONE, 0, 0};
+  for (size_t i = 0; i < n; i++) {
+    rpl r = choose(g, &g->cs[i], i, FIT_EMPTY);
+    double gain = r.u - pol_util_none(m, &m->ctx[i]);
+    if (r.tier != KV_POLICY_NONE && gain > gtop) {
+      gtop = gain;
+      top = i;
+      alone = r;
+    }
+  }
+  if (top == n || !(cur_util(g, &g->cs[top], top) < alone.u))
+    return;
+  double before = total_util(g);
+  uint64_t used[KV_POLICY_MAX_TIERS];
+  memcpy(used, g->used, sizeof used);
+  for (size_t i = 0; i < n; i++) {
+    cst *c = &g->cs[i];
+    save[i] = (kv_policy_place){c->tier, c->option, c->cached};
+    set_none(c);
+  }
+  memset(g->used, 0, sizeof g->used);
+  set_place(g, &g->cs[top], &alone);
+  refill(g, keys);
+  if (total_util(g) > before)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    cst *c = &g->cs[i];
+    c->tier = (int8_t)save[i].tier;
+    c->option = save[i].option;
+    c->cached = (uint8_t)save[i].cached;
+  }
+  memcpy(g->used, used, sizeof used);
 }
 
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
@@ -541,7 +722,14 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
     if (incoming == NULL || incoming[i]) {
-      if (best_of(c, 0) == KV_POLICY_NONE) {
+      uint32_t st = 0; /* (a): the default rule starts on the tier of highest utility */
+      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++)
+        if (best_utility(&g, t, c, i) > best_utility(&g, st, c, i))
+          st = t;
+      if (st > 0 && best_of(c, st) != KV_POLICY_NONE) {
+        c->tier = (int8_t)st;
+        c->option = best_of(c, st);
+      } else if (best_of(c, 0) == KV_POLICY_NONE) {
         set_none(c);
       } else {
         c->tier = (int8_t)(m->incl ? 1 : 0);
@@ -597,6 +785,15 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
       if (g.hn > 0)
         h_down(&g, 0);
     }
+  }
+  if (m->p->rule == KV_POLICY_REFILL && n > 0) { /* (b) and (c) */
+    kv_policy_place *save = ws_get(ws, WS_SAVE, n * sizeof *save);
+    if (save == NULL) {
+      gstate_free(&g);
+      return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+    }
+    refill(&g, g.heap);
+    guard(&g, g.heap, save);
   }
   for (size_t i = 0; i < n; i++) {
     out[i].tier = g.cs[i].tier;

@@ -72,6 +72,27 @@
  *   inclusive tier), it is not stored instead when recomputing it has a higher utility than
  *   every option there. Nothing is ever placed where it is worth less than a recompute.
  *
+ * THE DEFAULT RULE (KV_POLICY_REFILL). Algorithm 1 as written (KV_POLICY_LEAST_DROP) and the
+ * per-byte greedy both stop once every tier fits: neither ever fills a tier again after the
+ * cascade emptied it further than needed (a coarse tier: one large context leaves, most of the
+ * tier stays empty), and per-byte alone can prefer a small dense context to a large valuable
+ * one that no longer fits. The default runs the per-byte greedy above with three additions:
+ *   a. an incoming context starts on the tier where its best option has the highest utility
+ *      (ties: the upper one) rather than always on the top tier: when a probe measures the top
+ *      tier slower than recomputing, the context is not dropped while a lower tier serves it;
+ *   b. a refill pass: every context whose best placement ignoring capacities beats where it is,
+ *      by gain per byte added (highest first, ties lower index), takes the placement of highest
+ *      utility among those that fit in the room left (any tier, option, cached or not, or not
+ *      stored), as long as the pass changes something (at most 3 passes);
+ *   c. the best-single-item guard: the context with the highest gain alone (utility of its best
+ *      placement that fits the empty tiers, minus recomputing it) is placed that way on its own
+ *      and every other context refilled around it (b from "nothing stored"); when that total
+ *      utility is higher, it is the result. Computed only when the greedy left that context
+ *      below its gain alone.
+ * Every change of a and b raises the total utility, so the result is never below the per-byte
+ * greedy's; with c it is never below the best single context either (the classic 1/2 bound of
+ * the knapsack greedy). `kvdb-bench policy` reports the share of the exact optimum per rule.
+ *
  * DETERMINISM. Identical input gives identical output (on one build and platform). Ties break
  * as follows: best option = highest utility, then lowest option index. Among one context's
  * operations: lowest cost, then recompress before evict, then the recompression that keeps
@@ -206,8 +227,11 @@ typedef struct kv_policy_context {
 
 /** The operation cost the greedy minimizes. */
 typedef enum kv_policy_rule {
-  KV_POLICY_LEAST_DROP = 0, /**< least utility drop (EvicPress Algorithm 1) */
+  KV_POLICY_LEAST_DROP = 0, /**< least utility drop (EvicPress Algorithm 1, Appendix A) */
   KV_POLICY_PER_BYTE = 1,   /**< least utility drop per byte freed (MCKP convex-hull greedy) */
+  KV_POLICY_REFILL = 2,     /**< the default: the per-byte greedy, incoming contexts start on
+                                 their best tier, then a refill pass and the best-single-item
+                                 guard (see THE DEFAULT RULE) */
 } kv_policy_rule;
 
 /** Parameters of a placement. Fill with kv_policy_params_init(), then set the fields. */
@@ -220,7 +244,7 @@ typedef struct kv_policy_params {
   double recompute_quality;    /**< quality of a recomputed context, [0, 1]; default 1 (exact) */
   double decode_bps[4];        /**< per kvdb_method (RAW, LOSSLESS, QUANT, DROP): decode
                                     throughput in original bytes/s, 0 = free; default all 0 */
-  kv_policy_rule rule;         /**< default KV_POLICY_LEAST_DROP */
+  kv_policy_rule rule;         /**< default KV_POLICY_REFILL */
 } kv_policy_params;
 
 /** What went wrong (filled on failure when the caller passes one). */
@@ -270,7 +294,7 @@ typedef struct kv_policy_eval {
 /* ------------------------------------------------------------------------------------------ */
 
 /** @brief Defaults: no tiers (set them), alpha 1, prefill 10000 tokens/s, recompute quality 1,
- * free decoding, least-drop rule. Cannot fail. */
+ * free decoding, the KV_POLICY_REFILL rule. Cannot fail. */
 void kv_policy_params_init(kv_policy_params *p);
 
 /**

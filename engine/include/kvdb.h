@@ -258,9 +258,19 @@ typedef enum kvdb_placement {
   KVDB_PLACEMENT_OFF = 0,       /**< as asked: puts store with their config on the SSD tier, the
                                      DRAM tier caches what gets read (least recently used first)
                                      and ssd_bytes evicts least recently used contexts */
-  KVDB_PLACEMENT_EVICPRESS = 1, /**< EvicPress (seed 004 §4.2-§4.4): Algorithm 1, the
-                                     operation of least utility drop first */
-  KVDB_PLACEMENT_PER_BYTE = 2,  /**< the same greedy by least utility drop per byte freed */
+  KVDB_PLACEMENT_EVICPRESS = 1, /**< EvicPress's utility and tiers (seed 004 §4.2-§4.4),
+                                     placed by the library's default rule: the greedy by least
+                                     utility drop per byte freed, a new context starting on the
+                                     tier where it is worth most, then a refill pass and the
+                                     best-single-context guard (policy/policy.h THE DEFAULT
+                                     RULE); promotes a context to the DRAM tier on a get when
+                                     its utility there beats a context cached now (see
+                                     placement below). Until version 0.1 (issue 17) this was Algorithm 1: that is
+                                     KVDB_PLACEMENT_LEAST_DROP now */
+  KVDB_PLACEMENT_PER_BYTE = 2,  /**< the per-byte greedy alone (no refill, no guard) */
+  KVDB_PLACEMENT_LEAST_DROP = 3,/**< the paper's rule: EvicPress Algorithm 1 (seed 004 Appendix
+                                     A, cascading as §4.4 says), the operation of least utility
+                                     drop first; a new context starts on the top tier */
 } kvdb_placement;
 
 /** Log callback: level 0 error, 1 warning, 2 info. `msg` is valid during the call only. */

@@ -190,7 +190,9 @@ static void inst_tiers(pinst *in, const kv_tier_perf *f)
   in->p.prefill_tokens_per_s = set->prefill_tps;
   in->p.recompute_quality = 1.0;
   memcpy(in->p.decode_bps, KV_PLACE_DECODE_BPS, sizeof in->p.decode_bps);
-  in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE ? KV_POLICY_PER_BYTE : KV_POLICY_LEAST_DROP;
+  in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE     ? KV_POLICY_PER_BYTE
+               : set->rule == KVDB_PLACEMENT_LEAST_DROP ? KV_POLICY_LEAST_DROP
+                                                        : KV_POLICY_REFILL;
 }
 
 /* One context into the instance, from what the catalog (or a put about to be written) says:
