@@ -272,6 +272,41 @@ out:
   return rc;
 }
 
+/* Part 7: the share of the exact optimum per rule, printed and into the JSON. */
+static int report_optimality(const bench_env *env, FILE *o, bench_json *j)
+{
+  static const char *const rn[OPT_RULES] = {"least_drop", "per_byte", "refill"};
+  opt_m om;
+  bench_log("policy: the share of the exact optimum per rule (branch and bound)");
+  if (pb_optimality(env, &om) != 0)
+    return -1;
+  fprintf(o, "\nshare of the exact optimum ((U - U_none) / (U_opt - U_none)), %zu instances "
+             "(%zu of the paper's shape, the rest adversarial; %zu the solver gave up on), "
+             "%.0f ms in the exact solver:\n",
+          om.n_all, om.n_paper, om.skipped, om.exact_ms);
+  fprintf(o, "  %-12s %8s %8s %8s   %8s %8s %8s (paper's shape)\n", "rule", "min", "p5",
+          "median", "min", "p5", "median");
+  for (int r = 0; r < OPT_RULES; r++) {
+    fprintf(o, "  %-12s %8.4f %8.4f %8.4f   %8.4f %8.4f %8.4f\n", rn[r], om.all[r][0],
+            om.all[r][1], om.all[r][2], om.paper[r][0], om.paper[r][1], om.paper[r][2]);
+    char k[64];
+    snprintf(k, sizeof k, "%s_vs_optimum_min", rn[r]);
+    bench_json_num(j, k, om.all[r][0]);
+    snprintf(k, sizeof k, "%s_vs_optimum_p5", rn[r]);
+    bench_json_num(j, k, om.all[r][1]);
+    snprintf(k, sizeof k, "%s_vs_optimum_median", rn[r]);
+    bench_json_num(j, k, om.all[r][2]);
+    snprintf(k, sizeof k, "%s_vs_optimum_paper_min", rn[r]);
+    bench_json_num(j, k, om.paper[r][0]);
+    snprintf(k, sizeof k, "%s_vs_optimum_paper_p5", rn[r]);
+    bench_json_num(j, k, om.paper[r][1]);
+  }
+  bench_json_num(j, "greedy_vs_optimum_p5", om.all[KV_POLICY_REFILL][1]);
+  bench_json_num(j, "greedy_vs_optimum_min", om.all[KV_POLICY_REFILL][0]);
+  bench_json_int(j, "optimum_instances", (int64_t)om.n_all);
+  return 0;
+}
+
 int bench_policy(const bench_env *env, bench_json *j)
 {
   FILE *o = env->out;
@@ -290,6 +325,11 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(&run, 0, sizeof run);
   memset(&tr, 0, sizeof tr);
   memset(cm, 0, sizeof cm);
+
+  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds) */
+  const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
+  if (only != NULL && strcmp(only, "opt") == 0)
+    return report_optimality(env, o, j);
 
   /* 1. tiers */
   tiers_m tm;

@@ -9,6 +9,7 @@
  *   bench_policy_sim.c      4-5. LRU, fixed compression + LRU and EvicPress on the trace; their
  *                           comparison at equal quality
  *   bench_policy_bound.c    6. the greedy against the LP bound; 100,000 contexts placed
+ *   bench_policy_opt.c      7. the share of the exact optimum per rule (small instances)
  *   bench_place_put.c       placement on put through the engine (bench_policy_puts)
  * See bench_policy.c for what each measures.
  */
@@ -303,5 +304,23 @@ typedef struct big_m {
 
 int pb_place_100k(const bench_env *env, const trace *tr, const tiers_m *tm, int decoded,
                   big_m *out);
+
+/* ---- 7. the share of the exact optimum per rule (bench_policy_opt.c) --------------------- */
+
+#define OPT_RULES 3 /* KV_POLICY_LEAST_DROP, KV_POLICY_PER_BYTE, KV_POLICY_REFILL */
+typedef struct opt_m {
+  double all[OPT_RULES][3];   /* min, p5, median of the share, every family */
+  double paper[OPT_RULES][3]; /* the same, the paper's shape only */
+  size_t n_all, n_paper;      /* instances with something to gain */
+  size_t skipped;             /* instances the exact solver gave up on */
+  double exact_ms;            /* time in the exact solver, all instances */
+} opt_m;
+
+int pb_optimality(const bench_env *env, opt_m *out);
+
+static inline double now_s(void)
+{
+  return (double)bench_now_ns() * 1e-9;
+}
 
 #endif
