@@ -461,6 +461,53 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
   return ws->buf[k];
 }
 
+/* Algorithm 1 lines 5-14, tier by tier from the top (§4.4: "applied recursively if the
+ * lower-tier storage is also full"), from the placements in g->cs. Returns -1, or the tier
+ * left over capacity with no context on it ([G3]: cannot happen). */
+static int cascade(gstate *g)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n;
+  for (uint32_t t = 0; t < m->T; t++) {
+    if (g->used[t] <= m->cap[t])
+      continue;
+    g->hn = 0;
+    for (size_t i = 0; i < n; i++) {
+      cst *c = &g->cs[i];
+      if (on_tier(g, t, c)) {
+        prepare(g, t, c, i);
+        c->op = op_next(g, t, c);
+        g->heap[g->hn].key = c->op.key;
+        g->heap[g->hn].i = (uint32_t)i;
+        g->hn++;
+      }
+    }
+    for (size_t k = (g->hn + 2) / 4; k-- > 0;)
+      h_down(g, k);
+    while (g->used[t] > m->cap[t]) {
+      if (g->hn == 0)
+        return (int)t;
+      cst *c = &g->cs[g->heap[0].i];
+#if defined(__GNUC__)
+      /* the next top is one of the root's children: start fetching them (random contexts) */
+      for (size_t q = 1; q <= 4 && q < g->hn; q++)
+        __builtin_prefetch(&g->cs[g->heap[q].i]);
+#endif
+      op x = c->op;
+      op_apply(g, t, c, &x);
+      if (on_tier(g, t, c)) { /* replace the top with its next operation */
+        c->op = op_next(g, t, c);
+        g->heap[0].key = c->op.key;
+      } else {
+        g->heap[0] = g->heap[--g->hn];
+      }
+      if (g->hn > 0)
+        h_down(g, 0);
+    }
+  }
+  return -1;
+}
+
 /* ---- the default rule's additions (policy.h THE DEFAULT RULE) ------------------------------ */
 
 /* A placement the refill considers, with its utility. */
@@ -602,25 +649,13 @@ static double total_util(const gstate *g)
   return u;
 }
 
-/* The best-single-item guard (c). save: [n] scratch. */
-static void guard(gstate *g, hent *keys, kv_policy_place *save)
+/* One trial of the guard: everything not stored, context `top` at `alone` (or nothing forced
+ * when top == n), the rest refilled around it; kept when its total utility beats *best (the
+ * incumbent, saved in save[] first and restored otherwise). */
+static void guard_try(gstate *g, hent *keys, kv_policy_place *save, size_t top, const rpl *alone,
+                      double *best)
 {
-  const pol_model *m = g->m;
-  size_t n = m->n, top = n;
-  double gtop = 0;
-  rpl alone = {KV_POLICY_NONE, KV_POLICY_NONE, 0, 0};
-  for (size_t i = 0; i < n; i++) {
-    rpl r = choose(g, &g->cs[i], i, FIT_EMPTY);
-    double gain = r.u - pol_util_none(m, &m->ctx[i]);
-    if (r.tier != KV_POLICY_NONE && gain > gtop) {
-      gtop = gain;
-      top = i;
-      alone = r;
-    }
-  }
-  if (top == n || !(cur_util(g, &g->cs[top], top) < alone.u))
-    return;
-  double before = total_util(g);
+  size_t n = g->m->n;
   uint64_t used[KV_POLICY_MAX_TIERS];
   memcpy(used, g->used, sizeof used);
   for (size_t i = 0; i < n; i++) {
@@ -629,10 +664,14 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
     set_none(c);
   }
   memset(g->used, 0, sizeof g->used);
-  set_place(g, &g->cs[top], &alone);
+  if (top < n)
+    set_place(g, &g->cs[top], alone);
   refill(g, keys);
-  if (total_util(g) > before)
+  double u = total_util(g);
+  if (u > *best) {
+    *best = u;
     return;
+  }
   for (size_t i = 0; i < n; i++) {
     cst *c = &g->cs[i];
     c->tier = (int8_t)save[i].tier;
@@ -640,6 +679,106 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
     c->cached = (uint8_t)save[i].cached;
   }
   memcpy(g->used, used, sizeof used);
+}
+
+#ifndef POL_GUARD_TOP
+#define POL_GUARD_TOP 8
+#endif
+
+/* The best-single-item guard (c), over the POL_GUARD_TOP contexts of highest gain alone. save:
+ * [n] scratch. */
+static void guard(gstate *g, hent *keys, kv_policy_place *save)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n, nt = 0, top[POL_GUARD_TOP];
+  double gt[POL_GUARD_TOP];
+  rpl al[POL_GUARD_TOP];
+  for (size_t i = 0; i < n; i++) {
+    rpl r = choose(g, &g->cs[i], i, FIT_EMPTY);
+    double gain = r.u - pol_util_none(m, &m->ctx[i]);
+    if (r.tier == KV_POLICY_NONE || !(gain > 0))
+      continue;
+    size_t k = nt < POL_GUARD_TOP ? nt++ : POL_GUARD_TOP;
+    if (k == POL_GUARD_TOP && !(gain > gt[POL_GUARD_TOP - 1]))
+      continue;
+    if (k == POL_GUARD_TOP)
+      k--;
+    while (k > 0 && gain > gt[k - 1]) {
+      top[k] = top[k - 1], gt[k] = gt[k - 1], al[k] = al[k - 1];
+      k--;
+    }
+    top[k] = i, gt[k] = gain, al[k] = r;
+  }
+  double best = total_util(g);
+  for (size_t k = 0; k < nt; k++)
+    if (cur_util(g, &g->cs[top[k]], top[k]) < al[k].u)
+      guard_try(g, keys, save, top[k], &al[k], &best);
+#if 1 //POL_GUARD_EMPTY
+  guard_try(g, keys, save, n, NULL, &best);
+#endif
+}
+
+#ifndef POL_REINSERT
+#define POL_REINSERT 8
+#endif
+
+/* Re-insertion (d): the POL_REINSERT contexts that would gain most from a better place than
+ * they have (their best placement without capacities), one at a time: the context takes that
+ * placement, the cascade makes room (it may shrink or move others, or the context itself), and
+ * the refill fills what is left; kept when the total utility rises. Returns -1 or a tier the
+ * cascade could not resolve ([G3]). */
+static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n, nt = 0, top[POL_REINSERT];
+  double gt[POL_REINSERT];
+  for (size_t i = 0; i < n; i++) {
+    const cst *c = &g->cs[i];
+    double gain = choose(g, c, i, FIT_ANY).u - cur_util(g, c, i);
+    if (!(gain > 0))
+      continue;
+    size_t k = nt < POL_REINSERT ? nt++ : POL_REINSERT;
+    if (k == POL_REINSERT && !(gain > gt[POL_REINSERT - 1]))
+      continue;
+    if (k == POL_REINSERT)
+      k--;
+    while (k > 0 && gain > gt[k - 1]) {
+      top[k] = top[k - 1], gt[k] = gt[k - 1];
+      k--;
+    }
+    top[k] = i, gt[k] = gain;
+  }
+  double best = total_util(g);
+  for (size_t k = 0; k < nt; k++) {
+    cst *c = &g->cs[top[k]];
+    rpl b = choose(g, c, top[k], FIT_ANY);
+    if (!(b.u > cur_util(g, c, top[k])))
+      continue;
+    uint64_t used[KV_POLICY_MAX_TIERS];
+    memcpy(used, g->used, sizeof used);
+    for (size_t i = 0; i < n; i++) {
+      const cst *x = &g->cs[i];
+      save[i] = (kv_policy_place){x->tier, x->option, x->cached};
+    }
+    set_place(g, c, &b);
+    int bad = cascade(g);
+    if (bad >= 0)
+      return bad;
+    refill(g, keys);
+    double u = total_util(g);
+    if (u > best) {
+      best = u;
+      continue;
+    }
+    for (size_t i = 0; i < n; i++) {
+      cst *x = &g->cs[i];
+      x->tier = (int8_t)save[i].tier;
+      x->option = save[i].option;
+      x->cached = (uint8_t)save[i].cached;
+    }
+    memcpy(g->used, used, sizeof used);
+  }
+  return -1;
 }
 
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
@@ -745,46 +884,11 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     use(&g, c, +1);
   }
-  /* lines 5-14, tier by tier from the top (§4.4: "applied recursively if the lower-tier
-   * storage is also full") */
-  for (uint32_t t = 0; t < m->T; t++) {
-    if (g.used[t] <= m->cap[t])
-      continue;
-    g.hn = 0;
-    for (size_t i = 0; i < n; i++) {
-      cst *c = &g.cs[i];
-      if (on_tier(&g, t, c)) {
-        prepare(&g, t, c, i);
-        c->op = op_next(&g, t, c);
-        g.heap[g.hn].key = c->op.key;
-        g.heap[g.hn].i = (uint32_t)i;
-        g.hn++;
-      }
-    }
-    for (size_t k = (g.hn + 2) / 4; k-- > 0;)
-      h_down(&g, k);
-    while (g.used[t] > m->cap[t]) {
-      if (g.hn == 0) { /* [G3] cannot happen: bytes on t belong to contexts on t */
-        gstate_free(&g);
-        return pol_fail(err, KVDB_PANIC, "tier %u over capacity with no context on it", t);
-      }
-      cst *c = &g.cs[g.heap[0].i];
-#if defined(__GNUC__)
-      /* the next top is one of the root's children: start fetching them (random contexts) */
-      for (size_t q = 1; q <= 4 && q < g.hn; q++)
-        __builtin_prefetch(&g.cs[g.heap[q].i]);
-#endif
-      op x = c->op;
-      op_apply(&g, t, c, &x);
-      if (on_tier(&g, t, c)) { /* replace the top with its next operation */
-        c->op = op_next(&g, t, c);
-        g.heap[0].key = c->op.key;
-      } else {
-        g.heap[0] = g.heap[--g.hn];
-      }
-      if (g.hn > 0)
-        h_down(&g, 0);
-    }
+  /* lines 5-14 */
+  int bad = cascade(&g);
+  if (bad >= 0) {
+    gstate_free(&g);
+    return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
   }
   if (m->p->rule == KV_POLICY_REFILL && n > 0) { /* (b) and (c) */
     kv_policy_place *save = ws_get(ws, WS_SAVE, n * sizeof *save);
@@ -794,6 +898,11 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     refill(&g, g.heap);
     guard(&g, g.heap, save);
+    bad = reinsert(&g, g.heap, save);
+    if (bad >= 0) {
+      gstate_free(&g);
+      return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
+    }
   }
   for (size_t i = 0; i < n; i++) {
     out[i].tier = g.cs[i].tier;
