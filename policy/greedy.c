@@ -713,9 +713,6 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
   for (size_t k = 0; k < nt; k++)
     if (cur_util(g, &g->cs[top[k]], top[k]) < al[k].u)
       guard_try(g, keys, save, top[k], &al[k], &best);
-#if 1 //POL_GUARD_EMPTY
-  guard_try(g, keys, save, n, NULL, &best);
-#endif
 }
 
 #ifndef POL_REINSERT
