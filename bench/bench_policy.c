@@ -89,10 +89,10 @@ static void json_key(char *buf, size_t cap, const char *prefix, const char *name
 typedef struct scen {
   int decoded;
   int derived; /* the trace built on derived-probe profiles: a shorter report, no 100k timing */
-  result *res, *fixed, *ev[2];
-  gains g[2], g_drop[2];
-  double gvb[2];     /* the greedy / the bound, smallest over alpha <= PB_ALPHA_BOUND_MAX */
-  double gvb_all[2]; /* the same over the whole sweep */
+  result *res, *fixed, *ev[OPT_RULES];
+  gains g[OPT_RULES], g_drop[OPT_RULES];
+  double gvb[OPT_RULES]; /* the greedy / the bound, smallest over alpha <= PB_ALPHA_BOUND_MAX */
+  double gvb_all[OPT_RULES]; /* the same over the whole sweep */
   double place_ms;
   big_m big;
 } scen;
@@ -122,12 +122,12 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     goto out;
   }
   size_t n_fixed = NCFG, n_ev = N_ALPHA;
-  sc->res = calloc(n_fixed + 2 * n_ev, sizeof *sc->res);
+  sc->res = calloc(n_fixed + OPT_RULES * n_ev, sizeof *sc->res);
   if (sc->res == NULL)
     goto out;
   sc->fixed = sc->res;
-  sc->ev[0] = sc->res + n_fixed;
-  sc->ev[1] = sc->res + n_fixed + n_ev;
+  for (int r = 0; r < OPT_RULES; r++)
+    sc->ev[r] = sc->res + n_fixed + (size_t)r * n_ev;
   result *fixed = sc->fixed;
   const char *sname = sc->derived   ? "decoded DRAM, derived probes"
                       : sc->decoded ? "decoded DRAM"
@@ -142,8 +142,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
       snprintf(fixed[k].name, sizeof fixed[k].name, "%s+lru", cm[k].name);
     fixed[k].kind = k == 0 ? 0 : 1;
   }
-  for (int r = 0; r < 2; r++) {
-    bench_log("policy (%s): %s over %zu values of alpha", sname, r ? "per byte" : "EvicPress",
+  for (int r = 0; r < OPT_RULES; r++) {
+    bench_log("policy (%s): %s over %zu values of alpha", sname, PB_RULE_NAME[r],
               n_ev);
     for (size_t a = 0; a < n_ev; a++) {
       result *x = &sc->ev[r][a];
@@ -151,12 +151,12 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
         goto out;
       x->alpha = PB_ALPHA[a];
       x->kind = 2 + r;
-      snprintf(x->name, sizeof x->name, "%s a=%g", r ? "perbyte" : "evicpress", PB_ALPHA[a]);
+      snprintf(x->name, sizeof x->name, "%s a=%g", PB_RULE_KEY[r], PB_ALPHA[a]);
     }
   }
   fprintf(o, "%-22s %9s %8s %8s %8s %8s %9s\n", "policy", "TTFT s", "quality", "DRAM hit",
           "SSD hit", "miss", "GB w/req");
-  for (size_t k = 0; k < (sc->derived ? 1 : n_fixed + 2 * n_ev); k++) {
+  for (size_t k = 0; k < (sc->derived ? 1 : n_fixed + OPT_RULES * n_ev); k++) {
     const result *x = &sc->res[k];
     fprintf(o, "%-22s %9.4f %8.4f %8.3f %8.3f %8.3f %9.3f\n", x->name, x->ttft, x->quality,
             x->hit_dram, x->hit_ssd, x->miss, x->write_gb_per_req);
@@ -164,8 +164,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
 
   /* comparisons: against every fixed config, and against the paper's baselines only */
   uint8_t on_front[NCFG];
-  double pt_gain[2][NCFG], pt_q[2][NCFG];
-  for (int r = 0; r < 2; r++)
+  double pt_gain[OPT_RULES][NCFG], pt_q[OPT_RULES][NCFG];
+  for (int r = 0; r < OPT_RULES; r++)
     pb_compare(fixed, n_fixed, sc->ev[r], n_ev, 0.9, on_front, pt_gain[r], pt_q[r], &sc->g[r]);
   {
     result dropped[NCFG];
@@ -176,18 +176,18 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
         dropped[nd++] = fixed[k];
     uint8_t f2[NCFG];
     double g2[NCFG], q2[NCFG];
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < OPT_RULES; r++)
       pb_compare(dropped, nd, sc->ev[r], n_ev, 0.0, f2, g2, q2, &sc->g_drop[r]);
   }
   fprintf(o, "\nat equal quality: the baselines' Pareto front (LRU and fixed compression + LRU); "
              "gains at its compressed points of quality >= 0.9 x LRU's\n");
-  fprintf(o, "  %-18s %9s %8s | %-26s | %-26s\n", "baseline", "TTFT s", "quality",
-          "EvicPress: TTFT gain, +q", "per byte: TTFT gain, +q");
+  fprintf(o, "  %-18s %9s %8s | %-26s | %-26s | %-26s\n", "baseline", "TTFT s", "quality",
+          "least drop: TTFT gain, +q", "per byte: TTFT gain, +q", "default: TTFT gain, +q");
   for (size_t k = 0; k < n_fixed; k++) {
     if (!on_front[k])
       continue;
     fprintf(o, "  %-18s %9.4f %8.4f |", fixed[k].name, fixed[k].ttft, fixed[k].quality);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < OPT_RULES; r++) {
       if (isnan(pt_gain[r][k]))
         fprintf(o, " %-26s |", k == 0 ? "(LRU itself)" : "(quality < 0.9 x LRU's)");
       else
@@ -196,15 +196,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     fprintf(o, "\n");
   }
   {
-    const result *w3 = &sc->ev[0][sc->g[0].lru_3pct_run];
-    fprintf(o, "configs in use at the end of the EvicPress run at alpha %g (cached in DRAM + SSD "
+    const result *w3 = &sc->ev[PB_HEAD][sc->g[PB_HEAD].lru_3pct_run];
+    fprintf(o, "configs in use at the end of the default rule's run at alpha %g (cached in DRAM + SSD "
                "| SSD only):", w3->alpha);
     for (size_t k = 0; k < NCFG; k++)
       if (w3->hist_cached[k] || w3->hist_ssd[k])
         fprintf(o, " %s %u|%u", cm[k].name, w3->hist_cached[k], w3->hist_ssd[k]);
     fprintf(o, "\n");
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     const gains *g = &sc->g[r];
     const result *w3 = &sc->ev[r][g->lru_3pct_run];
     fprintf(o, "%s: vs LRU within 3%% of its quality %.3fx (LRU %.4f s at %.4f; alpha %g: %.4f s "
@@ -212,7 +212,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
                "geometric mean %.3fx over %zu front points%s; vs token dropping + LRU only (the "
                "paper's baselines, their front at any quality): min %.3fx, geometric mean %.3fx over %zu points. Quality at "
                "equal TTFT: min %+.4f, mean %+.4f\n",
-            r ? "per byte" : "EvicPress", g->vs_lru_3pct, fixed[0].ttft, fixed[0].quality,
+            PB_RULE_NAME[r], g->vs_lru_3pct, fixed[0].ttft, fixed[0].quality,
             w3->alpha, w3->ttft, w3->quality, g->vs_compress,
             g->n_points ? fixed[g->worst_point].name : "-", g->vs_compress_geo, g->n_points,
             g->unreached ? " (front points no run reaches count as 0)" : "",
@@ -222,7 +222,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
 
   /* the greedy against the bound */
   bench_log("policy: greedy against the LP bound over the alpha sweep");
-  sc->gvb[0] = sc->gvb[1] = sc->gvb_all[0] = sc->gvb_all[1] = INFINITY;
+  for (int r = 0; r < OPT_RULES; r++)
+    sc->gvb[r] = sc->gvb_all[r] = INFINITY;
   fprintf(o, "\ngreedy vs upper bound, (greedy - none) / (bound - none), all %u contexts placed "
              "from scratch with their end-of-trace frequencies:\n  %-9s", tr->n, "alpha");
   rows = calloc(n_ev, sizeof *rows);
@@ -231,7 +232,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   for (size_t a = 0; a < n_ev; a++) {
     if (pb_greedy_vs_bound(tr, &md, PB_ALPHA[a], &rows[a]) != 0)
       goto out;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < OPT_RULES; r++) {
       if (PB_ALPHA[a] <= PB_ALPHA_BOUND_MAX && rows[a].ratio[r] < sc->gvb[r])
         sc->gvb[r] = rows[a].ratio[r];
       if (rows[a].ratio[r] < sc->gvb_all[r])
@@ -239,14 +240,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     }
     fprintf(o, " %7g", PB_ALPHA[a]);
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     fprintf(o, "\n  %-9s", r ? "per byte" : "EvicPress");
     for (size_t a = 0; a < n_ev; a++)
       fprintf(o, " %7.4f", rows[a].ratio[r]);
   }
-  fprintf(o, "\n  min over alpha <= %g: EvicPress %.4f, per byte %.4f; over every alpha: %.4f, "
-             "%.4f\n",
-          PB_ALPHA_BOUND_MAX, sc->gvb[0], sc->gvb[1], sc->gvb_all[0], sc->gvb_all[1]);
+  fprintf(o, "\n  min over alpha <= %g: least drop %.4f, per byte %.4f, default %.4f; over every "
+             "alpha: %.4f, %.4f, %.4f\n",
+          PB_ALPHA_BOUND_MAX, sc->gvb[0], sc->gvb[1], sc->gvb[2], sc->gvb_all[0], sc->gvb_all[1],
+          sc->gvb_all[2]);
 
   /* 100k contexts (timed once, on the real-query profiles) */
   if (sc->derived) {
@@ -256,15 +258,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   bench_log("policy: placing %u contexts x %zu configs x 3 tiers", PB_BIG_N, NCFG);
   if (pb_place_100k(env, tr, tm, sc->decoded, &sc->big) != 0)
     goto out;
-  sc->place_ms = sc->big.ms[0] > sc->big.ms[1] ? sc->big.ms[0] : sc->big.ms[1];
+  sc->place_ms = sc->big.ms[PB_HEAD];
   fprintf(o, "\nrebalance of %u contexts x %zu configs x 3 tiers (DRAM 4%%, SSD 20%%, SmartSSD "
-             "20%%), workspace kept: EvicPress %.1f ms [%.1f .. %.1f], per byte %.1f ms [%.1f .. "
-             "%.1f] (median [min .. max] of %d); without a workspace %.1f / %.1f ms; %llu / %llu "
-             "greedy operations; admit of one context into it: %.1f ms\n",
-          PB_BIG_N, NCFG, sc->big.ms[0], sc->big.ms_min[0], sc->big.ms_max[0], sc->big.ms[1],
-          sc->big.ms_min[1], sc->big.ms_max[1], env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL,
-          sc->big.ms_nows[0], sc->big.ms_nows[1], (unsigned long long)sc->big.ops[0],
-          (unsigned long long)sc->big.ops[1], sc->big.admit_ms);
+             "20%%), workspace kept, median [min .. max] of %d:", PB_BIG_N, NCFG,
+          env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL);
+  for (int r = 0; r < OPT_RULES; r++)
+    fprintf(o, " %s %.1f ms [%.1f .. %.1f] (%.1f without a workspace, %llu greedy operations);",
+            PB_RULE_NAME[r], sc->big.ms[r], sc->big.ms_min[r], sc->big.ms_max[r],
+            sc->big.ms_nows[r], (unsigned long long)sc->big.ops[r]);
+  fprintf(o, " admit of one context into the default's placement: %.1f ms\n", sc->big.admit_ms);
   rc = 0;
 out:
   free(rows);
@@ -495,20 +497,20 @@ int bench_policy(const bench_env *env, bench_json *j)
 
   /* targets: the scenario of kvdb as it is */
   const scen *h = &sc[0];
-  int m1 = h->g[0].vs_compress >= T_GAIN_VS_COMPRESS_LRU;
-  int m2 = h->g[0].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
-  int m3 = h->gvb[0] >= T_GREEDY_VS_BOUND, m4 = h->place_ms <= T_PLACE_100K_MS;
+  int m1 = h->g[PB_HEAD].vs_compress >= T_GAIN_VS_COMPRESS_LRU;
+  int m2 = h->g[PB_HEAD].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
+  int m3 = h->gvb[PB_HEAD] >= T_GREEDY_VS_BOUND, m4 = h->place_ms <= T_PLACE_100K_MS;
   fprintf(o, "\ntargets (DRAM tier as kvdb has it, decoded): ttft_gain_vs_compress_lru %.3f (>= "
              "%.2f %s), ttft_gain_vs_lru_within_3pct %.3f (>= %.2f %s), greedy_vs_upper_bound "
              "%.4f (>= %.2f %s), place_100k_ms %.1f (<= %.0f %s)\n",
-          h->g[0].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[0].vs_lru_3pct,
-          T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[0], T_GREEDY_VS_BOUND,
+          h->g[PB_HEAD].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[PB_HEAD].vs_lru_3pct,
+          T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[PB_HEAD], T_GREEDY_VS_BOUND,
           bench_met(m3), h->place_ms, T_PLACE_100K_MS, bench_met(m4));
 
   /* JSON */
-  bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[0].vs_compress);
-  bench_json_num(j, "ttft_gain_vs_lru_within_3pct", h->g[0].vs_lru_3pct);
-  bench_json_num(j, "greedy_vs_upper_bound", h->gvb[0]);
+  bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[PB_HEAD].vs_compress);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct", h->g[PB_HEAD].vs_lru_3pct);
+  bench_json_num(j, "greedy_vs_upper_bound", h->gvb[PB_HEAD]);
   bench_json_num(j, "place_100k_ms", h->place_ms);
   char key[128];
   for (int d = 0; d < 2; d++) {
@@ -516,35 +518,38 @@ int bench_policy(const bench_env *env, bench_json *j)
     const char *pre = d == 0 ? "" : "compressed_dram_";
 #define JK(name) (snprintf(key, sizeof key, "%s%s", pre, name), key)
     if (d == 1) {
-      bench_json_num(j, JK("ttft_gain_vs_compress_lru"), x->g[0].vs_compress);
-      bench_json_num(j, JK("ttft_gain_vs_lru_within_3pct"), x->g[0].vs_lru_3pct);
-      bench_json_num(j, JK("greedy_vs_upper_bound"), x->gvb[0]);
+      bench_json_num(j, JK("ttft_gain_vs_compress_lru"), x->g[PB_HEAD].vs_compress);
+      bench_json_num(j, JK("ttft_gain_vs_lru_within_3pct"), x->g[PB_HEAD].vs_lru_3pct);
+      bench_json_num(j, JK("greedy_vs_upper_bound"), x->gvb[PB_HEAD]);
       bench_json_num(j, JK("place_100k_ms"), x->place_ms);
     }
-    bench_json_num(j, JK("ttft_gain_vs_compress_lru_geomean"), x->g[0].vs_compress_geo);
+    bench_json_num(j, JK("ttft_gain_vs_compress_lru_geomean"), x->g[PB_HEAD].vs_compress_geo);
     bench_json_str(j, JK("ttft_gain_vs_compress_lru_worst_baseline"),
-                   x->g[0].n_points ? x->fixed[x->g[0].worst_point].name : "");
-    bench_json_int(j, JK("compress_front_points"), (int64_t)x->g[0].n_points);
-    bench_json_int(j, JK("compress_front_unreached"), x->g[0].unreached);
-    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru"), x->g_drop[0].vs_compress);
-    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru_geomean"), x->g_drop[0].vs_compress_geo);
-    bench_json_num(j, JK("quality_gain_at_equal_ttft_min"), x->g[0].q_gain_min);
-    bench_json_num(j, JK("quality_gain_at_equal_ttft_mean"), x->g[0].q_gain_mean);
+                   x->g[PB_HEAD].n_points ? x->fixed[x->g[PB_HEAD].worst_point].name : "");
+    bench_json_int(j, JK("compress_front_points"), (int64_t)x->g[PB_HEAD].n_points);
+    bench_json_int(j, JK("compress_front_unreached"), x->g[PB_HEAD].unreached);
+    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru"), x->g_drop[PB_HEAD].vs_compress);
+    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru_geomean"), x->g_drop[PB_HEAD].vs_compress_geo);
+    bench_json_num(j, JK("quality_gain_at_equal_ttft_min"), x->g[PB_HEAD].q_gain_min);
+    bench_json_num(j, JK("quality_gain_at_equal_ttft_mean"), x->g[PB_HEAD].q_gain_mean);
     bench_json_num(j, JK("perbyte_ttft_gain_vs_compress_lru"), x->g[1].vs_compress);
     bench_json_num(j, JK("perbyte_ttft_gain_vs_lru_within_3pct"), x->g[1].vs_lru_3pct);
     bench_json_num(j, JK("perbyte_greedy_vs_upper_bound"), x->gvb[1]);
-    bench_json_num(j, JK("greedy_vs_upper_bound_every_alpha"), x->gvb_all[0]);
+    bench_json_num(j, JK("greedy_vs_upper_bound_every_alpha"), x->gvb_all[PB_HEAD]);
     bench_json_num(j, JK("perbyte_greedy_vs_upper_bound_every_alpha"), x->gvb_all[1]);
+    bench_json_num(j, JK("least_drop_ttft_gain_vs_compress_lru"), x->g[0].vs_compress);
+    bench_json_num(j, JK("least_drop_ttft_gain_vs_lru_within_3pct"), x->g[0].vs_lru_3pct);
+    bench_json_num(j, JK("least_drop_greedy_vs_upper_bound"), x->gvb[0]);
     bench_json_num(j, JK("place_100k_ms_least_drop"), x->big.ms[0]);
     bench_json_num(j, JK("place_100k_ms_per_byte"), x->big.ms[1]);
-    bench_json_num(j, JK("place_100k_ms_no_workspace"),
-                   x->big.ms_nows[0] > x->big.ms_nows[1] ? x->big.ms_nows[0] : x->big.ms_nows[1]);
+    bench_json_num(j, JK("place_100k_ms_refill"), x->big.ms[2]);
+    bench_json_num(j, JK("place_100k_ms_no_workspace"), x->big.ms_nows[PB_HEAD]);
     bench_json_num(j, JK("admit_100k_ms"), x->big.admit_ms);
     bench_json_num(j, JK("lru_ttft_s"), x->fixed[0].ttft);
     bench_json_num(j, JK("lru_dram_hit"), x->fixed[0].hit_dram);
     bench_json_num(j, JK("lru_ssd_hit"), x->fixed[0].hit_ssd);
     bench_json_num(j, JK("lru_miss"), x->fixed[0].miss);
-    const result *w3 = &x->ev[0][x->g[0].lru_3pct_run];
+    const result *w3 = &x->ev[PB_HEAD][x->g[PB_HEAD].lru_3pct_run];
     bench_json_num(j, JK("evicpress_3pct_alpha"), w3->alpha);
     bench_json_num(j, JK("evicpress_3pct_ttft_s"), w3->ttft);
     bench_json_num(j, JK("evicpress_3pct_quality"), w3->quality);
@@ -558,11 +563,11 @@ int bench_policy(const bench_env *env, bench_json *j)
       json_key(nm, sizeof nm, "fixed_quality_", cm[k].name);
       bench_json_num(j, JK(nm), x->fixed[k].quality);
     }
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < OPT_RULES; r++)
       for (size_t a = 0; a < N_ALPHA; a++) {
         char nm[64];
         for (int f = 0; f < 2; f++) {
-          snprintf(nm, sizeof nm, "%s_a%g_%s", r ? "perbyte" : "evicpress", PB_ALPHA[a],
+          snprintf(nm, sizeof nm, "%s_a%g_%s", PB_RULE_KEY[r], PB_ALPHA[a],
                    f ? "quality" : "ttft_s");
           for (char *q = nm; *q; q++)
             *q = *q == '.' ? 'p' : *q;
@@ -573,12 +578,12 @@ int bench_policy(const bench_env *env, bench_json *j)
   }
   if (rr == 0) {
     const scen *x = &sc[2];
-    bench_json_num(j, "ttft_gain_vs_compress_lru_derived", x->g[0].vs_compress);
-    bench_json_num(j, "ttft_gain_vs_lru_within_3pct_derived", x->g[0].vs_lru_3pct);
-    bench_json_num(j, "greedy_vs_upper_bound_derived", x->gvb[0]);
+    bench_json_num(j, "ttft_gain_vs_compress_lru_derived", x->g[PB_HEAD].vs_compress);
+    bench_json_num(j, "ttft_gain_vs_lru_within_3pct_derived", x->g[PB_HEAD].vs_lru_3pct);
+    bench_json_num(j, "greedy_vs_upper_bound_derived", x->gvb[PB_HEAD]);
     bench_json_str(j, "ttft_gain_vs_compress_lru_worst_baseline_derived",
-                   x->g[0].n_points ? x->fixed[x->g[0].worst_point].name : "");
-    bench_json_num(j, "ttft_gain_vs_token_dropping_lru_derived", x->g_drop[0].vs_compress);
+                   x->g[PB_HEAD].n_points ? x->fixed[x->g[PB_HEAD].worst_point].name : "");
+    bench_json_num(j, "ttft_gain_vs_token_dropping_lru_derived", x->g_drop[PB_HEAD].vs_compress);
     bench_json_num(j, "perbyte_ttft_gain_vs_compress_lru_derived", x->g[1].vs_compress);
     bench_json_num(j, "perbyte_greedy_vs_upper_bound_derived", x->gvb[1]);
   }

@@ -118,6 +118,16 @@ static const dataset PB_DATASETS[] = {
 };
 #define N_DATASETS (sizeof PB_DATASETS / sizeof PB_DATASETS[0])
 
+/* The placement rules the bench runs, indexed by kv_policy_rule: names in the report and
+ * prefixes of their per-alpha JSON fields. The headline figures (and the "evicpress_3pct_*"
+ * fields: KVDB_PLACEMENT_EVICPRESS places with it) are the default rule's; before issue 17
+ * they were Algorithm 1's, whose figures now carry "least_drop_" / "leastdrop_". */
+#define OPT_RULES 3 /* KV_POLICY_LEAST_DROP, KV_POLICY_PER_BYTE, KV_POLICY_REFILL */
+#define PB_HEAD KV_POLICY_REFILL
+static const char *const PB_RULE_NAME[OPT_RULES] = {"least drop (Alg. 1)", "per byte",
+                                                    "default (refill)"};
+static const char *const PB_RULE_KEY[OPT_RULES] = {"leastdrop", "perbyte", "refill"};
+
 /* ---- small helpers ------------------------------------------------------------------------- */
 
 static inline uint64_t rng_next(uint64_t *s)
@@ -288,17 +298,17 @@ void pb_compare(const result *fixed, size_t n_fixed, const result *ev, size_t n_
 /* ---- 6. the greedy against the bound, 100k contexts (bench_policy_bound.c) -------------- */
 
 typedef struct bound_row {
-  double alpha, ratio[2], plain[2], g[2], ub, none;
+  double alpha, ratio[OPT_RULES], plain[OPT_RULES], g[OPT_RULES], ub, none;
 } bound_row;
 
 int pb_greedy_vs_bound(const trace *tr, const model *md, double alpha, bound_row *row);
 
 typedef struct big_m {
-  double ms[2];        /* median rebalance time per rule (a workspace kept between runs) */
-  double ms_min[2], ms_max[2];
-  double ms_nows[2];   /* median without a workspace (each call allocates its scratch) */
+  double ms[OPT_RULES]; /* median rebalance time per rule (a workspace kept between runs) */
+  double ms_min[OPT_RULES], ms_max[OPT_RULES];
+  double ms_nows[OPT_RULES]; /* median without a workspace (each call allocates its scratch) */
   double admit_ms;     /* median admit of one context into the placed store */
-  uint64_t ops[2];
+  uint64_t ops[OPT_RULES];
   size_t n_options;
 } big_m;
 
@@ -307,7 +317,6 @@ int pb_place_100k(const bench_env *env, const trace *tr, const tiers_m *tm, int 
 
 /* ---- 7. the share of the exact optimum per rule (bench_policy_opt.c) --------------------- */
 
-#define OPT_RULES 3 /* KV_POLICY_LEAST_DROP, KV_POLICY_PER_BYTE, KV_POLICY_REFILL */
 typedef struct opt_m {
   double all[OPT_RULES][3];   /* min, p5, median of the share, every family */
   double paper[OPT_RULES][3]; /* the same, the paper's shape only */

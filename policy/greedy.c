@@ -87,6 +87,7 @@ typedef struct gstate {
   size_t hn;
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
+  uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
 } gstate;
 
 /* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
@@ -510,6 +511,24 @@ static int cascade(gstate *g)
 
 /* ---- the default rule's additions (policy.h THE DEFAULT RULE) ------------------------------ */
 
+/* Effort by instance size: the guard's trials (each a refill from nothing) and re-insertions
+ * (each a cascade and a refill) cost about one greedy each, and a refill pass one scan of
+ * every option, so large instances get fewer: up to POL_SMALL contexts POL_GUARD_TOP trials,
+ * POL_REINSERT re-insertions and 3 refill passes; above, 1, POL_REINSERT_LARGE and 1. */
+#ifndef POL_REINSERT
+#define POL_REINSERT 8
+#endif
+#ifndef POL_REINSERT_LARGE
+#define POL_REINSERT_LARGE 0
+#endif
+#ifndef POL_SMALL
+#define POL_SMALL 4096
+#endif
+#ifndef POL_GUARD_TOP
+#define POL_GUARD_TOP 8
+#endif
+#define POL_REFILL_PASSES(n) ((n) > POL_SMALL ? 1 : 3)
+
 /* A placement the refill considers, with its utility. */
 typedef struct rpl {
   int32_t tier, option;
@@ -593,6 +612,37 @@ static void set_place(gstate *g, cst *c, const rpl *r)
   use(g, c, +1);
 }
 
+/* The placement of highest utility without capacities, from the best options per tier (the
+ * same utility as choose(FIT_ANY), in O(tiers)). */
+static rpl best_any(const gstate *g, const cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  rpl best = {KV_POLICY_NONE, KV_POLICY_NONE, 0, pol_util_none(m, &m->ctx[i])};
+  for (uint32_t t = 0; t < m->T; t++) {
+    int32_t o = best_of(c, t);
+    if (o == KV_POLICY_NONE || (!m->incl && t < m->first))
+      continue;
+    double u = util(g, t, c, (uint32_t)o);
+    if (u > best.u) {
+      if (m->incl && t == 0)
+        best = (rpl){(int32_t)m->first, o, 1, u};
+      else
+        best = (rpl){(int32_t)t, o, 0, u};
+    }
+  }
+  return best;
+}
+
+/* Whether some tier has room for the smallest option of any context. */
+static int room_left(const gstate *g)
+{
+  const pol_model *m = g->m;
+  for (uint32_t t = 0; t < m->T; t++)
+    if (m->cap[t] == KV_POLICY_UNLIMITED || m->cap[t] - g->used[t] >= g->minb[t])
+      return 1;
+  return 0;
+}
+
 static int hent_cmp(const void *a, const void *b)
 {
   const hent *x = a, *y = b;
@@ -609,7 +659,7 @@ static size_t refill_pass(gstate *g, hent *keys)
   for (size_t i = 0; i < n; i++) {
     const cst *c = &g->cs[i];
     double ucur = cur_util(g, c, i);
-    rpl b = choose(g, c, i, FIT_ANY);
+    rpl b = best_any(g, c, i);
     if (!(b.u > ucur))
       continue;
     uint64_t nu[KV_POLICY_MAX_TIERS], own[KV_POLICY_MAX_TIERS], add = 0;
@@ -624,6 +674,8 @@ static size_t refill_pass(gstate *g, hent *keys)
   }
   qsort(keys, nk, sizeof *keys, hent_cmp);
   for (size_t k = 0; k < nk; k++) {
+    if (!room_left(g)) /* no option of any context fits anywhere: nothing more can move in */
+      break;
     cst *c = &g->cs[keys[k].i];
     rpl b = choose(g, c, keys[k].i, FIT_ROOM);
     rpl now = {c->tier, c->option, c->cached, 0};
@@ -635,9 +687,10 @@ static size_t refill_pass(gstate *g, hent *keys)
   return changed;
 }
 
+
 static void refill(gstate *g, hent *keys)
 {
-  for (int pass = 0; pass < 3 && refill_pass(g, keys) > 0; pass++)
+  for (int pass = 0; pass < POL_REFILL_PASSES(g->m->n) && refill_pass(g, keys) > 0; pass++)
     ;
 }
 
@@ -647,6 +700,28 @@ static double total_util(const gstate *g)
   for (size_t i = 0; i < g->m->n; i++)
     u += cur_util(g, &g->cs[i], i);
   return u;
+}
+
+/* The best placement of a context alone in the empty tiers (choose(FIT_EMPTY)): in O(tiers)
+ * when the best option of each tier fits it, else by a scan. */
+static rpl alone(const gstate *g, const cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  rpl b = best_any(g, c, i);
+  if (b.tier == KV_POLICY_NONE)
+    return b;
+  for (uint32_t t = m->first; t < m->T; t++) {
+    int32_t o = best_of(c, t);
+    if (o != KV_POLICY_NONE && obytes(g, t, c, (uint32_t)o) > m->cap[t])
+      return choose(g, c, i, FIT_EMPTY);
+  }
+  if (m->incl) {
+    int32_t o = best_of(c, 0);
+    if (o != KV_POLICY_NONE && (obytes(g, 0, c, (uint32_t)o) > m->cap[0] ||
+                                obytes(g, m->first, c, (uint32_t)o) > m->cap[m->first]))
+      return choose(g, c, i, FIT_EMPTY);
+  }
+  return b;
 }
 
 /* One trial of the guard: everything not stored, context `top` at `alone` (or nothing forced
@@ -681,27 +756,24 @@ static void guard_try(gstate *g, hent *keys, kv_policy_place *save, size_t top, 
   memcpy(g->used, used, sizeof used);
 }
 
-#ifndef POL_GUARD_TOP
-#define POL_GUARD_TOP 8
-#endif
 
 /* The best-single-item guard (c), over the POL_GUARD_TOP contexts of highest gain alone. save:
  * [n] scratch. */
 static void guard(gstate *g, hent *keys, kv_policy_place *save)
 {
   const pol_model *m = g->m;
-  size_t n = m->n, nt = 0, top[POL_GUARD_TOP];
+  size_t n = m->n, nt = 0, top[POL_GUARD_TOP], G = n <= POL_SMALL ? POL_GUARD_TOP : 1;
   double gt[POL_GUARD_TOP];
   rpl al[POL_GUARD_TOP];
   for (size_t i = 0; i < n; i++) {
-    rpl r = choose(g, &g->cs[i], i, FIT_EMPTY);
+    rpl r = alone(g, &g->cs[i], i);
     double gain = r.u - pol_util_none(m, &m->ctx[i]);
     if (r.tier == KV_POLICY_NONE || !(gain > 0))
       continue;
-    size_t k = nt < POL_GUARD_TOP ? nt++ : POL_GUARD_TOP;
-    if (k == POL_GUARD_TOP && !(gain > gt[POL_GUARD_TOP - 1]))
+    size_t k = nt < G ? nt++ : G;
+    if (k == G && !(gain > gt[G - 1]))
       continue;
-    if (k == POL_GUARD_TOP)
+    if (k == G)
       k--;
     while (k > 0 && gain > gt[k - 1]) {
       top[k] = top[k - 1], gt[k] = gt[k - 1], al[k] = al[k - 1];
@@ -715,9 +787,6 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
       guard_try(g, keys, save, top[k], &al[k], &best);
 }
 
-#ifndef POL_REINSERT
-#define POL_REINSERT 8
-#endif
 
 /* Re-insertion (d): the POL_REINSERT contexts that would gain most from a better place than
  * they have (their best placement without capacities), one at a time: the context takes that
@@ -727,17 +796,17 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
 static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
 {
   const pol_model *m = g->m;
-  size_t n = m->n, nt = 0, top[POL_REINSERT];
+  size_t n = m->n, nt = 0, top[POL_REINSERT], R = n <= POL_SMALL ? POL_REINSERT : POL_REINSERT_LARGE;
   double gt[POL_REINSERT];
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n && R > 0; i++) {
     const cst *c = &g->cs[i];
-    double gain = choose(g, c, i, FIT_ANY).u - cur_util(g, c, i);
+    double gain = best_any(g, c, i).u - cur_util(g, c, i);
     if (!(gain > 0))
       continue;
-    size_t k = nt < POL_REINSERT ? nt++ : POL_REINSERT;
-    if (k == POL_REINSERT && !(gain > gt[POL_REINSERT - 1]))
+    size_t k = nt < R ? nt++ : R;
+    if (k == R && !(gain > gt[R - 1]))
       continue;
-    if (k == POL_REINSERT)
+    if (k == R)
       k--;
     while (k > 0 && gain > gt[k - 1]) {
       top[k] = top[k - 1], gt[k] = gt[k - 1];
@@ -748,7 +817,7 @@ static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
   double best = total_util(g);
   for (size_t k = 0; k < nt; k++) {
     cst *c = &g->cs[top[k]];
-    rpl b = choose(g, c, top[k], FIT_ANY);
+    rpl b = best_any(g, c, top[k]);
     if (!(b.u > cur_util(g, c, top[k])))
       continue;
     uint64_t used[KV_POLICY_MAX_TIERS];
@@ -792,6 +861,8 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   gstate g;
   memset(&g, 0, sizeof g);
   g.m = m;
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
+    g.minb[t] = UINT64_MAX;
   size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
   uint32_t kmax = 1;
   int any_decoded = 0;
@@ -849,6 +920,8 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
       }
       for (uint32_t t = 0; t < m->T; t++) { /* best option per tier: highest U, lowest index */
         double u = util(&g, t, c, a);
+        uint64_t ob = obytes(&g, t, c, a);
+        g.minb[t] = ob < g.minb[t] ? ob : g.minb[t];
         if (a == 0 || u > bu[t]) {
           bu[t] = u;
           bo[t] = (int32_t)a;
