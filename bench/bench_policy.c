@@ -274,8 +274,97 @@ out:
   return rc;
 }
 
+/* Part 5b (issue 17): the default rule against the strongest fixed-config baseline of every
+ * family (every config + LRU, + LFU on the same decayed counts, + S3-FIFO) at equal quality, on
+ * the stationary trace, a drifting one and one with one-shot contexts mixed in (the same
+ * contexts and profiles; DRAM tier as kvdb has it). gain[mode] = the smallest TTFT gain over
+ * the baselines' Pareto front points of quality >= 0.9 x LRU's; worst[mode] names that point. */
+typedef struct skeptic_m {
+  double gain[3], geo[3], vs_lru3[3];
+  char worst[3][48];
+  double base_ttft[3][PB_BASES], base_q[3][PB_BASES]; /* raw + each baseline */
+} skeptic_m;
+
+static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const tiers_m *tm,
+                       const cfgm *cm, const double *q_real, uint32_t n_real, skeptic_m *sk)
+{
+  static const char *const mname[3] = {"stationary Zipf", "drifting popularity",
+                                       "one-shot contexts mixed in"};
+  size_t nb = 1 + (size_t)PB_BASES * NCFG;
+  result *base = calloc(nb, sizeof *base), *ev = calloc(N_ALPHA, sizeof *ev);
+  uint8_t *front = calloc(nb, 1);
+  double *pg = calloc(nb, sizeof *pg), *pq = calloc(nb, sizeof *pq);
+  int rc = -1;
+  if (!base || !ev || !front || !pg || !pq)
+    goto out;
+  fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO} at equal "
+             "quality (DRAM tier as kvdb has it)\n");
+  for (int mode = 0; mode < 3; mode++) {
+    trace trm;
+    memset(&trm, 0, sizeof trm);
+    const trace *tr = tr0;
+    if (mode > 0) {
+      if (pb_build_trace_mode(env, cm, q_real, n_real, mode, &trm) != 0)
+        goto out;
+      tr = &trm;
+    }
+    model md;
+    memset(&md, 0, sizeof md);
+    int ok = pb_model_init(&md, tr, tm, 1) == 0;
+    bench_log("policy (issue 17, %s): baselines (%zu runs) and the default rule", mname[mode],
+              nb);
+    for (int b = 0; ok && b < PB_BASES; b++)
+      for (size_t k = 0; ok && k < NCFG; k++) {
+        result *x = &base[1 + (size_t)b * NCFG + k];
+        ok = (b == PB_BASE_LRU ? pb_sim_lru(tr, &md, (uint32_t)k, x)
+                               : pb_sim_fixed(tr, &md, (uint32_t)k, b, x)) == 0;
+        snprintf(x->name, sizeof x->name, "%s+%s", cm[k].name, PB_BASE_NAME[b]);
+        if (k == 0) {
+          sk->base_ttft[mode][b] = x->ttft;
+          sk->base_q[mode][b] = x->quality;
+        }
+      }
+    base[0] = base[1]; /* raw + LRU: pb_compare's reference (its own point is base[1]) */
+    for (size_t a = 0; ok && a < N_ALPHA; a++) {
+      ok = pb_sim_evicpress(tr, &md, cm, PB_ALPHA[a], PB_HEAD, &ev[a]) == 0;
+      ev[a].alpha = PB_ALPHA[a];
+    }
+    pb_model_free(&md);
+    if (mode > 0)
+      pb_trace_free(&trm);
+    if (!ok)
+      goto out;
+    gains g;
+    pb_compare(base, nb, ev, N_ALPHA, 0.9, front, pg, pq, &g);
+    sk->gain[mode] = g.vs_compress;
+    sk->geo[mode] = g.vs_compress_geo;
+    sk->vs_lru3[mode] = g.vs_lru_3pct;
+    snprintf(sk->worst[mode], sizeof sk->worst[mode], "%s",
+             g.n_points ? base[g.worst_point].name : "-");
+    fprintf(o, "%s: raw + LRU %.4f s, + LFU %.4f s, + S3-FIFO %.4f s; the baselines' front "
+               "(quality >= 0.9 x LRU's):",
+            mname[mode], sk->base_ttft[mode][0], sk->base_ttft[mode][1], sk->base_ttft[mode][2]);
+    for (size_t k = 1; k < nb; k++)
+      if (front[k] && !isnan(pg[k]))
+        fprintf(o, " %s %.4f s q %.4f -> %.3fx;", base[k].name, base[k].ttft, base[k].quality,
+                pg[k]);
+    fprintf(o, "\n  default rule vs the strongest: min %.3fx (vs %s), geometric mean %.3fx over "
+               "%zu points%s; vs LRU within 3%% %.3fx\n",
+            g.vs_compress, sk->worst[mode], g.vs_compress_geo, g.n_points,
+            g.unreached ? " (front points no run reaches count as 0)" : "", g.vs_lru_3pct);
+  }
+  rc = 0;
+out:
+  free(base);
+  free(ev);
+  free(front);
+  free(pg);
+  free(pq);
+  return rc;
+}
+
 /* Part 7: the share of the exact optimum per rule, printed and into the JSON. */
-static int report_optimality(const bench_env *env, FILE *o, bench_json *j)
+static int report_optimality(const bench_env *env, FILE *o, bench_json *j, opt_m *res)
 {
   static const char *const rn[OPT_RULES] = {"least_drop", "per_byte", "refill"};
   opt_m om;
@@ -306,6 +395,8 @@ static int report_optimality(const bench_env *env, FILE *o, bench_json *j)
   bench_json_num(j, "greedy_vs_optimum_p5", om.all[KV_POLICY_REFILL][1]);
   bench_json_num(j, "greedy_vs_optimum_min", om.all[KV_POLICY_REFILL][0]);
   bench_json_int(j, "optimum_instances", (int64_t)om.n_all);
+  if (res != NULL)
+    *res = om;
   return 0;
 }
 
@@ -331,7 +422,7 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
-    return report_optimality(env, o, j);
+    return report_optimality(env, o, j, NULL);
 
   /* 1. tiers */
   tiers_m tm;
@@ -495,6 +586,15 @@ int bench_policy(const bench_env *env, bench_json *j)
   if (rr == 0 && run_scenario(env, o, &tr_d, &tm, cm, &sc[2]) != 0)
     goto out;
 
+  /* issue 17: the strongest baselines, three traces */
+  skeptic_m sk;
+  memset(&sk, 0, sizeof sk);
+  if (run_skeptic(env, o, &tr, &tm, cm, q_real, n_real, &sk) != 0)
+    goto out;
+  opt_m om;
+  if (report_optimality(env, o, j, &om) != 0)
+    goto out;
+
   /* targets: the scenario of kvdb as it is */
   const scen *h = &sc[0];
   int m1 = h->g[PB_HEAD].vs_compress >= T_GAIN_VS_COMPRESS_LRU;
@@ -506,6 +606,38 @@ int bench_policy(const bench_env *env, bench_json *j)
           h->g[PB_HEAD].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[PB_HEAD].vs_lru_3pct,
           T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[PB_HEAD], T_GREEDY_VS_BOUND,
           bench_met(m3), h->place_ms, T_PLACE_100K_MS, bench_met(m4));
+
+  /* issue 17's targets */
+  {
+    int t1 = sk.gain[0] >= T17_GAIN_BEST_FIXED, t2 = sk.gain[1] >= T17_GAIN_BEST_FIXED_DRIFT;
+    int t3 = h->g[PB_HEAD].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
+    int t4 = om.all[PB_HEAD][1] >= T17_OPT_P5 && om.all[PB_HEAD][0] >= T17_OPT_MIN;
+    int t5 = h->place_ms <= T17_PLACE_100K_MS;
+    fprintf(o, "issue 17 targets: ttft_gain_vs_best_fixed_config %.3f (>= %.2f %s), _drift %.3f "
+               "(>= %.2f %s), ttft_gain_vs_lru_within_3pct %.3f (>= %.2f %s), greedy_vs_optimum "
+               "p5 %.4f / min %.4f (>= %.2f / %.2f %s), place_100k_ms %.1f (<= %.0f %s); "
+               "put_overhead_of_placement: below\n",
+            sk.gain[0], T17_GAIN_BEST_FIXED, bench_met(t1), sk.gain[1], T17_GAIN_BEST_FIXED_DRIFT,
+            bench_met(t2), h->g[PB_HEAD].vs_lru_3pct, T_GAIN_VS_LRU_3PCT, bench_met(t3),
+            om.all[PB_HEAD][1], om.all[PB_HEAD][0], T17_OPT_P5, T17_OPT_MIN,
+            bench_met(t4), h->place_ms, T17_PLACE_100K_MS, bench_met(t5));
+  }
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk.gain[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk.gain[1]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk.gain[2]);
+  bench_json_str(j, "best_fixed_config_worst_baseline", sk.worst[0]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk.worst[1]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk.worst[2]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk.geo[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk.geo[1]);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk.vs_lru3[1]);
+  for (int b = 0; b < PB_BASES; b++) {
+    char k[64];
+    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk.base_ttft[0][b]);
+    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk.base_ttft[1][b]);
+  }
 
   /* JSON */
   bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[PB_HEAD].vs_compress);
