@@ -528,6 +528,13 @@ static int cascade(gstate *g)
 #define POL_GUARD_TOP 8
 #endif
 #define POL_REFILL_PASSES(n) ((n) > POL_SMALL ? 1 : 3)
+/* A guard trial or a re-insertion replaces the placement only when it raises the total utility
+ * by more than this share: near-equal alternatives (tier figures measured a little apart) keep
+ * the greedy's, so that a rebalance of a rebalanced store moves nothing. */
+#define POL_MARGIN 1e-4
+#ifndef POL_GUARD_SHARE
+#define POL_GUARD_SHARE 0.25
+#endif
 
 /* A placement the refill considers, with its utility. */
 typedef struct rpl {
@@ -743,7 +750,7 @@ static void guard_try(gstate *g, hent *keys, kv_policy_place *save, size_t top, 
     set_place(g, &g->cs[top], alone);
   refill(g, keys);
   double u = total_util(g);
-  if (u > *best) {
+  if (u > *best + POL_MARGIN * fabs(*best)) {
     *best = u;
     return;
   }
@@ -781,9 +788,13 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
     }
     top[k] = i, gt[k] = gain, al[k] = r;
   }
-  double best = total_util(g);
+  /* a trial only for a context that gains alone at least POL_GUARD_SHARE of what the whole
+   * placement gains over storing nothing: where the greedy can have missed it by a lot */
+  double best = total_util(g), none = 0;
+  for (size_t i = 0; i < n; i++)
+    none += pol_util_none(m, &m->ctx[i]);
   for (size_t k = 0; k < nt; k++)
-    if (cur_util(g, &g->cs[top[k]], top[k]) < al[k].u)
+    if (cur_util(g, &g->cs[top[k]], top[k]) < al[k].u && gt[k] >= POL_GUARD_SHARE * (best - none))
       guard_try(g, keys, save, top[k], &al[k], &best);
 }
 
@@ -832,7 +843,7 @@ static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
       return bad;
     refill(g, keys);
     double u = total_util(g);
-    if (u > best) {
+    if (u > best + POL_MARGIN * fabs(best)) {
       best = u;
       continue;
     }

@@ -6,7 +6,9 @@
  * PUT (kvdb_put_ex): check -> (placement on: profile the context and ask the placement for the
  * config it will choose) -> kv_put_context (engine/ops/put.c: hash, encode, write, publish in
  * one catalog transaction; its head comment has the durability order) -> (placement on: place
- * the context, Algorithm 1). GET, lookup, delete and the rest live in engine/ops.
+ * the context). GET (kvdb_get): kv_get (engine/ops/get.c) -> (placement on: promotion of the
+ * context served to the DRAM tier, kv_place_after_get). Lookup, delete and the rest live in
+ * engine/ops.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,6 +41,19 @@ void kvdb_options_init(kvdb_options *opt)
   opt->use_io_uring = 1;
   opt->log_level = 1;
   kv_place_options_init(opt);
+}
+
+/* ---- get: read -> (placement) promote ----------------------------------------------------- */
+
+kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *out, size_t *hit_tokens)
+{
+  uint8_t ctx[16];
+  int hit;
+  kvdb_status rc = kv_get(db, m, tokens, n, out, hit_tokens, ctx, &hit);
+  if (rc == KVDB_OK && hit)
+    kv_place_after_get(db, ctx); /* placement on: promote it to DRAM when its utility says so */
+  return rc;
 }
 
 /* ---- put: check -> (placement) config -> write -> (placement) place --------------------- */

@@ -451,10 +451,11 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
   return delivered;
 }
 
-kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                     const kvdb_kv_view *out, size_t *hit_tokens)
+kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                   const kvdb_kv_view *out, size_t *hit_tokens, uint8_t hit_ctx[16], int *served)
 {
   uint32_t bt;
+  *served = 0;
   if (hit_tokens != NULL)
     *hit_tokens = 0;
   KV_RET(read_checks(db, m, &bt, tokens, n));
@@ -481,6 +482,8 @@ kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size
       for (size_t i = w.n; i-- > 0;)
         if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
           kv_note_access(db, w.h[i].hash);
+          memcpy(hit_ctx, w.h[i].hash, 16);
+          *served = 1;
           break;
         }
     }

@@ -18,6 +18,12 @@
 
 /* kvdb_put's and kvdb_put_block's checks of the handle, the model and the view (and that the
  * handle writes); *block_tokens receives the model's. */
+/* kvdb_get (get.c); *served = 1 and hit_ctx = the context whose last block was the last block
+ * delivered, when there is one (the context the get counted an access of). kvdb_get (db.c)
+ * calls it, then the placement's promotion on a hit. */
+kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                   const kvdb_kv_view *out, size_t *hit_tokens, uint8_t hit_ctx[16], int *served);
+
 kvdb_status kv_put_checks(kvdb *db, const kvdb_model *m, uint32_t *block_tokens,
                           const kvdb_kv_view *kv);
 /* The options of a put as this build's struct (fields past the caller's struct_size keep their

@@ -107,6 +107,9 @@ typedef struct kv_place_view {
   int valid;
   uint64_t used[KVDB_TIER_COUNT]; /* the policy's bytes on each kvdb tier */
   uint64_t txnid;                 /* catalog txn id the view is right as of */
+  double promote_per_byte;        /* promotion on a hit (placer.c PROMOTION): the least utility
+                                     gain per DRAM byte among the contexts the last run over
+                                     every context cached; 0 when none was */
 } kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
 kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn);
