@@ -692,15 +692,21 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
 /*
  * PROMOTION. A get of a context that is not in the DRAM tier (placement on, any rule but
  * KVDB_PLACEMENT_LEAST_DROP: Algorithm 1 as the paper has it never promotes) counts the access
- * asks whether caching it pays (a read transaction; the access counts as one more): its utility
+ * asks whether caching it pays (a read transaction; the accesses noted and not yet written count
+ * too): its utility
  * cached (same tier and config) minus where it is,
  * per byte it would take in DRAM, against promote_per_byte, the least such gain among the
- * contexts the last run over every context cached (0 without one: any gain). When it beats it,
+ * contexts the last run over every context cached (0 without one: any gain). When it beats it
+ * by KV_PROMOTE_MARGIN,
  * the context is placed again as an incoming one: alone when that fits beside the view (it is
  * then cached, and the DRAM tier admits it for the next get), else by the greedy over every
  * context, which may uncache others or leave it out. A context worth less per byte than every
  * one cached costs a read transaction per get.
  */
+
+/* Promotion needs this much more gain per byte than the least cached context has: contexts of
+ * about equal heat do not take each other's place on every get. */
+#define KV_PROMOTE_MARGIN 1.25
 
 /* The least utility gain per DRAM byte among the contexts `place` caches (0: none). */
 static double promote_threshold(const pinst *in, const kv_policy_place *place)
@@ -733,14 +739,14 @@ static kvdb_status promote_pays(kvdb *db, const uint8_t key[16], double threshol
   KV_RET(rc);
   if (in.n == 1 && in.ptier[KVDB_TIER_DRAM] == 0 && in.pc[0].current.tier != KV_POLICY_NONE &&
       !in.pc[0].current.cached) {
-    in.pc[0].frequency += 1; /* the get's own access, not yet flushed */
+    in.pc[0].frequency += (double)kv_pending_accesses(db, key); /* not written yet */
     kv_policy_place cur = in.pc[0].current, up = cur;
     up.cached = 1;
     const kv_policy_option *o = &in.pc[0].options[cur.option];
     double b = (double)(o->decoded_bytes ? o->decoded_bytes : in.pc[0].raw_bytes);
     double g = (kv_policy_utility(&in.p, &in.pc[0], up) -
                 kv_policy_utility(&in.p, &in.pc[0], cur)) / (b > 0 ? b : 1);
-    *yes = g > 0 && g > threshold;
+    *yes = g > 0 && g > threshold * KV_PROMOTE_MARGIN;
   }
   inst_free(&in);
   return KVDB_OK;

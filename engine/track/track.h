@@ -126,6 +126,9 @@ static inline void kv_atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16
 }
 /* Note one access of context `key` now (kept in the handle until kv_flush_atime). */
 void kv_note_access(kvdb *db, const uint8_t key[16]);
+/* How many accesses of context `key` are noted and not yet written (placement's promotion on a
+ * hit counts them: a read-only workload writes none). */
+size_t kv_pending_accesses(kvdb *db, const uint8_t key[16]);
 /* In a write transaction: write the noted access times to the contexts' records (and, with
  * placement on, kv_place_touch). */
 kvdb_status kv_flush_atime(kvdb *db, kv_txn *txn);
