@@ -76,22 +76,33 @@
  * per-byte greedy both stop once every tier fits: neither ever fills a tier again after the
  * cascade emptied it further than needed (a coarse tier: one large context leaves, most of the
  * tier stays empty), and per-byte alone can prefer a small dense context to a large valuable
- * one that no longer fits. The default runs the per-byte greedy above with three additions:
+ * one that no longer fits. The default runs the per-byte greedy above with four additions:
  *   a. an incoming context starts on the tier where its best option has the highest utility
  *      (ties: the upper one) rather than always on the top tier: when a probe measures the top
- *      tier slower than recomputing, the context is not dropped while a lower tier serves it;
+ *      tier slower than recomputing (or than the tier below), the context is not dropped (or
+ *      cached in the slow tier) while a lower tier serves it;
  *   b. a refill pass: every context whose best placement ignoring capacities beats where it is,
  *      by gain per byte added (highest first, ties lower index), takes the placement of highest
  *      utility among those that fit in the room left (any tier, option, cached or not, or not
- *      stored), as long as the pass changes something (at most 3 passes);
- *   c. the best-single-item guard: the context with the highest gain alone (utility of its best
- *      placement that fits the empty tiers, minus recomputing it) is placed that way on its own
- *      and every other context refilled around it (b from "nothing stored"); when that total
- *      utility is higher, it is the result. Computed only when the greedy left that context
- *      below its gain alone.
- * Every change of a and b raises the total utility, so the result is never below the per-byte
- * greedy's; with c it is never below the best single context either (the classic 1/2 bound of
- * the knapsack greedy). `kvdb-bench policy` reports the share of the exact optimum per rule.
+ *      stored); passes repeat while they change something (at most 3); a pass stops once no
+ *      option of any context fits in any tier;
+ *   c. the best-single-item guard: among the 8 contexts of highest gain alone (the utility of
+ *      its best placement that fits the empty tiers, minus recomputing it), each one the greedy
+ *      left below that and whose gain alone is at least 1/4 of what the whole placement gains
+ *      over storing nothing is placed alone and every other context refilled around it (b from
+ *      "nothing stored"); the result replaces the placement when it is worth more by over 1e-4
+ *      of the total (near-equal alternatives keep the greedy's: a rebalance of a rebalanced
+ *      store, with tier figures measured a little apart, moves nothing);
+ *   d. re-insertion: the 8 contexts that would gain most from a better place (their best
+ *      placement without capacities), one at a time, take that place; the cascade makes room
+ *      (shrinking or moving others, or the context itself) and b fills what is left; kept when
+ *      worth more by over 1e-4 of the total.
+ *   Above 4096 contexts the effort is bounded: one refill pass, one guard trial, no
+ *   re-insertion (each trial costs about one greedy).
+ * b, c and d only ever raise the total utility of what the cascade found; a changes where it
+ * starts (measured above the per-byte greedy in 970 and below it in 1 of 3000 random small
+ * instances, test policy-refill). `kvdb-bench policy` (part 7) reports each rule's share of the
+ * exact optimum.
  *
  * DETERMINISM. Identical input gives identical output (on one build and platform). Ties break
  * as follows: best option = highest utility, then lowest option index. Among one context's
@@ -99,7 +110,8 @@
  * more bytes on the tier, then the lower option index. Among contexts: lowest cost, then
  * lowest context index.
  *
- * COST. kv_policy_rebalance and kv_policy_admit are O(T * K + m * log n) for n contexts with
+ * COST. With KV_POLICY_LEAST_DROP and KV_POLICY_PER_BYTE, kv_policy_rebalance and
+ * kv_policy_admit are O(T * K + m * log n) for n contexts with
  * K options in all and m greedy operations: every option is read a constant number of times
  * per tier (its utility on each tier once; a scan for the first operation of each context on
  * an over-full tier; a sort of the candidates of a context the first time it is recompressed
@@ -108,7 +120,11 @@
  * Memory O(n + K). An admit into a store of n contexts costs the same O(T * K) as a rebalance:
  * every context on an over-full tier is a candidate (measured by `kvdb-bench policy`:
  * place_100k_ms, admit_100k_ms). kv_policy_exact is exponential (branch and bound, for small
- * instances). kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
+ * instances). KV_POLICY_REFILL adds O(T * K + n log n) per refill pass (every option of every
+ * candidate, a sort by gain per byte) and a greedy's cost per guard trial or re-insertion (up
+ * to 3 passes, 8 trials, 8 re-insertions up to 4096 contexts; 1 pass, 1 trial above): about 2x
+ * the per-byte greedy at 100k contexts (`kvdb-bench policy`: place_100k_ms_refill).
+ * kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
  * choices and h the length of a context's hull, and holds the S choices in memory
  * (8 * (T + 1) bytes each).
  *

@@ -340,6 +340,14 @@ typedef struct kvdb_options {
    *   kvdb_relocate (one transaction);
    * - the DRAM tier (an inclusive cache: the persistent copy stays) holds only the contexts
    *   the placement puts there, filled by gets;
+   * - promotion on a hit (KVDB_PLACEMENT_EVICPRESS and _PER_BYTE; not _LEAST_DROP, Algorithm 1
+   *   as the paper has it): after a kvdb_get that served a context the DRAM tier does not hold,
+   *   the placement reads the context (its accesses noted and not yet written count) and, when
+   *   its utility gain from being cached per DRAM byte is more than 1.25x the least such gain
+   *   among the contexts its last run over every context cached, places it again as a new
+   *   context (cached when that fits, else the greedy over every context decides, which may
+   *   uncache others); the next get fills DRAM with it. kvdb_get returns what it returned
+   *   before (the get's own status and KV); a promotion that fails is logged;
    * - kvdb_rebalance_plan / kvdb_rebalance_execute place every context anew.
    * Not chosen by the placement: token-dropping configs (kvdb_get cannot serve them), configs a
    * context's stored one cannot be re-encoded to (see kvdb_recompress). A context without a
