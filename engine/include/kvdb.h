@@ -459,6 +459,9 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * hit; kvdb_stat counts it in `corrupt_blocks`. Blocks stored with a lossy config (QUANT)
  * are returned decoded: an approximation, as the put asked for. A block whose segment file is
  * missing or too short also ends the hit (kvdb_get_tokens and kvdb_verify say KVDB_CORRUPT).
+ * With placement on, a hit of a context the DRAM tier does not hold may promote it there after
+ * the KV is delivered (kvdb_options.placement, "promotion on a hit"): the return value and KV
+ * are the get's own; a promotion that fails is logged.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
  *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
  *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.
