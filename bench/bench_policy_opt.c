@@ -244,18 +244,6 @@ int pb_optimality(const bench_env *env, opt_m *out)
         goto done;
       }
       double s = share_of(&x, plan.utility_after, uopt);
-      if (getenv("POL_DEBUG") && r == 2 && s < 0.9) {
-        fprintf(stderr, "inst %zu share %.4f alpha %g tiers %u\n", it, s, x.p.alpha, x.p.n_tiers);
-        for (uint32_t t = 0; t < x.p.n_tiers; t++)
-          fprintf(stderr, "  tier %u cap %llu bw %g lat %g flags %u\n", t, (unsigned long long)x.tiers[t].capacity_bytes, x.tiers[t].read_bps, x.tiers[t].latency_s, x.tiers[t].flags);
-        for (size_t i = 0; i < x.n; i++) {
-          fprintf(stderr, "  ctx %zu raw %llu tok %llu f %.3f greedy (%d,%d,%u) opt (%d,%d,%u) none %.4f |", i, (unsigned long long)x.c[i].raw_bytes, (unsigned long long)x.c[i].n_tokens, x.c[i].frequency,
-                  plan.place[i].tier, plan.place[i].option, plan.place[i].cached, best[i].tier, best[i].option, best[i].cached, kv_policy_utility(&x.p, &x.c[i], kv_policy_place_none()));
-          for (uint32_t o = 0; o < x.c[i].n_options; o++)
-            fprintf(stderr, " %llu/%.4f", (unsigned long long)x.c[i].options[o].bytes, x.c[i].options[o].quality);
-          fprintf(stderr, "\n");
-        }
-      }
       kv_policy_plan_free(&plan);
       if (isnan(s))
         continue;
