@@ -88,6 +88,7 @@ typedef struct gstate {
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
   uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
+  int least;                          /* the cascade's cost: least drop (1) or per byte (0) */
 } gstate;
 
 /* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
@@ -103,9 +104,9 @@ static int op_better(const opc *a, const opc *b)
 }
 
 /* The cost of an operation; NaN (impossible from checked input) becomes +inf. */
-static double cost(const pol_model *m, double drop, uint64_t freed)
+static double cost(int least, double drop, uint64_t freed)
 {
-  double c = m->p->rule != KV_POLICY_LEAST_DROP ? drop / (double)freed : drop;
+  double c = !least ? drop / (double)freed : drop;
   return isnan(c) ? INFINITY : c;
 }
 
@@ -202,14 +203,14 @@ static op op_scan(const gstate *g, uint32_t t, const cst *c)
     uint64_t b = obytes(g, t, c, o);
     if (b >= bcur || (guard0 && obytes(g, 0, c, o) > b0cur))
       continue;
-    opc x = {{cost(g->m, ucur - util(g, serve, c, o), bcur - b), OP_RECOMPRESS, (int32_t)o}, b};
+    opc x = {{cost(g->least, ucur - util(g, serve, c, o), bcur - b), OP_RECOMPRESS, (int32_t)o}, b};
     if (!have || op_better(&x, &best)) {
       best = x;
       have = 1;
     }
   }
   double ua = isnan(c->evu) ? ucur : c->evu;
-  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  opc x = {{cost(g->least, ucur - ua, bcur), OP_EVICT, -1}, 0};
   if (!have || op_better(&x, &best))
     best = x;
   return best.op;
@@ -261,7 +262,7 @@ static void build(gstate *g, uint32_t t, cst *c)
   for (uint32_t j = 0; j < lo; j++)
     S[j] = g->sk[j].a;
   c->built = 1;
-  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+  if (g->least) {
     uint32_t bp = 0;
     double bu = 0;
     for (uint32_t j = 0; j < lo; j++) {
@@ -334,7 +335,7 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
   opc best = {{INFINITY, OP_EVICT, -1}, 0};
   int have = 0;
   uint32_t target = UINT32_MAX;
-  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+  if (g->least) {
     if (c->cnt > 0)
       target = g->ord[c->off + aux[c->cnt - 1]];
   } else if (c->cnt >= 2) {
@@ -342,14 +343,14 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
   }
   if (target != UINT32_MAX) {
     uint64_t b = obytes(g, t, c, target);
-    best.op.key = cost(g->m, ucur - util(g, serve, c, target), bcur - b);
+    best.op.key = cost(g->least, ucur - util(g, serve, c, target), bcur - b);
     best.op.kind = OP_RECOMPRESS;
     best.op.target = (int32_t)target;
     best.keep = b;
     have = 1;
   }
   double ua = isnan(c->evu) ? ucur : c->evu;
-  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  opc x = {{cost(g->least, ucur - ua, bcur), OP_EVICT, -1}, 0};
   if (!have || op_better(&x, &best))
     best = x;
   return best.op;
@@ -366,7 +367,7 @@ static void op_apply(gstate *g, uint32_t t, cst *c, const op *x)
       /* every operation by a scan */
     } else if (!c->built) {
       build(g, t, c);
-    } else if (m->p->rule == KV_POLICY_LEAST_DROP) { /* shrink the candidates (see build) */
+    } else if (g->least) { /* shrink the candidates (see build) */
       const uint16_t *S = g->ord + c->off;
       uint32_t p = g->aux[c->off + c->cnt - 1];
       uint64_t b = obytes(g, t, c, S[p]);
@@ -427,7 +428,7 @@ static void h_down(gstate *g, size_t k)
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
-enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_N };
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -731,6 +732,24 @@ static rpl alone(const gstate *g, const cst *c, size_t i)
   return b;
 }
 
+static void save_places(const gstate *g, kv_policy_place *to)
+{
+  for (size_t i = 0; i < g->m->n; i++) {
+    const cst *c = &g->cs[i];
+    to[i] = (kv_policy_place){c->tier, c->option, c->cached};
+  }
+}
+
+static void load_places(gstate *g, const kv_policy_place *from)
+{
+  for (size_t i = 0; i < g->m->n; i++) {
+    cst *c = &g->cs[i];
+    c->tier = (int8_t)from[i].tier;
+    c->option = from[i].option;
+    c->cached = (uint8_t)from[i].cached;
+  }
+}
+
 /* One trial of the guard: everything not stored, context `top` at `alone` (or nothing forced
  * when top == n), the rest refilled around it; kept when its total utility beats *best (the
  * incumbent, saved in save[] first and restored otherwise). */
@@ -872,6 +891,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   gstate g;
   memset(&g, 0, sizeof g);
   g.m = m;
+  g.least = m->p->rule == KV_POLICY_LEAST_DROP;
   for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
     g.minb[t] = UINT64_MAX;
   size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
@@ -965,6 +985,20 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     use(&g, c, +1);
   }
+  /* the default rule on small instances runs twice: from a per-byte cascade and from a
+   * least-drop one (e), keeping the better; the starting placements are kept for the second */
+  int twice = m->p->rule == KV_POLICY_REFILL && n > 0 && n <= POL_SMALL;
+  kv_policy_place *init = twice ? ws_get(ws, WS_INIT, n * sizeof *init) : NULL;
+  kv_policy_place *best = twice ? ws_get(ws, WS_BEST, n * sizeof *best) : NULL;
+  uint64_t used0[KV_POLICY_MAX_TIERS];
+  if (twice && (init == NULL || best == NULL)) {
+    gstate_free(&g);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  }
+  if (twice) {
+    save_places(&g, init);
+    memcpy(used0, g.used, sizeof used0);
+  }
   /* lines 5-14 */
   int bad = cascade(&g);
   if (bad >= 0) {
@@ -983,6 +1017,30 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     if (bad >= 0) {
       gstate_free(&g);
       return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
+    }
+    if (twice) { /* (e) */
+      double ua = total_util(&g);
+      uint64_t used1[KV_POLICY_MAX_TIERS];
+      save_places(&g, best);
+      memcpy(used1, g.used, sizeof used1);
+      load_places(&g, init);
+      memcpy(g.used, used0, sizeof used0);
+      g.least = 1;
+      bad = cascade(&g);
+      g.least = 0;
+      if (bad < 0) {
+        refill(&g, g.heap);
+        guard(&g, g.heap, save);
+        bad = reinsert(&g, g.heap, save);
+      }
+      if (bad >= 0) {
+        gstate_free(&g);
+        return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
+      }
+      if (!(total_util(&g) > ua + POL_MARGIN * fabs(ua))) {
+        load_places(&g, best);
+        memcpy(g.used, used1, sizeof used1);
+      }
     }
   }
   for (size_t i = 0; i < n; i++) {

@@ -76,7 +76,7 @@
  * per-byte greedy both stop once every tier fits: neither ever fills a tier again after the
  * cascade emptied it further than needed (a coarse tier: one large context leaves, most of the
  * tier stays empty), and per-byte alone can prefer a small dense context to a large valuable
- * one that no longer fits. The default runs the per-byte greedy above with four additions:
+ * one that no longer fits. The default runs the per-byte greedy above with five additions:
  *   a. an incoming context starts on the tier where its best option has the highest utility
  *      (ties: the upper one) rather than always on the top tier: when a probe measures the top
  *      tier slower than recomputing (or than the tier below), the context is not dropped (or
@@ -97,11 +97,15 @@
  *      placement without capacities), one at a time, take that place; the cascade makes room
  *      (shrinking or moving others, or the context itself) and b fills what is left; kept when
  *      worth more by over 1e-4 of the total.
+ *   e. up to 4096 contexts, all of the above runs a second time from a least-drop cascade
+ *      (Algorithm 1's order) instead of the per-byte one; the better result is kept (by over
+ *      1e-4 of the total).
  *   Above 4096 contexts the effort is bounded: one refill pass, one guard trial, no
- *   re-insertion (each trial costs about one greedy).
- * b, c and d only ever raise the total utility of what the cascade found; a changes where it
- * starts (measured above the per-byte greedy in 970 and below it in 1 of 3000 random small
- * instances, test policy-refill). `kvdb-bench policy` (part 7) reports each rule's share of the
+ *   re-insertion, no second run (each trial costs about one greedy).
+ * b to e only ever raise the total utility of what the cascade found; a changes where it
+ * starts (measured above the per-byte greedy in 1015 and below it in 1 of 3000 random small
+ * instances, test policy-refill). plan.n_recompress / n_evict count the operations of every
+ * cascade run. `kvdb-bench policy` (part 7) reports each rule's share of the
  * exact optimum.
  *
  * DETERMINISM. Identical input gives identical output (on one build and platform). Ties break
