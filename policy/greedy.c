@@ -89,6 +89,8 @@ typedef struct gstate {
   uint64_t n_recompress, n_evict;
   uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
   int least;                          /* the cascade's cost: least drop (1) or per byte (0) */
+  size_t pin;                         /* a context the cascade leaves where it is (n: none) */
+  double unone;                       /* the total utility of storing nothing */
 } gstate;
 
 /* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
@@ -463,6 +465,8 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
   return ws->buf[k];
 }
 
+#define CASCADE_PINNED (KV_POLICY_MAX_TIERS + 1)
+
 /* Algorithm 1 lines 5-14, tier by tier from the top (§4.4: "applied recursively if the
  * lower-tier storage is also full"), from the placements in g->cs. Returns -1, or the tier
  * left over capacity with no context on it ([G3]: cannot happen). */
@@ -476,7 +480,7 @@ static int cascade(gstate *g)
     g->hn = 0;
     for (size_t i = 0; i < n; i++) {
       cst *c = &g->cs[i];
-      if (on_tier(g, t, c)) {
+      if (on_tier(g, t, c) && i != g->pin) {
         prepare(g, t, c, i);
         c->op = op_next(g, t, c);
         g->heap[g->hn].key = c->op.key;
@@ -487,8 +491,8 @@ static int cascade(gstate *g)
     for (size_t k = (g->hn + 2) / 4; k-- > 0;)
       h_down(g, k);
     while (g->used[t] > m->cap[t]) {
-      if (g->hn == 0)
-        return (int)t;
+      if (g->hn == 0) /* only the pinned context is left: no placement with it there */
+        return g->pin < n ? CASCADE_PINNED : (int)t;
       cst *c = &g->cs[g->heap[0].i];
 #if defined(__GNUC__)
       /* the next top is one of the root's children: start fetching them (random contexts) */
@@ -530,7 +534,7 @@ static int cascade(gstate *g)
 #endif
 #define POL_REFILL_PASSES(n) ((n) > POL_SMALL ? 1 : 3)
 /* A guard trial or a re-insertion replaces the placement only when it raises the total utility
- * by more than this share: near-equal alternatives (tier figures measured a little apart) keep
+ * by more than this share of what the placement gains over storing nothing: near-equal alternatives (tier figures measured a little apart) keep
  * the greedy's, so that a rebalance of a rebalanced store moves nothing. */
 #define POL_MARGIN 1e-4
 #ifndef POL_GUARD_SHARE
@@ -769,7 +773,7 @@ static void guard_try(gstate *g, hent *keys, kv_policy_place *save, size_t top, 
     set_place(g, &g->cs[top], alone);
   refill(g, keys);
   double u = total_util(g);
-  if (u > *best + POL_MARGIN * fabs(*best)) {
+  if (u > *best + POL_MARGIN * fabs(*best - g->unone)) {
     *best = u;
     return;
   }
@@ -823,6 +827,12 @@ static void guard(gstate *g, hent *keys, kv_policy_place *save)
  * placement, the cascade makes room (it may shrink or move others, or the context itself), and
  * the refill fills what is left; kept when the total utility rises. Returns -1 or a tier the
  * cascade could not resolve ([G3]). */
+static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rpl b, double *pbest);
+
+#ifndef POL_TINY
+#define POL_TINY 16
+#endif
+
 static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
 {
   const pol_model *m = g->m;
@@ -846,10 +856,33 @@ static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
   }
   double best = total_util(g);
   for (size_t k = 0; k < nt; k++) {
-    cst *c = &g->cs[top[k]];
-    rpl b = best_any(g, c, top[k]);
-    if (!(b.u > cur_util(g, c, top[k])))
-      continue;
+    int bad = try_place(g, keys, save, top[k], best_any(g, &g->cs[top[k]], top[k]), &best);
+    if (bad >= 0)
+      return bad;
+  }
+  /* tiny instances: every context, every placement better than where it is */
+  for (size_t i = 0; n <= POL_TINY && i < n; i++)
+    for (uint32_t t = m->first; t < m->T; t++)
+      for (uint32_t o = 0; o < g->cs[i].k; o++)
+        for (uint32_t ca = 0; ca <= (uint32_t)m->incl; ca++) {
+          rpl b = {(int32_t)t, (int32_t)o, ca, util(g, ca ? 0 : t, &g->cs[i], o)};
+          int bad = try_place(g, keys, save, i, b, &best);
+          if (bad >= 0)
+            return bad;
+        }
+  return -1;
+}
+
+/* Context i at placement b (when that beats where it is), the cascade and the refill; kept when
+ * the total beats *best by the margin. Returns -1 or a tier the cascade could not resolve. */
+static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rpl b, double *pbest)
+{
+  size_t n = g->m->n;
+  double best = *pbest;
+  cst *c = &g->cs[ci];
+  {
+    if (!(b.u > cur_util(g, c, ci)))
+      return -1;
     uint64_t used[KV_POLICY_MAX_TIERS];
     memcpy(used, g->used, sizeof used);
     for (size_t i = 0; i < n; i++) {
@@ -857,14 +890,17 @@ static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
       save[i] = (kv_policy_place){x->tier, x->option, x->cached};
     }
     set_place(g, c, &b);
+    g->pin = ci; /* the cascade makes room around it */
     int bad = cascade(g);
-    if (bad >= 0)
+    g->pin = n;
+    if (bad >= 0 && bad != CASCADE_PINNED)
       return bad;
-    refill(g, keys);
-    double u = total_util(g);
-    if (u > best + POL_MARGIN * fabs(best)) {
-      best = u;
-      continue;
+    if (bad < 0)
+      refill(g, keys);
+    double u = bad < 0 ? total_util(g) : -INFINITY;
+    if (u > best + POL_MARGIN * fabs(best - g->unone)) {
+      *pbest = u;
+      return -1;
     }
     for (size_t i = 0; i < n; i++) {
       cst *x = &g->cs[i];
@@ -892,6 +928,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   memset(&g, 0, sizeof g);
   g.m = m;
   g.least = m->p->rule == KV_POLICY_LEAST_DROP;
+  g.pin = m->n;
   for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
     g.minb[t] = UINT64_MAX;
   size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
@@ -927,6 +964,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     c->k = (uint16_t)x->n_options;
     c->f = x->frequency;
     double unone = pol_util_none(m, x);
+    g.unone += unone;
     off += c->k;
     double bu[KV_POLICY_MAX_TIERS] = {0};
     int32_t bo[KV_POLICY_MAX_TIERS] = {0};
@@ -1037,7 +1075,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
         gstate_free(&g);
         return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
       }
-      if (!(total_util(&g) > ua + POL_MARGIN * fabs(ua))) {
+      if (!(total_util(&g) > ua + POL_MARGIN * fabs(ua - g.unone))) {
         load_places(&g, best);
         memcpy(g.used, used1, sizeof used1);
       }
