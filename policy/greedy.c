@@ -527,7 +527,7 @@ static int cascade(gstate *g)
 #define POL_REINSERT_LARGE 0
 #endif
 #ifndef POL_SMALL
-#define POL_SMALL 4096
+#define POL_SMALL 256
 #endif
 #ifndef POL_GUARD_TOP
 #define POL_GUARD_TOP 8

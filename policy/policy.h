@@ -97,10 +97,10 @@
  *      placement without capacities), one at a time, take that place; the cascade makes room
  *      (shrinking or moving others, or the context itself) and b fills what is left; kept when
  *      worth more by over 1e-4 of the total.
- *   e. up to 4096 contexts, all of the above runs a second time from a least-drop cascade
+ *   e. up to 256 contexts, all of the above runs a second time from a least-drop cascade
  *      (Algorithm 1's order) instead of the per-byte one; the better result is kept (by over
  *      1e-4 of the total).
- *   Above 4096 contexts the effort is bounded: one refill pass, one guard trial, no
+ *   Above 256 contexts the effort is bounded: one refill pass, one guard trial, no
  *   re-insertion, no second run (each trial costs about one greedy).
  * b to e only ever raise the total utility of what the cascade found; a changes where it
  * starts (measured above the per-byte greedy in 1015 and below it in 1 of 3000 random small
@@ -126,7 +126,7 @@
  * place_100k_ms, admit_100k_ms). kv_policy_exact is exponential (branch and bound, for small
  * instances). KV_POLICY_REFILL adds O(T * K + n log n) per refill pass (every option of every
  * candidate, a sort by gain per byte) and a greedy's cost per guard trial or re-insertion (up
- * to 3 passes, 8 trials, 8 re-insertions up to 4096 contexts; 1 pass, 1 trial above): about 2x
+ * to 3 passes, 8 trials, 8 re-insertions up to 256 contexts; 1 pass, 1 trial above): about 2x
  * the per-byte greedy at 100k contexts (`kvdb-bench policy`: place_100k_ms_refill).
  * kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
  * choices and h the length of a context's hull, and holds the S choices in memory
