@@ -61,6 +61,7 @@ typedef struct cst {
   uint16_t cnt;                       /* valid entries of aux */
   int8_t tier;                        /* placement: tier (KV_POLICY_NONE) */
   uint8_t cached, scan, built;
+  uint8_t touched;                    /* the cascade changed it (the refill of an admit) */
   uint16_t best[KV_POLICY_MAX_TIERS]; /* best option per serving tier, BEST_NONE = recompute */
 } cst;
 _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
@@ -91,6 +92,7 @@ typedef struct gstate {
   int least;                          /* the cascade's cost: least drop (1) or per byte (0) */
   size_t pin;                         /* a context the cascade leaves where it is (n: none) */
   double unone;                       /* the total utility of storing nothing */
+  const uint8_t *inc;                 /* incoming contexts of an admit (NULL: a rebalance) */
 } gstate;
 
 /* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
@@ -361,6 +363,7 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
 static void op_apply(gstate *g, uint32_t t, cst *c, const op *x)
 {
   const pol_model *m = g->m;
+  c->touched = 1;
   use(g, c, -1);
   if (x->kind == OP_RECOMPRESS) {
     c->option = x->target;
@@ -668,8 +671,13 @@ static int hent_cmp(const void *a, const void *b)
 static size_t refill_pass(gstate *g, hent *keys)
 {
   size_t n = g->m->n, nk = 0, changed = 0;
+  /* an admit into a large store: the others were refilled by the placement before; only
+   * the incoming contexts and those its cascade changed take the room it left */
+  int only = g->inc != NULL && n > POL_SMALL;
   for (size_t i = 0; i < n; i++) {
     const cst *c = &g->cs[i];
+    if (only && !c->touched && !g->inc[i])
+      continue;
     double ucur = cur_util(g, c, i);
     rpl b = best_any(g, c, i);
     if (!(b.u > ucur))
@@ -929,6 +937,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   g.m = m;
   g.least = m->p->rule == KV_POLICY_LEAST_DROP;
   g.pin = m->n;
+  g.inc = incoming;
   for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
     g.minb[t] = UINT64_MAX;
   size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
