@@ -89,10 +89,10 @@ static void json_key(char *buf, size_t cap, const char *prefix, const char *name
 typedef struct scen {
   int decoded;
   int derived; /* the trace built on derived-probe profiles: a shorter report, no 100k timing */
-  result *res, *fixed, *ev[2];
-  gains g[2], g_drop[2];
-  double gvb[2];     /* the greedy / the bound, smallest over alpha <= PB_ALPHA_BOUND_MAX */
-  double gvb_all[2]; /* the same over the whole sweep */
+  result *res, *fixed, *ev[OPT_RULES];
+  gains g[OPT_RULES], g_drop[OPT_RULES];
+  double gvb[OPT_RULES]; /* the greedy / the bound, smallest over alpha <= PB_ALPHA_BOUND_MAX */
+  double gvb_all[OPT_RULES]; /* the same over the whole sweep */
   double place_ms;
   big_m big;
 } scen;
@@ -122,12 +122,12 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     goto out;
   }
   size_t n_fixed = NCFG, n_ev = N_ALPHA;
-  sc->res = calloc(n_fixed + 2 * n_ev, sizeof *sc->res);
+  sc->res = calloc(n_fixed + OPT_RULES * n_ev, sizeof *sc->res);
   if (sc->res == NULL)
     goto out;
   sc->fixed = sc->res;
-  sc->ev[0] = sc->res + n_fixed;
-  sc->ev[1] = sc->res + n_fixed + n_ev;
+  for (int r = 0; r < OPT_RULES; r++)
+    sc->ev[r] = sc->res + n_fixed + (size_t)r * n_ev;
   result *fixed = sc->fixed;
   const char *sname = sc->derived   ? "decoded DRAM, derived probes"
                       : sc->decoded ? "decoded DRAM"
@@ -142,8 +142,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
       snprintf(fixed[k].name, sizeof fixed[k].name, "%s+lru", cm[k].name);
     fixed[k].kind = k == 0 ? 0 : 1;
   }
-  for (int r = 0; r < 2; r++) {
-    bench_log("policy (%s): %s over %zu values of alpha", sname, r ? "per byte" : "EvicPress",
+  for (int r = 0; r < OPT_RULES; r++) {
+    bench_log("policy (%s): %s over %zu values of alpha", sname, PB_RULE_NAME[r],
               n_ev);
     for (size_t a = 0; a < n_ev; a++) {
       result *x = &sc->ev[r][a];
@@ -151,12 +151,12 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
         goto out;
       x->alpha = PB_ALPHA[a];
       x->kind = 2 + r;
-      snprintf(x->name, sizeof x->name, "%s a=%g", r ? "perbyte" : "evicpress", PB_ALPHA[a]);
+      snprintf(x->name, sizeof x->name, "%s a=%g", PB_RULE_KEY[r], PB_ALPHA[a]);
     }
   }
   fprintf(o, "%-22s %9s %8s %8s %8s %8s %9s\n", "policy", "TTFT s", "quality", "DRAM hit",
           "SSD hit", "miss", "GB w/req");
-  for (size_t k = 0; k < (sc->derived ? 1 : n_fixed + 2 * n_ev); k++) {
+  for (size_t k = 0; k < (sc->derived ? 1 : n_fixed + OPT_RULES * n_ev); k++) {
     const result *x = &sc->res[k];
     fprintf(o, "%-22s %9.4f %8.4f %8.3f %8.3f %8.3f %9.3f\n", x->name, x->ttft, x->quality,
             x->hit_dram, x->hit_ssd, x->miss, x->write_gb_per_req);
@@ -164,8 +164,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
 
   /* comparisons: against every fixed config, and against the paper's baselines only */
   uint8_t on_front[NCFG];
-  double pt_gain[2][NCFG], pt_q[2][NCFG];
-  for (int r = 0; r < 2; r++)
+  double pt_gain[OPT_RULES][NCFG], pt_q[OPT_RULES][NCFG];
+  for (int r = 0; r < OPT_RULES; r++)
     pb_compare(fixed, n_fixed, sc->ev[r], n_ev, 0.9, on_front, pt_gain[r], pt_q[r], &sc->g[r]);
   {
     result dropped[NCFG];
@@ -176,18 +176,18 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
         dropped[nd++] = fixed[k];
     uint8_t f2[NCFG];
     double g2[NCFG], q2[NCFG];
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < OPT_RULES; r++)
       pb_compare(dropped, nd, sc->ev[r], n_ev, 0.0, f2, g2, q2, &sc->g_drop[r]);
   }
   fprintf(o, "\nat equal quality: the baselines' Pareto front (LRU and fixed compression + LRU); "
              "gains at its compressed points of quality >= 0.9 x LRU's\n");
-  fprintf(o, "  %-18s %9s %8s | %-26s | %-26s\n", "baseline", "TTFT s", "quality",
-          "EvicPress: TTFT gain, +q", "per byte: TTFT gain, +q");
+  fprintf(o, "  %-18s %9s %8s | %-26s | %-26s | %-26s\n", "baseline", "TTFT s", "quality",
+          "least drop: TTFT gain, +q", "per byte: TTFT gain, +q", "default: TTFT gain, +q");
   for (size_t k = 0; k < n_fixed; k++) {
     if (!on_front[k])
       continue;
     fprintf(o, "  %-18s %9.4f %8.4f |", fixed[k].name, fixed[k].ttft, fixed[k].quality);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < OPT_RULES; r++) {
       if (isnan(pt_gain[r][k]))
         fprintf(o, " %-26s |", k == 0 ? "(LRU itself)" : "(quality < 0.9 x LRU's)");
       else
@@ -196,15 +196,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     fprintf(o, "\n");
   }
   {
-    const result *w3 = &sc->ev[0][sc->g[0].lru_3pct_run];
-    fprintf(o, "configs in use at the end of the EvicPress run at alpha %g (cached in DRAM + SSD "
+    const result *w3 = &sc->ev[PB_HEAD][sc->g[PB_HEAD].lru_3pct_run];
+    fprintf(o, "configs in use at the end of the default rule's run at alpha %g (cached in DRAM + SSD "
                "| SSD only):", w3->alpha);
     for (size_t k = 0; k < NCFG; k++)
       if (w3->hist_cached[k] || w3->hist_ssd[k])
         fprintf(o, " %s %u|%u", cm[k].name, w3->hist_cached[k], w3->hist_ssd[k]);
     fprintf(o, "\n");
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     const gains *g = &sc->g[r];
     const result *w3 = &sc->ev[r][g->lru_3pct_run];
     fprintf(o, "%s: vs LRU within 3%% of its quality %.3fx (LRU %.4f s at %.4f; alpha %g: %.4f s "
@@ -212,7 +212,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
                "geometric mean %.3fx over %zu front points%s; vs token dropping + LRU only (the "
                "paper's baselines, their front at any quality): min %.3fx, geometric mean %.3fx over %zu points. Quality at "
                "equal TTFT: min %+.4f, mean %+.4f\n",
-            r ? "per byte" : "EvicPress", g->vs_lru_3pct, fixed[0].ttft, fixed[0].quality,
+            PB_RULE_NAME[r], g->vs_lru_3pct, fixed[0].ttft, fixed[0].quality,
             w3->alpha, w3->ttft, w3->quality, g->vs_compress,
             g->n_points ? fixed[g->worst_point].name : "-", g->vs_compress_geo, g->n_points,
             g->unreached ? " (front points no run reaches count as 0)" : "",
@@ -222,7 +222,8 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
 
   /* the greedy against the bound */
   bench_log("policy: greedy against the LP bound over the alpha sweep");
-  sc->gvb[0] = sc->gvb[1] = sc->gvb_all[0] = sc->gvb_all[1] = INFINITY;
+  for (int r = 0; r < OPT_RULES; r++)
+    sc->gvb[r] = sc->gvb_all[r] = INFINITY;
   fprintf(o, "\ngreedy vs upper bound, (greedy - none) / (bound - none), all %u contexts placed "
              "from scratch with their end-of-trace frequencies:\n  %-9s", tr->n, "alpha");
   rows = calloc(n_ev, sizeof *rows);
@@ -231,7 +232,7 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   for (size_t a = 0; a < n_ev; a++) {
     if (pb_greedy_vs_bound(tr, &md, PB_ALPHA[a], &rows[a]) != 0)
       goto out;
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < OPT_RULES; r++) {
       if (PB_ALPHA[a] <= PB_ALPHA_BOUND_MAX && rows[a].ratio[r] < sc->gvb[r])
         sc->gvb[r] = rows[a].ratio[r];
       if (rows[a].ratio[r] < sc->gvb_all[r])
@@ -239,14 +240,15 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
     }
     fprintf(o, " %7g", PB_ALPHA[a]);
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     fprintf(o, "\n  %-9s", r ? "per byte" : "EvicPress");
     for (size_t a = 0; a < n_ev; a++)
       fprintf(o, " %7.4f", rows[a].ratio[r]);
   }
-  fprintf(o, "\n  min over alpha <= %g: EvicPress %.4f, per byte %.4f; over every alpha: %.4f, "
-             "%.4f\n",
-          PB_ALPHA_BOUND_MAX, sc->gvb[0], sc->gvb[1], sc->gvb_all[0], sc->gvb_all[1]);
+  fprintf(o, "\n  min over alpha <= %g: least drop %.4f, per byte %.4f, default %.4f; over every "
+             "alpha: %.4f, %.4f, %.4f\n",
+          PB_ALPHA_BOUND_MAX, sc->gvb[0], sc->gvb[1], sc->gvb[2], sc->gvb_all[0], sc->gvb_all[1],
+          sc->gvb_all[2]);
 
   /* 100k contexts (timed once, on the real-query profiles) */
   if (sc->derived) {
@@ -256,20 +258,168 @@ static int run_scenario(const bench_env *env, FILE *o, const trace *tr, const ti
   bench_log("policy: placing %u contexts x %zu configs x 3 tiers", PB_BIG_N, NCFG);
   if (pb_place_100k(env, tr, tm, sc->decoded, &sc->big) != 0)
     goto out;
-  sc->place_ms = sc->big.ms[0] > sc->big.ms[1] ? sc->big.ms[0] : sc->big.ms[1];
+  sc->place_ms = sc->big.ms[PB_HEAD];
   fprintf(o, "\nrebalance of %u contexts x %zu configs x 3 tiers (DRAM 4%%, SSD 20%%, SmartSSD "
-             "20%%), workspace kept: EvicPress %.1f ms [%.1f .. %.1f], per byte %.1f ms [%.1f .. "
-             "%.1f] (median [min .. max] of %d); without a workspace %.1f / %.1f ms; %llu / %llu "
-             "greedy operations; admit of one context into it: %.1f ms\n",
-          PB_BIG_N, NCFG, sc->big.ms[0], sc->big.ms_min[0], sc->big.ms_max[0], sc->big.ms[1],
-          sc->big.ms_min[1], sc->big.ms_max[1], env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL,
-          sc->big.ms_nows[0], sc->big.ms_nows[1], (unsigned long long)sc->big.ops[0],
-          (unsigned long long)sc->big.ops[1], sc->big.admit_ms);
+             "20%%), workspace kept, median [min .. max] of %d:", PB_BIG_N, NCFG,
+          env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL);
+  for (int r = 0; r < OPT_RULES; r++)
+    fprintf(o, " %s %.1f ms [%.1f .. %.1f] (%.1f without a workspace, %llu greedy operations);",
+            PB_RULE_NAME[r], sc->big.ms[r], sc->big.ms_min[r], sc->big.ms_max[r],
+            sc->big.ms_nows[r], (unsigned long long)sc->big.ops[r]);
+  fprintf(o, " admit of one context into the default's placement: %.1f ms\n", sc->big.admit_ms);
   rc = 0;
 out:
   free(rows);
   pb_model_free(&md);
   return rc;
+}
+
+/* Part 5b (issue 17): the default rule against the strongest fixed-config baseline of every
+ * family (every config + LRU, + LFU on the same decayed counts, + S3-FIFO) at equal quality, on
+ * the stationary trace, a drifting one and one with one-shot contexts mixed in (the same
+ * contexts and profiles; DRAM tier as kvdb has it). gain[mode] = the smallest TTFT gain over
+ * the baselines' Pareto front points of quality >= 0.9 x LRU's; worst[mode] names that point. */
+typedef struct skeptic_m {
+  double gain[3], geo[3], vs_lru3[3];
+  char worst[3][48];
+  double base_ttft[3][PB_BASES], base_q[3][PB_BASES]; /* raw + each baseline */
+  double raw3[3][PB_BASES]; /* gain vs raw + each eviction within 3% of its quality */
+} skeptic_m;
+
+static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const tiers_m *tm,
+                       const cfgm *cm, const double *q_real, uint32_t n_real, skeptic_m *sk)
+{
+  static const char *const mname[3] = {"stationary Zipf", "drifting popularity",
+                                       "one-shot contexts mixed in"};
+  size_t nb = 1 + (size_t)PB_BASES * NCFG;
+  result *base = calloc(nb, sizeof *base), *ev = calloc(N_ALPHA, sizeof *ev);
+  uint8_t *front = calloc(nb, 1);
+  double *pg = calloc(nb, sizeof *pg), *pq = calloc(nb, sizeof *pq);
+  int rc = -1;
+  if (!base || !ev || !front || !pg || !pq)
+    goto out;
+  fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO} at equal "
+             "quality (DRAM tier as kvdb has it)\n");
+  for (int mode = 0; mode < 3; mode++) {
+    trace trm;
+    memset(&trm, 0, sizeof trm);
+    const trace *tr = tr0;
+    if (mode > 0) {
+      if (pb_build_trace_mode(env, cm, q_real, n_real, mode, &trm) != 0)
+        goto out;
+      tr = &trm;
+    }
+    model md;
+    memset(&md, 0, sizeof md);
+    int ok = pb_model_init(&md, tr, tm, 1) == 0;
+    bench_log("policy (issue 17, %s): baselines (%zu runs) and the default rule", mname[mode],
+              nb);
+    for (int b = 0; ok && b < PB_BASES; b++)
+      for (size_t k = 0; ok && k < NCFG; k++) {
+        result *x = &base[1 + (size_t)b * NCFG + k];
+        ok = (b == PB_BASE_LRU ? pb_sim_lru(tr, &md, (uint32_t)k, x)
+                               : pb_sim_fixed(tr, &md, (uint32_t)k, b, x)) == 0;
+        snprintf(x->name, sizeof x->name, "%s+%s", cm[k].name, PB_BASE_NAME[b]);
+        if (k == 0) {
+          sk->base_ttft[mode][b] = x->ttft;
+          sk->base_q[mode][b] = x->quality;
+        }
+      }
+    base[0] = base[1]; /* raw + LRU: pb_compare's reference (its own point is base[1]) */
+    for (size_t a = 0; ok && a < N_ALPHA; a++) {
+      ok = pb_sim_evicpress(tr, &md, cm, PB_ALPHA[a], PB_HEAD, &ev[a]) == 0;
+      ev[a].alpha = PB_ALPHA[a];
+    }
+    pb_model_free(&md);
+    if (mode > 0)
+      pb_trace_free(&trm);
+    if (!ok)
+      goto out;
+    gains g;
+    pb_compare(base, nb, ev, N_ALPHA, 0.9, front, pg, pq, &g);
+    /* the exact (raw) baselines are compared as LRU is, within 3% of their quality (no lossy
+     * run reaches quality 1.0 exactly): they stay in the front, not among its gain points */
+    double mn = INFINITY, lsum = 0;
+    size_t np = 0, worst = 0;
+    for (size_t k = 1; k < nb; k++) {
+      if (!front[k] || isnan(pg[k]) || (k - 1) % NCFG == CFG_RAW)
+        continue;
+      if (pg[k] < mn)
+        mn = pg[k], worst = k;
+      lsum += log(pg[k] > 0 ? pg[k] : 1e-300);
+      np++;
+    }
+    sk->gain[mode] = np ? mn : 0;
+    sk->geo[mode] = np ? exp(lsum / (double)np) : 0;
+    sk->vs_lru3[mode] = g.vs_lru_3pct;
+    snprintf(sk->worst[mode], sizeof sk->worst[mode], "%s", np ? base[worst].name : "-");
+    for (int b = 1; b < PB_BASES; b++) { /* raw + LFU / S3-FIFO within 3% of their quality */
+      result one[1] = {base[1 + (size_t)b * NCFG + CFG_RAW]};
+      uint8_t f1[1];
+      double g1[1], q1[1];
+      gains gb;
+      pb_compare(one, 1, ev, N_ALPHA, 0.9, f1, g1, q1, &gb);
+      sk->raw3[mode][b] = gb.vs_lru_3pct;
+    }
+    sk->raw3[mode][0] = g.vs_lru_3pct;
+    fprintf(o, "%s: raw + LRU %.4f s, + LFU %.4f s, + S3-FIFO %.4f s; the baselines' front "
+               "(quality >= 0.9 x LRU's):",
+            mname[mode], sk->base_ttft[mode][0], sk->base_ttft[mode][1], sk->base_ttft[mode][2]);
+    for (size_t k = 1; k < nb; k++)
+      if (front[k] && !isnan(pg[k]))
+        fprintf(o, " %s %.4f s q %.4f -> %.3fx;", base[k].name, base[k].ttft, base[k].quality,
+                pg[k]);
+    fprintf(o, "\n  default rule vs the strongest (compressed front points; the raw ones within 3%% "
+               "of their quality): min %.3fx (vs %s), geometric mean %.3fx over %zu points; vs "
+               "raw + LRU / LFU / S3-FIFO within 3%%: %.3fx / %.3fx / %.3fx\n",
+            sk->gain[mode], sk->worst[mode], sk->geo[mode], np, sk->raw3[mode][0],
+            sk->raw3[mode][1], sk->raw3[mode][2]);
+  }
+  rc = 0;
+out:
+  free(base);
+  free(ev);
+  free(front);
+  free(pg);
+  free(pq);
+  return rc;
+}
+
+/* Part 7: the share of the exact optimum per rule, printed and into the JSON. */
+static int report_optimality(const bench_env *env, FILE *o, bench_json *j, opt_m *res)
+{
+  static const char *const rn[OPT_RULES] = {"least_drop", "per_byte", "refill"};
+  opt_m om;
+  bench_log("policy: the share of the exact optimum per rule (branch and bound)");
+  if (pb_optimality(env, &om) != 0)
+    return -1;
+  fprintf(o, "\nshare of the exact optimum ((U - U_none) / (U_opt - U_none)), %zu instances "
+             "(%zu of the paper's shape, the rest adversarial; %zu the solver gave up on), "
+             "%.0f ms in the exact solver:\n",
+          om.n_all, om.n_paper, om.skipped, om.exact_ms);
+  fprintf(o, "  %-12s %8s %8s %8s   %8s %8s %8s (paper's shape)\n", "rule", "min", "p5",
+          "median", "min", "p5", "median");
+  for (int r = 0; r < OPT_RULES; r++) {
+    fprintf(o, "  %-12s %8.4f %8.4f %8.4f   %8.4f %8.4f %8.4f\n", rn[r], om.all[r][0],
+            om.all[r][1], om.all[r][2], om.paper[r][0], om.paper[r][1], om.paper[r][2]);
+    char k[64];
+    snprintf(k, sizeof k, "%s_vs_optimum_min", rn[r]);
+    bench_json_num(j, k, om.all[r][0]);
+    snprintf(k, sizeof k, "%s_vs_optimum_p5", rn[r]);
+    bench_json_num(j, k, om.all[r][1]);
+    snprintf(k, sizeof k, "%s_vs_optimum_median", rn[r]);
+    bench_json_num(j, k, om.all[r][2]);
+    snprintf(k, sizeof k, "%s_vs_optimum_paper_min", rn[r]);
+    bench_json_num(j, k, om.paper[r][0]);
+    snprintf(k, sizeof k, "%s_vs_optimum_paper_p5", rn[r]);
+    bench_json_num(j, k, om.paper[r][1]);
+  }
+  bench_json_num(j, "greedy_vs_optimum_p5", om.all[KV_POLICY_REFILL][1]);
+  bench_json_num(j, "greedy_vs_optimum_min", om.all[KV_POLICY_REFILL][0]);
+  bench_json_int(j, "optimum_instances", (int64_t)om.n_all);
+  if (res != NULL)
+    *res = om;
+  return 0;
 }
 
 int bench_policy(const bench_env *env, bench_json *j)
@@ -290,6 +440,11 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(&run, 0, sizeof run);
   memset(&tr, 0, sizeof tr);
   memset(cm, 0, sizeof cm);
+
+  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds) */
+  const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
+  if (only != NULL && strcmp(only, "opt") == 0)
+    return report_optimality(env, o, j, NULL);
 
   /* 1. tiers */
   tiers_m tm;
@@ -453,22 +608,67 @@ int bench_policy(const bench_env *env, bench_json *j)
   if (rr == 0 && run_scenario(env, o, &tr_d, &tm, cm, &sc[2]) != 0)
     goto out;
 
+  /* issue 17: the strongest baselines, three traces */
+  skeptic_m sk;
+  memset(&sk, 0, sizeof sk);
+  if (run_skeptic(env, o, &tr, &tm, cm, q_real, n_real, &sk) != 0)
+    goto out;
+  opt_m om;
+  if (report_optimality(env, o, j, &om) != 0)
+    goto out;
+
   /* targets: the scenario of kvdb as it is */
   const scen *h = &sc[0];
-  int m1 = h->g[0].vs_compress >= T_GAIN_VS_COMPRESS_LRU;
-  int m2 = h->g[0].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
-  int m3 = h->gvb[0] >= T_GREEDY_VS_BOUND, m4 = h->place_ms <= T_PLACE_100K_MS;
+  int m1 = h->g[PB_HEAD].vs_compress >= T_GAIN_VS_COMPRESS_LRU;
+  int m2 = h->g[PB_HEAD].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
+  int m3 = h->gvb[PB_HEAD] >= T_GREEDY_VS_BOUND, m4 = h->place_ms <= T_PLACE_100K_MS;
   fprintf(o, "\ntargets (DRAM tier as kvdb has it, decoded): ttft_gain_vs_compress_lru %.3f (>= "
              "%.2f %s), ttft_gain_vs_lru_within_3pct %.3f (>= %.2f %s), greedy_vs_upper_bound "
              "%.4f (>= %.2f %s), place_100k_ms %.1f (<= %.0f %s)\n",
-          h->g[0].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[0].vs_lru_3pct,
-          T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[0], T_GREEDY_VS_BOUND,
+          h->g[PB_HEAD].vs_compress, T_GAIN_VS_COMPRESS_LRU, bench_met(m1), h->g[PB_HEAD].vs_lru_3pct,
+          T_GAIN_VS_LRU_3PCT, bench_met(m2), h->gvb[PB_HEAD], T_GREEDY_VS_BOUND,
           bench_met(m3), h->place_ms, T_PLACE_100K_MS, bench_met(m4));
 
+  /* issue 17's targets */
+  {
+    int t1 = sk.gain[0] >= T17_GAIN_BEST_FIXED, t2 = sk.gain[1] >= T17_GAIN_BEST_FIXED_DRIFT;
+    int t3 = h->g[PB_HEAD].vs_lru_3pct >= T_GAIN_VS_LRU_3PCT;
+    int t4 = om.all[PB_HEAD][1] >= T17_OPT_P5 && om.all[PB_HEAD][0] >= T17_OPT_MIN;
+    int t5 = h->place_ms <= T17_PLACE_100K_MS;
+    fprintf(o, "issue 17 targets: ttft_gain_vs_best_fixed_config %.3f (>= %.2f %s), _drift %.3f "
+               "(>= %.2f %s), ttft_gain_vs_lru_within_3pct %.3f (>= %.2f %s), greedy_vs_optimum "
+               "p5 %.4f / min %.4f (>= %.2f / %.2f %s), place_100k_ms %.1f (<= %.0f %s); "
+               "put_overhead_of_placement: below\n",
+            sk.gain[0], T17_GAIN_BEST_FIXED, bench_met(t1), sk.gain[1], T17_GAIN_BEST_FIXED_DRIFT,
+            bench_met(t2), h->g[PB_HEAD].vs_lru_3pct, T_GAIN_VS_LRU_3PCT, bench_met(t3),
+            om.all[PB_HEAD][1], om.all[PB_HEAD][0], T17_OPT_P5, T17_OPT_MIN,
+            bench_met(t4), h->place_ms, T17_PLACE_100K_MS, bench_met(t5));
+  }
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk.gain[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk.gain[1]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk.gain[2]);
+  bench_json_str(j, "best_fixed_config_worst_baseline", sk.worst[0]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk.worst[1]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk.worst[2]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk.geo[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk.geo[1]);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk.vs_lru3[1]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct", sk.raw3[0][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk.raw3[0][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk.raw3[1][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk.raw3[1][PB_BASE_S3FIFO]);
+  for (int b = 0; b < PB_BASES; b++) {
+    char k[64];
+    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk.base_ttft[0][b]);
+    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk.base_ttft[1][b]);
+  }
+
   /* JSON */
-  bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[0].vs_compress);
-  bench_json_num(j, "ttft_gain_vs_lru_within_3pct", h->g[0].vs_lru_3pct);
-  bench_json_num(j, "greedy_vs_upper_bound", h->gvb[0]);
+  bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[PB_HEAD].vs_compress);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct", h->g[PB_HEAD].vs_lru_3pct);
+  bench_json_num(j, "greedy_vs_upper_bound", h->gvb[PB_HEAD]);
   bench_json_num(j, "place_100k_ms", h->place_ms);
   char key[128];
   for (int d = 0; d < 2; d++) {
@@ -476,35 +676,38 @@ int bench_policy(const bench_env *env, bench_json *j)
     const char *pre = d == 0 ? "" : "compressed_dram_";
 #define JK(name) (snprintf(key, sizeof key, "%s%s", pre, name), key)
     if (d == 1) {
-      bench_json_num(j, JK("ttft_gain_vs_compress_lru"), x->g[0].vs_compress);
-      bench_json_num(j, JK("ttft_gain_vs_lru_within_3pct"), x->g[0].vs_lru_3pct);
-      bench_json_num(j, JK("greedy_vs_upper_bound"), x->gvb[0]);
+      bench_json_num(j, JK("ttft_gain_vs_compress_lru"), x->g[PB_HEAD].vs_compress);
+      bench_json_num(j, JK("ttft_gain_vs_lru_within_3pct"), x->g[PB_HEAD].vs_lru_3pct);
+      bench_json_num(j, JK("greedy_vs_upper_bound"), x->gvb[PB_HEAD]);
       bench_json_num(j, JK("place_100k_ms"), x->place_ms);
     }
-    bench_json_num(j, JK("ttft_gain_vs_compress_lru_geomean"), x->g[0].vs_compress_geo);
+    bench_json_num(j, JK("ttft_gain_vs_compress_lru_geomean"), x->g[PB_HEAD].vs_compress_geo);
     bench_json_str(j, JK("ttft_gain_vs_compress_lru_worst_baseline"),
-                   x->g[0].n_points ? x->fixed[x->g[0].worst_point].name : "");
-    bench_json_int(j, JK("compress_front_points"), (int64_t)x->g[0].n_points);
-    bench_json_int(j, JK("compress_front_unreached"), x->g[0].unreached);
-    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru"), x->g_drop[0].vs_compress);
-    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru_geomean"), x->g_drop[0].vs_compress_geo);
-    bench_json_num(j, JK("quality_gain_at_equal_ttft_min"), x->g[0].q_gain_min);
-    bench_json_num(j, JK("quality_gain_at_equal_ttft_mean"), x->g[0].q_gain_mean);
+                   x->g[PB_HEAD].n_points ? x->fixed[x->g[PB_HEAD].worst_point].name : "");
+    bench_json_int(j, JK("compress_front_points"), (int64_t)x->g[PB_HEAD].n_points);
+    bench_json_int(j, JK("compress_front_unreached"), x->g[PB_HEAD].unreached);
+    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru"), x->g_drop[PB_HEAD].vs_compress);
+    bench_json_num(j, JK("ttft_gain_vs_token_dropping_lru_geomean"), x->g_drop[PB_HEAD].vs_compress_geo);
+    bench_json_num(j, JK("quality_gain_at_equal_ttft_min"), x->g[PB_HEAD].q_gain_min);
+    bench_json_num(j, JK("quality_gain_at_equal_ttft_mean"), x->g[PB_HEAD].q_gain_mean);
     bench_json_num(j, JK("perbyte_ttft_gain_vs_compress_lru"), x->g[1].vs_compress);
     bench_json_num(j, JK("perbyte_ttft_gain_vs_lru_within_3pct"), x->g[1].vs_lru_3pct);
     bench_json_num(j, JK("perbyte_greedy_vs_upper_bound"), x->gvb[1]);
-    bench_json_num(j, JK("greedy_vs_upper_bound_every_alpha"), x->gvb_all[0]);
+    bench_json_num(j, JK("greedy_vs_upper_bound_every_alpha"), x->gvb_all[PB_HEAD]);
     bench_json_num(j, JK("perbyte_greedy_vs_upper_bound_every_alpha"), x->gvb_all[1]);
+    bench_json_num(j, JK("least_drop_ttft_gain_vs_compress_lru"), x->g[0].vs_compress);
+    bench_json_num(j, JK("least_drop_ttft_gain_vs_lru_within_3pct"), x->g[0].vs_lru_3pct);
+    bench_json_num(j, JK("least_drop_greedy_vs_upper_bound"), x->gvb[0]);
     bench_json_num(j, JK("place_100k_ms_least_drop"), x->big.ms[0]);
     bench_json_num(j, JK("place_100k_ms_per_byte"), x->big.ms[1]);
-    bench_json_num(j, JK("place_100k_ms_no_workspace"),
-                   x->big.ms_nows[0] > x->big.ms_nows[1] ? x->big.ms_nows[0] : x->big.ms_nows[1]);
+    bench_json_num(j, JK("place_100k_ms_refill"), x->big.ms[2]);
+    bench_json_num(j, JK("place_100k_ms_no_workspace"), x->big.ms_nows[PB_HEAD]);
     bench_json_num(j, JK("admit_100k_ms"), x->big.admit_ms);
     bench_json_num(j, JK("lru_ttft_s"), x->fixed[0].ttft);
     bench_json_num(j, JK("lru_dram_hit"), x->fixed[0].hit_dram);
     bench_json_num(j, JK("lru_ssd_hit"), x->fixed[0].hit_ssd);
     bench_json_num(j, JK("lru_miss"), x->fixed[0].miss);
-    const result *w3 = &x->ev[0][x->g[0].lru_3pct_run];
+    const result *w3 = &x->ev[PB_HEAD][x->g[PB_HEAD].lru_3pct_run];
     bench_json_num(j, JK("evicpress_3pct_alpha"), w3->alpha);
     bench_json_num(j, JK("evicpress_3pct_ttft_s"), w3->ttft);
     bench_json_num(j, JK("evicpress_3pct_quality"), w3->quality);
@@ -518,11 +721,11 @@ int bench_policy(const bench_env *env, bench_json *j)
       json_key(nm, sizeof nm, "fixed_quality_", cm[k].name);
       bench_json_num(j, JK(nm), x->fixed[k].quality);
     }
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < OPT_RULES; r++)
       for (size_t a = 0; a < N_ALPHA; a++) {
         char nm[64];
         for (int f = 0; f < 2; f++) {
-          snprintf(nm, sizeof nm, "%s_a%g_%s", r ? "perbyte" : "evicpress", PB_ALPHA[a],
+          snprintf(nm, sizeof nm, "%s_a%g_%s", PB_RULE_KEY[r], PB_ALPHA[a],
                    f ? "quality" : "ttft_s");
           for (char *q = nm; *q; q++)
             *q = *q == '.' ? 'p' : *q;
@@ -533,12 +736,12 @@ int bench_policy(const bench_env *env, bench_json *j)
   }
   if (rr == 0) {
     const scen *x = &sc[2];
-    bench_json_num(j, "ttft_gain_vs_compress_lru_derived", x->g[0].vs_compress);
-    bench_json_num(j, "ttft_gain_vs_lru_within_3pct_derived", x->g[0].vs_lru_3pct);
-    bench_json_num(j, "greedy_vs_upper_bound_derived", x->gvb[0]);
+    bench_json_num(j, "ttft_gain_vs_compress_lru_derived", x->g[PB_HEAD].vs_compress);
+    bench_json_num(j, "ttft_gain_vs_lru_within_3pct_derived", x->g[PB_HEAD].vs_lru_3pct);
+    bench_json_num(j, "greedy_vs_upper_bound_derived", x->gvb[PB_HEAD]);
     bench_json_str(j, "ttft_gain_vs_compress_lru_worst_baseline_derived",
-                   x->g[0].n_points ? x->fixed[x->g[0].worst_point].name : "");
-    bench_json_num(j, "ttft_gain_vs_token_dropping_lru_derived", x->g_drop[0].vs_compress);
+                   x->g[PB_HEAD].n_points ? x->fixed[x->g[PB_HEAD].worst_point].name : "");
+    bench_json_num(j, "ttft_gain_vs_token_dropping_lru_derived", x->g_drop[PB_HEAD].vs_compress);
     bench_json_num(j, "perbyte_ttft_gain_vs_compress_lru_derived", x->g[1].vs_compress);
     bench_json_num(j, "perbyte_greedy_vs_upper_bound_derived", x->gvb[1]);
   }

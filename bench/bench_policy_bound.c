@@ -30,7 +30,7 @@ int pb_greedy_vs_bound(const trace *tr, const model *md, double alpha, bound_row
     free(pc);
     return pfail("kv_policy_upper_bound", st, &err);
   }
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     p.rule = (kv_policy_rule)r;
     kv_policy_plan plan;
     if ((st = kv_policy_rebalance(&p, pc, tr->n, &plan, &err)) != KVDB_OK) {
@@ -110,7 +110,7 @@ int pb_place_100k(const bench_env *env, const trace *tr, const tiers_m *tm, int 
   ws = kv_policy_ws_create();
   if (ws == NULL)
     goto out;
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < OPT_RULES; r++) {
     p.rule = (kv_policy_rule)r;
     double ms[PB_BIG_RUNS_FULL], ms2[PB_BIG_RUNS_FULL];
     for (int k = 0; k < runs; k++) { /* without a workspace */
@@ -153,7 +153,7 @@ int pb_place_100k(const bench_env *env, const trace *tr, const tiers_m *tm, int 
         goto out;
       }
       out->ops[r] = plan.n_recompress + plan.n_evict;
-      if (r == 0 && k == runs - 1) /* the placed store, for the admit timing below */
+      if (r == PB_HEAD && k == runs - 1) /* the placed store, for the admit timing below */
         for (uint32_t j = 0; j < n; j++)
           pc[j].current = plan.place[j];
       kv_policy_plan_free(&plan);
@@ -167,8 +167,8 @@ int pb_place_100k(const bench_env *env, const trace *tr, const tiers_m *tm, int 
     out->ms_max[r] = mx;
     out->ms[r] = median(ms, (size_t)runs);
   }
-  /* one put into that store (least drop): the hottest context arrives again */
-  p.rule = KV_POLICY_LEAST_DROP;
+  /* one put into that store (the default rule): the hottest context arrives again */
+  p.rule = PB_HEAD;
   size_t in = 0;
   for (uint32_t j = 0; j < n; j++)
     if (perm[j] == 0)

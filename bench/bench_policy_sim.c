@@ -97,35 +97,6 @@ void pb_model_free(model *md)
   memset(md, 0, sizeof *md);
 }
 
-typedef struct acc {
-  double ttft, q, wbytes;
-  size_t n, dram, ssd, miss;
-} acc;
-
-static void acc_add(acc *a, double ttft, double q, int where)
-{
-  a->ttft += ttft;
-  a->q += q;
-  a->n++;
-  if (where == 0)
-    a->dram++;
-  else if (where == 1)
-    a->ssd++;
-  else
-    a->miss++;
-}
-
-static void acc_result(const acc *a, result *r)
-{
-  double n = a->n > 0 ? (double)a->n : 1;
-  r->ttft = a->ttft / n;
-  r->quality = a->q / n;
-  r->hit_dram = (double)a->dram / n;
-  r->hit_ssd = (double)a->ssd / n;
-  r->miss = (double)a->miss / n;
-  r->write_gb_per_req = a->wbytes / n / 1e9;
-}
-
 /* LRU eviction over DRAM (inclusive) and SSD, every context in config `cfg`. */
 int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
 {

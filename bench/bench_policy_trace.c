@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench/bench_policy_trace.c — `kvdb-bench policy` part 3: the trace: contexts drawn from the
- * datasets of EvicPress §3.1 on the measured profiles, and Zipf requests over them.
+ * datasets of EvicPress §3.1 on the measured profiles, and Zipf requests over them: stationary,
+ * drifting (every 1/PB_DRIFT_PHASES of the trace, PB_DRIFT_SWAP x contexts random pairs of
+ * popularity ranks swap), or with one-shot contexts mixed in (a quarter of the contexts,
+ * requested once each).
  */
 #define _GNU_SOURCE
 #include "bench_policy.h"
@@ -16,6 +19,22 @@ void pb_trace_free(trace *t)
 
 int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, uint32_t n_real,
                    trace *tr)
+{
+  return pb_build_trace_mode(env, cm, q_real, n_real, PB_TRACE_STATIONARY, tr);
+}
+
+/* Swap random pairs of popularity ranks: `pairs` swaps. */
+static void shuffle_some(uint32_t *perm, uint32_t n, uint32_t pairs, uint64_t *s)
+{
+  for (uint32_t k = 0; k < pairs; k++) {
+    uint32_t a = (uint32_t)(rng_next(s) % n), b = (uint32_t)(rng_next(s) % n), x = perm[a];
+    perm[a] = perm[b];
+    perm[b] = x;
+  }
+}
+
+int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_real,
+                        uint32_t n_real, int mode, trace *tr)
 {
   uint32_t n = env->quick ? PB_N_CTX_QUICK : PB_N_CTX_FULL;
   memset(tr, 0, sizeof *tr);
@@ -75,23 +94,28 @@ int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, u
     }
     tr->raw_total += c->raw;
   }
-  /* popularity: Zipf over a random order of the contexts */
+  /* popularity: Zipf over a random order of the contexts (PB_TRACE_ONESHOT: over the first
+   * three quarters; each of the others is requested once, at a random request) */
+  uint32_t nz = mode == PB_TRACE_ONESHOT ? n - n / 4 : n;
   for (uint32_t i = 0; i < n; i++)
     perm[i] = i;
-  for (uint32_t i = n; i > 1; i--) {
+  for (uint32_t i = nz; i > 1; i--) {
     uint32_t k = (uint32_t)(rng_next(&s) % i);
     uint32_t x = perm[i - 1];
     perm[i - 1] = perm[k];
     perm[k] = x;
   }
   double z = 0;
-  for (uint32_t r = 0; r < n; r++) {
+  for (uint32_t r = 0; r < nz; r++) {
     z += pow((double)(r + 1), -PB_ZIPF);
     cdf[r] = z;
   }
+  size_t phase = tr->n_req / PB_DRIFT_PHASES;
   for (size_t q = 0; q < tr->n_req; q++) {
+    if (mode == PB_TRACE_DRIFT && q > 0 && q % phase == 0) /* popularity drifts */
+      shuffle_some(perm, nz, (uint32_t)(nz * PB_DRIFT_SWAP), &s);
     double u = rng_u01(&s) * z;
-    uint32_t lo = 0, hi = n - 1;
+    uint32_t lo = 0, hi = nz - 1;
     while (lo < hi) {
       uint32_t mid = (lo + hi) / 2;
       if (cdf[mid] < u)
@@ -99,8 +123,12 @@ int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, u
       else
         hi = mid;
     }
-    uint32_t i = perm[lo];
-    tr->req[q] = i;
+    tr->req[q] = perm[lo];
+  }
+  for (uint32_t i = nz; i < n; i++) /* the one-shot contexts */
+    tr->req[rng_next(&s) % tr->n_req] = i;
+  for (size_t q = 0; q < tr->n_req; q++) {
+    uint32_t i = tr->req[q];
     tr->f_end[i] = kv_policy_decay(tr->f_end[i], (double)q - ft[i], PB_HALF_LIFE_PER_CTX * n, 1);
     ft[i] = (double)q;
   }

@@ -61,6 +61,7 @@ typedef struct cst {
   uint16_t cnt;                       /* valid entries of aux */
   int8_t tier;                        /* placement: tier (KV_POLICY_NONE) */
   uint8_t cached, scan, built;
+  uint8_t touched;                    /* the cascade changed it (the refill of an admit) */
   uint16_t best[KV_POLICY_MAX_TIERS]; /* best option per serving tier, BEST_NONE = recompute */
 } cst;
 _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
@@ -87,6 +88,11 @@ typedef struct gstate {
   size_t hn;
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
+  uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
+  int least;                          /* the cascade's cost: least drop (1) or per byte (0) */
+  size_t pin;                         /* a context the cascade leaves where it is (n: none) */
+  double unone;                       /* the total utility of storing nothing */
+  const uint8_t *inc;                 /* incoming contexts of an admit (NULL: a rebalance) */
 } gstate;
 
 /* Whether operation a is preferred to b for the same context (see policy.h DETERMINISM). */
@@ -102,9 +108,9 @@ static int op_better(const opc *a, const opc *b)
 }
 
 /* The cost of an operation; NaN (impossible from checked input) becomes +inf. */
-static double cost(const pol_model *m, double drop, uint64_t freed)
+static double cost(int least, double drop, uint64_t freed)
 {
-  double c = m->p->rule == KV_POLICY_PER_BYTE ? drop / (double)freed : drop;
+  double c = !least ? drop / (double)freed : drop;
   return isnan(c) ? INFINITY : c;
 }
 
@@ -201,14 +207,14 @@ static op op_scan(const gstate *g, uint32_t t, const cst *c)
     uint64_t b = obytes(g, t, c, o);
     if (b >= bcur || (guard0 && obytes(g, 0, c, o) > b0cur))
       continue;
-    opc x = {{cost(g->m, ucur - util(g, serve, c, o), bcur - b), OP_RECOMPRESS, (int32_t)o}, b};
+    opc x = {{cost(g->least, ucur - util(g, serve, c, o), bcur - b), OP_RECOMPRESS, (int32_t)o}, b};
     if (!have || op_better(&x, &best)) {
       best = x;
       have = 1;
     }
   }
   double ua = isnan(c->evu) ? ucur : c->evu;
-  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  opc x = {{cost(g->least, ucur - ua, bcur), OP_EVICT, -1}, 0};
   if (!have || op_better(&x, &best))
     best = x;
   return best.op;
@@ -260,7 +266,7 @@ static void build(gstate *g, uint32_t t, cst *c)
   for (uint32_t j = 0; j < lo; j++)
     S[j] = g->sk[j].a;
   c->built = 1;
-  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+  if (g->least) {
     uint32_t bp = 0;
     double bu = 0;
     for (uint32_t j = 0; j < lo; j++) {
@@ -333,7 +339,7 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
   opc best = {{INFINITY, OP_EVICT, -1}, 0};
   int have = 0;
   uint32_t target = UINT32_MAX;
-  if (g->m->p->rule == KV_POLICY_LEAST_DROP) {
+  if (g->least) {
     if (c->cnt > 0)
       target = g->ord[c->off + aux[c->cnt - 1]];
   } else if (c->cnt >= 2) {
@@ -341,14 +347,14 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
   }
   if (target != UINT32_MAX) {
     uint64_t b = obytes(g, t, c, target);
-    best.op.key = cost(g->m, ucur - util(g, serve, c, target), bcur - b);
+    best.op.key = cost(g->least, ucur - util(g, serve, c, target), bcur - b);
     best.op.kind = OP_RECOMPRESS;
     best.op.target = (int32_t)target;
     best.keep = b;
     have = 1;
   }
   double ua = isnan(c->evu) ? ucur : c->evu;
-  opc x = {{cost(g->m, ucur - ua, bcur), OP_EVICT, -1}, 0};
+  opc x = {{cost(g->least, ucur - ua, bcur), OP_EVICT, -1}, 0};
   if (!have || op_better(&x, &best))
     best = x;
   return best.op;
@@ -357,6 +363,7 @@ static op op_next(const gstate *g, uint32_t t, const cst *c)
 static void op_apply(gstate *g, uint32_t t, cst *c, const op *x)
 {
   const pol_model *m = g->m;
+  c->touched = 1;
   use(g, c, -1);
   if (x->kind == OP_RECOMPRESS) {
     c->option = x->target;
@@ -365,7 +372,7 @@ static void op_apply(gstate *g, uint32_t t, cst *c, const op *x)
       /* every operation by a scan */
     } else if (!c->built) {
       build(g, t, c);
-    } else if (m->p->rule == KV_POLICY_LEAST_DROP) { /* shrink the candidates (see build) */
+    } else if (g->least) { /* shrink the candidates (see build) */
       const uint16_t *S = g->ord + c->off;
       uint32_t p = g->aux[c->off + c->cnt - 1];
       uint64_t b = obytes(g, t, c, S[p]);
@@ -426,7 +433,7 @@ static void h_down(gstate *g, size_t k)
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
-enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_N };
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -461,6 +468,459 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
   return ws->buf[k];
 }
 
+#define CASCADE_PINNED (KV_POLICY_MAX_TIERS + 1)
+
+/* Algorithm 1 lines 5-14, tier by tier from the top (§4.4: "applied recursively if the
+ * lower-tier storage is also full"), from the placements in g->cs. Returns -1, or the tier
+ * left over capacity with no context on it ([G3]: cannot happen). */
+static int cascade(gstate *g)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n;
+  for (uint32_t t = 0; t < m->T; t++) {
+    if (g->used[t] <= m->cap[t])
+      continue;
+    g->hn = 0;
+    for (size_t i = 0; i < n; i++) {
+      cst *c = &g->cs[i];
+      if (on_tier(g, t, c) && i != g->pin) {
+        prepare(g, t, c, i);
+        c->op = op_next(g, t, c);
+        g->heap[g->hn].key = c->op.key;
+        g->heap[g->hn].i = (uint32_t)i;
+        g->hn++;
+      }
+    }
+    for (size_t k = (g->hn + 2) / 4; k-- > 0;)
+      h_down(g, k);
+    while (g->used[t] > m->cap[t]) {
+      if (g->hn == 0) /* only the pinned context is left: no placement with it there */
+        return g->pin < n ? CASCADE_PINNED : (int)t;
+      cst *c = &g->cs[g->heap[0].i];
+#if defined(__GNUC__)
+      /* the next top is one of the root's children: start fetching them (random contexts) */
+      for (size_t q = 1; q <= 4 && q < g->hn; q++)
+        __builtin_prefetch(&g->cs[g->heap[q].i]);
+#endif
+      op x = c->op;
+      op_apply(g, t, c, &x);
+      if (on_tier(g, t, c)) { /* replace the top with its next operation */
+        c->op = op_next(g, t, c);
+        g->heap[0].key = c->op.key;
+      } else {
+        g->heap[0] = g->heap[--g->hn];
+      }
+      if (g->hn > 0)
+        h_down(g, 0);
+    }
+  }
+  return -1;
+}
+
+/* ---- the default rule's additions (policy.h THE DEFAULT RULE) ------------------------------ */
+
+/* Effort by instance size: the guard's trials (each a refill from nothing) and re-insertions
+ * (each a cascade and a refill) cost about one greedy each, and a refill pass one scan of
+ * every option, so large instances get fewer: up to POL_SMALL contexts POL_GUARD_TOP trials,
+ * POL_REINSERT re-insertions and 3 refill passes; above, 1, POL_REINSERT_LARGE and 1. */
+#ifndef POL_REINSERT
+#define POL_REINSERT 8
+#endif
+#ifndef POL_REINSERT_LARGE
+#define POL_REINSERT_LARGE 0
+#endif
+#ifndef POL_SMALL
+#define POL_SMALL 256
+#endif
+#ifndef POL_GUARD_TOP
+#define POL_GUARD_TOP 8
+#endif
+#define POL_REFILL_PASSES(n) ((n) > POL_SMALL ? 1 : 3)
+/* A guard trial or a re-insertion replaces the placement only when it raises the total utility
+ * by more than this share of what the placement gains over storing nothing: near-equal alternatives (tier figures measured a little apart) keep
+ * the greedy's, so that a rebalance of a rebalanced store moves nothing. */
+#define POL_MARGIN 1e-4
+#ifndef POL_GUARD_SHARE
+#define POL_GUARD_SHARE 0.25
+#endif
+
+/* A placement the refill considers, with its utility. */
+typedef struct rpl {
+  int32_t tier, option;
+  uint32_t cached;
+  double u;
+} rpl;
+
+/* The utility of a context where it is now. */
+static inline double cur_util(const gstate *g, const cst *c, size_t i)
+{
+  if (c->tier == KV_POLICY_NONE)
+    return pol_util_none(g->m, &g->m->ctx[i]);
+  return util(g, serving(c), c, (uint32_t)c->option);
+}
+
+/* Bytes a placement uses per tier. */
+static void rpl_use(const gstate *g, const cst *c, const rpl *r, uint64_t *use)
+{
+  memset(use, 0, KV_POLICY_MAX_TIERS * sizeof *use);
+  if (r->tier == KV_POLICY_NONE)
+    return;
+  use[r->tier] += obytes(g, (uint32_t)r->tier, c, (uint32_t)r->option);
+  if (r->cached)
+    use[0] += obytes(g, 0, c, (uint32_t)r->option);
+}
+
+enum { FIT_ROOM = 0, FIT_EMPTY = 1, FIT_ANY = 2 };
+
+/* The placement of highest utility of context i among those that fit: FIT_ROOM in the room the
+ * others leave (starting from where it is: only a strictly higher utility replaces that),
+ * FIT_EMPTY in the empty tiers (starting from "not stored"), FIT_ANY without capacities
+ * (starting from where it is). Ties: the first in the order none, then per persistent tier
+ * from the top, per option, uncached before cached. */
+static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
+{
+  const pol_model *m = g->m;
+  rpl best;
+  uint64_t room[KV_POLICY_MAX_TIERS], own[KV_POLICY_MAX_TIERS];
+  if (mode == FIT_EMPTY || c->tier == KV_POLICY_NONE) {
+    best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, pol_util_none(m, &m->ctx[i])};
+  } else {
+    best = (rpl){c->tier, c->option, c->cached, cur_util(g, c, i)};
+  }
+  rpl now = {c->tier, c->option, c->cached, 0};
+  rpl_use(g, c, &now, own);
+  for (uint32_t t = 0; t < m->T; t++) {
+    if (mode == FIT_ANY || m->cap[t] == KV_POLICY_UNLIMITED) {
+      room[t] = UINT64_MAX;
+    } else if (mode == FIT_EMPTY) {
+      room[t] = m->cap[t];
+    } else {
+      uint64_t others = g->used[t] - own[t];
+      room[t] = m->cap[t] > others ? m->cap[t] - others : 0;
+    }
+  }
+  double unone = pol_util_none(m, &m->ctx[i]);
+  if (unone > best.u)
+    best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, unone};
+  for (uint32_t t = m->first; t < m->T; t++)
+    for (uint32_t o = 0; o < c->k; o++) {
+      if (obytes(g, t, c, o) > room[t])
+        continue;
+      double u = util(g, t, c, o);
+      if (u > best.u)
+        best = (rpl){(int32_t)t, (int32_t)o, 0, u};
+      if (m->incl && obytes(g, 0, c, o) <= room[0]) {
+        u = util(g, 0, c, o);
+        if (u > best.u)
+          best = (rpl){(int32_t)t, (int32_t)o, 1, u};
+      }
+    }
+  return best;
+}
+
+static void set_place(gstate *g, cst *c, const rpl *r)
+{
+  use(g, c, -1);
+  c->tier = (int8_t)r->tier;
+  c->option = r->option;
+  c->cached = (uint8_t)(r->cached ? 1 : 0);
+  use(g, c, +1);
+}
+
+/* The placement of highest utility without capacities, from the best options per tier (the
+ * same utility as choose(FIT_ANY), in O(tiers)). */
+static rpl best_any(const gstate *g, const cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  rpl best = {KV_POLICY_NONE, KV_POLICY_NONE, 0, pol_util_none(m, &m->ctx[i])};
+  for (uint32_t t = 0; t < m->T; t++) {
+    int32_t o = best_of(c, t);
+    if (o == KV_POLICY_NONE || (!m->incl && t < m->first))
+      continue;
+    double u = util(g, t, c, (uint32_t)o);
+    if (u > best.u) {
+      if (m->incl && t == 0)
+        best = (rpl){(int32_t)m->first, o, 1, u};
+      else
+        best = (rpl){(int32_t)t, o, 0, u};
+    }
+  }
+  return best;
+}
+
+/* Whether some tier has room for the smallest option of any context. */
+static int room_left(const gstate *g)
+{
+  const pol_model *m = g->m;
+  for (uint32_t t = 0; t < m->T; t++)
+    if (m->cap[t] == KV_POLICY_UNLIMITED || m->cap[t] - g->used[t] >= g->minb[t])
+      return 1;
+  return 0;
+}
+
+static int hent_cmp(const void *a, const void *b)
+{
+  const hent *x = a, *y = b;
+  if (x->key != y->key)
+    return x->key < y->key ? -1 : 1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* One refill pass (b): the contexts that would gain from more room, by gain per byte added
+ * (highest first), each to its best placement that fits. Returns how many changed. */
+static size_t refill_pass(gstate *g, hent *keys)
+{
+  size_t n = g->m->n, nk = 0, changed = 0;
+  /* an admit into a large store: the others were refilled by the placement before; only
+   * the incoming contexts and those its cascade changed take the room it left */
+  int only = g->inc != NULL && n > POL_SMALL;
+  for (size_t i = 0; i < n; i++) {
+    const cst *c = &g->cs[i];
+    if (only && !c->touched && !g->inc[i])
+      continue;
+    double ucur = cur_util(g, c, i);
+    rpl b = best_any(g, c, i);
+    if (!(b.u > ucur))
+      continue;
+    uint64_t nu[KV_POLICY_MAX_TIERS], own[KV_POLICY_MAX_TIERS], add = 0;
+    rpl now = {c->tier, c->option, c->cached, 0};
+    rpl_use(g, c, &b, nu);
+    rpl_use(g, c, &now, own);
+    for (uint32_t t = 0; t < g->m->T; t++)
+      add += nu[t] > own[t] ? nu[t] - own[t] : 0;
+    keys[nk].key = -(b.u - ucur) / (double)(add > 0 ? add : 1);
+    keys[nk].i = (uint32_t)i;
+    nk++;
+  }
+  qsort(keys, nk, sizeof *keys, hent_cmp);
+  for (size_t k = 0; k < nk; k++) {
+    if (!room_left(g)) /* no option of any context fits anywhere: nothing more can move in */
+      break;
+    cst *c = &g->cs[keys[k].i];
+    rpl b = choose(g, c, keys[k].i, FIT_ROOM);
+    rpl now = {c->tier, c->option, c->cached, 0};
+    if (b.tier == now.tier && b.option == now.option && b.cached == now.cached)
+      continue;
+    set_place(g, c, &b);
+    changed++;
+  }
+  return changed;
+}
+
+
+static void refill(gstate *g, hent *keys)
+{
+  for (int pass = 0; pass < POL_REFILL_PASSES(g->m->n) && refill_pass(g, keys) > 0; pass++)
+    ;
+}
+
+static double total_util(const gstate *g)
+{
+  double u = 0;
+  for (size_t i = 0; i < g->m->n; i++)
+    u += cur_util(g, &g->cs[i], i);
+  return u;
+}
+
+/* The best placement of a context alone in the empty tiers (choose(FIT_EMPTY)): in O(tiers)
+ * when the best option of each tier fits it, else by a scan. */
+static rpl alone(const gstate *g, const cst *c, size_t i)
+{
+  const pol_model *m = g->m;
+  rpl b = best_any(g, c, i);
+  if (b.tier == KV_POLICY_NONE)
+    return b;
+  for (uint32_t t = m->first; t < m->T; t++) {
+    int32_t o = best_of(c, t);
+    if (o != KV_POLICY_NONE && obytes(g, t, c, (uint32_t)o) > m->cap[t])
+      return choose(g, c, i, FIT_EMPTY);
+  }
+  if (m->incl) {
+    int32_t o = best_of(c, 0);
+    if (o != KV_POLICY_NONE && (obytes(g, 0, c, (uint32_t)o) > m->cap[0] ||
+                                obytes(g, m->first, c, (uint32_t)o) > m->cap[m->first]))
+      return choose(g, c, i, FIT_EMPTY);
+  }
+  return b;
+}
+
+static void save_places(const gstate *g, kv_policy_place *to)
+{
+  for (size_t i = 0; i < g->m->n; i++) {
+    const cst *c = &g->cs[i];
+    to[i] = (kv_policy_place){c->tier, c->option, c->cached};
+  }
+}
+
+static void load_places(gstate *g, const kv_policy_place *from)
+{
+  for (size_t i = 0; i < g->m->n; i++) {
+    cst *c = &g->cs[i];
+    c->tier = (int8_t)from[i].tier;
+    c->option = from[i].option;
+    c->cached = (uint8_t)from[i].cached;
+  }
+}
+
+/* One trial of the guard: everything not stored, context `top` at `alone` (or nothing forced
+ * when top == n), the rest refilled around it; kept when its total utility beats *best (the
+ * incumbent, saved in save[] first and restored otherwise). */
+static void guard_try(gstate *g, hent *keys, kv_policy_place *save, size_t top, const rpl *alone,
+                      double *best)
+{
+  size_t n = g->m->n;
+  uint64_t used[KV_POLICY_MAX_TIERS];
+  memcpy(used, g->used, sizeof used);
+  for (size_t i = 0; i < n; i++) {
+    cst *c = &g->cs[i];
+    save[i] = (kv_policy_place){c->tier, c->option, c->cached};
+    set_none(c);
+  }
+  memset(g->used, 0, sizeof g->used);
+  if (top < n)
+    set_place(g, &g->cs[top], alone);
+  refill(g, keys);
+  double u = total_util(g);
+  if (u > *best + POL_MARGIN * fabs(*best - g->unone)) {
+    *best = u;
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    cst *c = &g->cs[i];
+    c->tier = (int8_t)save[i].tier;
+    c->option = save[i].option;
+    c->cached = (uint8_t)save[i].cached;
+  }
+  memcpy(g->used, used, sizeof used);
+}
+
+
+/* The best-single-item guard (c), over the POL_GUARD_TOP contexts of highest gain alone. save:
+ * [n] scratch. */
+static void guard(gstate *g, hent *keys, kv_policy_place *save)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n, nt = 0, top[POL_GUARD_TOP], G = n <= POL_SMALL ? POL_GUARD_TOP : 1;
+  double gt[POL_GUARD_TOP];
+  rpl al[POL_GUARD_TOP];
+  for (size_t i = 0; i < n; i++) {
+    rpl r = alone(g, &g->cs[i], i);
+    double gain = r.u - pol_util_none(m, &m->ctx[i]);
+    if (r.tier == KV_POLICY_NONE || !(gain > 0))
+      continue;
+    size_t k = nt < G ? nt++ : G;
+    if (k == G && !(gain > gt[G - 1]))
+      continue;
+    if (k == G)
+      k--;
+    while (k > 0 && gain > gt[k - 1]) {
+      top[k] = top[k - 1], gt[k] = gt[k - 1], al[k] = al[k - 1];
+      k--;
+    }
+    top[k] = i, gt[k] = gain, al[k] = r;
+  }
+  /* a trial only for a context that gains alone at least POL_GUARD_SHARE of what the whole
+   * placement gains over storing nothing: where the greedy can have missed it by a lot */
+  double best = total_util(g), none = 0;
+  for (size_t i = 0; i < n; i++)
+    none += pol_util_none(m, &m->ctx[i]);
+  for (size_t k = 0; k < nt; k++)
+    if (cur_util(g, &g->cs[top[k]], top[k]) < al[k].u && gt[k] >= POL_GUARD_SHARE * (best - none))
+      guard_try(g, keys, save, top[k], &al[k], &best);
+}
+
+
+/* Re-insertion (d): the POL_REINSERT contexts that would gain most from a better place than
+ * they have (their best placement without capacities), one at a time: the context takes that
+ * placement, the cascade makes room (it may shrink or move others, or the context itself), and
+ * the refill fills what is left; kept when the total utility rises. Returns -1 or a tier the
+ * cascade could not resolve ([G3]). */
+static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rpl b, double *pbest);
+
+#ifndef POL_TINY
+#define POL_TINY 16
+#endif
+
+static int reinsert(gstate *g, hent *keys, kv_policy_place *save)
+{
+  const pol_model *m = g->m;
+  size_t n = m->n, nt = 0, top[POL_REINSERT], R = n <= POL_SMALL ? POL_REINSERT : POL_REINSERT_LARGE;
+  double gt[POL_REINSERT];
+  for (size_t i = 0; i < n && R > 0; i++) {
+    const cst *c = &g->cs[i];
+    double gain = best_any(g, c, i).u - cur_util(g, c, i);
+    if (!(gain > 0))
+      continue;
+    size_t k = nt < R ? nt++ : R;
+    if (k == R && !(gain > gt[R - 1]))
+      continue;
+    if (k == R)
+      k--;
+    while (k > 0 && gain > gt[k - 1]) {
+      top[k] = top[k - 1], gt[k] = gt[k - 1];
+      k--;
+    }
+    top[k] = i, gt[k] = gain;
+  }
+  double best = total_util(g);
+  for (size_t k = 0; k < nt; k++) {
+    int bad = try_place(g, keys, save, top[k], best_any(g, &g->cs[top[k]], top[k]), &best);
+    if (bad >= 0)
+      return bad;
+  }
+  /* tiny instances: every context, every placement better than where it is */
+  for (size_t i = 0; n <= POL_TINY && i < n; i++)
+    for (uint32_t t = m->first; t < m->T; t++)
+      for (uint32_t o = 0; o < g->cs[i].k; o++)
+        for (uint32_t ca = 0; ca <= (uint32_t)m->incl; ca++) {
+          rpl b = {(int32_t)t, (int32_t)o, ca, util(g, ca ? 0 : t, &g->cs[i], o)};
+          int bad = try_place(g, keys, save, i, b, &best);
+          if (bad >= 0)
+            return bad;
+        }
+  return -1;
+}
+
+/* Context i at placement b (when that beats where it is), the cascade and the refill; kept when
+ * the total beats *best by the margin. Returns -1 or a tier the cascade could not resolve. */
+static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rpl b, double *pbest)
+{
+  size_t n = g->m->n;
+  double best = *pbest;
+  cst *c = &g->cs[ci];
+  {
+    if (!(b.u > cur_util(g, c, ci)))
+      return -1;
+    uint64_t used[KV_POLICY_MAX_TIERS];
+    memcpy(used, g->used, sizeof used);
+    for (size_t i = 0; i < n; i++) {
+      const cst *x = &g->cs[i];
+      save[i] = (kv_policy_place){x->tier, x->option, x->cached};
+    }
+    set_place(g, c, &b);
+    g->pin = ci; /* the cascade makes room around it */
+    int bad = cascade(g);
+    g->pin = n;
+    if (bad >= 0 && bad != CASCADE_PINNED)
+      return bad;
+    if (bad < 0)
+      refill(g, keys);
+    double u = bad < 0 ? total_util(g) : -INFINITY;
+    if (u > best + POL_MARGIN * fabs(best - g->unone)) {
+      *pbest = u;
+      return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+      cst *x = &g->cs[i];
+      x->tier = (int8_t)save[i].tier;
+      x->option = save[i].option;
+      x->cached = (uint8_t)save[i].cached;
+    }
+    memcpy(g->used, used, sizeof used);
+  }
+  return -1;
+}
+
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
 
 static void gstate_free(gstate *g)
@@ -475,6 +935,11 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   gstate g;
   memset(&g, 0, sizeof g);
   g.m = m;
+  g.least = m->p->rule == KV_POLICY_LEAST_DROP;
+  g.pin = m->n;
+  g.inc = incoming;
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
+    g.minb[t] = UINT64_MAX;
   size_t n = m->n, nn = n > 0 ? n : 1, sk = 0;
   uint32_t kmax = 1;
   int any_decoded = 0;
@@ -508,6 +973,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     c->k = (uint16_t)x->n_options;
     c->f = x->frequency;
     double unone = pol_util_none(m, x);
+    g.unone += unone;
     off += c->k;
     double bu[KV_POLICY_MAX_TIERS] = {0};
     int32_t bo[KV_POLICY_MAX_TIERS] = {0};
@@ -532,6 +998,8 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
       }
       for (uint32_t t = 0; t < m->T; t++) { /* best option per tier: highest U, lowest index */
         double u = util(&g, t, c, a);
+        uint64_t ob = obytes(&g, t, c, a);
+        g.minb[t] = ob < g.minb[t] ? ob : g.minb[t];
         if (a == 0 || u > bu[t]) {
           bu[t] = u;
           bo[t] = (int32_t)a;
@@ -541,7 +1009,14 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
     if (incoming == NULL || incoming[i]) {
-      if (best_of(c, 0) == KV_POLICY_NONE) {
+      uint32_t st = 0; /* (a): the default rule starts on the tier of highest utility */
+      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++)
+        if (best_utility(&g, t, c, i) > best_utility(&g, st, c, i))
+          st = t;
+      if (st > 0 && best_of(c, st) != KV_POLICY_NONE) {
+        c->tier = (int8_t)st;
+        c->option = best_of(c, st);
+      } else if (best_of(c, 0) == KV_POLICY_NONE) {
         set_none(c);
       } else {
         c->tier = (int8_t)(m->incl ? 1 : 0);
@@ -557,45 +1032,62 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     use(&g, c, +1);
   }
-  /* lines 5-14, tier by tier from the top (§4.4: "applied recursively if the lower-tier
-   * storage is also full") */
-  for (uint32_t t = 0; t < m->T; t++) {
-    if (g.used[t] <= m->cap[t])
-      continue;
-    g.hn = 0;
-    for (size_t i = 0; i < n; i++) {
-      cst *c = &g.cs[i];
-      if (on_tier(&g, t, c)) {
-        prepare(&g, t, c, i);
-        c->op = op_next(&g, t, c);
-        g.heap[g.hn].key = c->op.key;
-        g.heap[g.hn].i = (uint32_t)i;
-        g.hn++;
-      }
+  /* the default rule on small instances runs twice: from a per-byte cascade and from a
+   * least-drop one (e), keeping the better; the starting placements are kept for the second */
+  int twice = m->p->rule == KV_POLICY_REFILL && n > 0 && n <= POL_SMALL;
+  kv_policy_place *init = twice ? ws_get(ws, WS_INIT, n * sizeof *init) : NULL;
+  kv_policy_place *best = twice ? ws_get(ws, WS_BEST, n * sizeof *best) : NULL;
+  uint64_t used0[KV_POLICY_MAX_TIERS];
+  if (twice && (init == NULL || best == NULL)) {
+    gstate_free(&g);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  }
+  if (twice) {
+    save_places(&g, init);
+    memcpy(used0, g.used, sizeof used0);
+  }
+  /* lines 5-14 */
+  int bad = cascade(&g);
+  if (bad >= 0) {
+    gstate_free(&g);
+    return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
+  }
+  if (m->p->rule == KV_POLICY_REFILL && n > 0) { /* (b) and (c) */
+    kv_policy_place *save = ws_get(ws, WS_SAVE, n * sizeof *save);
+    if (save == NULL) {
+      gstate_free(&g);
+      return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
     }
-    for (size_t k = (g.hn + 2) / 4; k-- > 0;)
-      h_down(&g, k);
-    while (g.used[t] > m->cap[t]) {
-      if (g.hn == 0) { /* [G3] cannot happen: bytes on t belong to contexts on t */
+    refill(&g, g.heap);
+    guard(&g, g.heap, save);
+    bad = reinsert(&g, g.heap, save);
+    if (bad >= 0) {
+      gstate_free(&g);
+      return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
+    }
+    if (twice) { /* (e) */
+      double ua = total_util(&g);
+      uint64_t used1[KV_POLICY_MAX_TIERS];
+      save_places(&g, best);
+      memcpy(used1, g.used, sizeof used1);
+      load_places(&g, init);
+      memcpy(g.used, used0, sizeof used0);
+      g.least = 1;
+      bad = cascade(&g);
+      g.least = 0;
+      if (bad < 0) {
+        refill(&g, g.heap);
+        guard(&g, g.heap, save);
+        bad = reinsert(&g, g.heap, save);
+      }
+      if (bad >= 0) {
         gstate_free(&g);
-        return pol_fail(err, KVDB_PANIC, "tier %u over capacity with no context on it", t);
+        return pol_fail(err, KVDB_PANIC, "tier %d over capacity with no context on it", bad);
       }
-      cst *c = &g.cs[g.heap[0].i];
-#if defined(__GNUC__)
-      /* the next top is one of the root's children: start fetching them (random contexts) */
-      for (size_t q = 1; q <= 4 && q < g.hn; q++)
-        __builtin_prefetch(&g.cs[g.heap[q].i]);
-#endif
-      op x = c->op;
-      op_apply(&g, t, c, &x);
-      if (on_tier(&g, t, c)) { /* replace the top with its next operation */
-        c->op = op_next(&g, t, c);
-        g.heap[0].key = c->op.key;
-      } else {
-        g.heap[0] = g.heap[--g.hn];
+      if (!(total_util(&g) > ua + POL_MARGIN * fabs(ua - g.unone))) {
+        load_places(&g, best);
+        memcpy(g.used, used1, sizeof used1);
       }
-      if (g.hn > 0)
-        h_down(&g, 0);
     }
   }
   for (size_t i = 0; i < n; i++) {

@@ -30,7 +30,7 @@ void kv_policy_params_init(kv_policy_params *p)
   p->alpha = 1.0;
   p->prefill_tokens_per_s = 10000.0;
   p->recompute_quality = 1.0;
-  p->rule = KV_POLICY_LEAST_DROP;
+  p->rule = KV_POLICY_REFILL;
 }
 
 static const char *tier_name(const kv_policy_tier *t, uint32_t i, char *buf, size_t cap)
@@ -90,7 +90,8 @@ static kvdb_status check_params(const kv_policy_params *p, kv_policy_err *err)
     if (!finite_nonneg(p->decode_bps[i]))
       return pol_fail(err, KVDB_INVALID, "decode_bps[%d] %g is not a number >= 0", i,
                       p->decode_bps[i]);
-  if (p->rule != KV_POLICY_LEAST_DROP && p->rule != KV_POLICY_PER_BYTE)
+  if (p->rule != KV_POLICY_LEAST_DROP && p->rule != KV_POLICY_PER_BYTE &&
+      p->rule != KV_POLICY_REFILL)
     return pol_fail(err, KVDB_INVALID, "unknown rule %d", (int)p->rule);
   return KVDB_OK;
 }

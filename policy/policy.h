@@ -72,13 +72,50 @@
  *   inclusive tier), it is not stored instead when recomputing it has a higher utility than
  *   every option there. Nothing is ever placed where it is worth less than a recompute.
  *
+ * THE DEFAULT RULE (KV_POLICY_REFILL). Algorithm 1 as written (KV_POLICY_LEAST_DROP) and the
+ * per-byte greedy both stop once every tier fits: neither ever fills a tier again after the
+ * cascade emptied it further than needed (a coarse tier: one large context leaves, most of the
+ * tier stays empty), and per-byte alone can prefer a small dense context to a large valuable
+ * one that no longer fits. The default runs the per-byte greedy above with five additions:
+ *   a. an incoming context starts on the tier where its best option has the highest utility
+ *      (ties: the upper one) rather than always on the top tier: when a probe measures the top
+ *      tier slower than recomputing (or than the tier below), the context is not dropped (or
+ *      cached in the slow tier) while a lower tier serves it;
+ *   b. a refill pass: every context whose best placement ignoring capacities beats where it is,
+ *      by gain per byte added (highest first, ties lower index), takes the placement of highest
+ *      utility among those that fit in the room left (any tier, option, cached or not, or not
+ *      stored); passes repeat while they change something (at most 3); a pass stops once no
+ *      option of any context fits in any tier;
+ *   c. the best-single-item guard: among the 8 contexts of highest gain alone (the utility of
+ *      its best placement that fits the empty tiers, minus recomputing it), each one the greedy
+ *      left below that and whose gain alone is at least 1/4 of what the whole placement gains
+ *      over storing nothing is placed alone and every other context refilled around it (b from
+ *      "nothing stored"); the result replaces the placement when it is worth more by over 1e-4
+ *      of the total (near-equal alternatives keep the greedy's: a rebalance of a rebalanced
+ *      store, with tier figures measured a little apart, moves nothing);
+ *   d. re-insertion: the 8 contexts that would gain most from a better place (their best
+ *      placement without capacities), one at a time, take that place; the cascade makes room
+ *      (shrinking or moving others, or the context itself) and b fills what is left; kept when
+ *      worth more by over 1e-4 of the total.
+ *   e. up to 256 contexts, all of the above runs a second time from a least-drop cascade
+ *      (Algorithm 1's order) instead of the per-byte one; the better result is kept (by over
+ *      1e-4 of the total).
+ *   Above 256 contexts the effort is bounded: one refill pass, one guard trial, no
+ *   re-insertion, no second run (each trial costs about one greedy).
+ * b to e only ever raise the total utility of what the cascade found; a changes where it
+ * starts (measured above the per-byte greedy in 1015 and below it in 1 of 3000 random small
+ * instances, test policy-refill). plan.n_recompress / n_evict count the operations of every
+ * cascade run. `kvdb-bench policy` (part 7) reports each rule's share of the
+ * exact optimum.
+ *
  * DETERMINISM. Identical input gives identical output (on one build and platform). Ties break
  * as follows: best option = highest utility, then lowest option index. Among one context's
  * operations: lowest cost, then recompress before evict, then the recompression that keeps
  * more bytes on the tier, then the lower option index. Among contexts: lowest cost, then
  * lowest context index.
  *
- * COST. kv_policy_rebalance and kv_policy_admit are O(T * K + m * log n) for n contexts with
+ * COST. With KV_POLICY_LEAST_DROP and KV_POLICY_PER_BYTE, kv_policy_rebalance and
+ * kv_policy_admit are O(T * K + m * log n) for n contexts with
  * K options in all and m greedy operations: every option is read a constant number of times
  * per tier (its utility on each tier once; a scan for the first operation of each context on
  * an over-full tier; a sort of the candidates of a context the first time it is recompressed
@@ -87,7 +124,11 @@
  * Memory O(n + K). An admit into a store of n contexts costs the same O(T * K) as a rebalance:
  * every context on an over-full tier is a candidate (measured by `kvdb-bench policy`:
  * place_100k_ms, admit_100k_ms). kv_policy_exact is exponential (branch and bound, for small
- * instances). kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
+ * instances). KV_POLICY_REFILL adds O(T * K + n log n) per refill pass (every option of every
+ * candidate, a sort by gain per byte) and a greedy's cost per guard trial or re-insertion (up
+ * to 3 passes, 8 trials, 8 re-insertions up to 256 contexts; 1 pass, 1 trial above): about 2x
+ * the per-byte greedy at 100k contexts (`kvdb-bench policy`: place_100k_ms_refill).
+ * kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
  * choices and h the length of a context's hull, and holds the S choices in memory
  * (8 * (T + 1) bytes each).
  *
@@ -206,8 +247,11 @@ typedef struct kv_policy_context {
 
 /** The operation cost the greedy minimizes. */
 typedef enum kv_policy_rule {
-  KV_POLICY_LEAST_DROP = 0, /**< least utility drop (EvicPress Algorithm 1) */
+  KV_POLICY_LEAST_DROP = 0, /**< least utility drop (EvicPress Algorithm 1, Appendix A) */
   KV_POLICY_PER_BYTE = 1,   /**< least utility drop per byte freed (MCKP convex-hull greedy) */
+  KV_POLICY_REFILL = 2,     /**< the default: the per-byte greedy, incoming contexts start on
+                                 their best tier, then a refill pass and the best-single-item
+                                 guard (see THE DEFAULT RULE) */
 } kv_policy_rule;
 
 /** Parameters of a placement. Fill with kv_policy_params_init(), then set the fields. */
@@ -220,7 +264,7 @@ typedef struct kv_policy_params {
   double recompute_quality;    /**< quality of a recomputed context, [0, 1]; default 1 (exact) */
   double decode_bps[4];        /**< per kvdb_method (RAW, LOSSLESS, QUANT, DROP): decode
                                     throughput in original bytes/s, 0 = free; default all 0 */
-  kv_policy_rule rule;         /**< default KV_POLICY_LEAST_DROP */
+  kv_policy_rule rule;         /**< default KV_POLICY_REFILL */
 } kv_policy_params;
 
 /** What went wrong (filled on failure when the caller passes one). */
@@ -270,7 +314,7 @@ typedef struct kv_policy_eval {
 /* ------------------------------------------------------------------------------------------ */
 
 /** @brief Defaults: no tiers (set them), alpha 1, prefill 10000 tokens/s, recompute quality 1,
- * free decoding, least-drop rule. Cannot fail. */
+ * free decoding, the KV_POLICY_REFILL rule. Cannot fail. */
 void kv_policy_params_init(kv_policy_params *p);
 
 /**

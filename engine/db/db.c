@@ -6,7 +6,9 @@
  * PUT (kvdb_put_ex): check -> (placement on: profile the context and ask the placement for the
  * config it will choose) -> kv_put_context (engine/ops/put.c: hash, encode, write, publish in
  * one catalog transaction; its head comment has the durability order) -> (placement on: place
- * the context, Algorithm 1). GET, lookup, delete and the rest live in engine/ops.
+ * the context). GET (kvdb_get, kvdb_get_notify): kv_get (engine/ops/get.c) -> (placement on:
+ * promotion of the context served to the DRAM tier, kv_place_after_get). Lookup, delete and the rest live in
+ * engine/ops.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -41,6 +43,27 @@ void kvdb_options_init(kvdb_options *opt)
   kv_place_options_init(opt);
   opt->remote_timeout_ms = 250;
   opt->remote_queue_blocks = 4096;
+}
+
+/* ---- get: read -> (placement) promote ----------------------------------------------------- */
+
+kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                            const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                            void *ctx)
+{
+  uint8_t served_ctx[16];
+  int hit;
+  kvdb_status rc = kv_get(db, m, tokens, n, out, hit_tokens, on_block, ctx, served_ctx, &hit);
+  if (rc == KVDB_OK && hit)
+    kv_place_after_get(db, served_ctx); /* placement on: promote it to DRAM when its utility
+                                           says so */
+  return rc;
+}
+
+kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                     const kvdb_kv_view *out, size_t *hit_tokens)
+{
+  return kvdb_get_notify(db, m, tokens, n, out, hit_tokens, NULL, NULL);
 }
 
 /* ---- put: check -> (placement) config -> write -> (placement) place --------------------- */

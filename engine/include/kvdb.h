@@ -261,9 +261,19 @@ typedef enum kvdb_placement {
   KVDB_PLACEMENT_OFF = 0,       /**< as asked: puts store with their config on the SSD tier, the
                                      DRAM tier caches what gets read (least recently used first)
                                      and ssd_bytes evicts least recently used contexts */
-  KVDB_PLACEMENT_EVICPRESS = 1, /**< EvicPress (seed 004 §4.2-§4.4): Algorithm 1, the
-                                     operation of least utility drop first */
-  KVDB_PLACEMENT_PER_BYTE = 2,  /**< the same greedy by least utility drop per byte freed */
+  KVDB_PLACEMENT_EVICPRESS = 1, /**< EvicPress's utility and tiers (seed 004 §4.2-§4.4),
+                                     placed by the library's default rule: the greedy by least
+                                     utility drop per byte freed, a new context starting on the
+                                     tier where it is worth most, then a refill pass and the
+                                     best-single-context guard (policy/policy.h THE DEFAULT
+                                     RULE); promotes a context to the DRAM tier on a get when
+                                     its utility there beats a context cached now (see
+                                     placement below). Until version 0.1 (issue 17) this was Algorithm 1: that is
+                                     KVDB_PLACEMENT_LEAST_DROP now */
+  KVDB_PLACEMENT_PER_BYTE = 2,  /**< the per-byte greedy alone (no refill, no guard) */
+  KVDB_PLACEMENT_LEAST_DROP = 3,/**< the paper's rule: EvicPress Algorithm 1 (seed 004 Appendix
+                                     A, cascading as §4.4 says), the operation of least utility
+                                     drop first; a new context starts on the top tier */
 } kvdb_placement;
 
 /** Log callback: level 0 error, 1 warning, 2 info. `msg` is valid during the call only. */
@@ -333,6 +343,14 @@ typedef struct kvdb_options {
    *   kvdb_relocate (one transaction);
    * - the DRAM tier (an inclusive cache: the persistent copy stays) holds only the contexts
    *   the placement puts there, filled by gets;
+   * - promotion on a hit (KVDB_PLACEMENT_EVICPRESS and _PER_BYTE; not _LEAST_DROP, Algorithm 1
+   *   as the paper has it): after a kvdb_get that served a context the DRAM tier does not hold,
+   *   the placement reads the context (its accesses noted and not yet written count) and, when
+   *   its utility gain from being cached per DRAM byte is more than 1.25x the least such gain
+   *   among the contexts its last run over every context cached, places it again as a new
+   *   context (cached when that fits, else the greedy over every context decides, which may
+   *   uncache others); the next get fills DRAM with it. kvdb_get returns what it returned
+   *   before (the get's own status and KV); a promotion that fails is logged;
    * - kvdb_rebalance_plan / kvdb_rebalance_execute place every context anew.
    * Not chosen by the placement: token-dropping configs (kvdb_get cannot serve them), configs a
    * context's stored one cannot be re-encoded to (see kvdb_recompress). A context without a
@@ -506,6 +524,9 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * block the local hit did not deliver (one round trip), each value verified whole before its
  * KV is copied (see kvdb_options.remote_addr); a remote failure or a rejected value ends the
  * hit, never the call (still KVDB_OK). Remote hits are not stored locally.
+ * With placement on, a hit of a context the DRAM tier does not hold may promote it there after
+ * the KV is delivered (kvdb_options.placement, "promotion on a hit"): the return value and KV
+ * are the get's own; a promotion that fails is logged.
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
  *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
  *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.

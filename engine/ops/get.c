@@ -257,6 +257,8 @@ typedef struct kv_fetch_ctl {
   int stopped;             /* the gate said stop */
   uint32_t blocks_read, blocks_present; /* prefetch: read from disk, found in the DRAM tier */
   uint64_t bytes_read;
+  uint8_t hit_ctx[16];     /* a get: the context whose last block was the last delivered, */
+  int served;              /* when served is 1 (placement's promotion on a hit) */
 } kv_fetch_ctl;
 
 /* Queue wave k of hit x into slot s (wave 0 first opens the block's segment: -1 on failure;
@@ -548,6 +550,8 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
         for (size_t i = w.n; i-- > 0;)
           if (w.h[i].t0 + w.h[i].n_copy == *hit_tokens) {
             kv_note_access(db, w.h[i].hash);
+            memcpy(ctl->hit_ctx, w.h[i].hash, 16);
+            ctl->served = 1;
             break;
           }
       }
@@ -567,11 +571,12 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
   return rc;
 }
 
-kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                            const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
-                            void *ctx)
+kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                   const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block, void *ctx,
+                   uint8_t hit_ctx[16], int *served)
 {
   uint32_t bt;
+  *served = 0;
   if (hit_tokens != NULL)
     *hit_tokens = 0;
   KV_RET(read_checks(db, m, &bt, tokens, n));
@@ -579,14 +584,13 @@ kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *token
   KV_RET(kv_check_view_extent(out, m, n, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  kv_fetch_ctl ctl = {out, KV_GET_WAVE, NULL, NULL, on_block, ctx, 0, 0, 0, 0};
-  return get_ctl(db, m, bt, tokens, n, &ctl, hit_tokens);
-}
-
-kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                     const kvdb_kv_view *out, size_t *hit_tokens)
-{
-  return kvdb_get_notify(db, m, tokens, n, out, hit_tokens, NULL, NULL);
+  kv_fetch_ctl ctl = {out, KV_GET_WAVE, NULL, NULL, on_block, ctx, 0, 0, 0, 0, {0}, 0};
+  kvdb_status rc = get_ctl(db, m, bt, tokens, n, &ctl, hit_tokens);
+  if (rc == KVDB_OK && ctl.served) {
+    memcpy(hit_ctx, ctl.hit_ctx, 16);
+    *served = 1;
+  }
+  return rc;
 }
 
 kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
@@ -598,7 +602,7 @@ kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tok
   KV_RET(read_checks(db, m, &bt, tokens, n));
   if (db->dram == NULL)
     return kv_fail(KVDB_UNSUPPORTED, "prefetch: the DRAM tier is off (options.dram_bytes 0)");
-  kv_fetch_ctl ctl = {NULL, wave_bytes, gate, gate_ctx, NULL, NULL, 0, 0, 0, 0};
+  kv_fetch_ctl ctl = {NULL, wave_bytes, gate, gate_ctx, NULL, NULL, 0, 0, 0, 0, {0}, 0};
   size_t staged = 0;
   kvdb_status rc = get_ctl(db, m, bt, tokens, n, &ctl, &staged);
   res->staged_tokens = staged;

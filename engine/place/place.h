@@ -55,6 +55,13 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
  * commit). */
 kvdb_status kv_place_drift(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr, kv_profile_rec *p,
                            int *drifted);
+/* After a get served context `key`, with placement on (KVDB_PLACEMENT_EVICPRESS, the default
+ * rule): promotion on a hit. When the context is not in the DRAM tier and its utility gain from
+ * being cached there per DRAM byte beats the promotion threshold (placer.c PROMOTION), it is
+ * placed again as an incoming context: cached when that fits beside the other contexts, else
+ * by the greedy over every context. Failures are logged (the get stands). */
+void kv_place_after_get(kvdb *db, const uint8_t key[16]);
+
 /* Place one context again (it takes its best place; over-full tiers are resolved), with
  * placement on; failures are logged. */
 void kv_place_context(kvdb *db, const uint8_t key[16]);

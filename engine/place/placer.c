@@ -190,7 +190,9 @@ static void inst_tiers(pinst *in, const kv_tier_perf *f)
   in->p.prefill_tokens_per_s = set->prefill_tps;
   in->p.recompute_quality = 1.0;
   memcpy(in->p.decode_bps, KV_PLACE_DECODE_BPS, sizeof in->p.decode_bps);
-  in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE ? KV_POLICY_PER_BYTE : KV_POLICY_LEAST_DROP;
+  in->p.rule = set->rule == KVDB_PLACEMENT_PER_BYTE     ? KV_POLICY_PER_BYTE
+               : set->rule == KVDB_PLACEMENT_LEAST_DROP ? KV_POLICY_LEAST_DROP
+                                                        : KV_POLICY_REFILL;
 }
 
 /* One context into the instance, from what the catalog (or a put about to be written) says:
@@ -629,7 +631,8 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
 
 /* The incoming context placed alone; *fits = 1 when that place fits beside the view on every
  * tier (then it is carried out and added to the view). */
-static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int *fits)
+static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int in_view,
+                               int *fits)
 {
   *fits = 0;
   kv_txn *txn;
@@ -655,16 +658,18 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
     inst_free(&in);
     return kv_fail(rc, "placement: %s", perr.msg);
   }
+  /* a put's context is not in the view yet; a promoted one is, where it is now */
+  uint64_t add[KVDB_TIER_COUNT] = {0};
+  for (uint32_t t = 0; t < in.n_tiers; t++)
+    add[in.ktier[t]] = plan.used_after[t] -
+                       (in_view && plan.used_before[t] <= plan.used_after[t] ? plan.used_before[t] : 0);
   int ok = 1;
   for (uint32_t t = 0; t < in.n_tiers && ok; t++)
-    ok = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + plan.used_after[t] <= cap[t];
+    ok = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + add[in.ktier[t]] <= cap[t];
   kvdb_place_plan pub;
   memset(&pub, 0, sizeof pub);
   if (ok)
     rc = to_public(&in, &plan, &pub);
-  uint64_t add[KVDB_TIER_COUNT] = {0};
-  for (uint32_t t = 0; t < in.n_tiers; t++)
-    add[in.ktier[t]] = plan.used_after[t];
   kv_policy_plan_free(&plan);
   inst_free(&in);
   if (!ok || rc != KVDB_OK) {
@@ -682,6 +687,116 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
     v->valid = 0;
   }
   return rc;
+}
+
+/*
+ * PROMOTION. A get of a context that is not in the DRAM tier (placement on, any rule but
+ * KVDB_PLACEMENT_LEAST_DROP: Algorithm 1 as the paper has it never promotes) counts the access
+ * asks whether caching it pays (a read transaction; the accesses noted and not yet written count
+ * too): its utility
+ * cached (same tier and config) minus where it is,
+ * per byte it would take in DRAM, against promote_per_byte, the least such gain among the
+ * contexts the last run over every context cached (0 without one: any gain). When it beats it
+ * by KV_PROMOTE_MARGIN,
+ * the context is placed again as an incoming one: alone when that fits beside the view (it is
+ * then cached, and the DRAM tier admits it for the next get), else by the greedy over every
+ * context, which may uncache others or leave it out. A context worth less per byte than every
+ * one cached costs a read transaction per get.
+ */
+
+/* Promotion needs this much more gain per byte than the least cached context has: contexts of
+ * about equal heat do not take each other's place on every get. */
+#define KV_PROMOTE_MARGIN 1.25
+
+/* The least utility gain per DRAM byte among the contexts `place` caches (0: none). */
+static double promote_threshold(const pinst *in, const kv_policy_place *place)
+{
+  double least = INFINITY;
+  for (size_t i = 0; i < in->n; i++) {
+    if (!place[i].cached || place[i].tier == KV_POLICY_NONE)
+      continue;
+    kv_policy_place un = place[i];
+    un.cached = 0;
+    const kv_policy_option *o = &in->pc[i].options[place[i].option];
+    double b = (double)(o->decoded_bytes ? o->decoded_bytes : in->pc[i].raw_bytes);
+    double g = (kv_policy_utility(&in->p, &in->pc[i], place[i]) -
+                kv_policy_utility(&in->p, &in->pc[i], un)) / (b > 0 ? b : 1);
+    least = g < least ? g : least;
+  }
+  return isfinite(least) && least > 0 ? least : 0;
+}
+
+/* Whether context `key` (as the catalog has it now) gains more from the DRAM tier per byte than
+ * `threshold`: *yes. */
+static kvdb_status promote_pays(kvdb *db, const uint8_t key[16], double threshold, int *yes)
+{
+  *yes = 0;
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  pinst in;
+  kvdb_status rc = inst_one(db, txn, key, &in);
+  kv_txn_abort(txn);
+  KV_RET(rc);
+  if (in.n == 1 && in.ptier[KVDB_TIER_DRAM] == 0 && in.pc[0].current.tier != KV_POLICY_NONE &&
+      !in.pc[0].current.cached) {
+    in.pc[0].frequency += (double)kv_pending_accesses(db, key); /* not written yet */
+    kv_policy_place cur = in.pc[0].current, up = cur;
+    up.cached = 1;
+    const kv_policy_option *o = &in.pc[0].options[cur.option];
+    double b = (double)(o->decoded_bytes ? o->decoded_bytes : in.pc[0].raw_bytes);
+    double g = (kv_policy_utility(&in.p, &in.pc[0], up) -
+                kv_policy_utility(&in.p, &in.pc[0], cur)) / (b > 0 ? b : 1);
+    *yes = g > 0 && g > threshold * KV_PROMOTE_MARGIN;
+  }
+  inst_free(&in);
+  return KVDB_OK;
+}
+
+static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct);
+
+static kvdb_status promote(kvdb *db, const uint8_t key[16])
+{
+  kv_place_view *v = kv_place_view_of(db);
+  int yes;
+  KV_RET(promote_pays(db, key, v->promote_per_byte, &yes));
+  if (!yes)
+    return KVDB_OK;
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn)); /* the accesses count */
+  uint64_t touch = kv_txn_id(txn);
+  kvdb_status rc = kv_flush_atime(db, txn);
+  if (rc != KVDB_OK) {
+    kv_txn_abort(txn);
+    return rc;
+  }
+  KV_RET(kv_txn_commit(txn));
+  if (v->valid && !kv_cat_own_since(&db->cat, v->txnid, touch))
+    v->valid = 0;
+  if (v->valid) {
+    int fits;
+    rc = admit_alone(db, v, key, 1, &fits);
+    if (rc != KVDB_OK || fits) {
+      if (rc == KVDB_OK && v->valid)
+        v->txnid = touch;
+      return rc;
+    }
+  }
+  return admit_all(db, v, key, db->opt.placement_slack_pct);
+}
+
+void kv_place_after_get(kvdb *db, const uint8_t key[16])
+{
+  if (db->place == NULL || db->opt.placement == KVDB_PLACEMENT_LEAST_DROP || db->cat.rdonly ||
+      kv_place_dram_admits(db, key)) /* cached already (or its last block is) */
+    return;
+  pthread_mutex_lock(kv_place_run_lock(db));
+  kvdb_status rc = promote(db, key);
+  pthread_mutex_unlock(kv_place_run_lock(db));
+  if (rc != KVDB_OK) {
+    char hx[33];
+    kv_log(&db->log, 1, "placement: promotion of %s: %s", kv_hex16(key, hx), kvdb_errmsg());
+  }
+  kv_clear_error();
 }
 
 /* Algorithm 1 over every context (the incoming one, if any, first takes its best place), the
@@ -711,6 +826,7 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
   if (rc != KVDB_OK) {
     rc = kv_fail(rc, "placement: %s", perr.msg);
   } else {
+    v->promote_per_byte = promote_threshold(&in, plan.place);
     rc = to_public(&in, &plan, &pub);
     kv_policy_plan_free(&plan);
   }
@@ -750,7 +866,7 @@ static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
     v->valid = 0;
   if (v->valid && access) { /* a put: Algorithm 1's first step alone, when it fits */
     int fits;
-    rc = admit_alone(db, v, key, &fits);
+    rc = admit_alone(db, v, key, 0, &fits);
     if (rc != KVDB_OK || fits) {
       if (rc == KVDB_OK && v->valid)
         v->txnid = touch;

@@ -34,6 +34,16 @@ void kv_note_access(kvdb *db, const uint8_t key[16])
   pthread_mutex_unlock(&db->mu);
 }
 
+size_t kv_pending_accesses(kvdb *db, const uint8_t key[16])
+{
+  size_t k = 0;
+  pthread_mutex_lock(&db->mu);
+  for (size_t i = 0; i < db->n_pending; i++)
+    k += memcmp(db->pending[i].key, key, 16) == 0;
+  pthread_mutex_unlock(&db->mu);
+  return k;
+}
+
 kvdb_status kv_flush_atime(kvdb *db, kv_txn *txn)
 {
   pthread_mutex_lock(&db->mu);

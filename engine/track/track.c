@@ -78,9 +78,9 @@ void kv_place_options_init(kvdb_options *o)
 kvdb_status kv_place_options_check(const kvdb_options *o)
 {
   if (o->placement != KVDB_PLACEMENT_OFF && o->placement != KVDB_PLACEMENT_EVICPRESS &&
-      o->placement != KVDB_PLACEMENT_PER_BYTE)
-    return kv_fail(KVDB_INVALID, "placement %d is not KVDB_PLACEMENT_OFF, _EVICPRESS or "
-                   "_PER_BYTE", (int)o->placement);
+      o->placement != KVDB_PLACEMENT_PER_BYTE && o->placement != KVDB_PLACEMENT_LEAST_DROP)
+    return kv_fail(KVDB_INVALID, "placement %d is not KVDB_PLACEMENT_OFF, _EVICPRESS, "
+                   "_PER_BYTE or _LEAST_DROP", (int)o->placement);
   if (!(isfinite(o->placement_alpha) && o->placement_alpha >= 0))
     return kv_fail(KVDB_INVALID, "placement_alpha %g is not a number >= 0", o->placement_alpha);
   if (!(isfinite(o->freq_half_life_s) && o->freq_half_life_s > 0))

@@ -107,6 +107,9 @@ typedef struct kv_place_view {
   int valid;
   uint64_t used[KVDB_TIER_COUNT]; /* the policy's bytes on each kvdb tier */
   uint64_t txnid;                 /* catalog txn id the view is right as of */
+  double promote_per_byte;        /* promotion on a hit (placer.c PROMOTION): the least utility
+                                     gain per DRAM byte among the contexts the last run over
+                                     every context cached; 0 when none was */
 } kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
 kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn);
@@ -123,6 +126,9 @@ static inline void kv_atime_key(uint8_t k[24], uint64_t ms, const uint8_t key[16
 }
 /* Note one access of context `key` now (kept in the handle until kv_flush_atime). */
 void kv_note_access(kvdb *db, const uint8_t key[16]);
+/* How many accesses of context `key` are noted and not yet written (placement's promotion on a
+ * hit counts them: a read-only workload writes none). */
+size_t kv_pending_accesses(kvdb *db, const uint8_t key[16]);
 /* In a write transaction: write the noted access times to the contexts' records (and, with
  * placement on, kv_place_touch). */
 kvdb_status kv_flush_atime(kvdb *db, kv_txn *txn);

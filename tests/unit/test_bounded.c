@@ -426,7 +426,11 @@ static void fill(const char *dir)
 static kvdb_options rb_opts(void)
 {
   kvdb_options o = opts(64 << 20);
-  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  /* Algorithm 1 (issue 17): these steps need its top-down filling of the SSD first. The default
+   * rule places each context on the tier where it is worth most and refills; the SSD and the
+   * SmartSSD tier here are directories of one disk, probed within noise of each other, and with
+   * it halving the SSD below left the plan empty (assert n_moves > 0 failed) */
+  o.placement = KVDB_PLACEMENT_LEAST_DROP;
   o.ssd_bytes = 8 * RB_TOKENS * kvdb_model_token_bytes(&M); /* about 8 contexts */
   return o;
 }
