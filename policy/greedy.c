@@ -1157,14 +1157,37 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
     return st;
   }
   size_t n_moves = 0;
+  double u_none = 0;
+  int any_incoming = 0;
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *c = &m->ctx[i];
     plan->utility_before += pol_util_place(m, c, &c->current);
     plan->utility_after += pol_util_place(m, c, &plan->place[i]);
+    u_none += pol_util_none(m, c);
+    any_incoming |= incoming != NULL && incoming[i];
     pol_use(m, c, &c->current, plan->used_before, +1);
     pol_use(m, c, &plan->place[i], plan->used_after, +1);
     if (!pol_place_eq(&c->current, &plan->place[i]))
       n_moves++;
+  }
+  /* Stability (not Algorithm 1's, which is kept as written): a plan that beats where every
+   * context already is by no more than the margin the rule's own steps use moves nothing, when
+   * that placement fits the tiers and no context is incoming. Else a near-tie (two contexts of
+   * equal size and almost equal utility on two tiers) would swap them on every rebalance. */
+  int fits = 1;
+  for (uint32_t t = 0; t < m->T; t++)
+    fits &= plan->used_before[t] <= m->cap[t];
+  if (n_moves > 0 && fits && !any_incoming && m->p->rule != KV_POLICY_LEAST_DROP &&
+      !(plan->utility_after >
+        plan->utility_before + POL_MARGIN * fabs(plan->utility_before - u_none))) {
+    for (size_t i = 0; i < n; i++) {
+      const kv_policy_context *c = &m->ctx[i];
+      plan->place[i] = c->current.tier == KV_POLICY_NONE ? kv_policy_place_none() : c->current;
+    }
+    plan->utility_after = plan->utility_before;
+    memcpy(plan->used_after, plan->used_before, sizeof plan->used_after);
+    plan->n_recompress = plan->n_evict = 0;
+    n_moves = 0;
   }
   if (n_moves > 0) {
     plan->moves = malloc(n_moves * sizeof *plan->moves);

@@ -306,6 +306,45 @@ static void test_vs_exact(void)
   CHECK(better_than_pb > 10 * worse_than_pb);
 }
 
+/*
+ * Stability: two contexts of one size on two tiers that hold one each, the more valuable on
+ * the slower tier by a hair (frequencies 1 and 1 + 1e-9): the default's rebalance keeps them
+ * where they are (the swap gains less than the rule's margin; it used to swap them on every
+ * rebalance: kvdb-admin rebalance of a rebalanced store planned moves). A real difference
+ * (frequency 2) is still acted on.
+ */
+static void test_stable(void)
+{
+  kv_policy_tier t[2] = {{"fast", 5 * GB, 10e9, 0, 0}, {"slow", 5 * GB, 1e9, 0, 0}};
+  kv_policy_option o[1] = {opt(5 * GB, 1)};
+  kv_policy_params p;
+  kv_policy_params_init(&p);
+  p.tiers = t;
+  p.n_tiers = 2;
+  p.alpha = 0;
+  p.prefill_tokens_per_s = 1000;
+  p.rule = KV_POLICY_REFILL;
+  for (int big = 0; big < 2; big++) {
+    kv_policy_context c[2] = {ctxof(o, 1, 100000, 1), ctxof(o, 1, 100000, big ? 2 : 1 + 1e-9)};
+    c[0].current = (kv_policy_place){0, 0, 0};
+    c[1].current = (kv_policy_place){1, 0, 0};
+    kv_policy_plan plan;
+    CHECK_OK(kv_policy_rebalance(&p, c, 2, &plan, NULL));
+    if (big) {
+      CHECK(plan.n_moves == 2 && place_is(plan.place[1], 0, 0, 0) &&
+            place_is(plan.place[0], 1, 0, 0));
+      CHECK(plan.utility_after > plan.utility_before);
+    } else {
+      CHECK(plan.n_moves == 0 && place_is(plan.place[0], 0, 0, 0) &&
+            place_is(plan.place[1], 1, 0, 0));
+      CHECK(plan.utility_after == plan.utility_before);
+      CHECK(plan.used_after[0] == plan.used_before[0] && plan.used_after[1] == plan.used_before[1]);
+    }
+    kv_policy_plan_free(&plan);
+  }
+  printf("stable: a near-tie is not swapped; a real gain is\n");
+}
+
 int main(void)
 {
   const char *s = getenv("KVDB_SEED");
@@ -314,6 +353,7 @@ int main(void)
   test_refill();
   test_slow_top_tier();
   test_vs_exact();
+  test_stable();
   printf("policy-refill: ok\n");
   return 0;
 }
