@@ -936,11 +936,13 @@ KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_
  *
  * The walk of kvdb_lookup, in the local catalog only (no remote tier), except that a block
  * stored with dropped tokens continues the hit instead of ending it, when it is matched whole:
- * a full block (found by hash, its stored tokens equal to the query's), or the query's own
- * last partial block stored exactly. A query that ends inside such a block, or continues past
- * a shorter stored one, ends the hit before it (a block that is not dropped still hits in part,
- * as in kvdb_lookup). No block data is read. kvdb_lookup itself is unchanged (a dropped block
- * ends its hit), because callers copy [0, hit) with kvdb_get and expect every row there.
+ * a full block (found by hash, its stored tokens equal to the query's), or a partial block (a
+ * context's last) all of whose tokens start the rest of the query, which may go on past it.
+ * A query that ends inside such a block ends the hit before it (a block that is not dropped
+ * still hits in part, as in kvdb_lookup). No block data is read; the end of a hit costs up to
+ * block_tokens - 1 more catalog reads (the partial blocks, by hash). kvdb_lookup itself is
+ * unchanged (a dropped block ends its hit), because callers copy [0, hit) with kvdb_get and
+ * expect every row there.
  * @param[out] hit_tokens 0..n: the hit covers query positions [0, *hit_tokens).
  * @param[out] kept_tokens rows of those positions that are stored, per layer and KV head (the
  *   same for every one: a block of t tokens kept at keep_permille k keeps ceil(t * k / 1000),

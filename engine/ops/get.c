@@ -52,8 +52,9 @@ static uint32_t common_prefix(const uint8_t *stored, uint32_t n_stored, const ui
 }
 
 /* with_drops: a block stored with dropped tokens is a hit too (kvdb_lookup_kept), only whole:
- * a full block matched by hash, or the query's own last partial block stored exactly (the
- * trie's children, which end other hits, leave such blocks out). */
+ * a full block matched by hash, or a partial block whose tokens all start the query's rest
+ * (the trie's children, which end other hits, leave such blocks out: they are looked up by
+ * hash, one length at a time). */
 static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint32_t *tokens, size_t n, int with_drops, walk *w)
 {
@@ -96,6 +97,21 @@ static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
   kv_block_rec best_rec;
   uint8_t best_hash[16];
   KV_RET(kv_idx_child_best(&db->cat, txn, prev, mh, tokens + t, r, &best, &best_rec, best_hash));
+  /* with_drops: a stored partial block with dropped tokens that the query continues past (the
+   * last block of a shorter context) is not in the trie's answer: look each length longer than
+   * the best up by its hash, longest first (at most block_tokens - 1 catalog reads) */
+  for (uint32_t len = (r < bt ? (uint32_t)r : bt) - 1; with_drops && len > best; len--) {
+    kv_block_rec br;
+    kv_chain_hash(prev, tokens + t, len, h);
+    if (kv_cat_get_block(&db->cat, txn, h, &br) == KVDB_OK && br.n_tokens == len &&
+        (br.bflags & KV_BLK_DROPS) && memcmp(br.model, mh, 16) == 0 &&
+        common_prefix(br.tokens, br.n_tokens, tokens + t, len) == len) {
+      best = len;
+      best_rec = br;
+      memcpy(best_hash, h, 16);
+      break;
+    }
+  }
   if (best > 0 && push(w, &best_rec, best_hash, best, t) != 0)
     return kv_fail(KVDB_NOMEM, "lookup");
   return KVDB_OK;

@@ -63,7 +63,7 @@ typedef struct kv_walk {
 } kv_walk;
 /* The stored blocks of the longest prefix of tokens[0..n) (as kvdb_lookup, local catalog only);
  * with_drops: blocks stored with dropped tokens count too, whole blocks only (a full block, or
- * the query's last partial block stored exactly). KVDB_MISMATCH as kvdb_lookup. */
+ * a partial block whose tokens all start the query's rest). KVDB_MISMATCH as kvdb_lookup. */
 kvdb_status kv_walk_prefix(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint32_t *tokens, size_t n, int with_drops, kv_walk *w);
 /* Rows per (layer, KV head) hit x delivers: its keep count when tokens were dropped (the same
