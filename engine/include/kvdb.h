@@ -969,7 +969,8 @@ KVDB_API kvdb_status kvdb_lookup_kept(kvdb *db, const kvdb_model *m, const uint3
  * of it is copied); a block that fails verification, or whose kept rows do not number what its
  * record says, ends the hit there (KVDB_OK, shorter hit; kvdb_stat counts corrupt blocks).
  * Blocks stored with a lossy config return their decoded rows (an approximation, as the put
- * asked for). Local blocks only (no remote tier); a hit is not promoted by the placement.
+ * asked for). Local blocks only (no remote tier); the hit does not update access times or
+ * frequencies, and is not promoted by the placement.
  * @param present room for present_cap bytes: at least n_layers * n_kv_heads * n.
  * @param[out] hit_tokens as kvdb_lookup_kept (of the blocks delivered).
  * @param[out] kept_tokens optional (NULL): rows delivered per layer and KV head, as
