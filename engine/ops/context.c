@@ -148,10 +148,12 @@ static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint
           at->present[(uint64_t)lh * at->n + t0 + cr->pos[r]] = 1;
         got++;
       }
-      if (got != at->kept && ++db->corrupt_blocks)
+      if (got != at->kept) {
+        db->corrupt_blocks++;
         rc = kv_fail(KVDB_CORRUPT, "block at offset %" PRIu64 " of segment %" PRIu64
                                    ": section %u delivers %u rows, its record says %u",
                      rec->offset, rec->segment, s + kv, got, at->kept);
+      }
     }
     if (at != NULL)
       continue;
@@ -240,42 +242,51 @@ kvdb_status kvdb_get_kept(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
                    present_cap, LH, n);
   KV_RET(kv_check_view(out, m, "out"));
   KV_RET(kv_check_view_extent(out, m, n, "out"));
-  memset(present, 0, LH * n);
-  kv_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kv_files_prune(db, txn);
-  kv_walk w = {0};
-  kvdb_status rc = kv_walk_prefix(db, txn, m, bt, tokens, n, 1, &w);
   ctx_reader rd;
   memset(&rd, 0, sizeof rd);
   size_t row = (size_t)m->head_dim * kv_dtype_bytes(m->dtype);
-  if (rc == KVDB_OK && w.n > 0) {
-    rd.rows = malloc(bt * row);
-    rd.pos = malloc(bt * sizeof *rd.pos);
-    if (rd.rows == NULL || rd.pos == NULL)
-      rc = kv_fail(KVDB_NOMEM, "context buffers");
+  rd.rows = malloc(bt * row);
+  rd.pos = malloc(bt * sizeof *rd.pos);
+  if (rd.rows == NULL || rd.pos == NULL) {
+    reader_free(db, &rd);
+    return kv_fail(KVDB_NOMEM, "context buffers");
   }
-  size_t hit = 0, kept = 0;
-  for (size_t i = 0; rc == KVDB_OK && i < w.n; i++) {
-    const kv_hit *x = &w.h[i];
-    rows_at at = {tokens + x->t0, x->n_copy, kv_hit_kept(x), present, n};
-    kvdb_status brc = block_out(db, &rd, m, bt, &x->rec, x->hash, x->t0, 0, out, NULL, NULL, &at);
-    if (brc != KVDB_OK) {
-      /* the hit ends before this block: its rows are not delivered */
-      for (uint64_t lh = 0; lh < LH; lh++)
-        memset(present + lh * n + x->t0, 0, x->n_copy);
-      if (brc == KVDB_NOMEM)
-        rc = brc;
-      else
-        kv_log(&db->log, 0, "get_kept: %s", kvdb_errmsg());
+  kvdb_status rc;
+  size_t hit, kept;
+  int short_hit;
+  kv_read_snap snap = {0};
+  do { /* again from a fresh snapshot when a compaction moved blocks it found (ops_int.h) */
+    memset(present, 0, LH * n);
+    hit = kept = 0;
+    short_hit = 0;
+    rc = kv_read_begin(db, &snap);
+    if (rc != KVDB_OK)
       break;
+    kv_walk w = {0};
+    rc = kv_walk_prefix(db, snap.txn, m, bt, tokens, n, 1, &w);
+    for (size_t i = 0; rc == KVDB_OK && i < w.n; i++) {
+      const kv_hit *x = &w.h[i];
+      rows_at at = {tokens + x->t0, x->n_copy, kv_hit_kept(x), present, n};
+      kvdb_status brc = block_out(db, &rd, m, bt, &x->rec, x->hash, x->t0, 0, out, NULL, NULL,
+                                  &at);
+      if (brc != KVDB_OK) {
+        /* the hit ends before this block: none of its rows count as delivered */
+        for (uint64_t lh = 0; lh < LH; lh++)
+          memset(present + lh * n + x->t0, 0, x->n_copy);
+        if (brc == KVDB_NOMEM)
+          rc = brc;
+        else
+          kv_log(&db->log, 0, "get_kept: %s", kvdb_errmsg());
+        short_hit = 1;
+        break;
+      }
+      hit = x->t0 + x->n_copy;
+      kept += at.kept;
     }
-    hit = x->t0 + x->n_copy;
-    kept += at.kept;
-  }
+    free(w.h);
+    kv_txn_abort(snap.txn);
+  } while (rc == KVDB_OK && kv_read_again(db, &snap, short_hit));
   reader_free(db, &rd);
-  free(w.h);
-  kv_txn_abort(txn);
   if (rc == KVDB_OK) {
     *hit_tokens = hit;
     if (kept_tokens != NULL)
