@@ -564,7 +564,9 @@ KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
  *             of channels, min/max with f16 scale and zero      its group's scale
  *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
  *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
- *                                                              returns the kept rows and positions
+ *                                                              returns the kept rows and positions,
+ *                                                              kvdb_get_kept a prefix's kept rows
+ *                                                              at their positions with a mask
  * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
  * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
  * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
