@@ -495,7 +495,8 @@ KVDB_API kvdb_status kvdb_put(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * last matched one (the catalog's trie of blocks, format 4; a format 1-3 database opened
  * read-only examines all of them). No block data is read. A block whose stored tokens
  * differ from the query (a collision) ends the hit; so does a block stored with dropped
- * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can).
+ * tokens (KVDB_METHOD_DROP), which kvdb_get cannot deliver in full (kvdb_get_context can;
+ * kvdb_lookup_kept and kvdb_get_kept serve such a prefix with the positions it keeps).
  * With a remote tier (kvdb_options.remote_addr) the hit then continues there, block by block
  * from the first block the local hit does not cover, each value's envelope and tokens checked
  * (one round trip); a remote failure or a value that fails its checks ends the hit, never the
@@ -563,7 +564,9 @@ KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
  *             of channels, min/max with f16 scale and zero      its group's scale
  *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
  *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
- *                                                              returns the kept rows and positions
+ *                                                              returns the kept rows and positions,
+ *                                                              kvdb_get_kept a prefix's kept rows
+ *                                                              at their positions with a mask
  * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
  * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
  * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
@@ -929,6 +932,58 @@ KVDB_API kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *
 KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                       const kvdb_kv_view *out, uint32_t *positions,
                                       uint32_t *n_rows);
+
+/**
+ * @brief kvdb_lookup that also counts blocks stored with dropped tokens (KVDB_METHOD_DROP).
+ *
+ * The walk of kvdb_lookup, in the local catalog only (no remote tier), except that a block
+ * stored with dropped tokens continues the hit instead of ending it, when it is matched whole:
+ * a full block (found by hash, its stored tokens equal to the query's), or a partial block (a
+ * context's last) all of whose tokens start the rest of the query, which may go on past it.
+ * A query that ends inside such a block ends the hit before it (a block that is not dropped
+ * still hits in part, as in kvdb_lookup). No block data is read; the end of a hit costs up to
+ * block_tokens - 1 more catalog reads (the partial blocks, by hash). kvdb_lookup itself is
+ * unchanged (a dropped block ends its hit), because callers copy [0, hit) with kvdb_get and
+ * expect every row there.
+ * @param[out] hit_tokens 0..n: the hit covers query positions [0, *hit_tokens).
+ * @param[out] kept_tokens rows of those positions that are stored, per layer and KV head (the
+ *   same for every one: a block of t tokens kept at keep_permille k keeps ceil(t * k / 1000),
+ *   at least 1, of each head; a block not dropped keeps all of its hit tokens). Equal to
+ *   *hit_tokens when the hit holds no dropped block. kvdb_get_kept delivers exactly these.
+ * @return KVDB_OK (also for 0 hits, and for a model id that is not stored; both outputs 0);
+ *   KVDB_INVALID (as kvdb_lookup; hit_tokens or kept_tokens NULL); KVDB_MISMATCH (the id is
+ *   stored with another shape); KVDB_BUSY; KVDB_IOERR.
+ */
+KVDB_API kvdb_status kvdb_lookup_kept(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
+                                      size_t n, size_t *hit_tokens, size_t *kept_tokens);
+
+/**
+ * @brief The hit of kvdb_lookup_kept, each stored row at its own position in `out`, and a mask
+ * of which rows are there.
+ *
+ * `out` describes room for n tokens. For every layer l, KV head h and position t of the hit,
+ * when the row (K and V) of (l, h, t) is stored it is copied to `out` at token t and
+ * present[(l * n_kv_heads + h) * n + t] is set to 1; otherwise (a token the put dropped for
+ * that head) present[...] is 0 and `out` at (l, h, t) is left as the caller had it. Mask
+ * entries of positions [*hit_tokens, n) are 0 and `out` there is unspecified (a block that
+ * fails part-way may have had verified sections copied before the failure showed). Every byte
+ * is verified as kvdb_get_context does (a block read from disk is checked whole before any row
+ * of it is copied); a block that fails verification, or whose kept rows do not number what its
+ * record says, ends the hit there (KVDB_OK, shorter hit; kvdb_stat counts corrupt blocks).
+ * Blocks stored with a lossy config return their decoded rows (an approximation, as the put
+ * asked for). Local blocks only (no remote tier); the hit does not update access times or
+ * frequencies, and is not promoted by the placement.
+ * @param present room for present_cap bytes: at least n_layers * n_kv_heads * n.
+ * @param[out] hit_tokens as kvdb_lookup_kept (of the blocks delivered).
+ * @param[out] kept_tokens optional (NULL): rows delivered per layer and KV head, as
+ *   kvdb_lookup_kept counts them.
+ * @return KVDB_OK (also for 0 hits: the mask all 0); KVDB_INVALID (as kvdb_get; present or
+ *   hit_tokens NULL; present_cap below n_layers * n_kv_heads * n; the message names it);
+ *   KVDB_MISMATCH (*hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_get_kept(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
+                                   size_t n, const kvdb_kv_view *out, uint8_t *present,
+                                   size_t present_cap, size_t *hit_tokens, size_t *kept_tokens);
 
 /**
  * @brief K and V of chosen positions of one layer of a stored context, all KV heads.

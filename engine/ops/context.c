@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/ops/context.c — whole stored contexts: kvdb_get_context (every config, dropped
- * tokens included: the kept rows of each layer and KV head with their positions) and the
+ * tokens included: the kept rows of each layer and KV head with their positions), a prefix's
+ * kept rows at their own positions with a mask of the absent ones (kvdb_get_kept), and the
  * on-demand profile (kvdb_profile), which measures from the context as stored.
  */
 #include <inttypes.h>
@@ -40,14 +41,25 @@ static const uint8_t *raw_rows(const kv_block_geom *g, const uint8_t *data, uint
   return tmp;
 }
 
+/* kvdb_get_kept's placement of a block's rows: at their own positions, the first n_copy tokens
+ * of the block only, each row delivered marked in present[(l * H + h) * n + position]; kept:
+ * the rows per (layer, KV head) the block must deliver (kv_hit_kept). */
+typedef struct rows_at {
+  const uint32_t *tokens; /* the query's tokens from the block's first position */
+  uint32_t n_copy, kept;
+  uint8_t *present;
+  size_t n;
+} rows_at;
+
 /*
  * One block of a context into `out`: for each (layer, KV head) its rows go after the rows
- * already delivered for it (base[l * H + h]), positions t0 + token.
+ * already delivered for it (base[l * H + h]), positions t0 + token. With `at`, instead each
+ * row goes to token t0 + its position (rows_at above; base, positions and n_tokens unused).
  */
 static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint32_t bt,
                              const kv_block_rec *rec, const uint8_t *hash, uint64_t t0,
                              uint64_t n_tokens, const kvdb_kv_view *out, uint32_t *positions,
-                             uint32_t *base)
+                             uint32_t *base, const rows_at *at)
 {
   kv_block_geom g;
   KV_RET(kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
@@ -83,6 +95,15 @@ static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint
     }
     db->bytes_read += rec->bytes;
     db->ssd_hits++;
+    /* the hit's tokens as the block stores them (verified) must be the query's: the walk
+     * matched the catalog record's copy, which has no checksum of its own */
+    for (uint32_t i = 0; at != NULL && i < at->n_copy; i++)
+      if (kv_get_le32(cr->buf->p + KV_BLOCK_HDR_BYTES + 4 * i) != at->tokens[i]) {
+        db->corrupt_blocks++;
+        return kv_fail(KVDB_CORRUPT, "block at offset %" PRIu64 " of segment %" PRIu64
+                                     ": its token %u is not the one its catalog record lists",
+                       rec->offset, rec->segment, i);
+      }
     if (hdr.version == 1)
       data = cr->buf->p + g.meta_bytes;
   }
@@ -109,13 +130,33 @@ static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint
         rc = kv_fail(KVDB_CORRUPT, "block at offset %" PRIu64 " of segment %" PRIu64
                                    ": K and V of section pair %u keep %u and %u rows",
                      rec->offset, rec->segment, s, nr, n_rows);
-      else if (base[lh] + (uint64_t)n_rows > n_tokens)
+      else if (at == NULL && base[lh] + (uint64_t)n_rows > n_tokens)
         rc = kv_fail(KVDB_CORRUPT, "a block holds more rows than its context's tokens");
       if (rc != KVDB_OK)
         break;
       nr = n_rows;
-      kv_scatter_rows(&g, rows, n_rows, s + kv, out, base[lh]);
+      if (at == NULL) {
+        kv_scatter_rows(&g, rows, n_rows, s + kv, out, base[lh]);
+        continue;
+      }
+      uint32_t got = 0;
+      for (uint32_t r = 0; r < n_rows; r++) {
+        if (cr->pos[r] >= at->n_copy || (r > 0 && cr->pos[r] <= cr->pos[r - 1]))
+          continue; /* past the hit (a partial hit of a block not dropped), or out of order */
+        kv_scatter_rows(&g, rows + (uint64_t)r * g.row_bytes, 1, s + kv, out, t0 + cr->pos[r]);
+        if (kv == 1)
+          at->present[(uint64_t)lh * at->n + t0 + cr->pos[r]] = 1;
+        got++;
+      }
+      if (got != at->kept) {
+        db->corrupt_blocks++;
+        rc = kv_fail(KVDB_CORRUPT, "block at offset %" PRIu64 " of segment %" PRIu64
+                                   ": section %u delivers %u rows, its record says %u",
+                     rec->offset, rec->segment, s + kv, got, at->kept);
+      }
     }
+    if (at != NULL)
+      continue;
     if (rc == KVDB_OK && positions != NULL)
       for (uint32_t r = 0; r < nr; r++)
         positions[(uint64_t)lh * n_tokens + base[lh] + r] = (uint32_t)(t0 + cr->pos[r]);
@@ -163,7 +204,7 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
     rc = kv_ctx_block(db, txn, context->b, h, &br);
     if (rc != KVDB_OK)
       break;
-    rc = block_out(db, &rd, m, bt, &br, h, t0, cr.n_tokens, out, positions, base);
+    rc = block_out(db, &rd, m, bt, &br, h, t0, cr.n_tokens, out, positions, base, NULL);
     t0 += br.n_tokens;
   }
   if (rc == KVDB_OK && n_rows != NULL)
@@ -173,6 +214,84 @@ kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   reader_free(db, &rd);
   free(base);
   kv_txn_abort(txn);
+  return rc;
+}
+
+kvdb_status kvdb_get_kept(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                          const kvdb_kv_view *out, uint8_t *present, size_t present_cap,
+                          size_t *hit_tokens, size_t *kept_tokens)
+{
+  uint32_t bt;
+  if (hit_tokens != NULL)
+    *hit_tokens = 0;
+  if (kept_tokens != NULL)
+    *kept_tokens = 0;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (tokens == NULL || n == 0)
+    return kv_fail(KVDB_INVALID, "tokens is NULL or n is 0");
+  KV_RET(kv_check_n_tokens(n));
+  if (hit_tokens == NULL)
+    return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
+  if (present == NULL)
+    return kv_fail(KVDB_INVALID, "present is NULL");
+  uint64_t LH = (uint64_t)m->n_layers * m->n_kv_heads;
+  if (present_cap / LH < n)
+    return kv_fail(KVDB_INVALID,
+                   "present_cap %zu is below n_layers x n_kv_heads x n = %" PRIu64 " x %zu",
+                   present_cap, LH, n);
+  KV_RET(kv_check_view(out, m, "out"));
+  KV_RET(kv_check_view_extent(out, m, n, "out"));
+  ctx_reader rd;
+  memset(&rd, 0, sizeof rd);
+  size_t row = (size_t)m->head_dim * kv_dtype_bytes(m->dtype);
+  rd.rows = malloc(bt * row);
+  rd.pos = malloc(bt * sizeof *rd.pos);
+  if (rd.rows == NULL || rd.pos == NULL) {
+    reader_free(db, &rd);
+    return kv_fail(KVDB_NOMEM, "context buffers");
+  }
+  kvdb_status rc;
+  size_t hit, kept;
+  int short_hit;
+  kv_read_snap snap = {0};
+  do { /* again from a fresh snapshot when a compaction moved blocks it found (ops_int.h) */
+    memset(present, 0, LH * n);
+    hit = kept = 0;
+    short_hit = 0;
+    rc = kv_read_begin(db, &snap);
+    if (rc != KVDB_OK)
+      break;
+    kv_walk w = {0};
+    rc = kv_walk_prefix(db, snap.txn, m, bt, tokens, n, 1, &w);
+    for (size_t i = 0; rc == KVDB_OK && i < w.n; i++) {
+      const kv_hit *x = &w.h[i];
+      rows_at at = {tokens + x->t0, x->n_copy, kv_hit_kept(x), present, n};
+      kvdb_status brc = block_out(db, &rd, m, bt, &x->rec, x->hash, x->t0, 0, out, NULL, NULL,
+                                  &at);
+      if (brc != KVDB_OK) {
+        /* the hit ends before this block: none of its rows count as delivered */
+        for (uint64_t lh = 0; lh < LH; lh++)
+          memset(present + lh * n + x->t0, 0, x->n_copy);
+        if (brc == KVDB_NOMEM)
+          rc = brc;
+        else
+          kv_log(&db->log, 0, "get_kept: %s", kvdb_errmsg());
+        short_hit = 1;
+        break;
+      }
+      hit = x->t0 + x->n_copy;
+      kept += at.kept;
+    }
+    free(w.h);
+    kv_txn_abort(snap.txn);
+  } while (rc == KVDB_OK && kv_read_again(db, &snap, short_hit));
+  reader_free(db, &rd);
+  if (rc == KVDB_OK) {
+    *hit_tokens = hit;
+    if (kept_tokens != NULL)
+      *kept_tokens = kept;
+  }
   return rc;
 }
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/ops/get.c — lookup, get, get_tokens, get_block, and the read-only inspection
- * calls (context_stat, iterator, stat).
+ * engine/ops/get.c — lookup (and kvdb_lookup_kept, whose walk counts blocks stored with
+ * dropped tokens), get, get_tokens, get_block, and the read-only inspection calls
+ * (context_stat, iterator, stat).
  *
  * The walk (lookup and get): full blocks by chained hash while each one's stored tokens equal
  * the query's; then the longest stored block continuing the prefix among the children of the
@@ -19,18 +20,8 @@
 #include "catalog/catalog.h"
 #include "ops_int.h"
 
-typedef struct hit {
-  kv_block_rec rec; /* tokens point into the read transaction */
-  uint8_t hash[16];
-  uint32_t n_copy;  /* leading tokens of the block that are part of the hit */
-  uint64_t t0;      /* position of its first token in the query */
-} hit;
-
-typedef struct walk {
-  hit *h;
-  size_t n, cap;
-  size_t hit_tokens;
-} walk;
+typedef kv_hit hit;   /* tokens of its record point into the read transaction */
+typedef kv_walk walk;
 
 static int push(walk *w, const kv_block_rec *rec, const uint8_t *hash, uint32_t n_copy, uint64_t t0)
 {
@@ -60,8 +51,12 @@ static uint32_t common_prefix(const uint8_t *stored, uint32_t n_stored, const ui
   return i;
 }
 
+/* with_drops: a block stored with dropped tokens is a hit too (kvdb_lookup_kept), only whole:
+ * a full block matched by hash, or a partial block whose tokens all start the query's rest
+ * (the trie's children, which end other hits, leave such blocks out: they are looked up by
+ * hash, one length at a time). */
 static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
-                           const uint32_t *tokens, size_t n, walk *w)
+                           const uint32_t *tokens, size_t n, int with_drops, walk *w)
 {
   uint8_t prev[16], h[16];
   kv_model_hash(m, bt, prev);
@@ -79,7 +74,7 @@ static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
     if (br.n_tokens != bt || memcmp(br.model, mh, 16) != 0 ||
         common_prefix(br.tokens, br.n_tokens, tokens + t, bt) != bt)
       break; /* a collision or a stale entry: a miss, never wrong KV */
-    if (br.bflags & KV_BLK_DROPS)
+    if ((br.bflags & KV_BLK_DROPS) && !with_drops)
       break; /* stored without some tokens: not a prefix kvdb_get can deliver */
     if (push(w, &br, h, bt, t) != 0)
       return kv_fail(KVDB_NOMEM, "lookup");
@@ -94,7 +89,7 @@ static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
     kv_chain_hash(prev, tokens + t, r, h);
     kv_block_rec br;
     if (kv_cat_get_block(&db->cat, txn, h, &br) == KVDB_OK && br.n_tokens == r &&
-        !(br.bflags & KV_BLK_DROPS) && memcmp(br.model, mh, 16) == 0 &&
+        (with_drops || !(br.bflags & KV_BLK_DROPS)) && memcmp(br.model, mh, 16) == 0 &&
         common_prefix(br.tokens, br.n_tokens, tokens + t, r) == r)
       return push(w, &br, h, (uint32_t)r, t) == 0 ? KVDB_OK : kv_fail(KVDB_NOMEM, "lookup");
   }
@@ -102,6 +97,21 @@ static kvdb_status do_walk(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
   kv_block_rec best_rec;
   uint8_t best_hash[16];
   KV_RET(kv_idx_child_best(&db->cat, txn, prev, mh, tokens + t, r, &best, &best_rec, best_hash));
+  /* with_drops: a stored partial block with dropped tokens that the query continues past (the
+   * last block of a shorter context) is not in the trie's answer: look each length longer than
+   * the best up by its hash, longest first (at most block_tokens - 1 catalog reads) */
+  for (uint32_t len = (r < bt ? (uint32_t)r : bt) - 1; with_drops && len > best; len--) {
+    kv_block_rec br;
+    kv_chain_hash(prev, tokens + t, len, h);
+    if (kv_cat_get_block(&db->cat, txn, h, &br) == KVDB_OK && br.n_tokens == len &&
+        (br.bflags & KV_BLK_DROPS) && memcmp(br.model, mh, 16) == 0 &&
+        common_prefix(br.tokens, br.n_tokens, tokens + t, len) == len) {
+      best = len;
+      best_rec = br;
+      memcpy(best_hash, h, 16);
+      break;
+    }
+  }
   if (best > 0 && push(w, &best_rec, best_hash, best, t) != 0)
     return kv_fail(KVDB_NOMEM, "lookup");
   return KVDB_OK;
@@ -142,12 +152,53 @@ kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   walk w = {0};
   kvdb_status rc = model_stored(db, txn, m, bt);
   if (rc == KVDB_OK)
-    rc = do_walk(db, txn, m, bt, tokens, n, &w);
+    rc = do_walk(db, txn, m, bt, tokens, n, 0, &w);
   kv_txn_abort(txn);
   free(w.h);
   if (rc == KVDB_OK) /* the rest of the chain on the remote tier, if any */
     *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, w.hit_tokens, NULL);
   kv_lat_note(db, KV_LAT_LOOKUP, kv_place_now_ns() - t_start);
+  return rc;
+}
+
+kvdb_status kv_walk_prefix(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint32_t *tokens, size_t n, int with_drops, kv_walk *w)
+{
+  KV_RET(model_stored(db, txn, m, bt));
+  return do_walk(db, txn, m, bt, tokens, n, with_drops, w);
+}
+
+uint32_t kv_hit_kept(const kv_hit *x)
+{
+  if (x->rec.bflags & KV_BLK_DROPS)
+    return kv_drop_keep_count(x->rec.n_tokens, x->rec.keep_permille);
+  return x->n_copy;
+}
+
+kvdb_status kvdb_lookup_kept(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                             size_t *hit_tokens, size_t *kept_tokens)
+{
+  uint32_t bt;
+  if (hit_tokens != NULL)
+    *hit_tokens = 0;
+  if (kept_tokens != NULL)
+    *kept_tokens = 0;
+  KV_RET(read_checks(db, m, &bt, tokens, n));
+  if (hit_tokens == NULL || kept_tokens == NULL)
+    return kv_fail(KVDB_INVALID, "%s is NULL", hit_tokens == NULL ? "hit_tokens" : "kept_tokens");
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  walk w = {0};
+  kvdb_status rc = kv_walk_prefix(db, txn, m, bt, tokens, n, 1, &w);
+  kv_txn_abort(txn);
+  if (rc == KVDB_OK) {
+    size_t kept = 0;
+    for (size_t i = 0; i < w.n; i++)
+      kept += kv_hit_kept(&w.h[i]);
+    *hit_tokens = w.hit_tokens;
+    *kept_tokens = kept;
+  }
+  free(w.h);
   return rc;
 }
 
@@ -537,7 +588,7 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
     walk w = {0};
     rc = model_stored(db, txn, m, bt);
     if (rc == KVDB_OK)
-      rc = do_walk(db, txn, m, bt, tokens, n, &w);
+      rc = do_walk(db, txn, m, bt, tokens, n, 0, &w);
     if (rc == KVDB_OK && w.n > 0) {
       uint64_t before = db->bytes_read;
       if (ctl->out != NULL)

@@ -46,6 +46,30 @@ typedef struct kv_read_snap {
 kvdb_status kv_read_begin(kvdb *db, kv_read_snap *s);
 int kv_read_again(kvdb *db, kv_read_snap *s, int failed);
 
+/* ---- get.c: the prefix walk (kvdb_get_kept in context.c) ---- */
+
+/* One block of a prefix hit: its record (tokens point into the read transaction), hash, the
+ * leading n_copy of its tokens that are part of the hit, at query position t0. */
+typedef struct kv_hit {
+  kv_block_rec rec;
+  uint8_t hash[16];
+  uint32_t n_copy;
+  uint64_t t0;
+} kv_hit;
+typedef struct kv_walk {
+  kv_hit *h; /* malloc'd: free(h) */
+  size_t n, cap;
+  size_t hit_tokens;
+} kv_walk;
+/* The stored blocks of the longest prefix of tokens[0..n) (as kvdb_lookup, local catalog only);
+ * with_drops: blocks stored with dropped tokens count too, whole blocks only (a full block, or
+ * a partial block whose tokens all start the query's rest). KVDB_MISMATCH as kvdb_lookup. */
+kvdb_status kv_walk_prefix(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
+                           const uint32_t *tokens, size_t n, int with_drops, kv_walk *w);
+/* Rows per (layer, KV head) hit x delivers: its keep count when tokens were dropped (the same
+ * for every head: kv_drop_keep_count of the block), else n_copy. */
+uint32_t kv_hit_kept(const kv_hit *x);
+
 /* ---- rtier.c ---- */
 
 /* Queue blocks a put wrote for write-through (waits at most remote_put_wait_ms for room; what

@@ -542,6 +542,17 @@ static void test_configs(void)
               "--max-docs", "4", "--config", "snapkv50", "--no-profile", db, corpus, NULL);
   ASSERT_EQ(rc, 0);
   ASSERT_EQ(check_configs(db, "snapkv50", 0, 0), jnum(out, "contexts_stored"));
+  /* kvdb-demo prefix over the dropped contexts: prompts of ingested documents hit (kvdb_get_kept,
+   * the dropped rows absent to the model; the demo exits 1 when no ingested prompt hits) and
+   * their quality is measured */
+  char *sargv[] = {(char *)g_demo, "prefix", (char *)db, "--model", g_model, "--tokenizer", g_tok,
+                   "--corpus", corpus, "--max-docs", "4", "--config", "snapkv50",
+                   "--new-tokens", "4", "--prompts", "2", NULL};
+  rc = run(sargv);
+  if (rc != 0 || strstr(out, "(ingested)") == NULL || strstr(out, "quality of") == NULL) {
+    fprintf(stderr, "kvdb-demo prefix (snapkv50): exit %d\n%s\n%s\n", rc, out, err);
+    abort();
+  }
 
   /* f16 elements are lossy too: quality measured; raw config */
   db = path_in("db-f16");

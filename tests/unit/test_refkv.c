@@ -643,8 +643,8 @@ static void absent_rows(const refmodel_model *rm)
 }
 
 /*
- * Token-dropping configs: kvdb_get cannot deliver a dropped block, so refkv reads the context
- * with kvdb_get_context and marks the dropped rows absent. The reference here is built
+ * Token-dropping configs: kvdb_get cannot deliver a dropped block, so refkv reads the prefix
+ * with kvdb_get_kept and marks the dropped rows absent. The reference here is built
  * independently: a full float32 prefill whose kept rows are replaced by what kvdb_get_context
  * returns (exact for f32 without quantization) and whose dropped rows are marked absent.
  */
@@ -747,6 +747,10 @@ static void dropped(const refmodel_model *rm, const char *config, refkv_storage 
   /* refkv_get of the context alone: all N positions */
   RK_OK(refkv_get(db, &m, st, u, N, &hit));
   ASSERT_EQ(hit, N);
+  /* a prompt shorter than the stored context: its whole blocks are a prefix hit (3 of 16) */
+  RK_OK(refkv_continue(db, &m, st, a, 50, 1, -1, out, &run));
+  ASSERT_EQ(run.hit_tokens, 48);
+  ASSERT_EQ(run.prefill_tokens, 2);
   free(q);
   free(pos);
   free(n_rows);

@@ -394,87 +394,63 @@ static float stored_elem(const refkv_model *m, const void *buf, size_t i)
 
 /*
  * Token-dropping configs (KVDB_METHOD_DROP). kvdb_get delivers no block stored with dropped rows,
- * so the longest stored context that is a prefix of tokens[0..n_search) (looked up by its key,
- * longest first) is read whole with kvdb_get_context: its kept rows go into st's cache at their
- * positions, and the dropped ones are zeroed and marked absent for the query heads of their KV
- * head (refmodel_state_set_absent), so the model attends as it would over the compressed cache.
- * Positions [0, *hit) are restored, *hit = min(the context's length, limit). n_search contexts
- * keys are hashed (a context's key is the chained hash of all its tokens), each an LMDB lookup.
+ * so the longest stored prefix of tokens[0..n_search) is read with kvdb_get_kept: each kept row
+ * at its position, and a mask of the absent ones per layer and KV head. Kept rows go into st's
+ * cache; absent ones are zeroed and marked absent for the query heads of their KV head
+ * (refmodel_state_set_absent), so the model attends as it would over the compressed cache.
+ * Positions [0, *hit) are restored, *hit = min(the prefix hit, limit).
  */
 static kvdb_status get_dropped(kvdb *db, const refkv_model *m, refmodel_state *st,
                                const uint32_t *tokens, size_t n_search, size_t limit, size_t *hit)
 {
-  size_t bt = m->km.block_tokens, nb_max = (n_search + bt - 1) / bt;
   size_t n_lh = (size_t)m->km.n_layers * m->km.n_kv_heads, hd = m->km.head_dim;
-  kvdb_key *h = malloc(nb_max * sizeof *h);
-  if (h == NULL)
-    return rk_fail(KVDB_NOMEM, "refkv_get: out of memory");
-  kvdb_context_info info;
   size_t len = n_search;
-  kvdb_status rc = KVDB_NOTFOUND;
-  for (; len >= 1 && rc == KVDB_NOTFOUND; len--) {
-    size_t nb = (len + bt - 1) / bt;
-    rc = kvdb_chain_hashes(&m->km, tokens, len, h, nb);
-    if (rc == KVDB_OK)
-      rc = kvdb_context_stat(db, &h[nb - 1], &info);
-    if (rc == KVDB_OK && info.n_tokens != len)
-      rc = KVDB_NOTFOUND; /* another length under the same key: not this prefix */
-    if (rc == KVDB_OK)
-      break;
-  }
-  if (rc != KVDB_OK) {
-    free(h);
-    return rc == KVDB_NOTFOUND ? KVDB_OK : rk_kvdb(rc, "kvdb_context_stat");
-  }
-  size_t nb = (len + bt - 1) / bt;
   void *buf = malloc(len * refkv_token_bytes(m));
-  uint32_t *pos = malloc(n_lh * len * sizeof *pos), *n_rows = malloc(n_lh * sizeof *n_rows);
-  if (buf == NULL || pos == NULL || n_rows == NULL) {
-    rc = rk_fail(KVDB_NOMEM, "refkv_get: out of memory for a %zu-token context", len);
+  uint8_t *present = malloc(n_lh * len);
+  kvdb_status rc = KVDB_OK;
+  if (buf == NULL || present == NULL) {
+    rc = rk_fail(KVDB_NOMEM, "refkv_get: out of memory for %zu tokens", len);
     goto done;
   }
   kvdb_kv_view v;
   kvdb_kv_view_packed(&v, buf, &m->km, len, KVDB_LAYOUT_LKTHD);
-  rc = kvdb_get_context(db, &m->km, &h[nb - 1], &v, pos, n_rows);
+  size_t got = 0, kept = 0;
+  rc = kvdb_get_kept(db, &m->km, tokens, len, &v, present, n_lh * len, &got, &kept);
   if (rc != KVDB_OK) {
-    rc = rc == KVDB_NOTFOUND ? KVDB_OK : rk_kvdb(rc, "kvdb_get_context"); /* deleted meanwhile */
+    rc = rk_kvdb(rc, "kvdb_get_kept");
     goto done;
   }
-  size_t upto = len < limit ? len : limit;
+  size_t upto = got < limit ? got : limit;
   for (size_t l = 0; l < m->km.n_layers; l++) {
-    for (size_t t = 0; t < upto; t++) { /* everything absent and zero, then the kept rows */
+    for (size_t t = 0; t < upto; t++) { /* everything zero, then the kept rows */
       memset(refmodel_state_key(st, (int)l, (int)t), 0, m->kv_dim * sizeof(float));
       memset(refmodel_state_value(st, (int)l, (int)t), 0, m->kv_dim * sizeof(float));
     }
     for (size_t g = 0; g < m->km.n_kv_heads; g++) {
       size_t lh = l * m->km.n_kv_heads + g;
-      for (size_t t = 0; t < upto; t++)
-        if (refmodel_state_set_absent(st, (int)l, (int)g, (int)t, 1) != REFMODEL_OK) {
-          rc = rk_fail(KVDB_NOMEM, "refkv_get: %s", refmodel_errmsg());
-          goto done;
-        }
-      for (size_t r = 0; r < n_rows[lh] && r < len; r++) {
-        size_t p = pos[lh * len + r];
-        if (p >= upto)
+      for (size_t t = 0; t < upto; t++) {
+        if (!present[lh * len + t]) {
+          if (refmodel_state_set_absent(st, (int)l, (int)g, (int)t, 1) != REFMODEL_OK) {
+            rc = rk_fail(KVDB_NOMEM, "refkv_get: %s", refmodel_errmsg());
+            goto done;
+          }
           continue;
-        float *k = refmodel_state_key(st, (int)l, (int)p) + g * hd;
-        float *vv = refmodel_state_value(st, (int)l, (int)p) + g * hd;
-        size_t kb = ((l * 2 + 0) * len + r) * m->kv_dim + g * hd;
-        size_t vb = ((l * 2 + 1) * len + r) * m->kv_dim + g * hd;
+        }
+        float *k = refmodel_state_key(st, (int)l, (int)t) + g * hd;
+        float *vv = refmodel_state_value(st, (int)l, (int)t) + g * hd;
+        size_t kb = ((l * 2 + 0) * len + t) * m->kv_dim + g * hd;
+        size_t vb = ((l * 2 + 1) * len + t) * m->kv_dim + g * hd;
         for (size_t d = 0; d < hd; d++) {
           k[d] = stored_elem(m, buf, kb + d);
           vv[d] = stored_elem(m, buf, vb + d);
         }
-        refmodel_state_set_absent(st, (int)l, (int)g, (int)p, 0);
       }
     }
   }
   *hit = upto;
 done:
-  free(h);
   free(buf);
-  free(pos);
-  free(n_rows);
+  free(present);
   return rc;
 }
 

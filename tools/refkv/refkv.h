@@ -138,11 +138,11 @@ kvdb_status refkv_report_quality(kvdb *db, const refkv_model *m, const uint32_t 
  * Copy the KV of the longest stored prefix of tokens[0..n) into st's cache (kvdb_get), widened
  * to float32. *hit receives its length (0..n); positions [hit, n) of the cache are unspecified
  * afterwards. With a token-dropping config (m->config.method KVDB_METHOD_DROP), whose blocks
- * kvdb_get does not deliver, the longest stored context that is a prefix of tokens[0..n) is
- * read with kvdb_get_context instead: its kept rows go to their positions and its dropped rows
- * are marked absent in st (refmodel_state_set_absent), so the model attends over what the store
- * kept. Clears st's earlier absent marks first. Returns KVDB_OK (also for 0 hits) or kvdb_get's
- * (kvdb_get_context's) errors; KVDB_INVALID for n > the state's positions; KVDB_NOMEM.
+ * kvdb_get does not deliver, the longest stored prefix of tokens[0..n) is read with
+ * kvdb_get_kept instead: its kept rows go to their positions and its dropped rows are marked
+ * absent in st (refmodel_state_set_absent), so the model attends over what the store kept.
+ * Clears st's earlier absent marks first. Returns KVDB_OK (also for 0 hits) or kvdb_get's
+ * (kvdb_get_kept's) errors; KVDB_INVALID for n > the state's positions; KVDB_NOMEM.
  */
 kvdb_status refkv_get(kvdb *db, const refkv_model *m, refmodel_state *st, const uint32_t *tokens,
                       size_t n, size_t *hit);
@@ -163,7 +163,7 @@ typedef struct refkv_run {
  * Greedy continuation of `prompt` (n >= 1 tokens, n + max_new <= the state's positions).
  * With db non-NULL: restore the longest stored prefix of prompt[0..n-1) (the last prompt token is
  * always fed, as its logits give the first new token), prefill the rest, then generate. (With a
- * token-dropping config: the longest stored context that is a prefix of prompt[0..n), at most
+ * token-dropping config: the longest stored prefix of prompt[0..n) by kvdb_get_kept, at most
  * n - 1 positions of it, its dropped rows absent; see refkv_get.) With db
  * NULL: a full recompute. out receives up to max_new (>= 1) new tokens; generation stops early
  * before stop_token when stop_token >= 0 (refmodel_generate semantics).
@@ -190,7 +190,7 @@ typedef struct refkv_quality {
  * (teacher forcing), so every step compares the two next-token distributions for the same
  * context: KL(full || stored) of their softmaxes, and whether their argmaxes agree. A
  * token-dropping config is measured over its kept rows (refkv_get); its hit is 0 (and the
- * result exact) when no stored context is a prefix of the prompt. For a
+ * result exact) when no stored block starts the prompt. For a
  * lossless model (refkv_model_lossless) the result is exact agreement and KL 0 (bit-identical
  * logits); otherwise it is the quality the storage costs. ref and test must be two states of m's
  * model holding at least n + steps positions.
