@@ -527,7 +527,9 @@ KVDB_API kvdb_status kvdb_lookup(kvdb *db, const kvdb_model *m, const uint32_t *
  * hit, never the call (still KVDB_OK). Remote hits are not stored locally.
  * With placement on, a hit of a context the DRAM tier does not hold may promote it there after
  * the KV is delivered (kvdb_options.placement, "promotion on a hit"): the return value and KV
- * are the get's own; a promotion that fails is logged.
+ * are the get's own; a promotion that fails is logged. A promotion changes which contexts the
+ * DRAM tier holds, nothing else: it never moves, re-encodes or deletes a stored context (also
+ * when a tier is over-full; the next put or rebalance resolves that).
  * @return KVDB_OK (also for 0 hits); KVDB_INVALID (also n above 2^32 x 16, as kvdb_put, and a
  *   view whose strides address more than 2^63 bytes); KVDB_MISMATCH (the id is stored with
  *   another shape; *hit_tokens 0); KVDB_IOERR; KVDB_NOMEM.

@@ -752,7 +752,8 @@ static kvdb_status promote_pays(kvdb *db, const uint8_t key[16], double threshol
   return KVDB_OK;
 }
 
-static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct);
+static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct,
+                             int cache_only);
 
 static kvdb_status promote(kvdb *db, const uint8_t key[16])
 {
@@ -781,7 +782,9 @@ static kvdb_status promote(kvdb *db, const uint8_t key[16])
       return rc;
     }
   }
-  return admit_all(db, v, key, db->opt.placement_slack_pct);
+  /* a get never moves or deletes a stored context: of the whole run only the DRAM tier's
+   * admissions and evictions are carried out */
+  return admit_all(db, v, key, db->opt.placement_slack_pct, 1);
 }
 
 void kv_place_after_get(kvdb *db, const uint8_t key[16])
@@ -799,9 +802,37 @@ void kv_place_after_get(kvdb *db, const uint8_t key[16])
   kv_clear_error();
 }
 
+/* The part of a plan that changes DRAM admissions only (a promotion's): a move whose stored
+ * copy stays (same tier, same config) is kept; one that moves, re-encodes or deletes it is
+ * dropped, except that a context the plan takes out of the DRAM tier still leaves it.
+ * Returns the moves kept (in place, in order). */
+static size_t cache_moves_only(kvdb_place_move *mv, size_t n)
+{
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    kvdb_place_move m = mv[i];
+    int stays = m.to_tier != KVDB_TIER_NONE && m.to_tier == m.from_tier &&
+                memcmp(&m.to_config, &m.from_config, sizeof m.to_config) == 0;
+    if (!stays) {
+      if (!(m.from_cached && !m.to_cached) || m.from_tier == KVDB_TIER_NONE)
+        continue;
+      m.to_tier = m.from_tier; /* leave the DRAM tier, stay where it is stored */
+      m.to_config = m.from_config;
+      m.to_bytes = m.from_bytes;
+      m.utility_to = m.utility_from;
+    }
+    if (m.from_cached != m.to_cached)
+      mv[k++] = m;
+  }
+  return k;
+}
+
 /* Algorithm 1 over every context (the incoming one, if any, first takes its best place), the
- * tiers resolved to `slack_pct` below their capacities; the view is rebuilt from the plan. */
-static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct)
+ * tiers resolved to `slack_pct` below their capacities; the view is rebuilt from the plan.
+ * cache_only: only the plan's DRAM admissions and evictions are carried out
+ * (cache_moves_only), and the view is left to be rebuilt. */
+static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct,
+                             int cache_only)
 {
   v->valid = 0;
   kv_txn *txn;
@@ -833,7 +864,12 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
   inst_free(&in);
   if (rc == KVDB_OK) {
     kvdb_rebalance_report rep;
+    size_t planned = pub.n_moves;
+    if (cache_only)
+      pub.n_moves = cache_moves_only(pub.moves, pub.n_moves);
     rc = execute(db, pub.moves, pub.n_moves, &rep);
+    if (cache_only)
+      rep.skipped += planned - pub.n_moves; /* the view does not hold: rebuilt next time */
     kv_log(&db->log, 2, "placement: Algorithm 1 over %" PRIu64 " contexts (slack %g%%): %zu "
            "moves", pub.n_contexts, slack_pct, pub.n_moves);
     if (rc == KVDB_OK && rep.skipped == 0) {
@@ -873,7 +909,7 @@ static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
       return rc;
     }
   }
-  return admit_all(db, v, key, access ? db->opt.placement_slack_pct : 0);
+  return admit_all(db, v, key, access ? db->opt.placement_slack_pct : 0, 0);
 }
 
 static void place_one(kvdb *db, const uint8_t key[16], int access, const char *why)

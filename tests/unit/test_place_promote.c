@@ -5,7 +5,8 @@
  * DRAM tier and becomes the hottest is cached after gets of it (kvdb_context_stat's `cached`,
  * and the next get fills DRAM with it), the DRAM tier stays within its capacity, and every get
  * returns the context's KV exactly; with KVDB_PLACEMENT_LEAST_DROP (Algorithm 1 as the paper has
- * it) the same gets promote nothing.
+ * it) the same gets promote nothing. A get never moves or deletes a stored context, also when
+ * a tier is over-full.
  */
 #include "kvdb_test.h"
 
@@ -109,6 +110,51 @@ static int run(kvdb_placement rule, int *before)
   return cached;
 }
 
+/* A get never moves or deletes a stored context: contexts stored with roomy tiers, the store
+ * reopened with an SSD tier that holds half of them (over-full, as after a crash in the middle
+ * of a rebalance or a capacity shrink), then gets that promote: every context is still stored,
+ * on its tier, in its config (the promotion's run changes DRAM admissions only; it used to
+ * carry out the whole plan, deleting contexts the tier had no room for). */
+static void get_never_deletes(void)
+{
+  char *dir = t_tmpdir("promote-keep");
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.segment_bytes = 1 << 20;
+  o.log_level = -1;
+  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  o.dram_bytes = 520 << 10;
+  o.ssd_bytes = 0;
+  o.placement_alpha = 1000;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key keys[N_CTX];
+  for (int i = 0; i < N_CTX; i++) {
+    uint32_t tok[TOKENS];
+    tokens_of(i, tok);
+    ASSERT_OK(t_put_config(db, &M, tok, TOKENS, "raw", &keys[i]));
+  }
+  kvdb_context_info was[N_CTX];
+  for (int i = 0; i < N_CTX; i++)
+    was[i] = info(db, &keys[i]);
+  kvdb_close(db);
+  o.ssd_bytes = (uint64_t)was[0].bytes * N_CTX / 2; /* room for half of them */
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int r = 0; r < 20; r++)
+    for (int i = 0; i < N_CTX; i++)
+      get_ctx(db, (i + r) % N_CTX);
+  for (int i = 0; i < N_CTX; i++) {
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci)); /* still stored */
+    ASSERT_EQ(ci.tier, was[i].tier);
+    ASSERT(memcmp(&ci.config, &was[i].config, sizeof ci.config) == 0);
+  }
+  kvdb_close(db);
+  t_rmdir(dir);
+  printf("get never deletes: %d contexts on an over-full SSD tier, 80 gets: all still stored as "
+         "they were\n", N_CTX);
+}
+
 int main(void)
 {
   int before;
@@ -116,6 +162,7 @@ int main(void)
   ASSERT_EQ(before, 0);
   int after = run(KVDB_PLACEMENT_LEAST_DROP, &before);
   ASSERT_EQ(after, before); /* no promotion: gets change nothing */
+  get_never_deletes();
   printf("place-promote: all tests passed\n");
   return T_EXIT_PASS;
 }
