@@ -53,6 +53,15 @@ static size_t lookup(kvdb *db, const uint32_t *tok, size_t n)
 
 /* ---- tier ---- */
 
+/* kvdb_get_notify's callback: ctx is {end of the told ranges, calls} */
+static void tell_block(void *ctx, size_t t0, size_t n_tokens)
+{
+  size_t *told = ctx;
+  if (t0 + n_tokens > told[0])
+    told[0] = t0 + n_tokens;
+  told[1]++;
+}
+
 static void mode_tier(void)
 {
   r_server s = {0};
@@ -85,6 +94,22 @@ static void mode_tier(void)
   ASSERT_EQ(t_get_check(c, &r_model, tok, n), n);
   ASSERT_EQ(r_stat(c).round_trips - rt0, 1);
   ASSERT_EQ(r_stat(c).hits, 44); /* blocks 20..63 */
+  { /* a get that tells each block as it lands (the GPU hop's) is the local hit only: remote
+     * blocks would land untold (kvdb.h, kvdb_get_notify) */
+    uint16_t *buf = malloc(n * kvdb_model_token_bytes(&r_model));
+    ASSERT(buf != NULL);
+    kvdb_kv_view v;
+    ASSERT_OK(kvdb_kv_view_packed(&v, buf, &r_model, n, KVDB_LAYOUT_LKTHD));
+    size_t told[2] = {0, 0}, hit = 0; /* [0]: the end of the told ranges, [1]: calls */
+    rt0 = r_stat(c).round_trips;
+    ASSERT_OK(kvdb_get_notify(c, &r_model, tok, n, &v, &hit, tell_block, told));
+    ASSERT_EQ(r_stat(c).round_trips, rt0);
+    ASSERT(hit >= 20 * 16 && hit < n);
+    ASSERT_EQ(told[0], hit);
+    ASSERT(told[1] > 0);
+    ASSERT_EQ(t_check_kv(&r_model, tok, hit, n, buf), hit);
+    free(buf);
+  }
 
   /* damaged values: each a miss from there on, counted, the KV before it exact */
   redisContext *rc = r_connect(s.port);
