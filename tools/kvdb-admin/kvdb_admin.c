@@ -1091,7 +1091,7 @@ static int cmd_recompress(const cli *c)
   st = kvdb_iter_open(r.db, &it);
   if (st != KVDB_OK)
     return finish(&r, fail_kv(&r, st));
-  kvdb_context_info *todo = NULL;
+  kvdb_context_info *ctxs = NULL;
   size_t n = 0, cap = 0, seen = 0;
   int code = EXIT_OKAY;
   for (;;) {
@@ -1108,15 +1108,15 @@ static int cmd_recompress(const cli *c)
       continue;
     if (n == cap) {
       size_t ncap = cap ? 2 * cap : 64;
-      kvdb_context_info *t = realloc(todo, ncap * sizeof *t);
+      kvdb_context_info *t = realloc(ctxs, ncap * sizeof *t);
       if (t == NULL) {
         code = fail(&r, KVDB_NOMEM, "cannot hold %zu contexts", ncap);
         break;
       }
-      todo = t;
+      ctxs = t;
       cap = ncap;
     }
-    todo[n++] = ci;
+    ctxs[n++] = ci;
   }
   kvdb_iter_close(it);
   uint64_t before = 0, after = 0;
@@ -1124,23 +1124,23 @@ static int cmd_recompress(const cli *c)
   for (size_t i = 0; code == EXIT_OKAY && i < n; i++) {
     kvdb_model m;
     char hx[33];
-    st = kvdb_model_get(r.db, todo[i].model_id, &m);
+    st = kvdb_model_get(r.db, ctxs[i].model_id, &m);
     if (st == KVDB_OK)
-      st = kvdb_recompress(r.db, &m, &todo[i].key, &todo[i].config, NULL);
+      st = kvdb_recompress(r.db, &m, &ctxs[i].key, &ctxs[i].config, NULL);
     kvdb_context_info ci;
     if (st == KVDB_OK)
-      st = kvdb_context_stat(r.db, &todo[i].key, &ci);
+      st = kvdb_context_stat(r.db, &ctxs[i].key, &ci);
     if (st == KVDB_NOTFOUND) /* deleted meanwhile by another process */
       continue;
     if (st != KVDB_OK) {
-      code = fail(&r, st, "context %s: %s", kvdb_key_hex(&todo[i].key, hx), kvdb_errmsg());
+      code = fail(&r, st, "context %s: %s", kvdb_key_hex(&ctxs[i].key, hx), kvdb_errmsg());
       break;
     }
-    before += todo[i].bytes;
+    before += ctxs[i].bytes;
     after += ci.bytes;
     done++;
   }
-  free(todo);
+  free(ctxs);
   if (code != EXIT_OKAY)
     return finish(&r, code);
   if (c->json) {
