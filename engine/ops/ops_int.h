@@ -80,6 +80,20 @@ void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n);
  * a lookup; else whole values, delivered into out). Returns the hit, at least `have`. */
 size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *tokens,
                        size_t n, size_t have, const kvdb_kv_view *out);
+/* One value alone, as the remote tier's write-through makes it and its get checks it (tests and
+ * the fuzz target fuzz_rtier_value): kv_rtier_value_make reads stored block `hash` into a value
+ * of namespace tag ns_tag (*val malloc'd; KVDB_NOTFOUND when it cannot be read);
+ * kv_rtier_value_take checks value v (len bytes, untrusted) as block `hash` with parent `parent`
+ * and tokens tok[0, n_tok) of model fingerprint mh, verifies its object and, when it passes,
+ * copies its rows into out at token t0: 0, else -1 (out's rows [t0, t0 + n_tok) may then
+ * hold anything). */
+kvdb_status kv_rtier_value_make(kvdb *db, uint64_t ns_tag, const uint8_t hash[16],
+                                uint8_t **val, size_t *len);
+int kv_rtier_value_take(kvdb *db, const kvdb_model *m, uint32_t bt, uint64_t ns_tag,
+                        const uint8_t *v, size_t len, const uint8_t mh[16],
+                        const uint8_t parent[16], const uint8_t hash[16], const uint32_t *tok,
+                        uint32_t n_tok, const kvdb_kv_view *out, uint64_t t0);
+
 /* ---- get.c: the prefetch's read (prefetch.c) ---- */
 
 typedef struct kv_prefetch_result {

@@ -90,7 +90,7 @@ static uint64_t head_sum(const uint8_t *env, const uint8_t hash[16], uint32_t n_
 /* ---- write-through ---- */
 
 /* Fill the envelope at env for block `hash` (its record rec, tokens from it). */
-static void envelope(const struct kv_rtier *t, const kv_block_rec *rec, const uint8_t hash[16],
+static void envelope(uint64_t ns_tag, const kv_block_rec *rec, const uint8_t hash[16],
                      uint8_t *env)
 {
   memset(env, 0, RV_HDR);
@@ -106,7 +106,7 @@ static void envelope(const struct kv_rtier *t, const kv_block_rec *rec, const ui
   kv_put_le64(env + 24, rec->bytes);
   memcpy(env + 32, rec->model, 16);
   memcpy(env + 48, rec->parent, 16);
-  kv_put_le64(env + 64, t->ns_tag);
+  kv_put_le64(env + 64, ns_tag);
   memcpy(env + RV_HDR, rec->tokens, 4 * (size_t)rec->n_tokens);
   kv_put_le64(env + 72, head_sum(env, hash, rec->n_tokens));
 }
@@ -136,7 +136,7 @@ static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16], wbl
     if (w->mem != NULL) {
       w->val = w->mem + pad - env;
       w->vlen = env + rec.bytes;
-      envelope(t, &rec, hash, w->val);
+      envelope(t->ns_tag, &rec, hash, w->val);
       w->klen = rt_key(t, rec.model, hash, w->key);
       rc = 0;
     }
@@ -259,7 +259,7 @@ void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n)
 /* ---- the remote part of a chain ---- */
 
 /* Check the envelope of value v (len bytes at least RV_HDR + 4 n) for block j of the query. */
-static int env_ok(const struct kv_rtier *t, const uint8_t *v, size_t len, const uint8_t mh[16],
+static int env_ok(uint64_t ns_tag, const uint8_t *v, size_t len, const uint8_t mh[16],
                   const uint8_t parent[16], const uint8_t hash[16], const uint32_t *tok,
                   uint32_t n_tok, int whole)
 {
@@ -268,7 +268,7 @@ static int env_ok(const struct kv_rtier *t, const uint8_t *v, size_t len, const 
     return 0;
   if (len < RV_HDR + 4 * (size_t)n_tok)
     return 0;
-  if (kv_get_le64(v + 72) != head_sum(v, hash, n_tok) || kv_get_le64(v + 64) != t->ns_tag ||
+  if (kv_get_le64(v + 72) != head_sum(v, hash, n_tok) || kv_get_le64(v + 64) != ns_tag ||
       memcmp(v + 32, mh, 16) != 0 || memcmp(v + 48, parent, 16) != 0)
     return 0;
   for (uint32_t i = 0; i < n_tok; i++)
@@ -377,7 +377,7 @@ static void take_block(chain *ch, size_t k)
   if (x->status != KV_RCMD_OK || x->len == 0) { /* GETRANGE of no key is "" */
     ch->t->misses++;
     ch->stopped = 1;
-  } else if (!env_ok(ch->t, x->data, x->len, ch->h[0], ch->h[i], ch->h[i + 1],
+  } else if (!env_ok(ch->t->ns_tag, x->data, x->len, ch->h[0], ch->h[i], ch->h[i + 1],
                      ch->tokens + t0, nt, ch->out != NULL) ||
              (ch->out != NULL &&
               deliver(ch->db, ch->m, ch->bt, x->data, ch->h[i + 1], ch->h[0], ch->h[i],
@@ -456,6 +456,51 @@ size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_
   free(ch.arrived);
   kv_clear_error();
   return ch.got > have ? ch.got : have;
+}
+
+/* ---- one value alone (tests, fuzz_rtier_value) ---- */
+
+kvdb_status kv_rtier_value_make(kvdb *db, uint64_t ns_tag, const uint8_t hash[16],
+                                uint8_t **val, size_t *len)
+{
+  struct kv_rtier t;
+  memset(&t, 0, sizeof t);
+  t.ns_tag = ns_tag;
+  wblk w;
+  memset(&w, 0, sizeof w);
+  *val = NULL;
+  *len = 0;
+  if (build_value(db, &t, hash, &w) != 0) {
+    char hx[33];
+    return kv_fail(KVDB_NOTFOUND, "remote value: block %s cannot be read into a value",
+                   kv_hex16(hash, hx));
+  }
+  *val = malloc(w.vlen);
+  if (*val == NULL) {
+    kv_free_aligned(w.mem);
+    return kv_fail(KVDB_NOMEM, "remote value: out of memory (%zu bytes)", w.vlen);
+  }
+  memcpy(*val, w.val, w.vlen);
+  *len = w.vlen;
+  kv_free_aligned(w.mem);
+  return KVDB_OK;
+}
+
+int kv_rtier_value_take(kvdb *db, const kvdb_model *m, uint32_t bt, uint64_t ns_tag,
+                        const uint8_t *v, size_t len, const uint8_t mh[16],
+                        const uint8_t parent[16], const uint8_t hash[16], const uint32_t *tok,
+                        uint32_t n_tok, const kvdb_kv_view *out, uint64_t t0)
+{
+  if (!env_ok(ns_tag, v, len, mh, parent, hash, tok, n_tok, 1))
+    return -1;
+  kv_cdec dec;
+  memset(&dec, 0, sizeof dec);
+  kv_rbuf *dbuf = NULL, *obuf = NULL;
+  int rc = deliver(db, m, bt, v, hash, mh, parent, tok, n_tok, out, t0, &dec, &dbuf, &obuf);
+  kv_rbuf_release(db, dbuf);
+  kv_rbuf_release(db, obuf);
+  kv_cdec_free(&dec);
+  return rc;
 }
 
 /* ---- open, close, stats ---- */

@@ -7,9 +7,12 @@
  * writes corpora/block/ (block objects sealed by kv_block_seal, whole, cut short, damaged,
  * with the repair flags of fuzz_block.c), corpora/catalog/ (records from the catalog's own
  * encoders, and a few refused ones) and corpora/api_ops/ (op scripts for fuzz_api_ops.c that
- * reach every op). Output is deterministic; rerun after a format change. Files found by
+ * reach every op) and corpora/rtier_value/ (remote-tier values of rtier_fixture.h's blocks for
+ * fuzz_rtier_value.c: whole, cut short, damaged, asked for under the wrong hash). Output is
+ * deterministic; rerun after a format change. Files found by
  * fuzzing are added beside these under their libFuzzer names.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,10 @@
 #include "block.h"
 #include "catalog/catalog.h"
 #include "kvdb.h"
+#include "ops/ops_int.h"
+#include "rtier_fixture.h"
+
+#include <unistd.h>
 
 static const char *root;
 
@@ -292,6 +299,56 @@ static void api_seeds(void)
   api_seed("direct_uring.bin", direct_uring, sizeof direct_uring);
 }
 
+/* The values of the fixture's blocks, as fuzz_rtier_value reads them: hash, then value. */
+static void rtier_seeds(void)
+{
+  char dir[4096];
+  const char *base = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/kvdb-seeds-rtier-XXXXXX", base && *base ? base : "/tmp");
+  if (mkdtemp(dir) == NULL) {
+    perror(dir);
+    exit(1);
+  }
+  rf_fixture f;
+  rf_fixture_make(&f, dir);
+  for (uint32_t c = 0; c < RF_CTX; c++)
+    for (uint32_t b = 0; b < RF_BLOCKS; b++) {
+      uint8_t *v;
+      size_t len;
+      if (kv_rtier_value_make(f.db, RF_NS_TAG, f.hash[c][b].b, &v, &len) != KVDB_OK) {
+        fprintf(stderr, "rtier seeds: %s\n", kvdb_errmsg());
+        exit(1);
+      }
+      const uint8_t *h = f.hash[c][b].b;
+      char name[64];
+      snprintf(name, sizeof name, "c%u_b%u_%s.bin", c, b, RF_CONFIG[c]);
+      put_file("rtier_value", name, h, 16, v, len);
+      snprintf(name, sizeof name, "c%u_b%u_short.bin", c, b);
+      put_file("rtier_value", name, h, 16, v, len - 100);
+      if (b == 0) { /* damaged copies of each context's first block */
+        static const size_t at[] = {8, 30, 50, 70, 84, 300, 5000};
+        for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+          if (at[i] >= len)
+            continue;
+          v[at[i]] ^= 0x10;
+          snprintf(name, sizeof name, "c%u_flip%zu.bin", c, at[i]);
+          put_file("rtier_value", name, h, 16, v, len);
+          v[at[i]] ^= 0x10;
+        }
+        snprintf(name, sizeof name, "c%u_wrong_hash.bin", c); /* block 1's hash */
+        put_file("rtier_value", name, f.hash[c][1].b, 16, v, len);
+      }
+      free(v);
+    }
+  kvdb_close(f.db);
+  for (uint32_t c = 0; c < RF_CTX; c++)
+    free(f.ref[c]);
+  char cmd[4200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", dir);
+}
+
 int main(int argc, char **argv)
 {
   if (argc != 2) {
@@ -302,6 +359,7 @@ int main(int argc, char **argv)
   block_seeds();
   catalog_seeds();
   api_seeds();
-  printf("seeds written under %s/{block,catalog,api_ops}\n", root);
+  rtier_seeds();
+  printf("seeds written under %s/{block,catalog,api_ops,rtier_value}\n", root);
   return 0;
 }
