@@ -205,6 +205,9 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (!(opt.prefetch_bps >= 0 && opt.prefetch_bps < 1e300))
     return kv_fail(KVDB_INVALID, "options.prefetch_bps %g is not a finite number >= 0",
                    opt.prefetch_bps);
+  if ((opt.remote_write & ~(uint32_t)(KVDB_REMOTE_WRITE_PUT | KVDB_REMOTE_WRITE_EVICT)) != 0)
+    return kv_fail(KVDB_INVALID, "options.remote_write 0x%x has unknown bits (known: "
+                   "KVDB_REMOTE_WRITE_PUT 1, KVDB_REMOTE_WRITE_EVICT 2)", opt.remote_write);
   int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
   int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
 

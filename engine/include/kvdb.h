@@ -283,6 +283,12 @@ typedef void (*kvdb_log_fn)(void *ctx, int level, const char *msg);
  * Options for kvdb_open(). Always call kvdb_options_init() first, then change fields.
  * Fields are only ever added at the end; `struct_size` lets an old caller use a newer library.
  */
+/** Bits of kvdb_options.remote_write: when blocks are written to the remote tier. */
+enum {
+  KVDB_REMOTE_WRITE_PUT = 1u,   /**< a put's new blocks, queued for the handle's thread */
+  KVDB_REMOTE_WRITE_EVICT = 2u, /**< a context the placement evicts from the last local tier */
+};
+
 typedef struct kvdb_options {
   uint32_t struct_size;      /**< set by kvdb_options_init() */
   uint32_t flags;            /**< KVDB_O_*; default KVDB_O_CREATE; other bits: KVDB_INVALID */
@@ -389,7 +395,8 @@ typedef struct kvdb_options {
    * The remote tier (a Redis server, or any node of a Redis Cluster: its slot map is asked for
    * with CLUSTER SLOTS and followed through MOVED and ASK), shared by every host that names it.
    * NULL (the default) = no remote tier: nothing below changes anything. "host:port" = on:
-   * - write-through: a put that wrote blocks queues them (their hashes) for a background thread
+   * - write-through (remote_write, default on put): a put that wrote blocks queues them (their
+   *   hashes) for a background thread
    *   of the handle, which reads each block object back from the local store (verified) and
    *   SETs it, as stored (compressed, checksummed, with its tokens) in an envelope that names
    *   its tokens, model fingerprint, parent and namespace, under the key
@@ -429,6 +436,19 @@ typedef struct kvdb_options {
    * read speed (see kvdb_prefetch, "admission"); < 0 or not finite: KVDB_INVALID.
    */
   double prefetch_bps;
+  /**
+   * When the remote tier is written (with remote_addr, remote_queue_blocks > 0 and a handle
+   * that writes): bits of KVDB_REMOTE_WRITE_*; 0 (default) = KVDB_REMOTE_WRITE_PUT; other bits:
+   * KVDB_INVALID. PUT: write-through as described at remote_addr. EVICT (write-back on
+   * demotion): before the placement deletes a context it pushed off the last local tier
+   * (kvdb_rebalance*, the placement after a put), that context's blocks are read back
+   * (verified) and SET in round trips of 16 blocks, each bounded by remote_timeout_ms; the
+   * delete then goes ahead whatever Redis answered (counted: kvdb_remote_stats.written /
+   * dropped). A kvdb_delete by the caller is not an eviction: nothing is written. EVICT
+   * alone keeps Redis for what the local store no longer holds; PUT | EVICT also rewrites
+   * what Redis evicted meanwhile.
+   */
+  uint32_t remote_write;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */

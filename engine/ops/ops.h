@@ -53,6 +53,11 @@ void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
  * handle writes and remote_queue_blocks > 0); KVDB_INVALID names a bad remote option. Nothing
  * is connected here. */
 kvdb_status kv_rtier_open(kvdb *db);
+/* Write-back on demotion (kvdb_options.remote_write & KVDB_REMOTE_WRITE_EVICT): the blocks of
+ * stored context `key`, which the placement is about to delete, are read back and SET now (in
+ * round trips of 16 blocks, each bounded by the timeout). No-op without that bit. Never fails:
+ * what is not sent is counted as dropped. */
+void kv_rtier_note_evict(kvdb *db, const uint8_t key[16]);
 /* At close: the queued blocks are sent (each round trip bounded by the timeout), then freed. */
 void kv_rtier_close(kvdb *db);
 

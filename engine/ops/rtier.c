@@ -59,6 +59,7 @@ struct kv_rtier {
   int busy;         /* the worker holds a batch */
   int stop;
   int has_thread;
+  int on_put, on_evict; /* kvdb_options.remote_write (0 = on put), with a queue only */
   pthread_t th;
   _Atomic uint64_t hits, misses, rejected, queued, written, dropped;
 };
@@ -225,7 +226,7 @@ static void *worker(void *arg)
 void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n)
 {
   struct kv_rtier *t = db->rtier;
-  if (t == NULL || t->cap == 0 || n == 0)
+  if (t == NULL || t->cap == 0 || !t->on_put || n == 0)
     return;
   uint64_t deadline = rt_now_ns() + (uint64_t)db->opt.remote_put_wait_ms * 1000000ull;
   struct timespec abs;
@@ -458,6 +459,36 @@ size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_
   return ch.got > have ? ch.got : have;
 }
 
+/* ---- write-back on eviction ---- */
+
+void kv_rtier_note_evict(kvdb *db, const uint8_t key[16])
+{
+  struct kv_rtier *t = db->rtier;
+  if (t == NULL || t->cap == 0 || !t->on_evict)
+    return;
+  kv_txn *txn;
+  if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK) {
+    kv_clear_error();
+    return;
+  }
+  kv_ctx_rec cr;
+  uint8_t(*hs)[16] = NULL;
+  uint32_t n = 0;
+  if (kv_cat_get_ctx(&db->cat, txn, key, &cr) == KVDB_OK && cr.n_blocks > 0 &&
+      (hs = malloc((size_t)cr.n_blocks * 16)) != NULL) {
+    memcpy(hs, cr.blocks, (size_t)cr.n_blocks * 16);
+    n = cr.n_blocks;
+  }
+  kv_txn_abort(txn); /* its blocks stay until the caller's delete, which follows this */
+  for (uint32_t i = 0; i < n; i += RT_BATCH) {
+    uint32_t m = n - i < RT_BATCH ? n - i : RT_BATCH;
+    t->queued += m;
+    send_batch(db, t, hs + i, m);
+  }
+  free(hs);
+  kv_clear_error();
+}
+
 /* ---- one value alone (tests, fuzz_rtier_value) ---- */
 
 kvdb_status kv_rtier_value_make(kvdb *db, uint64_t ns_tag, const uint8_t hash[16],
@@ -539,6 +570,8 @@ kvdb_status kv_rtier_open(kvdb *db)
   pthread_cond_init(&t->room, NULL);
   pthread_cond_init(&t->idle, NULL);
   t->cap = db->cat.rdonly ? 0 : o->remote_queue_blocks;
+  t->on_put = o->remote_write == 0 || (o->remote_write & KVDB_REMOTE_WRITE_PUT) != 0;
+  t->on_evict = (o->remote_write & KVDB_REMOTE_WRITE_EVICT) != 0;
   db->rtier = t;
   if (t->cap > 0) {
     t->q = malloc((size_t)t->cap * 16);

@@ -430,6 +430,7 @@ static kvdb_status evict(kvdb *db, const uint8_t key[16])
 {
   kv_txn *txn;
   uint64_t freed;
+  kv_rtier_note_evict(db, key); /* write-back to the remote tier, when asked for */
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
   if (rc != KVDB_OK) {

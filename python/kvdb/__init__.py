@@ -401,6 +401,7 @@ class VerifyReport:
 _OPTION_ENUMS = {
     "sync_mode": {"full": 0, "none": 1},
     "placement": {"off": 0, "evicpress": 1, "per_byte": 2},
+    "remote_write": {"put": 1, "evict": 2, "put+evict": 3},
 }
 
 
@@ -418,7 +419,7 @@ class DB:
                 opt.flags = (opt.flags | 1) if value else (opt.flags & ~1)
             elif name == "readonly":
                 opt.flags = (opt.flags | 2) if value else (opt.flags & ~2)
-            elif name in ("sync", "sync_mode", "placement"):
+            elif name in ("sync", "sync_mode", "placement", "remote_write"):
                 key = "sync_mode" if name == "sync" else name
                 if isinstance(value, str):
                     if value not in _OPTION_ENUMS[key]:
@@ -614,7 +615,8 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     use_io_uring, log_level, smartssd_dir, smartssd_bytes, placement ("off", "evicpress",
     "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
     placement_slack_pct, lossless_frame_bytes, remote_addr, remote_namespace, remote_timeout_ms,
-    remote_queue_blocks, remote_put_wait_ms, prefetch_bps. An unknown option is a TypeError; a bad value
+    remote_queue_blocks, remote_put_wait_ms, prefetch_bps, remote_write ("put" default,
+    "evict", "put+evict"). An unknown option is a TypeError; a bad value
     raises InvalidError."""
     return DB(str(path), **options)
 

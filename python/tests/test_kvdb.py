@@ -210,6 +210,14 @@ def test_errors_are_exceptions(db, tmp_path):
         kvdb.open(tmp_path / "absent", create=False)
     with pytest.raises(TypeError, match="unknown option"):
         kvdb.open(tmp_path / "x", no_such_option=1)
+    # remote_write: names or bits; unknown ones refused naming the option (no server needed:
+    # kvdb_open never connects)
+    with kvdb.open(tmp_path / "rw", remote_addr="127.0.0.1:1", remote_write="evict"):
+        pass
+    with pytest.raises(kvdb.InvalidError, match="remote_write"):
+        kvdb.open(tmp_path / "rw2", remote_write="never")
+    with pytest.raises(kvdb.InvalidError, match="remote_write"):
+        kvdb.open(tmp_path / "rw3", remote_write=4)
     with pytest.raises(kvdb.InvalidError, match="hex"):
         db.delete("zz")
     db.close()

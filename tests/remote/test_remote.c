@@ -17,6 +17,9 @@
  *   cluster  a local three-master Redis Cluster: blocks over the slots, a chain in one round
  *            trip, a resharding (redis-cli --cluster reshard) during gets and a master killed:
  *            every hit exact, MOVED/ASK followed
+ *   writeback  remote_write = KVDB_REMOTE_WRITE_EVICT: puts write nothing; a rebalance that
+ *            deletes contexts first writes their blocks; a second host gets them exactly; a
+ *            kvdb_delete writes nothing; unknown remote_write bits are refused
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
@@ -760,6 +763,88 @@ static void mode_cluster(void)
     r_cleanup(&s[k]);
 }
 
+/* ---- write-back on eviction ---- */
+
+#define WB_CTX 6
+#define WB_TOKENS 64 /* 4 blocks of 16 KiB */
+
+static void mode_writeback(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  char *da = t_tmpdir("rwb-a");
+  kvdb_options o;
+  r_opts(&o, s.port, "wb");
+  kvdb *a;
+  o.remote_write = 4; /* no such bit */
+  ASSERT_EQ(kvdb_open(da, &o, &a), KVDB_INVALID);
+  ASSERT(strstr(kvdb_errmsg(), "remote_write") != NULL);
+  o.remote_write = KVDB_REMOTE_WRITE_EVICT;
+  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  o.placement_alpha = 1e6; /* quality above all: a context that does not fit is deleted, not
+                              re-encoded to a lossy config */
+  o.dram_bytes = 0;
+  o.ssd_bytes = 0;
+  ASSERT_OK(kvdb_open(da, &o, &a));
+  uint32_t *tok[WB_CTX];
+  kvdb_key key[WB_CTX];
+  for (int i = 0; i < WB_CTX; i++) {
+    kvdb_put_info info;
+    tok[i] = ctx_tokens(700 + (uint64_t)i, WB_TOKENS);
+    t_put_kv(a, &r_model, tok[i], WB_TOKENS, &info);
+    key[i] = info.context;
+  }
+  kvdb_remote_stats rs = r_stat(a);
+  ASSERT_EQ(rs.queued, 0); /* not on put */
+  ASSERT_EQ(rs.written, 0);
+  /* a caller's delete is not an eviction */
+  ASSERT_OK(kvdb_delete(a, &key[WB_CTX - 1]));
+  ASSERT_EQ(r_stat(a).written, 0);
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(a, &key[0], &ci));
+  uint64_t one = ci.bytes;
+  kvdb_close(a);
+  o.ssd_bytes = 2 * one + one / 2; /* room for two of the five */
+  ASSERT_OK(kvdb_open(da, &o, &a));
+  kvdb_place_plan plan;
+  kvdb_rebalance_report rep;
+  ASSERT_OK(kvdb_rebalance_plan(a, &plan));
+  ASSERT_OK(kvdb_rebalance_execute(a, &plan, &rep));
+  kvdb_place_plan_free(&plan);
+  int gone[WB_CTX] = {0}, n_gone = 0;
+  for (int i = 0; i < WB_CTX - 1; i++) {
+    kvdb_status st = kvdb_context_stat(a, &key[i], &ci);
+    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND);
+    gone[i] = st == KVDB_NOTFOUND;
+    n_gone += gone[i];
+  }
+  ASSERT(n_gone >= 3);
+  rs = r_stat(a);
+  ASSERT_EQ(rs.written, 4 * (uint64_t)n_gone); /* every block of every evicted context */
+  ASSERT_EQ(rs.dropped, 0);
+  kvdb_close(a);
+  /* another host, its own empty store: the evicted contexts whole and exact from Redis; the
+   * kept ones and the deleted one were never written */
+  char *db_dir;
+  kvdb *b = open_db("rwb-b", s.port, "wb", &db_dir);
+  for (int i = 0; i < WB_CTX; i++) {
+    size_t want = i < WB_CTX - 1 && gone[i] ? WB_TOKENS : 0;
+    ASSERT_EQ(lookup(b, tok[i], WB_TOKENS), want);
+    if (want)
+      ASSERT_EQ(t_get_check(b, &r_model, tok[i], WB_TOKENS), want);
+  }
+  ASSERT_EQ(r_stat(b).rejected, 0);
+  kvdb_close(b);
+  t_rmdir(db_dir);
+  t_rmdir(da);
+  for (int i = 0; i < WB_CTX; i++)
+    free(tok[i]);
+  r_cleanup(&s);
+  printf("write-back: %d of %d contexts evicted, their %d blocks written before the delete, "
+         "read exactly by another host; puts and a delete wrote nothing\n", n_gone, WB_CTX - 1,
+         4 * n_gone);
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
@@ -778,6 +863,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "writeback") == 0)
+    mode_writeback();
   else if (strcmp(mode, "cluster") == 0)
     mode_cluster();
   else if (strcmp(mode, "metrics") == 0 && argc > 2)
