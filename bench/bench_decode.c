@@ -62,6 +62,9 @@ int bench_decode_agreement(const bench_env *env, bench_json *j, double *agreemen
 #define BD_G 4
 #define BD_W 64
 #define BD_WARM 16
+#define BD_HOT_PCT 25 /* hot pool per layer and KV head, % of the context */
+#define BD_BT 4096 /* block_tokens: one checksum page per section covers 256 page groups */
+#define BD_BITS 4  /* int4 score copies: an eighth of K and V to scan per step */
 
 typedef struct model_stats {
   int measured;
@@ -199,18 +202,150 @@ static double gauss(dg_rng *r)
   return sqrt(-2 * log(u)) * cos(2 * M_PI * v);
 }
 
+typedef struct bd_run {
+  const bench_env *env;
+  kvdb *db;
+  const kvdb_model *m;
+  const uint32_t *tok;
+  const kvdb_kv_view *v; /* all generated tokens */
+  uint32_t N, K, S, HOT;
+  float *q, *qn;
+  size_t nq;
+  uint32_t *pos, *prevpos;
+  uint16_t *rows;
+  double rho;
+  dg_rng *r;
+  kvdb_key ctx;   /* the context now (appends change its key) */
+  uint32_t t_next; /* the next token to append */
+  uint64_t full_ns;
+  double ctx_bytes;
+} bd_run;
+
+typedef struct bd_fig {
+  double hit, amp, host_ratio, io_ratio, step_ms, score_b, persist, beta;
+} bd_fig;
+
+/* One session: 16 warm-up steps, then S measured; each step selects and fetches every layer
+ * (page cache dropped first: timed), then appends the step's token. */
+static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_pm,
+                      int32_t fetch_dev, bd_fig *f)
+{
+  FILE *o = x->env->out;
+  const uint32_t L = x->m->n_layers, K = x->K, S = x->S;
+  kvdb_decode_opts dopt;
+  kvdb_decode_opts_init(&dopt);
+  dopt.recent_tokens = BD_W;
+  dopt.hot_tokens = x->HOT;
+  dopt.device = KVDB_SCORE_EMULATED;
+  dopt.device_tiers = 1u << KVDB_TIER_SSD;
+  dopt.host_share_permille = host_pm;
+  dopt.fetch_device = fetch_dev;
+  dopt.flags = flags;
+  kvdb_decode *s;
+  if (kvdb_decode_open(x->db, x->m, &x->ctx, 1, &dopt, &s) != KVDB_OK) {
+    fprintf(stderr, "decode: session: %s\n", kvdb_errmsg());
+    return 1;
+  }
+  kvdb_decode_stats s0, s1;
+  memset(&s0, 0, sizeof s0);
+  double step_ns = 0, pers_sum = 0, a = x->rho, b = sqrt(1 - x->rho * x->rho);
+  long pers_n = 0;
+  kvdb_kv_view rv;
+  kvdb_kv_view_packed(&rv, x->rows, x->m, K, KVDB_LAYOUT_LKTHD); /* layer 0's part: one layer */
+  uint8_t *mark = malloc((size_t)x->N + 4 * (BD_WARM + S));
+  int rc = 1;
+  for (uint32_t step = 0; mark != NULL && step < BD_WARM + S; step++) {
+    if (step == BD_WARM)
+      kvdb_decode_stat(s, &s0);
+    for (size_t i = 0; i < x->nq; i++)
+      x->q[i] = (float)(a * x->q[i] + b * gauss(x->r) * x->qn[i]);
+    bench_drop_cache(x->env->dir);
+    uint64_t ts = bench_now_ns();
+    for (uint32_t l = 0; l < L; l++) {
+      uint32_t *p = x->pos + (size_t)l * BD_HEADS * K;
+      if (kvdb_decode_select(s, 0, l, x->q + (size_t)l * BD_HEADS * BD_G * BD_DIM, KVDB_F32,
+                             BD_HEADS * BD_G, K, p, NULL) != KVDB_OK ||
+          kvdb_decode_fetch(s, 0, l, p, K, &rv) != KVDB_OK) {
+        fprintf(stderr, "decode: step %u layer %u: %s\n", step, l, kvdb_errmsg());
+        goto out;
+      }
+    }
+    uint64_t te = bench_now_ns() - ts;
+    if (step >= BD_WARM)
+      step_ns += (double)te;
+    if (step > 0) /* persistence of the selections (as measured on the model) */
+      for (size_t c = 0; c < (size_t)L * BD_HEADS; c++) {
+        memset(mark, 0, (size_t)x->N + 4 * (BD_WARM + S));
+        for (uint32_t i = 0; i < K; i++)
+          mark[x->prevpos[c * K + i]] = 1;
+        uint32_t kept = 0;
+        for (uint32_t i = 0; i < K; i++)
+          kept += mark[x->pos[c * K + i]];
+        pers_sum += (double)kept / K;
+        pers_n++;
+      }
+    memcpy(x->prevpos, x->pos, (size_t)L * BD_HEADS * K * sizeof *x->pos);
+    /* the step's token: its K and V (datagen's next token) appended */
+    kvdb_kv_view av = *x->v;
+    size_t off = (size_t)x->t_next * BD_HEADS * BD_DIM * 2;
+    av.k.base = (uint8_t *)x->v->k.base + off;
+    av.v.base = (uint8_t *)x->v->v.base + off;
+    if (kvdb_decode_append(s, 0, x->tok + x->t_next, 1, &av) != KVDB_OK) {
+      fprintf(stderr, "decode: append: %s\n", kvdb_errmsg());
+      goto out;
+    }
+    x->t_next++;
+    fprintf(stderr, "decode: %s: step %u: %.1f ms\n", name, step, te * 1e-6);
+  }
+  if (mark == NULL)
+    goto out;
+  if (kvdb_decode_flush(s) != KVDB_OK) {
+    fprintf(stderr, "decode: flush: %s\n", kvdb_errmsg());
+    goto out;
+  }
+  kvdb_decode_context(s, 0, &x->ctx, NULL, NULL);
+  kvdb_decode_stat(s, &s1);
+  double sel = (double)(s1.selected - s0.selected), hot = (double)(s1.hot_hits - s0.hot_hits);
+  double ssd = (double)(s1.ssd_bytes - s0.ssd_bytes);
+  double cold_b = (double)(s1.cold_row_bytes - s0.cold_row_bytes);
+  double host = (double)(s1.host_bytes - s0.host_bytes) / S;
+  f->score_b = (double)(s1.score_bytes - s0.score_bytes) / S;
+  f->hit = hot / sel;
+  f->amp = cold_b > 0 ? ssd / cold_b : NAN;
+  f->host_ratio = host / x->ctx_bytes;
+  f->step_ms = step_ns / S * 1e-6;
+  f->io_ratio = step_ns / S / (double)x->full_ns;
+  f->persist = pers_n ? pers_sum / pers_n : NAN;
+  f->beta = s1.beta;
+  fprintf(o, "decode: [%s]\n", name);
+  fprintf(o, "  hot_pool_hit %.3f (%.0f of %.0f rows over %u steps after %u warm-up; DRAM %.0f "
+             "MiB)\n", f->hit, hot, sel, S, BD_WARM, s1.hot_pool_bytes / 1048576.0);
+  fprintf(o, "  step_read_amplification %.2f (%.2f MiB read for %.2f MiB of cold rows per step; "
+             "scoring read %.1f MiB of score copies per step)\n", f->amp, ssd / S / 1048576,
+          cold_b / S / 1048576, f->score_b / 1048576);
+  fprintf(o, "  host_bytes_ratio %.4f (%.2f MiB to the host per step)\n", f->host_ratio,
+          host / 1048576);
+  fprintf(o, "  step_io_vs_full %.3f (a step %.1f ms); selection persistence %.3f; beta %.3f\n",
+          f->io_ratio, f->step_ms, f->persist, f->beta);
+  rc = 0;
+out:
+  free(mark);
+  kvdb_decode_close(s);
+  return rc;
+}
+
 int bench_decode(const bench_env *env, bench_json *j)
 {
   const uint32_t L = env->quick ? 2 : 4, N = env->quick ? 4096 : 32768;
-  const uint32_t S = env->quick ? 8 : 32, K = N / 10, HOT = N * 15 / 100;
-  const uint32_t NT = N + BD_WARM + S; /* tokens generated: the context and the appends */
+  const uint32_t S = env->quick ? 8 : 32, K = N / 10, HOT = N * BD_HOT_PCT / 100;
+  const uint32_t NT = N + 3 * (BD_WARM + S); /* the context and three variants' appends */
   FILE *o = env->out;
   model_stats ms;
   measure_model(env, &ms);
   fprintf(o, "decode: query statistics of stories260K: %s rho %.3f, top-10%% persistence %.3f, "
              "recent-window share %.3f\n", ms.measured ? "measured" : "default (no model)",
           ms.rho, ms.persist, ms.recent);
-  kvdb_model m = {"bench-decode-llama3-8b", L, BD_HEADS, BD_DIM, KVDB_F16, 256, 8};
+  kvdb_model m = {"bench-decode-llama3-8b", L, BD_HEADS, BD_DIM, KVDB_F16, BD_BT, BD_BITS};
   dg_kv_model dm;
   if (dg_kv_model_init(&dm, L, BD_HEADS, BD_DIM, env->seed) != 0)
     return fprintf(stderr, "decode: out of memory\n"), 1;
@@ -220,7 +355,6 @@ int bench_decode(const bench_env *env, bench_json *j)
   uint16_t *full = malloc((size_t)N * tb);
   int rc = 1;
   kvdb *db = NULL;
-  kvdb_decode *s = NULL;
   float *q = NULL, *qn = NULL;
   uint32_t *pos = NULL, *prevpos = NULL;
   uint16_t *rows = NULL;
@@ -265,16 +399,6 @@ int bench_decode(const bench_env *env, bench_json *j)
   fprintf(o, "decode: %u layers x %u KV heads x %u dims f16, %u tokens (%.0f MiB of K and V); "
              "whole-context get (cold, %s): %.1f ms, %.2f GB/s\n", L, BD_HEADS, BD_DIM, N,
           ctx_bytes / 1048576, how, full_ns * 1e-6, bench_gbps((uint64_t)ctx_bytes, full_ns));
-  kvdb_decode_opts dopt;
-  kvdb_decode_opts_init(&dopt);
-  dopt.recent_tokens = BD_W;
-  dopt.hot_tokens = HOT;
-  dopt.device = KVDB_SCORE_EMULATED;
-  dopt.device_tiers = 1u << KVDB_TIER_SSD;
-  if ((st = kvdb_decode_open(db, &m, &pi.context, 1, &dopt, &s)) != KVDB_OK) {
-    fprintf(stderr, "decode: session: %s\n", kvdb_errmsg());
-    goto out;
-  }
   /* queries: AR(1) per (layer, query head), in the keys' channel scales */
   size_t nq = (size_t)L * BD_HEADS * BD_G * BD_DIM;
   q = malloc(nq * sizeof *q);
@@ -285,114 +409,58 @@ int bench_decode(const bench_env *env, bench_json *j)
   if (q == NULL || qn == NULL || pos == NULL || prevpos == NULL || rows == NULL)
     goto out;
   dg_rng r = {env->seed ^ 0x5eed};
-  double a = ms.rho, b = sqrt(1 - ms.rho * ms.rho);
   for (size_t i = 0; i < nq; i++) {
     size_t l = i / ((size_t)BD_HEADS * BD_G * BD_DIM), h = i / ((size_t)BD_G * BD_DIM) % BD_HEADS,
            d = i % BD_DIM;
     qn[i] = dm.scale[((l * 2 + 0) * BD_HEADS + h) * BD_DIM + d]; /* K's channel scale */
     q[i] = (float)(gauss(&r) * qn[i]);
   }
-  kvdb_decode_stats s0, s1;
-  memset(&s0, 0, sizeof s0);
-  double step_ns = 0, pers_sum = 0;
-  long pers_n = 0;
-  kvdb_kv_view rv;
-  kvdb_kv_view_packed(&rv, rows, &m, K, KVDB_LAYOUT_LKTHD); /* layer 0's part: one layer */
-  for (uint32_t step = 0; step < BD_WARM + S; step++) {
-    if (step == BD_WARM)
-      kvdb_decode_stat(s, &s0);
-    for (size_t i = 0; i < nq; i++)
-      q[i] = (float)(a * q[i] + b * gauss(&r) * qn[i]);
-    bench_drop_cache(env->dir);
-    uint64_t ts = bench_now_ns();
-    for (uint32_t l = 0; l < L; l++) {
-      uint32_t *p = pos + (size_t)l * BD_HEADS * K;
-      if (kvdb_decode_select(s, 0, l, q + (size_t)l * BD_HEADS * BD_G * BD_DIM, KVDB_F32,
-                             BD_HEADS * BD_G, K, p, NULL) != KVDB_OK ||
-          kvdb_decode_fetch(s, 0, l, p, K, &rv) != KVDB_OK) {
-        fprintf(stderr, "decode: step %u layer %u: %s\n", step, l, kvdb_errmsg());
-        goto out;
-      }
-    }
-    uint64_t te = bench_now_ns() - ts;
-    if (step >= BD_WARM)
-      step_ns += (double)te;
-    /* persistence of the synthetic selections (as measured on the model) */
-    if (step > 0) {
-      for (size_t c = 0; c < (size_t)L * BD_HEADS; c++) {
-        uint8_t *mark = calloc(N + BD_WARM + S, 1);
-        if (mark == NULL)
-          continue;
-        for (uint32_t i = 0; i < K; i++)
-          mark[prevpos[c * K + i]] = 1;
-        uint32_t kept = 0;
-        for (uint32_t i = 0; i < K; i++)
-          kept += mark[pos[c * K + i]];
-        free(mark);
-        pers_sum += (double)kept / K;
-        pers_n++;
-      }
-    }
-    memcpy(prevpos, pos, (size_t)L * BD_HEADS * K * sizeof *pos);
-    /* the step's token: its K and V (datagen's next token) appended */
-    kvdb_kv_view av = v;
-    size_t off = (size_t)(N + step) * BD_HEADS * BD_DIM * 2;
-    av.k.base = (uint8_t *)v.k.base + off;
-    av.v.base = (uint8_t *)v.v.base + off;
-    if (kvdb_decode_append(s, 0, tok + N + step, 1, &av) != KVDB_OK) {
-      fprintf(stderr, "decode: append: %s\n", kvdb_errmsg());
-      goto out;
-    }
-    fprintf(stderr, "decode: step %u: %.1f ms\n", step, te * 1e-6);
-  }
-  kvdb_decode_stat(s, &s1);
-  double sel = (double)(s1.selected - s0.selected);
-  double hot = (double)(s1.hot_hits - s0.hot_hits);
-  double ssd = (double)(s1.ssd_bytes - s0.ssd_bytes);
-  double cold_b = (double)(s1.cold_row_bytes - s0.cold_row_bytes);
-  double host = (double)(s1.host_bytes - s0.host_bytes) / S;
-  double score_b = (double)(s1.score_bytes - s0.score_bytes) / S;
-  double hit_rate = hot / sel, amp = cold_b > 0 ? ssd / cold_b : NAN;
-  double host_ratio = host / ctx_bytes, io_ratio = step_ns / S / (double)full_ns;
-  double synth_pers = pers_n ? pers_sum / pers_n : NAN;
-  fprintf(o, "decode: budget k = %u (10%%) per KV head, recent W = %u, hot pool %u tokens (15%%) "
-             "per layer and head (%.0f MiB of DRAM)\n", K, BD_W, HOT,
-          s1.hot_pool_bytes / 1048576.0);
-  fprintf(o, "decode: synthetic top-10%% persistence %.3f (the model's %.3f)\n", synth_pers,
-          ms.persist);
-  fprintf(o, "decode: %u measured steps after %u warm-up: hot_pool_hit %.3f (%.0f of %.0f rows)\n",
-          S, BD_WARM, hit_rate, hot, sel);
-  fprintf(o, "decode: step_read_amplification %.2f (%.1f MiB read for %.1f MiB of cold rows per "
-             "step; scoring read %.1f MiB of score copies per step on the device)\n", amp,
-          ssd / S / 1048576, cold_b / S / 1048576, score_b / 1048576);
-  fprintf(o, "decode: host_bytes_ratio %.4f (%.2f MiB to the host per step of %.0f MiB)\n",
-          host_ratio, host / 1048576, ctx_bytes / 1048576);
-  fprintf(o, "decode: step_io_vs_full %.3f (a step %.1f ms, the whole context %.1f ms); APP "
-             "beta %.3f\n", io_ratio, step_ns / S * 1e-6, full_ns * 1e-6, s1.beta);
+  bd_run run = {.env = env, .db = db, .m = &m, .tok = tok, .v = &v, .N = N, .K = K, .S = S,
+                .HOT = HOT, .q = q, .qn = qn, .nq = nq, .pos = pos, .prevpos = prevpos,
+                .rows = rows, .rho = ms.rho, .r = &r, .ctx = pi.context, .t_next = N,
+                .full_ns = full_ns, .ctx_bytes = ctx_bytes};
+  /* the variants, one after the other on the same (growing) context */
+  bd_fig tokf, grpf, appf;
+  if (bd_variant(&run, "token rows: exact top-k, rows gathered on the device", 0, 0, -1,
+                 &tokf) != 0 ||
+      bd_variant(&run, "page groups: cold picks as whole 4 KiB groups, read by the host",
+                 KVDB_DECODE_PAGE_GROUPS, 0, KVDB_SCORE_CPU, &grpf) != 0 ||
+      bd_variant(&run, "page groups with APP's split of the scoring (beta per step)",
+                 KVDB_DECODE_PAGE_GROUPS, -1, KVDB_SCORE_CPU, &appf) != 0)
+    goto out;
+  fprintf(o, "decode: model top-10%% persistence %.3f; the synthetic queries' %.3f\n", ms.persist,
+          tokf.persist);
   double agree = NAN;
   if (bench_decode_agreement != NULL && bench_decode_agreement(env, j, &agree) != 0)
     agree = NAN;
   bench_json_num(j, "agreement_20pct", agree);
-  bench_json_num(j, "hot_pool_hit", hit_rate);
-  bench_json_num(j, "step_read_amplification", amp);
-  bench_json_num(j, "host_bytes_ratio", host_ratio);
-  bench_json_num(j, "step_io_vs_full", io_ratio);
+  bench_json_num(j, "hot_pool_hit", grpf.hit);
+  bench_json_num(j, "step_read_amplification", grpf.amp);
+  bench_json_num(j, "host_bytes_ratio", grpf.host_ratio);
+  bench_json_num(j, "step_io_vs_full", grpf.io_ratio);
+  bench_json_num(j, "token_hot_pool_hit", tokf.hit);
+  bench_json_num(j, "token_step_read_amplification", tokf.amp);
+  bench_json_num(j, "token_host_bytes_ratio", tokf.host_ratio);
+  bench_json_num(j, "token_step_io_vs_full", tokf.io_ratio);
+  bench_json_num(j, "app_hot_pool_hit", appf.hit);
+  bench_json_num(j, "app_host_bytes_ratio", appf.host_ratio);
+  bench_json_num(j, "app_step_io_vs_full", appf.io_ratio);
+  bench_json_num(j, "app_beta", appf.beta);
   bench_json_int(j, "layers_run", L);
   bench_json_int(j, "context_tokens", N);
   bench_json_int(j, "budget_tokens", K);
   bench_json_int(j, "hot_tokens", HOT);
   bench_json_int(j, "recent_tokens", BD_W);
   bench_json_num(j, "full_get_ms", full_ns * 1e-6);
-  bench_json_num(j, "step_ms", step_ns / S * 1e-6);
-  bench_json_num(j, "score_bytes_per_step", score_b);
-  bench_json_num(j, "app_beta", s1.beta);
+  bench_json_num(j, "step_ms", grpf.step_ms);
+  bench_json_num(j, "token_step_ms", tokf.step_ms);
+  bench_json_num(j, "score_bytes_per_step", grpf.score_b);
   bench_json_num(j, "model_rho", ms.rho);
   bench_json_num(j, "model_persistence", ms.persist);
-  bench_json_num(j, "synthetic_persistence", synth_pers);
+  bench_json_num(j, "synthetic_persistence", tokf.persist);
   bench_json_bool(j, "model_stats_measured", ms.measured);
   rc = 0;
 out:
-  kvdb_decode_close(s);
   kvdb_close(db);
   dg_kv_model_free(&dm);
   free(tok);

@@ -1650,7 +1650,8 @@ KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32
  * HOT POOL (BKP, §4.2). Per context, layer and KV head the session keeps in DRAM: the most
  * recent `recent_tokens` tokens (pinned, with the unpublished ones) and up to `hot_tokens`
  * others, the most often selected ones. Each selection of a position counts in a hit-rate
- * table of 2 bytes per token (halved when one saturates). Promotion and demotion are deferred
+ * table of 2 bytes per token (+64 per selection; every step of a layer ages its entries by 1/8,
+ * so the count weighs recent selections most: a token selected at every step settles at 512). Promotion and demotion are deferred
  * work: the rows a fetch read from the store are kept as candidates, and at the start of the
  * next kvdb_decode_select of the same context and layer (after the step) the hot pool becomes
  * the candidates and members with the highest counts (ties: the more recent), up to hot_tokens.
@@ -1676,7 +1677,26 @@ typedef struct kvdb_decode_opts {
   uint32_t n_threads;         /**< host scoring threads (0: the online CPUs) */
   int32_t host_share_permille;/**< -1 (default): APP's beta per step (Eq. 4, from the
                                    measured rates); 0..1000: fixed, as kvdb_score_opts */
+  uint32_t flags;             /**< KVDB_DECODE_* */
+  int32_t fetch_device;       /**< who gathers cold rows: -1 (default) as `device`, else a
+                                   kvdb_score_device (KVDB_SCORE_CPU: the host reads the page
+                                   groups itself) */
 } kvdb_decode_opts;
+
+/** kvdb_decode_opts.flags; any other bit is KVDB_INVALID. */
+enum {
+  /**
+   * Page-group selection (InstInfer's page groups as the unit of the cold pool): of the top k,
+   * the positions in DRAM stay; the cold ones are replaced by whole 4 KiB page groups (the
+   * block's groups of min(4096 / (head_dim x element bytes), block_tokens) tokens), taken in the
+   * order of the number of cold top-k positions they hold (then of their best-ranked one), all
+   * their cold tokens, until as many cold positions are
+   * chosen as the top k had (the last group may be cut). A step then reads no page for one
+   * row of it: read amplification near 1. positions[] then holds the DRAM positions best
+   * first, then the groups' positions; scores[] holds NaN for positions taken with a group.
+   */
+  KVDB_DECODE_PAGE_GROUPS = 1u << 0,
+};
 
 /** @brief Fill *o with defaults. Cannot fail. */
 KVDB_API void kvdb_decode_opts_init(kvdb_decode_opts *o);

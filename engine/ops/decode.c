@@ -33,10 +33,13 @@
 #define DEC_MAX_CONTEXTS 1024u
 #define DEC_MAX_RECENT 65536u
 #define DEC_MAX_HOT (1u << 24)
+#define DEC_HIT 64 /* a selection's weight in the hit-rate table; a step ages it by 1/8 */
 
 typedef struct dec_hot {
   uint16_t *hits;      /* hit-rate table: tab_cap entries */
   int32_t *slot;       /* token -> slot, -1: not hot; tab_cap entries */
+  uint8_t *pick;       /* KVDB_DECODE_PAGE_GROUPS: 1 for the last select's true top k (the
+                          rows a fetch counts and may promote; not their groups' other rows) */
   uint32_t *slot_pos;  /* slot -> token, UINT32_MAX: free; hot_cap entries */
   uint8_t *rows;       /* hot_cap slots of K row then V row */
   uint32_t n_used;
@@ -66,7 +69,8 @@ struct kvdb_decode {
   uint8_t mh[16];
   size_t esz, row;     /* element bytes, bytes of one row (head_dim elements) */
   kvdb_decode_opts o;
-  kvdb_score_opts so;
+  kvdb_score_opts so;  /* scoring */
+  kvdb_score_opts fso; /* fetching cold rows */
   dec_ctx *c;
   size_t n_c;
   kvdb_decode_stats st;
@@ -157,6 +161,13 @@ static kvdb_status tab_reserve(kvdb_decode *s, dec_ctx *c, uint64_t n)
     if (slot == NULL)
       return kv_fail(KVDB_NOMEM, "hot-pool map of %" PRIu64 " tokens", cap);
     h->slot = slot;
+    if (s->o.flags & KVDB_DECODE_PAGE_GROUPS) {
+      uint8_t *pick = realloc(h->pick, cap);
+      if (pick == NULL)
+        return kv_fail(KVDB_NOMEM, "top-k marks of %" PRIu64 " tokens", cap);
+      h->pick = pick;
+      memset(pick + c->tab_cap, 0, cap - c->tab_cap);
+    }
     memset(hits + c->tab_cap, 0, (cap - c->tab_cap) * sizeof *hits);
     for (uint64_t t = c->tab_cap; t < cap; t++)
       slot[t] = -1;
@@ -169,6 +180,7 @@ static void hot_free(dec_hot *h)
 {
   free(h->hits);
   free(h->slot);
+  free(h->pick);
   free(h->slot_pos);
   free(h->rows);
   free(h->cand_pos);
@@ -199,6 +211,7 @@ void kvdb_decode_opts_init(kvdb_decode_opts *o)
   o->combine = KVDB_SCORE_SUM;
   o->device = KVDB_SCORE_CPU;
   o->host_share_permille = -1;
+  o->fetch_device = -1;
 }
 
 /* The context's record and its tokens (from its block records) into c. */
@@ -337,6 +350,11 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   if (o.host_share_permille < -1 || o.host_share_permille > 1000)
     return kv_fail(KVDB_INVALID, "opts->host_share_permille %d is not -1 (APP) or 0..1000",
                    (int)o.host_share_permille);
+  if (o.flags & ~(uint32_t)KVDB_DECODE_PAGE_GROUPS)
+    return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  if (o.fetch_device < -1 || o.fetch_device > KVDB_SCORE_EMULATED)
+    return kv_fail(KVDB_INVALID, "opts->fetch_device %d is not -1 or a kvdb_score_device",
+                   (int)o.fetch_device);
   kvdb_score_opts so;
   kvdb_score_opts_init(&so);
   so.combine = o.combine;
@@ -359,6 +377,9 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   s->row = (size_t)m->head_dim * s->esz;
   s->o = o;
   s->so = so;
+  s->fso = so;
+  if (o.fetch_device >= 0)
+    s->fso.device = (kvdb_score_device)o.fetch_device;
   s->st.beta = o.device == KVDB_SCORE_CPU ? 1.0 : 0.5;
   s->c = calloc(n_contexts, sizeof *s->c);
   if (s->c == NULL) {
@@ -577,6 +598,8 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
   uint32_t cap = s->o.hot_tokens;
   for (uint32_t hd = 0; hd < s->m.n_kv_heads; hd++) {
     dec_hot *h = &c->hot[(size_t)layer * s->m.n_kv_heads + hd];
+    for (uint64_t t = 0; t < c->n_tok; t++) /* the step ages every count */
+      h->hits[t] -= h->hits[t] >> 3;
     if (cap == 0 || (h->n_cand == 0 && h->n_used <= cap)) {
       h->n_cand = 0;
       continue;
@@ -659,6 +682,100 @@ static kvdb_status score_unpublished(kvdb_decode *s, dec_ctx *c, uint32_t layer,
                  layer, hd, msg);
   }
   free(buf);
+  return rc;
+}
+
+typedef struct grp_ent {
+  uint64_t g;      /* page group: tokens [g * gs, (g + 1) * gs) */
+  uint32_t rank;   /* its best-ranked pick */
+  uint32_t count;  /* picks in it */
+} grp_ent;
+
+static int grp_ent_cmp(const void *a, const void *b)
+{
+  const grp_ent *x = a, *y = b;
+  if (x->count != y->count)
+    return x->count > y->count ? -1 : 1;
+  return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* KVDB_DECODE_PAGE_GROUPS: the cold positions of p[0..k) (best first) replaced by whole page
+ * groups, in the order of their best-ranked position (see the flag in kvdb.h). */
+static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint32_t hd,
+                               uint32_t k, uint32_t *p, float *sc)
+{
+  dec_hot *hp = &c->hot[(size_t)layer * s->m.n_kv_heads + hd];
+  uint32_t gs = s->row >= 4096 ? 1 : (uint32_t)(4096 / s->row);
+  if (gs > s->bt)
+    gs = s->bt;
+  uint32_t *out = malloc((size_t)k * sizeof *out);
+  float *osc = malloc((size_t)k * sizeof *osc);
+  uint8_t *in = calloc((size_t)c->n_tok, 1);
+  kvdb_status rc = KVDB_OK;
+  if (out == NULL || osc == NULL || in == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "page-group selection");
+    goto done;
+  }
+  uint32_t n = 0, n_cold = 0;
+  memset(hp->pick, 0, (size_t)c->n_tok);
+  for (uint32_t i = 0; i < k; i++)
+    hp->pick[p[i]] = 1;
+  for (uint32_t i = 0; i < k; i++) {
+    uint32_t t = p[i];
+    if (t >= c->win_t0 || hp->slot[t] >= 0) { /* in DRAM: stays */
+      osc[n] = sc != NULL ? sc[i] : 0;
+      out[n++] = t;
+      in[t] = 1;
+    } else {
+      n_cold++;
+    }
+  }
+  uint32_t target = n + n_cold;
+  /* the cold picks' groups, most picks first, then by their best-ranked pick */
+  uint64_t n_g = (c->win_t0 + gs - 1) / gs;
+  uint16_t *cnt = calloc(n_g ? n_g : 1, sizeof *cnt);
+  grp_ent *ord = malloc(((size_t)n_cold + 1) * sizeof *ord);
+  if (cnt == NULL || ord == NULL) {
+    free(cnt);
+    free(ord);
+    rc = kv_fail(KVDB_NOMEM, "page-group selection");
+    goto done;
+  }
+  uint32_t n_ord = 0;
+  for (uint32_t i = 0; i < k; i++) {
+    uint32_t t = p[i];
+    if (in[t])
+      continue;
+    uint64_t g = t / gs;
+    if (cnt[g]++ == 0)
+      ord[n_ord++] = (grp_ent){g, i, 0};
+  }
+  for (uint32_t i = 0; i < n_ord; i++)
+    ord[i].count = cnt[ord[i].g];
+  qsort(ord, n_ord, sizeof *ord, grp_ent_cmp);
+  for (uint32_t i = 0; i < n_ord && n < target; i++) {
+    uint64_t g0 = ord[i].g * gs, g1 = g0 + gs < c->win_t0 ? g0 + gs : c->win_t0;
+    for (uint64_t x = g0; x < g1 && n < target; x++)
+      if (!in[x] && hp->slot[x] < 0) {
+        in[x] = 1;
+        osc[n] = NAN;
+        for (uint32_t j = ord[i].rank; j < k && sc != NULL; j++) /* a pick keeps its score */
+          if (p[j] == x) {
+            osc[n] = sc[j];
+            break;
+          }
+        out[n++] = (uint32_t)x;
+      }
+  }
+  free(cnt);
+  free(ord);
+  memcpy(p, out, (size_t)n * sizeof *p);
+  if (sc != NULL)
+    memcpy(sc, osc, (size_t)n * sizeof *sc);
+done:
+  free(out);
+  free(osc);
+  free(in);
   return rc;
 }
 
@@ -774,6 +891,9 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
         scores[(size_t)h * k + r] = sc;
     }
     free(taken);
+    if (s->o.flags & KVDB_DECODE_PAGE_GROUPS)
+      KV_ERR(page_groups(s, c, layer, h, k, positions + (size_t)h * k,
+                         scores != NULL ? scores + (size_t)h * k : NULL));
   }
   s->st.selects++;
   if (layer == 0)
@@ -844,11 +964,8 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     uint32_t nc = 0;
     for (uint32_t i = 0; i < k; i++) {
       uint32_t t = p[i];
-      if (hp->hits[t] == UINT16_MAX) { /* saturated: halve the table (an aging of old hits) */
-        for (uint64_t x = 0; x < c->n_tok; x++)
-          hp->hits[x] >>= 1;
-      }
-      hp->hits[t]++;
+      if (hp->pick == NULL || hp->pick[t]) /* a group's other rows are not selections */
+        hp->hits[t] = hp->hits[t] > UINT16_MAX - DEC_HIT ? UINT16_MAX : hp->hits[t] + DEC_HIT;
       if (t >= c->win_t0) {
         row_out(s, &out->k, i, h, win_row(s, c, layer, t, h, 0));
         row_out(s, &out->v, i, h, win_row(s, c, layer, t, h, 1));
@@ -866,7 +983,7 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     if (nc == 0)
       continue;
     kvdb_fetch_stats fs;
-    KV_ERR(kvdb_get_head_tokens(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->so, &fs));
+    KV_ERR(kvdb_get_head_tokens(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs));
     s->st.ssd_bytes += fs.host_bytes + fs.device_bytes;
     s->st.host_bytes += fs.host_bytes + fs.device_to_host_bytes;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;
@@ -876,7 +993,7 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     for (uint32_t j = 0; j < nc; j++) {
       row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
       row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
-      if (s->o.hot_tokens > 0) {
+      if (s->o.hot_tokens > 0 && (hp->pick == NULL || hp->pick[cold[j]])) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
         memcpy(r, kb + (size_t)j * s->row, s->row);
         memcpy(r + s->row, vb + (size_t)j * s->row, s->row);
