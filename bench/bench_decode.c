@@ -5,7 +5,8 @@
  * the whole context, measured in the same run.
  *
  * SHAPE. Llama-3-8B's KV (8 KV heads, head_dim 128, 32 query heads: G = 4; f16), a context of
- * 32768 tokens (4096 with --quick), block_tokens 256, int8 score copies. Of the model's 32
+ * 32768 tokens (4096 with --quick), block_tokens 4096 (one checksum page per section covers its
+ * 256 page groups), int4 score copies (an eighth of K and V to scan per step). Of the model's 32
  * layers, 4 are stored and decoded (2 with --quick): every figure is per layer (the same shape
  * for each of the 32), and 32 layers of 32k tokens are 4 GiB of K and V, past what this
  * machine's time budget reads per run. Stated in the report and the JSON (layers_run).
@@ -15,28 +16,37 @@
  * keys' channel space, q_t = rho q_{t-1} + sqrt(1 - rho^2) e_t, e_t normal with the K channel's
  * scale per dimension (outlier channels weigh as in a real model's q·k). rho is MEASURED on the
  * real model: stories260K (tools/refmodel) decodes greedily from BOS; at each of its steps
- * past position 192 the group-summed query of every (layer, KV head) is compared with the
- * previous step's (cosine), and the top-10% of its q·K over the prefix with the previous
- * step's top-10% (persistence: the share still selected). rho = the mean cosine. The model's
- * persistence and the synthetic run's own are both reported, so the match can be judged.
- * Without the model files rho = 0.9 (said so: model_stats "default").
+ * past 3/5 of its 320 positions the group-summed query of every (layer, KV head) is compared
+ * with the previous step's (cosine), and the top-10% of its q·K over the prefix with the
+ * previous step's top-10% (persistence: the share still selected). rho = the mean cosine. The
+ * model's persistence and the synthetic run's own are both reported, so the match can be
+ * judged. What the synthetic data lacks: the model's recency (a share of its top 10% lies in
+ * the last 16 of 320 positions, reported) and any clustering of selected tokens in positions
+ * (datagen's keys are independent per token): both would raise the hits and lower the
+ * amplification measured here. Without the model files rho = 0.9 ("default").
  *
- * STEPS. A session over the stored context with the emulated near-data device for the SSD
- * tier (scoring and row gathering on the "device"; only <pos, score> pairs and the chosen rows
- * cross to the host), recent window W = 64, hot pool 15% of the context per layer and head,
- * budget k = 10% of the context per KV head. Each step: page cache dropped (fadvise on the
- * segment files), then for every layer select + fetch (timed: the step's I/O and scoring),
- * then the step's new token appended (its K and V: datagen's next token). 16 warm-up steps,
- * then 32 measured (8 with --quick).
+ * STEPS. Three sessions, one after the other on the same (growing) context, recent window
+ * W = 64, hot pool 25% of the context per layer and KV head, budget k = 10% of the context per
+ * KV head, scoring on the emulated near-data device for the SSD tier:
+ *   token rows    the exact top k; cold rows gathered on the device (only they cross)
+ *   page groups   KVDB_DECODE_PAGE_GROUPS: the cold picks as whole 4 KiB page groups, read and
+ *                 verified by the host; the device scores everything (beta 0)   <- the JSON's
+ *                 headline fields
+ *   app           page groups with APP's split of the scoring (beta per step, Eq. 2-4)
+ * Each step: page cache dropped (fadvise + drop_caches on the run directory), then for every
+ * layer select + fetch (timed: the step's scoring and I/O), then the step's new token appended
+ * (its K and V: datagen's next token). 16 warm-up steps, then 16 measured (8 with --quick).
  *   hot_pool_hit            selected rows served from DRAM / rows selected (measured steps)
  *   step_read_amplification bytes fetches read from segment files / bytes of the cold rows' K
  *                           and V (the page groups around each cold row come with it)
- *   host_bytes_ratio        bytes crossing to the host per step (score pairs + rows the host
- *                           read or the device sent) / the context's K and V (the layers run)
+ *   host_bytes_ratio        bytes crossing to the host per step (score pairs or the copies the
+ *                           host read + rows the host read or the device sent) / the
+ *                           context's K and V (the layers run)
  *   step_io_vs_full         mean step time / time of kvdb_get of the whole context, cold
  *                           (the baseline, same run, same layers)
  *   agreement_20pct         from the model side (bench/bench_decode_model.c,
  *                           bench_decode_agreement), null when that part is not linked
+ * The other variants' figures carry the prefixes token_ and app_.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -337,7 +347,7 @@ out:
 int bench_decode(const bench_env *env, bench_json *j)
 {
   const uint32_t L = env->quick ? 2 : 4, N = env->quick ? 4096 : 32768;
-  const uint32_t S = env->quick ? 8 : 32, K = N / 10, HOT = N * BD_HOT_PCT / 100;
+  const uint32_t S = env->quick ? 8 : 16, K = N / 10, HOT = N * BD_HOT_PCT / 100;
   const uint32_t NT = N + 3 * (BD_WARM + S); /* the context and three variants' appends */
   FILE *o = env->out;
   model_stats ms;

@@ -10,6 +10,8 @@
  *   - a hot pool smaller than k: demotions, rows still exact;
  *   - two contexts in one session, each its own positions; the emulated near-data device
  *     selects the same positions, and APP's beta is within [0, 1];
+ *   - page-group selection: the picks in DRAM stay, the cold ones come as whole page groups
+ *     holding top-k positions, k distinct positions, rows exact;
  *   - a second process opens a session on what the first one published;
  *   - bad input: each with a status and a message naming it.
  */
@@ -243,6 +245,63 @@ static void test_two_contexts_device(void)
   t_rmdir(rdir);
 }
 
+/* KVDB_DECODE_PAGE_GROUPS: DRAM picks kept, cold picks replaced by whole page groups holding
+ * them (16 tokens here: block_tokens 16), k distinct positions, rows exact. */
+static void test_page_groups(void)
+{
+  char *dir = t_tmpdir("decode-pg"), *rdir = t_tmpdir("decode-pg-ref");
+  kvdb *db, *ref;
+  ASSERT_OK(kvdb_open(dir, NULL, &db));
+  ASSERT_OK(kvdb_open(rdir, NULL, &ref));
+  uint32_t tok[400];
+  make_tokens(tok, 400, 31);
+  kvdb_put_info pi, rp;
+  t_put_kv(db, &M, tok, 400, &pi);
+  t_put_kv(ref, &M, tok, 400, &rp);
+  kvdb_decode_opts o;
+  kvdb_decode_opts_init(&o);
+  o.recent_tokens = 8;
+  o.hot_tokens = 16;
+  o.flags = KVDB_DECODE_PAGE_GROUPS;
+  o.fetch_device = KVDB_SCORE_CPU;
+  kvdb_decode *s;
+  ASSERT_OK(kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  float q[NQ * 32];
+  uint32_t pos[2 * 2 * K];
+  for (int step = 0; step < 6; step++) {
+    make_query(q, 500 + (uint64_t)(step / 2)); /* each query twice: the second finds hot rows */
+    for (uint32_t l = 0; l < M.n_layers; l++) {
+      uint32_t *p = pos + l * 2 * K;
+      ASSERT_OK(kvdb_decode_select(s, 0, l, q, KVDB_F32, NQ, K, p, NULL));
+      for (uint32_t h = 0; h < 2; h++) {
+        uint32_t ex[K];
+        kvdb_score_req r = {l, h, q + h * 2 * 32, 2, K, ex, NULL};
+        ASSERT_OK(kvdb_score_batch(ref, &M, &rp.context, KVDB_F32, &r, 1, NULL, NULL));
+        const uint32_t *ph = p + h * K;
+        for (uint32_t i = 0; i < K; i++) {
+          for (uint32_t j = 0; j < i; j++)
+            ASSERT(ph[i] != ph[j]); /* distinct */
+          int pick = 0, group = 0;  /* a pick, or in the group of a pick */
+          for (uint32_t e = 0; e < K; e++) {
+            pick |= ex[e] == ph[i];
+            group |= ex[e] / 16 == ph[i] / 16;
+          }
+          ASSERT(pick || group);
+        }
+      }
+    }
+    check_fetch(s, 0, tok, pos);
+  }
+  kvdb_decode_stats st;
+  ASSERT_OK(kvdb_decode_stat(s, &st));
+  ASSERT(st.hot_hits > 0 && st.cold_reads > 0 && st.promoted > 0);
+  kvdb_decode_close(s);
+  kvdb_close(db);
+  kvdb_close(ref);
+  t_rmdir(dir);
+  t_rmdir(rdir);
+}
+
 static void test_bad_input(void)
 {
   char *dir = t_tmpdir("decode-bad");
@@ -265,6 +324,14 @@ static void test_bad_input(void)
   o.host_share_permille = 1001;
   ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
   ASSERT_MSG_HAS("host_share_permille");
+  kvdb_decode_opts_init(&o);
+  o.flags = 2;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  ASSERT_MSG_HAS("opts->flags");
+  kvdb_decode_opts_init(&o);
+  o.fetch_device = 7;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  ASSERT_MSG_HAS("opts->fetch_device");
   kvdb_model other = M;
   other.n_kv_heads = 4;
   ASSERT_STATUS(KVDB_MISMATCH, kvdb_decode_open(db, &other, &pi.context, 1, NULL, &s));
@@ -310,6 +377,7 @@ int main(void)
 {
   test_select_fetch();
   test_two_contexts_device();
+  test_page_groups();
   test_bad_input();
   printf("test_decode: ok\n");
   return 0;
