@@ -614,15 +614,15 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
         e[k++] = (hot_ent){h->hits[h->slot_pos[sl]], h->slot_pos[sl], (int32_t)sl};
     for (uint32_t i = 0; i < h->n_cand; i++) {
       uint32_t p = h->cand_pos[i];
-      if (h->slot[p] >= 0 || p >= c->win_t0) /* hot already, or pinned in the window */
+      /* hot already, pinned in the window, or a candidate already (fetched twice: marked -2) */
+      if (h->slot[p] != -1 || p >= c->win_t0)
         continue;
-      int dup = 0; /* a position fetched twice in one step is one candidate */
-      for (uint32_t j = 0; j < i && !dup; j++)
-        dup = h->cand_pos[j] == p;
-      if (dup)
-        continue;
+      h->slot[p] = -2;
       e[k++] = (hot_ent){h->hits[p], p, -(int32_t)i - 1};
     }
+    for (size_t i = 0; i < k; i++) /* the marks go; promotions below set the slots */
+      if (e[i].src < 0)
+        h->slot[e[i].pos] = -1;
     qsort(e, k, sizeof *e, hot_ent_cmp);
     /* demote the members past the capacity, then promote the candidates within it */
     for (size_t i = cap; i < k; i++)
