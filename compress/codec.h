@@ -399,7 +399,10 @@ kv_codec_status kv_section_decode_groups(const void *hdr, size_t hdr_len, const 
  * virtual machines where CPUID traps to the hypervisor (measured on the reference VM: 9 us per
  * CPUID; longer than decoding a whole 8 KiB section). A caller that decodes many sections keeps
  * one kv_codec_dctx per thread and passes it to the *_dctx functions, which then build nothing.
- * The context also carries the choice of output stores (kv_codec_dctx_set_stream()). Output
+ * The context also carries the choice of output stores (kv_codec_dctx_set_stream()), and the
+ * angle tables of kvquant's pre-RoPE keys (cos and sin per position and pair, built on first use
+ * and reused by every layer and head at the same positions; a decode through a context writes
+ * them, so a context serves one thread at a time, as its zstd state already requires). Output
  * is identical with or without a context.
  *
  * A context lives in caller memory of kv_codec_dctx_bytes() (any alignment; it is aligned

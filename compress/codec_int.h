@@ -131,10 +131,28 @@ kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t
  * whose zstd-planes decoder uses zd); the stream setting is read by every decoder. */
 #define KV_DCTX_MAGIC 0x6b7664637478314full /* "kvdctx1O" */
 
+/*
+ * kvquant's pre-RoPE K decode keeps the angles of the page groups it decodes in the context
+ * (quant.c rope_table): per (RoPE base, style, head_dim, first position) the cos and sin of
+ * every row of a group, computed once and reused by every layer and head at that position
+ * (libm's pow/sincos per group cost more than decoding a group of 256 rows of head_dim 8).
+ * KV_DCTX_ROPE_FLOATS floats (256 KiB) after the zstd context, up to KV_DCTX_ROPE_TABS tables;
+ * when full, the tables are dropped and refilled.
+ */
+#define KV_DCTX_ROPE_FLOATS (64u * 1024u)
+#define KV_DCTX_ROPE_TABS 16u
+typedef struct kv_rope_tab {
+  uint32_t base_bits, style, d, pos, rows; /* what the table is of; rows: at least this many */
+  uint32_t off;                            /* its first float in rope[] */
+} kv_rope_tab;
+
 struct kv_codec_dctx {
   uint64_t magic;
   struct ZSTD_DCtx_s *zd; /* static, in the memory right after this struct (64-aligned) */
   int stream;    /* kv_codec_dctx_set_stream() */
+  float *rope;   /* KV_DCTX_ROPE_FLOATS floats after the zstd context (32-byte aligned) */
+  uint32_t rope_n, rope_used; /* tables in rope_tab, floats of rope[] they use */
+  kv_rope_tab rope_tab[KV_DCTX_ROPE_TABS];
 };
 
 /* The stream setting of a context (0 for NULL or an uninitialized one). */
@@ -201,6 +219,10 @@ kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, c
  * run of groups with kv_quant_stream_fence()), 0 = portable code; the same bits every way. */
 void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
                            void *dst, int simd);
+/* The same through a decoding context (may be NULL): pre-RoPE K on the AVX2 path then
+ * dequantizes and rotates each row in one pass, with its angles from the context's tables. */
+void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
+                               const uint8_t *src, void *ws, void *dst, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
 /* kvquant's encode scratch: kv_quant_scratch_bytes() plus a page group's rows as floats. */

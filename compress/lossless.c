@@ -338,7 +338,8 @@ kv_codec_status kv_codec_zp_encode(const kv_section_shape *shape, const void *sr
 
 size_t kv_codec_dctx_bytes(void)
 {
-  return KV_CODEC_SCRATCH_SLACK + align64(sizeof(kv_codec_dctx)) + align64(ZSTD_estimateDCtxSize());
+  return KV_CODEC_SCRATCH_SLACK + align64(sizeof(kv_codec_dctx)) + align64(ZSTD_estimateDCtxSize()) +
+         sizeof(float) * (size_t)KV_DCTX_ROPE_FLOATS;
 }
 
 kv_codec_dctx *kv_codec_dctx_init(void *mem, size_t cap)
@@ -352,6 +353,8 @@ kv_codec_dctx *kv_codec_dctx_init(void *mem, size_t cap)
   if (c->zd == NULL)
     return NULL;
   c->stream = 0;
+  c->rope = (float *)(void *)(p + align64(sizeof *c) + zb); /* kvquant's RoPE tables (quant.c) */
+  c->rope_n = c->rope_used = 0;
   c->magic = KV_DCTX_MAGIC;
   return c;
 }

@@ -346,6 +346,61 @@ static void rope_rotate_rows(const kv_codec_params *p, uint32_t d, kv_codec_dtyp
 }
 
 /*
+ * The angles rope_rotate_rows uses for rows [0, rows) of a group at position pos, adjacent
+ * pairs, as a table in ctx: row r at tab + 2 r d, its d cos then its d sin, each pair's value
+ * on both of the pair's channels — the values of chain r % KV_ROPE_CHAINS after r /
+ * KV_ROPE_CHAINS steps, computed by the same float operations, so a kernel that reads them
+ * rotates to the same bits (the sin of a pair's first channel is stored negated, as
+ * rope_rows_avx2 negates it). A table serves every later group at the same position and shape
+ * (every layer and head of a context). NULL when ctx is NULL or the table would not fit.
+ * ws: 5d floats.
+ */
+static const float *rope_table(kv_codec_dctx *ctx, const kv_codec_params *p, uint32_t d,
+                               uint32_t pos, uint32_t rows, float *ws)
+{
+  if (ctx == NULL || ctx->magic != KV_DCTX_MAGIC || ctx->rope == NULL)
+    return NULL;
+  size_t need = 2 * (size_t)rows * d;
+  if (need > KV_DCTX_ROPE_FLOATS)
+    return NULL;
+  uint32_t bb;
+  memcpy(&bb, &p->rope_base, sizeof bb);
+  for (uint32_t i = 0; i < ctx->rope_n; i++) {
+    const kv_rope_tab *e = &ctx->rope_tab[i];
+    if (e->base_bits == bb && e->style == p->rope_style && e->d == d && e->pos == pos &&
+        e->rows >= rows)
+      return ctx->rope + e->off;
+  }
+  if (ctx->rope_n == KV_DCTX_ROPE_TABS || ctx->rope_used + need > KV_DCTX_ROPE_FLOATS)
+    ctx->rope_n = ctx->rope_used = 0; /* full: start over */
+  float *t = ctx->rope + ctx->rope_used;
+  uint32_t h = d / 2;
+  float *c = ws, *sn = c + KV_ROPE_CHAINS * h, *ct = sn + KV_ROPE_CHAINS * h, *st = ct + h;
+  rope_state(p, d, pos, c, sn, ct, st);
+  for (uint32_t r = 0; r < rows; r++) {
+    float *cj = c + (r % KV_ROPE_CHAINS) * h, *sj = sn + (r % KV_ROPE_CHAINS) * h;
+    float *tr = t + 2 * (size_t)r * d;
+    for (uint32_t i = 0; i < h; i++) {
+      tr[2 * i] = tr[2 * i + 1] = cj[i];
+      tr[d + 2 * i] = -sj[i]; /* the sign of y1 * s in y0 c - y1 s: exact either way */
+      tr[d + 2 * i + 1] = sj[i];
+      float q0 = cj[i] * ct[i], q1 = sj[i] * st[i], q2 = sj[i] * ct[i], q3 = cj[i] * st[i];
+      cj[i] = q0 - q1;
+      sj[i] = q2 + q3;
+    }
+  }
+  kv_rope_tab *e = &ctx->rope_tab[ctx->rope_n++];
+  e->base_bits = bb;
+  e->style = p->rope_style;
+  e->d = d;
+  e->pos = pos;
+  e->rows = rows;
+  e->off = ctx->rope_used;
+  ctx->rope_used += (uint32_t)((need + 15) / 16 * 16); /* keep tables 64-byte aligned */
+  return t;
+}
+
+/*
  * Rows [rel0, rel0 + nrows) of group q (relative to its first row) quantized per channel in
  * chunks of `group` rows: per chunk d scales then d zeros at `pairs`, codes at `codes`, one
  * row of rowpack bytes after another. clip: choose each range by clip_range() (needs the
@@ -651,11 +706,14 @@ KV_AVX2 static KV_INLINE void store16(uint8_t *out, __m128i v, int nt)
     _mm_storeu_si128((__m128i *)(void *)out, v);
 }
 
-/* 8 elements of dt at out; nt: with streaming stores (out 16-byte aligned). */
-KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y, int nt)
+/* 8 elements of dt at out; nt: with streaming stores (out 16-byte aligned); clamp = 0 when the
+ * caller knows y is inside +-KV_QUANT_MAX (no_clamp_avx2). */
+KV_AVX2 static KV_INLINE void store8c(kv_codec_dtype dt, uint8_t *out, __m256 y, int nt, int clamp)
 {
   /* clamp_fp16_range(), 8 at a time (y is never NaN: finite codes, scales and zeros) */
-  y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-KV_QUANT_MAX)), _mm256_set1_ps(KV_QUANT_MAX));
+  if (clamp)
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-KV_QUANT_MAX)),
+                      _mm256_set1_ps(KV_QUANT_MAX));
   if (dt == KV_CODEC_F16) {
     store16(out, _mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT), nt);
   } else if (dt == KV_CODEC_BF16) { /* y is finite here: round to nearest even */
@@ -667,6 +725,11 @@ KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y, 
     store16(out, _mm_castps_si128(_mm256_castps256_ps128(y)), nt);
     store16(out + 16, _mm_castps_si128(_mm256_extractf128_ps(y, 1)), nt);
   }
+}
+
+KV_AVX2 static KV_INLINE void store8(kv_codec_dtype dt, uint8_t *out, __m256 y, int nt)
+{
+  store8c(dt, out, y, nt, 1);
 }
 
 /*
@@ -777,17 +840,110 @@ KV_AVX2 static void halves_avx2(const uint8_t *src, uint32_t n, float *dst)
 KV_AVX2 static KV_INLINE void k_rows_impl(const uint8_t *codes, size_t rowpack, uint32_t rows,
                                           uint32_t d, unsigned bits, const float *s,
                                           const float *z, kv_codec_dtype dt, uint8_t *out,
-                                          size_t rowb, int nt)
+                                          size_t rowb, int nt, int clamp)
 {
   if (d == 8) {
     __m256 vs = _mm256_loadu_ps(s), vz = _mm256_loadu_ps(z);
     for (uint32_t r = 0; r < rows; r++)
-      store8(dt, out + r * rowb, _mm256_fmadd_ps(codes_row8(codes + r * rowpack, bits), vs, vz),
-             nt);
+      store8c(dt, out + r * rowb, _mm256_fmadd_ps(codes_row8(codes + r * rowpack, bits), vs, vz),
+              nt, clamp);
     return;
   }
   for (uint32_t r = 0; r < rows; r++)
     deq_blocks(codes + r * rowpack, bits, 0, d, s, z, 0, 0, dt, out + r * rowb, nt);
+}
+
+/*
+ * Pre-RoPE K, f16 rows of adjacent pairs, d % 8 == 0: each row dequantized as k_rows_impl
+ * does, rounded to f16 and widened back (what rope_rows_avx2 would read from the output),
+ * then rotated as rope_rows_avx2 rotates it, with the row's cos and sin from tab (rope_table:
+ * row r at tab + 2 r d): the bits of the two passes, in one, and no angle recurrence.
+ */
+KV_AVX2 static KV_INLINE __m256 rope_f16_round(__m256 y, int clamp)
+{
+  if (clamp)
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-KV_QUANT_MAX)),
+                      _mm256_set1_ps(KV_QUANT_MAX));
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT));
+}
+
+KV_AVX2 static KV_INLINE __m128i rope_apply(__m256 y, const float *c, const float *sn)
+{
+  __m256 z = _mm256_add_ps(_mm256_mul_ps(y, _mm256_loadu_ps(c)),
+                           _mm256_mul_ps(_mm256_permute_ps(y, 0xb1), _mm256_loadu_ps(sn)));
+  return _mm256_cvtps_ph(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/*
+ * Whether code * s + z stays inside +-KV_QUANT_MAX for every code 0..maxq of channels
+ * [0, d/8*8): then clamp_fp16_range() is the identity on every row of the chunk and a kernel
+ * may skip it (y is monotonic in the code: code * s is exact and rounding is monotonic).
+ */
+KV_AVX2 static int no_clamp_avx2(const float *s, const float *z, uint32_t d, unsigned bits)
+{
+  __m256 lim = _mm256_set1_ps(KV_QUANT_MAX), nlim = _mm256_set1_ps(-KV_QUANT_MAX);
+  __m256 mq = _mm256_set1_ps((float)((1u << bits) - 1)), bad = _mm256_setzero_ps();
+  for (uint32_t k = 0; k + 8 <= d; k += 8) {
+    __m256 vs = _mm256_loadu_ps(s + k), vz = _mm256_loadu_ps(z + k);
+    __m256 hi = _mm256_fmadd_ps(mq, vs, vz);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(vz, nlim, _CMP_LT_OQ));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(vz, lim, _CMP_GT_OQ));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(hi, nlim, _CMP_LT_OQ));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(hi, lim, _CMP_GT_OQ));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(hi, hi, _CMP_UNORD_Q));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(vz, vz, _CMP_UNORD_Q));
+  }
+  return _mm256_movemask_ps(bad) == 0;
+}
+
+KV_AVX2 static KV_INLINE void k_rows_rope_impl(const uint8_t *codes, size_t rowpack, uint32_t rows,
+                                               uint32_t d, unsigned bits, const float *s,
+                                               const float *z, const float *tab, uint8_t *out,
+                                               size_t rowb, int nt, int clamp)
+{
+  if (d == 8) {
+    __m256 vs = _mm256_loadu_ps(s), vz = _mm256_loadu_ps(z);
+    for (uint32_t r = 0; r < rows; r++) {
+      __m256 y =
+        rope_f16_round(_mm256_fmadd_ps(codes_row8(codes + r * rowpack, bits), vs, vz), clamp);
+      store16(out + r * rowb, rope_apply(y, tab + 16 * (size_t)r, tab + 16 * (size_t)r + 8), nt);
+    }
+    return;
+  }
+  for (uint32_t r = 0; r < rows; r++) {
+    const uint8_t *row = codes + r * rowpack;
+    const float *tc = tab + 2 * (size_t)r * d;
+    for (uint32_t k = 0; k < d; k += 8) {
+      __m256 y = _mm256_add_ps(_mm256_mul_ps(codes8(row, bits, k), _mm256_loadu_ps(s + k)),
+                               _mm256_loadu_ps(z + k));
+      store16(out + r * rowb + 2 * (size_t)k,
+              rope_apply(rope_f16_round(y, clamp), tc + k, tc + d + k), nt);
+    }
+  }
+}
+
+KV_AVX2 static void k_rows_rope_avx2(const uint8_t *codes, size_t rowpack, uint32_t rows,
+                                     uint32_t d, unsigned bits, const float *s, const float *z,
+                                     const float *tab, uint8_t *out, size_t rowb, int nt)
+{
+  int clamp = !no_clamp_avx2(s, z, d, bits);
+#define KR_CALL(B, NT)                                                                             \
+  do {                                                                                             \
+    if (clamp)                                                                                     \
+      k_rows_rope_impl(codes, rowpack, rows, d, B, s, z, tab, out, rowb, NT, 1);                   \
+    else                                                                                           \
+      k_rows_rope_impl(codes, rowpack, rows, d, B, s, z, tab, out, rowb, NT, 0);                   \
+  } while (0)
+  switch (bits * 2 + (nt ? 1u : 0u)) {
+  case 8 * 2: KR_CALL(8, 0); break;
+  case 8 * 2 + 1: KR_CALL(8, 1); break;
+  case 4 * 2: KR_CALL(4, 0); break;
+  case 4 * 2 + 1: KR_CALL(4, 1); break;
+  case 2 * 2: KR_CALL(2, 0); break;
+  case 2 * 2 + 1: KR_CALL(2, 1); break;
+  default: break;
+  }
+#undef KR_CALL
 }
 
 /*
@@ -856,7 +1012,15 @@ KV_AVX2 static void k_rows_avx2(const uint8_t *codes, size_t rowpack, uint32_t r
                                 unsigned bits, const float *s, const float *z, kv_codec_dtype dt,
                                 uint8_t *out, size_t rowb, int nt)
 {
-#define K_CALL(B, DT, NT) k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb, NT)
+  /* head_dim 8 without the clamp where no code can leave the fp16 range (no_clamp_avx2) */
+  int clamp = d != 8 || !no_clamp_avx2(s, z, d, bits);
+#define K_CALL(B, DT, NT)                                                                          \
+  do {                                                                                             \
+    if (clamp)                                                                                     \
+      k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb, NT, 1);                         \
+    else                                                                                           \
+      k_rows_impl(codes, rowpack, rows, d, B, s, z, DT, out, rowb, NT, 0);                         \
+  } while (0)
   KV_SWITCH_BITS_DT_NT(K_CALL)
 #undef K_CALL
 }
@@ -910,9 +1074,12 @@ static void halves(const uint8_t *src, uint32_t n, float *dst, int simd)
 }
 
 /* Rows quantized per channel in chunks of `group` rows (enc_percol's layout) into out. */
+/* tab (not NULL only on the AVX2 path, f16, d % 8 == 0): the rows' RoPE table (rope_table,
+ * from these rows' first), rows rotated as they are dequantized. */
 static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpack, uint32_t nrows,
                        uint32_t group, unsigned bits, uint32_t d, kv_codec_dtype dt, uint8_t *out,
-                       size_t rowb, int simd, int nt, float *tmp, float *s, float *z, uint8_t *u8)
+                       size_t rowb, int simd, int nt, float *tmp, float *s, float *z, uint8_t *u8,
+                       const float *tab)
 {
   for (uint32_t c0 = 0; c0 < nrows; c0 += group) {
     uint32_t c1 = c0 + group < nrows ? c0 + group : nrows;
@@ -921,13 +1088,18 @@ static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpac
     halves(cp + 2 * (size_t)d, d, z, simd);
     uint32_t done = 0; /* channels [0, done) decoded by the SIMD kernel */
 #if KV_QUANT_X86
-    if (simd) {
+    if (simd && tab != NULL) {
+      k_rows_rope_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z,
+                       tab + 2 * (size_t)c0 * d, out + c0 * rowb, rowb, nt);
+      done = d;
+    } else if (simd) {
       k_rows_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z, dt,
                   out + c0 * rowb, rowb, nt);
       done = d / 8 * 8;
     }
 #else
     (void)nt;
+    (void)tab;
 #endif
     if (done < d)
       for (uint32_t r = c0; r < c1; r++)
@@ -938,6 +1110,12 @@ static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpac
 
 void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_t *src, void *ws,
                            void *dst, int simd)
+{
+  kv_quant_decode_group_ctx(NULL, info, g, src, ws, dst, simd);
+}
+
+void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
+                               const uint8_t *src, void *ws, void *dst, int simd)
 {
   const kv_codec_params *p = &info->params;
   uint32_t d = info->shape.head_dim, group = p->group;
@@ -958,16 +1136,26 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
   if (q.percol) {
     size_t sp = q.s ? 4 * (size_t)d : 0, sc = (size_t)q.s * d;
     uint32_t qe = q.s + q.q;
+    const float *tab = NULL; /* pre-RoPE K on the AVX2 path: rotated as dequantized */
+#if KV_QUANT_X86
+    if (info->codec_id == KV_CODEC_ID_KVQUANT && p->rope_base != 0 && simd &&
+        dt == KV_CODEC_F16 && p->rope_style == KV_ROPE_ADJACENT && d % 8 == 0)
+      tab = rope_table(ctx, p, d, p->rope_pos0 + q.r0, q.t, tmp);
+#else
+    (void)ctx;
+#endif
     if (q.s) /* kvquant: the sink rows, one 8-bit chunk */
-      dec_percol(pairs, codes, d, q.s, q.s, 8, d, dt, out, rowb, simd, nt, tmp, s, z, u8);
+      dec_percol(pairs, codes, d, q.s, q.s, 8, d, dt, out, rowb, simd, nt, tmp, s, z, u8, tab);
     dec_percol(pairs + sp, codes + sc, q.rowpack, q.q, group, bits, d, dt, out + (size_t)q.s * rowb,
-               rowb, simd, nt, tmp, s, z, u8);
+               rowb, simd, nt, tmp, s, z, u8, tab ? tab + 2 * (size_t)q.s * d : NULL);
     if (q.res8) { /* kvquant: the residual rows, one 8-bit chunk */
       uint32_t nch = (q.q + group - 1) / group;
       dec_percol(pairs + sp + 4 * (size_t)nch * d, codes + sc + (size_t)q.q * q.rowpack, d,
                  q.t - qe, q.t - qe, 8, d, dt, out + (size_t)qe * rowb, rowb, simd, nt, tmp, s, z,
-                 u8);
+                 u8, tab ? tab + 2 * (size_t)qe * d : NULL);
     }
+    if (tab != NULL)
+      return; /* rotated already */
     if (info->codec_id == KV_CODEC_ID_KVQUANT) { /* no raw rows; pre-RoPE K: rotate back */
 #if KV_QUANT_X86
       if (p->rope_base != 0 && simd && dt == KV_CODEC_F16 && p->rope_style == KV_ROPE_ADJACENT &&
@@ -1113,7 +1301,7 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
   int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
-    kv_quant_decode_group(info, g, in, ws, out, stream ? 2 : 1);
+    kv_quant_decode_group_ctx(ctx, info, g, in, ws, out, stream ? 2 : 1);
     in += kv_quant_group_bytes(info, g);
     out += (size_t)kv_codec_group_rows(info, g) * rowb;
   }
