@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_decode.h"
 #include "bench_rev.h"
 #include "kvdb.h"
 
@@ -53,6 +54,8 @@ static const bench_cmd CMDS[] = {
    "trips, wrong KV under 10k injected faults, put p99 with Redis down", bench_remote},
   {"prefetch", "TierKV prefetch: foreground p99 under prefetch, prefetched vs DRAM TTFT, serving "
               "simulation (LRU/LFU/static/oracle/K=1..8), gets into GPU memory", bench_prefetch},
+  {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "
+                   "agreement with dense at 5-100% budgets, selection designs", bench_decode_model},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 
