@@ -130,6 +130,7 @@ int bench_growth(const bench_env *env, bench_json *j);
 int bench_llama(const bench_env *env, bench_json *j);
 int bench_remote(const bench_env *env, bench_json *j);
 int bench_prefetch(const bench_env *env, bench_json *j);
+int bench_decode(const bench_env *env, bench_json *j);
 
 /* "met" or "MISSED": a target's verdict in the reports. Never NULL. */
 const char *bench_met(int ok);

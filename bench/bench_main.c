@@ -56,6 +56,8 @@ static const bench_cmd CMDS[] = {
    "trips, wrong KV under 10k injected faults, put p99 with Redis down", bench_remote},
   {"prefetch", "TierKV prefetch: foreground p99 under prefetch, prefetched vs DRAM TTFT, serving "
               "simulation (LRU/LFU/static/oracle/K=1..8), gets into GPU memory", bench_prefetch},
+  {"decode", "decode steps from the store (Llama-3-8B shape, 32k tokens): hot-pool hits, read "
+   "amplification, host bytes and step I/O vs reading the whole context", bench_decode},
 };
 #define N_CMDS (sizeof CMDS / sizeof CMDS[0])
 

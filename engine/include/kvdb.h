@@ -61,6 +61,8 @@
  *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
  *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify (GPU destinations:
  *                                         gpu/kvdb_gpu.h, the optional libkvgpu)
+ *    16. Decoding from the store          kvdb_decode_* (appends, per-step top-k, hot pools),
+ *                                         kvdb_append
  */
 #ifndef KVDB_H
 #define KVDB_H
@@ -1612,6 +1614,177 @@ typedef void (*kvdb_block_fn)(void *ctx, size_t t0, size_t n_tokens);
 KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
                                      size_t n, const kvdb_kv_view *out, size_t *hit_tokens,
                                      kvdb_block_fn on_block, void *ctx);
+
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup decode Decoding from the store: appends, per-step top-k, hot and cold pools
+ *
+ * A decoder keeps a long context's KV in the store and, at each decode step and layer, reads
+ * only the tokens that matter (HillInfer seed 002 §4.2-§4.4, InstInfer seed 001 §IV-C). A
+ * decode session (kvdb_decode_open) holds one or several stored contexts (a batch of
+ * sequences) of a model whose score_bits is 8 or 4. Per step, for each layer: kvdb_decode_select
+ * ranks every token of a context against the step's query (q·K on the int8/int4 score copies,
+ * as kvdb_score_batch: the host for blocks in the DRAM tier, the near-data device - or its
+ * emulation - for blocks on the device tiers, merged as score blocks stream in: HIE; the share
+ * the host takes, beta, recomputed per step by HillInfer's APP, Eq. 2-4, from the rates the
+ * session measured); kvdb_decode_fetch then delivers the full-precision K and V of the chosen
+ * positions into the caller's layout, from DRAM where the session holds them (the hot pool)
+ * and from the store otherwise (dual-step: the 4 KiB page groups holding them, then the rows).
+ *
+ * APPEND. kvdb_decode_append extends a context by generated tokens (their ids and K and V for
+ * every layer and KV head). The tokens are kept in the session's DRAM and are selectable and
+ * fetchable at once; each time the context's last block fills (block_tokens tokens: with
+ * head_dim 128 in f16, block_tokens 16 is one 4 KiB page group per section) the filled blocks
+ * are written (RAW, page-grouped, with their score copies), synced and published in ONE catalog
+ * transaction that also replaces the context's previous record: the context's key changes to
+ * the hash of its new last block (kvdb_decode_context says which), the blocks it had are shared,
+ * not rewritten, except a trailing partial block, which is rewritten whole within the new full
+ * one. kvdb_decode_flush also writes a trailing partial block. A crash loses at most the tokens
+ * not yet published; every published token reads back exactly (kvdb_get, kvdb_get_tokens), and
+ * the database stays as kvdb_verify wants it. The previous record is deleted only when this
+ * session's appends created it or it was the context opened; kvdb_lookup of the grown token
+ * sequence hits all published tokens. kvdb_append is the one-shot form (open, append, flush).
+ * Appended blocks are stored RAW on this handle's segments whatever the context's config, and
+ * the placement is not run after an append (the next put or rebalance sees the context).
+ *
+ * HOT POOL (BKP, §4.2). Per context, layer and KV head the session keeps in DRAM: the most
+ * recent `recent_tokens` tokens (pinned, with the unpublished ones) and up to `hot_tokens`
+ * others, the most often selected ones. Each selection of a position counts in a hit-rate
+ * table of 2 bytes per token (halved when one saturates). Promotion and demotion are deferred
+ * work: the rows a fetch read from the store are kept as candidates, and at the start of the
+ * next kvdb_decode_select of the same context and layer (after the step) the hot pool becomes
+ * the candidates and members with the highest counts (ties: the more recent), up to hot_tokens.
+ * Rows never come from anything but the caller's appends or verified reads: a hot hit is the
+ * stored KV bit for bit.
+ *
+ * Not concurrent: one thread at a time per session; several sessions may share one handle as
+ * the handle's other calls do.
+ */
+
+typedef struct kvdb_decode kvdb_decode;
+
+/** Options of kvdb_decode_open(). Call kvdb_decode_opts_init() first; read during the call. */
+typedef struct kvdb_decode_opts {
+  uint32_t struct_size;       /**< set by kvdb_decode_opts_init() */
+  uint32_t recent_tokens;     /**< W, the pinned recent window per context: 0..65536; default 64 */
+  uint32_t hot_tokens;        /**< hot pool capacity per context, layer and KV head, in tokens
+                                   beside the recent window: 0..2^24; default 1024 */
+  kvdb_score_combine combine; /**< how query heads of a KV head combine; default SUM */
+  kvdb_score_device device;   /**< who scores cold blocks (as kvdb_score_opts); default CPU */
+  uint32_t device_tiers;      /**< as kvdb_score_opts.device_tiers */
+  const char *xclbin_path;    /**< as kvdb_score_opts.xclbin_path */
+  uint32_t n_threads;         /**< host scoring threads (0: the online CPUs) */
+  int32_t host_share_permille;/**< -1 (default): APP's beta per step (Eq. 4, from the
+                                   measured rates); 0..1000: fixed, as kvdb_score_opts */
+} kvdb_decode_opts;
+
+/** @brief Fill *o with defaults. Cannot fail. */
+KVDB_API void kvdb_decode_opts_init(kvdb_decode_opts *o);
+
+/** What a session did, summed over its contexts since kvdb_decode_open (bytes exact). */
+typedef struct kvdb_decode_stats {
+  uint64_t steps;           /**< kvdb_decode_select calls on layer 0 (of any context) */
+  uint64_t selects;         /**< kvdb_decode_select calls */
+  uint64_t selected;        /**< rows kvdb_decode_fetch delivered (a K and a V row each) */
+  uint64_t hot_hits;        /**< of those, served from DRAM (recent window, unpublished tokens,
+                                 hot pool) */
+  uint64_t cold_reads;      /**< of those, read from the store */
+  uint64_t ssd_bytes;       /**< bytes fetches read from segment files (host and device) */
+  uint64_t cold_row_bytes;  /**< bytes of the K and V rows of the cold_reads */
+  uint64_t score_bytes;     /**< bytes scoring read from segment files (host and device) */
+  uint64_t host_bytes;      /**< bytes that crossed to the host: what the host read from
+                                 segment files plus what the device sent it */
+  uint64_t promoted;        /**< rows promoted into hot pools */
+  uint64_t demoted;         /**< rows demoted out of them */
+  uint64_t appended;        /**< tokens appended */
+  uint64_t published;       /**< appended tokens published (written and committed) */
+  uint64_t hot_pool_bytes;  /**< DRAM the hot pools and recent windows hold now */
+  double beta;              /**< the host's share of device-tier scoring at the last select,
+                                 0..1 (APP) */
+} kvdb_decode_stats;
+
+/**
+ * @brief Open a decode session over `n_contexts` stored contexts (1..1024) of model m (score_bits
+ * 8 or 4). The session reads each context's recent window (and a trailing partial block) into
+ * DRAM. Contexts are addressed by their index in `contexts`. opts NULL = defaults.
+ * @return KVDB_OK; KVDB_INVALID (NULL, n_contexts 0 or above 1024, an option out of range: the
+ *   message names it); KVDB_UNSUPPORTED (score_bits 0); KVDB_NOTFOUND (a context is not stored:
+ *   names its index); KVDB_MISMATCH; KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM. *out NULL on error.
+ */
+KVDB_API kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *contexts,
+                                      size_t n_contexts, const kvdb_decode_opts *opts,
+                                      kvdb_decode **out);
+
+/**
+ * @brief Append n tokens (ids tokens[0..n), K and V in `kv`, n tokens of every layer and KV
+ * head) to context `ctx` of the session (see APPEND). Whole blocks filled by them are published
+ * before the call returns (a write handle is needed then: KVDB_READONLY otherwise; on a
+ * failure to publish, the tokens stay in the session, selectable, and the next append or
+ * flush tries again).
+ * @return KVDB_OK; KVDB_INVALID (NULL, n 0, ctx out of range, the context would exceed 2^32
+ *   tokens, a bad view); KVDB_READONLY; KVDB_BUSY (the context's record was replaced or deleted
+ *   by someone else since: the session no longer publishes it); KVDB_FULL; KVDB_IOERR;
+ *   KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_decode_append(kvdb_decode *s, uint32_t ctx, const uint32_t *tokens,
+                                        size_t n, const kvdb_kv_view *kv);
+
+/** @brief Publish every appended token of every context, trailing partial blocks included.
+ * @return KVDB_OK (also with nothing to publish); as kvdb_decode_append otherwise. */
+KVDB_API kvdb_status kvdb_decode_flush(kvdb_decode *s);
+
+/**
+ * @brief Where context `ctx` stands: its current key (the last published block's hash; what
+ * kvdb_get_tokens and kvdb_context_stat take), its tokens (published + unpublished) and its
+ * published tokens. Outputs optional. @return KVDB_OK; KVDB_INVALID (NULL s, ctx out of range).
+ */
+KVDB_API kvdb_status kvdb_decode_context(kvdb_decode *s, uint32_t ctx, kvdb_key *key,
+                                         uint64_t *n_tokens, uint64_t *n_published);
+
+/**
+ * @brief The top k positions of context `ctx` at `layer` for this step's query, for every KV
+ * head: q holds n_q_heads query vectors of head_dim elements of q_dtype (head j belongs to KV
+ * head j / (n_q_heads / n_kv_heads)); positions[h * k + i] (and scores[h * k + i], optional)
+ * receive KV head h's i-th best, as kvdb_score_batch orders them (published and unpublished
+ * tokens alike, the same scores for both). Runs the deferred hot-pool work of the context and
+ * layer first.
+ * @return KVDB_OK; KVDB_INVALID (NULL, ctx or layer out of range, n_q_heads 0 or not a multiple
+ *   of n_kv_heads, k 0 or above the context's tokens, a bad q_dtype or non-finite element: the
+ *   message names it); KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer,
+                                        const void *q, kvdb_dtype q_dtype, uint32_t n_q_heads,
+                                        uint32_t k, uint32_t *positions, float *scores);
+
+/**
+ * @brief The full-precision K and V of positions[h * k + i] (i < k, every KV head h) of
+ * context `ctx` at `layer` into `out`: token index i, head h (the layer coordinate is not used,
+ * as in kvdb_get_tokens). Rows held in DRAM are copied; the others are read from the store, only
+ * their page groups, verified, on the near-data device when the session's options say so.
+ * Counts each position in the hit-rate table and keeps the rows read as promotion candidates.
+ * @return KVDB_OK; KVDB_INVALID (NULL, ctx or layer out of range, k 0, a position past the
+ *   context: names it, a bad view); KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM.
+ */
+KVDB_API kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
+                                       const uint32_t *positions, uint32_t k,
+                                       const kvdb_kv_view *out);
+
+/** @brief The session's figures so far. @return KVDB_OK; KVDB_INVALID (NULL). */
+KVDB_API kvdb_status kvdb_decode_stat(kvdb_decode *s, kvdb_decode_stats *out);
+
+/** @brief End the session and free its DRAM. Unpublished tokens are NOT published (call
+ * kvdb_decode_flush first): they are lost. NULL is a no-op. */
+KVDB_API void kvdb_decode_close(kvdb_decode *s);
+
+/**
+ * @brief Append n tokens to a stored context and publish them at once, trailing partial block
+ * included (kvdb_decode_open of that context with hot_tokens 0, append, flush, close).
+ * new_context (optional) receives the grown context's key.
+ * @return as kvdb_decode_open and kvdb_decode_append.
+ */
+KVDB_API kvdb_status kvdb_append(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                 const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
+                                 kvdb_key *new_context);
 
 #ifdef __cplusplus
 }

@@ -101,11 +101,29 @@ kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tok
  * moved its blocks and removed its file while the caller read an older snapshot. */
 int kv_seg_gone_now(kvdb *db, uint64_t id);
 
+/* ---- put.c ---- */
+
+/* An append's write step (decode.c): the chain of tokens[0..n), whose blocks before kv_t0 (a
+ * multiple of bt) are stored already, the rest written from `kv` (token 0 of kv is token kv_t0)
+ * RAW with score copies, and in the same catalog transaction the record `replace` (the context
+ * the append grew from) deleted. ctx receives the grown context's key. KVDB_BUSY when a block
+ * before kv_t0 or `replace` is gone (deleted or replaced meanwhile). */
+kvdb_status kv_put_append(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                          const uint32_t *tokens, size_t n, const kvdb_kv_view *kv, uint64_t kv_t0,
+                          const uint8_t replace[16], kvdb_put_info *info, uint8_t ctx[16]);
+
 /* ---- score_ctx.c ---- */
 
 /* Bytes of score copies kvdb_score reads from segment files before scoring them (a wave);
  * default 16 MiB. Tests lower it to make many waves; nothing else changes it. */
 extern uint64_t kv_score_wave_bytes;
+/* APP (HillInfer §4.3, Eq. 2-4) for a decode step: the host's share (permille) of the
+ * device-tier blocks, from the rates this handle measured for `device` (f_c, f_s), the SmartSSD
+ * tier's read bandwidth (B_c = B_s) and the selected fractions of each side's pool (alpha_c,
+ * alpha_s: different values are §4.3's skewness correction); -1 before both rates are measured
+ * (kvdb_score_batch then splits evenly, which measures them); 1000 for KVDB_SCORE_CPU. */
+int32_t kv_score_app_permille(kvdb *db, kvdb_score_device device, double alpha_c,
+                              double alpha_s);
 
 /* ---- the near-data device, shared by scoring (score_ctx.c) and the row fetch (fetch.c) ---- */
 

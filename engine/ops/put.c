@@ -52,6 +52,9 @@ typedef struct put_req {
   kvdb_config cfg;           /* how new blocks are stored */
   const kv_queries *q;       /* the caller's queries, or NULL */
   kv_profile_rec *profile;   /* recorded with the context when not NULL */
+  uint64_t kv_t0;            /* the first token `kv` holds (an append: the blocks before it
+                                must be stored already; 0 for a put) */
+  const uint8_t *replace;    /* an append: the context record its commit replaces, or NULL */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -144,6 +147,13 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
     goto out;
   kv_ctx_rec cr;
   rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
+  if (rc == KVDB_OK && r->replace != NULL) {
+    /* an append whose grown context is stored already: the commit still replaces the record
+     * the append grew from (every block is there: none is written) */
+    for (uint32_t i = 0; i < r->n; i++)
+      r->b[i].write = r->b[i].rewrite = 0;
+    goto out;
+  }
   if (rc == KVDB_OK) {
     *done = 1;
     if (r->flags & KV_CTX_EXPLICIT) {
@@ -183,6 +193,12 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
       r->b[i].rewrite = 0;
     } else {
       rc = s;
+      goto out;
+    }
+    if (r->b[i].write && r->b[i].t0 < r->kv_t0) { /* an append cannot write what it lacks */
+      char hx[33];
+      rc = kv_fail(KVDB_BUSY, "block %u (%s) of the context an append grows is no longer stored "
+                              "(deleted or replaced meanwhile)", i, kv_hex16(r->b[i].hash, hx));
       goto out;
     }
   }
@@ -276,13 +292,14 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
                                 uint64_t at)
 {
   put_blk *b = &r->b[i];
-  kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0,
+  kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0 - r->kv_t0,
                        .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
                        .index = i, .hash = b->hash, .parent = b->parent,
                        .model_hash = r->mh, .tokens = b->tokens,
                        .frame_bytes = st->db->opt.lossless_frame_bytes};
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
-  KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0, b->hash, obj, &b->obj_bytes));
+  KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0 - r->kv_t0, b->hash, obj,
+                               &b->obj_bytes));
   stage_write(st, obj, b->obj_bytes, at);
   return KVDB_OK;
 }
@@ -306,9 +323,10 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
     memset(obj + g->meta_bytes + used, 0, g->data_bytes - used);
   uint64_t sent = g->meta_bytes; /* bytes of the object queued so far, after the meta region */
   for (uint32_t s = 0; s < g->n_sections; s++) {
-    kv_gather_section(g, r->kv, b->t0, s, obj + g->meta_bytes);
+    kv_gather_section(g, r->kv, b->t0 - r->kv_t0, s, obj + g->meta_bytes);
     if (sb != 0 && (s & 1) == 0) /* its K rows are in cache: their score copy */
-      KV_RET(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0, obj + g->total_bytes));
+      KV_RET(kv_score_copy_from_section(g, &sr, s, obj, r->kv, b->t0 - r->kv_t0,
+                                        obj + g->total_bytes));
     kv_block_checksum_sections(g, b->hash, s, s + 1, obj);
     int last = s + 1 == g->n_sections;
     uint64_t ready = last ? g->total_bytes
@@ -402,6 +420,21 @@ out:
   return rc;
 }
 
+/* An append's commit retires the record of the context it grew from (its blocks stay where
+ * the grown context shares them); KVDB_BUSY when that record is gone (deleted or replaced by
+ * another writer since the append read it). */
+static kvdb_status replace_ctx(kvdb *db, kv_txn *txn, const uint8_t key[16])
+{
+  uint64_t freed;
+  kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
+  if (rc == KVDB_NOTFOUND) {
+    char hx[33];
+    return kv_fail(KVDB_BUSY, "context %s that the append grows was deleted or replaced "
+                              "meanwhile", kv_hex16(key, hx));
+  }
+  return rc;
+}
+
 /* Phase 3: publish in one transaction. */
 static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, int *sealed,
                           kvdb_put_info *info)
@@ -416,7 +449,11 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   rc = kv_cat_get_ctx(&db->cat, txn, r->ctx, &cr);
   if (rc == KVDB_OK) { /* another writer stored the same context meanwhile */
     info->blocks_shared = r->n;
-    goto out_abort_ok;
+    if (r->replace == NULL || memcmp(r->replace, r->ctx, 16) == 0)
+      goto out_abort_ok;
+    /* an append: the grown context is there; retire the one it grew from */
+    KV_ERR(replace_ctx(db, txn, r->replace));
+    return kv_txn_commit(txn);
   }
   if (rc != KVDB_NOTFOUND)
     goto out;
@@ -526,6 +563,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   if (rc != KVDB_OK)
     goto out;
   KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
+  if (r->replace != NULL && memcmp(r->replace, r->ctx, 16) != 0)
+    KV_ERR(replace_ctx(db, txn, r->replace)); /* an append: the record it grew from goes */
   if (w != NULL) {
     kv_seg_rec sr;
     KV_ERR(kv_cat_get_seg(&db->cat, txn, w->seg_id, &sr));
@@ -694,13 +733,14 @@ kvdb_status kv_opts_probes(const kvdb_put_opts *o, const kvdb_model *m, uint64_t
   return KVDB_OK;
 }
 
-kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
-                           const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
-                           const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
-                           kvdb_put_info *info, uint8_t ctx[16])
+static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                            const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
+                            uint64_t kv_t0, const uint8_t *replace, const kvdb_config *cfg,
+                            const kv_queries *q, kv_profile_rec *profile, kvdb_put_info *info,
+                            uint8_t ctx[16])
 {
   put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = *cfg, .q = q,
-               .profile = profile};
+               .profile = profile, .kv_t0 = kv_t0, .replace = replace};
   memcpy(r.mh, mh, 16);
   r.n = (uint32_t)((n + bt - 1) / bt);
   r.b = calloc(r.n, sizeof *r.b);
@@ -745,6 +785,24 @@ kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
 out:
   free(r.b);
   return rc;
+}
+
+kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                           const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
+                           const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
+                           kvdb_put_info *info, uint8_t ctx[16])
+{
+  return put_chain(db, m, bt, mh, tokens, n, kv, 0, NULL, cfg, q, profile, info, ctx);
+}
+
+kvdb_status kv_put_append(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                          const uint32_t *tokens, size_t n, const kvdb_kv_view *kv, uint64_t kv_t0,
+                          const uint8_t replace[16], kvdb_put_info *info, uint8_t ctx[16])
+{
+  kvdb_config raw;
+  memset(&raw, 0, sizeof raw);
+  raw.method = KVDB_METHOD_RAW;
+  return put_chain(db, m, bt, mh, tokens, n, kv, kv_t0, replace, &raw, NULL, NULL, info, ctx);
 }
 
 kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,

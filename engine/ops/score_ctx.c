@@ -572,6 +572,27 @@ static uint32_t app_host_blocks(sctx *x, int slot, uint32_t n_dev)
   return h;
 }
 
+int32_t kv_score_app_permille(kvdb *db, kvdb_score_device device, double alpha_c,
+                              double alpha_s)
+{
+  if (device == KVDB_SCORE_CPU)
+    return 1000;
+  kv_app_profile p = app_profile(db, device == KVDB_SCORE_EMULATED ? 0 : 1);
+  if (!(p.f_c > 0) || !(p.f_s > 0))
+    return -1;
+  kv_tier_perf perf[KVDB_TIER_COUNT];
+  kv_place_perf(db, perf);
+  p.B_c = p.B_s = perf[KVDB_TIER_SMARTSSD].read_bps > 0 ? perf[KVDB_TIER_SMARTSSD].read_bps
+                                                         : 2.3e9;
+  kv_app_split sp;
+  if (kv_app_split_compute(&p, alpha_c > 1 ? 1 : alpha_c < 0 ? 0 : alpha_c,
+                           alpha_s > 1 ? 1 : alpha_s < 0 ? 0 : alpha_s, 1000.0, 1000.0, &sp,
+                           NULL) != KV_FPGA_OK)
+    return -1;
+  double pm = sp.M_c + 0.5;
+  return pm >= 1000 ? 1000 : (int32_t)pm;
+}
+
 /* Fold one call's measured rates into the handle's profile (exponential average). */
 static void app_update(kvdb *db, int slot, uint64_t host_bytes, uint64_t host_ns,
                        uint64_t dev_bytes, uint64_t dev_ns)
