@@ -34,6 +34,7 @@
 typedef struct design {
   const char *name; /* printed */
   const char *key;  /* JSON field of its 20% teacher-forced agreement */
+  int session;      /* 1: a kvdb decode session selects, fetches and appends */
   uint32_t score_bits;
   refdecode_scorer scorer;
   refdecode_combine combine;
@@ -42,21 +43,24 @@ typedef struct design {
 
 /* The baseline first: its curve is the headline. */
 static const design DESIGNS[] = {
-  {"int8 copies, group sum, window 16", "agreement_20pct", 8, REFDECODE_SCORE_STORE, REFDECODE_SUM,
-   16, 0},
-  {"int8, group sum, window 16, 4 sinks", "agreement_20pct_sinks4", 8, REFDECODE_SCORE_STORE,
-   REFDECODE_SUM, 16, 4},
-  {"int8, group sum, window 32", "agreement_20pct_window32", 8, REFDECODE_SCORE_STORE,
-   REFDECODE_SUM, 32, 0},
-  {"int8, group sum, window 8", "agreement_20pct_window8", 8, REFDECODE_SCORE_STORE,
-   REFDECODE_SUM, 8, 0},
-  {"int8, group max, window 16", "agreement_20pct_max", 8, REFDECODE_SCORE_STORE, REFDECODE_MAX,
-   16, 0},
-  {"int8, per query head round-robin, window 16", "agreement_20pct_per_head", 8,
-   REFDECODE_SCORE_STORE, REFDECODE_PER_HEAD, 16, 0},
-  {"int4 copies, group sum, window 16", "agreement_20pct_int4", 4, REFDECODE_SCORE_STORE,
+  {"session: int8 copies, group sum, window 16", "agreement_20pct", 1, 8, REFDECODE_SCORE_STORE,
    REFDECODE_SUM, 16, 0},
-  {"exact float q.K (upper bound), group sum, window 16", "agreement_20pct_exact", 8,
+  {"kvdb_score_batch + kvdb_get_head_tokens (no session; the tokens not yet stored scored "
+   "exactly), int8, sum, window 16", "agreement_20pct_score_api", 0, 8, REFDECODE_SCORE_STORE,
+   REFDECODE_SUM, 16, 0},
+  {"session, int8, sum, window 16, 4 sinks", "agreement_20pct_sinks4", 1, 8,
+   REFDECODE_SCORE_STORE, REFDECODE_SUM, 16, 4},
+  {"session, int8, sum, window 32", "agreement_20pct_window32", 1, 8, REFDECODE_SCORE_STORE,
+   REFDECODE_SUM, 32, 0},
+  {"session, int8, sum, window 8", "agreement_20pct_window8", 1, 8, REFDECODE_SCORE_STORE,
+   REFDECODE_SUM, 8, 0},
+  {"session, int8, group max, window 16", "agreement_20pct_max", 1, 8, REFDECODE_SCORE_STORE,
+   REFDECODE_MAX, 16, 0},
+  {"session, int4 copies, sum, window 16", "agreement_20pct_int4", 1, 4, REFDECODE_SCORE_STORE,
+   REFDECODE_SUM, 16, 0},
+  {"no session, int8, per query head round-robin, window 16", "agreement_20pct_per_head", 0, 8,
+   REFDECODE_SCORE_STORE, REFDECODE_PER_HEAD, 16, 0},
+  {"no session, exact float q.K (an upper bound), sum, window 16", "agreement_20pct_exact", 0, 8,
    REFDECODE_SCORE_EXACT, REFDECODE_SUM, 16, 0},
 };
 #define N_DESIGNS (sizeof DESIGNS / sizeof DESIGNS[0])
@@ -91,6 +95,7 @@ static int run_one(run_ctx *rc, const design *d, double budget, totals *t)
   o.sinks = d->sinks;
   o.scorer = d->scorer;
   o.combine = d->combine;
+  o.session = d->session;
   const refkv_model *tf = d->score_bits == 4 ? &rc->tf4 : &rc->tf8;
   refkv_model fr;
   char id[64];
@@ -124,6 +129,7 @@ static int run_one(run_ctx *rc, const design *d, double budget, totals *t)
     t->st.rows_dram += ag.tf.rows_dram;
     t->st.score_bytes += ag.tf.score_bytes;
     t->st.fetch_bytes += ag.tf.fetch_bytes;
+    t->st.appended += ag.tf.appended;
   }
   return 0;
 }

@@ -217,21 +217,40 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
   ASSERT(ag.tf.rows_store > ag.tf.rows_dram && ag.tf.fetch_bytes > 0);
   ASSERT_EQ(ag.tf.attended, ag.tf.context);
 
-  /* 20%: the budget is honoured and the agreement stays above the measured bar. */
+  /* The same through a kvdb decode session (select, fetch, append): exact too. */
+  o.session = 1;
+  o.scorer = REFDECODE_SCORE_EXACT;
+  RK_STATUS(KVDB_INVALID, refdecode_open(db, &m8, a, &o, &d)); /* a session scores on copies */
+  o.scorer = REFDECODE_SCORE_STORE;
+  RK_OK(refkv_model_init(&fr, rm, "decode-free-100s", NULL, REFKV_STORE_F32, 16));
+  fr.km.score_bits = 8;
+  RK_OK(refdecode_agreement(db, &m8, &fr, &o, a, b, prompts + PLEN, PLEN, 40, &ag));
+  ASSERT_EQ(ag.tf_agree, 40);
+  ASSERT_EQ(ag.fr_agree, 40);
+  ASSERT(ag.tf_mean_kl == 0);
+  ASSERT_EQ(ag.tf.appended, 40);
+  ASSERT_EQ(ag.tf.puts, 1); /* the prompt; the session appends the rest */
+  ASSERT_EQ(ag.tf.attended, ag.tf.context);
+  ASSERT(ag.tf.rows_store + ag.tf.rows_dram == ag.tf.attended - ag.tf.heads);
+
+  /* 20%: the budget is honoured and the agreement stays above the measured bar, with and
+   * without a session. */
   o.budget = 0.2;
   long agree = 0, steps = 0, fr_agree = 0;
-  for (int i = 0; i < n_prompts; i++) {
+  for (int i = 0; i < 2 * n_prompts; i++) {
+    o.session = i >= n_prompts;
     char id[32];
     snprintf(id, sizeof id, "decode-free-20-%d", i);
     RK_OK(refkv_model_init(&fr, rm, id, NULL, REFKV_STORE_F32, 16));
     fr.km.score_bits = 8;
-    RK_OK(refdecode_agreement(db, &m8, &fr, &o, a, b, prompts + i * PLEN, PLEN, 64, &ag));
+    RK_OK(refdecode_agreement(db, &m8, &fr, &o, a, b, prompts + (i % n_prompts) * PLEN, PLEN,
+                              64, &ag));
     agree += ag.tf_agree;
     fr_agree += ag.fr_agree;
     steps += ag.steps;
     ASSERT(ag.tf.attended <= (uint64_t)(0.2 * (double)ag.tf.context) + ag.tf.heads);
     ASSERT(ag.tf.attended + ag.tf.heads >= (uint64_t)(0.2 * (double)ag.tf.context));
-    ASSERT(ag.tf.score_bytes > 0);
+    ASSERT(ag.tf.score_bytes > 0 || o.session);
   }
   double a20 = (double)agree / (double)steps;
   printf("  20%% budget: teacher-forced agreement %.4f, free-running %.4f (%ld steps)\n", a20,
@@ -240,6 +259,7 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
 
   /* 5%: sparse decoding is not dense. */
   o.budget = 0.05;
+  o.session = 0;
   RK_OK(refdecode_agreement(db, &m8, NULL, &o, a, NULL, prompts, PLEN, 64, &ag));
   printf("  5%% budget: teacher-forced agreement %.4f, KL %.4f\n", (double)ag.tf_agree / 64,
          ag.tf_mean_kl);

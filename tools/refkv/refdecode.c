@@ -32,6 +32,9 @@ struct refdecode {
   uint32_t *fetch;  /* selected stored positions */
   int *list;        /* the attend list: stored positions, then the others */
   float *krows, *vrows;
+  kvdb_decode *sess; /* opts.session: the session over the context, else NULL */
+  uint32_t *spos;    /* session: kvdb_decode_select's [n_kv_heads][k] positions */
+  size_t s_k;        /* session: the layer's rows per KV head (the same for every head) */
   kvdb_status err; /* the failure inside the callback */
   refdecode_stats stats;
 };
@@ -44,12 +47,16 @@ void refdecode_opts_init(refdecode_opts *o)
   o->sinks = 0;
   o->scorer = REFDECODE_SCORE_STORE;
   o->combine = REFDECODE_SUM;
+  o->session = 0;
+  o->hot_tokens = 1024;
 }
 
 void refdecode_close(refdecode *d)
 {
   if (d == NULL)
     return;
+  kvdb_decode_close(d->sess);
+  free(d->spos);
   free(d->tokens);
   free(d->chosen);
   free(d->cand);
@@ -83,6 +90,10 @@ kvdb_status refdecode_open(kvdb *db, const refkv_model *m, refmodel_state *st,
   if ((unsigned)o->scorer > REFDECODE_SCORE_EXACT || (unsigned)o->combine > REFDECODE_PER_HEAD)
     return refkv_fail(KVDB_INVALID, "refdecode_open: scorer %d or combine %d unknown",
                       (int)o->scorer, (int)o->combine);
+  if (o->session && (o->scorer != REFDECODE_SCORE_STORE || o->combine == REFDECODE_PER_HEAD))
+    return refkv_fail(KVDB_INVALID,
+                      "refdecode_open: a session selects with the store's copies, SUM or MAX "
+                      "(not the EXACT scorer or PER_HEAD)");
   if (!(o->budget > 0) || o->window < 1)
     return refkv_fail(KVDB_INVALID, "refdecode_open: budget %g (must be > 0), window %u (>= 1)",
                       o->budget, o->window);
@@ -106,12 +117,14 @@ kvdb_status refdecode_open(kvdb *db, const refkv_model *m, refmodel_state *st,
   d->cscore = malloc(mp * km * sizeof *d->cscore);
   d->n_cand = calloc(km, sizeof *d->n_cand);
   d->order = malloc(mp * sizeof *d->order);
+  size_t nkv = (size_t)c->n_kv_heads;
   d->fetch = malloc(mp * sizeof *d->fetch);
-  d->list = malloc(mp * sizeof *d->list);
-  d->krows = malloc(mp * hs * sizeof(float));
-  d->vrows = malloc(mp * hs * sizeof(float));
+  d->list = malloc(nkv * mp * sizeof *d->list);
+  d->spos = malloc(nkv * mp * sizeof *d->spos);
+  d->krows = malloc(nkv * mp * hs * sizeof(float));
+  d->vrows = malloc(nkv * mp * hs * sizeof(float));
   if (!d->tokens || !d->chosen || !d->cand || !d->cscore || !d->n_cand || !d->order ||
-      !d->fetch || !d->list || !d->krows || !d->vrows) {
+      !d->fetch || !d->list || !d->spos || !d->krows || !d->vrows) {
     refdecode_close(d);
     return refkv_fail(KVDB_NOMEM, "refdecode_open: out of memory for %zu positions", mp);
   }
@@ -151,7 +164,46 @@ kvdb_status refdecode_begin(refdecode *d, const int *tokens, size_t n)
     d->tokens[i] = (uint32_t)tokens[i];
   d->n = n;
   d->stored = 0;
-  return store(d, n);
+  kvdb_decode_close(d->sess);
+  d->sess = NULL;
+  kvdb_status rc = store(d, n);
+  if (rc != KVDB_OK || !d->o.session)
+    return rc;
+  kvdb_decode_opts so;
+  kvdb_decode_opts_init(&so);
+  so.recent_tokens = d->o.window;
+  so.hot_tokens = d->o.hot_tokens;
+  so.combine = d->o.combine == REFDECODE_MAX ? KVDB_SCORE_MAX : KVDB_SCORE_SUM;
+  so.n_threads = 1;
+  rc = kvdb_decode_open(d->db, &d->m->km, &d->ctx, 1, &so, &d->sess);
+  if (rc != KVDB_OK)
+    return refkv_fail(rc, "kvdb_decode_open: %s: %s", kvdb_status_name(rc), kvdb_errmsg());
+  return KVDB_OK;
+}
+
+/* A kvdb view of n_tok rows per KV head at base: token i of head h at base + (h * n_tok + i) *
+ * head_size floats (the layout the refmodel_attend rows of each head then read). */
+static void rows_view(const refdecode *d, float *base, size_t n_tok, kvdb_tensor_view *v)
+{
+  memset(v, 0, sizeof *v);
+  v->base = base;
+  v->token_stride = (int64_t)((size_t)d->head_size * sizeof(float));
+  v->head_stride = (int64_t)(n_tok * (size_t)d->head_size * sizeof(float));
+}
+
+/* Refresh the stats from the session's. */
+static kvdb_status session_stats(refdecode *d)
+{
+  kvdb_decode_stats ss;
+  kvdb_status rc = kvdb_decode_stat(d->sess, &ss);
+  if (rc != KVDB_OK)
+    return refkv_fail(rc, "kvdb_decode_stat: %s", kvdb_errmsg());
+  d->stats.rows_store = ss.cold_reads;
+  d->stats.rows_dram = ss.hot_hits;
+  d->stats.score_bytes = ss.score_bytes;
+  d->stats.fetch_bytes = ss.ssd_bytes;
+  d->stats.appended = ss.appended;
+  return KVDB_OK;
 }
 
 kvdb_status refdecode_append(refdecode *d, int token)
@@ -159,6 +211,24 @@ kvdb_status refdecode_append(refdecode *d, int token)
   if (d == NULL || d->n >= d->max_pos || d->n == 0)
     return refkv_fail(KVDB_INVALID, "refdecode_append: %s",
                       d == NULL ? "decoder is NULL" : d->n == 0 ? "no history" : "state full");
+  if (d->sess != NULL) { /* its K and V from the state's cache, every layer and KV head */
+    size_t mp = d->max_pos, kv_dim = d->m->kv_dim;
+    kvdb_kv_view v;
+    memset(&v, 0, sizeof v);
+    v.k.base = refmodel_state_key(d->st, 0, (int)d->n);
+    v.k.layer_stride = (int64_t)(mp * kv_dim * sizeof(float));
+    v.k.token_stride = (int64_t)(kv_dim * sizeof(float));
+    v.k.head_stride = (int64_t)((size_t)d->head_size * sizeof(float));
+    v.v = v.k;
+    v.v.base = refmodel_state_value(d->st, 0, (int)d->n);
+    uint32_t t = (uint32_t)token;
+    kvdb_status rc = kvdb_decode_append(d->sess, 0, &t, 1, &v);
+    if (rc != KVDB_OK)
+      return refkv_fail(rc, "kvdb_decode_append (position %zu): %s: %s", d->n,
+                        kvdb_status_name(rc), kvdb_errmsg());
+    d->tokens[d->n++] = t;
+    return session_stats(d);
+  }
   d->tokens[d->n++] = (uint32_t)token;
   size_t bt = d->m->km.block_tokens, full = d->n - d->n % bt;
   return full > d->stored ? store(d, full) : KVDB_OK;
@@ -289,17 +359,99 @@ static void sort_slot(refdecode *d, size_t s)
   memcpy(cs, ts, n * sizeof *cs);
 }
 
+/* The budget at context size ctx: max(1, floor(budget * ctx)), at most ctx. */
+static size_t budget_of(const refdecode *d, size_t ctx)
+{
+  size_t budget = d->o.budget >= 1 ? ctx : (size_t)floor(d->o.budget * (double)ctx);
+  return budget < 1 ? 1 : budget > ctx ? ctx : budget;
+}
+
+/*
+ * The session's selection for a whole layer (at KV head 0; the other heads take theirs from
+ * it): every KV head gets the window and the sinks, then its own best positions by
+ * kvdb_decode_select until the budget is full (the same count for every head, as
+ * kvdb_decode_fetch wants), and their rows by kvdb_decode_fetch.
+ */
+static kvdb_status session_layer(refdecode *d, int layer, size_t p)
+{
+  size_t ctx = p + 1, budget = budget_of(d, ctx), nkv = (size_t)d->n_kv_heads;
+  size_t w = d->o.window < budget ? d->o.window : budget, lo = ctx - w, mp = d->max_pos;
+  memset(d->chosen, 0, ctx);
+  size_t n_fixed = 0; /* positions every head attends to besides p: window and sinks */
+  for (size_t t = lo; t < p; t++, n_fixed++)
+    d->chosen[t] = 1;
+  for (size_t t = 0; t < d->o.sinks && t < lo && n_fixed + 1 < budget; t++, n_fixed++)
+    d->chosen[t] = 1;
+  size_t r = budget - 1 - n_fixed, kb = budget - 1;
+  for (size_t h = 0; h < nkv; h++) { /* the fixed ones first, ascending */
+    size_t n = 0;
+    for (size_t t = 0; t < p; t++)
+      if (d->chosen[t])
+        d->list[h * mp + n++] = (int)t;
+  }
+  if (r > 0) {
+    size_t k = r + n_fixed; /* enough to leave r after dropping the fixed ones */
+    kvdb_status rc = kvdb_decode_select(d->sess, 0, (uint32_t)layer,
+                                        refmodel_state_query(d->st, layer), KVDB_F32,
+                                        (uint32_t)d->n_heads, (uint32_t)k, d->spos, NULL);
+    if (rc != KVDB_OK)
+      return refkv_fail(rc, "kvdb_decode_select (layer %d, k %zu of %zu): %s: %s", layer, k, p,
+                        kvdb_status_name(rc), kvdb_errmsg());
+    for (size_t h = 0; h < nkv; h++) {
+      size_t n = n_fixed;
+      for (size_t i = 0; i < k && n < kb; i++) {
+        uint32_t t = d->spos[h * k + i];
+        if (!d->chosen[t])
+          d->list[h * mp + n++] = (int)t;
+      }
+      if (n != kb)
+        return refkv_fail(KVDB_INVALID, "refdecode: layer %d, KV head %zu: %zu of %zu positions",
+                          layer, h, n, kb);
+    }
+  }
+  d->s_k = kb;
+  if (kb == 0)
+    return KVDB_OK;
+  for (size_t h = 0; h < nkv; h++)
+    for (size_t i = 0; i < kb; i++)
+      d->spos[h * kb + i] = (uint32_t)d->list[h * mp + i];
+  kvdb_kv_view v;
+  rows_view(d, d->krows, kb, &v.k);
+  rows_view(d, d->vrows, kb, &v.v);
+  kvdb_status rc = kvdb_decode_fetch(d->sess, 0, (uint32_t)layer, d->spos, (uint32_t)kb, &v);
+  if (rc != KVDB_OK)
+    return refkv_fail(rc, "kvdb_decode_fetch (layer %d, %zu rows per KV head): %s: %s", layer,
+                      kb, kvdb_status_name(rc), kvdb_errmsg());
+  d->stats.attended += nkv * (kb + 1);
+  d->stats.context += nkv * ctx;
+  d->stats.heads += nkv;
+  return KVDB_OK;
+}
+
 static int select_cb(void *user, int layer, int g, int pos, const float *q, int n_q,
                      refmodel_attend *out)
 {
   refdecode *d = user;
+  if (d->sess != NULL) {
+    if (g == 0) {
+      kvdb_status rc = session_layer(d, layer, (size_t)pos);
+      if (rc != KVDB_OK) {
+        d->err = rc;
+        return 1;
+      }
+    }
+    size_t kb = d->s_k, hs = (size_t)d->head_size;
+    out->pos = d->list + (size_t)g * d->max_pos;
+    out->n = (int)kb;
+    out->k = d->krows + (size_t)g * kb * hs;
+    out->v = d->vrows + (size_t)g * kb * hs;
+    out->n_rows = (int)kb;
+    out->row_stride = hs;
+    return 0;
+  }
   size_t p = (size_t)pos, ctx = p + 1, hs = (size_t)d->head_size, mp = d->max_pos;
   (void)n_q;
-  size_t budget = d->o.budget >= 1 ? ctx : (size_t)floor(d->o.budget * (double)ctx);
-  if (budget < 1)
-    budget = 1;
-  if (budget > ctx)
-    budget = ctx;
+  size_t budget = budget_of(d, ctx);
   size_t w = d->o.window < budget ? d->o.window : budget;
   size_t lo = ctx - w; /* the window: [lo, p] */
   memset(d->chosen, 0, ctx);

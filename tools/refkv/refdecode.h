@@ -59,12 +59,20 @@ typedef struct refdecode_opts {
   uint32_t sinks;    /* the first positions always attended, as far as the budget allows */
   refdecode_scorer scorer;
   refdecode_combine combine;
+  int session;       /* 1: through a kvdb decode session (kvdb_decode_open): the layer's
+                        selection by kvdb_decode_select, rows by kvdb_decode_fetch (the session's
+                        hot pool, else the store), each token appended by kvdb_decode_append;
+                        needs the STORE scorer and SUM or MAX. 0: through kvdb_score_batch and
+                        kvdb_get_head_tokens on the context re-put per completed block */
+  uint32_t hot_tokens; /* session: its hot pool per layer and KV head (kvdb_decode_opts) */
 } refdecode_opts;
 
-/* Defaults: budget 0.2, window 16, sinks 0, STORE, SUM. */
+/* Defaults: budget 0.2, window 16, sinks 0, STORE, SUM, session 0, hot_tokens 1024. */
 void refdecode_opts_init(refdecode_opts *o);
 
-/* What the steps so far did (bytes as kvdb's stats count them). */
+/* What the steps so far did (bytes as kvdb's stats count them). With a session, rows_store is
+ * its cold reads, rows_dram its hot hits, and the bytes its ssd_bytes and score_bytes
+ * (kvdb_decode_stats). */
 typedef struct refdecode_stats {
   uint64_t steps;        /* sparse steps */
   uint64_t heads;        /* (layer, KV head) selections */
@@ -74,7 +82,9 @@ typedef struct refdecode_stats {
   uint64_t rows_dram;    /* rows read from the state's cache (not yet stored) */
   uint64_t score_bytes;  /* kvdb_score_stats.host_bytes, summed */
   uint64_t fetch_bytes;  /* kvdb_fetch_stats.host_bytes, summed */
-  uint64_t puts;         /* kvdb_put calls (the prompt and each completed block) */
+  uint64_t puts;         /* kvdb_put calls (the prompt and, without a session, each completed
+                            block) */
+  uint64_t appended;     /* session: tokens appended (kvdb_decode_append) */
 } refdecode_stats;
 
 typedef struct refdecode refdecode;
