@@ -27,6 +27,7 @@ static void usage(FILE *f)
           "usage: kvdb-demo decode DIR [--budget F] [--window N] [--sinks N] [--score-bits 8|4]\n"
           "                 [--prompt I] [--prompt-tokens N] [--steps N] [--model-dir D] "
           "[--corpus F]\n"
+          "                 [--no-session]\n"
           "  DIR             the database (created if absent); the prompt's KV is stored there\n"
           "  --budget F      share of the context each layer and KV head attends to, recent\n"
           "                  window included (default 0.2)\n"
@@ -36,7 +37,10 @@ static void usage(FILE *f)
           "  --prompt I      which TinyStories prompt (default 0); --prompt-tokens N (320)\n"
           "  --steps N       tokens generated (default 128; prompt + steps <= 512)\n"
           "  --model-dir D   the folder holding stories260K/ (default: ../shared's)\n"
-          "  --corpus F      the TinyStories text (default: ../shared's)\n");
+          "  --corpus F      the TinyStories text (default: ../shared's)\n"
+          "  --no-session    select and fetch with kvdb_score_batch and kvdb_get_head_tokens on\n"
+          "                  the context re-put per completed block, instead of a kvdb decode\n"
+          "                  session (kvdb_decode_select / fetch / append)\n");
 }
 
 static int fail(const char *what, const char *msg)
@@ -67,9 +71,11 @@ int demo_decode(int argc, char **argv)
     {"prompt", required_argument, NULL, 'p'},   {"prompt-tokens", required_argument, NULL, 'n'},
     {"steps", required_argument, NULL, 'g'},    {"model-dir", required_argument, NULL, 'm'},
     {"corpus", required_argument, NULL, 'c'},   {"help", no_argument, NULL, 'h'},
+    {"no-session", no_argument, NULL, 'S'},
     {NULL, 0, NULL, 0}};
   refdecode_opts o;
   refdecode_opts_init(&o);
+  o.session = 1;
   int bits = 8, which = 0, plen = 320, steps = 128;
   const char *model_dir = NULL, *corpus_opt = NULL;
   optind = 2;
@@ -79,7 +85,7 @@ int demo_decode(int argc, char **argv)
     double f = 0;
     if (c == 'b')
       f = strtod(optarg, &end);
-    else if (c != 'm' && c != 'c' && c != 'h')
+    else if (c != 'm' && c != 'c' && c != 'h' && c != 'S')
       v = strtol(optarg, &end, 10);
     if (end != NULL && (*end != '\0' || end == optarg)) {
       fprintf(stderr, "kvdb-demo decode: --%s '%s' is not a number\n",
@@ -96,6 +102,7 @@ int demo_decode(int argc, char **argv)
     case 'g': steps = (int)v; break;
     case 'm': model_dir = optarg; break;
     case 'c': corpus_opt = optarg; break;
+    case 'S': o.session = 0; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
     }
@@ -180,7 +187,8 @@ int demo_decode(int argc, char **argv)
   m.km.score_bits = (uint32_t)bits;
   /* The free-running side's KV is its own (computed sparsely): a model id of its own, per run
    * settings, so that its blocks never stand for the dense KV of the same tokens. */
-  snprintf(id, sizeof id, "decode-free-s%d-b%.3f-w%u-k%u", bits, o.budget, o.window, o.sinks);
+  snprintf(id, sizeof id, "decode-free-s%d-b%.3f-w%u-k%u-%s", bits, o.budget, o.window, o.sinks,
+           o.session ? "session" : "api");
   if (refkv_model_init(&fr, rm, id, NULL, REFKV_STORE_F32, 16) != KVDB_OK) {
     fail("model", refkv_errmsg());
     goto done;
@@ -237,8 +245,10 @@ int demo_decode(int argc, char **argv)
 
   printf("kvdb-demo decode: stories260K, TinyStories prompt %d (%d tokens), %d greedy tokens\n"
          "sparse: budget %.0f%% of the context per layer and KV head (window %u, sinks %u), "
-         "top-k by the store's int%d copies, K and V fetched from kvdb at every step\n\n",
-         which, plen, steps, o.budget * 100, o.window, o.sinks, bits);
+         "top-k by the store's int%d copies, K and V fetched from kvdb at every step (%s)\n\n",
+         which, plen, steps, o.budget * 100, o.window, o.sinks, bits,
+         o.session ? "a kvdb decode session: select, fetch, append"
+                   : "kvdb_score_batch, kvdb_get_head_tokens, a put per completed block");
   printf("prompt (end): ...");
   print_text(tk, prompt[plen - 41], prompt + plen - 40, 40);
   printf("\ndense:  ");
@@ -250,9 +260,10 @@ int demo_decode(int argc, char **argv)
          "tokens equal, first difference at step %d%s\n",
          ag.tf_agree, ag.steps, (double)ag.tf_agree / ag.steps, ag.tf_mean_kl, same, steps,
          first, first == steps ? " (none)" : "");
-  printf("attended: %.1f%% of the context's rows (%llu from kvdb, %llu not yet stored)\n",
+  printf("attended: %.1f%% of the context's rows (%llu read from the store, %llu from DRAM: %s)\n",
          100.0 * (double)st->attended / (double)st->context,
-         (unsigned long long)st->rows_store, (unsigned long long)st->rows_dram);
+         (unsigned long long)st->rows_store, (unsigned long long)st->rows_dram,
+         o.session ? "the session's hot pool and recent window" : "not yet stored");
   printf("bytes read from kvdb over the %d sparse steps: %llu (score copies %llu, rows %llu; "
          "kvdb_stat bytes_read %llu); dense attention reads the whole context's K and V: %.0f "
          "bytes (x%.2f)\n",
