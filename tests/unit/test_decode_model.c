@@ -257,7 +257,32 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
          (double)fr_agree / (double)steps, steps);
   ASSERT(a20 >= 0.93); /* measured 0.98 */
 
+  /* The other designs of the score API path: a window shorter than a block (so tokens not yet
+   * stored compete with stored ones, scored on the host), sinks, per-query-head ranking; and
+   * the exact scorer with MAX. Budget honoured, agreement near the baseline's. */
+  const struct {
+    refdecode_scorer scorer;
+    refdecode_combine combine;
+    uint32_t window, sinks;
+  } variants[] = {{REFDECODE_SCORE_STORE, REFDECODE_PER_HEAD, 4, 2},
+                  {REFDECODE_SCORE_EXACT, REFDECODE_MAX, 4, 0},
+                  {REFDECODE_SCORE_STORE, REFDECODE_MAX, 8, 0}};
+  for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+    refdecode_opts_init(&o);
+    o.scorer = variants[v].scorer;
+    o.combine = variants[v].combine;
+    o.window = variants[v].window;
+    o.sinks = variants[v].sinks;
+    RK_OK(refdecode_agreement(db, &m8, NULL, &o, a, NULL, prompts + 2 * PLEN, PLEN, 48, &ag));
+    printf("  variant %zu: teacher-forced agreement %.4f\n", v, (double)ag.tf_agree / 48);
+    ASSERT(ag.tf_agree >= 43);
+    ASSERT(ag.tf.attended <= (uint64_t)(0.2 * (double)ag.tf.context) + ag.tf.heads);
+    ASSERT(ag.tf.attended + ag.tf.heads >= (uint64_t)(0.2 * (double)ag.tf.context));
+    ASSERT(ag.tf.rows_dram > 0); /* tokens not yet stored came from the state's cache */
+  }
+
   /* 5%: sparse decoding is not dense. */
+  refdecode_opts_init(&o);
   o.budget = 0.05;
   o.session = 0;
   RK_OK(refdecode_agreement(db, &m8, NULL, &o, a, NULL, prompts, PLEN, 64, &ag));
