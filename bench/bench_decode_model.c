@@ -58,8 +58,8 @@ static const design DESIGNS[] = {
    REFDECODE_MAX, 16, 0},
   {"session, int4 copies, sum, window 16", "agreement_20pct_int4", 1, 4, REFDECODE_SCORE_STORE,
    REFDECODE_SUM, 16, 0},
-  {"no session, int8, per query head round-robin, window 16", "agreement_20pct_per_head", 0, 8,
-   REFDECODE_SCORE_STORE, REFDECODE_PER_HEAD, 16, 0},
+  {"session, int8, per query head (a select each), budget filled round-robin, window 16",
+   "agreement_20pct_per_head", 1, 8, REFDECODE_SCORE_STORE, REFDECODE_PER_HEAD, 16, 0},
   {"no session, exact float q.K (an upper bound), sum, window 16", "agreement_20pct_exact", 0, 8,
    REFDECODE_SCORE_EXACT, REFDECODE_SUM, 16, 0},
 };

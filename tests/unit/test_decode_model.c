@@ -219,6 +219,7 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
 
   /* The same through a kvdb decode session (select, fetch, append): exact too. */
   o.session = 1;
+  o.combine = REFDECODE_PER_HEAD; /* ranked per query head through the session too */
   o.scorer = REFDECODE_SCORE_EXACT;
   RK_STATUS(KVDB_INVALID, refdecode_open(db, &m8, a, &o, &d)); /* a session scores on copies */
   o.scorer = REFDECODE_SCORE_STORE;
@@ -236,6 +237,7 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
   /* 20%: the budget is honoured and the agreement stays above the measured bar, with and
    * without a session. */
   o.budget = 0.2;
+  o.combine = REFDECODE_SUM;
   long agree = 0, steps = 0, fr_agree = 0;
   for (int i = 0; i < 2 * n_prompts; i++) {
     o.session = i >= n_prompts;
@@ -252,6 +254,15 @@ static void test_refdecode(const refmodel_model *rm, const int *prompts, int n_p
     ASSERT(ag.tf.attended + ag.tf.heads >= (uint64_t)(0.2 * (double)ag.tf.context));
     ASSERT(ag.tf.score_bytes > 0 || o.session);
   }
+  o.session = 1;
+  o.combine = REFDECODE_PER_HEAD;
+  RK_OK(refdecode_agreement(db, &m8, NULL, &o, a, NULL, prompts + 3 * PLEN, PLEN, 48, &ag));
+  printf("  20%% budget, session, per query head: teacher-forced agreement %.4f\n",
+         (double)ag.tf_agree / 48);
+  ASSERT(ag.tf_agree >= 43);
+  ASSERT(ag.tf.attended <= (uint64_t)(0.2 * (double)ag.tf.context) + ag.tf.heads);
+  ASSERT(ag.tf.attended + ag.tf.heads >= (uint64_t)(0.2 * (double)ag.tf.context));
+  o.combine = REFDECODE_SUM;
   double a20 = (double)agree / (double)steps;
   printf("  20%% budget: teacher-forced agreement %.4f, free-running %.4f (%ld steps)\n", a20,
          (double)fr_agree / (double)steps, steps);

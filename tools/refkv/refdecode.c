@@ -34,6 +34,9 @@ struct refdecode {
   float *krows, *vrows;
   kvdb_decode *sess; /* opts.session: the session over the context, else NULL */
   uint32_t *spos;    /* session: kvdb_decode_select's [n_kv_heads][k] positions */
+  uint32_t *spos_q;  /* session, PER_HEAD: [kv_mul][n_kv_heads][k], one select per query head
+                        of each group */
+  float *q_one;      /* session, PER_HEAD: one query head of each KV head, [n_kv_heads][hs] */
   size_t s_k;        /* session: the layer's rows per KV head (the same for every head) */
   kvdb_status err; /* the failure inside the callback */
   refdecode_stats stats;
@@ -57,6 +60,8 @@ void refdecode_close(refdecode *d)
     return;
   kvdb_decode_close(d->sess);
   free(d->spos);
+  free(d->spos_q);
+  free(d->q_one);
   free(d->tokens);
   free(d->chosen);
   free(d->cand);
@@ -90,14 +95,17 @@ kvdb_status refdecode_open(kvdb *db, const refkv_model *m, refmodel_state *st,
   if ((unsigned)o->scorer > REFDECODE_SCORE_EXACT || (unsigned)o->combine > REFDECODE_PER_HEAD)
     return refkv_fail(KVDB_INVALID, "refdecode_open: scorer %d or combine %d unknown",
                       (int)o->scorer, (int)o->combine);
-  if (o->session && (o->scorer != REFDECODE_SCORE_STORE || o->combine == REFDECODE_PER_HEAD))
+  if (o->session && o->scorer != REFDECODE_SCORE_STORE)
     return refkv_fail(KVDB_INVALID,
-                      "refdecode_open: a session selects with the store's copies, SUM or MAX "
-                      "(not the EXACT scorer or PER_HEAD)");
+                      "refdecode_open: a session selects with the store's copies (not the EXACT "
+                      "scorer)");
   if (!(o->budget > 0) || o->window < 1)
     return refkv_fail(KVDB_INVALID, "refdecode_open: budget %g (must be > 0), window %u (>= 1)",
                       o->budget, o->window);
   const refmodel_config *c = refmodel_model_config(m->rm);
+  if (o->combine == REFDECODE_PER_HEAD && c->n_heads / c->n_kv_heads > 8)
+    return refkv_fail(KVDB_INVALID, "refdecode_open: PER_HEAD with %d query heads per KV head "
+                      "(at most 8)", c->n_heads / c->n_kv_heads);
   refdecode *d = calloc(1, sizeof *d);
   if (d == NULL)
     return refkv_fail(KVDB_NOMEM, "refdecode_open: out of memory");
@@ -121,10 +129,12 @@ kvdb_status refdecode_open(kvdb *db, const refkv_model *m, refmodel_state *st,
   d->fetch = malloc(mp * sizeof *d->fetch);
   d->list = malloc(nkv * mp * sizeof *d->list);
   d->spos = malloc(nkv * mp * sizeof *d->spos);
+  d->spos_q = malloc(km * nkv * mp * sizeof *d->spos_q);
+  d->q_one = malloc(nkv * hs * sizeof *d->q_one);
   d->krows = malloc(nkv * mp * hs * sizeof(float));
   d->vrows = malloc(nkv * mp * hs * sizeof(float));
   if (!d->tokens || !d->chosen || !d->cand || !d->cscore || !d->n_cand || !d->order ||
-      !d->fetch || !d->list || !d->spos || !d->krows || !d->vrows) {
+      !d->fetch || !d->list || !d->spos || !d->spos_q || !d->q_one || !d->krows || !d->vrows) {
     refdecode_close(d);
     return refkv_fail(KVDB_NOMEM, "refdecode_open: out of memory for %zu positions", mp);
   }
@@ -389,7 +399,44 @@ static kvdb_status session_layer(refdecode *d, int layer, size_t p)
       if (d->chosen[t])
         d->list[h * mp + n++] = (int)t;
   }
-  if (r > 0) {
+  if (r > 0 && d->o.combine == REFDECODE_PER_HEAD) {
+    /* One select per query head j of every group (n_q_heads = n_kv_heads: head g's query is
+     * head g * kv_mul + j's), then each KV head's budget filled round-robin over its heads. */
+    size_t k = r + n_fixed, hs = (size_t)d->head_size, km = (size_t)d->kv_mul;
+    const float *q = refmodel_state_query(d->st, layer);
+    for (size_t j = 0; j < km; j++) {
+      for (size_t g = 0; g < nkv; g++)
+        memcpy(d->q_one + g * hs, q + (g * km + j) * hs, hs * sizeof(float));
+      kvdb_status rc = kvdb_decode_select(d->sess, 0, (uint32_t)layer, d->q_one, KVDB_F32,
+                                          (uint32_t)nkv, (uint32_t)k, d->spos_q + j * nkv * k,
+                                          NULL);
+      if (rc != KVDB_OK)
+        return refkv_fail(rc, "kvdb_decode_select (layer %d, query head %zu of each group, k %zu "
+                          "of %zu): %s: %s", layer, j, k, p, kvdb_status_name(rc), kvdb_errmsg());
+    }
+    for (size_t h = 0; h < nkv; h++) {
+      size_t n = n_fixed, next[8] = {0};
+      for (int progress = 1; n < kb && progress;) {
+        progress = 0;
+        for (size_t j = 0; j < km && j < 8 && n < kb; j++) {
+          const uint32_t *lst = d->spos_q + (j * nkv + h) * k;
+          while (next[j] < k && d->chosen[lst[next[j]]])
+            next[j]++;
+          if (next[j] < k) {
+            uint32_t t = lst[next[j]++];
+            d->chosen[t] = 2; /* taken for this head; cleared below */
+            d->list[h * mp + n++] = (int)t;
+            progress = 1;
+          }
+        }
+      }
+      for (size_t i = n_fixed; i < n; i++) /* the next head starts from the fixed ones */
+        d->chosen[d->list[h * mp + i]] = 0;
+      if (n != kb)
+        return refkv_fail(KVDB_INVALID, "refdecode: layer %d, KV head %zu: %zu of %zu positions",
+                          layer, h, n, kb);
+    }
+  } else if (r > 0) {
     size_t k = r + n_fixed; /* enough to leave r after dropping the fixed ones */
     kvdb_status rc = kvdb_decode_select(d->sess, 0, (uint32_t)layer,
                                         refmodel_state_query(d->st, layer), KVDB_F32,

@@ -48,7 +48,8 @@ typedef enum refdecode_combine {
   REFDECODE_SUM = 0,      /* one ranking by the sum of the heads' scores (KVDB_SCORE_SUM) */
   REFDECODE_MAX = 1,      /* one ranking by the largest of the heads' scores (KVDB_SCORE_MAX) */
   REFDECODE_PER_HEAD = 2, /* each head ranks alone; the union is filled round-robin, the best
-                             of head 0, of head 1, ..., then the second best of each, ... */
+                             of head 0, of head 1, ..., then the second best of each, ...
+                             (at most 8 query heads per KV head) */
 } refdecode_combine;
 
 typedef struct refdecode_opts {
@@ -62,7 +63,8 @@ typedef struct refdecode_opts {
   int session;       /* 1: through a kvdb decode session (kvdb_decode_open): the layer's
                         selection by kvdb_decode_select, rows by kvdb_decode_fetch (the session's
                         hot pool, else the store), each token appended by kvdb_decode_append;
-                        needs the STORE scorer and SUM or MAX. 0: through kvdb_score_batch and
+                        needs the STORE scorer (PER_HEAD: one select per query head of each
+                        group, n_q_heads = n_kv_heads). 0: through kvdb_score_batch and
                         kvdb_get_head_tokens on the context re-put per completed block */
   uint32_t hot_tokens; /* session: its hot pool per layer and KV head (kvdb_decode_opts) */
 } refdecode_opts;
