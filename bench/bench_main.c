@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_decode.h"
 #include "bench_rev.h"
 #include "kvdb.h"
 
@@ -37,6 +38,8 @@ static const bench_cmd CMDS[] = {
    bench_compress},
   {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
    "stories260K's next-token agreement and KL", bench_truth},
+  {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "
+                   "agreement with dense at 5-100% budgets, selection designs", bench_decode_model},
   {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "
    "the emulated SmartSSD", bench_score},
   {"prefix", "time to first token with a stored prefix vs a full prefill (stories260K); ingest "

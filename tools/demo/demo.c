@@ -2,6 +2,8 @@
 /*
  * tools/demo/demo.c — kvdb-demo, the Quick start's main job.
  *
+ *   kvdb-demo decode DIR  (demo_decode.c) dense and sparse decoding side by side, the sparse
+ *                         side attending over the tokens kvdb selects and fetches per step
  *   kvdb-demo prefix DIR  (demo_prefix.c) with real KV: after kvdb-ingest stored TinyStories
  *                       documents with the stories260K model in DIR, a fresh process continues
  *                       prompts that extend them from the stored KV and from scratch, and prints
@@ -196,14 +198,18 @@ static int do_get(const char *dir)
 }
 
 int demo_prefix(int argc, char **argv); /* demo_prefix.c */
+int demo_decode(int argc, char **argv); /* demo_decode.c */
 
 int main(int argc, char **argv)
 {
   if (argc >= 2 && strcmp(argv[1], "prefix") == 0)
     return demo_prefix(argc, argv);
+  if (argc >= 2 && strcmp(argv[1], "decode") == 0)
+    return demo_decode(argc, argv);
   if (argc != 3 || (strcmp(argv[1], "put") != 0 && strcmp(argv[1], "get") != 0)) {
     fprintf(stderr, "usage: kvdb-demo put|get DIR\n"
-                    "       kvdb-demo prefix DIR [options]   (kvdb-demo prefix --help)\n");
+                    "       kvdb-demo prefix DIR [options]   (kvdb-demo prefix --help)\n"
+                    "       kvdb-demo decode DIR [options]   (kvdb-demo decode --help)\n");
     return 2;
   }
   return strcmp(argv[1], "put") == 0 ? do_put(argv[2]) : do_get(argv[2]);

@@ -47,6 +47,15 @@ const char *refkv_errmsg(void)
   return errmsg_buf;
 }
 
+kvdb_status refkv_fail(kvdb_status rc, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(errmsg_buf, sizeof errmsg_buf, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
 static double now_s(void)
 {
   struct timespec ts;

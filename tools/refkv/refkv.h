@@ -203,6 +203,13 @@ kvdb_status refkv_quality_measure(kvdb *db, const refkv_model *m, refmodel_state
 /* Message of the last refkv failure on this thread ("" if none). Never NULL. */
 const char *refkv_errmsg(void);
 
+/* Set the message refkv_errmsg() returns (printf format) and return rc: for the files built
+ * with refkv (refdecode.c), so that their failures read like refkv's. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+kvdb_status refkv_fail(kvdb_status rc, const char *fmt, ...);
+
 /* Conversions used for the lossy storages (exposed for tests): round to nearest even; NaN stays
  * NaN (quiet), infinities and signed zeros are kept, f16 overflow becomes infinity. */
 uint16_t refkv_f32_to_f16(float f);

@@ -50,6 +50,8 @@ struct refmodel_state {
   float *rope_cos, *rope_sin;         /* [head_size / 2] for the current position */
   float *logits;                      /* [vocab_size] */
   uint8_t *absent; /* NULL, or [n_layers][n_kv_heads][max_pos]: 1 = row dropped (set_absent) */
+  int *sp_slot;                       /* NULL, or [max_pos], all -1 between sparse heads */
+  float *sp_k, *sp_v;                 /* NULL, or [max_pos][head_size]: gathered rows */
   float *key_cache, *value_cache;     /* [n_layers][max_pos][kv_dim] each */
 };
 
@@ -88,6 +90,8 @@ const char *refmodel_strerror(int rc)
     return "REFMODEL_EINVAL";
   case REFMODEL_ENOSPC:
     return "REFMODEL_ENOSPC";
+  case REFMODEL_EABORTED:
+    return "REFMODEL_EABORTED";
   default:
     return "REFMODEL_E?";
   }
@@ -491,6 +495,9 @@ void refmodel_state_free(refmodel_state *st)
   free(st->key_cache);
   free(st->value_cache);
   free(st->absent);
+  free(st->sp_slot);
+  free(st->sp_k);
+  free(st->sp_v);
   free(st);
 }
 
@@ -656,8 +663,97 @@ static void rope(float *v, size_t n, const float *cs, const float *sn, size_t he
     }
 }
 
-/* One token at one position; arguments already validated. */
-static void forward_step(refmodel_state *st, int token, int pos)
+/*
+ * Sparse attention of layer l at position p (refmodel_forward_sparse): for each KV head, ask the
+ * caller which positions to attend to, gather their K and V rows (the caller's, else the
+ * cache's) in ascending position order with p last, and attend each query head of the group
+ * over them exactly as the dense loop does over all positions.
+ */
+static int sparse_layer(refmodel_state *st, size_t l, size_t p, const float *q,
+                        const float *key_layer, const float *value_layer,
+                        refmodel_select_fn select, void *user, float att_scale)
+{
+  const refmodel_config *c = &st->m->cfg;
+  size_t hs = (size_t)c->head_size, kv_dim = (size_t)c->kv_dim, max_pos = (size_t)st->max_pos;
+  size_t kv_mul = (size_t)(c->n_heads / c->n_kv_heads);
+  int *slot = st->sp_slot;
+  float *kb = st->sp_k, *vb = st->sp_v;
+  for (size_t g = 0; g < (size_t)c->n_kv_heads; g++) {
+    refmodel_attend a;
+    memset(&a, 0, sizeof a);
+    int rc = select(user, (int)l, (int)g, (int)p, q + g * kv_mul * hs, (int)kv_mul, &a);
+    if (rc != 0)
+      return rm_fail(REFMODEL_EABORTED,
+                     "refmodel_forward_sparse: the select callback returned %d (layer %zu, KV "
+                     "head %zu, pos %zu)",
+                     rc, l, g, p);
+    if (a.n < 0 || (size_t)a.n > p || (a.n > 0 && a.pos == NULL) || a.n_rows < 0 ||
+        a.n_rows > a.n || (a.n_rows > 0 && (a.k == NULL || a.v == NULL)))
+      return rm_fail(REFMODEL_EINVAL,
+                     "refmodel_forward_sparse: layer %zu, KV head %zu, pos %zu: bad list (n %d, "
+                     "must be 0..%zu; n_rows %d; pos %s, k %s, v %s)",
+                     l, g, p, a.n, p, a.n_rows, a.pos ? "set" : "NULL", a.k ? "set" : "NULL",
+                     a.v ? "set" : "NULL");
+    for (int i = 0; i < a.n; i++) {
+      int t = a.pos[i];
+      if (t < 0 || (size_t)t >= p || slot[t] >= 0) {
+        for (int j = 0; j < i; j++)
+          slot[a.pos[j]] = -1;
+        return rm_fail(REFMODEL_EINVAL,
+                       "refmodel_forward_sparse: layer %zu, KV head %zu, pos %zu: listed "
+                       "position %d %s",
+                       l, g, p, t, t < 0 || (size_t)t >= p ? "is outside [0, pos)" : "is repeated");
+      }
+      slot[t] = i;
+    }
+    size_t stride = a.row_stride != 0 ? a.row_stride : hs;
+    const uint8_t *ab =
+        st->absent != NULL ? st->absent + (l * (size_t)c->n_kv_heads + g) * max_pos : NULL;
+    size_t m = 0, left = (size_t)a.n;
+    for (size_t t = 0; left > 0 && t < p; t++) {
+      int i = slot[t];
+      if (i < 0)
+        continue;
+      slot[t] = -1;
+      left--;
+      if (ab != NULL && ab[t])
+        continue;
+      const float *kr = i < a.n_rows ? a.k + (size_t)i * stride : key_layer + t * kv_dim + g * hs;
+      const float *vr = i < a.n_rows ? a.v + (size_t)i * stride : value_layer + t * kv_dim + g * hs;
+      memcpy(kb + m * hs, kr, hs * sizeof(float));
+      memcpy(vb + m * hs, vr, hs * sizeof(float));
+      m++;
+    }
+    memcpy(kb + m * hs, key_layer + p * kv_dim + g * hs, hs * sizeof(float));
+    memcpy(vb + m * hs, value_layer + p * kv_dim + g * hs, hs * sizeof(float));
+    m++;
+    for (size_t h = g * kv_mul; h < (g + 1) * kv_mul; h++) {
+      const float *qh = q + h * hs;
+      float *att = st->att + h * max_pos;
+      float mx = -INFINITY;
+      for (size_t t = 0; t < m; t++) {
+        att[t] = dot(qh, kb + t * hs, hs) * att_scale;
+        mx = att[t] > mx ? att[t] : mx;
+      }
+      for (size_t t = 0; t < m; t++)
+        att[t] = expf(att[t] - mx);
+      float sum = sum8(att, m);
+      float *out = st->xb + h * hs;
+      weighted_sum(out, att, vb, m, hs, hs);
+      float inv = 1.0f / sum;
+      for (size_t i = 0; i < hs; i++)
+        out[i] *= inv;
+    }
+  }
+  return REFMODEL_OK;
+}
+
+/*
+ * One token at one position; arguments already validated. select NULL: dense attention over
+ * [0, pos] (cannot fail); else sparse_layer's (its errors).
+ */
+static int forward_step(refmodel_state *st, int token, int pos, refmodel_select_fn select,
+                        void *user)
 {
   const refmodel_model *m = st->m;
   const refmodel_config *c = &m->cfg;
@@ -691,7 +787,12 @@ static void forward_step(refmodel_state *st, int token, int pos)
     rope(q, dim, st->rope_cos, st->rope_sin, hs);
     rope(k, kv_dim, st->rope_cos, st->rope_sin, hs);
 
-    for (size_t h = 0; h < (size_t)c->n_heads; h++) {
+    if (select != NULL) {
+      int rc = sparse_layer(st, l, p, q, key_layer, value_layer, select, user, att_scale);
+      if (rc != REFMODEL_OK)
+        return rc;
+    }
+    for (size_t h = 0; select == NULL && h < (size_t)c->n_heads; h++) {
       const float *qh = q + h * hs;
       float *att = st->att + h * max_pos;
       size_t kv_off = (h / kv_mul) * hs;
@@ -736,6 +837,7 @@ static void forward_step(refmodel_state *st, int token, int pos)
   }
   rmsnorm(x, x, m->rms_final, dim);
   matmul(st->logits, x, m->wcls, dim, (size_t)c->vocab_size);
+  return REFMODEL_OK;
 }
 
 static int check_token(const refmodel_state *st, int token, const char *fn)
@@ -765,7 +867,42 @@ int refmodel_forward(refmodel_state *st, int token, int pos, const float **logit
   if ((rc = check_token(st, token, "refmodel_forward")) != 0 ||
       (rc = check_positions(st, pos, 1, "refmodel_forward")) != 0)
     return rc;
-  forward_step(st, token, pos);
+  forward_step(st, token, pos, NULL, NULL);
+  if (logits != NULL)
+    *logits = st->logits;
+  return REFMODEL_OK;
+}
+
+int refmodel_forward_sparse(refmodel_state *st, int token, int pos, refmodel_select_fn select,
+                            void *user, const float **logits)
+{
+  if (st == NULL || select == NULL)
+    return rm_fail(REFMODEL_EINVAL, "refmodel_forward_sparse: %s is NULL",
+                   st == NULL ? "state" : "select");
+  int rc;
+  if ((rc = check_token(st, token, "refmodel_forward_sparse")) != 0 ||
+      (rc = check_positions(st, pos, 1, "refmodel_forward_sparse")) != 0)
+    return rc;
+  if (st->sp_slot == NULL) {
+    size_t n = (size_t)st->max_pos, hs = (size_t)st->m->cfg.head_size;
+    int *slot = malloc(n * sizeof(int));
+    float *kb = malloc(n * hs * sizeof(float)), *vb = malloc(n * hs * sizeof(float));
+    if (slot == NULL || kb == NULL || vb == NULL) {
+      free(slot);
+      free(kb);
+      free(vb);
+      return rm_fail(REFMODEL_ENOMEM, "refmodel_forward_sparse: out of memory for %zu positions",
+                     n);
+    }
+    for (size_t i = 0; i < n; i++)
+      slot[i] = -1;
+    st->sp_slot = slot;
+    st->sp_k = kb;
+    st->sp_v = vb;
+  }
+  rc = forward_step(st, token, pos, select, user);
+  if (rc != REFMODEL_OK)
+    return rc;
   if (logits != NULL)
     *logits = st->logits;
   return REFMODEL_OK;
@@ -783,7 +920,7 @@ int refmodel_prefill(refmodel_state *st, const int *tokens, int n, int start_pos
   if (rc != 0)
     return rc;
   for (int i = 0; i < n; i++)
-    forward_step(st, tokens[i], start_pos + i);
+    forward_step(st, tokens[i], start_pos + i, NULL, NULL);
   if (logits != NULL)
     *logits = st->logits;
   return REFMODEL_OK;
@@ -800,7 +937,7 @@ int refmodel_generate(refmodel_state *st, int token, int pos, int n, int stop_to
     return rc;
   int k = 0;
   for (int i = 0; i < n; i++) {
-    forward_step(st, token, pos + i);
+    forward_step(st, token, pos + i, NULL, NULL);
     int next = refmodel_argmax(st->logits, st->m->cfg.vocab_size);
     if (stop_token >= 0 && next == stop_token)
       break;

@@ -52,6 +52,7 @@ extern "C" {
 #define REFMODEL_ETRUNCATED (-4) /* the data ends before its header says it should */
 #define REFMODEL_EINVAL (-5)     /* bad argument (NULL, token or position out of range, ...) */
 #define REFMODEL_ENOSPC (-6)     /* the caller's output array is too small; size needed returned */
+#define REFMODEL_EABORTED (-7)   /* a caller's callback returned non-zero (refmodel_forward_sparse) */
 
 /* Bounds a checkpoint header must respect (each field must also be >= 1). */
 #define REFMODEL_MAX_DIM 65536
@@ -224,6 +225,63 @@ void refmodel_state_clear_absent(refmodel_state *st);
  * not in [0, max_pos)); the state is unchanged on error.
  */
 int refmodel_forward(refmodel_state *st, int token, int pos, const float **logits);
+
+/*
+ * Sparse attention: what one KV head of one layer attends to in a refmodel_forward_sparse() step
+ * at position pos, filled by the caller's select callback.
+ *   pos[0..n)   distinct positions in [0, pos) (any order). Position pos itself (the token fed
+ *               now, whose K and V this step has just written to the state's cache) is always
+ *               attended in addition and must not be listed. n may be 0 (pos attends to itself
+ *               only); pos may be NULL when n is 0.
+ *   k, v        NULL, or the K (after RoPE) and V rows of the first n_rows listed positions,
+ *               each head_size floats of this KV head, row i at k + i * row_stride (same for v):
+ *               rows fetched from a store instead of the state's cache. The rows of the other
+ *               listed positions (i >= n_rows) are read from the state's cache.
+ *   n_rows      0..n; must be 0 when k or v is NULL.
+ *   row_stride  floats from one row to the next; 0 means head_size.
+ * The arrays must stay valid until the callback is called again or the step returns.
+ */
+typedef struct refmodel_attend {
+  const int *pos;
+  int n;
+  const float *k;
+  const float *v;
+  int n_rows;
+  size_t row_stride;
+} refmodel_attend;
+
+/*
+ * The select callback of refmodel_forward_sparse(): called once per layer and KV head, in order
+ * (layer 0 KV head 0, layer 0 KV head 1, ..., then layer 1, ...), after the layer's query, K and
+ * V of position pos are computed (so the state's cache holds K and V of pos for that layer).
+ * q: the n_q query heads (n_heads / n_kv_heads of them) that share kv_head, back to back,
+ * head_size floats each, after RoPE (same frame as the cached keys). out arrives zeroed; fill it
+ * (see refmodel_attend). Return 0, or non-zero to abort the step (REFMODEL_EABORTED).
+ */
+typedef int (*refmodel_select_fn)(void *user, int layer, int kv_head, int pos, const float *q,
+                                  int n_q, refmodel_attend *out);
+
+/*
+ * Feed token at position pos like refmodel_forward(), but each layer's KV head g attends only to
+ * the positions its select callback returns for it (plus pos itself), and reads their K and V
+ * from the callback's rows where it gives them, else from the state's cache: sparse attention
+ * over the tokens a store selects and fetches (top-k by q.K, a recent window, sinks). The
+ * softmax runs over the attended positions only. Positions marked absent
+ * (refmodel_state_set_absent) get no attention even when listed. With every position [0, pos)
+ * listed and rows equal to the cache's, the logits equal refmodel_forward()'s bit for bit (the
+ * positions are attended in ascending order, whatever order they are listed in).
+ * Writes K and V of position pos in every layer, like refmodel_forward(). If logits is not NULL,
+ * *logits receives refmodel_state_logits(st).
+ * Errors: REFMODEL_EINVAL (st or select NULL, token or pos out of range, or a callback's list
+ * with a position outside [0, pos), a repeated position, n < 0, n_rows outside 0..n, or rows
+ * NULL with n_rows > 0: the message names the layer, KV head and position); REFMODEL_EABORTED
+ * (the callback returned non-zero: the message gives its value, layer and KV head);
+ * REFMODEL_ENOMEM (the first sparse step allocates max_pos * (2 * head_size + 1) scratch
+ * floats). After REFMODEL_EABORTED or a bad list the cache rows of position pos and the logits
+ * are unspecified; positions other than pos are never changed.
+ */
+int refmodel_forward_sparse(refmodel_state *st, int token, int pos, refmodel_select_fn select,
+                            void *user, const float **logits);
 
 /*
  * Feed n tokens at positions start_pos .. start_pos + n - 1, in order (a prompt). If logits is not
