@@ -969,10 +969,14 @@ int kv_score_better(uint32_t pos_a, float score_a, uint32_t pos_b, float score_b
 /* Candidates are appended without branches in batches of at most ACC_BATCH, so the buffer
  * has that much slack beyond the 2k at which it is compacted. */
 #define ACC_BATCH 256u
+/* From this k on, an accumulator also keeps a histogram of 2^ACC_HIST_BITS counters. */
+#define ACC_HIST_MIN_K 1024u
+#define ACC_HIST_BITS 12u
 
 size_t kv_score_acc_bytes(uint32_t k)
 {
-  return ((size_t)k * 2 + ACC_BATCH) * sizeof(uint64_t);
+  return ((size_t)k * 2 + ACC_BATCH) * sizeof(uint64_t) +
+         (k >= ACC_HIST_MIN_K ? ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t) : 0);
 }
 
 kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size_t mem_bytes,
@@ -995,6 +999,10 @@ kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size
   acc->cap = 2 * k;
   acc->thr = 0;
   acc->thr_score = -INFINITY;
+  if (k >= ACC_HIST_MIN_K) {
+    acc->hist = (uint32_t *)(void *)(acc->buf + (size_t)k * 2 + ACC_BATCH);
+    memset(acc->hist, 0, ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t));
+  }
   return KV_SCORE_OK;
 }
 
@@ -1047,6 +1055,54 @@ static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
   }
   if (src != a)
     memcpy(a, src, n * sizeof *a);
+}
+
+/* Descending sort of a[0..n) with tmp[0..n) as scratch, for the top k that a finish returns: an
+ * MSB radix sort on the bits in which the entries differ (scores of a top k share their sign,
+ * exponent and leading mantissa bits, which a pass skips), with digits of about log2(n) bits (at
+ * most 12) so that a bucket holds about one entry, and insertion up to 12 entries. Same result as sort_desc (a total order). */
+static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
+{
+  if (n <= 12 || tmp == NULL) {
+    sort_desc(a, n, tmp);
+    return;
+  }
+  uint64_t mn = a[0], mx = a[0];
+  for (size_t i = 1; i < n; i++) {
+    mn = a[i] < mn ? a[i] : mn;
+    mx = a[i] > mx ? a[i] : mx;
+  }
+  if (mn == mx)
+    return;
+  /* about one bucket per entry, at most 4096 */
+  const unsigned bits_n = 64u - (unsigned)__builtin_clzll((uint64_t)n);
+  const unsigned dig = bits_n > 12 ? 12 : bits_n;
+  unsigned top = 63u - (unsigned)__builtin_clzll(mn ^ mx);
+  unsigned sh = top >= dig - 1 ? top - (dig - 1) : 0;
+  uint64_t mask = ((uint64_t)1 << (top - sh + 1)) - 1;
+  uint32_t start[1u << 12];
+  memset(start, 0, sizeof(uint32_t) * (size_t)(mask + 1));
+  for (size_t i = 0; i < n; i++)
+    start[(a[i] >> sh) & mask]++;
+  uint32_t sum = 0;
+  for (uint64_t b = mask + 1; b-- > 0;) { /* descending digits first */
+    uint32_t c = start[b];
+    start[b] = sum;
+    sum += c;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint64_t e = a[i];
+    tmp[start[(e >> sh) & mask]++] = e;
+  }
+  memcpy(a, tmp, n * sizeof *a);
+  /* start[b] is now the end of bucket b; bucket b begins where bucket b + 1 ended */
+  size_t b0 = 0;
+  for (uint64_t b = mask + 1; b-- > 0;) {
+    size_t b1 = start[b];
+    if (b1 - b0 > 1)
+      sort_desc_msb(a + b0, b1 - b0, tmp + b0);
+    b0 = b1;
+  }
 }
 
 /* Branch-free partition of a[0..n): entries whose digit (e >> shift) & mask satisfies the test
@@ -1124,15 +1180,11 @@ static void select_top(uint64_t *a, size_t n, size_t k)
   }
 }
 
-static void acc_compact(kv_score_acc *a)
+/* Raise the admission threshold to m (an entry value: entries <= m cannot enter) if higher. */
+static void acc_raise(kv_score_acc *a, uint64_t m)
 {
-  if (a->n <= a->k)
+  if (a->have_thr && m <= a->thr)
     return;
-  select_top(a->buf, a->n, a->k);
-  a->n = a->k;
-  uint64_t m = a->buf[0];
-  for (uint32_t i = 1; i < a->k; i++)
-    m = a->buf[i] < m ? a->buf[i] : m;
   a->thr = m;
   a->have_thr = 1;
   uint32_t key = (uint32_t)(m >> 32);
@@ -1142,19 +1194,77 @@ static void acc_compact(kv_score_acc *a)
     a->have_thr = 2; /* entry compare only */
 }
 
+/* Keep exactly the best k (radix select); the threshold becomes the k-th best. */
+static void acc_compact(kv_score_acc *a)
+{
+  if (a->n <= a->k)
+    return;
+  select_top(a->buf, a->n, a->k);
+  a->n = a->k;
+  uint64_t m = a->buf[0];
+  for (uint32_t i = 1; i < a->k; i++)
+    m = a->buf[i] < m ? a->buf[i] : m;
+  acc_raise(a, m);
+}
+
+/* The histogram (k >= ACC_HIST_MIN_K): hist[b] counts every entry ever admitted whose top 12
+ * bits (of the sort key: sign, exponent, 3 mantissa bits) are b. When the admitted entries of
+ * buckets above b number k or more, no entry of bucket b or below can be in the top k (they are
+ * distinct entries, each better), so bstar, the lowest bucket that can still hold one, rises
+ * with them and the threshold with it: entries below bucket bstar are refused at the door, and
+ * a full buffer is mostly emptied by one pass over it, without a selection. */
+static void acc_hist_add(kv_score_acc *a, uint32_t n0)
+{
+  uint32_t *h = a->hist;
+  for (uint32_t i = n0; i < a->n; i++)
+    h[a->buf[i] >> (64 - ACC_HIST_BITS)]++;
+  a->cnt_ge += a->n - n0; /* every admitted entry is in bucket bstar or above */
+  uint32_t b = a->bstar;
+  while (a->cnt_ge - h[b] >= a->k) {
+    a->cnt_ge -= h[b];
+    b++;
+  }
+  if (b != a->bstar) {
+    a->bstar = b;
+    acc_raise(a, ((uint64_t)b << (64 - ACC_HIST_BITS)) - 1);
+  }
+}
+
+/* The buffer is full: drop what the threshold now refuses; if that leaves more than 1.5 k, the
+ * exact selection. */
+static void acc_make_room(kv_score_acc *a)
+{
+  if (a->hist != NULL && a->have_thr) {
+    uint64_t thr = a->thr, *buf = a->buf;
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < a->n; i++) {
+      uint64_t e = buf[i];
+      buf[j] = e;
+      j += e > thr;
+    }
+    a->n = j;
+    if (j <= a->k + a->k / 2)
+      return;
+  }
+  acc_compact(a);
+}
+
 /* Append entries e[0..m) (m <= ACC_BATCH) that beat the threshold, without branches. */
 static inline void acc_add_batch(kv_score_acc *a, const uint64_t *e, uint32_t m)
 {
   uint64_t thr = a->thr; /* 0 before the first compaction: every entry but (NaN, pos ~0) passes */
   uint64_t *buf = a->buf;
-  uint32_t n = a->n;
+  uint32_t n = a->n, n0 = n;
+  int all = !a->have_thr;
   for (uint32_t i = 0; i < m; i++) {
     buf[n] = e[i];
-    n += e[i] > thr || !a->have_thr;
+    n += e[i] > thr || all;
   }
   a->n = n;
+  if (a->hist != NULL)
+    acc_hist_add(a, n0);
   if (a->n >= a->cap)
-    acc_compact(a);
+    acc_make_room(a);
 }
 
 void kv_score_acc_push(kv_score_acc *acc, uint32_t pos, float score)
@@ -1217,7 +1327,7 @@ uint32_t kv_score_acc_finish(kv_score_acc *acc, uint32_t *pos, float *scores)
 {
   acc_compact(acc);
   /* after a compaction n <= k and the buffer has room for 2k + 256: the rest is scratch */
-  sort_desc(acc->buf, acc->n, acc->n <= acc->k ? acc->buf + acc->k : NULL);
+  sort_desc_msb(acc->buf, acc->n, acc->n <= acc->k ? acc->buf + acc->k : NULL);
   for (uint32_t i = 0; i < acc->n; i++) {
     uint64_t e = acc->buf[i];
     if (pos != NULL)

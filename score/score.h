@@ -366,7 +366,10 @@ typedef struct kv_score_pair {
  * A bounded top-k accumulator: candidates that beat the admission threshold are appended
  * (branch-free) to a buffer; when it holds 2k, a radix selection keeps the best k and raises the
  * threshold to the k-th best, so a push costs O(1) amortized and memory stays 16k + 2 KiB bytes
- * whatever the number of tokens. Caller-owned memory.
+ * (+ 16 KiB from k = 1024 on) whatever the number of tokens. From k = 1024 on it also counts the
+ * admitted candidates per 1/8 octave of score (a histogram) and raises the threshold to the
+ * lowest such bucket that can still hold a top-k entry as they come, so far fewer candidates
+ * enter and a full buffer is emptied by one pass (issue 18). Caller-owned memory.
  */
 typedef struct kv_score_acc {
   uint64_t *buf;     /* 2k + 256 entries: (sortable score << 32) | ~pos; larger = better */
@@ -375,9 +378,13 @@ typedef struct kv_score_acc {
   uint64_t thr;      /* entries <= thr cannot enter */
   float thr_score;   /* float filter: a score below it cannot enter */
   uint64_t n_pushed; /* candidates offered (statistics) */
+  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per top 12 bits) */
+  uint32_t bstar;    /* the lowest bucket that can still hold a top-k entry */
+  uint64_t cnt_ge;   /* admitted entries in buckets >= bstar */
 } kv_score_acc;
 
-/** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes). */
+/** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes, and 16 KiB of
+ * counters from k = 1024 on). */
 size_t kv_score_acc_bytes(uint32_t k);
 /** @brief Set up an empty accumulator for the best k (k >= 1) in mem (8-byte aligned). */
 kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size_t mem_bytes,
