@@ -1060,11 +1060,12 @@ static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
 /* Descending sort of a[0..n) with tmp[0..n) as scratch, for the top k that a finish returns: an
  * MSB radix sort on the bits in which the entries differ (scores of a top k share their sign,
  * exponent and leading mantissa bits, which a pass skips), with digits of about log2(n) bits (at
- * most 12) so that a bucket holds about one entry, and insertion up to 12 entries. Same result as sort_desc (a total order). */
-static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
+ * most 12) so that a bucket holds about one entry (at most 12 bits at the top level, 8 below), and
+ * insertion up to 12 entries. Same result as sort_desc (a total order). */
+static void msb_level(uint64_t *a, size_t n, uint64_t *tmp, unsigned max_dig, uint32_t *start)
 {
-  if (n <= 12 || tmp == NULL) {
-    sort_desc(a, n, tmp);
+  if (n <= 12) {
+    sort_desc(a, n, NULL);
     return;
   }
   uint64_t mn = a[0], mx = a[0];
@@ -1074,13 +1075,12 @@ static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
   }
   if (mn == mx)
     return;
-  /* about one bucket per entry, at most 4096 */
+  /* about one bucket per entry, at most 2^max_dig */
   const unsigned bits_n = 64u - (unsigned)__builtin_clzll((uint64_t)n);
-  const unsigned dig = bits_n > 12 ? 12 : bits_n;
+  const unsigned dig = bits_n > max_dig ? max_dig : bits_n;
   unsigned top = 63u - (unsigned)__builtin_clzll(mn ^ mx);
   unsigned sh = top >= dig - 1 ? top - (dig - 1) : 0;
   uint64_t mask = ((uint64_t)1 << (top - sh + 1)) - 1;
-  uint32_t start[1u << 12];
   memset(start, 0, sizeof(uint32_t) * (size_t)(mask + 1));
   for (size_t i = 0; i < n; i++)
     start[(a[i] >> sh) & mask]++;
@@ -1096,13 +1096,24 @@ static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
   }
   memcpy(a, tmp, n * sizeof *a);
   /* start[b] is now the end of bucket b; bucket b begins where bucket b + 1 ended */
+  uint32_t sub[256]; /* deeper levels take 8-bit digits: the stack stays 1 KiB per level */
   size_t b0 = 0;
   for (uint64_t b = mask + 1; b-- > 0;) {
     size_t b1 = start[b];
     if (b1 - b0 > 1)
-      sort_desc_msb(a + b0, b1 - b0, tmp + b0);
+      msb_level(a + b0, b1 - b0, tmp + b0, 8, sub);
     b0 = b1;
   }
+}
+
+static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
+{
+  if (tmp == NULL) {
+    sort_desc(a, n, NULL);
+    return;
+  }
+  uint32_t start[1u << 12];
+  msb_level(a, n, tmp, 12, start);
 }
 
 /* Branch-free partition of a[0..n): entries whose digit (e >> shift) & mask satisfies the test
