@@ -1199,8 +1199,14 @@ static void acc_raise(kv_score_acc *a, uint64_t m)
   a->thr = m;
   a->have_thr = 1;
   uint32_t key = (uint32_t)(m >> 32);
-  /* the float filter must never reject an entry above thr: with a NaN threshold, none */
-  a->thr_score = key == 0 ? -INFINITY : key_score(key);
+  /* the float filter must never reject an entry above thr: with a NaN threshold, none. A
+   * histogram threshold ends a bucket, and keys 1 .. 0x007fffff and above 0xff800000 are no
+   * float's (sort_key sends every NaN to 0): below -inf the filter takes everything, above +inf
+   * it takes +inf, and the entry compare decides. */
+  float f = key == 0 ? -INFINITY : key_score(key);
+  if (isnan(f))
+    f = key < 0x80000000u ? -INFINITY : INFINITY;
+  a->thr_score = f;
   if (key == 0)
     a->have_thr = 2; /* entry compare only */
 }
