@@ -134,6 +134,9 @@ kvdb_status kv_sregion_verify_copy(const kv_sregion *r, const uint8_t block_hash
     kv_score_errmsg(&e, msg, sizeof msg);
     return kv_fail(KVDB_CORRUPT, "score copy %u: %s", c, msg);
   }
+  if (view->layout.variant != 0)
+    return kv_fail(KVDB_CORRUPT, "score copy %u is a centered (version 2) copy, which score regions "
+                                 "of this format do not hold", c);
   if (view->layout.n_tokens != r->layout.n_tokens || view->layout.head_dim != r->layout.head_dim ||
       view->layout.bits != r->bits)
     return kv_fail(KVDB_CORRUPT, "score copy %u holds %u tokens x %u dims at %u bits, not %u x %u "

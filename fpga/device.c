@@ -397,6 +397,9 @@ kv_fpga_status kv_fpga_run_check(const kv_fpga_run_args *a, kv_fpga_err *err)
     return FAIL(err, KV_FPGA_EINVAL, "NULL run arguments or buffers", 0, 0);
   const kv_score_layout *l = &a->layout;
   kv_score_layout chk;
+  if (l->variant != 0)
+    return FAIL(err, KV_FPGA_EUNSUPPORTED,
+                "centered (version 2) score copies are scored on the host only", l->variant, 0);
   if (kv_score_layout_init(&chk, l->n_tokens, l->head_dim, l->bits, NULL) != KV_SCORE_OK ||
       memcmp(&chk, l, sizeof chk) != 0)
     return FAIL(err, KV_FPGA_EINVAL, "run layout is not a kv_score_layout_init() result", 0, 0);

@@ -255,6 +255,10 @@ kv_fpga_status kv_hie_topk(kv_fpga_dev *dev, const kv_hie_job *job, uint32_t k, 
   for (size_t i = 0; i < job->n_dev; i++) {
     const kv_hie_dev_span *d = &job->dev[i];
     kv_score_layout chk;
+    if (d->layout.variant != 0)
+      return FAIL(err, KV_FPGA_EUNSUPPORTED,
+                  "centered (version 2) score copies are scored on the host only (value: span)", i,
+                  0);
     if (kv_score_layout_init(&chk, d->layout.n_tokens, d->layout.head_dim, d->layout.bits, NULL) !=
             KV_SCORE_OK ||
         memcmp(&chk, &d->layout, sizeof chk) != 0)

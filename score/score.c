@@ -271,6 +271,17 @@ static inline void put_le32(uint8_t *p, uint32_t v)
 kv_score_status kv_score_layout_init(kv_score_layout *out, uint32_t n_tokens, uint32_t head_dim,
                                      unsigned bits, kv_score_err *err)
 {
+  return kv_score_layout_init_v(out, n_tokens, head_dim, bits, 0, err);
+}
+
+static int pow2(uint32_t x)
+{
+  return x != 0 && (x & (x - 1)) == 0;
+}
+
+kv_score_status kv_score_layout_init_v(kv_score_layout *out, uint32_t n_tokens, uint32_t head_dim,
+                                       unsigned bits, unsigned variant, kv_score_err *err)
+{
   if (out == NULL)
     return FAIL(err, KV_SCORE_EINVAL, "NULL layout", 0, 0);
   memset(out, 0, sizeof *out);
@@ -292,7 +303,16 @@ kv_score_status kv_score_layout_init(kv_score_layout *out, uint32_t n_tokens, ui
   out->row_bytes = rb;
   out->page_tokens = pt;
   out->n_pages = (uint32_t)(((uint64_t)n_tokens + pt - 1) / pt);
+  if (variant != 0 && variant != KV_SCORE_COPY_CENTERED)
+    return FAIL(err, KV_SCORE_EINVAL, "unknown score copy variant", variant, KV_SCORE_COPY_CENTERED);
+  if (variant != 0 && !pow2(head_dim))
+    return FAIL(err, KV_SCORE_EINVAL, "a centered copy needs a power-of-two head_dim", head_dim, 0);
   uint64_t meta = KV_SCORE_COPY_HDR_BYTES + 4ull * n_tokens;
+  if (variant != 0) {
+    out->variant = variant;
+    out->center_off = (uint32_t)((meta + 63) / 64 * 64);
+    meta = out->center_off + head_dim;
+  }
   out->meta_bytes = (meta + KV_SCORE_PAGE_BYTES - 1) / KV_SCORE_PAGE_BYTES * KV_SCORE_PAGE_BYTES;
   out->total_bytes = out->meta_bytes + (uint64_t)out->n_pages * KV_SCORE_PAGE_BYTES;
   return KV_SCORE_OK;
@@ -302,8 +322,98 @@ kv_score_status kv_score_copy_encode(kv_score_dtype dtype, const void *src, size
                                      uint32_t n_tokens, uint32_t head_dim, unsigned bits,
                                      void *dst, size_t dst_cap, size_t *out_len, kv_score_err *err)
 {
+  return kv_score_copy_encode_v(dtype, src, src_stride, n_tokens, head_dim, bits, 0, dst, dst_cap,
+                                out_len, err);
+}
+
+/* x[0..d) <- H x, the normalized Walsh-Hadamard transform (Sylvester order), d a power of two. */
+static void fwht(double *x, uint32_t d)
+{
+  for (uint32_t h = 1; h < d; h *= 2)
+    for (uint32_t i = 0; i < d; i += 2 * h)
+      for (uint32_t j = i; j < i + h; j++) {
+        double a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  double f = 1.0 / sqrt((double)d);
+  for (uint32_t j = 0; j < d; j++)
+    x[j] *= f;
+}
+
+/* The version-2 body: center codes and scale into the meta region, then per page the rows
+ * H k_t - m^ (as f32) quantized by kv_score_quantize_rows. */
+static kv_score_status encode_centered(const kv_score_layout *l, kv_score_dtype dtype,
+                                       const uint8_t *src, size_t src_stride, uint8_t *d,
+                                       kv_score_err *err)
+{
+  const uint32_t n = l->n_tokens, hd = l->head_dim;
+  double *lo = malloc(sizeof(double) * hd * 3), *hi = lo ? lo + hd : NULL, *x = lo ? lo + 2 * hd : NULL;
+  float *rows = malloc((size_t)l->page_tokens * hd * sizeof(float));
+  kv_score_status rc = KV_SCORE_OK;
+  if (lo == NULL || rows == NULL) {
+    rc = FAIL(err, KV_SCORE_ENOMEM, "out of memory for a centered copy", 0, 0);
+    goto out;
+  }
+  for (uint32_t t = 0; t < n; t++)
+    for (uint32_t j = 0; j < hd; j++) {
+      double v = load_elem(dtype, src + (size_t)t * src_stride, j);
+      if (!isfinite(v)) {
+        rc = FAIL(err, KV_SCORE_EINVAL, "key row has a NaN or infinite element (value: row)", t, n);
+        goto out;
+      }
+      if (t == 0 || v < lo[j])
+        lo[j] = v;
+      if (t == 0 || v > hi[j])
+        hi[j] = v;
+    }
+  float xf[KV_SCORE_MAX_HEAD_DIM], sc[KV_SCORE_PAGE_BYTES]; /* page_tokens <= 4096 */
+  for (uint32_t j = 0; j < hd; j++)
+    x[j] = (lo[j] + hi[j]) / 2;
+  fwht(x, hd);
+  for (uint32_t j = 0; j < hd; j++)
+    xf[j] = (float)x[j];
+  int8_t *cc = (int8_t *)(d + l->center_off);
+  float cs;
+  quant_row(xf, hd, 127, cc, &cs);
+  memcpy(d + 32, &cs, 4);
+  for (uint32_t p = 0; p < l->n_pages; p++) {
+    uint32_t t0 = p * l->page_tokens;
+    uint32_t m = n - t0 < l->page_tokens ? n - t0 : l->page_tokens;
+    for (uint32_t i = 0; i < m; i++) {
+      for (uint32_t j = 0; j < hd; j++)
+        x[j] = load_elem(dtype, src + (size_t)(t0 + i) * src_stride, j);
+      fwht(x, hd);
+      for (uint32_t j = 0; j < hd; j++) {
+        float r = (float)(x[j] - (double)((float)cc[j] * cs));
+        /* a difference of finite floats can still overflow float: refuse rather than store inf */
+        if (!isfinite(r)) {
+          rc = FAIL(err, KV_SCORE_EINVAL, "centered key row overflows float (value: row)", t0 + i, n);
+          goto out;
+        }
+        rows[(size_t)i * hd + j] = r;
+      }
+    }
+    rc = kv_score_quantize_rows(KV_SCORE_F32, rows, (size_t)hd * 4, m, hd, l->bits,
+                                d + l->meta_bytes + (uint64_t)p * KV_SCORE_PAGE_BYTES, l->row_bytes,
+                                sc, err);
+    if (rc != KV_SCORE_OK)
+      goto out;
+    memcpy(d + KV_SCORE_COPY_HDR_BYTES + 4 * (size_t)t0, sc, 4 * (size_t)m);
+  }
+out:
+  free(lo);
+  free(rows);
+  return rc;
+}
+
+kv_score_status kv_score_copy_encode_v(kv_score_dtype dtype, const void *src, size_t src_stride,
+                                       uint32_t n_tokens, uint32_t head_dim, unsigned bits,
+                                       unsigned variant, void *dst, size_t dst_cap,
+                                       size_t *out_len, kv_score_err *err)
+{
   kv_score_layout l;
-  kv_score_status rc = kv_score_layout_init(&l, n_tokens, head_dim, bits, err);
+  kv_score_status rc = kv_score_layout_init_v(&l, n_tokens, head_dim, bits, variant, err);
   if (rc != KV_SCORE_OK)
     return rc;
   if (kv_score_dtype_bytes(dtype) == 0)
@@ -326,6 +436,19 @@ kv_score_status kv_score_copy_encode(kv_score_dtype dtype, const void *src, size
   put_le32(d + 20, l.page_tokens);
   put_le32(d + 24, (uint32_t)l.meta_bytes);
   put_le32(d + 28, l.n_pages);
+  if (variant != 0) {
+    d[4] = KV_SCORE_COPY_VERSION_CENTERED;
+    d[7] = KV_SCORE_COPY_CENTERED;
+    if (n_tokens > 1 && src_stride < head_dim * kv_score_dtype_bytes(dtype))
+      return FAIL(err, KV_SCORE_EINVAL, "key row stride smaller than a row", src_stride,
+                  head_dim * kv_score_dtype_bytes(dtype));
+    rc = encode_centered(&l, dtype, src, src_stride, d, err);
+    if (rc != KV_SCORE_OK)
+      return rc;
+    if (out_len != NULL)
+      *out_len = (size_t)l.total_bytes;
+    return KV_SCORE_OK;
+  }
   float sc[KV_SCORE_PAGE_BYTES]; /* page_tokens <= 4096 */
   for (uint32_t p = 0; p < l.n_pages; p++) {
     uint32_t t0 = p * l.page_tokens;
@@ -363,15 +486,22 @@ kv_score_status kv_score_copy_parse(const void *src, size_t len, kv_score_view *
                 KV_SCORE_COPY_HDR_BYTES);
   if (get_le32(s) != KV_SCORE_COPY_MAGIC)
     return FAIL(err, KV_SCORE_ECORRUPT, "bad magic", get_le32(s), KV_SCORE_COPY_MAGIC);
-  if (s[4] != KV_SCORE_COPY_VERSION)
-    return FAIL(err, KV_SCORE_ECORRUPT, "unknown version", s[4], KV_SCORE_COPY_VERSION);
+  if (s[4] != KV_SCORE_COPY_VERSION && s[4] != KV_SCORE_COPY_VERSION_CENTERED)
+    return FAIL(err, KV_SCORE_ECORRUPT, "unknown version", s[4], KV_SCORE_COPY_VERSION_CENTERED);
   if (s[5] != 8 && s[5] != 4)
     return FAIL(err, KV_SCORE_ECORRUPT, "bits is not 8 or 4", s[5], 8);
   if (s[6] != 3)
     return FAIL(err, KV_SCORE_ECORRUPT, "scale dtype is not f32 (3)", s[6], 3);
-  if (s[7] != 0)
-    return FAIL(err, KV_SCORE_ECORRUPT, "reserved flags set", s[7], 0);
-  for (unsigned i = 32; i < KV_SCORE_COPY_HDR_BYTES; i++)
+  unsigned variant = s[4] == KV_SCORE_COPY_VERSION ? 0 : KV_SCORE_COPY_CENTERED;
+  if (s[7] != variant)
+    return FAIL(err, KV_SCORE_ECORRUPT, "flags do not match the version", s[7], variant);
+  float cs = 0;
+  if (variant != 0) {
+    memcpy(&cs, s + 32, 4);
+    if (!(cs >= 0.0f) || !isfinite(cs))
+      return FAIL(err, KV_SCORE_ECORRUPT, "the center scale is negative, NaN or infinite", 0, 0);
+  }
+  for (unsigned i = variant != 0 ? 36 : 32; i < KV_SCORE_COPY_HDR_BYTES; i++)
     if (s[i] != 0)
       return FAIL(err, KV_SCORE_ECORRUPT, "reserved header byte not zero (value: offset)", i, 0);
   uint32_t n = get_le32(s + 8), d = get_le32(s + 12);
@@ -382,8 +512,11 @@ kv_score_status kv_score_copy_parse(const void *src, size_t len, kv_score_view *
   if (s[5] == 4 && d % 2 != 0)
     return FAIL(err, KV_SCORE_ECORRUPT, "odd head_dim with 4 bits", d, 0);
   kv_score_layout l;
-  if (kv_score_layout_init(&l, n, d, s[5], NULL) != KV_SCORE_OK)
-    return FAIL(err, KV_SCORE_ECORRUPT, "shape has no layout", n, d);
+  if (kv_score_layout_init_v(&l, n, d, s[5], variant, NULL) != KV_SCORE_OK)
+    return FAIL(err, KV_SCORE_ECORRUPT,
+                variant != 0 ? "shape has no layout (a centered copy needs a power-of-two head_dim)"
+                             : "shape has no layout",
+                n, d);
   if (get_le32(s + 16) != l.row_bytes)
     return FAIL(err, KV_SCORE_ECORRUPT, "row_bytes does not match the shape", get_le32(s + 16),
                 l.row_bytes);
@@ -409,6 +542,10 @@ kv_score_status kv_score_copy_parse(const void *src, size_t len, kv_score_view *
   out->layout = l;
   out->codes = s + l.meta_bytes;
   out->scales = sc;
+  if (variant != 0) {
+    out->center = (const int8_t *)(s + l.center_off);
+    out->center_scale = cs;
+  }
   return KV_SCORE_OK;
 }
 
@@ -434,10 +571,30 @@ kv_score_status kv_score_view_init(kv_score_view *out, uint32_t n_tokens, uint32
 /* ------------------------------------------------------------------------------------------ */
 /* Queries                                                                                     */
 
+static kv_score_status query_build(kv_score_dtype dtype, const void *q, uint32_t n_heads,
+                                   uint32_t head_dim, size_t head_stride, kv_score_combine combine,
+                                   int rotate, kv_score_query **out, kv_score_err *err);
+
 kv_score_status kv_score_query_create(kv_score_dtype dtype, const void *q, uint32_t n_heads,
                                       uint32_t head_dim, size_t head_stride,
                                       kv_score_combine combine, kv_score_query **out,
                                       kv_score_err *err)
+{
+  kv_score_status rc = query_build(dtype, q, n_heads, head_dim, head_stride, combine, 0, out, err);
+  if (rc != KV_SCORE_OK || !pow2(head_dim))
+    return rc;
+  rc = query_build(dtype, q, n_heads, head_dim, head_stride, combine, 1, &(*out)->rot, err);
+  if (rc != KV_SCORE_OK) {
+    kv_score_query_free(*out);
+    *out = NULL;
+  }
+  return rc;
+}
+
+/* The query object; with `rotate`, its vectors are H x_v (score.h THE CENTERED, ROTATED COPY). */
+static kv_score_status query_build(kv_score_dtype dtype, const void *q, uint32_t n_heads,
+                                   uint32_t head_dim, size_t head_stride, kv_score_combine combine,
+                                   int rotate, kv_score_query **out, kv_score_err *err)
 {
   if (out == NULL)
     return FAIL(err, KV_SCORE_EINVAL, "NULL output query", 0, 0);
@@ -508,6 +665,14 @@ kv_score_status kv_score_query_create(kv_score_dtype dtype, const void *q, uint3
                     head_dim);
       }
     }
+    if (rotate) {
+      double xd[KV_SCORE_MAX_HEAD_DIM];
+      for (uint32_t j = 0; j < head_dim; j++)
+        xd[j] = x[j];
+      fwht(xd, head_dim);
+      for (uint32_t j = 0; j < head_dim; j++)
+        x[j] = (float)xd[j];
+    }
     int8_t *c = qq->q8 + (size_t)v * s8;
     quant_row(x, head_dim, 127, c, &qq->qscale[v]);
     int32_t sum = 0;
@@ -526,6 +691,8 @@ kv_score_status kv_score_query_create(kv_score_dtype dtype, const void *q, uint3
 
 void kv_score_query_free(kv_score_query *q)
 {
+  if (q != NULL)
+    free(q->rot);
   free(q);
 }
 
@@ -544,6 +711,10 @@ const int8_t *kv_score_query_codes(const kv_score_query *q, uint32_t v)
 float kv_score_query_scale(const kv_score_query *q, uint32_t v)
 {
   return q && v < q->n_vec ? q->qscale[v] : 0.0f;
+}
+const kv_score_query *kv_score_query_rotated(const kv_score_query *q)
+{
+  return q ? q->rot : NULL;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -651,8 +822,8 @@ static kv_score_status pick_kernel(kv_score_impl impl, kv_score_kernel_fn *fn, k
 }
 
 /* Score tokens [t, t + n) of v through fn, cutting at page ends when pages are not full. */
-static void score_run(kv_score_kernel_fn fn, const kv_score_query *q, const kv_score_view *v,
-                      uint32_t t, uint32_t n, float *out)
+static void score_run_plain(kv_score_kernel_fn fn, const kv_score_query *q, const kv_score_view *v,
+                            uint32_t t, uint32_t n, float *out)
 {
   const kv_score_layout *l = &v->layout;
   int contiguous = (uint64_t)l->page_tokens * l->row_bytes == KV_SCORE_PAGE_BYTES;
@@ -672,6 +843,64 @@ static void score_run(kv_score_kernel_fn fn, const kv_score_query *q, const kv_s
   }
 }
 
+/* Vector v of q as a query of its own (n_vec 1): pointers into q, nothing allocated. */
+static kv_score_query query_vec(const kv_score_query *q, uint32_t v)
+{
+  kv_score_query one = *q;
+  one.n_vec = 1;
+  one.q8 = q->q8 + (size_t)v * q->q8_stride;
+  one.q4lo = q->q4lo + (size_t)v * q->q4_stride;
+  one.q4hi = q->q4hi + (size_t)v * q->q4_stride;
+  one.qsum = q->qsum + v;
+  one.qscale = q->qscale + v;
+  one.rot = NULL;
+  return one;
+}
+
+/* bias_v of a version-2 view (score.h THE CENTERED, ROTATED COPY); r is the rotated query. */
+static float center_bias(const kv_score_query *r, uint32_t v, const kv_score_view *view)
+{
+  const int8_t *qc = r->q8 + (size_t)v * r->q8_stride;
+  int32_t cdot = 0;
+  for (uint32_t j = 0; j < r->head_dim; j++)
+    cdot += (int32_t)qc[j] * (int32_t)view->center[j];
+  return ((float)cdot * r->qscale[v]) * view->center_scale;
+}
+
+/* Score tokens [t, t + n) of any view: version 1 as score_run_plain; version 2 with the rotated
+ * query, vector by vector (each an n_vec-1 kernel run: part_v), plus each vector's bias, then
+ * the greater-than max over vectors, all here in the same order whatever the kernel. */
+static void score_run(kv_score_kernel_fn fn, const kv_score_query *q, const kv_score_view *v,
+                      uint32_t t, uint32_t n, float *out)
+{
+  if (v->layout.variant == 0) {
+    score_run_plain(fn, q, v, t, n, out);
+    return;
+  }
+  const kv_score_query *r = q->rot;
+  if (r->n_vec == 1) {
+    float b = center_bias(r, 0, v);
+    score_run_plain(fn, r, v, t, n, out);
+    for (uint32_t i = 0; i < n; i++)
+      out[i] = out[i] + b;
+    return;
+  }
+  float part[256];
+  for (uint32_t i0 = 0; i0 < n; i0 += 256) {
+    uint32_t m = n - i0 < 256 ? n - i0 : 256;
+    for (uint32_t vv = 0; vv < r->n_vec; vv++) {
+      kv_score_query one = query_vec(r, vv);
+      float b = center_bias(r, vv, v);
+      score_run_plain(fn, &one, v, t + i0, m, part);
+      for (uint32_t i = 0; i < m; i++) {
+        float x = part[i] + b;
+        if (vv == 0 || x > out[i0 + i])
+          out[i0 + i] = x;
+      }
+    }
+  }
+}
+
 static kv_score_status check_view(const kv_score_query *q, const kv_score_view *v,
                                   kv_score_err *err)
 {
@@ -683,6 +912,8 @@ static kv_score_status check_view(const kv_score_query *q, const kv_score_view *
   if (kv_score_row_bytes(v->layout.head_dim, v->layout.bits) != v->layout.row_bytes ||
       v->layout.page_tokens == 0)
     return FAIL(err, KV_SCORE_EINVAL, "view layout is not initialized", 0, 0);
+  if (v->layout.variant != 0 && (v->center == NULL || q->rot == NULL))
+    return FAIL(err, KV_SCORE_EINVAL, "centered view without center codes or rotated query", 0, 0);
   return KV_SCORE_OK;
 }
 
@@ -738,10 +969,14 @@ int kv_score_better(uint32_t pos_a, float score_a, uint32_t pos_b, float score_b
 /* Candidates are appended without branches in batches of at most ACC_BATCH, so the buffer
  * has that much slack beyond the 2k at which it is compacted. */
 #define ACC_BATCH 256u
+/* From this k on, an accumulator also keeps a histogram of 2^ACC_HIST_BITS counters. */
+#define ACC_HIST_MIN_K 1024u
+#define ACC_HIST_BITS 12u
 
 size_t kv_score_acc_bytes(uint32_t k)
 {
-  return ((size_t)k * 2 + ACC_BATCH) * sizeof(uint64_t);
+  return ((size_t)k * 2 + ACC_BATCH) * sizeof(uint64_t) +
+         (k >= ACC_HIST_MIN_K ? ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t) : 0);
 }
 
 kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size_t mem_bytes,
@@ -764,6 +999,10 @@ kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size
   acc->cap = 2 * k;
   acc->thr = 0;
   acc->thr_score = -INFINITY;
+  if (k >= ACC_HIST_MIN_K) {
+    acc->hist = (uint32_t *)(void *)(acc->buf + (size_t)k * 2 + ACC_BATCH);
+    memset(acc->hist, 0, ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t));
+  }
   return KV_SCORE_OK;
 }
 
@@ -816,6 +1055,65 @@ static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
   }
   if (src != a)
     memcpy(a, src, n * sizeof *a);
+}
+
+/* Descending sort of a[0..n) with tmp[0..n) as scratch, for the top k that a finish returns: an
+ * MSB radix sort on the bits in which the entries differ (scores of a top k share their sign,
+ * exponent and leading mantissa bits, which a pass skips), with digits of about log2(n) bits (at
+ * most 12) so that a bucket holds about one entry (at most 12 bits at the top level, 8 below), and
+ * insertion up to 12 entries. Same result as sort_desc (a total order). */
+static void msb_level(uint64_t *a, size_t n, uint64_t *tmp, unsigned max_dig, uint32_t *start)
+{
+  if (n <= 12) {
+    sort_desc(a, n, NULL);
+    return;
+  }
+  uint64_t mn = a[0], mx = a[0];
+  for (size_t i = 1; i < n; i++) {
+    mn = a[i] < mn ? a[i] : mn;
+    mx = a[i] > mx ? a[i] : mx;
+  }
+  if (mn == mx)
+    return;
+  /* about one bucket per entry, at most 2^max_dig */
+  const unsigned bits_n = 64u - (unsigned)__builtin_clzll((uint64_t)n);
+  const unsigned dig = bits_n > max_dig ? max_dig : bits_n;
+  unsigned top = 63u - (unsigned)__builtin_clzll(mn ^ mx);
+  unsigned sh = top >= dig - 1 ? top - (dig - 1) : 0;
+  uint64_t mask = ((uint64_t)1 << (top - sh + 1)) - 1;
+  memset(start, 0, sizeof(uint32_t) * (size_t)(mask + 1));
+  for (size_t i = 0; i < n; i++)
+    start[(a[i] >> sh) & mask]++;
+  uint32_t sum = 0;
+  for (uint64_t b = mask + 1; b-- > 0;) { /* descending digits first */
+    uint32_t c = start[b];
+    start[b] = sum;
+    sum += c;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint64_t e = a[i];
+    tmp[start[(e >> sh) & mask]++] = e;
+  }
+  memcpy(a, tmp, n * sizeof *a);
+  /* start[b] is now the end of bucket b; bucket b begins where bucket b + 1 ended */
+  uint32_t sub[256]; /* deeper levels take 8-bit digits: the stack stays 1 KiB per level */
+  size_t b0 = 0;
+  for (uint64_t b = mask + 1; b-- > 0;) {
+    size_t b1 = start[b];
+    if (b1 - b0 > 1)
+      msb_level(a + b0, b1 - b0, tmp + b0, 8, sub);
+    b0 = b1;
+  }
+}
+
+static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
+{
+  if (tmp == NULL) {
+    sort_desc(a, n, NULL);
+    return;
+  }
+  uint32_t start[1u << 12];
+  msb_level(a, n, tmp, 12, start);
 }
 
 /* Branch-free partition of a[0..n): entries whose digit (e >> shift) & mask satisfies the test
@@ -893,6 +1191,27 @@ static void select_top(uint64_t *a, size_t n, size_t k)
   }
 }
 
+/* Raise the admission threshold to m (an entry value: entries <= m cannot enter) if higher. */
+static void acc_raise(kv_score_acc *a, uint64_t m)
+{
+  if (a->have_thr && m <= a->thr)
+    return;
+  a->thr = m;
+  a->have_thr = 1;
+  uint32_t key = (uint32_t)(m >> 32);
+  /* the float filter must never reject an entry above thr: with a NaN threshold, none. A
+   * histogram threshold ends a bucket, and keys 1 .. 0x007fffff and above 0xff800000 are no
+   * float's (sort_key sends every NaN to 0): below -inf the filter takes everything, above +inf
+   * it takes +inf, and the entry compare decides. */
+  float f = key == 0 ? -INFINITY : key_score(key);
+  if (isnan(f))
+    f = key < 0x80000000u ? -INFINITY : INFINITY;
+  a->thr_score = f;
+  if (key == 0)
+    a->have_thr = 2; /* entry compare only */
+}
+
+/* Keep exactly the best k (radix select); the threshold becomes the k-th best. */
 static void acc_compact(kv_score_acc *a)
 {
   if (a->n <= a->k)
@@ -902,13 +1221,49 @@ static void acc_compact(kv_score_acc *a)
   uint64_t m = a->buf[0];
   for (uint32_t i = 1; i < a->k; i++)
     m = a->buf[i] < m ? a->buf[i] : m;
-  a->thr = m;
-  a->have_thr = 1;
-  uint32_t key = (uint32_t)(m >> 32);
-  /* the float filter must never reject an entry above thr: with a NaN threshold, none */
-  a->thr_score = key == 0 ? -INFINITY : key_score(key);
-  if (key == 0)
-    a->have_thr = 2; /* entry compare only */
+  acc_raise(a, m);
+}
+
+/* The histogram (k >= ACC_HIST_MIN_K): hist[b] counts every entry ever admitted whose top 12
+ * bits (of the sort key: sign, exponent, 3 mantissa bits) are b. When the admitted entries of
+ * buckets above b number k or more, no entry of bucket b or below can be in the top k (they are
+ * distinct entries, each better), so bstar, the lowest bucket that can still hold one, rises
+ * with them and the threshold with it: entries below bucket bstar are refused at the door, and
+ * a full buffer is mostly emptied by one pass over it, without a selection. */
+static void acc_hist_add(kv_score_acc *a, uint32_t n0)
+{
+  uint32_t *h = a->hist;
+  for (uint32_t i = n0; i < a->n; i++)
+    h[a->buf[i] >> (64 - ACC_HIST_BITS)]++;
+  a->cnt_ge += a->n - n0; /* every admitted entry is in bucket bstar or above */
+  uint32_t b = a->bstar;
+  while (a->cnt_ge - h[b] >= a->k) {
+    a->cnt_ge -= h[b];
+    b++;
+  }
+  if (b != a->bstar) {
+    a->bstar = b;
+    acc_raise(a, ((uint64_t)b << (64 - ACC_HIST_BITS)) - 1);
+  }
+}
+
+/* The buffer is full: drop what the threshold now refuses; if that leaves more than 1.5 k, the
+ * exact selection. */
+static void acc_make_room(kv_score_acc *a)
+{
+  if (a->hist != NULL && a->have_thr) {
+    uint64_t thr = a->thr, *buf = a->buf;
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < a->n; i++) {
+      uint64_t e = buf[i];
+      buf[j] = e;
+      j += e > thr;
+    }
+    a->n = j;
+    if (j <= a->k + a->k / 2)
+      return;
+  }
+  acc_compact(a);
 }
 
 /* Append entries e[0..m) (m <= ACC_BATCH) that beat the threshold, without branches. */
@@ -916,14 +1271,17 @@ static inline void acc_add_batch(kv_score_acc *a, const uint64_t *e, uint32_t m)
 {
   uint64_t thr = a->thr; /* 0 before the first compaction: every entry but (NaN, pos ~0) passes */
   uint64_t *buf = a->buf;
-  uint32_t n = a->n;
+  uint32_t n = a->n, n0 = n;
+  int all = !a->have_thr;
   for (uint32_t i = 0; i < m; i++) {
     buf[n] = e[i];
-    n += e[i] > thr || !a->have_thr;
+    n += e[i] > thr || all;
   }
   a->n = n;
+  if (a->hist != NULL)
+    acc_hist_add(a, n0);
   if (a->n >= a->cap)
-    acc_compact(a);
+    acc_make_room(a);
 }
 
 void kv_score_acc_push(kv_score_acc *acc, uint32_t pos, float score)
@@ -986,7 +1344,7 @@ uint32_t kv_score_acc_finish(kv_score_acc *acc, uint32_t *pos, float *scores)
 {
   acc_compact(acc);
   /* after a compaction n <= k and the buffer has room for 2k + 256: the rest is scratch */
-  sort_desc(acc->buf, acc->n, acc->n <= acc->k ? acc->buf + acc->k : NULL);
+  sort_desc_msb(acc->buf, acc->n, acc->n <= acc->k ? acc->buf + acc->k : NULL);
   for (uint32_t i = 0; i < acc->n; i++) {
     uint64_t e = acc->buf[i];
     if (pos != NULL)

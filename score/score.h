@@ -90,6 +90,30 @@
  *   The section is exactly meta_bytes + n_pages * 4096 bytes long (a multiple of 4096, so it
  *   can be read with O_DIRECT as a whole). Checksums are the enclosing block's business.
  *
+ * THE CENTERED, ROTATED COPY (version 2; kv_score_copy_encode_v with KV_SCORE_COPY_CENTERED;
+ * head_dim a power of two). Keys of one section share large per-channel offsets (outlier
+ * channels), which set every token's scale and leave a 4-bit code a coarse grid for the rest.
+ * Version 2 stores codes of the keys with the section's per-channel offset removed and turned
+ * by the normalized Walsh-Hadamard matrix H (H = H^T = H^-1, the Sylvester order, FWHT / sqrt(d),
+ * in double), which spreads what is left evenly over the channels:
+ *     c~  = int8 codes (Q = 127, QUANTIZATION above) of H m, scale cs, where m_j is the midrange
+ *           (min + max) / 2 of channel j over the section's tokens; m^ = cs * c~ (rotated);
+ *     k'_t = H k_t - m^ (double, rounded to float), quantized per token as above (bits 8 or 4).
+ * Since H is orthonormal, q·k_t = (H q)·k'_t + (H q)·m^ exactly; the first term is scored like a
+ * plain copy with the ROTATED query, the second is the same for every token of the section and
+ * is scored from c~. So the SCORE OF TOKEN t in a version-2 copy, bit-exact on every path, with
+ * rc_v / rs_v the int8 codes and scale of the rotated query vector v (H x_v, rounded to float,
+ * then quantized):
+ *     dot_v  = sum_j rc_v[j] * kc_t[j];    part_v = ((float)dot_v * rs_v) * ks_t
+ *     cdot_v = sum_j rc_v[j] * c~[j];      bias_v = ((float)cdot_v * rs_v) * cs
+ *     score  = part_0 + bias_0, then the greater-than max of part_v + bias_v over v = 1 ..
+ * (every operation one float rounding, in that order). Recall of the exact top 10% by int4
+ * scoring rises from 0.84 to 0.96 on datagen's Llama-shaped keys (bench/RESULTS.md, issue 18).
+ *   Header changes against version 1: version = 2, flags = 1 (KV_SCORE_COPY_CENTERED), bytes
+ *   32..35 = cs (f32, finite, >= 0; the rest of 36..63 zero); the meta region holds, after the
+ *   scales, c~ (head_dim int8 bytes) at center_off = 64 + 4 * n_tokens rounded up to 64, and
+ *   meta_bytes = center_off + head_dim rounded up to 4096. Code pages are as in version 1.
+ *
  * ERRORS. Fallible functions return a kv_score_status and fill an optional kv_score_err (NULL
  * allowed) naming what was wrong; kv_score_errmsg() formats it. The parser treats its input as
  * untrusted: anything malformed is KV_SCORE_ECORRUPT, never a crash or a read outside the
@@ -149,6 +173,8 @@ typedef enum kv_score_dtype { KV_SCORE_F16 = 1, KV_SCORE_BF16 = 2, KV_SCORE_F32 
 #define KV_SCORE_MAX_Q_HEADS 256u       /**< query heads per KV head */
 #define KV_SCORE_COPY_MAGIC 0xC5E8A19Du
 #define KV_SCORE_COPY_VERSION 1u
+#define KV_SCORE_COPY_VERSION_CENTERED 2u /**< THE CENTERED, ROTATED COPY */
+#define KV_SCORE_COPY_CENTERED 1u         /**< variant / header flag of a version-2 copy */
 #define KV_SCORE_COPY_HDR_BYTES 64u
 
 /** @brief Bytes of one element of dtype, 0 for an unknown dtype. */
@@ -184,11 +210,17 @@ typedef struct kv_score_layout {
   uint32_t n_pages;     /**< code pages */
   uint64_t meta_bytes;  /**< header + scales, rounded up to 4 KiB: offset of the first code page */
   uint64_t total_bytes; /**< meta_bytes + n_pages * 4096 */
+  uint32_t variant;     /**< 0: version 1; KV_SCORE_COPY_CENTERED: version 2 */
+  uint32_t center_off;  /**< version 2: offset of the center codes in the meta region, else 0 */
 } kv_score_layout;
 
-/** @brief Compute the layout for a shape. EINVAL names the bad field. */
+/** @brief Compute the layout for a shape (a version-1 copy). EINVAL names the bad field. */
 kv_score_status kv_score_layout_init(kv_score_layout *out, uint32_t n_tokens, uint32_t head_dim,
                                      unsigned bits, kv_score_err *err);
+/** @brief The layout of a copy of `variant` (0 or KV_SCORE_COPY_CENTERED; the latter needs a
+ * power-of-two head_dim: EINVAL otherwise). */
+kv_score_status kv_score_layout_init_v(kv_score_layout *out, uint32_t n_tokens, uint32_t head_dim,
+                                       unsigned bits, unsigned variant, kv_score_err *err);
 
 /** Byte offset of token t's code row from the start of the section. */
 static inline uint64_t kv_score_layout_code_offset(const kv_score_layout *l, uint32_t t)
@@ -209,6 +241,16 @@ kv_score_status kv_score_copy_encode(kv_score_dtype dtype, const void *src, size
                                      void *dst, size_t dst_cap, size_t *out_len, kv_score_err *err);
 
 /**
+ * @brief kv_score_copy_encode of a copy of `variant`: 0 writes version 1 (the same bytes as
+ * kv_score_copy_encode), KV_SCORE_COPY_CENTERED version 2 (THE CENTERED, ROTATED COPY; EINVAL
+ * unless head_dim is a power of two).
+ */
+kv_score_status kv_score_copy_encode_v(kv_score_dtype dtype, const void *src, size_t src_stride,
+                                       uint32_t n_tokens, uint32_t head_dim, unsigned bits,
+                                       unsigned variant, void *dst, size_t dst_cap,
+                                       size_t *out_len, kv_score_err *err);
+
+/**
  * A view of quantized keys that the scorer reads: codes in the page-grouped layout starting at
  * `codes` (the first code page), scales[t] per token. Built by kv_score_copy_parse() (pointers
  * into the section) or kv_score_view_init() (any caller arrays). Holds pointers only: the bytes
@@ -218,6 +260,8 @@ typedef struct kv_score_view {
   kv_score_layout layout;
   const uint8_t *codes;
   const float *scales;
+  const int8_t *center; /**< version 2 (layout.variant != 0): the center codes c~, else NULL */
+  float center_scale;   /**< version 2: cs */
 } kv_score_view;
 
 /**
@@ -269,6 +313,10 @@ uint32_t kv_score_query_head_dim(const kv_score_query *q);
 const int8_t *kv_score_query_codes(const kv_score_query *q, uint32_t v);
 /** Scale of vector v. */
 float kv_score_query_scale(const kv_score_query *q, uint32_t v);
+/** The rotated query that version-2 copies are scored with (its codes and scales are rc_v and
+ * rs_v of THE CENTERED, ROTATED COPY); NULL when head_dim is not a power of two. Valid while q
+ * lives. */
+const kv_score_query *kv_score_query_rotated(const kv_score_query *q);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Kernel paths                                                                                */
@@ -318,7 +366,10 @@ typedef struct kv_score_pair {
  * A bounded top-k accumulator: candidates that beat the admission threshold are appended
  * (branch-free) to a buffer; when it holds 2k, a radix selection keeps the best k and raises the
  * threshold to the k-th best, so a push costs O(1) amortized and memory stays 16k + 2 KiB bytes
- * whatever the number of tokens. Caller-owned memory.
+ * (+ 16 KiB from k = 1024 on) whatever the number of tokens. From k = 1024 on it also counts the
+ * admitted candidates per 1/8 octave of score (a histogram) and raises the threshold to the
+ * lowest such bucket that can still hold a top-k entry as they come, so far fewer candidates
+ * enter and a full buffer is emptied by one pass (issue 18). Caller-owned memory.
  */
 typedef struct kv_score_acc {
   uint64_t *buf;     /* 2k + 256 entries: (sortable score << 32) | ~pos; larger = better */
@@ -327,9 +378,13 @@ typedef struct kv_score_acc {
   uint64_t thr;      /* entries <= thr cannot enter */
   float thr_score;   /* float filter: a score below it cannot enter */
   uint64_t n_pushed; /* candidates offered (statistics) */
+  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per top 12 bits) */
+  uint32_t bstar;    /* the lowest bucket that can still hold a top-k entry */
+  uint64_t cnt_ge;   /* admitted entries in buckets >= bstar */
 } kv_score_acc;
 
-/** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes). */
+/** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes, and 16 KiB of
+ * counters from k = 1024 on). */
 size_t kv_score_acc_bytes(uint32_t k);
 /** @brief Set up an empty accumulator for the best k (k >= 1) in mem (8-byte aligned). */
 kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size_t mem_bytes,

@@ -15,6 +15,10 @@
 
 #include <immintrin.h>
 
+#ifndef KV_PREFETCH
+#define KV_PREFETCH 1024
+#endif
+
 static inline __m256i reduce8(const __m256i a[8])
 {
   __m256i x[4];
@@ -116,12 +120,25 @@ run_fixed(const kv_score_query *q, const uint8_t *codes, uint32_t rb, unsigned b
           const float *scales, uint32_t n, float *out, const uint32_t fixed, const int32_t *corr4)
 {
   uint32_t t0 = 0;
+  /* software prefetch KV_PREFETCH bytes ahead of the block being scored: the kernel is near its
+   * compute bound, and the hardware prefetcher alone leaves it waiting on memory (issue 18:
+   * int8 d 128 from DRAM 7.9 -> 9.x GB/s on a 2-core EPYC). A prefetch never faults, so reading
+   * ahead past the run's end is harmless. */
+  const uint32_t lines = fixed ? 8 * fixed * 32 / 64 : (8 * rb + 63) / 64;
   if (bits == 8) {
-    for (; t0 + 8 <= n; t0 += 8)
+    for (; t0 + 8 <= n; t0 += 8) {
+      const char *pf = (const char *)(codes + (size_t)t0 * rb) + KV_PREFETCH;
+      for (uint32_t l = 0; l < lines; l++)
+        _mm_prefetch(pf + 64 * (size_t)l, _MM_HINT_T0);
       block8(q, codes + (size_t)t0 * rb, rb, 8, scales + t0, out + t0, fixed, corr4);
+    }
   } else {
-    for (; t0 + 8 <= n; t0 += 8)
+    for (; t0 + 8 <= n; t0 += 8) {
+      const char *pf = (const char *)(codes + (size_t)t0 * rb) + KV_PREFETCH;
+      for (uint32_t l = 0; l < lines; l++)
+        _mm_prefetch(pf + 64 * (size_t)l, _MM_HINT_T0);
       block8(q, codes + (size_t)t0 * rb, rb, 4, scales + t0, out + t0, fixed, corr4);
+    }
   }
   if (t0 < n) { /* fewer than 8 rows: integer dots by the vector code, float part per token */
     uint32_t m = n - t0;

@@ -35,6 +35,9 @@ struct kv_score_query {
   int8_t *q4hi;      /* q4hi[b] = q8[2b + 1] */
   int32_t *qsum;     /* per vector: sum of its codes */
   float *qscale;     /* per vector */
+  struct kv_score_query *rot; /* the rotated query (score.h THE CENTERED, ROTATED COPY): its
+                                 vectors are H x_v, quantized; NULL when head_dim is not a power
+                                 of two (version-2 copies need one) or in the rotated one itself */
 };
 
 typedef void (*kv_score_kernel_fn)(const kv_score_query *q, const uint8_t *codes,

@@ -344,6 +344,9 @@ static kvc_keys kvc_keys_of(const kv_score_layout *l, const uint8_t *codes, cons
 static kv_score_status kvc_check_layout(const kv_score_layout *l, kv_score_err *err)
 {
   kv_score_layout want;
+  if (l->variant != 0)
+    return FAIL(err, KV_SCORE_EUNSUPPORTED,
+                "centered (version 2) score copies are scored on the CPU only", l->variant, 0);
   if (kv_score_layout_init(&want, l->n_tokens, l->head_dim, l->bits, NULL) != KV_SCORE_OK ||
       memcmp(&want, l, sizeof want) != 0)
     return FAIL(err, KV_SCORE_EINVAL,

@@ -508,6 +508,40 @@ static int write_seeds(const char *dir)
     free(b);
     free(k);
   }
+  /* centered, rotated copies (version 2, issue 18): a good one per shape, and for the first
+   * two a negative center scale and version-2 bytes under a version-1 header */
+  const uint32_t cshapes[][3] = {{1, 2, 4}, {40, 64, 4}, {33, 128, 8}, {300, 8, 4}};
+  t_rng rc = {1234};
+  for (size_t si = 0; si < sizeof cshapes / sizeof cshapes[0]; si++) {
+    uint32_t n = cshapes[si][0], d = cshapes[si][1], bits = cshapes[si][2];
+    float *k = malloc((size_t)n * d * 4);
+    for (size_t i = 0; i < (size_t)n * d; i++)
+      k[i] = t_gauss(&rc) * (i % 7 == 0 ? 9.0f : 1.0f) + (i % d == 1 ? 20.0f : 0.0f);
+    kv_score_layout l;
+    kv_score_layout_init_v(&l, n, d, bits, KV_SCORE_COPY_CENTERED, NULL);
+    uint8_t *b = aligned(l.total_bytes);
+    REQUIRE(kv_score_copy_encode_v(KV_SCORE_F32, k, (size_t)d * 4, n, d, bits,
+                                   KV_SCORE_COPY_CENTERED, b, l.total_bytes, NULL, NULL) ==
+                KV_SCORE_OK,
+            "encode centered seed");
+    for (int variant = 0; variant < (si < 2 ? 3 : 1); variant++) {
+      if (variant == 1) {
+        float neg = -1.0f;
+        memcpy(b + 32, &neg, 4); /* center scale */
+      }
+      if (variant == 2) {
+        b[35] ^= 0x80; /* the center scale back to +1... */
+        b[4] = 1; /* ...under a version-1 header */
+      }
+      char path[4096];
+      snprintf(path, sizeof path, "%s/seed_centered_n%u_d%u_b%u_%d", dir, n, d, bits, variant);
+      FILE *f = fopen(path, "wb");
+      REQUIRE(f != NULL, "cannot write %s", path);
+      REQUIRE(fwrite(b, 1, l.total_bytes, f) == l.total_bytes && fclose(f) == 0, "write %s", path);
+    }
+    free(b);
+    free(k);
+  }
   return 0;
 }
 

@@ -11,6 +11,8 @@
  *   - Llama-shaped synthetic KV (bench/datagen.c: 8 KV heads x 128 dims, f16, four outlier key
  *     channels per head), N = 8192, queries of G = 4 heads (keys of random positions plus noise),
  *     both SUM and MAX.
+ * Three copies each: int8, int4 (version 1) and int4 centered and rotated (version 2, score.h;
+ * issue 18: held to >= 0.95 on the synthetic keys, >= 0.94 on stories260K's head_dim 8).
  * Also checks that the quantized scores stay within the error bound of score.h of the exact ones
  * and that the kernel path does not change the result.
  */
@@ -24,7 +26,7 @@
 #include "refmodel.h"
 
 typedef struct recall_acc {
-  double sum[3][2]; /* [k index][bits index] */
+  double sum[3][3]; /* [k index][copy: int8, int4 version 1, int4 centered (version 2)] */
   int n;
 } recall_acc;
 
@@ -49,14 +51,16 @@ static void measure(recall_acc *ra, const uint16_t *k16, size_t stride, uint32_t
           "query: %s", t_errtext(&e));
   uint8_t *mark = calloc(n, 1);
   uint32_t *pos = malloc((size_t)n * 4), *pos2 = malloc((size_t)n * 4);
-  for (int bi = 0; bi < 2; bi++) {
-    unsigned bits = bi == 0 ? 8 : 4;
+  for (int bi = 0; bi < 3; bi++) {
+    unsigned bits = bi == 0 ? 8 : 4, variant = bi == 2 ? KV_SCORE_COPY_CENTERED : 0;
+    if (variant != 0 && (d & (d - 1)) != 0)
+      continue;
     kv_score_layout l;
-    REQUIRE(kv_score_layout_init(&l, n, d, bits, NULL) == KV_SCORE_OK, "layout");
+    REQUIRE(kv_score_layout_init_v(&l, n, d, bits, variant, NULL) == KV_SCORE_OK, "layout");
     void *buf = NULL;
     REQUIRE(posix_memalign(&buf, 4096, l.total_bytes) == 0, "oom");
-    REQUIRE(kv_score_copy_encode(KV_SCORE_F16, k16, stride, n, d, bits, buf, l.total_bytes, NULL,
-                                 &e) == KV_SCORE_OK,
+    REQUIRE(kv_score_copy_encode_v(KV_SCORE_F16, k16, stride, n, d, bits, variant, buf,
+                                   l.total_bytes, NULL, &e) == KV_SCORE_OK,
             "encode: %s", t_errtext(&e));
     kv_score_view v;
     REQUIRE(kv_score_copy_parse(buf, l.total_bytes, &v, &e) == KV_SCORE_OK, "parse");
@@ -92,15 +96,17 @@ static void measure(recall_acc *ra, const uint16_t *k16, size_t stride, uint32_t
   kv_score_query_free(qq);
 }
 
-static void report(const char *name, const recall_acc *ra, double min8, double min4)
+static void report(const char *name, const recall_acc *ra, double min8, double min4,
+                   double min4c)
 {
   for (int ki = 0; ki < 3; ki++) {
-    double r8 = ra->sum[ki][0] / ra->n, r4 = ra->sum[ki][1] / ra->n;
-    printf("%s: recall@%2.0f%%  int8 %.4f  int4 %.4f  (%d queries)\n", name, KFRAC[ki] * 100, r8,
-           r4, ra->n);
+    double r8 = ra->sum[ki][0] / ra->n, r4 = ra->sum[ki][1] / ra->n, r4c = ra->sum[ki][2] / ra->n;
+    printf("%s: recall@%2.0f%%  int8 %.4f  int4 %.4f  int4 centered %.4f  (%d queries)\n", name,
+           KFRAC[ki] * 100, r8, r4, r4c, ra->n);
     if (ki == 2) {
       CHECK(r8 >= min8, "%s: int8 recall@10%% %.4f below %.2f", name, r8, min8);
       CHECK(r4 >= min4, "%s: int4 recall@10%% %.4f below %.2f", name, r4, min4);
+      CHECK(r4c >= min4c, "%s: int4 centered recall@10%% %.4f below %.2f", name, r4c, min4c);
     }
   }
 }
@@ -157,8 +163,8 @@ static int real_kv(void)
   }
   printf("real KV: stories260K, %d layers x %d KV heads, head_dim %u, %u tokens, G = %u\n",
          c->n_layers, c->n_kv_heads, d, n, G);
-  report("stories260K SUM", &sum, 0.98, 0.90);
-  report("stories260K MAX", &mx, 0.98, 0.90);
+  report("stories260K SUM", &sum, 0.98, 0.90, 0.94);
+  report("stories260K MAX", &mx, 0.98, 0.90, 0.94);
   free(k16);
   free(q);
   refmodel_state_free(st);
@@ -195,8 +201,8 @@ static void synthetic_kv(void)
   }
   printf("synthetic KV: datagen Llama shape, %u KV heads, head_dim %u, %u tokens, G = %u\n", H, d,
          n, G);
-  report("synthetic SUM", &sum, 0.98, 0.80);
-  report("synthetic MAX", &mx, 0.98, 0.80);
+  report("synthetic SUM", &sum, 0.98, 0.80, 0.95);
+  report("synthetic MAX", &mx, 0.98, 0.80, 0.95);
   free(q);
   free(kv);
   free(tok);
