@@ -85,6 +85,9 @@ typedef struct gstate {
   uint16_t *aux;       /* [sum k] per tier: prefix-best positions / convex hull (see build) */
   sbyte *sk;           /* [max k] scratch of build() */
   hent *heap;          /* [n] */
+  hent *tmp;           /* [n] scratch of the refill's sort */
+  uint64_t *cmin;      /* [n * KV_POLICY_MAX_TIERS] the fewest bytes of a context's options per
+                          tier: choose() skips a tier none of them fits */
   size_t hn;
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
@@ -433,7 +436,8 @@ static void h_down(gstate *g, size_t k)
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
-enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST, WS_N };
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST,
+       WS_TMP, WS_CMIN, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -602,19 +606,45 @@ static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
   double unone = pol_util_none(m, &m->ctx[i]);
   if (unone > best.u)
     best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, unone};
-  for (uint32_t t = m->first; t < m->T; t++)
+  /* What the scan below cannot change is skipped (the result is the same): a tier none of the
+   * context's options fits; uncached options of a tier whose best (c->best: the highest U
+   * there) does not beat the best found so far, which only rises; cached ones likewise with
+   * tier 0's best. */
+  const uint64_t *cmin = g->cmin + (size_t)(c - g->cs) * KV_POLICY_MAX_TIERS;
+  int cac = m->incl;
+#ifndef POL_REFERENCE
+  if (cac && (cmin[0] > room[0] || best_of(c, 0) == KV_POLICY_NONE ||
+              !(util(g, 0, c, (uint32_t)best_of(c, 0)) > best.u)))
+    cac = 0;
+#endif
+  for (uint32_t t = m->first; t < m->T; t++) {
+    int unc = 1;
+#ifndef POL_REFERENCE
+    if (cmin[t] > room[t]) /* no option fits tier t: nothing below would pass its first test */
+      continue;
+    if (best_of(c, t) == KV_POLICY_NONE || !(util(g, t, c, (uint32_t)best_of(c, t)) > best.u))
+      unc = 0;
+    if (!unc && !(cac && util(g, 0, c, (uint32_t)best_of(c, 0)) > best.u))
+      continue;
+#else
+    (void)cmin;
+#endif
     for (uint32_t o = 0; o < c->k; o++) {
       if (obytes(g, t, c, o) > room[t])
         continue;
-      double u = util(g, t, c, o);
-      if (u > best.u)
-        best = (rpl){(int32_t)t, (int32_t)o, 0, u};
-      if (m->incl && obytes(g, 0, c, o) <= room[0]) {
+      double u;
+      if (unc) {
+        u = util(g, t, c, o);
+        if (u > best.u)
+          best = (rpl){(int32_t)t, (int32_t)o, 0, u};
+      }
+      if (cac && obytes(g, 0, c, o) <= room[0]) {
         u = util(g, 0, c, o);
         if (u > best.u)
           best = (rpl){(int32_t)t, (int32_t)o, 1, u};
       }
     }
+  }
   return best;
 }
 
@@ -658,6 +688,7 @@ static int room_left(const gstate *g)
   return 0;
 }
 
+#ifdef POL_REFERENCE
 static int hent_cmp(const void *a, const void *b)
 {
   const hent *x = a, *y = b;
@@ -665,6 +696,53 @@ static int hent_cmp(const void *a, const void *b)
     return x->key < y->key ? -1 : 1;
   return x->i < y->i ? -1 : x->i > y->i;
 }
+#endif
+
+#ifndef POL_REFERENCE
+/* The bits of a key that order as the key does (unsigned compare); -0.0 is taken as +0.0, equal
+ * as hent_cmp has them. Keys are never NaN (see refill_pass). */
+static inline uint64_t key_bits(double d)
+{
+  uint64_t b;
+  d += 0.0;
+  memcpy(&b, &d, sizeof b);
+  return (b >> 63) ? ~b : b | (1ull << 63);
+}
+
+/* hent_cmp's order (key, then index) of keys[] that come in index order: an LSD radix sort by
+ * bytes of key_bits, stable, so equal keys stay in index order. A pass is skipped when every
+ * key has the same byte there. tmp: [n] scratch. */
+static void sort_keys(hent *keys, size_t n, hent *tmp)
+{
+  static const int R = 8;
+  size_t cnt[8][256];
+  memset(cnt, 0, sizeof cnt);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t b = key_bits(keys[i].key);
+    for (int p = 0; p < R; p++)
+      cnt[p][(b >> (8 * p)) & 255]++;
+  }
+  hent *src = keys, *dst = tmp;
+  for (int p = 0; p < R; p++) {
+    size_t pos[256], s = 0;
+    int trivial = 0;
+    for (int x = 0; x < 256; x++) {
+      trivial |= cnt[p][x] == n;
+      pos[x] = s;
+      s += cnt[p][x];
+    }
+    if (trivial)
+      continue;
+    for (size_t i = 0; i < n; i++)
+      dst[pos[(key_bits(src[i].key) >> (8 * p)) & 255]++] = src[i];
+    hent *x = src;
+    src = dst;
+    dst = x;
+  }
+  if (src != keys)
+    memcpy(keys, src, n * sizeof *keys);
+}
+#endif
 
 /* One refill pass (b): the contexts that would gain from more room, by gain per byte added
  * (highest first), each to its best placement that fits. Returns how many changed. */
@@ -692,7 +770,11 @@ static size_t refill_pass(gstate *g, hent *keys)
     keys[nk].i = (uint32_t)i;
     nk++;
   }
+#ifndef POL_REFERENCE
+  sort_keys(keys, nk, g->tmp);
+#else
   qsort(keys, nk, sizeof *keys, hent_cmp);
+#endif
   for (size_t k = 0; k < nk; k++) {
     if (!room_left(g)) /* no option of any context fits anywhere: nothing more can move in */
       break;
@@ -923,6 +1005,66 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
 
+/* The tiers' figures as read_options uses them. */
+typedef struct tierc {
+  int dec[KV_POLICY_MAX_TIERS];
+  double lat[KV_POLICY_MAX_TIERS], ibw[KV_POLICY_MAX_TIERS];
+} tierc;
+
+#if defined(__GNUC__)
+#define POL_INLINE static inline __attribute__((always_inline))
+#else
+#define POL_INLINE static inline
+#endif
+
+/* One pass over context i's options (T tiers: a constant where the caller can make it one, so
+ * that the tier loop unrolls): checks (when pol_model_init left them to us), compact options,
+ * the best option per tier (highest U, lowest index) into bu/bo, the fewest bytes per tier into
+ * cmin. */
+POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
+                                    const kv_policy_context *x, cst *c, size_t i, double *bu,
+                                    int32_t *bo, uint64_t *cmin, kv_policy_err *err)
+{
+  const pol_model *m = g->m;
+  const double f = c->f, alpha = m->p->alpha;
+  const uint64_t raw = x->raw_bytes;
+  copt *co = g->co + c->off, *cd = g->cd != NULL ? g->cd + c->off : NULL;
+  uint64_t mo = UINT64_MAX, md = UINT64_MAX; /* fewest bytes stored / decoded */
+  for (uint32_t a = 0; a < c->k; a++) {
+    const kv_policy_option *opt = &x->options[a];
+    if (!m->options_checked) {
+      kvdb_status st = pol_check_option(i, a, opt, err);
+      if (st != KVDB_OK)
+        return st;
+    }
+    double bps = opt->decode_bps;
+    if (!(bps > 0.0))
+      bps = opt->config.method < 4 ? m->p->decode_bps[opt->config.method] : 0.0;
+    double aq = alpha * opt->quality;
+    copt xo = {opt->bytes, aq - (bps > 0.0 ? (double)raw / bps : 0.0)};
+    copt xd = {opt->decoded_bytes != 0 ? opt->decoded_bytes : raw, aq};
+    co[a] = xo;
+    if (cd != NULL)
+      cd[a] = xd;
+    mo = xo.bytes < mo ? xo.bytes : mo;
+    md = xd.bytes < md ? xd.bytes : md;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 4
+#endif
+    for (uint32_t t = 0; t < T; t++) { /* best option per tier: highest U, lowest index */
+      const copt *xt = tc->dec[t] ? &xd : &xo;
+      double u = (xt->base - tc->lat[t] - (double)xt->bytes * tc->ibw[t]) * f; /* util() */
+      if (a == 0 || u > bu[t]) {
+        bu[t] = u;
+        bo[t] = (int32_t)a;
+      }
+    }
+  }
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
+    cmin[t] = t < T && tc->dec[t] ? md : mo;
+  return KVDB_OK;
+}
+
 static void gstate_free(gstate *g)
 {
   (void)g; /* the buffers belong to the workspace */
@@ -957,7 +1099,10 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   g.aux = ws_get(ws, WS_AUX, skk * sizeof *g.aux);
   g.sk = ws_get(ws, WS_SK, kmax * sizeof *g.sk);
   g.heap = ws_get(ws, WS_HEAP, nn * sizeof *g.heap);
-  if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap) {
+  g.tmp = ws_get(ws, WS_TMP, nn * sizeof *g.tmp);
+  g.cmin = ws_get(ws, WS_CMIN, nn * KV_POLICY_MAX_TIERS * sizeof *g.cmin);
+  if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap ||
+      !g.tmp || !g.cmin) {
     gstate_free(&g);
     return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts, %zu options)", n, sk);
   }
@@ -965,6 +1110,15 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
    * us), compact options, each context's best option per tier; then Algorithm 1 lines 1-4: an
    * incoming context takes its best option on the top tier */
   size_t off = 0;
+  const uint32_t T = m->T;
+  tierc tc;
+  uint64_t minb[KV_POLICY_MAX_TIERS];
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++) {
+    tc.dec[t] = t < T && m->decoded[t];
+    tc.lat[t] = t < T ? m->lat[t] : 0.0;
+    tc.ibw[t] = t < T ? m->inv_bw[t] : 0.0;
+    minb[t] = UINT64_MAX;
+  }
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *x = &m->ctx[i];
     cst *c = &g.cs[i];
@@ -977,35 +1131,20 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     off += c->k;
     double bu[KV_POLICY_MAX_TIERS] = {0};
     int32_t bo[KV_POLICY_MAX_TIERS] = {0};
-    for (uint32_t a = 0; a < c->k; a++) {
-      const kv_policy_option *opt = &x->options[a];
-      if (!m->options_checked) {
-        kvdb_status st = pol_check_option(i, a, opt, err);
-        if (st != KVDB_OK) {
-          gstate_free(&g);
-          return st;
-        }
-      }
-      double bps = opt->decode_bps;
-      if (!(bps > 0.0))
-        bps = opt->config.method < 4 ? m->p->decode_bps[opt->config.method] : 0.0;
-      double aq = m->p->alpha * opt->quality;
-      g.co[c->off + a].bytes = opt->bytes;
-      g.co[c->off + a].base = aq - (bps > 0.0 ? (double)x->raw_bytes / bps : 0.0);
-      if (g.cd != NULL) {
-        g.cd[c->off + a].bytes = opt->decoded_bytes != 0 ? opt->decoded_bytes : x->raw_bytes;
-        g.cd[c->off + a].base = aq;
-      }
-      for (uint32_t t = 0; t < m->T; t++) { /* best option per tier: highest U, lowest index */
-        double u = util(&g, t, c, a);
-        uint64_t ob = obytes(&g, t, c, a);
-        g.minb[t] = ob < g.minb[t] ? ob : g.minb[t];
-        if (a == 0 || u > bu[t]) {
-          bu[t] = u;
-          bo[t] = (int32_t)a;
-        }
-      }
+    uint64_t *cmin = g.cmin + i * KV_POLICY_MAX_TIERS;
+    kvdb_status rst;
+    switch (T) { /* the tier loop unrolled */
+    case 1: rst = read_options(&g, &tc, 1, x, c, i, bu, bo, cmin, err); break;
+    case 2: rst = read_options(&g, &tc, 2, x, c, i, bu, bo, cmin, err); break;
+    case 3: rst = read_options(&g, &tc, 3, x, c, i, bu, bo, cmin, err); break;
+    default: rst = read_options(&g, &tc, T, x, c, i, bu, bo, cmin, err); break;
     }
+    if (rst != KVDB_OK) {
+      gstate_free(&g);
+      return rst;
+    }
+    for (uint32_t t = 0; t < T; t++)
+      minb[t] = cmin[t] < minb[t] ? cmin[t] : minb[t];
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
     if (incoming == NULL || incoming[i]) {
@@ -1032,6 +1171,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     use(&g, c, +1);
   }
+  memcpy(g.minb, minb, sizeof minb);
   /* the default rule on small instances runs twice: from a per-byte cascade and from a
    * least-drop one (e), keeping the better; the starting placements are kept for the second */
   int twice = m->p->rule == KV_POLICY_REFILL && n > 0 && n <= POL_SMALL;
