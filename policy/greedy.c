@@ -69,6 +69,7 @@ _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
 typedef struct hent {
   double key;
   uint32_t i;
+  uint32_t gate; /* the refill's candidates: what choose() needs to change it (refill_gate) */
 } hent;
 
 typedef struct sbyte {
@@ -744,6 +745,60 @@ static void sort_keys(hent *keys, size_t n, hent *tmp)
 }
 #endif
 
+/* A refill candidate's gate: bits 0-3 the tiers on which choose() could find it something
+ * better than where it is (choose's own tests: tier t's best uncached beats it, or tier 0's
+ * best cached does: tier 0), bits 4-31 the fewest free bytes any of those needs, in MiB rounded
+ * down (a context's room on a tier is the free bytes plus its own there). "Not stored" beating
+ * where it is: every tier, 0 bytes (that always fits). No such tier: 0. */
+#ifndef POL_REFERENCE
+#define GATE_SHIFT 20
+static uint32_t refill_gate(const gstate *g, const cst *c, size_t i, double ucur,
+                            const uint64_t *own)
+{
+  const pol_model *m = g->m;
+  double unone = pol_util_none(m, &m->ctx[i]), base = c->tier == KV_POLICY_NONE ? unone : ucur;
+  if (unone > base)
+    return 15u;
+  const uint64_t *cmin = g->cmin + i * KV_POLICY_MAX_TIERS;
+  uint32_t mask = 0;
+  uint64_t need = UINT64_MAX;
+  for (uint32_t t = m->first; t < m->T; t++)
+    if (best_of(c, t) != KV_POLICY_NONE && util(g, t, c, (uint32_t)best_of(c, t)) > base) {
+      uint64_t r = cmin[t] > own[t] ? cmin[t] - own[t] : 0;
+      need = r < need ? r : need;
+      mask |= 1u << t;
+    }
+  if (m->incl && best_of(c, 0) != KV_POLICY_NONE && util(g, 0, c, (uint32_t)best_of(c, 0)) > base) {
+    uint64_t r = cmin[0] > own[0] ? cmin[0] - own[0] : 0;
+    need = r < need ? r : need;
+    mask |= 1u;
+  }
+  if (mask == 0)
+    return 0;
+  uint64_t q = need >> GATE_SHIFT;
+  return (uint32_t)(q > 0x0fffffffu ? 0x0fffffffu : q) << 4 | mask;
+}
+
+/* Whether choose() cannot change a candidate of this gate now: no tier to look at, or none of
+ * them has the free bytes it needs. */
+static int refill_gated(const gstate *g, uint32_t gate)
+{
+  const pol_model *m = g->m;
+  uint32_t mask = gate & 15u;
+  if (mask == 0)
+    return 1;
+  uint64_t fmax = 0;
+  for (uint32_t t = 0; t < m->T; t++)
+    if (mask >> t & 1u) {
+      uint64_t fr = m->cap[t] == KV_POLICY_UNLIMITED ? UINT64_MAX
+                    : m->cap[t] > g->used[t]         ? m->cap[t] - g->used[t]
+                                                     : 0;
+      fmax = fr > fmax ? fr : fmax;
+    }
+  return (uint64_t)(gate >> 4) > fmax >> GATE_SHIFT;
+}
+#endif
+
 /* One refill pass (b): the contexts that would gain from more room, by gain per byte added
  * (highest first), each to its best placement that fits. Returns how many changed. */
 static size_t refill_pass(gstate *g, hent *keys)
@@ -752,6 +807,8 @@ static size_t refill_pass(gstate *g, hent *keys)
   /* an admit into a large store: the others were refilled by the placement before; only
    * the incoming contexts and those its cascade changed take the room it left */
   int only = g->inc != NULL && n > POL_SMALL;
+  const pol_model *m = g->m;
+  const uint32_t T = m->T;
   for (size_t i = 0; i < n; i++) {
     const cst *c = &g->cs[i];
     if (only && !c->touched && !g->inc[i])
@@ -764,10 +821,13 @@ static size_t refill_pass(gstate *g, hent *keys)
     rpl now = {c->tier, c->option, c->cached, 0};
     rpl_use(g, c, &b, nu);
     rpl_use(g, c, &now, own);
-    for (uint32_t t = 0; t < g->m->T; t++)
+    for (uint32_t t = 0; t < T; t++)
       add += nu[t] > own[t] ? nu[t] - own[t] : 0;
     keys[nk].key = -(b.u - ucur) / (double)(add > 0 ? add : 1);
     keys[nk].i = (uint32_t)i;
+#ifndef POL_REFERENCE
+    keys[nk].gate = refill_gate(g, c, i, ucur, own);
+#endif
     nk++;
   }
 #ifndef POL_REFERENCE
@@ -778,6 +838,10 @@ static size_t refill_pass(gstate *g, hent *keys)
   for (size_t k = 0; k < nk; k++) {
     if (!room_left(g)) /* no option of any context fits anywhere: nothing more can move in */
       break;
+#ifndef POL_REFERENCE
+    if (refill_gated(g, keys[k].gate))
+      continue;
+#endif
     cst *c = &g->cs[keys[k].i];
     rpl b = choose(g, c, keys[k].i, FIT_ROOM);
     rpl now = {c->tier, c->option, c->cached, 0};
@@ -1149,9 +1213,16 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
     if (incoming == NULL || incoming[i]) {
       uint32_t st = 0; /* (a): the default rule starts on the tier of highest utility */
-      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++)
+      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++) {
+#ifndef POL_REFERENCE /* best_utility(), read_options computed it */
+        double ut = best_of(c, t) == KV_POLICY_NONE ? unone : bu[t];
+        double us = best_of(c, st) == KV_POLICY_NONE ? unone : bu[st];
+        if (ut > us)
+#else
         if (best_utility(&g, t, c, i) > best_utility(&g, st, c, i))
+#endif
           st = t;
+      }
       if (st > 0 && best_of(c, st) != KV_POLICY_NONE) {
         c->tier = (int8_t)st;
         c->option = best_of(c, st);
