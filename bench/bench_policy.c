@@ -441,7 +441,9 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(&tr, 0, sizeof tr);
   memset(cm, 0, sizeof cm);
 
-  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds) */
+  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds);
+   * =place100k: parts 1-3 (tiers, configs, trace) and then only the 100k-context placement
+   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
     return report_optimality(env, o, j, NULL);
@@ -594,6 +596,25 @@ int bench_policy(const bench_env *env, bench_json *j)
           tr.n, (double)tr.raw_total / 1e12, tr.n_req, PB_ZIPF, tr.n_warm, sens_mean,
           PB_DRAM_FRAC * 100, (double)tr.raw_total * PB_DRAM_FRAC / 1e9, PB_SSD_FRAC * 100,
           (double)tr.raw_total * PB_SSD_FRAC / 1e9, PB_PREFILL_TPS, PB_HALF_LIFE_PER_CTX * tr.n);
+
+  if (only != NULL && strcmp(only, "place100k") == 0) {
+    for (int d = 0; d < 2; d++) {
+      big_m big;
+      memset(&big, 0, sizeof big);
+      bench_log("policy: placing %u contexts x %zu configs x 3 tiers", PB_BIG_N, NCFG);
+      if (pb_place_100k(env, &tr, &tm, d == 0, &big) != 0)
+        goto out;
+      fprintf(o, "%s DRAM: rebalance of %u contexts, median [min .. max] of %d:",
+              d == 0 ? "decoded" : "compressed", PB_BIG_N,
+              env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL);
+      for (int r = 0; r < OPT_RULES; r++)
+        fprintf(o, " %s %.1f ms [%.1f .. %.1f];", PB_RULE_NAME[r], big.ms[r], big.ms_min[r],
+                big.ms_max[r]);
+      fprintf(o, " admit %.1f ms\n", big.admit_ms);
+    }
+    rc = 0;
+    goto out;
+  }
 
   /* 4-7 for each scenario: kvdb's DRAM tier as it is (decoded blocks), then holding the
    * compressed bytes (EvicPress's model; kvdb's once its DRAM tier keeps compressed blocks) */

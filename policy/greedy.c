@@ -87,6 +87,7 @@ typedef struct gstate {
   sbyte *sk;           /* [max k] scratch of build() */
   hent *heap;          /* [n] */
   hent *tmp;           /* [n] scratch of the refill's sort */
+  double *bu;          /* [n * KV_POLICY_MAX_TIERS] U of a context's best option per tier */
   uint64_t *cmin;      /* [n * KV_POLICY_MAX_TIERS] the fewest bytes of a context's options per
                           tier: choose() skips a tier none of them fits */
   size_t hn;
@@ -176,11 +177,23 @@ static inline int32_t best_of(const cst *c, uint32_t t)
   return c->best[t] == BEST_NONE ? KV_POLICY_NONE : (int32_t)c->best[t];
 }
 
+/* U(t, c->best[t]) of context i (best_of(c, t) not KV_POLICY_NONE): kept from the first pass. */
+static inline double ubest(const gstate *g, uint32_t t, const cst *c, size_t i)
+{
+#ifndef POL_REFERENCE
+  (void)c;
+  return g->bu[i * KV_POLICY_MAX_TIERS + t];
+#else
+  (void)i;
+  return util(g, t, c, (uint32_t)best_of(c, t));
+#endif
+}
+
 /* The utility a context has with its best option on tier t. */
 static double best_utility(const gstate *g, uint32_t t, const cst *c, size_t i)
 {
   int32_t o = best_of(c, t);
-  return o == KV_POLICY_NONE ? pol_util_none(g->m, &g->m->ctx[i]) : util(g, t, c, (uint32_t)o);
+  return o == KV_POLICY_NONE ? pol_util_none(g->m, &g->m->ctx[i]) : ubest(g, t, c, i);
 }
 
 /* The utility after evicting context i from tier t (NaN: unchanged, a cached context whose
@@ -438,7 +451,7 @@ static void h_down(gstate *g, size_t k)
 /* ---- the workspace ----------------------------------------------------------------------- */
 
 enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST,
-       WS_TMP, WS_CMIN, WS_N };
+       WS_TMP, WS_CMIN, WS_BU, WS_UPLAN, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -615,7 +628,7 @@ static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
   int cac = m->incl;
 #ifndef POL_REFERENCE
   if (cac && (cmin[0] > room[0] || best_of(c, 0) == KV_POLICY_NONE ||
-              !(util(g, 0, c, (uint32_t)best_of(c, 0)) > best.u)))
+              !(ubest(g, 0, c, i) > best.u)))
     cac = 0;
 #endif
   for (uint32_t t = m->first; t < m->T; t++) {
@@ -623,9 +636,9 @@ static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
 #ifndef POL_REFERENCE
     if (cmin[t] > room[t]) /* no option fits tier t: nothing below would pass its first test */
       continue;
-    if (best_of(c, t) == KV_POLICY_NONE || !(util(g, t, c, (uint32_t)best_of(c, t)) > best.u))
+    if (best_of(c, t) == KV_POLICY_NONE || !(ubest(g, t, c, i) > best.u))
       unc = 0;
-    if (!unc && !(cac && util(g, 0, c, (uint32_t)best_of(c, 0)) > best.u))
+    if (!unc && !(cac && ubest(g, 0, c, i) > best.u))
       continue;
 #else
     (void)cmin;
@@ -668,7 +681,7 @@ static rpl best_any(const gstate *g, const cst *c, size_t i)
     int32_t o = best_of(c, t);
     if (o == KV_POLICY_NONE || (!m->incl && t < m->first))
       continue;
-    double u = util(g, t, c, (uint32_t)o);
+    double u = ubest(g, t, c, i);
     if (u > best.u) {
       if (m->incl && t == 0)
         best = (rpl){(int32_t)m->first, o, 1, u};
@@ -763,12 +776,12 @@ static uint32_t refill_gate(const gstate *g, const cst *c, size_t i, double ucur
   uint32_t mask = 0;
   uint64_t need = UINT64_MAX;
   for (uint32_t t = m->first; t < m->T; t++)
-    if (best_of(c, t) != KV_POLICY_NONE && util(g, t, c, (uint32_t)best_of(c, t)) > base) {
+    if (best_of(c, t) != KV_POLICY_NONE && ubest(g, t, c, i) > base) {
       uint64_t r = cmin[t] > own[t] ? cmin[t] - own[t] : 0;
       need = r < need ? r : need;
       mask |= 1u << t;
     }
-  if (m->incl && best_of(c, 0) != KV_POLICY_NONE && util(g, 0, c, (uint32_t)best_of(c, 0)) > base) {
+  if (m->incl && best_of(c, 0) != KV_POLICY_NONE && ubest(g, 0, c, i) > base) {
     uint64_t r = cmin[0] > own[0] ? cmin[0] - own[0] : 0;
     need = r < need ? r : need;
     mask |= 1u;
@@ -1165,8 +1178,9 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   g.heap = ws_get(ws, WS_HEAP, nn * sizeof *g.heap);
   g.tmp = ws_get(ws, WS_TMP, nn * sizeof *g.tmp);
   g.cmin = ws_get(ws, WS_CMIN, nn * KV_POLICY_MAX_TIERS * sizeof *g.cmin);
+  g.bu = ws_get(ws, WS_BU, nn * KV_POLICY_MAX_TIERS * sizeof *g.bu);
   if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap ||
-      !g.tmp || !g.cmin) {
+      !g.tmp || !g.cmin || !g.bu) {
     gstate_free(&g);
     return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts, %zu options)", n, sk);
   }
@@ -1209,6 +1223,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     for (uint32_t t = 0; t < T; t++)
       minb[t] = cmin[t] < minb[t] ? cmin[t] : minb[t];
+    memcpy(g.bu + i * KV_POLICY_MAX_TIERS, bu, sizeof bu);
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
     if (incoming == NULL || incoming[i]) {
@@ -1370,10 +1385,18 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   size_t n_moves = 0;
   double u_none = 0;
   int any_incoming = 0;
+  /* each context's utility before and after, for its move below */
+  double *uc = ws_get(ws, WS_UPLAN, (n > 0 ? n : 1) * 2 * sizeof *uc);
+  if (uc == NULL) {
+    kv_policy_plan_free(plan);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  }
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *c = &m->ctx[i];
-    plan->utility_before += pol_util_place(m, c, &c->current);
-    plan->utility_after += pol_util_place(m, c, &plan->place[i]);
+    uc[2 * i] = pol_util_place(m, c, &c->current);
+    uc[2 * i + 1] = pol_util_place(m, c, &plan->place[i]);
+    plan->utility_before += uc[2 * i];
+    plan->utility_after += uc[2 * i + 1];
     u_none += pol_util_none(m, c);
     any_incoming |= incoming != NULL && incoming[i];
     pol_use(m, c, &c->current, plan->used_before, +1);
@@ -1423,8 +1446,8 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
       pol_use(m, c, &mv->to, b, +1);
       for (uint32_t t = 0; t < m->T; t++)
         mv->bytes_delta[t] = (int64_t)b[t] - (int64_t)a[t];
-      mv->utility_from = pol_util_place(m, c, &mv->from);
-      mv->utility_to = pol_util_place(m, c, &mv->to);
+      mv->utility_from = uc[2 * i]; /* pol_util_place of from (none: the same as current's) */
+      mv->utility_to = uc[2 * i + 1];
     }
     sort_moves(plan->moves, plan->n_moves, (int32_t)m->T, tmp);
   }
