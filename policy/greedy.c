@@ -23,6 +23,7 @@
  *   G3. Every operation strictly lowers used[t] on the tier being resolved, and every context
  *       on it has at least one (evict), so the loop ends with used[t] <= cap[t].
  */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1109,10 +1110,13 @@ POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
   uint64_t mo = UINT64_MAX, md = UINT64_MAX; /* fewest bytes stored / decoded */
   for (uint32_t a = 0; a < c->k; a++) {
     const kv_policy_option *opt = &x->options[a];
-    if (!m->options_checked) {
-      kvdb_status st = pol_check_option(i, a, opt, err);
-      if (st != KVDB_OK)
-        return st;
+    if (!m->options_checked) { /* pol_check_option's tests at once; it names what failed */
+      double q = opt->quality, d = opt->decode_bps;
+      if (opt->bytes == 0 || !(q >= 0.0 && q <= 1.0) || !(d >= 0.0 && d <= DBL_MAX)) {
+        kvdb_status st = pol_check_option(i, a, opt, err);
+        if (st != KVDB_OK)
+          return st;
+      }
     }
     double bps = opt->decode_bps;
     if (!(bps > 0.0))
@@ -1125,12 +1129,13 @@ POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
       cd[a] = xd;
     mo = xo.bytes < mo ? xo.bytes : mo;
     md = xd.bytes < md ? xd.bytes : md;
+    const double fo = (double)xo.bytes, fd = (double)xd.bytes;
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC unroll 4
 #endif
     for (uint32_t t = 0; t < T; t++) { /* best option per tier: highest U, lowest index */
-      const copt *xt = tc->dec[t] ? &xd : &xo;
-      double u = (xt->base - tc->lat[t] - (double)xt->bytes * tc->ibw[t]) * f; /* util() */
+      double base = tc->dec[t] ? xd.base : xo.base, fb = tc->dec[t] ? fd : fo;
+      double u = (base - tc->lat[t] - fb * tc->ibw[t]) * f; /* util() */
       if (a == 0 || u > bu[t]) {
         bu[t] = u;
         bo[t] = (int32_t)a;
