@@ -72,6 +72,7 @@ typedef struct hent {
   uint32_t i;
   uint32_t gate; /* the refill's candidates: what choose() needs to change it (refill_gate) */
 } hent;
+_Static_assert(sizeof(hent) == 16, "4 heap entries per cache line");
 
 typedef struct sbyte {
   uint64_t b;
@@ -1180,7 +1181,10 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   g.ord = ws_get(ws, WS_ORD, skk * sizeof *g.ord);
   g.aux = ws_get(ws, WS_AUX, skk * sizeof *g.aux);
   g.sk = ws_get(ws, WS_SK, kmax * sizeof *g.sk);
-  g.heap = ws_get(ws, WS_HEAP, nn * sizeof *g.heap);
+  /* 3 entries ahead of the buffer's (64-byte aligned) start: the 4 children of an entry
+   * (4k+1 .. 4k+4, 16 bytes each) share one cache line */
+  g.heap = ws_get(ws, WS_HEAP, (nn + 3) * sizeof *g.heap);
+  g.heap = g.heap != NULL ? g.heap + 3 : NULL;
   g.tmp = ws_get(ws, WS_TMP, nn * sizeof *g.tmp);
   g.cmin = ws_get(ws, WS_CMIN, nn * KV_POLICY_MAX_TIERS * sizeof *g.cmin);
   g.bu = ws_get(ws, WS_BU, nn * KV_POLICY_MAX_TIERS * sizeof *g.bu);
