@@ -63,6 +63,8 @@ typedef struct cst {
   int8_t tier;                        /* placement: tier (KV_POLICY_NONE) */
   uint8_t cached, scan, built;
   uint8_t touched;                    /* the cascade changed it (the refill of an admit) */
+  uint8_t big;                        /* some tier's best option exceeds the empty tiers
+                                         (alone() must scan) */
   uint16_t best[KV_POLICY_MAX_TIERS]; /* best option per serving tier, BEST_NONE = recompute */
 } cst;
 _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
@@ -70,7 +72,8 @@ _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
 typedef struct hent {
   double key;
   uint32_t i;
-  uint32_t gate; /* the refill's candidates: what choose() needs to change it (refill_gate) */
+  uint32_t gate; /* the refill's candidates: what choose() needs to change it (refill_gate);
+                    the heap's: opt_hint (a prefetch address only) */
 } hent;
 _Static_assert(sizeof(hent) == 16, "4 heap entries per cache line");
 
@@ -93,6 +96,7 @@ typedef struct gstate {
   uint64_t *cmin;      /* [n * KV_POLICY_MAX_TIERS] the fewest bytes of a context's options per
                           tier: choose() skips a tier none of them fits */
   size_t hn;
+  size_t nopt;         /* options of all contexts (entries of co, cd) */
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
   uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
@@ -137,6 +141,13 @@ static inline double util(const gstate *g, uint32_t t, const cst *c, uint32_t o)
 static inline uint64_t obytes(const gstate *g, uint32_t t, const cst *c, uint32_t o)
 {
   return copt_of(g, t, c, o)->bytes;
+}
+
+/* Where a context's current option is in co and cd, for a prefetch only (past 2^32 options it
+ * wraps: the prefetch misses, nothing else reads it). */
+static inline uint32_t opt_hint(const cst *c)
+{
+  return (uint32_t)(c->off + (uint64_t)(c->option >= 0 ? c->option : 0));
 }
 
 static inline int on_tier(const gstate *g, uint32_t t, const cst *c)
@@ -508,6 +519,7 @@ static int cascade(gstate *g)
         c->op = op_next(g, t, c);
         g->heap[g->hn].key = c->op.key;
         g->heap[g->hn].i = (uint32_t)i;
+        g->heap[g->hn].gate = opt_hint(c);
         g->hn++;
       }
     }
@@ -520,13 +532,22 @@ static int cascade(gstate *g)
 #if defined(__GNUC__)
       /* the next top is one of the root's children: start fetching them (random contexts) */
       for (size_t q = 1; q <= 4 && q < g->hn; q++)
+      {
         __builtin_prefetch(&g->cs[g->heap[q].i]);
+        /* and its current option (what applying its operation reads first) */
+        if (g->heap[q].gate < g->nopt) {
+          __builtin_prefetch(&g->co[g->heap[q].gate]);
+          if (g->cd != NULL)
+            __builtin_prefetch(&g->cd[g->heap[q].gate]);
+        }
+      }
 #endif
       op x = c->op;
       op_apply(g, t, c, &x);
       if (on_tier(g, t, c)) { /* replace the top with its next operation */
         c->op = op_next(g, t, c);
         g->heap[0].key = c->op.key;
+        g->heap[0].gate = opt_hint(c);
       } else {
         g->heap[0] = g->heap[--g->hn];
       }
@@ -891,6 +912,9 @@ static rpl alone(const gstate *g, const cst *c, size_t i)
   rpl b = best_any(g, c, i);
   if (b.tier == KV_POLICY_NONE)
     return b;
+#ifndef POL_REFERENCE
+  return c->big ? choose(g, c, i, FIT_EMPTY) : b; /* the tests below, made by the first pass */
+#endif
   for (uint32_t t = m->first; t < m->T; t++) {
     int32_t o = best_of(c, t);
     if (o != KV_POLICY_NONE && obytes(g, t, c, (uint32_t)o) > m->cap[t])
@@ -1084,6 +1108,19 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
 
+/* Loops over the caller's contexts in order read one option of each, at an offset no hardware
+ * prefetcher guesses: fetch the one of context i (placement pl[i]) PF_AHEAD contexts early. */
+#define PF_AHEAD 8
+static inline void pf_option(const pol_model *m, size_t i, const kv_policy_place *pl)
+{
+#if defined(__GNUC__)
+  if (i < m->n && pl[i].tier != KV_POLICY_NONE)
+    __builtin_prefetch(&m->ctx[i].options[pl[i].option]);
+#else
+  (void)m, (void)i, (void)pl;
+#endif
+}
+
 /* The tiers' figures as read_options uses them. */
 typedef struct tierc {
   int dec[KV_POLICY_MAX_TIERS];
@@ -1102,7 +1139,8 @@ typedef struct tierc {
  * cmin. */
 POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
                                     const kv_policy_context *x, cst *c, size_t i, double *bu,
-                                    int32_t *bo, uint64_t *cmin, kv_policy_err *err)
+                                    int32_t *bo, uint64_t *bb, uint64_t *bf0, uint64_t *cmin,
+                                    kv_policy_err *err)
 {
   const pol_model *m = g->m;
   const double f = c->f, alpha = m->p->alpha;
@@ -1140,6 +1178,9 @@ POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
       if (a == 0 || u > bu[t]) {
         bu[t] = u;
         bo[t] = (int32_t)a;
+        bb[t] = tc->dec[t] ? xd.bytes : xo.bytes;
+        if (t == 0)
+          *bf0 = tc->dec[m->first] ? xd.bytes : xo.bytes;
       }
     }
   }
@@ -1175,6 +1216,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     kmax = m->ctx[i].n_options > kmax ? m->ctx[i].n_options : kmax;
   }
   size_t skk = sk > 0 ? sk : 1;
+  g.nopt = sk;
   g.cs = ws_get(ws, WS_CS, nn * sizeof *g.cs);
   g.co = ws_get(ws, WS_CO, skk * sizeof *g.co);
   g.cd = any_decoded ? ws_get(ws, WS_CD, skk * sizeof *g.cd) : NULL;
@@ -1218,13 +1260,14 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     off += c->k;
     double bu[KV_POLICY_MAX_TIERS] = {0};
     int32_t bo[KV_POLICY_MAX_TIERS] = {0};
+    uint64_t bb[KV_POLICY_MAX_TIERS] = {0}, bf0 = 0; /* bytes of each best, tier 0's on first */
     uint64_t *cmin = g.cmin + i * KV_POLICY_MAX_TIERS;
     kvdb_status rst;
     switch (T) { /* the tier loop unrolled */
-    case 1: rst = read_options(&g, &tc, 1, x, c, i, bu, bo, cmin, err); break;
-    case 2: rst = read_options(&g, &tc, 2, x, c, i, bu, bo, cmin, err); break;
-    case 3: rst = read_options(&g, &tc, 3, x, c, i, bu, bo, cmin, err); break;
-    default: rst = read_options(&g, &tc, T, x, c, i, bu, bo, cmin, err); break;
+    case 1: rst = read_options(&g, &tc, 1, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    case 2: rst = read_options(&g, &tc, 2, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    case 3: rst = read_options(&g, &tc, 3, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    default: rst = read_options(&g, &tc, T, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
     }
     if (rst != KVDB_OK) {
       gstate_free(&g);
@@ -1235,6 +1278,10 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     memcpy(g.bu + i * KV_POLICY_MAX_TIERS, bu, sizeof bu);
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
+    for (uint32_t t = m->first; t < m->T; t++) /* alone()'s tests */
+      c->big |= best_of(c, t) != KV_POLICY_NONE && bb[t] > m->cap[t];
+    if (m->incl && best_of(c, 0) != KV_POLICY_NONE && (bb[0] > m->cap[0] || bf0 > m->cap[m->first]))
+      c->big = 1;
     if (incoming == NULL || incoming[i]) {
       uint32_t st = 0; /* (a): the default rule starts on the tier of highest utility */
       for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++) {
@@ -1335,8 +1382,10 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   gstate_free(&g);
   /* [G1], [G2]: recount from the caller's options and check every tier */
   uint64_t used[KV_POLICY_MAX_TIERS] = {0};
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    pf_option(m, i + PF_AHEAD, out);
     pol_use(m, &m->ctx[i], &out[i], used, +1);
+  }
   for (uint32_t t = 0; t < m->T; t++)
     if (used[t] != counted[t] || used[t] > m->cap[t])
       return pol_fail(err, KVDB_PANIC,
@@ -1402,6 +1451,7 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   }
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *c = &m->ctx[i];
+    pf_option(m, i + PF_AHEAD, plan->place);
     uc[2 * i] = pol_util_place(m, c, &c->current);
     uc[2 * i + 1] = pol_util_place(m, c, &plan->place[i]);
     plan->utility_before += uc[2 * i];
