@@ -128,7 +128,7 @@
  * best option per tier, kept from the first pass; a radix sort by gain per byte; the options of
  * a candidate are scanned only when a tier it could gain on has the free bytes its smallest
  * option needs) and a greedy's cost per guard trial or re-insertion (up to 3 passes, 8 trials,
- * 8 re-insertions up to 256 contexts; 1 pass, 1 trial above): about 1.2x the per-byte greedy
+ * 8 re-insertions up to 256 contexts; 1 pass, 1 trial above): 1.2-1.3x the per-byte greedy
  * at 100k contexts (`kvdb-bench policy`: place_100k_ms). These shortcuts decide nothing: the
  * greedy built without them (POL_REFERENCE) gives the same plans (test policy-same).
  * kv_policy_upper_bound is O(cycles * T * S * h) with S the (context, placement)
