@@ -275,7 +275,7 @@ out:
 }
 
 /* Part 5b (issue 17): the default rule against the strongest fixed-config baseline of every
- * family (every config + LRU, + LFU on the same decayed counts, + S3-FIFO) at equal quality, on
+ * family (every config + LRU, + LFU on the same decayed counts, + S3-FIFO, + ARC) at equal quality, on
  * the stationary trace, a drifting one and one with one-shot contexts mixed in (the same
  * contexts and profiles; DRAM tier as kvdb has it). gain[mode] = the smallest TTFT gain over
  * the baselines' Pareto front points of quality >= 0.9 x LRU's; worst[mode] names that point. */
@@ -298,7 +298,7 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
   int rc = -1;
   if (!base || !ev || !front || !pg || !pq)
     goto out;
-  fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO} at equal "
+  fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO, ARC} at equal "
              "quality (DRAM tier as kvdb has it)\n");
   for (int mode = 0; mode < 3; mode++) {
     trace trm;
@@ -353,7 +353,7 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
     sk->geo[mode] = np ? exp(lsum / (double)np) : 0;
     sk->vs_lru3[mode] = g.vs_lru_3pct;
     snprintf(sk->worst[mode], sizeof sk->worst[mode], "%s", np ? base[worst].name : "-");
-    for (int b = 1; b < PB_BASES; b++) { /* raw + LFU / S3-FIFO within 3% of their quality */
+    for (int b = 1; b < PB_BASES; b++) { /* raw + LFU / S3-FIFO / ARC within 3% of their quality */
       result one[1] = {base[1 + (size_t)b * NCFG + CFG_RAW]};
       uint8_t f1[1];
       double g1[1], q1[1];
@@ -362,18 +362,19 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
       sk->raw3[mode][b] = gb.vs_lru_3pct;
     }
     sk->raw3[mode][0] = g.vs_lru_3pct;
-    fprintf(o, "%s: raw + LRU %.4f s, + LFU %.4f s, + S3-FIFO %.4f s; the baselines' front "
-               "(quality >= 0.9 x LRU's):",
-            mname[mode], sk->base_ttft[mode][0], sk->base_ttft[mode][1], sk->base_ttft[mode][2]);
+    fprintf(o, "%s: raw + LRU %.4f s, + LFU %.4f s, + S3-FIFO %.4f s, + ARC %.4f s; the "
+               "baselines' front (quality >= 0.9 x LRU's):",
+            mname[mode], sk->base_ttft[mode][0], sk->base_ttft[mode][1], sk->base_ttft[mode][2],
+            sk->base_ttft[mode][3]);
     for (size_t k = 1; k < nb; k++)
       if (front[k] && !isnan(pg[k]))
         fprintf(o, " %s %.4f s q %.4f -> %.3fx;", base[k].name, base[k].ttft, base[k].quality,
                 pg[k]);
     fprintf(o, "\n  default rule vs the strongest (compressed front points; the raw ones within 3%% "
                "of their quality): min %.3fx (vs %s), geometric mean %.3fx over %zu points; vs "
-               "raw + LRU / LFU / S3-FIFO within 3%%: %.3fx / %.3fx / %.3fx\n",
+               "raw + LRU / LFU / S3-FIFO / ARC within 3%%: %.3fx / %.3fx / %.3fx / %.3fx\n",
             sk->gain[mode], sk->worst[mode], sk->geo[mode], np, sk->raw3[mode][0],
-            sk->raw3[mode][1], sk->raw3[mode][2]);
+            sk->raw3[mode][1], sk->raw3[mode][2], sk->raw3[mode][3]);
   }
   rc = 0;
 out:
@@ -441,7 +442,9 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(&tr, 0, sizeof tr);
   memset(cm, 0, sizeof cm);
 
-  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds) */
+  /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds);
+   * =place100k: parts 1-3 (tiers, configs, trace) and then only the 100k-context placement
+   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
     return report_optimality(env, o, j, NULL);
@@ -595,6 +598,25 @@ int bench_policy(const bench_env *env, bench_json *j)
           PB_DRAM_FRAC * 100, (double)tr.raw_total * PB_DRAM_FRAC / 1e9, PB_SSD_FRAC * 100,
           (double)tr.raw_total * PB_SSD_FRAC / 1e9, PB_PREFILL_TPS, PB_HALF_LIFE_PER_CTX * tr.n);
 
+  if (only != NULL && strcmp(only, "place100k") == 0) {
+    for (int d = 0; d < 2; d++) {
+      big_m big;
+      memset(&big, 0, sizeof big);
+      bench_log("policy: placing %u contexts x %zu configs x 3 tiers", PB_BIG_N, NCFG);
+      if (pb_place_100k(env, &tr, &tm, d == 0, &big) != 0)
+        goto out;
+      fprintf(o, "%s DRAM: rebalance of %u contexts, median [min .. max] of %d:",
+              d == 0 ? "decoded" : "compressed", PB_BIG_N,
+              env->quick ? PB_BIG_RUNS_QUICK : PB_BIG_RUNS_FULL);
+      for (int r = 0; r < OPT_RULES; r++)
+        fprintf(o, " %s %.1f ms [%.1f .. %.1f];", PB_RULE_NAME[r], big.ms[r], big.ms_min[r],
+                big.ms_max[r]);
+      fprintf(o, " admit %.1f ms\n", big.admit_ms);
+    }
+    rc = 0;
+    goto out;
+  }
+
   /* 4-7 for each scenario: kvdb's DRAM tier as it is (decoded blocks), then holding the
    * compressed bytes (EvicPress's model; kvdb's once its DRAM tier keeps compressed blocks) */
   for (int d = 0; d < 2; d++) {
@@ -657,6 +679,8 @@ int bench_policy(const bench_env *env, bench_json *j)
   bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk.raw3[0][PB_BASE_S3FIFO]);
   bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk.raw3[1][PB_BASE_LFU]);
   bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk.raw3[1][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct", sk.raw3[0][PB_BASE_ARC]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct_drift", sk.raw3[1][PB_BASE_ARC]);
   for (int b = 0; b < PB_BASES; b++) {
     char k[64];
     snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);

@@ -322,9 +322,9 @@ void pb_model_free(model *md);
 int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res);
 
 /* The other baselines (bench_policy_base.c): every context in config `cfg`, evicted by LFU on
- * the placement's decayed counts or by S3-FIFO. */
-enum { PB_BASE_LRU = 0, PB_BASE_LFU = 1, PB_BASE_S3FIFO = 2, PB_BASES = 3 };
-static const char *const PB_BASE_NAME[PB_BASES] = {"lru", "lfu", "s3fifo"};
+ * the placement's decayed counts, by S3-FIFO or by ARC. */
+enum { PB_BASE_LRU = 0, PB_BASE_LFU = 1, PB_BASE_S3FIFO = 2, PB_BASE_ARC = 3, PB_BASES = 4 };
+static const char *const PB_BASE_NAME[PB_BASES] = {"lru", "lfu", "s3fifo", "arc"};
 int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, result *res);
 
 int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double alpha,

@@ -12,6 +12,14 @@
  *     its key is in the ghost, else the small one; a hit raises its counter (at most 3); the
  *     small FIFO's tail moves to the main FIFO when it was hit, else leaves (its key to the
  *     ghost); the main FIFO's tail is reinserted with its counter lowered while above 0.
+ *   ARC (Megiddo and Modha, FAST 2003) per tier, in bytes: T1 (seen once recently), T2 (seen
+ *     again), their ghosts B1 and B2 (keys only, their bytes counted); a hit moves a context to
+ *     T2's head; a miss found in B1 raises the target p of T1's bytes by its bytes x
+ *     max(1, B2/B1), one found in B2 lowers it by its bytes x max(1, B1/B2), and it enters T2;
+ *     any other miss enters T1. Room is made from T1's tail (to B1) while T1 holds more than p
+ *     (or exactly p and the context came from B2), else from T2's tail (to B2); T1 + B1 stay
+ *     within the tier's bytes and all four within twice that (the ghosts' tails are dropped).
+ *     A DRAM hit is a hit of the SSD's ARC as well (S3-FIFO's counters likewise).
  * As with LRU: a request served from the SSD is copied into DRAM, a miss is recomputed and
  * stored (SSD, then DRAM), and leaving the SSD leaves DRAM too.
  */
@@ -164,6 +172,80 @@ static void s3_insert(s3 *q, int32_t i, const uint64_t *bytes)
   }
 }
 
+/* ---- ARC over one tier (bytes) ------------------------------------------------------------- */
+
+enum { A_NONE = 0, A_T1, A_T2, A_B1, A_B2 };
+
+typedef struct arc {
+  fifo T1, T2, B1, B2; /* heads are the most recent; one prev/next pair (an id is in one list) */
+  uint8_t *where;
+  uint64_t cap, p;
+} arc;
+
+static fifo *a_list(arc *q, uint8_t w)
+{
+  return w == A_T1 ? &q->T1 : w == A_T2 ? &q->T2 : w == A_B1 ? &q->B1 : &q->B2;
+}
+
+static void a_move(arc *q, int32_t i, uint8_t to, const uint64_t *bytes)
+{
+  if (q->where[i] != A_NONE)
+    f_del(a_list(q, q->where[i]), i, bytes[i]);
+  if (to != A_NONE)
+    f_push(a_list(q, to), i, bytes[i]);
+  q->where[i] = to;
+}
+
+static int a_resident(const arc *q, int32_t i)
+{
+  return q->where[i] == A_T1 || q->where[i] == A_T2;
+}
+
+/* A context about to enter (not resident): adapt p when it is a ghost. */
+static void a_adapt(arc *q, int32_t i, const uint64_t *bytes)
+{
+  double b = (double)bytes[i];
+  if (q->where[i] == A_B1) {
+    double r = q->B1.used > 0 ? (double)q->B2.used / (double)q->B1.used : 1;
+    double np = (double)q->p + b * (r > 1 ? r : 1);
+    q->p = np > (double)q->cap ? q->cap : (uint64_t)np;
+  } else if (q->where[i] == A_B2) {
+    double r = q->B2.used > 0 ? (double)q->B1.used / (double)q->B2.used : 1;
+    double d = b * (r > 1 ? r : 1);
+    q->p = d >= (double)q->p ? 0 : (uint64_t)((double)q->p - d);
+  }
+}
+
+/* Evict one resident context to make room for i; returns it (-1: none resident). */
+static int32_t a_evict(arc *q, int32_t i, const uint64_t *bytes)
+{
+  int from_b2 = q->where[i] == A_B2;
+  int32_t v;
+  if (q->T1.count > 0 &&
+      (q->T1.used > q->p || (from_b2 && q->T1.used == q->p) || q->T2.count == 0)) {
+    v = q->T1.tail;
+    a_move(q, v, A_B1, bytes);
+  } else if (q->T2.count > 0) {
+    v = q->T2.tail;
+    a_move(q, v, A_B2, bytes);
+  } else {
+    return -1;
+  }
+  return v;
+}
+
+/* i enters (room made): T2 when it was a ghost, else T1; the ghosts trimmed. */
+static void a_insert(arc *q, int32_t i, const uint64_t *bytes)
+{
+  uint8_t to = q->where[i] == A_B1 || q->where[i] == A_B2 ? A_T2 : A_T1;
+  a_move(q, i, to, bytes);
+  while (q->B1.count > 0 && q->T1.used + q->B1.used > q->cap)
+    a_move(q, q->B1.tail, A_NONE, bytes);
+  while (q->B2.count > 0 &&
+         q->T1.used + q->T2.used + q->B1.used + q->B2.used > 2 * q->cap)
+    a_move(q, q->B2.tail, A_NONE, bytes);
+}
+
 /* ---- the simulation ------------------------------------------------------------------------ */
 
 int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, result *res)
@@ -172,8 +254,8 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
   int rc = -1;
   uint64_t *bs = malloc(n * sizeof *bs), *bd = malloc(n * sizeof *bd);
   double *key = malloc(n * sizeof *key), *cnt = calloc(n, sizeof *cnt), *tl = calloc(n, sizeof *tl);
-  int32_t *buf = malloc(12 * (size_t)n * sizeof *buf);
-  uint8_t *flags = calloc(6 * (size_t)n, 1);
+  int32_t *buf = malloc(16 * (size_t)n * sizeof *buf);
+  uint8_t *flags = calloc(8 * (size_t)n, 1);
   if (!bs || !bd || !key || !cnt || !tl || !buf || !flags)
     goto out;
   for (uint32_t i = 0; i < n; i++) {
@@ -196,6 +278,16 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
   qs.where = flags + 3 * (size_t)n, qs.ghost = flags + 4 * (size_t)n, qs.freq = flags + 5 * (size_t)n;
   qd.cap = md->tiers[0].capacity_bytes;
   qs.cap = md->tiers[1].capacity_bytes;
+  arc ad, as;
+  memset(&ad, 0, sizeof ad);
+  memset(&as, 0, sizeof as);
+  f_init(&ad.T1, buf + 12 * (size_t)n, buf + 13 * (size_t)n);
+  ad.T2 = ad.B1 = ad.B2 = ad.T1;
+  f_init(&as.T1, buf + 14 * (size_t)n, buf + 15 * (size_t)n);
+  as.T2 = as.B1 = as.B2 = as.T1;
+  ad.where = flags + 6 * (size_t)n, as.where = flags + 7 * (size_t)n;
+  ad.cap = md->tiers[0].capacity_bytes;
+  as.cap = md->tiers[1].capacity_bytes;
   acc a;
   memset(&a, 0, sizeof a);
   for (size_t r = 0; r < tr->n_req; r++) {
@@ -205,8 +297,10 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
     cnt[i] = kv_policy_decay(cnt[i], t - tl[i], H, 1);
     tl[i] = t;
     key[i] = log2(cnt[i]) + t / H;
-    int in_d = kind == PB_BASE_LFU ? D.pos[i] >= 0 : qd.where[i] != 0;
-    int in_s = kind == PB_BASE_LFU ? S.pos[i] >= 0 : qs.where[i] != 0;
+    int in_d = kind == PB_BASE_LFU ? D.pos[i] >= 0
+               : kind == PB_BASE_ARC ? a_resident(&ad, i) : qd.where[i] != 0;
+    int in_s = kind == PB_BASE_LFU ? S.pos[i] >= 0
+               : kind == PB_BASE_ARC ? a_resident(&as, i) : qs.where[i] != 0;
     double wbytes = 0;
     if (in_d) {
       if (meas)
@@ -214,6 +308,10 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
       if (kind == PB_BASE_S3FIFO) {
         qd.freq[i] = qd.freq[i] < 3 ? qd.freq[i] + 1 : 3;
         qs.freq[i] = qs.freq[i] < 3 ? qs.freq[i] + 1 : 3;
+      } else if (kind == PB_BASE_ARC) {
+        a_move(&ad, i, A_T2, bd);
+        if (a_resident(&as, i))
+          a_move(&as, i, A_T2, bs);
       }
       continue;
     }
@@ -222,6 +320,8 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
         acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].opt[cfg].quality, 1);
       if (kind == PB_BASE_S3FIFO)
         qs.freq[i] = qs.freq[i] < 3 ? qs.freq[i] + 1 : 3;
+      else if (kind == PB_BASE_ARC)
+        a_move(&as, i, A_T2, bs);
     } else {
       if (meas)
         acc_add(&a, md->prefill[i], 1.0, 2);
@@ -239,6 +339,16 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
         }
         rs_add(&S, i);
         S.used += bs[i];
+      } else if (kind == PB_BASE_ARC) {
+        a_adapt(&as, i, bs);
+        while (as.T1.used + as.T2.used + bs[i] > as.cap) {
+          int32_t v = a_evict(&as, i, bs);
+          if (v < 0)
+            break;
+          if (a_resident(&ad, v))
+            a_move(&ad, v, A_NONE, bd);
+        }
+        a_insert(&as, i, bs);
       } else {
         while (qs.S.used + qs.M.used + bs[i] > qs.cap) {
           int32_t v = s3_evict(&qs, bs);
@@ -259,6 +369,11 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
         }
         rs_add(&D, i);
         D.used += bd[i];
+      } else if (kind == PB_BASE_ARC) {
+        a_adapt(&ad, i, bd);
+        while (ad.T1.used + ad.T2.used + bd[i] > ad.cap && a_evict(&ad, i, bd) >= 0)
+          ;
+        a_insert(&ad, i, bd);
       } else {
         while (qd.S.used + qd.M.used + bd[i] > qd.cap && s3_evict(&qd, bd) >= 0)
           ;

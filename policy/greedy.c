@@ -23,6 +23,7 @@
  *   G3. Every operation strictly lowers used[t] on the tier being resolved, and every context
  *       on it has at least one (evict), so the loop ends with used[t] <= cap[t].
  */
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +63,8 @@ typedef struct cst {
   int8_t tier;                        /* placement: tier (KV_POLICY_NONE) */
   uint8_t cached, scan, built;
   uint8_t touched;                    /* the cascade changed it (the refill of an admit) */
+  uint8_t big;                        /* some tier's best option exceeds the empty tiers
+                                         (alone() must scan) */
   uint16_t best[KV_POLICY_MAX_TIERS]; /* best option per serving tier, BEST_NONE = recompute */
 } cst;
 _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
@@ -69,7 +72,10 @@ _Static_assert(sizeof(cst) <= 64, "cst must fit one cache line");
 typedef struct hent {
   double key;
   uint32_t i;
+  uint32_t gate; /* the refill's candidates: what choose() needs to change it (refill_gate);
+                    the heap's: opt_hint (a prefetch address only) */
 } hent;
+_Static_assert(sizeof(hent) == 16, "4 heap entries per cache line");
 
 typedef struct sbyte {
   uint64_t b;
@@ -85,7 +91,12 @@ typedef struct gstate {
   uint16_t *aux;       /* [sum k] per tier: prefix-best positions / convex hull (see build) */
   sbyte *sk;           /* [max k] scratch of build() */
   hent *heap;          /* [n] */
+  hent *tmp;           /* [n] scratch of the refill's sort */
+  double *bu;          /* [n * KV_POLICY_MAX_TIERS] U of a context's best option per tier */
+  uint64_t *cmin;      /* [n * KV_POLICY_MAX_TIERS] the fewest bytes of a context's options per
+                          tier: choose() skips a tier none of them fits */
   size_t hn;
+  size_t nopt;         /* options of all contexts (entries of co, cd) */
   uint64_t used[KV_POLICY_MAX_TIERS];
   uint64_t n_recompress, n_evict;
   uint64_t minb[KV_POLICY_MAX_TIERS]; /* the fewest bytes any option takes on each tier */
@@ -132,6 +143,13 @@ static inline uint64_t obytes(const gstate *g, uint32_t t, const cst *c, uint32_
   return copt_of(g, t, c, o)->bytes;
 }
 
+/* Where a context's current option is in co and cd, for a prefetch only (past 2^32 options it
+ * wraps: the prefetch misses, nothing else reads it). */
+static inline uint32_t opt_hint(const cst *c)
+{
+  return (uint32_t)(c->off + (uint64_t)(c->option >= 0 ? c->option : 0));
+}
+
 static inline int on_tier(const gstate *g, uint32_t t, const cst *c)
 {
   if (g->m->incl && t == 0)
@@ -172,11 +190,23 @@ static inline int32_t best_of(const cst *c, uint32_t t)
   return c->best[t] == BEST_NONE ? KV_POLICY_NONE : (int32_t)c->best[t];
 }
 
+/* U(t, c->best[t]) of context i (best_of(c, t) not KV_POLICY_NONE): kept from the first pass. */
+static inline double ubest(const gstate *g, uint32_t t, const cst *c, size_t i)
+{
+#ifndef POL_REFERENCE
+  (void)c;
+  return g->bu[i * KV_POLICY_MAX_TIERS + t];
+#else
+  (void)i;
+  return util(g, t, c, (uint32_t)best_of(c, t));
+#endif
+}
+
 /* The utility a context has with its best option on tier t. */
 static double best_utility(const gstate *g, uint32_t t, const cst *c, size_t i)
 {
   int32_t o = best_of(c, t);
-  return o == KV_POLICY_NONE ? pol_util_none(g->m, &g->m->ctx[i]) : util(g, t, c, (uint32_t)o);
+  return o == KV_POLICY_NONE ? pol_util_none(g->m, &g->m->ctx[i]) : ubest(g, t, c, i);
 }
 
 /* The utility after evicting context i from tier t (NaN: unchanged, a cached context whose
@@ -433,7 +463,8 @@ static void h_down(gstate *g, size_t k)
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
-enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST, WS_N };
+enum { WS_CS, WS_CO, WS_CD, WS_ORD, WS_AUX, WS_SK, WS_HEAP, WS_MOVES, WS_FLAGS, WS_SAVE, WS_INIT, WS_BEST,
+       WS_TMP, WS_CMIN, WS_BU, WS_UPLAN, WS_N };
 
 struct kv_policy_ws {
   void *buf[WS_N];
@@ -488,6 +519,7 @@ static int cascade(gstate *g)
         c->op = op_next(g, t, c);
         g->heap[g->hn].key = c->op.key;
         g->heap[g->hn].i = (uint32_t)i;
+        g->heap[g->hn].gate = opt_hint(c);
         g->hn++;
       }
     }
@@ -500,13 +532,22 @@ static int cascade(gstate *g)
 #if defined(__GNUC__)
       /* the next top is one of the root's children: start fetching them (random contexts) */
       for (size_t q = 1; q <= 4 && q < g->hn; q++)
+      {
         __builtin_prefetch(&g->cs[g->heap[q].i]);
+        /* and its current option (what applying its operation reads first) */
+        if (g->heap[q].gate < g->nopt) {
+          __builtin_prefetch(&g->co[g->heap[q].gate]);
+          if (g->cd != NULL)
+            __builtin_prefetch(&g->cd[g->heap[q].gate]);
+        }
+      }
 #endif
       op x = c->op;
       op_apply(g, t, c, &x);
       if (on_tier(g, t, c)) { /* replace the top with its next operation */
         c->op = op_next(g, t, c);
         g->heap[0].key = c->op.key;
+        g->heap[0].gate = opt_hint(c);
       } else {
         g->heap[0] = g->heap[--g->hn];
       }
@@ -602,19 +643,45 @@ static rpl choose(const gstate *g, const cst *c, size_t i, int mode)
   double unone = pol_util_none(m, &m->ctx[i]);
   if (unone > best.u)
     best = (rpl){KV_POLICY_NONE, KV_POLICY_NONE, 0, unone};
-  for (uint32_t t = m->first; t < m->T; t++)
+  /* What the scan below cannot change is skipped (the result is the same): a tier none of the
+   * context's options fits; uncached options of a tier whose best (c->best: the highest U
+   * there) does not beat the best found so far, which only rises; cached ones likewise with
+   * tier 0's best. */
+  const uint64_t *cmin = g->cmin + (size_t)(c - g->cs) * KV_POLICY_MAX_TIERS;
+  int cac = m->incl;
+#ifndef POL_REFERENCE
+  if (cac && (cmin[0] > room[0] || best_of(c, 0) == KV_POLICY_NONE ||
+              !(ubest(g, 0, c, i) > best.u)))
+    cac = 0;
+#endif
+  for (uint32_t t = m->first; t < m->T; t++) {
+    int unc = 1;
+#ifndef POL_REFERENCE
+    if (cmin[t] > room[t]) /* no option fits tier t: nothing below would pass its first test */
+      continue;
+    if (best_of(c, t) == KV_POLICY_NONE || !(ubest(g, t, c, i) > best.u))
+      unc = 0;
+    if (!unc && !(cac && ubest(g, 0, c, i) > best.u))
+      continue;
+#else
+    (void)cmin;
+#endif
     for (uint32_t o = 0; o < c->k; o++) {
       if (obytes(g, t, c, o) > room[t])
         continue;
-      double u = util(g, t, c, o);
-      if (u > best.u)
-        best = (rpl){(int32_t)t, (int32_t)o, 0, u};
-      if (m->incl && obytes(g, 0, c, o) <= room[0]) {
+      double u;
+      if (unc) {
+        u = util(g, t, c, o);
+        if (u > best.u)
+          best = (rpl){(int32_t)t, (int32_t)o, 0, u};
+      }
+      if (cac && obytes(g, 0, c, o) <= room[0]) {
         u = util(g, 0, c, o);
         if (u > best.u)
           best = (rpl){(int32_t)t, (int32_t)o, 1, u};
       }
     }
+  }
   return best;
 }
 
@@ -637,7 +704,7 @@ static rpl best_any(const gstate *g, const cst *c, size_t i)
     int32_t o = best_of(c, t);
     if (o == KV_POLICY_NONE || (!m->incl && t < m->first))
       continue;
-    double u = util(g, t, c, (uint32_t)o);
+    double u = ubest(g, t, c, i);
     if (u > best.u) {
       if (m->incl && t == 0)
         best = (rpl){(int32_t)m->first, o, 1, u};
@@ -658,6 +725,7 @@ static int room_left(const gstate *g)
   return 0;
 }
 
+#ifdef POL_REFERENCE
 static int hent_cmp(const void *a, const void *b)
 {
   const hent *x = a, *y = b;
@@ -665,6 +733,107 @@ static int hent_cmp(const void *a, const void *b)
     return x->key < y->key ? -1 : 1;
   return x->i < y->i ? -1 : x->i > y->i;
 }
+#endif
+
+#ifndef POL_REFERENCE
+/* The bits of a key that order as the key does (unsigned compare); -0.0 is taken as +0.0, equal
+ * as hent_cmp has them. Keys are never NaN (see refill_pass). */
+static inline uint64_t key_bits(double d)
+{
+  uint64_t b;
+  d += 0.0;
+  memcpy(&b, &d, sizeof b);
+  return (b >> 63) ? ~b : b | (1ull << 63);
+}
+
+/* hent_cmp's order (key, then index) of keys[] that come in index order: an LSD radix sort by
+ * bytes of key_bits, stable, so equal keys stay in index order. A pass is skipped when every
+ * key has the same byte there. tmp: [n] scratch. */
+static void sort_keys(hent *keys, size_t n, hent *tmp)
+{
+  static const int R = 8;
+  size_t cnt[8][256];
+  memset(cnt, 0, sizeof cnt);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t b = key_bits(keys[i].key);
+    for (int p = 0; p < R; p++)
+      cnt[p][(b >> (8 * p)) & 255]++;
+  }
+  hent *src = keys, *dst = tmp;
+  for (int p = 0; p < R; p++) {
+    size_t pos[256], s = 0;
+    int trivial = 0;
+    for (int x = 0; x < 256; x++) {
+      trivial |= cnt[p][x] == n;
+      pos[x] = s;
+      s += cnt[p][x];
+    }
+    if (trivial)
+      continue;
+    for (size_t i = 0; i < n; i++)
+      dst[pos[(key_bits(src[i].key) >> (8 * p)) & 255]++] = src[i];
+    hent *x = src;
+    src = dst;
+    dst = x;
+  }
+  if (src != keys)
+    memcpy(keys, src, n * sizeof *keys);
+}
+#endif
+
+/* A refill candidate's gate: bits 0-3 the tiers on which choose() could find it something
+ * better than where it is (choose's own tests: tier t's best uncached beats it, or tier 0's
+ * best cached does: tier 0), bits 4-31 the fewest free bytes any of those needs, in MiB rounded
+ * down (a context's room on a tier is the free bytes plus its own there). "Not stored" beating
+ * where it is: every tier, 0 bytes (that always fits). No such tier: 0. */
+#ifndef POL_REFERENCE
+#define GATE_SHIFT 20
+static uint32_t refill_gate(const gstate *g, const cst *c, size_t i, double ucur,
+                            const uint64_t *own)
+{
+  const pol_model *m = g->m;
+  double unone = pol_util_none(m, &m->ctx[i]), base = c->tier == KV_POLICY_NONE ? unone : ucur;
+  if (unone > base)
+    return 15u;
+  const uint64_t *cmin = g->cmin + i * KV_POLICY_MAX_TIERS;
+  uint32_t mask = 0;
+  uint64_t need = UINT64_MAX;
+  for (uint32_t t = m->first; t < m->T; t++)
+    if (best_of(c, t) != KV_POLICY_NONE && ubest(g, t, c, i) > base) {
+      uint64_t r = cmin[t] > own[t] ? cmin[t] - own[t] : 0;
+      need = r < need ? r : need;
+      mask |= 1u << t;
+    }
+  if (m->incl && best_of(c, 0) != KV_POLICY_NONE && ubest(g, 0, c, i) > base) {
+    uint64_t r = cmin[0] > own[0] ? cmin[0] - own[0] : 0;
+    need = r < need ? r : need;
+    mask |= 1u;
+  }
+  if (mask == 0)
+    return 0;
+  uint64_t q = need >> GATE_SHIFT;
+  return (uint32_t)(q > 0x0fffffffu ? 0x0fffffffu : q) << 4 | mask;
+}
+
+/* Whether choose() cannot change a candidate of this gate now: no tier to look at, or none of
+ * them has the free bytes it needs. */
+static int refill_gated(const gstate *g, uint32_t gate)
+{
+  const pol_model *m = g->m;
+  uint32_t mask = gate & 15u;
+  if (mask == 0)
+    return 1;
+  uint64_t fmax = 0;
+  for (uint32_t t = 0; t < m->T; t++)
+    if (mask >> t & 1u) {
+      uint64_t fr = m->cap[t] == KV_POLICY_UNLIMITED ? UINT64_MAX
+                    : m->cap[t] > g->used[t]         ? m->cap[t] - g->used[t]
+                                                     : 0;
+      fmax = fr > fmax ? fr : fmax;
+    }
+  return (uint64_t)(gate >> 4) > fmax >> GATE_SHIFT;
+}
+#endif
 
 /* One refill pass (b): the contexts that would gain from more room, by gain per byte added
  * (highest first), each to its best placement that fits. Returns how many changed. */
@@ -674,6 +843,8 @@ static size_t refill_pass(gstate *g, hent *keys)
   /* an admit into a large store: the others were refilled by the placement before; only
    * the incoming contexts and those its cascade changed take the room it left */
   int only = g->inc != NULL && n > POL_SMALL;
+  const pol_model *m = g->m;
+  const uint32_t T = m->T;
   for (size_t i = 0; i < n; i++) {
     const cst *c = &g->cs[i];
     if (only && !c->touched && !g->inc[i])
@@ -686,16 +857,27 @@ static size_t refill_pass(gstate *g, hent *keys)
     rpl now = {c->tier, c->option, c->cached, 0};
     rpl_use(g, c, &b, nu);
     rpl_use(g, c, &now, own);
-    for (uint32_t t = 0; t < g->m->T; t++)
+    for (uint32_t t = 0; t < T; t++)
       add += nu[t] > own[t] ? nu[t] - own[t] : 0;
     keys[nk].key = -(b.u - ucur) / (double)(add > 0 ? add : 1);
     keys[nk].i = (uint32_t)i;
+#ifndef POL_REFERENCE
+    keys[nk].gate = refill_gate(g, c, i, ucur, own);
+#endif
     nk++;
   }
+#ifndef POL_REFERENCE
+  sort_keys(keys, nk, g->tmp);
+#else
   qsort(keys, nk, sizeof *keys, hent_cmp);
+#endif
   for (size_t k = 0; k < nk; k++) {
     if (!room_left(g)) /* no option of any context fits anywhere: nothing more can move in */
       break;
+#ifndef POL_REFERENCE
+    if (refill_gated(g, keys[k].gate))
+      continue;
+#endif
     cst *c = &g->cs[keys[k].i];
     rpl b = choose(g, c, keys[k].i, FIT_ROOM);
     rpl now = {c->tier, c->option, c->cached, 0};
@@ -730,6 +912,9 @@ static rpl alone(const gstate *g, const cst *c, size_t i)
   rpl b = best_any(g, c, i);
   if (b.tier == KV_POLICY_NONE)
     return b;
+#ifndef POL_REFERENCE
+  return c->big ? choose(g, c, i, FIT_EMPTY) : b; /* the tests below, made by the first pass */
+#endif
   for (uint32_t t = m->first; t < m->T; t++) {
     int32_t o = best_of(c, t);
     if (o != KV_POLICY_NONE && obytes(g, t, c, (uint32_t)o) > m->cap[t])
@@ -923,6 +1108,87 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 
 /* ---- Algorithm 1 ---------------------------------------------------------------------------- */
 
+/* Loops over the caller's contexts in order read one option of each, at an offset no hardware
+ * prefetcher guesses: fetch the one of context i (placement pl[i]) PF_AHEAD contexts early. */
+#define PF_AHEAD 8
+static inline void pf_option(const pol_model *m, size_t i, const kv_policy_place *pl)
+{
+#if defined(__GNUC__)
+  if (i < m->n && pl[i].tier != KV_POLICY_NONE)
+    __builtin_prefetch(&m->ctx[i].options[pl[i].option]);
+#else
+  (void)m, (void)i, (void)pl;
+#endif
+}
+
+/* The tiers' figures as read_options uses them. */
+typedef struct tierc {
+  int dec[KV_POLICY_MAX_TIERS];
+  double lat[KV_POLICY_MAX_TIERS], ibw[KV_POLICY_MAX_TIERS];
+} tierc;
+
+#if defined(__GNUC__)
+#define POL_INLINE static inline __attribute__((always_inline))
+#else
+#define POL_INLINE static inline
+#endif
+
+/* One pass over context i's options (T tiers: a constant where the caller can make it one, so
+ * that the tier loop unrolls): checks (when pol_model_init left them to us), compact options,
+ * the best option per tier (highest U, lowest index) into bu/bo, the fewest bytes per tier into
+ * cmin. */
+POL_INLINE kvdb_status read_options(gstate *g, const tierc *tc, uint32_t T,
+                                    const kv_policy_context *x, cst *c, size_t i, double *bu,
+                                    int32_t *bo, uint64_t *bb, uint64_t *bf0, uint64_t *cmin,
+                                    kv_policy_err *err)
+{
+  const pol_model *m = g->m;
+  const double f = c->f, alpha = m->p->alpha;
+  const uint64_t raw = x->raw_bytes;
+  copt *co = g->co + c->off, *cd = g->cd != NULL ? g->cd + c->off : NULL;
+  uint64_t mo = UINT64_MAX, md = UINT64_MAX; /* fewest bytes stored / decoded */
+  for (uint32_t a = 0; a < c->k; a++) {
+    const kv_policy_option *opt = &x->options[a];
+    if (!m->options_checked) { /* pol_check_option's tests at once; it names what failed */
+      double q = opt->quality, d = opt->decode_bps;
+      if (opt->bytes == 0 || !(q >= 0.0 && q <= 1.0) || !(d >= 0.0 && d <= DBL_MAX)) {
+        kvdb_status st = pol_check_option(i, a, opt, err);
+        if (st != KVDB_OK)
+          return st;
+      }
+    }
+    double bps = opt->decode_bps;
+    if (!(bps > 0.0))
+      bps = opt->config.method < 4 ? m->p->decode_bps[opt->config.method] : 0.0;
+    double aq = alpha * opt->quality;
+    copt xo = {opt->bytes, aq - (bps > 0.0 ? (double)raw / bps : 0.0)};
+    copt xd = {opt->decoded_bytes != 0 ? opt->decoded_bytes : raw, aq};
+    co[a] = xo;
+    if (cd != NULL)
+      cd[a] = xd;
+    mo = xo.bytes < mo ? xo.bytes : mo;
+    md = xd.bytes < md ? xd.bytes : md;
+    const double fo = (double)xo.bytes, fd = (double)xd.bytes;
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 4
+#endif
+    for (uint32_t t = 0; t < T; t++) { /* best option per tier: highest U, lowest index */
+      double base = tc->dec[t] ? xd.base : xo.base, fb = tc->dec[t] ? fd : fo;
+      double u = (base - tc->lat[t] - fb * tc->ibw[t]) * f; /* util() */
+      if (a == 0 || u > bu[t]) {
+        bu[t] = u;
+        bo[t] = (int32_t)a;
+        bb[t] = tc->dec[t] ? xd.bytes : xo.bytes;
+        if (t == 0)
+          *bf0 = tc->dec[m->first] ? xd.bytes : xo.bytes;
+      }
+    }
+  }
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++)
+    cmin[t] = t < T && tc->dec[t] ? md : mo;
+  return KVDB_OK;
+}
+
 static void gstate_free(gstate *g)
 {
   (void)g; /* the buffers belong to the workspace */
@@ -950,14 +1216,22 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     kmax = m->ctx[i].n_options > kmax ? m->ctx[i].n_options : kmax;
   }
   size_t skk = sk > 0 ? sk : 1;
+  g.nopt = sk;
   g.cs = ws_get(ws, WS_CS, nn * sizeof *g.cs);
   g.co = ws_get(ws, WS_CO, skk * sizeof *g.co);
   g.cd = any_decoded ? ws_get(ws, WS_CD, skk * sizeof *g.cd) : NULL;
   g.ord = ws_get(ws, WS_ORD, skk * sizeof *g.ord);
   g.aux = ws_get(ws, WS_AUX, skk * sizeof *g.aux);
   g.sk = ws_get(ws, WS_SK, kmax * sizeof *g.sk);
-  g.heap = ws_get(ws, WS_HEAP, nn * sizeof *g.heap);
-  if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap) {
+  /* 3 entries ahead of the buffer's (64-byte aligned) start: the 4 children of an entry
+   * (4k+1 .. 4k+4, 16 bytes each) share one cache line */
+  g.heap = ws_get(ws, WS_HEAP, (nn + 3) * sizeof *g.heap);
+  g.heap = g.heap != NULL ? g.heap + 3 : NULL;
+  g.tmp = ws_get(ws, WS_TMP, nn * sizeof *g.tmp);
+  g.cmin = ws_get(ws, WS_CMIN, nn * KV_POLICY_MAX_TIERS * sizeof *g.cmin);
+  g.bu = ws_get(ws, WS_BU, nn * KV_POLICY_MAX_TIERS * sizeof *g.bu);
+  if (!g.cs || !g.co || (any_decoded && !g.cd) || !g.ord || !g.aux || !g.sk || !g.heap ||
+      !g.tmp || !g.cmin || !g.bu) {
     gstate_free(&g);
     return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts, %zu options)", n, sk);
   }
@@ -965,6 +1239,15 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
    * us), compact options, each context's best option per tier; then Algorithm 1 lines 1-4: an
    * incoming context takes its best option on the top tier */
   size_t off = 0;
+  const uint32_t T = m->T;
+  tierc tc;
+  uint64_t minb[KV_POLICY_MAX_TIERS];
+  for (uint32_t t = 0; t < KV_POLICY_MAX_TIERS; t++) {
+    tc.dec[t] = t < T && m->decoded[t];
+    tc.lat[t] = t < T ? m->lat[t] : 0.0;
+    tc.ibw[t] = t < T ? m->inv_bw[t] : 0.0;
+    minb[t] = UINT64_MAX;
+  }
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *x = &m->ctx[i];
     cst *c = &g.cs[i];
@@ -977,42 +1260,40 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     off += c->k;
     double bu[KV_POLICY_MAX_TIERS] = {0};
     int32_t bo[KV_POLICY_MAX_TIERS] = {0};
-    for (uint32_t a = 0; a < c->k; a++) {
-      const kv_policy_option *opt = &x->options[a];
-      if (!m->options_checked) {
-        kvdb_status st = pol_check_option(i, a, opt, err);
-        if (st != KVDB_OK) {
-          gstate_free(&g);
-          return st;
-        }
-      }
-      double bps = opt->decode_bps;
-      if (!(bps > 0.0))
-        bps = opt->config.method < 4 ? m->p->decode_bps[opt->config.method] : 0.0;
-      double aq = m->p->alpha * opt->quality;
-      g.co[c->off + a].bytes = opt->bytes;
-      g.co[c->off + a].base = aq - (bps > 0.0 ? (double)x->raw_bytes / bps : 0.0);
-      if (g.cd != NULL) {
-        g.cd[c->off + a].bytes = opt->decoded_bytes != 0 ? opt->decoded_bytes : x->raw_bytes;
-        g.cd[c->off + a].base = aq;
-      }
-      for (uint32_t t = 0; t < m->T; t++) { /* best option per tier: highest U, lowest index */
-        double u = util(&g, t, c, a);
-        uint64_t ob = obytes(&g, t, c, a);
-        g.minb[t] = ob < g.minb[t] ? ob : g.minb[t];
-        if (a == 0 || u > bu[t]) {
-          bu[t] = u;
-          bo[t] = (int32_t)a;
-        }
-      }
+    uint64_t bb[KV_POLICY_MAX_TIERS] = {0}, bf0 = 0; /* bytes of each best, tier 0's on first */
+    uint64_t *cmin = g.cmin + i * KV_POLICY_MAX_TIERS;
+    kvdb_status rst;
+    switch (T) { /* the tier loop unrolled */
+    case 1: rst = read_options(&g, &tc, 1, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    case 2: rst = read_options(&g, &tc, 2, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    case 3: rst = read_options(&g, &tc, 3, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
+    default: rst = read_options(&g, &tc, T, x, c, i, bu, bo, bb, &bf0, cmin, err); break;
     }
+    if (rst != KVDB_OK) {
+      gstate_free(&g);
+      return rst;
+    }
+    for (uint32_t t = 0; t < T; t++)
+      minb[t] = cmin[t] < minb[t] ? cmin[t] : minb[t];
+    memcpy(g.bu + i * KV_POLICY_MAX_TIERS, bu, sizeof bu);
     for (uint32_t t = 0; t < m->T; t++)
       c->best[t] = unone > bu[t] ? (uint16_t)BEST_NONE : (uint16_t)bo[t];
+    for (uint32_t t = m->first; t < m->T; t++) /* alone()'s tests */
+      c->big |= best_of(c, t) != KV_POLICY_NONE && bb[t] > m->cap[t];
+    if (m->incl && best_of(c, 0) != KV_POLICY_NONE && (bb[0] > m->cap[0] || bf0 > m->cap[m->first]))
+      c->big = 1;
     if (incoming == NULL || incoming[i]) {
       uint32_t st = 0; /* (a): the default rule starts on the tier of highest utility */
-      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++)
+      for (uint32_t t = 1; m->p->rule == KV_POLICY_REFILL && t < m->T; t++) {
+#ifndef POL_REFERENCE /* best_utility(), read_options computed it */
+        double ut = best_of(c, t) == KV_POLICY_NONE ? unone : bu[t];
+        double us = best_of(c, st) == KV_POLICY_NONE ? unone : bu[st];
+        if (ut > us)
+#else
         if (best_utility(&g, t, c, i) > best_utility(&g, st, c, i))
+#endif
           st = t;
+      }
       if (st > 0 && best_of(c, st) != KV_POLICY_NONE) {
         c->tier = (int8_t)st;
         c->option = best_of(c, st);
@@ -1032,6 +1313,7 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
     }
     use(&g, c, +1);
   }
+  memcpy(g.minb, minb, sizeof minb);
   /* the default rule on small instances runs twice: from a per-byte cascade and from a
    * least-drop one (e), keeping the better; the starting placements are kept for the second */
   int twice = m->p->rule == KV_POLICY_REFILL && n > 0 && n <= POL_SMALL;
@@ -1100,8 +1382,10 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
   gstate_free(&g);
   /* [G1], [G2]: recount from the caller's options and check every tier */
   uint64_t used[KV_POLICY_MAX_TIERS] = {0};
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    pf_option(m, i + PF_AHEAD, out);
     pol_use(m, &m->ctx[i], &out[i], used, +1);
+  }
   for (uint32_t t = 0; t < m->T; t++)
     if (used[t] != counted[t] || used[t] > m->cap[t])
       return pol_fail(err, KVDB_PANIC,
@@ -1159,10 +1443,19 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   size_t n_moves = 0;
   double u_none = 0;
   int any_incoming = 0;
+  /* each context's utility before and after, for its move below */
+  double *uc = ws_get(ws, WS_UPLAN, (n > 0 ? n : 1) * 2 * sizeof *uc);
+  if (uc == NULL) {
+    kv_policy_plan_free(plan);
+    return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+  }
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *c = &m->ctx[i];
-    plan->utility_before += pol_util_place(m, c, &c->current);
-    plan->utility_after += pol_util_place(m, c, &plan->place[i]);
+    pf_option(m, i + PF_AHEAD, plan->place);
+    uc[2 * i] = pol_util_place(m, c, &c->current);
+    uc[2 * i + 1] = pol_util_place(m, c, &plan->place[i]);
+    plan->utility_before += uc[2 * i];
+    plan->utility_after += uc[2 * i + 1];
     u_none += pol_util_none(m, c);
     any_incoming |= incoming != NULL && incoming[i];
     pol_use(m, c, &c->current, plan->used_before, +1);
@@ -1212,8 +1505,8 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
       pol_use(m, c, &mv->to, b, +1);
       for (uint32_t t = 0; t < m->T; t++)
         mv->bytes_delta[t] = (int64_t)b[t] - (int64_t)a[t];
-      mv->utility_from = pol_util_place(m, c, &mv->from);
-      mv->utility_to = pol_util_place(m, c, &mv->to);
+      mv->utility_from = uc[2 * i]; /* pol_util_place of from (none: the same as current's) */
+      mv->utility_to = uc[2 * i + 1];
     }
     sort_moves(plan->moves, plan->n_moves, (int32_t)m->T, tmp);
   }
