@@ -443,11 +443,14 @@ int bench_policy(const bench_env *env, bench_json *j)
   memset(cm, 0, sizeof cm);
 
   /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds);
+   * =puts: part 6's puts through the engine alone (put_overhead_of_placement);
    * =place100k: parts 1-3 (tiers, configs, trace) and then only the 100k-context placement
    * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
     return report_optimality(env, o, j, NULL);
+  if (only != NULL && strcmp(only, "puts") == 0) /* part 6's puts alone (no JSON line) */
+    return bench_policy_puts(env, j);
 
   /* 1. tiers */
   tiers_m tm;
