@@ -107,16 +107,23 @@ static inline uint16_t t_kv_value(const uint32_t *tokens, uint64_t pos, uint32_t
   return (uint16_t)(t_rand(&s) & 0x7bff); /* finite fp16 */
 }
 
-/* Fill a packed LKTHD f16 buffer for tokens[0..n). */
-static inline void t_fill_kv(const kvdb_model *m, const uint32_t *tokens, size_t n, uint16_t *buf)
+/* Fill a packed LKTHD f16 buffer with positions [t0, t0 + n) of the sequence `tokens`. */
+static inline void t_fill_kv_range(const kvdb_model *m, const uint32_t *tokens, size_t t0,
+                                   size_t n, uint16_t *buf)
 {
   size_t i = 0;
   for (uint32_t l = 0; l < m->n_layers; l++)
     for (uint32_t kv = 0; kv < 2; kv++)
-      for (size_t t = 0; t < n; t++)
+      for (size_t t = t0; t < t0 + n; t++)
         for (uint32_t h = 0; h < m->n_kv_heads; h++)
           for (uint32_t d = 0; d < m->head_dim; d++)
             buf[i++] = t_kv_value(tokens, t, l, kv, h, d);
+}
+
+/* Fill a packed LKTHD f16 buffer for tokens[0..n). */
+static inline void t_fill_kv(const kvdb_model *m, const uint32_t *tokens, size_t n, uint16_t *buf)
+{
+  t_fill_kv_range(m, tokens, 0, n, buf);
 }
 
 /* Check a packed LKTHD f16 buffer holds the values of tokens[0..n); returns the first bad

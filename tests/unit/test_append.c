@@ -20,19 +20,12 @@
 
 static const kvdb_model M = {"append-m", 2, 2, 32, KVDB_F16, 16, 8};
 
-/* The KV of tokens[t0, t0 + n) of the sequence `tok` (t_fill_kv's values) in a packed buffer. */
+/* The KV of positions [t0, t0 + n) of the sequence `tok` (t_kv_value's) in a packed buffer. */
 static uint16_t *kv_slice(const uint32_t *tok, size_t t0, size_t n, kvdb_kv_view *v)
 {
-  size_t E = (size_t)M.n_kv_heads * M.head_dim;
-  uint16_t *b = malloc(2 * (size_t)M.n_layers * n * E * 2);
+  uint16_t *b = malloc(n * kvdb_model_token_bytes(&M));
   ASSERT(b != NULL);
-  size_t i = 0;
-  for (uint32_t l = 0; l < M.n_layers; l++)
-    for (uint32_t kv = 0; kv < 2; kv++)
-      for (size_t t = 0; t < n; t++)
-        for (uint32_t h = 0; h < M.n_kv_heads; h++)
-          for (uint32_t d = 0; d < M.head_dim; d++)
-            b[i++] = t_kv_value(tok, t0 + t, l, kv, h, d);
+  t_fill_kv_range(&M, tok, t0, n, b);
   ASSERT_OK(kvdb_kv_view_packed(v, b, &M, n, KVDB_LAYOUT_LKTHD));
   return b;
 }
