@@ -1441,7 +1441,7 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
     return st;
   }
   size_t n_moves = 0;
-  double u_none = 0;
+  double u_none = 0, moved_abs = 0; /* moved_abs: sum of |utility before| of the moved ones */
   int any_incoming = 0;
   /* each context's utility before and after, for its move below */
   double *uc = ws_get(ws, WS_UPLAN, (n > 0 ? n : 1) * 2 * sizeof *uc);
@@ -1460,19 +1460,27 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
     any_incoming |= incoming != NULL && incoming[i];
     pol_use(m, c, &c->current, plan->used_before, +1);
     pol_use(m, c, &plan->place[i], plan->used_after, +1);
-    if (!pol_place_eq(&c->current, &plan->place[i]))
+    if (!pol_place_eq(&c->current, &plan->place[i])) {
       n_moves++;
+      moved_abs += fabs(uc[2 * i]);
+    }
   }
   /* Stability (not Algorithm 1's, which is kept as written): a plan that beats where every
    * context already is by no more than the margin the rule's own steps use moves nothing, when
    * that placement fits the tiers and no context is incoming. Else a near-tie (two contexts of
-   * equal size and almost equal utility on two tiers) would swap them on every rebalance. */
+   * equal size and almost equal utility on two tiers) would swap them on every rebalance.
+   * The margin is taken of the larger of the store's gain over storing nothing and the moved
+   * contexts' own utilities: when storing nothing is almost as good as the store, its gain is
+   * small and a swap whose gain is 1e-5 of the moved contexts' utilities would still pass (a
+   * rebalance of a rebalanced store moved two contexts between the SSD and SmartSSD tiers:
+   * -0.000216 and +0.000288 of utilities near 3 and 4, test admin-place). */
   int fits = 1;
   for (uint32_t t = 0; t < m->T; t++)
     fits &= plan->used_before[t] <= m->cap[t];
   if (n_moves > 0 && fits && !any_incoming && m->p->rule != KV_POLICY_LEAST_DROP &&
       !(plan->utility_after >
-        plan->utility_before + POL_MARGIN * fabs(plan->utility_before - u_none))) {
+        plan->utility_before +
+            POL_MARGIN * fmax(fabs(plan->utility_before - u_none), moved_abs))) {
     for (size_t i = 0; i < n; i++) {
       const kv_policy_context *c = &m->ctx[i];
       plan->place[i] = c->current.tier == KV_POLICY_NONE ? kv_policy_place_none() : c->current;

@@ -343,6 +343,35 @@ static void test_stable(void)
     kv_policy_plan_free(&plan);
   }
   printf("stable: a near-tie is not swapped; a real gain is\n");
+  /* the same swap when storing nothing is almost as good as the store (a prefill barely slower
+   * than the slow tier, utilities dominated by alpha x quality): the store's gain over nothing
+   * is small, so a margin of that gain alone let a swap of 2e-5 of the moved contexts'
+   * utilities through (admin-place's flake); of their utilities, it does not */
+  p.alpha = 100;
+  p.prefill_tokens_per_s = 100000 / 5.01;
+  for (int big = 0; big < 2; big++) {
+    kv_policy_context c[2] = {ctxof(o, 1, 100000, 1), ctxof(o, 1, 100000, big ? 2 : 1 + 1e-3)};
+    c[0].current = (kv_policy_place){0, 0, 0};
+    c[1].current = (kv_policy_place){1, 0, 0};
+    kv_policy_plan plan;
+    CHECK_OK(kv_policy_rebalance(&p, c, 2, &plan, NULL));
+    if (big) {
+      CHECK(plan.n_moves == 2 && place_is(plan.place[1], 0, 0, 0));
+    } else {
+      double u_none = kv_policy_utility(&p, &c[0], kv_policy_place_none()) +
+                      kv_policy_utility(&p, &c[1], kv_policy_place_none());
+      /* the case the old margin let through: the swap gains more than 1e-4 of the gain
+       * over nothing (0.0045 against 4.5), less than 1e-4 of the contexts' utilities (194.6) */
+      kv_policy_place sw0 = {1, 0, 0}, sw1 = {0, 0, 0};
+      double swapped = kv_policy_utility(&p, &c[0], sw0) + kv_policy_utility(&p, &c[1], sw1);
+      CHECK(swapped - plan.utility_before > 1e-4 * (plan.utility_before - u_none));
+      CHECK(swapped - plan.utility_before < 1e-4 * plan.utility_before);
+      CHECK(plan.n_moves == 0 && place_is(plan.place[0], 0, 0, 0) &&
+            place_is(plan.place[1], 1, 0, 0));
+    }
+    kv_policy_plan_free(&plan);
+  }
+  printf("stable: also when storing nothing is nearly as good (utilities of alpha x quality)\n");
 }
 
 int main(void)
