@@ -43,6 +43,7 @@ void kvdb_options_init(kvdb_options *opt)
   kv_place_options_init(opt);
   opt->remote_timeout_ms = 250;
   opt->remote_queue_blocks = 4096;
+  opt->remote_copy_hits = 1;
 }
 
 /* ---- get: read -> (placement) promote ----------------------------------------------------- */
@@ -208,6 +209,12 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if ((opt.remote_write & ~(uint32_t)(KVDB_REMOTE_WRITE_PUT | KVDB_REMOTE_WRITE_EVICT)) != 0)
     return kv_fail(KVDB_INVALID, "options.remote_write 0x%x has unknown bits (known: "
                    "KVDB_REMOTE_WRITE_PUT 1, KVDB_REMOTE_WRITE_EVICT 2)", opt.remote_write);
+  if (opt.remote_hash_tag > KVDB_REMOTE_TAG_ROOT)
+    return kv_fail(KVDB_INVALID, "options.remote_hash_tag %u is not KVDB_REMOTE_TAG_NONE (0) "
+                   "or KVDB_REMOTE_TAG_ROOT (1)", opt.remote_hash_tag);
+  if (opt.remote_copy_hits > 1)
+    return kv_fail(KVDB_INVALID, "options.remote_copy_hits %u is not 0 or 1",
+                   opt.remote_copy_hits);
   int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
   int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
 
@@ -272,6 +279,7 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
       goto fail;
     kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
   }
+  db->after_copy = kv_place_after_put; /* set before the remote tier's thread starts */
   rc = kv_rtier_open(db); /* the remote tier when remote_addr names one (no connection yet) */
   if (rc != KVDB_OK)
     goto fail;

@@ -144,6 +144,10 @@ kvdb_status kvdb_metrics(kvdb *db, char *buf, size_t cap, size_t *len)
          offsetof(kvdb_remote_stats, bytes_in)},
         {"remote_sent_bytes_total", "Value bytes sent to the remote tier.",
          offsetof(kvdb_remote_stats, bytes_out)},
+        {"remote_copied_total", "Remote-hit blocks copied to the local store.",
+         offsetof(kvdb_remote_stats, copied)},
+        {"remote_copy_failed_total", "Remote-hit blocks not copied (queue full, write failed).",
+         offsetof(kvdb_remote_stats, copy_failed)},
     };
     for (size_t i = 0; i < sizeof rc_fields / sizeof rc_fields[0]; i++) {
       uint64_t v;

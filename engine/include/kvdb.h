@@ -285,6 +285,9 @@ typedef void (*kvdb_log_fn)(void *ctx, int level, const char *msg);
  * Options for kvdb_open(). Always call kvdb_options_init() first, then change fields.
  * Fields are only ever added at the end; `struct_size` lets an old caller use a newer library.
  */
+/** kvdb_options.remote_hash_tag values. */
+enum { KVDB_REMOTE_TAG_NONE = 0, KVDB_REMOTE_TAG_ROOT = 1 };
+
 /** Bits of kvdb_options.remote_write: when blocks are written to the remote tier. */
 enum {
   KVDB_REMOTE_WRITE_PUT = 1u,   /**< a put's new blocks, queued for the handle's thread */
@@ -413,7 +416,8 @@ typedef struct kvdb_options {
    *   parent, tokens equal to the query's, and for a get every checksum of the block object;
    *   a value that fails (corrupt, stale, another key's block) is a miss, counted in
    *   kvdb_remote_stats.rejected, never KV. The remote hit continues the local one block by
-   *   block and ends at the first miss. Remote hits are not copied to the local store.
+   *   block and ends at the first miss. A get's remote hits are copied to the local store
+   *   (remote_copy_hits, default on): see there.
    * - any Redis failure (down, paused, out of memory, connection reset, a timeout) is a miss or
    *   an unsent block, counted; reconnects back off (50 ms doubling to 2 s). No call fails
    *   because of it, and no call waits on Redis longer than remote_timeout_ms per round trip.
@@ -451,6 +455,31 @@ typedef struct kvdb_options {
    * what Redis evicted meanwhile.
    */
   uint32_t remote_write;
+  /**
+   * 1 (default): the blocks a kvdb_get took from the remote tier are copied to the local
+   * store, so the next get of that prefix is a local hit and survives Redis going away (as
+   * LMCache writes remote hits back to its local cache). Each object is stored exactly as it
+   * came and was verified (compressed, checksummed), under a context record for the prefix
+   * the get hit (its config: the method, bits, drop and keep_permille the blocks carry), by
+   * the handle's background thread: the get neither waits for the copy nor fails because of
+   * it. Copies wait in a queue of at most 256 MiB of objects; what does not fit, and a copy
+   * whose local write fails, is not copied (counted: kvdb_remote_stats.copy_failed). The
+   * placement runs after each copy as after a put. Not with KVDB_O_RDONLY or
+   * remote_queue_blocks = 0 (no thread), nor for kvdb_lookup (no values) or a
+   * kvdb_get_notify (no remote part). 0 = never copied. Other values: KVDB_INVALID.
+   */
+  uint32_t remote_copy_hits;
+  /**
+   * Redis Cluster hash tags of the remote tier's keys: KVDB_REMOTE_TAG_NONE (0, the default)
+   * spreads a chain's blocks over the slots (a lookup goes to every master at once, one round
+   * trip each, in parallel); KVDB_REMOTE_TAG_ROOT keys each block as
+   * "kvdb:" ns ":" model ":{" first 16 hex digits of its chain's first block's hash "}:" hash,
+   * so a chain (and every context that shares its first block) is on one slot: one node per
+   * lookup, but a common first block (a shared system prompt) puts all its contexts on one
+   * master. Measured on a local 3-master cluster: bench/RESULTS.md, "hash tags". Handles that
+   * share a remote tier must agree (the keys differ). Other values: KVDB_INVALID.
+   */
+  uint32_t remote_hash_tag;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -1226,6 +1255,9 @@ typedef struct kvdb_remote_stats {
   uint64_t down_skips;  /**< commands not sent: their node was backing off after a failure */
   uint64_t redirects;   /**< MOVED and ASK replies followed */
   uint64_t bytes_in, bytes_out; /**< value bytes received and sent */
+  uint64_t copied;      /**< remote-hit blocks stored in the local store (remote_copy_hits) */
+  uint64_t copy_failed; /**< remote-hit blocks not stored locally: copy queue full, or the
+                             local write failed (the get was served all the same) */
 } kvdb_remote_stats;
 
 /** @brief Fill *out (all zero but enabled = 0 without a remote tier). @return KVDB_OK;

@@ -74,7 +74,7 @@ uint32_t kv_hit_kept(const kv_hit *x);
 
 /* Queue blocks a put wrote for write-through (waits at most remote_put_wait_ms for room; what
  * does not fit is counted as dropped). No-op without a remote tier. */
-void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n);
+void kv_rtier_note_put(kvdb *db, const uint8_t root[16], const uint8_t (*hashes)[16], uint32_t n);
 /* The remote continuation of a chain whose first `have` tokens hit locally: blocks from
  * have / bt on are asked for in one round trip and verified (out NULL: envelopes and tokens,
  * a lookup; else whole values, delivered into out). Returns the hit, at least `have`. */
@@ -125,6 +125,16 @@ int kv_seg_gone_now(kvdb *db, uint64_t id);
 kvdb_status kv_put_append(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                           const uint32_t *tokens, size_t n, const kvdb_kv_view *kv, uint64_t kv_t0,
                           const uint8_t replace[16], kvdb_put_info *info, uint8_t ctx[16]);
+
+/* The write step of a remote hit copied to the local store (rtier.c): the chain of
+ * tokens[0..n) whose block i is objs[i] (an object verified as the remote get verifies it,
+ * recs[i].bytes long, stored as it is with recs[i]'s bflags, method, bits, drop and
+ * keep_permille) or, where objs[i] is NULL, a block stored already (KVDB_BUSY when it is
+ * gone). The context record's config has the fields a block record keeps, from the last
+ * object's. Nothing is written through to the remote tier. */
+kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                           const uint32_t *tokens, size_t n, const uint8_t *const *objs,
+                           const kv_block_rec *recs, kvdb_put_info *info, uint8_t ctx[16]);
 
 /* ---- score_ctx.c ---- */
 

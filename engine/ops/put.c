@@ -37,6 +37,9 @@ typedef struct put_blk {
   uint64_t bound;    /* most bytes its object can take (compressed) */
   uint64_t obj_bytes;/* bytes of its object as written */
   kv_block_geom g;
+  const uint8_t *obj;   /* kv_put_objects: the block's object, verified, written as it is
+                           (obj_bytes), or NULL for a block that must be stored already */
+  kv_block_rec orec;    /* kv_put_objects: its bflags, method, bits, drop, keep_permille */
 } put_blk;
 
 typedef struct put_req {
@@ -55,6 +58,7 @@ typedef struct put_req {
   uint64_t kv_t0;            /* the first token `kv` holds (an append: the blocks before it
                                 must be stored already; 0 for a put) */
   const uint8_t *replace;    /* an append: the context record its commit replaces, or NULL */
+  int objects;               /* kv_put_objects: blocks come as objects (b->obj), no kv */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -183,9 +187,10 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
         goto out;
       }
       /* a shared block keeps the most faithful config of its owners: a lossy one is
-       * rewritten when this put stores exactly */
+       * rewritten when this put stores exactly (never by kv_put_objects: a stored block
+       * stays as it is) */
       r->b[i].write = r->b[i].rewrite =
-          kv_policy_config_exact(&r->cfg) && br.method != KVDB_METHOD_RAW &&
+          !r->objects && kv_policy_config_exact(&r->cfg) && br.method != KVDB_METHOD_RAW &&
           br.method != KVDB_METHOD_LOSSLESS;
       r->b[i].old = br;
     } else if (s == KVDB_NOTFOUND || s == KVDB_CORRUPT) {
@@ -193,6 +198,12 @@ static kvdb_status plan(kvdb *db, put_req *r, int *done)
       r->b[i].rewrite = 0;
     } else {
       rc = s;
+      goto out;
+    }
+    if (r->b[i].write && r->objects && r->b[i].obj == NULL) { /* a local block went */
+      char hx[33];
+      rc = kv_fail(KVDB_BUSY, "block %u (%s) of a remote hit's local part is no longer stored",
+                   i, kv_hex16(r->b[i].hash, hx));
       goto out;
     }
     if (r->b[i].write && r->b[i].t0 < r->kv_t0) { /* an append cannot write what it lacks */
@@ -356,7 +367,7 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
  */
 static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *written)
 {
-  int raw = r->cfg.method == KVDB_METHOD_RAW;
+  int raw = r->cfg.method == KVDB_METHOD_RAW && !r->objects;
   unsigned bits = r->m->score_bits;
   uint64_t biggest = 0, total = 0;
   for (uint32_t i = 0; i < r->n; i++) {
@@ -403,7 +414,12 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     KV_ERR(stage_room(&st, raw ? b->g.total_bytes + sb : b->bound));
     uint8_t *obj = w->stage[st.cur] + st.fill;
     uint64_t at = st.base + st.fill; /* segment offset of this block object */
-    KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
+    if (r->objects) { /* the verified object as it is (whole pages) */
+      memcpy(obj, b->obj, b->obj_bytes);
+      stage_write(&st, obj, b->obj_bytes, at);
+    } else {
+      KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
+    }
     b->off = at;
     st.fill += b->obj_bytes;
     if (!raw)
@@ -433,6 +449,18 @@ static kvdb_status replace_ctx(kvdb *db, kv_txn *txn, const uint8_t key[16])
                               "meanwhile", kv_hex16(key, hx));
   }
   return rc;
+}
+
+/* The catalog format a block stored as another store wrote it needs (kv_put_objects). */
+static kvdb_status block_format(kvdb *db, kv_txn *txn, const kv_block_rec *br)
+{
+  if (br->method != KVDB_METHOD_RAW)
+    KV_RET(kv_cat_require_format(&db->cat, txn, 2));
+  if (br->method == KVDB_METHOD_LOSSLESS)
+    KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES));
+  if (br->bflags & (uint32_t)(KV_BLK_SCORE8 | KV_BLK_SCORE4))
+    KV_RET(kv_cat_require_format(&db->cat, txn, 3)); /* score regions */
+  return KVDB_OK;
 }
 
 /* Phase 3: publish in one transaction. */
@@ -507,8 +535,17 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         kv_log(&db->log, 1, "replacing a corrupt catalog record of block %u", i);
       br = (kv_block_rec){.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = b->n_tok,
                           .segment = w->seg_id, .offset = b->off, .bytes = b->obj_bytes};
-      kv_block_rec_set_config(&br, &r->cfg);
-      br.bflags |= kv_score_rec_flags(r->m->score_bits);
+      if (r->objects) { /* as the object's source stored it */
+        br.bflags = b->orec.bflags;
+        br.method = b->orec.method;
+        br.bits = b->orec.bits;
+        br.drop = b->orec.drop;
+        br.keep_permille = b->orec.keep_permille;
+        KV_ERR(block_format(db, txn, &br));
+      } else {
+        kv_block_rec_set_config(&br, &r->cfg);
+        br.bflags |= kv_score_rec_flags(r->m->score_bits);
+      }
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
       kv_block_rec_encode(&br, b->tokens, buf);
@@ -779,7 +816,7 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
     for (uint32_t i = 0; wh != NULL && i < r.n; i++)
       if (r.b[i].write)
         memcpy(wh[nw++], r.b[i].hash, 16);
-    kv_rtier_note_put(db, (const uint8_t(*)[16])wh, nw);
+    kv_rtier_note_put(db, r.b[0].hash, (const uint8_t(*)[16])wh, nw);
     free(wh);
   }
 out:
@@ -793,6 +830,60 @@ kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
                            kvdb_put_info *info, uint8_t ctx[16])
 {
   return put_chain(db, m, bt, mh, tokens, n, kv, 0, NULL, cfg, q, profile, info, ctx);
+}
+
+kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
+                           const uint32_t *tokens, size_t n, const uint8_t *const *objs,
+                           const kv_block_rec *recs, kvdb_put_info *info, uint8_t ctx[16])
+{
+  put_req r = {.m = m, .bt = bt, .n_tokens = n, .objects = 1};
+  memcpy(r.mh, mh, 16);
+  r.n = (uint32_t)((n + bt - 1) / bt);
+  if (r.n == 0)
+    return kv_fail(KVDB_INVALID, "no tokens");
+  r.b = calloc(r.n, sizeof *r.b);
+  if (r.b == NULL)
+    return kv_fail(KVDB_NOMEM, "put of %u blocks", r.n);
+  const uint8_t *prev = r.mh;
+  kvdb_status rc = KVDB_OK;
+  int have_cfg = 0;
+  for (uint32_t i = 0; i < r.n; i++) {
+    put_blk *b = &r.b[i];
+    b->t0 = (uint64_t)i * bt;
+    b->n_tok = (uint32_t)((i + 1) * (uint64_t)bt <= n ? bt : n - b->t0);
+    b->tokens = tokens + b->t0;
+    memcpy(b->parent, prev, 16);
+    kv_chain_hash(prev, b->tokens, b->n_tok, b->hash);
+    prev = b->hash;
+    KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                              b->n_tok));
+    if (objs[i] != NULL) {
+      const kv_block_rec *o = &recs[i];
+      if (o->bytes == 0 || o->bytes % KV_PAGE != 0 || o->method > KVDB_METHOD_DROP ||
+          (o->bflags & ~(uint32_t)(KV_BLK_COMPRESSED | KV_BLK_SCORE8 | KV_BLK_SCORE4)) != 0) {
+        rc = kv_fail(KVDB_INVALID, "block %u: object of %" PRIu64 " bytes, method %u, flags "
+                     "%#x cannot be stored as it is", i, o->bytes, o->method, o->bflags);
+        goto out;
+      }
+      b->obj = objs[i];
+      b->orec = *o;
+      b->obj_bytes = b->bound = o->bytes;
+      /* the context's config: its last object's (the fields a block record keeps) */
+      r.cfg = (kvdb_config){.method = o->method, .bits = o->bits, .drop = o->drop,
+                            .keep_permille = o->keep_permille};
+      have_cfg = 1;
+    }
+  }
+  if (!have_cfg) {
+    rc = kv_fail(KVDB_INVALID, "no block object to store");
+    goto out;
+  }
+  memcpy(r.ctx, r.b[r.n - 1].hash, 16);
+  memcpy(ctx, r.ctx, 16);
+  rc = put_run(db, &r, info); /* nothing written through: these came from the remote tier */
+out:
+  free(r.b);
+  return rc;
 }
 
 kvdb_status kv_put_append(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],

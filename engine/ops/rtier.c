@@ -47,6 +47,35 @@
 #define RV_KEY_MAX 160u
 #define RT_BATCH 16u            /* blocks per write-through round trip */
 #define RT_BATCH_BYTES (64u << 20)
+#define RT_COPY_BYTES (256ull << 20) /* remote-hit objects waiting to be copied locally */
+
+/* A get's remote hit to copy to the local store (kvdb_options.remote_copy_hits): the chain of
+ * tokens[0..n), block i's verified object objs[i] (NULL: one of the local hit's blocks). */
+typedef struct copy_job {
+  struct copy_job *next;
+  kvdb_model m;
+  char id[64];
+  uint32_t bt;
+  uint8_t mh[16];
+  uint32_t *tokens;
+  size_t n;
+  uint32_t nb, n_objs;
+  uint8_t **objs;
+  kv_block_rec *recs;
+  uint64_t bytes;
+} copy_job;
+
+static void job_free(copy_job *j)
+{
+  if (j == NULL)
+    return;
+  for (uint32_t i = 0; j->objs != NULL && i < j->nb; i++)
+    free(j->objs[i]);
+  free(j->objs);
+  free(j->recs);
+  free(j->tokens);
+  free(j);
+}
 
 struct kv_rtier {
   kv_remote *r;
@@ -54,14 +83,18 @@ struct kv_rtier {
   uint64_t ns_tag;
   pthread_mutex_t mu;
   pthread_cond_t more, room, idle;
-  uint8_t (*q)[16]; /* ring of block hashes */
+  uint8_t (*q)[32]; /* ring of block hashes, each with its chain's first block's hash */
   uint32_t cap, head, len;
   int busy;         /* the worker holds a batch */
   int stop;
   int has_thread;
   int on_put, on_evict; /* kvdb_options.remote_write (0 = on put), with a queue only */
+  int copy;             /* kvdb_options.remote_copy_hits, with the thread only */
+  int tag;              /* kvdb_options.remote_hash_tag */
+  copy_job *jh, *jt;    /* copies waiting, oldest first */
+  uint64_t job_bytes;
   pthread_t th;
-  _Atomic uint64_t hits, misses, rejected, queued, written, dropped;
+  _Atomic uint64_t hits, misses, rejected, queued, written, dropped, copied, copy_failed;
 };
 
 static uint64_t rt_now_ns(void)
@@ -71,10 +104,18 @@ static uint64_t rt_now_ns(void)
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static size_t rt_key(const struct kv_rtier *t, const uint8_t mh[16], const uint8_t h[16],
-                     char *buf)
+/* The key of block h, whose chain starts with block `root` (KVDB_REMOTE_TAG_ROOT: a hash tag
+ * of the root's first 8 bytes, so a chain's blocks share one Cluster slot). */
+static size_t rt_key(const struct kv_rtier *t, const uint8_t mh[16], const uint8_t root[16],
+                     const uint8_t h[16], char *buf)
 {
-  char a[33], b[33];
+  char a[33], b[33], r[33];
+  if (t->tag) {
+    kv_hex16(root, r);
+    r[16] = 0;
+    return (size_t)snprintf(buf, RV_KEY_MAX, "kvdb:%s:%s:{%s}:%s", t->ns, kv_hex16(mh, a), r,
+                            kv_hex16(h, b));
+  }
   return (size_t)snprintf(buf, RV_KEY_MAX, "kvdb:%s:%s:%s", t->ns, kv_hex16(mh, a),
                           kv_hex16(h, b));
 }
@@ -122,7 +163,8 @@ typedef struct wblk {
 
 /* Read block `hash` from the local store into a value; 0, or -1 when it cannot (gone,
  * corrupt: not sent, counted as dropped). */
-static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16], wblk *w)
+static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16],
+                       const uint8_t root[16], wblk *w)
 {
   kv_txn *txn;
   if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK)
@@ -138,7 +180,7 @@ static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16], wbl
       w->val = w->mem + pad - env;
       w->vlen = env + rec.bytes;
       envelope(t->ns_tag, &rec, hash, w->val);
-      w->klen = rt_key(t, rec.model, hash, w->key);
+      w->klen = rt_key(t, rec.model, root, hash, w->key);
       rc = 0;
     }
   }
@@ -157,15 +199,16 @@ static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16], wbl
   return 0;
 }
 
-/* Send up to RT_BATCH queued blocks (one round trip); the queue lock is not held. */
-static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[16], uint32_t n)
+/* Send up to RT_BATCH queued blocks (one round trip); the queue lock is not held. hs[i]:
+ * the block's hash, then its chain's root's. */
+static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[32], uint32_t n)
 {
   wblk w[RT_BATCH];
   kv_rcmd c[RT_BATCH];
   uint32_t k = 0;
   for (uint32_t i = 0; i < n; i++) {
     memset(&w[k], 0, sizeof w[k]);
-    if (build_value(db, t, hs[i], &w[k]) != 0) {
+    if (build_value(db, t, hs[i], hs[i] + 16, &w[k]) != 0) {
       t->dropped++;
       continue;
     }
@@ -192,20 +235,57 @@ static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[16], uint32_t
     kv_free_aligned(w[i].mem);
 }
 
+/* Store copy j locally (the worker's thread), then what follows a put (the placement). */
+static void run_copy(kvdb *db, struct kv_rtier *t, copy_job *j)
+{
+  kvdb_put_info info;
+  memset(&info, 0, sizeof info);
+  uint8_t ctx[16];
+  kvdb_status rc = kv_put_objects(db, &j->m, j->bt, j->mh, j->tokens, j->n,
+                                  (const uint8_t *const *)j->objs, j->recs, &info, ctx);
+  if (rc != KVDB_OK) {
+    t->copy_failed += j->n_objs;
+    kv_log(&db->log, 1, "remote tier: a remote hit of %u blocks was not copied to the local "
+           "store: %s", j->n_objs, kvdb_errmsg());
+    kv_clear_error();
+    return;
+  }
+  t->copied += info.blocks_written;
+  if (db->after_copy != NULL)
+    db->after_copy(db, ctx);
+  kv_clear_error();
+}
+
 static void *worker(void *arg)
 {
   kvdb *db = arg;
   struct kv_rtier *t = db->rtier;
-  uint8_t hs[RT_BATCH][16];
+  uint8_t hs[RT_BATCH][32];
   pthread_mutex_lock(&t->mu);
   for (;;) {
-    while (t->len == 0 && !t->stop)
+    while (t->len == 0 && t->jh == NULL && !t->stop)
       pthread_cond_wait(&t->more, &t->mu);
+    if (t->jh != NULL) { /* a copy first: the get that made it wants it local soon */
+      copy_job *j = t->jh;
+      t->jh = j->next;
+      if (t->jh == NULL)
+        t->jt = NULL;
+      t->busy = 1;
+      pthread_mutex_unlock(&t->mu);
+      run_copy(db, t, j);
+      pthread_mutex_lock(&t->mu);
+      t->job_bytes -= j->bytes;
+      t->busy = 0;
+      job_free(j);
+      if (t->len == 0 && t->jh == NULL)
+        pthread_cond_broadcast(&t->idle);
+      continue;
+    }
     if (t->len == 0 && t->stop)
       break;
     uint32_t n = t->len < RT_BATCH ? t->len : RT_BATCH;
     for (uint32_t i = 0; i < n; i++)
-      memcpy(hs[i], t->q[(t->head + i) % t->cap], 16);
+      memcpy(hs[i], t->q[(t->head + i) % t->cap], 32);
     t->head = (t->head + n) % t->cap;
     t->len -= n;
     t->busy = 1;
@@ -223,7 +303,7 @@ static void *worker(void *arg)
   return NULL;
 }
 
-void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n)
+void kv_rtier_note_put(kvdb *db, const uint8_t root[16], const uint8_t (*hashes)[16], uint32_t n)
 {
   struct kv_rtier *t = db->rtier;
   if (t == NULL || t->cap == 0 || !t->on_put || n == 0)
@@ -243,6 +323,7 @@ void kv_rtier_note_put(kvdb *db, const uint8_t (*hashes)[16], uint32_t n)
   while (i < n) {
     while (i < n && t->len < t->cap) {
       memcpy(t->q[(t->head + t->len) % t->cap], hashes[i], 16);
+      memcpy(t->q[(t->head + t->len) % t->cap] + 16, root, 16);
       t->len++;
       i++;
       t->queued++;
@@ -363,7 +444,91 @@ typedef struct chain {
   size_t got;   /* tokens hit so far */
   kv_cdec dec;
   kv_rbuf *dbuf, *obuf;
+  copy_job *job; /* remote_copy_hits: the verified objects kept for the local store */
 } chain;
+
+/* Keep a copy of block i's verified object (value v of a block of nt tokens) for the copy
+ * to the local store; past the copy queue's room, the copy is given up (counted). */
+static void keep_object(chain *ch, size_t i, const uint8_t *v, uint32_t nt)
+{
+  copy_job *j = ch->job;
+  if (j == NULL)
+    return;
+  uint64_t bytes = kv_get_le64(v + 24);
+  uint8_t *o = j->bytes + bytes <= RT_COPY_BYTES ? malloc(bytes) : NULL;
+  if (o == NULL) {
+    ch->t->copy_failed += 1 + j->n_objs; /* this block and those kept: the copy is off */
+    job_free(j);
+    ch->job = NULL;
+    return;
+  }
+  memcpy(o, v + RV_HDR + 4 * (size_t)nt, bytes);
+  j->objs[i] = o;
+  kv_block_rec *r = &j->recs[i];
+  r->bytes = bytes;
+  r->bflags = kv_get_le32(v + 12);
+  r->method = v[16];
+  r->bits = v[17];
+  r->drop = v[18];
+  r->keep_permille = kv_get_le16(v + 20);
+  j->bytes += bytes;
+  j->n_objs++;
+}
+
+/* A new copy job for a get's remote part (NULL when copies are off or memory is short). */
+static copy_job *job_new(const struct kv_rtier *t, const kvdb_model *m, uint32_t bt,
+                         const uint8_t mh[16], size_t nb)
+{
+  if (!t->copy || !t->has_thread || m->id == NULL || strlen(m->id) > 63)
+    return NULL;
+  copy_job *j = calloc(1, sizeof *j);
+  if (j == NULL)
+    return NULL;
+  j->objs = calloc(nb, sizeof *j->objs);
+  j->recs = calloc(nb, sizeof *j->recs);
+  if (j->objs == NULL || j->recs == NULL) {
+    job_free(j);
+    return NULL;
+  }
+  j->nb = (uint32_t)nb;
+  j->m = *m;
+  strcpy(j->id, m->id);
+  j->m.id = j->id;
+  j->bt = bt;
+  memcpy(j->mh, mh, 16);
+  return j;
+}
+
+/* Hand a get's copy job (its remote blocks up to got tokens) to the worker, or give it up. */
+static void job_queue(struct kv_rtier *t, copy_job *j, const uint32_t *tokens, size_t got)
+{
+  if (j == NULL)
+    return;
+  if (j->n_objs == 0) {
+    job_free(j);
+    return;
+  }
+  j->n = got;
+  j->tokens = malloc(got * sizeof *tokens);
+  pthread_mutex_lock(&t->mu);
+  int ok = j->tokens != NULL && !t->stop && t->job_bytes + j->bytes <= RT_COPY_BYTES;
+  if (ok) {
+    memcpy(j->tokens, tokens, got * sizeof *tokens);
+    j->next = NULL;
+    if (t->jt != NULL)
+      t->jt->next = j;
+    else
+      t->jh = j;
+    t->jt = j;
+    t->job_bytes += j->bytes;
+    pthread_cond_signal(&t->more);
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (!ok) {
+    t->copy_failed += j->n_objs;
+    job_free(j);
+  }
+}
 
 /* Take block s + k of the chain (its reply final): a hit extends ch->got, else the chain ends. */
 static void take_block(chain *ch, size_t k)
@@ -391,6 +556,7 @@ static void take_block(chain *ch, size_t k)
   } else {
     ch->t->hits++;
     ch->got = t0 + nt;
+    keep_object(ch, i, x->data, nt);
   }
   kv_remote_release(x, 1); /* its memory back at once */
 }
@@ -435,19 +601,27 @@ size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_
       size_t t0 = i * bt, nt = t0 + bt <= n ? bt : n - t0;
       kv_chain_hash(ch.h[i], tokens + t0, nt, ch.h[i + 1]);
     }
+    if (out != NULL)
+      ch.job = job_new(t, m, bt, ch.h[0], nb);
     for (size_t i = s; i < nb; i++) {
       kv_rcmd *x = &ch.c[i - s];
       size_t nt = i * bt + bt <= n ? bt : n - i * bt;
       x->op = out != NULL ? KV_RCMD_GET : KV_RCMD_GETRANGE;
       x->range_end = (int64_t)(RV_HDR + 4 * nt) - 1;
       x->key = keys[i - s];
-      x->klen = rt_key(t, ch.h[0], ch.h[i + 1], keys[i - s]);
+      x->klen = rt_key(t, ch.h[0], ch.h[1], ch.h[i + 1], keys[i - s]);
     }
     if (kv_remote_exec_cb(t->r, ch.c, nb - s, on_reply, &ch) == KVDB_OK)
       while (ch.next < nb - s) /* replies the callback did not see (a node down) */
         take_block(&ch, ch.next++);
     kv_remote_release(ch.c, nb - s);
+    if (ch.got > have) /* the blocks after got (a rejected value's successors) are not kept */
+      job_queue(t, ch.job, tokens, ch.got);
+    else
+      job_free(ch.job);
+    ch.job = NULL;
   }
+  job_free(ch.job);
   kv_rbuf_release(db, ch.dbuf);
   kv_rbuf_release(db, ch.obuf);
   kv_cdec_free(&ch.dec);
@@ -472,12 +646,15 @@ void kv_rtier_note_evict(kvdb *db, const uint8_t key[16])
     return;
   }
   kv_ctx_rec cr;
-  uint8_t(*hs)[16] = NULL;
+  uint8_t(*hs)[32] = NULL;
   uint32_t n = 0;
   if (kv_cat_get_ctx(&db->cat, txn, key, &cr) == KVDB_OK && cr.n_blocks > 0 &&
-      (hs = malloc((size_t)cr.n_blocks * 16)) != NULL) {
-    memcpy(hs, cr.blocks, (size_t)cr.n_blocks * 16);
+      (hs = malloc((size_t)cr.n_blocks * 32)) != NULL) {
     n = cr.n_blocks;
+    for (uint32_t i = 0; i < n; i++) {
+      memcpy(hs[i], cr.blocks + 16 * (size_t)i, 16);
+      memcpy(hs[i] + 16, cr.blocks, 16); /* the context's first block: its chain's root */
+    }
   }
   kv_txn_abort(txn); /* its blocks stay until the caller's delete, which follows this */
   for (uint32_t i = 0; i < n; i += RT_BATCH) {
@@ -501,7 +678,7 @@ kvdb_status kv_rtier_value_make(kvdb *db, uint64_t ns_tag, const uint8_t hash[16
   memset(&w, 0, sizeof w);
   *val = NULL;
   *len = 0;
-  if (build_value(db, &t, hash, &w) != 0) {
+  if (build_value(db, &t, hash, hash, &w) != 0) {
     char hx[33];
     return kv_fail(KVDB_NOTFOUND, "remote value: block %s cannot be read into a value",
                    kv_hex16(hash, hx));
@@ -572,9 +749,11 @@ kvdb_status kv_rtier_open(kvdb *db)
   t->cap = db->cat.rdonly ? 0 : o->remote_queue_blocks;
   t->on_put = o->remote_write == 0 || (o->remote_write & KVDB_REMOTE_WRITE_PUT) != 0;
   t->on_evict = (o->remote_write & KVDB_REMOTE_WRITE_EVICT) != 0;
+  t->copy = t->cap > 0 && o->remote_copy_hits != 0;
+  t->tag = o->remote_hash_tag == KVDB_REMOTE_TAG_ROOT;
   db->rtier = t;
   if (t->cap > 0) {
-    t->q = malloc((size_t)t->cap * 16);
+    t->q = malloc((size_t)t->cap * 32);
     if (t->q == NULL || pthread_create(&t->th, NULL, worker, db) != 0) {
       kv_rtier_close(db);
       return kv_fail(KVDB_NOMEM, "remote tier: queue of %u blocks or its thread", o->remote_queue_blocks);
@@ -596,6 +775,11 @@ void kv_rtier_close(kvdb *db)
     pthread_cond_broadcast(&t->room);
     pthread_mutex_unlock(&t->mu);
     pthread_join(t->th, NULL);
+  }
+  while (t->jh != NULL) { /* none: the worker ran each one before it ended */
+    copy_job *j = t->jh;
+    t->jh = j->next;
+    job_free(j);
   }
   kv_remote_close(t->r);
   pthread_mutex_destroy(&t->mu);
@@ -627,6 +811,8 @@ kvdb_status kvdb_remote_stat(kvdb *db, kvdb_remote_stats *out)
   out->queued = t->queued;
   out->written = t->written;
   out->dropped = t->dropped;
+  out->copied = t->copied;
+  out->copy_failed = t->copy_failed;
   pthread_mutex_lock(&t->mu);
   out->queue_len = t->len + (t->busy ? 1u : 0u);
   pthread_mutex_unlock(&t->mu);

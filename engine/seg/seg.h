@@ -122,6 +122,9 @@ struct kvdb {
   _Atomic uint64_t relocations;    /* contexts kvdb_relocate moved or re-encoded */
   kv_lat lat[KV_LAT_N];            /* kvdb_get, kvdb_put_ex, kvdb_lookup */
   struct kv_rtier *rtier;          /* the remote tier (ops/rtier.c); NULL when off */
+  /* set by engine/db at open: what follows a remote hit's copy to the local store (the
+   * placement after a put; a floor above ops, hence a pointer); NULL: nothing */
+  void (*after_copy)(kvdb *db, const uint8_t key[16]);
   struct kv_prefetch *prefetch;    /* kvdb_prefetch's queue and worker (ops/prefetch.c) */
   _Atomic uint32_t fg_reads;       /* kvdb_get fetches reading now (the prefetch yields) */
   _Atomic uint64_t fg_bytes;       /* bytes kvdb_get fetches read (its admission control) */

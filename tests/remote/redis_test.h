@@ -226,6 +226,7 @@ static inline void r_opts(kvdb_options *o, int port, const char *ns)
   o->remote_addr = a;
   o->remote_namespace = ns;
   o->remote_timeout_ms = 300;
+  o->remote_copy_hits = 0; /* the tests of remote reads read Redis each time; mode copy on */
 }
 
 /* Wait (up to 20 s) until the handle's write-through queue is empty. */

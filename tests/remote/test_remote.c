@@ -20,6 +20,10 @@
  *   writeback  remote_write = KVDB_REMOTE_WRITE_EVICT: puts write nothing; a rebalance that
  *            deletes contexts first writes their blocks; a second host gets them exactly; a
  *            kvdb_delete writes nothing; unknown remote_write bits are refused
+ *   copy     remote_copy_hits (default on): host B's get from Redis is copied to B's store
+ *            (the objects as verified); Redis stopped, B's next get is still whole and exact
+ *            (a local hit), also after a reopen; with the option off the same get is a miss;
+ *            a read-only handle copies nothing; the option's bad value is refused
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
@@ -845,6 +849,128 @@ static void mode_writeback(void)
          4 * n_gone);
 }
 
+/* ---- copy: remote hits copied to the local store ---- */
+
+/* Wait (up to 20 s) until the handle has copied `want` blocks (or failed some). */
+static kvdb_remote_stats copy_wait(kvdb *db, uint64_t want)
+{
+  for (int i = 0; i < 2000; i++) {
+    kvdb_remote_stats rs = r_stat(db);
+    if (rs.copied >= want || rs.copy_failed > 0)
+      return rs;
+    r_sleep_ms(10);
+  }
+  return r_stat(db);
+}
+
+static void mode_copy(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 24 * 16 + 5; /* 25 blocks, the last one partial */
+  const size_t nl = 6 * 16;      /* B holds the first 6 blocks itself */
+  uint32_t *tok = ctx_tokens(801, n), *tok2 = ctx_tokens(802, n);
+  char *da, *dbd, *dcd;
+  kvdb *a = open_db("rc-a", s.port, "cp", &da);
+  t_put_kv(a, &r_model, tok, n, NULL);
+  t_put_kv(a, &r_model, tok2, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(r_stat(a).written, 50);
+  kvdb_close(a);
+  kvdb_options o;
+  /* bad value */
+  dbd = t_tmpdir("rc-b");
+  r_opts(&o, s.port, "cp");
+  o.remote_copy_hits = 2;
+  kvdb *b;
+  ASSERT_EQ(kvdb_open(dbd, &o, &b), KVDB_INVALID);
+  ASSERT(strstr(kvdb_errmsg(), "remote_copy_hits") != NULL);
+  /* host B, the library's default (copy on); it holds the first 6 blocks of tok itself */
+  kvdb_options_init(&o);
+  uint32_t def = o.remote_copy_hits;
+  ASSERT_EQ(def, 1);
+  r_opts(&o, s.port, "cp");
+  o.remote_copy_hits = def;
+  ASSERT_OK(kvdb_open(dbd, &o, &b));
+  t_put_kv(b, &r_model, tok, nl, NULL);
+  r_drain(b);
+  uint64_t rt0 = r_stat(b).round_trips;
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), n); /* 6 local + 19 from Redis, exact */
+  ASSERT_EQ(r_stat(b).hits, 19);
+  ASSERT_EQ(r_stat(b).round_trips, rt0 + 1);
+  ASSERT_EQ(t_get_check(b, &r_model, tok2, n), n); /* 25 from Redis */
+  kvdb_remote_stats rs = copy_wait(b, 19 + 25);
+  ASSERT_EQ(rs.copy_failed, 0);
+  ASSERT_EQ(rs.copied, 19 + 25);
+  ASSERT_EQ(rs.written, 6); /* B's own put was written through; the copies were not */
+  /* Redis goes away: B's gets are whole, exact and local (no remote hit, no round trip) */
+  r_stop(&s);
+  uint64_t hits = rs.hits;
+  ASSERT_EQ(lookup(b, tok, n), n);
+  ASSERT_EQ(t_get_check(b, &r_model, tok, n), n);
+  ASSERT_EQ(t_get_check(b, &r_model, tok2, n), n);
+  ASSERT_EQ(r_stat(b).hits, hits);
+  kvdb_verify_report vr;
+  ASSERT_OK(kvdb_verify(b, NULL, NULL, NULL, &vr)); /* the copied objects check as stored */
+  ASSERT_EQ(vr.problems, 0);
+  ASSERT_EQ(vr.blocks_checked, 6 + 19 + 25);
+  kvdb_close(b);
+  /* and after a reopen (the copies are durable records; verify finds nothing wrong) */
+  ASSERT_OK(kvdb_open(dbd, &o, &b));
+  ASSERT_EQ(t_get_check(b, &r_model, tok2, n), n);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(b, &st));
+  ASSERT_EQ(st.n_contexts, 3); /* B's 6-block put and the two copies */
+  kvdb_close(b);
+  t_rmdir(dbd);
+  /* host C with the option off: the same gets come from Redis only; Redis stopped, a miss */
+  r_start(&s, s.port, NULL); /* empty: A puts again */
+  a = open_db("rc-a2", s.port, "cp", &da);
+  t_put_kv(a, &r_model, tok, n, NULL);
+  r_drain(a);
+  kvdb_close(a);
+  /* host D, copies on, whose local write fails (its segment folder replaced by a file): the
+   * get is whole and exact all the same, the failure counted */
+  {
+    char *ddd = t_tmpdir("rc-d");
+    kvdb_options od;
+    r_opts(&od, s.port, "cp");
+    od.remote_copy_hits = 1;
+    kvdb *d;
+    ASSERT_OK(kvdb_open(ddd, &od, &d));
+    char ssd[4200];
+    snprintf(ssd, sizeof ssd, "%s/ssd", ddd);
+    char rm[8500];
+    snprintf(rm, sizeof rm, "rm -rf '%s' && echo x > '%s'", ssd, ssd);
+    ASSERT(system(rm) == 0);
+    ASSERT_EQ(t_get_check(d, &r_model, tok, n), n);
+    kvdb_remote_stats rd = copy_wait(d, 25);
+    ASSERT_EQ(rd.copied, 0);
+    ASSERT_EQ(rd.copy_failed, 25);
+    ASSERT_EQ(t_get_check(d, &r_model, tok, n), n); /* from Redis again */
+    kvdb_close(d);
+    snprintf(rm, sizeof rm, "rm -f '%s'", ssd);
+    ASSERT(system(rm) == 0);
+    t_rmdir(ddd);
+  }
+  kvdb *c = open_db("rc-c", s.port, "cp", &dcd); /* r_opts: off */
+  ASSERT_EQ(t_get_check(c, &r_model, tok, n), n);
+  r_sleep_ms(200);
+  ASSERT_EQ(r_stat(c).copied, 0);
+  r_stop(&s);
+  ASSERT_EQ(lookup(c, tok, n), 0);
+  ASSERT_OK(kvdb_stat(c, &st));
+  ASSERT_EQ(st.n_contexts, 0);
+  kvdb_close(c);
+  t_rmdir(dcd);
+  t_rmdir(da);
+  free(tok);
+  free(tok2);
+  r_cleanup(&s);
+  printf("copy: 44 remote-hit blocks copied to B's store and served locally with Redis down "
+         "(also after a reopen); with the option off, none\n");
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
@@ -863,6 +989,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "copy") == 0)
+    mode_copy();
   else if (strcmp(mode, "writeback") == 0)
     mode_writeback();
   else if (strcmp(mode, "cluster") == 0)
