@@ -165,6 +165,7 @@ static kvdb *open_host(const char *dir, int port, const char *ns, kvdb_status *s
   o.remote_addr = addr;
   o.remote_namespace = ns;
   o.remote_timeout_ms = 500;
+  o.remote_copy_hits = 0; /* every get of host B reads Redis (a copy would make it local) */
   kvdb *db = NULL;
   *st = kvdb_open(dir, &o, &db);
   if (*st != KVDB_OK)
@@ -577,5 +578,307 @@ out:
   free(kv);
   free(out);
   free(expect);
+  return ret;
+}
+
+/* ---- kvdb-bench remote-tags: Redis Cluster hash tags, measured (issue 20 item 2) ----------
+ *
+ * A local three-master Redis Cluster (redis-server --cluster-enabled, redis-cli --cluster
+ * create). Host A puts contexts of 64 blocks with remote_hash_tag NONE (keys spread over the
+ * slots) and ROOT (a chain's keys share a tag: its first block's hash), each under its own
+ * namespace; host B (an empty store, copies off) then, alternating the two in rounds:
+ *   - looks each context up (64 GETRANGEs in one pipelined batch): latency p50/p99 per lookup
+ *     and round trips per lookup (kvdb_remote_stats.round_trips);
+ *   - gets each context whole from Redis, one client thread and three at once: blocks/s;
+ *   - how the keys fall on the masters (DBSIZE of each; the largest share of one namespace).
+ */
+#include <pthread.h>
+
+#define T_BLOCKS 64u
+#define T_NT (R_BT * T_BLOCKS)
+
+typedef struct tag_get {
+  kvdb *db;
+  unsigned first, n_ctx, step, rounds;
+  uint64_t base;
+  uint64_t blocks, wrong, short_;
+  uint16_t *out;
+} tag_get;
+
+static int cmp_dbl(const void *x, const void *y)
+{
+  double a = *(const double *)x, b = *(const double *)y;
+  return (a > b) - (a < b);
+}
+
+static double median_of(double *v, unsigned n)
+{
+  qsort(v, n, sizeof *v, cmp_dbl);
+  return n ? v[n / 2] : 0;
+}
+
+static kvdb *open_tag_host(const char *dir, int port, const char *ns, uint32_t tag)
+{
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.sync_mode = KVDB_SYNC_NONE;
+  o.use_direct_io = 0;
+  o.dram_bytes = 0;
+  o.log_level = -1;
+  o.remote_addr = addr;
+  o.remote_namespace = ns;
+  o.remote_timeout_ms = 2000;
+  o.remote_copy_hits = 0;
+  o.remote_hash_tag = tag;
+  kvdb *db = NULL;
+  if (kvdb_open(dir, &o, &db) != KVDB_OK)
+    bench_log("remote-tags: open %s: %s", dir, kvdb_errmsg());
+  return db;
+}
+
+static void *tag_get_run(void *arg)
+{
+  tag_get *g = arg;
+  uint32_t *tok = malloc(T_NT * sizeof *tok);
+  for (unsigned r = 0; tok != NULL && r < g->rounds; r++)
+    for (unsigned i = g->first; i < g->n_ctx; i += g->step) {
+      ctx_tokens(g->base + i, tok, T_NT);
+      kvdb_kv_view v;
+      kvdb_kv_view_packed(&v, g->out, &RM, T_NT, KVDB_LAYOUT_LKTHD);
+      size_t hit = 0;
+      if (kvdb_get(g->db, &RM, tok, T_NT, &v, &hit) != KVDB_OK || hit != T_NT)
+        g->short_++;
+      g->blocks += (hit + R_BT - 1) / R_BT;
+    }
+  free(tok);
+  return NULL;
+}
+
+/* Blocks per second of `threads` clients getting every context `rounds` times. */
+static double tag_get_bps(kvdb *db, uint64_t base, unsigned n_ctx, unsigned threads,
+                          unsigned rounds, size_t ctx_bytes, uint64_t *shortc)
+{
+  tag_get g[3];
+  pthread_t th[3];
+  uint64_t t0 = bench_now_ns();
+  for (unsigned k = 0; k < threads; k++) {
+    g[k] = (tag_get){.db = db, .first = k, .n_ctx = n_ctx, .step = threads, .rounds = rounds,
+                     .base = base, .out = malloc(ctx_bytes)};
+    pthread_create(&th[k], NULL, tag_get_run, &g[k]);
+  }
+  uint64_t blocks = 0;
+  for (unsigned k = 0; k < threads; k++) {
+    pthread_join(th[k], NULL);
+    blocks += g[k].blocks;
+    *shortc += g[k].short_;
+    free(g[k].out);
+  }
+  double s = (double)(bench_now_ns() - t0) / 1e9;
+  return s > 0 ? (double)blocks / s : 0;
+}
+
+static int cluster_ok(int port)
+{
+  redisContext *c = rconnect(port);
+  redisReply *r = c ? redisCommand(c, "CLUSTER INFO") : NULL;
+  int ok = r != NULL && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+  if (r)
+    freeReplyObject(r);
+  if (c)
+    redisFree(c);
+  return ok;
+}
+
+static int64_t node_keys(int port, const char *ns)
+{
+  redisContext *c = rconnect(port);
+  redisReply *r = c ? redisCommand(c, "KEYS kvdb:%s:*", ns) : NULL;
+  int64_t n = r != NULL && r->type == REDIS_REPLY_ARRAY ? (int64_t)r->elements : -1;
+  if (r)
+    freeReplyObject(r);
+  if (c)
+    redisFree(c);
+  return n;
+}
+
+int bench_remote_tags(const bench_env *env, bench_json *j)
+{
+  const unsigned n_ctx = env->quick ? 6 : 15, rounds = env->quick ? 2 : 5;
+  rsrv s[3];
+  memset(s, 0, sizeof s);
+  int ret = 1;
+  kvdb *a[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
+  uint16_t *kv = NULL;
+  bench_samples lat[2] = {{0}, {0}};
+  for (int k = 0; k < 3; k++) {
+    snprintf(s[k].dir, sizeof s[k].dir, "%s/node%d", env->dir, k);
+    s[k].port = -1;
+    for (int i = 0; i < 1000 && (s[k].port < 0 || s[k].port > 55535); i++)
+      s[k].port = free_port(); /* a Cluster node also listens on port + 10000 */
+    if (mkdir(s[k].dir, 0755) != 0 || s[k].port < 0 || s[k].port > 55535)
+      goto out;
+    char ports[16], logf[4200];
+    snprintf(ports, sizeof ports, "%d", s[k].port);
+    snprintf(logf, sizeof logf, "%s/redis.log", s[k].dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+      goto out;
+    if (pid == 0) {
+      execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--dir",
+             s[k].dir, "--save", "", "--appendonly", "no", "--logfile", logf,
+             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", (char *)NULL);
+      _exit(127);
+    }
+    s[k].pid = pid;
+  }
+  for (int k = 0; k < 3; k++) {
+    int up = 0;
+    for (int i = 0; i < 500 && !up; i++) {
+      redisContext *c = rconnect(s[k].port);
+      up = c != NULL;
+      if (c)
+        redisFree(c);
+      else
+        sleep_ms(10);
+    }
+    if (!up) {
+      bench_log("remote-tags: needs redis-server (Debian: redis-server)");
+      goto out;
+    }
+  }
+  char cmd[8400];
+  snprintf(cmd, sizeof cmd,
+           "redis-cli --cluster create 127.0.0.1:%d 127.0.0.1:%d 127.0.0.1:%d "
+           "--cluster-replicas 0 --cluster-yes > '%s/create.log' 2>&1",
+           s[0].port, s[1].port, s[2].port, env->dir);
+  if (system(cmd) != 0) {
+    bench_log("remote-tags: redis-cli --cluster create failed (Debian: redis-tools), see %s",
+              env->dir);
+    goto out;
+  }
+  for (int k = 0; k < 3; k++)
+    for (int i = 0; i < 500 && !cluster_ok(s[k].port); i++)
+      sleep_ms(20);
+  static const char *const nsn[2] = {"spread", "tagged"};
+  size_t ctx_bytes = (size_t)T_NT * kvdb_model_token_bytes(&RM);
+  kv = malloc(ctx_bytes);
+  uint32_t *tok = malloc(T_NT * sizeof *tok);
+  if (kv == NULL || tok == NULL) {
+    free(tok);
+    goto out;
+  }
+  char path[4300];
+  for (int m = 0; m < 2; m++) {
+    snprintf(path, sizeof path, "%s/host-a-%s", env->dir, nsn[m]);
+    a[m] = open_tag_host(path, s[0].port, nsn[m], (uint32_t)m);
+    snprintf(path, sizeof path, "%s/host-b-%s", env->dir, nsn[m]);
+    b[m] = open_tag_host(path, s[0].port, nsn[m], (uint32_t)m);
+    if (a[m] == NULL || b[m] == NULL) {
+      free(tok);
+      goto out;
+    }
+    for (unsigned i = 0; i < n_ctx; i++) {
+      ctx_tokens(5000 + i, tok, T_NT);
+      fill_kv(tok, T_NT, kv);
+      kvdb_kv_view v;
+      kvdb_kv_view_packed(&v, kv, &RM, T_NT, KVDB_LAYOUT_LKTHD);
+      if (kvdb_put(a[m], &RM, tok, T_NT, &v, NULL) != KVDB_OK) {
+        bench_log("remote-tags: put: %s", kvdb_errmsg());
+        free(tok);
+        goto out;
+      }
+    }
+    drain(a[m]);
+  }
+  /* where the keys are */
+  double share[2];
+  int64_t per[2][3];
+  for (int m = 0; m < 2; m++) {
+    int64_t tot = 0, mx = 0;
+    for (int k = 0; k < 3; k++) {
+      per[m][k] = node_keys(s[k].port, nsn[m]);
+      tot += per[m][k];
+      mx = per[m][k] > mx ? per[m][k] : mx;
+    }
+    share[m] = tot > 0 ? (double)mx / (double)tot : 0;
+  }
+  /* lookups, alternating */
+  double rt_per[2] = {0, 0};
+  uint64_t hit_short = 0;
+  for (int m = 0; m < 2; m++) { /* warm: connections and the slot map */
+    size_t hit;
+    ctx_tokens(5000, tok, T_NT);
+    kvdb_lookup(b[m], &RM, tok, T_NT, &hit);
+  }
+  for (unsigned r = 0; r < rounds; r++)
+    for (int m = 0; m < 2; m++) {
+      kvdb_remote_stats r0, r1;
+      kvdb_remote_stat(b[m], &r0);
+      for (unsigned i = 0; i < n_ctx; i++) {
+        ctx_tokens(5000 + i, tok, T_NT);
+        size_t hit = 0;
+        uint64_t t0 = bench_now_ns();
+        kvdb_lookup(b[m], &RM, tok, T_NT, &hit);
+        bench_samples_push(&lat[m], bench_now_ns() - t0);
+        hit_short += hit != T_NT;
+      }
+      kvdb_remote_stat(b[m], &r1);
+      rt_per[m] += (double)(r1.round_trips - r0.round_trips) / (double)(n_ctx * rounds);
+    }
+  free(tok);
+  /* gets: one client, then three; alternating, the median round of each */
+  double g1[2][5], g3[2][5];
+  for (unsigned r = 0; r < rounds; r++)
+    for (int m = 0; m < 2; m++) {
+      g1[m][r] = tag_get_bps(b[m], 5000, n_ctx, 1, 1, ctx_bytes, &hit_short);
+      g3[m][r] = tag_get_bps(b[m], 5000, n_ctx, 3, 1, ctx_bytes, &hit_short);
+    }
+  double med1[2], med3[2];
+  for (int m = 0; m < 2; m++) {
+    med1[m] = median_of(g1[m], rounds);
+    med3[m] = median_of(g3[m], rounds);
+  }
+  double p50[2], p99[2];
+  for (int m = 0; m < 2; m++) {
+    p50[m] = (double)bench_samples_pct(&lat[m], 50) / 1e3;
+    p99[m] = (double)bench_samples_pct(&lat[m], 99) / 1e3;
+    fprintf(env->out,
+            "%-7s keys per master %" PRId64 "/%" PRId64 "/%" PRId64 " (largest share %.2f); "
+            "64-block lookup p50 %.0f us p99 %.0f us, %.2f round trips; get 1 client %.0f "
+            "blocks/s, 3 clients %.0f blocks/s\n",
+            nsn[m], per[m][0], per[m][1], per[m][2], share[m], p50[m], p99[m], rt_per[m],
+            med1[m], med3[m]);
+  }
+  fprintf(env->out, "tagged / spread: lookup p50 %.3f, get 1 client %.3f, 3 clients %.3f; "
+          "%" PRIu64 " short hits (expected 0)\n", bench_ratio(p50[1], p50[0]),
+          bench_ratio(med1[1], med1[0]), bench_ratio(med3[1], med3[0]), hit_short);
+  bench_json_int(j, "contexts", n_ctx);
+  bench_json_int(j, "blocks_per_context", T_BLOCKS);
+  bench_json_num(j, "lookup_p50_us_spread", p50[0]);
+  bench_json_num(j, "lookup_p50_us_tagged", p50[1]);
+  bench_json_num(j, "lookup_p99_us_spread", p99[0]);
+  bench_json_num(j, "lookup_p99_us_tagged", p99[1]);
+  bench_json_num(j, "lookup_round_trips_spread", rt_per[0]);
+  bench_json_num(j, "lookup_round_trips_tagged", rt_per[1]);
+  bench_json_num(j, "get_blocks_per_s_spread", med1[0]);
+  bench_json_num(j, "get_blocks_per_s_tagged", med1[1]);
+  bench_json_num(j, "get3_blocks_per_s_spread", med3[0]);
+  bench_json_num(j, "get3_blocks_per_s_tagged", med3[1]);
+  bench_json_num(j, "largest_master_share_spread", share[0]);
+  bench_json_num(j, "largest_master_share_tagged", share[1]);
+  bench_json_int(j, "short_hits", (int64_t)hit_short);
+  ret = hit_short == 0 ? 0 : 1;
+out:
+  for (int m = 0; m < 2; m++) {
+    kvdb_close(a[m]);
+    kvdb_close(b[m]);
+    bench_samples_free(&lat[m]);
+  }
+  for (int k = 0; k < 3; k++)
+    srv_stop(&s[k]);
+  free(kv);
   return ret;
 }
