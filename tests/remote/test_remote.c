@@ -24,6 +24,9 @@
  *            (the objects as verified); Redis stopped, B's next get is still whole and exact
  *            (a local hit), also after a reopen; with the option off the same get is a miss;
  *            a read-only handle copies nothing; the option's bad value is refused
+ *   tags     remote_hash_tag ROOT: every key of two contexts sharing their first blocks carries
+ *            one tag (their first block's hash), another host with the tag gets both exactly,
+ *            one without it misses (the keys differ); a bad value is refused
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
@@ -971,6 +974,67 @@ static void mode_copy(void)
          "(also after a reopen); with the option off, none\n");
 }
 
+/* ---- tags: remote_hash_tag ---- */
+
+static void mode_tags(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  const size_t n = 10 * 16;
+  uint32_t *t1 = malloc(n * sizeof *t1), *t2 = malloc(n * sizeof *t2);
+  ASSERT(t1 != NULL && t2 != NULL);
+  t_family_tokens(901, 900, 3 * 16, t1, n); /* the first 3 blocks shared */
+  t_family_tokens(902, 900, 3 * 16, t2, n);
+  kvdb_options o;
+  char *da = t_tmpdir("rg-a"), *dbd, *dcd;
+  r_opts(&o, s.port, "tg");
+  o.remote_hash_tag = 2;
+  kvdb *a;
+  ASSERT_EQ(kvdb_open(da, &o, &a), KVDB_INVALID);
+  ASSERT(strstr(kvdb_errmsg(), "remote_hash_tag") != NULL);
+  o.remote_hash_tag = KVDB_REMOTE_TAG_ROOT;
+  ASSERT_OK(kvdb_open(da, &o, &a));
+  t_put_kv(a, &r_model, t1, n, NULL);
+  t_put_kv(a, &r_model, t2, n, NULL);
+  r_drain(a);
+  ASSERT_EQ(r_stat(a).written, 17); /* 10 + the 7 blocks of t2 after the shared 3 */
+  kvdb_close(a);
+  /* every key: kvdb:tg:<model>:{<first 16 hex digits of block 0's hash>}:<hash> */
+  kvdb_key h[10];
+  ASSERT_OK(kvdb_chain_hashes(&r_model, t1, n, h, 10));
+  char hx[33], pat[128];
+  kvdb_key_hex(&h[0], hx);
+  hx[16] = 0;
+  redisContext *c = r_connect(s.port);
+  ASSERT(c != NULL);
+  redisReply *all = r_cmd(c, "KEYS kvdb:tg:*", NULL);
+  snprintf(pat, sizeof pat, "kvdb:tg:*:{%s}:*", hx);
+  redisReply *tagged = r_cmd(c, "KEYS %s", pat);
+  ASSERT_EQ(all->elements, 17);
+  ASSERT_EQ(tagged->elements, 17);
+  freeReplyObject(all);
+  freeReplyObject(tagged);
+  redisFree(c);
+  kvdb *b = open_db("rg-b", s.port, "tg", &dbd); /* no tag: other keys */
+  ASSERT_EQ(lookup(b, t1, n), 0);
+  kvdb_close(b);
+  t_rmdir(dbd);
+  dcd = t_tmpdir("rg-c");
+  kvdb *cc;
+  ASSERT_OK(kvdb_open(dcd, &o, &cc));
+  ASSERT_EQ(lookup(cc, t1, n), n);
+  ASSERT_EQ(t_get_check(cc, &r_model, t1, n), n);
+  ASSERT_EQ(t_get_check(cc, &r_model, t2, n), n);
+  ASSERT_EQ(r_stat(cc).rejected, 0);
+  kvdb_close(cc);
+  t_rmdir(dcd);
+  t_rmdir(da);
+  free(t1);
+  free(t2);
+  r_cleanup(&s);
+  printf("tags: 17 keys under one chain-root tag, read exactly with the tag, missed without\n");
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
@@ -989,6 +1053,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "tags") == 0)
+    mode_tags();
   else if (strcmp(mode, "copy") == 0)
     mode_copy();
   else if (strcmp(mode, "writeback") == 0)
