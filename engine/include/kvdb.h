@@ -480,6 +480,10 @@ typedef struct kvdb_options {
    * share a remote tier must agree (the keys differ). Other values: KVDB_INVALID.
    */
   uint32_t remote_hash_tag;
+  /** the remote tier's capacity in the placement's model (KVDB_TIER_REMOTE): the most bytes a
+   * plan keeps there; 0 (default) = unlimited (Redis's maxmemory policy bounds what it keeps,
+   * and a context it evicts is a miss, never wrong KV) */
+  uint64_t remote_bytes;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */
@@ -1121,6 +1125,19 @@ KVDB_API kvdb_status kvdb_tier_probe(kvdb *db, int reprobe, kvdb_tier_perf out[K
 
 /** kvdb_place_move.from_tier / to_tier of a context that is not stored (recomputed). */
 #define KVDB_TIER_NONE KVDB_TIER_COUNT
+/**
+ * kvdb_place_move.to_tier of a context the plan moves to the remote tier: its blocks are
+ * written to Redis (read back from the local store, verified) and then it is deleted locally.
+ * The remote tier is a tier of the placement's model when the handle has placement on and a
+ * remote tier it writes (remote_addr, remote_queue_blocks > 0, not KVDB_O_RDONLY) and the
+ * server answered the tier's probe: its read bandwidth and latency are measured against the
+ * live server (kvdb_rebalance_plan, the placement run over every context; again once 30 s
+ * old), and it sits below the local tiers: the utility reads it at no better than the last
+ * local tier's figures (a context is kept locally while it fits there; Redis serves what
+ * leaves). Its capacity is kvdb_options.remote_bytes. Contexts already on Redis only are not
+ * in the local catalog: plans place local contexts.
+ */
+#define KVDB_TIER_REMOTE (KVDB_TIER_COUNT + 1)
 
 /** One context whose place a plan changes. */
 typedef struct kvdb_place_move {
@@ -1147,6 +1164,13 @@ typedef struct kvdb_place_plan {
   uint64_t bytes_after[KVDB_TIER_COUNT];
   double utility_before, utility_after;   /**< sum of U over all contexts */
   uint64_t n_recompress, n_evict;         /**< greedy operations behind the plan */
+  /** the remote tier in the plan's model (KVDB_TIER_REMOTE): 1 when it is there */
+  int remote;
+  uint64_t remote_capacity;     /**< kvdb_options.remote_bytes (0: unlimited) */
+  uint64_t remote_bytes_after;  /**< bytes the plan moves there */
+  kvdb_tier_perf remote_perf;   /**< its figures as measured (probed_ms: when) */
+  kvdb_tier_perf remote_model;  /**< the figures the utility used (no better than the last
+                                     local tier's) */
 } kvdb_place_plan;
 
 /**
@@ -1165,6 +1189,10 @@ typedef struct kvdb_rebalance_report {
   uint64_t deleted;     /**< contexts deleted (pushed off the last tier) */
   uint64_t skipped;     /**< moves whose context changed or vanished since the plan */
   uint64_t cache_changes; /**< contexts entering or leaving the DRAM tier */
+  uint64_t to_remote;   /**< contexts moved to the remote tier (written, then deleted here;
+                             also counted in `deleted`) */
+  uint64_t remote_unwritten; /**< blocks of those Redis did not take (the contexts were deleted
+                                  all the same, as room was planned for) */
 } kvdb_rebalance_report;
 
 /**

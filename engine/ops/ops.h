@@ -58,6 +58,17 @@ kvdb_status kv_rtier_open(kvdb *db);
  * round trips of 16 blocks, each bounded by the timeout). No-op without that bit. Never fails:
  * what is not sent is counted as dropped. */
 void kv_rtier_note_evict(kvdb *db, const uint8_t key[16]);
+/* The placement's remote tier (engine/place): context `key`'s blocks written to it now, read
+ * back from the local store and verified, in round trips of 16 (each bounded by
+ * remote_timeout_ms); *n_blocks its blocks, *written those Redis took. -1 without a remote tier
+ * this handle writes. */
+int kv_rtier_write_ctx(kvdb *db, const uint8_t key[16], uint32_t *n_blocks, uint32_t *written);
+/* The remote tier's read figures for the placement's model, measured against the live server
+ * (a 4 MiB value SET, read back whole three times: bandwidth from the fastest; five 1-byte
+ * GETRANGEs: latency, the median; then deleted), again once they are 30 s old (5 s after a
+ * failed probe). 0, or -1 without a remote tier this handle writes or when the server did not
+ * answer the last probe (the placement then leaves the tier out). */
+int kv_rtier_figures(kvdb *db, kv_tier_perf *out);
 /* At close: the queued blocks are sent (each round trip bounded by the timeout), then freed. */
 void kv_rtier_close(kvdb *db);
 

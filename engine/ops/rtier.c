@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
@@ -94,6 +95,10 @@ struct kv_rtier {
   copy_job *jh, *jt;    /* copies waiting, oldest first */
   uint64_t job_bytes;
   pthread_t th;
+  pthread_mutex_t fmu;  /* the figures below; one probe at a time */
+  kv_tier_perf perf;    /* the remote tier's figures for the placement (kv_rtier_figures) */
+  uint64_t probed_ms;   /* when they were measured (0: never) */
+  int perf_ok;          /* the last probe succeeded */
   _Atomic uint64_t hits, misses, rejected, queued, written, dropped, copied, copy_failed;
 };
 
@@ -200,9 +205,10 @@ static int build_value(kvdb *db, struct kv_rtier *t, const uint8_t hash[16],
 }
 
 /* Send up to RT_BATCH queued blocks (one round trip); the queue lock is not held. hs[i]:
- * the block's hash, then its chain's root's. */
-static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[32], uint32_t n)
+ * the block's hash, then its chain's root's. Returns the blocks Redis took. */
+static uint32_t send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[32], uint32_t n)
 {
+  uint32_t took = 0;
   wblk w[RT_BATCH];
   kv_rcmd c[RT_BATCH];
   uint32_t k = 0;
@@ -222,10 +228,12 @@ static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[32], uint32_t
   }
   if (k > 0 && kv_remote_exec(t->r, c, k) == KVDB_OK) {
     for (uint32_t i = 0; i < k; i++) {
-      if (c[i].status == KV_RCMD_OK)
+      if (c[i].status == KV_RCMD_OK) {
         t->written++;
-      else
+        took++;
+      } else {
         t->dropped++;
+      }
     }
     kv_remote_release(c, k);
   } else {
@@ -233,6 +241,7 @@ static void send_batch(kvdb *db, struct kv_rtier *t, uint8_t (*hs)[32], uint32_t
   }
   for (uint32_t i = 0; i < k; i++)
     kv_free_aligned(w[i].mem);
+  return took;
 }
 
 /* Store copy j locally (the worker's thread), then what follows a put (the placement). */
@@ -635,15 +644,15 @@ size_t kv_rtier_extend(kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_
 
 /* ---- write-back on eviction ---- */
 
-void kv_rtier_note_evict(kvdb *db, const uint8_t key[16])
+/* Write context `key`'s blocks (read back from the local store, verified) in round trips of
+ * RT_BATCH; *n_blocks its blocks. Returns the blocks Redis took. */
+static uint32_t write_ctx(kvdb *db, struct kv_rtier *t, const uint8_t key[16], uint32_t *n_blocks)
 {
-  struct kv_rtier *t = db->rtier;
-  if (t == NULL || t->cap == 0 || !t->on_evict)
-    return;
+  *n_blocks = 0;
   kv_txn *txn;
   if (kv_txn_begin(&db->cat, 0, &txn) != KVDB_OK) {
     kv_clear_error();
-    return;
+    return 0;
   }
   kv_ctx_rec cr;
   uint8_t(*hs)[32] = NULL;
@@ -657,13 +666,143 @@ void kv_rtier_note_evict(kvdb *db, const uint8_t key[16])
     }
   }
   kv_txn_abort(txn); /* its blocks stay until the caller's delete, which follows this */
+  uint32_t took = 0;
   for (uint32_t i = 0; i < n; i += RT_BATCH) {
     uint32_t m = n - i < RT_BATCH ? n - i : RT_BATCH;
     t->queued += m;
-    send_batch(db, t, hs + i, m);
+    took += send_batch(db, t, hs + i, m);
   }
   free(hs);
   kv_clear_error();
+  *n_blocks = n;
+  return took;
+}
+
+void kv_rtier_note_evict(kvdb *db, const uint8_t key[16])
+{
+  struct kv_rtier *t = db->rtier;
+  uint32_t n;
+  if (t != NULL && t->cap > 0 && t->on_evict)
+    (void)write_ctx(db, t, key, &n);
+}
+
+int kv_rtier_write_ctx(kvdb *db, const uint8_t key[16], uint32_t *n_blocks, uint32_t *written)
+{
+  struct kv_rtier *t = db->rtier;
+  *n_blocks = *written = 0;
+  if (t == NULL || t->cap == 0)
+    return -1;
+  *written = write_ctx(db, t, key, n_blocks);
+  return 0;
+}
+
+/* ---- the remote tier's figures (the placement's model) ---- */
+
+#define RT_PROBE_BYTES (4u << 20) /* the value GET back for the bandwidth */
+#define RT_PROBE_LAT 5u           /* 1-byte GETRANGEs for the latency (the median) */
+#define RT_PROBE_BW 3u            /* GETs of the value (the fastest) */
+#define RT_PROBE_AGAIN_MS 30000u  /* figures older than this are measured again */
+#define RT_PROBE_RETRY_MS 5000u   /* after a failed probe */
+
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* One round trip of command c alone: its time in ns, or 0 when it failed. */
+static uint64_t timed(kv_remote *r, kv_rcmd *c, size_t want_len)
+{
+  uint64_t t0 = rt_now_ns();
+  kvdb_status rc = kv_remote_exec(r, c, 1);
+  uint64_t ns = rt_now_ns() - t0;
+  int ok = rc == KVDB_OK && c->status == KV_RCMD_OK && (want_len == 0 || c->len == want_len);
+  kv_remote_release(c, 1);
+  return ok ? (ns > 0 ? ns : 1) : 0;
+}
+
+/* Measure the server as the placement reads it: a value of RT_PROBE_BYTES under a key of this
+ * handle's namespace, SET, read back whole (bandwidth) and one byte at a time (latency), then
+ * deleted. 0, or -1 when the server did not answer. */
+static int probe(struct kv_rtier *t, kv_tier_perf *f)
+{
+  char key[RV_KEY_MAX];
+  static _Atomic unsigned seq;
+  size_t kl = (size_t)snprintf(key, sizeof key, "kvdb:%s:probe:%ld-%u", t->ns, (long)getpid(),
+                               seq++);
+  uint8_t *v = malloc(RT_PROBE_BYTES);
+  if (v == NULL)
+    return -1;
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ rt_now_ns(); /* incompressible: no shortcut anywhere */
+  for (size_t i = 0; i < RT_PROBE_BYTES / 8; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    memcpy(v + 8 * i, &x, 8);
+  }
+  kv_rcmd c;
+  memset(&c, 0, sizeof c);
+  c.op = KV_RCMD_SET;
+  c.key = key;
+  c.klen = kl;
+  c.val = v;
+  c.vlen = RT_PROBE_BYTES;
+  int ok = timed(t->r, &c, 0) != 0;
+  free(v);
+  uint64_t lat[RT_PROBE_LAT], best = UINT64_MAX;
+  for (unsigned i = 0; ok && i < RT_PROBE_LAT; i++) {
+    memset(&c, 0, sizeof c);
+    c.op = KV_RCMD_GETRANGE;
+    c.key = key;
+    c.klen = kl;
+    c.range_end = 0;
+    ok = (lat[i] = timed(t->r, &c, 1)) != 0;
+  }
+  for (unsigned i = 0; ok && i < RT_PROBE_BW; i++) {
+    memset(&c, 0, sizeof c);
+    c.op = KV_RCMD_GET;
+    c.key = key;
+    c.klen = kl;
+    uint64_t ns = timed(t->r, &c, RT_PROBE_BYTES);
+    ok = ns != 0;
+    best = ns < best ? ns : best;
+  }
+  memset(&c, 0, sizeof c);
+  c.op = KV_RCMD_DEL;
+  c.key = key;
+  c.klen = kl;
+  (void)timed(t->r, &c, 0);
+  if (!ok)
+    return -1;
+  qsort(lat, RT_PROBE_LAT, sizeof lat[0], cmp_u64);
+  uint64_t l = lat[RT_PROBE_LAT / 2];
+  uint64_t xfer = best > 2 * l ? best - l : best / 2; /* the part that grows with the bytes */
+  f->latency_s = (double)l * 1e-9;
+  f->read_bps = (double)RT_PROBE_BYTES / ((double)xfer * 1e-9);
+  return 0;
+}
+
+int kv_rtier_figures(kvdb *db, kv_tier_perf *out)
+{
+  struct kv_rtier *t = db->rtier;
+  if (t == NULL || t->cap == 0)
+    return -1;
+  pthread_mutex_lock(&t->fmu);
+  uint64_t now = kv_now_ms();
+  if (t->probed_ms == 0 || now - t->probed_ms >= (t->perf_ok ? RT_PROBE_AGAIN_MS : RT_PROBE_RETRY_MS)) {
+    kv_tier_perf f;
+    t->perf_ok = probe(t, &f) == 0;
+    if (t->perf_ok)
+      t->perf = f;
+    t->probed_ms = now;
+    kv_log(&db->log, 2, "remote tier: %s (%.3g GB/s, %.3g us)",
+           t->perf_ok ? "measured" : "did not answer the probe: not in the placement",
+           t->perf.read_bps / 1e9, t->perf.latency_s * 1e6);
+  }
+  int ok = t->perf_ok;
+  if (ok)
+    *out = t->perf;
+  pthread_mutex_unlock(&t->fmu);
+  kv_clear_error();
+  return ok ? 0 : -1;
 }
 
 /* ---- one value alone (tests, fuzz_rtier_value) ---- */
@@ -743,6 +882,7 @@ kvdb_status kv_rtier_open(kvdb *db)
   memcpy(t->ns, ns, nl + 1);
   t->ns_tag = XXH3_64bits(ns, nl);
   pthread_mutex_init(&t->mu, NULL);
+  pthread_mutex_init(&t->fmu, NULL);
   pthread_cond_init(&t->more, NULL);
   pthread_cond_init(&t->room, NULL);
   pthread_cond_init(&t->idle, NULL);
@@ -783,6 +923,7 @@ void kv_rtier_close(kvdb *db)
   }
   kv_remote_close(t->r);
   pthread_mutex_destroy(&t->mu);
+  pthread_mutex_destroy(&t->fmu);
   pthread_cond_destroy(&t->more);
   pthread_cond_destroy(&t->room);
   pthread_cond_destroy(&t->idle);

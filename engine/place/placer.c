@@ -62,13 +62,19 @@ typedef struct pmeta {
   size_t opt0;          /* its options in opt[] */
 } pmeta;
 
+/* kvdb tiers the placer knows: the local ones, KVDB_TIER_NONE's slot, KVDB_TIER_REMOTE */
+#define KV_PLACE_KTIERS (KVDB_TIER_REMOTE + 1)
+
 typedef struct pinst {
   kv_place_set set;
   kv_policy_params p;
-  kv_policy_tier tiers[KVDB_TIER_COUNT];
+  kv_policy_tier tiers[KV_POLICY_MAX_TIERS];
   uint32_t n_tiers;
-  uint32_t ktier[KVDB_TIER_COUNT];  /* policy tier -> kvdb tier */
-  int32_t ptier[KVDB_TIER_COUNT];   /* kvdb tier -> policy tier (-1: none) */
+  uint32_t ktier[KV_POLICY_MAX_TIERS]; /* policy tier -> kvdb tier */
+  int32_t ptier[KV_PLACE_KTIERS];      /* kvdb tier -> policy tier (-1: none) */
+  int remote;                          /* the remote tier is the last policy tier */
+  kv_tier_perf remote_perf;            /* as measured */
+  uint64_t remote_bytes;               /* kvdb_options.remote_bytes (0: unlimited) */
   size_t n, cap;
   kv_policy_context *pc;
   pmeta *meta;
@@ -157,12 +163,13 @@ static kvdb_status add_option(pinst *in, const kvdb_config *c, uint64_t bytes, d
   return KVDB_OK;
 }
 
-/* The policy's tiers from the settings and figures. */
-static void inst_tiers(pinst *in, const kv_tier_perf *f)
+/* The policy's tiers from the settings and figures; rf: the remote tier's measured figures
+ * (NULL: not in the model). */
+static void inst_tiers(pinst *in, const kv_tier_perf *f, const kv_tier_perf *rf)
 {
   const kv_place_set *set = &in->set;
   in->n_tiers = 0;
-  for (int t = 0; t < KVDB_TIER_COUNT; t++)
+  for (int t = 0; t < KV_PLACE_KTIERS; t++)
     in->ptier[t] = -1;
   for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
     kv_policy_tier *pt = &in->tiers[in->n_tiers];
@@ -182,6 +189,23 @@ static void inst_tiers(pinst *in, const kv_tier_perf *f)
     in->ktier[in->n_tiers] = t;
     in->ptier[t] = (int32_t)in->n_tiers;
     in->n_tiers++;
+  }
+  /* the remote tier, below the local ones: read at its measured figures, but never better
+   * than the last local tier's, and a network round trip (its latency) after it: kept
+   * locally while it fits there (no tie to break), Redis holds what leaves */
+  in->remote = 0;
+  if (rf != NULL && rf->read_bps > 0 && in->n_tiers < KV_POLICY_MAX_TIERS) {
+    const kv_policy_tier *last = &in->tiers[in->n_tiers - 1];
+    double bps = rf->read_bps < last->read_bps ? rf->read_bps : last->read_bps;
+    double lat = rf->latency_s > last->latency_s ? rf->latency_s : last->latency_s;
+    lat += rf->latency_s > 0 ? rf->latency_s : 1e-6;
+    in->tiers[in->n_tiers] = (kv_policy_tier){
+        "remote", in->remote_bytes ? in->remote_bytes : KV_POLICY_UNLIMITED, bps, lat, 0};
+    in->ktier[in->n_tiers] = KVDB_TIER_REMOTE;
+    in->ptier[KVDB_TIER_REMOTE] = (int32_t)in->n_tiers;
+    in->n_tiers++;
+    in->remote = 1;
+    in->remote_perf = *rf;
   }
   kv_policy_params_init(&in->p);
   in->p.tiers = in->tiers;
@@ -295,22 +319,25 @@ static kvdb_status inst_add(kvdb *db, kv_txn *txn, pinst *in, const uint8_t key[
                   have_cs ? &cs : NULL);
 }
 
-/* An instance without contexts: the settings, the tiers and their figures, as of txn. */
-static kvdb_status inst_start(kvdb *db, kv_txn *txn, pinst *in)
+/* An instance without contexts: the settings, the tiers and their figures, as of txn; with
+ * `remote`, the remote tier too when this handle has one it writes and its server answers. */
+static kvdb_status inst_start(kvdb *db, kv_txn *txn, pinst *in, int remote)
 {
   memset(in, 0, sizeof *in);
   in->now_ms = kv_now_ms();
   KV_RET(kv_place_settings(db, txn, &in->set));
-  kv_tier_perf f[KVDB_TIER_COUNT];
+  kv_tier_perf f[KVDB_TIER_COUNT], rf;
   KV_RET(kv_place_figures(db, &in->set, f));
-  inst_tiers(in, f);
+  int have_r = remote && db->place != NULL && kv_rtier_figures(db, &rf) == 0;
+  in->remote_bytes = db->opt.remote_bytes;
+  inst_tiers(in, f, have_r ? &rf : NULL);
   return KVDB_OK;
 }
 
-/* Every stored context, as of txn. */
-static kvdb_status inst_build(kvdb *db, kv_txn *txn, pinst *in)
+/* Every stored context, as of txn (`remote`: as inst_start). */
+static kvdb_status inst_build(kvdb *db, kv_txn *txn, pinst *in, int remote)
 {
-  KV_RET(inst_start(db, txn, in));
+  KV_RET(inst_start(db, txn, in, remote));
   kv_profile_rec *prof = malloc(sizeof *prof);
   if (prof == NULL)
     return kv_fail(KVDB_NOMEM, "profile");
@@ -340,7 +367,7 @@ static kvdb_status inst_build(kvdb *db, kv_txn *txn, pinst *in)
 /* Context `key` alone (the others are not read), as of txn; in->n is 0 when it is gone. */
 static kvdb_status inst_one(kvdb *db, kv_txn *txn, const uint8_t key[16], pinst *in)
 {
-  KV_RET(inst_start(db, txn, in));
+  KV_RET(inst_start(db, txn, in, 0));
   kv_ctx_rec cr;
   kvdb_status rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
   if (rc == KVDB_NOTFOUND) {
@@ -383,8 +410,19 @@ static kvdb_status to_public(const pinst *in, const kv_policy_plan *pp, kvdb_pla
   out->n_evict = pp->n_evict;
   for (uint32_t t = 0; t < in->n_tiers; t++) {
     uint32_t k = in->ktier[t];
-    out->capacity[k] = in->tiers[t].capacity_bytes == KV_POLICY_UNLIMITED
-                           ? 0 : in->tiers[t].capacity_bytes;
+    uint64_t cap = in->tiers[t].capacity_bytes == KV_POLICY_UNLIMITED
+                       ? 0 : in->tiers[t].capacity_bytes;
+    if (k == KVDB_TIER_REMOTE) {
+      out->remote = 1;
+      out->remote_capacity = cap;
+      out->remote_bytes_after = pp->used_after[t];
+      out->remote_perf = (kvdb_tier_perf){in->remote_perf.read_bps, in->remote_perf.latency_s,
+                                          in->now_ms, 0};
+      out->remote_model = (kvdb_tier_perf){in->tiers[t].read_bps, in->tiers[t].latency_s,
+                                           in->now_ms, 0};
+      continue;
+    }
+    out->capacity[k] = cap;
     out->bytes_before[k] = pp->used_before[t];
     out->bytes_after[k] = pp->used_after[t];
   }
@@ -425,12 +463,41 @@ void kvdb_place_plan_free(kvdb_place_plan *plan)
 
 /* ---- execution --------------------------------------------------------------------------- */
 
-/* Delete a context the plan pushed off the last tier (its own transaction). */
-static kvdb_status evict(kvdb *db, const uint8_t key[16])
+/* Delete a context the plan pushed off the last tier (its own transaction). Written back to
+ * the remote tier first (KVDB_REMOTE_WRITE_EVICT) unless the plan's model had that tier:
+ * then the utility chose to drop it rather than keep it there. */
+static kvdb_status evict(kvdb *db, const uint8_t key[16], int plan_remote)
 {
   kv_txn *txn;
   uint64_t freed;
-  kv_rtier_note_evict(db, key); /* write-back to the remote tier, when asked for */
+  if (!plan_remote)
+    kv_rtier_note_evict(db, key); /* write-back to the remote tier, when asked for */
+  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+  kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
+  if (rc != KVDB_OK) {
+    kv_txn_abort(txn);
+    return rc;
+  }
+  return kv_txn_commit(txn);
+}
+
+/* Move a context to the remote tier: its blocks written to Redis, then deleted here (its own
+ * transaction), whatever Redis answered: the plan counts on the room (blocks not taken are
+ * counted, and the context is a miss there, never wrong KV). */
+static kvdb_status to_remote(kvdb *db, const uint8_t key[16], kvdb_rebalance_report *rep)
+{
+  uint32_t n = 0, took = 0;
+  if (kv_rtier_write_ctx(db, key, &n, &took) != 0)
+    return kv_fail(KVDB_INVALID, "a plan move to the remote tier, and this handle has none it "
+                   "writes (kvdb_options.remote_addr)");
+  if (took < n) {
+    char hx[33];
+    kv_log(&db->log, 1, "placement: %u of the %u blocks of context %s did not reach the remote "
+           "tier; deleted here as planned", n - took, n, kv_hex16(key, hx));
+    rep->remote_unwritten += n - took;
+  }
+  kv_txn *txn;
+  uint64_t freed;
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
   if (rc != KVDB_OK) {
@@ -467,7 +534,7 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = KVDB_OK;
   for (size_t i = 0; i < n && rc == KVDB_OK; i++) {
-    if (!done[i] || mv[i].to_tier == KVDB_TIER_NONE)
+    if (!done[i] || mv[i].to_tier == KVDB_TIER_NONE || mv[i].to_tier == KVDB_TIER_REMOTE)
       continue;
     kv_ctx_rec cr;
     if (kv_cat_get_ctx(&db->cat, txn, mv[i].context.b, &cr) != KVDB_OK) {
@@ -503,7 +570,7 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
  * the one that failed).
  */
 static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, size_t *next,
-                                uint64_t max_moves, uint64_t max_bytes,
+                                uint64_t max_moves, uint64_t max_bytes, int plan_remote,
                                 kvdb_rebalance_report *rep)
 {
   memset(rep, 0, sizeof *rep);
@@ -533,8 +600,11 @@ static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, s
     }
     if (rc != KVDB_OK)
       break;
-    if (mv[i].to_tier == KVDB_TIER_NONE) {
-      rc = evict(db, mv[i].context.b);
+    if (mv[i].to_tier == KVDB_TIER_NONE || mv[i].to_tier == KVDB_TIER_REMOTE) {
+      int remote = mv[i].to_tier == KVDB_TIER_REMOTE;
+      rc = remote ? to_remote(db, mv[i].context.b, rep)
+                  : evict(db, mv[i].context.b, plan_remote);
+      rep->to_remote += remote && rc == KVDB_OK;
       if (rc == KVDB_NOTFOUND) {
         kv_clear_error();
         rc = KVDB_OK;
@@ -578,11 +648,11 @@ static kvdb_status execute_step(kvdb *db, const kvdb_place_move *mv, size_t n, s
 }
 
 /* Carry out moves mv[0..n) in one step. */
-static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n,
+static kvdb_status execute(kvdb *db, const kvdb_place_move *mv, size_t n, int plan_remote,
                            kvdb_rebalance_report *rep)
 {
   size_t next = 0;
-  return execute_step(db, mv, n, &next, 0, 0, rep);
+  return execute_step(db, mv, n, &next, 0, 0, plan_remote, rep);
 }
 
 /* Write this handle's pending access counts (a read-write handle). */
@@ -605,7 +675,7 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
 {
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
-  kvdb_status rc = inst_build(db, txn, in);
+  kvdb_status rc = inst_build(db, txn, in, 1);
   kv_txn_abort(txn);
   return rc;
 }
@@ -646,7 +716,7 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
     *fits = 1;
     return KVDB_OK;
   }
-  uint64_t cap[KVDB_TIER_COUNT];
+  uint64_t cap[KV_POLICY_MAX_TIERS];
   for (uint32_t t = 0; t < in.n_tiers; t++) {
     cap[t] = in.tiers[t].capacity_bytes;
     in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
@@ -678,7 +748,12 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
     return rc;
   }
   kvdb_rebalance_report rep;
-  rc = execute(db, pub.moves, pub.n_moves, &rep);
+  /* the remote tier is left out of this one-context model: it reads no better than the last
+   * local tier, which is unlimited here, so it would change no place; but a context dropped
+   * here is dropped by the utility all the same (no write-back) when the tier is there */
+  kv_tier_perf rf;
+  int remote = kv_rtier_figures(db, &rf) == 0;
+  rc = execute(db, pub.moves, pub.n_moves, remote, &rep);
   kvdb_place_plan_free(&pub);
   if (rc == KVDB_OK && rep.skipped == 0) {
     for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
@@ -840,7 +915,7 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   uint64_t snap = kv_txn_id(txn);
   pinst in;
-  kvdb_status rc = inst_build(db, txn, &in);
+  kvdb_status rc = inst_build(db, txn, &in, !cache_only);
   kv_txn_abort(txn);
   KV_RET(rc);
   size_t idx = in.n;
@@ -868,7 +943,7 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
     size_t planned = pub.n_moves;
     if (cache_only)
       pub.n_moves = cache_moves_only(pub.moves, pub.n_moves);
-    rc = execute(db, pub.moves, pub.n_moves, &rep);
+    rc = execute(db, pub.moves, pub.n_moves, pub.remote, &rep);
     if (cache_only)
       rep.skipped += planned - pub.n_moves; /* the view does not hold: rebuilt next time */
     kv_log(&db->log, 2, "placement: Algorithm 1 over %" PRIu64 " contexts (slack %g%%): %zu "
@@ -948,7 +1023,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
-  kvdb_status rc = inst_start(db, txn, &in);
+  kvdb_status rc = inst_start(db, txn, &in, 0);
   kv_txn_abort(txn);
   KV_RET(rc);
   kv_ctx_rec cr;
@@ -1071,7 +1146,7 @@ static kvdb_status plan_check(kvdb *db, const kvdb_place_plan *plan)
   for (size_t i = 0; i < plan->n_moves; i++) {
     const kvdb_place_move *m = &plan->moves[i];
     if (m->from_tier < KVDB_TIER_SSD || m->from_tier >= KVDB_TIER_COUNT ||
-        (m->to_tier != KVDB_TIER_NONE &&
+        (m->to_tier != KVDB_TIER_NONE && m->to_tier != KVDB_TIER_REMOTE &&
          (m->to_tier < KVDB_TIER_SSD || m->to_tier >= KVDB_TIER_COUNT)) ||
         m->from_cached > 1 || m->to_cached > 1)
       return kv_fail(KVDB_INVALID, "plan move %zu: tiers %u -> %u, cached %u -> %u", i,
@@ -1089,7 +1164,8 @@ static kvdb_status step_locked(kvdb *db, const kvdb_place_plan *plan, size_t *ne
   if (lk != NULL)
     pthread_mutex_lock(lk);
   kv_place_view_drop(db); /* the plan was made from the catalog, not from the view */
-  kvdb_status rc = execute_step(db, plan->moves, plan->n_moves, next, max_moves, max_bytes, rep);
+  kvdb_status rc = execute_step(db, plan->moves, plan->n_moves, next, max_moves, max_bytes,
+                                plan->remote, rep);
   if (lk != NULL)
     pthread_mutex_unlock(lk);
   return rc;
@@ -1122,6 +1198,8 @@ kvdb_status kvdb_rebalance_execute(kvdb *db, const kvdb_place_plan *plan,
     report->deleted += step.deleted;
     report->skipped += step.skipped;
     report->cache_changes += step.cache_changes;
+    report->to_remote += step.to_remote;
+    report->remote_unwritten += step.remote_unwritten;
   }
   return rc;
 }
@@ -1139,7 +1217,7 @@ kvdb_status kvdb_placement_stat(kvdb *db, kvdb_placement_stats *out, kvdb_config
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   pinst in;
-  kvdb_status rc = inst_build(db, txn, &in);
+  kvdb_status rc = inst_build(db, txn, &in, 0);
   if (rc == KVDB_OK)
     kv_place_served(db, txn, out->blocks_read);
   kv_txn_abort(txn);

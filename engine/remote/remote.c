@@ -368,7 +368,8 @@ static void pipe_unblock(pipe_guard *g)
 
 static const char *op_name(int op)
 {
-  return op == KV_RCMD_GET ? "GET" : op == KV_RCMD_GETRANGE ? "GETRANGE" : "SET";
+  return op == KV_RCMD_GET ? "GET" : op == KV_RCMD_GETRANGE ? "GETRANGE"
+         : op == KV_RCMD_DEL ? "DEL" : "SET";
 }
 
 static void append_cmd(redisContext *c, const kv_rcmd *x, int asking, kv_remote *r)
@@ -444,7 +445,7 @@ static int take_reply(kv_remote *r, redisContext *c, kv_rcmd *x, int asking, int
   }
   if (rep->type == REDIS_REPLY_NIL) {
     x->status = KV_RCMD_NIL;
-  } else if (rep->type == REDIS_REPLY_STATUS) {
+  } else if (rep->type == REDIS_REPLY_STATUS || rep->type == REDIS_REPLY_INTEGER) {
     x->status = KV_RCMD_OK;
   } else if (rep->type == REDIS_REPLY_ERROR) {
     unsigned slot;

@@ -31,11 +31,12 @@
 
 typedef struct kv_remote kv_remote;
 
-enum { KV_RCMD_GET = 0, KV_RCMD_GETRANGE = 1, KV_RCMD_SET = 2 };
+enum { KV_RCMD_GET = 0, KV_RCMD_GETRANGE = 1, KV_RCMD_SET = 2, KV_RCMD_DEL = 3 };
 enum { KV_RCMD_OK = 0, KV_RCMD_NIL = 1, KV_RCMD_ERR = -1 };
 
 /* One command of a batch. In: op, key, val (SET), range_end (GETRANGE 0..range_end). Out:
- * status, data/len (GET, GETRANGE: the value, valid until kv_remote_release). */
+ * status, data/len (GET, GETRANGE: the value, valid until kv_remote_release); DEL's status is
+ * OK whether or not the key was there. */
 typedef struct kv_rcmd {
   int op;
   const char *key;

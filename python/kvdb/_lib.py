@@ -66,7 +66,8 @@ class Options(Structure):
                 ("remote_namespace", c_char_p), ("remote_timeout_ms", c_uint32),
                 ("remote_queue_blocks", c_uint32), ("remote_put_wait_ms", c_uint32),
                 ("prefetch_bps", c_double), ("remote_write", c_uint32),
-                ("remote_copy_hits", c_uint32), ("remote_hash_tag", c_uint32)]
+                ("remote_copy_hits", c_uint32), ("remote_hash_tag", c_uint32),
+                ("remote_bytes", c_uint64)]
 
 
 class PutInfo(Structure):

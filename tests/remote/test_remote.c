@@ -20,6 +20,11 @@
  *   writeback  remote_write = KVDB_REMOTE_WRITE_EVICT: puts write nothing; a rebalance that
  *            deletes contexts first writes their blocks; a second host gets them exactly; a
  *            kvdb_delete writes nothing; unknown remote_write bits are refused
+ *   place    the remote tier in the placement's model: a rebalance with an SSD tier that holds
+ *            two of five contexts plans the others to KVDB_TIER_REMOTE (figures measured against
+ *            the live server), writes them and deletes them here; another host gets exactly
+ *            those from Redis. With recomputing near free the same plan drops them (nothing
+ *            written); without a remote tier it drops them too
  *   copy     remote_copy_hits (default on): host B's get from Redis is copied to B's store
  *            (the objects as verified); Redis stopped, B's next get is still whole and exact
  *            (a local hit), also after a reopen; with the option off the same get is a miss;
@@ -852,6 +857,140 @@ static void mode_writeback(void)
          4 * n_gone);
 }
 
+/* ---- place: the remote tier in the placement ---- */
+
+#define PL_CTX 5
+
+/* Host A in dir (created when new) with placement on, quality above all (no lossy
+ * re-encodes), write-through on put off; port < 0: no remote tier. */
+static kvdb *place_host(const char *dir, int port, const char *ns, uint64_t ssd_bytes,
+                        double prefill_tps)
+{
+  kvdb_options o;
+  r_opts(&o, port < 0 ? 1 : port, ns);
+  if (port < 0)
+    o.remote_addr = NULL;
+  o.remote_write = KVDB_REMOTE_WRITE_EVICT;
+  o.placement = KVDB_PLACEMENT_EVICPRESS;
+  o.placement_alpha = 1e6;
+  o.dram_bytes = 0;
+  o.ssd_bytes = ssd_bytes;
+  o.prefill_tokens_per_s = prefill_tps;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  return db;
+}
+
+/* One run: five contexts put, reopened with room for two and prefill_tps, rebalanced. Returns the contexts
+ * gone from the local store (gone[i]); *to_remote, *to_none: the plan's moves of each kind;
+ * *remote: the plan had the remote tier. */
+static int place_run(int port, const char *ns, double prefill_tps, uint32_t **tok, int *gone,
+                     int *to_remote, int *to_none, int *remote)
+{
+  char *da = t_tmpdir("rp-a");
+  kvdb *a = place_host(da, port, ns, 0, 10000.0); /* stored whole at first */
+  kvdb_key key[PL_CTX];
+  for (int i = 0; i < PL_CTX; i++) {
+    kvdb_put_info info;
+    t_put_kv(a, &r_model, tok[i], WB_TOKENS, &info);
+    key[i] = info.context;
+  }
+  if (port >= 0)
+    ASSERT_EQ(r_stat(a).written, 0); /* not on put */
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(a, &key[0], &ci));
+  uint64_t one = ci.bytes;
+  kvdb_close(a);
+  a = place_host(da, port, ns, 2 * one + one / 2, prefill_tps); /* room for two of five */
+  kvdb_place_plan plan;
+  kvdb_rebalance_report rep;
+  ASSERT_OK(kvdb_rebalance_plan(a, &plan));
+  *remote = plan.remote;
+  *to_remote = *to_none = 0;
+  for (size_t i = 0; i < plan.n_moves; i++) {
+    *to_remote += plan.moves[i].to_tier == KVDB_TIER_REMOTE;
+    *to_none += plan.moves[i].to_tier == KVDB_TIER_NONE;
+  }
+  if (plan.remote) { /* measured against the live server, and modelled below the SSD */
+    ASSERT(plan.remote_perf.read_bps > 0 && plan.remote_perf.latency_s > 0);
+    ASSERT(plan.remote_perf.probed_unix_ms > 0);
+    ASSERT(plan.remote_model.read_bps <= plan.remote_perf.read_bps &&
+           plan.remote_model.latency_s >= plan.remote_perf.latency_s);
+    ASSERT_EQ(plan.remote_capacity, 0);
+    printf("place: remote tier measured %.3g GB/s, %.3g us (modelled %.3g GB/s, %.3g us)\n",
+           plan.remote_perf.read_bps / 1e9, plan.remote_perf.latency_s * 1e6,
+           plan.remote_model.read_bps / 1e9, plan.remote_model.latency_s * 1e6);
+  }
+  ASSERT_OK(kvdb_rebalance_execute(a, &plan, &rep));
+  ASSERT_EQ(rep.to_remote, (uint64_t)*to_remote);
+  ASSERT_EQ(rep.remote_unwritten, 0);
+  if (plan.remote)
+    ASSERT_EQ(plan.remote_bytes_after, (uint64_t)*to_remote * one);
+  kvdb_place_plan_free(&plan);
+  int n_gone = 0;
+  for (int i = 0; i < PL_CTX; i++) {
+    kvdb_status st = kvdb_context_stat(a, &key[i], &ci);
+    ASSERT(st == KVDB_OK || st == KVDB_NOTFOUND);
+    gone[i] = st == KVDB_NOTFOUND;
+    n_gone += gone[i];
+  }
+  ASSERT_EQ(n_gone, *to_remote + *to_none);
+  if (port >= 0)
+    ASSERT_EQ(r_stat(a).written, 4 * (uint64_t)*to_remote); /* only what went to Redis */
+  kvdb_close(a);
+  t_rmdir(da);
+  return n_gone;
+}
+
+/* Host B (an empty store): each context whole from Redis when want[i], else a miss. */
+static void place_check(int port, const char *ns, uint32_t **tok, const int *want)
+{
+  char *db_dir;
+  kvdb *b = open_db("rp-b", port, ns, &db_dir);
+  for (int i = 0; i < PL_CTX; i++) {
+    size_t w = want[i] ? WB_TOKENS : 0;
+    ASSERT_EQ(lookup(b, tok[i], WB_TOKENS), w);
+    if (w)
+      ASSERT_EQ(t_get_check(b, &r_model, tok[i], WB_TOKENS), w);
+  }
+  ASSERT_EQ(r_stat(b).rejected, 0);
+  kvdb_close(b);
+  t_rmdir(db_dir);
+}
+
+static void mode_place(void)
+{
+  r_server s = {0};
+  r_start(&s, 0, NULL);
+  uint32_t *tok[PL_CTX];
+  for (int i = 0; i < PL_CTX; i++)
+    tok[i] = ctx_tokens(1700 + (uint64_t)i, WB_TOKENS);
+  int gone[PL_CTX], to_r, to_n, remote;
+  /* 1. the remote tier in the model: what leaves the SSD is kept on Redis */
+  int n = place_run(s.port, "pl1", 10000.0, tok, gone, &to_r, &to_n, &remote);
+  ASSERT_EQ(remote, 1);
+  fprintf(stderr, "run 1: %d gone, %d to remote, %d dropped\n", n, to_r, to_n);
+  ASSERT(n >= 3 && to_r == n && to_n == 0);
+  place_check(s.port, "pl1", tok, gone);
+  printf("place: %d of %d contexts left the SSD tier for the remote tier, read exactly by "
+         "another host\n", to_r, PL_CTX);
+  /* 2. recomputing near free: the utility drops them instead (even the SSD's) */
+  int none[PL_CTX] = {0};
+  n = place_run(s.port, "pl2", 1e15, tok, gone, &to_r, &to_n, &remote);
+  ASSERT_EQ(remote, 1);
+  ASSERT(n >= 3 && to_r == 0 && to_n == n);
+  place_check(s.port, "pl2", tok, none);
+  /* 3. no remote tier: dropped */
+  n = place_run(-1, "pl3", 10000.0, tok, gone, &to_r, &to_n, &remote);
+  ASSERT_EQ(remote, 0);
+  ASSERT(n >= 3 && to_r == 0 && to_n == n);
+  place_check(s.port, "pl3", tok, none);
+  for (int i = 0; i < PL_CTX; i++)
+    free(tok[i]);
+  r_cleanup(&s);
+  printf("place: with recomputing near free, and without a remote tier, they are dropped\n");
+}
+
 /* ---- copy: remote hits copied to the local store ---- */
 
 /* Wait (up to 20 s) until the handle has copied `want` blocks (or failed some). */
@@ -1053,6 +1192,8 @@ int main(int argc, char **argv)
     mode_evict();
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
+  else if (strcmp(mode, "place") == 0)
+    mode_place();
   else if (strcmp(mode, "tags") == 0)
     mode_tags();
   else if (strcmp(mode, "copy") == 0)
