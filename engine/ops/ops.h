@@ -66,8 +66,8 @@ int kv_rtier_write_ctx(kvdb *db, const uint8_t key[16], uint32_t *n_blocks, uint
 /* The remote tier's read figures for the placement's model, measured against the live server
  * (a 4 MiB value SET, read back whole three times: bandwidth from the fastest; five 1-byte
  * GETRANGEs: latency, the median; then deleted), again once they are 30 s old (5 s after a
- * failed probe). 0, or -1 without a remote tier this handle writes or when the server did not
- * answer the last probe (the placement then leaves the tier out). */
+ * failed probe). 0, or -1 without a remote tier or when the server did not answer the last
+ * probe (the placement then leaves the tier out). */
 int kv_rtier_figures(kvdb *db, kv_tier_perf *out);
 /* At close: the queued blocks are sent (each round trip bounded by the timeout), then freed. */
 void kv_rtier_close(kvdb *db);

@@ -783,7 +783,7 @@ static int probe(struct kv_rtier *t, kv_tier_perf *f)
 int kv_rtier_figures(kvdb *db, kv_tier_perf *out)
 {
   struct kv_rtier *t = db->rtier;
-  if (t == NULL || t->cap == 0)
+  if (t == NULL)
     return -1;
   pthread_mutex_lock(&t->fmu);
   uint64_t now = kv_now_ms();

@@ -328,7 +328,7 @@ static kvdb_status inst_start(kvdb *db, kv_txn *txn, pinst *in, int remote)
   KV_RET(kv_place_settings(db, txn, &in->set));
   kv_tier_perf f[KVDB_TIER_COUNT], rf;
   KV_RET(kv_place_figures(db, &in->set, f));
-  int have_r = remote && db->place != NULL && kv_rtier_figures(db, &rf) == 0;
+  int have_r = remote && kv_rtier_figures(db, &rf) == 0;
   in->remote_bytes = db->opt.remote_bytes;
   inst_tiers(in, f, have_r ? &rf : NULL);
   return KVDB_OK;

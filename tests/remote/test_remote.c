@@ -958,7 +958,66 @@ static void place_check(int port, const char *ns, uint32_t **tok, const int *wan
   t_rmdir(db_dir);
 }
 
-static void mode_place(void)
+/* Run cmd, its stdout into out (cap bytes); its exit status. */
+static int run_out(const char *cmd, char *out, size_t cap)
+{
+  FILE *p = popen(cmd, "r");
+  ASSERT(p != NULL);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* `kvdb-admin rebalance`: without --remote the plan drops what leaves the SSD; with it (dry
+ * run, then carried out) those go to the remote tier, which another host then reads. */
+static void place_admin(const char *admin, int port, uint32_t **tok)
+{
+  char *da = t_tmpdir("rp-adm");
+  kvdb *a = place_host(da, port, "pl4", 0, 10000.0);
+  kvdb_key key[PL_CTX];
+  for (int i = 0; i < PL_CTX; i++) {
+    kvdb_put_info info;
+    t_put_kv(a, &r_model, tok[i], WB_TOKENS, &info);
+    key[i] = info.context;
+  }
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(a, &key[0], &ci));
+  uint64_t one = ci.bytes;
+  kvdb_close(a);
+  a = place_host(da, port, "pl4", 2 * one + one / 2, 10000.0); /* records the settings */
+  kvdb_close(a);
+  static char out[65536];
+  char cmd[8400];
+  snprintf(cmd, sizeof cmd, "'%s' rebalance '%s' --dry-run", admin, da);
+  ASSERT_EQ(run_out(cmd, out, sizeof out), 0);
+  ASSERT(strstr(out, "(deleted)") != NULL && strstr(out, "remote/") == NULL);
+  snprintf(cmd, sizeof cmd, "'%s' rebalance '%s' --dry-run --remote 127.0.0.1:%d "
+           "--remote-namespace pl4", admin, da, port);
+  ASSERT_EQ(run_out(cmd, out, sizeof out), 0);
+  ASSERT(strstr(out, "(deleted)") == NULL && strstr(out, "remote/") != NULL);
+  ASSERT(strstr(out, "remote bytes") != NULL && strstr(out, "measured") != NULL);
+  snprintf(cmd, sizeof cmd, "'%s' rebalance '%s' --remote 127.0.0.1:%d --remote-namespace pl4",
+           admin, da, port);
+  ASSERT_EQ(run_out(cmd, out, sizeof out), 0);
+  ASSERT(strstr(out, "to the remote tier") != NULL);
+  snprintf(cmd, sizeof cmd, "'%s' rebalance '%s' --remote-namespace pl4", admin, da);
+  ASSERT(run_out(cmd, out, sizeof out) != 0); /* a namespace needs an address */
+  ASSERT_OK(kvdb_open(da, NULL, &a));
+  int gone[PL_CTX], n_gone = 0;
+  for (int i = 0; i < PL_CTX; i++) {
+    kvdb_status st = kvdb_context_stat(a, &key[i], &ci);
+    gone[i] = st == KVDB_NOTFOUND;
+    n_gone += gone[i];
+  }
+  kvdb_close(a);
+  ASSERT(n_gone >= 3);
+  place_check(port, "pl4", tok, gone);
+  t_rmdir(da);
+  printf("place: kvdb-admin rebalance --remote sent %d contexts to the remote tier\n", n_gone);
+}
+
+static void mode_place(const char *admin)
 {
   r_server s = {0};
   r_start(&s, 0, NULL);
@@ -985,6 +1044,8 @@ static void mode_place(void)
   ASSERT_EQ(remote, 0);
   ASSERT(n >= 3 && to_r == 0 && to_n == n);
   place_check(s.port, "pl3", tok, none);
+  if (admin != NULL)
+    place_admin(admin, s.port, tok);
   for (int i = 0; i < PL_CTX; i++)
     free(tok[i]);
   r_cleanup(&s);
@@ -1193,7 +1254,7 @@ int main(int argc, char **argv)
   else if (strcmp(mode, "reset") == 0)
     mode_reset();
   else if (strcmp(mode, "place") == 0)
-    mode_place();
+    mode_place(argc > 2 ? argv[2] : NULL);
   else if (strcmp(mode, "tags") == 0)
     mode_tags();
   else if (strcmp(mode, "copy") == 0)

@@ -64,6 +64,8 @@ typedef struct cli {
   int repair;  /* verify --repair */
   uint64_t step_moves; /* rebalance --step N (moves per kvdb_rebalance_step) */
   const char *metrics_addr; /* serve --metrics ADDR */
+  const char *remote_addr;  /* rebalance --remote ADDR */
+  const char *remote_ns;    /* rebalance --remote-namespace NS */
 } cli;
 
 typedef struct command {
@@ -162,6 +164,7 @@ static const char *tier_name(uint32_t t)
   case KVDB_TIER_DRAM: return "dram";
   case KVDB_TIER_SSD: return "ssd";
   case KVDB_TIER_SMARTSSD: return "smartssd";
+  case KVDB_TIER_REMOTE: return "remote";
   default: return "unknown";
   }
 }
@@ -203,6 +206,8 @@ static kvdb_status open_db(run *r, int write)
   opt.log_fn = on_log;
   opt.log_ctx = (void *)r->c;
   opt.log_level = 1;
+  opt.remote_addr = r->c->remote_addr; /* rebalance: the remote tier in the plan's model */
+  opt.remote_namespace = r->c->remote_ns;
   return kvdb_open(r->c->pos[0], &opt, &r->db);
 }
 
@@ -1209,6 +1214,8 @@ static int cmd_rebalance(const cli *c)
     rep.deleted += sr.deleted;
     rep.skipped += sr.skipped;
     rep.cache_changes += sr.cache_changes;
+    rep.to_remote += sr.to_remote;
+    rep.remote_unwritten += sr.remote_unwritten;
     if (st != KVDB_OK) {
       kvdb_place_plan_free(&plan);
       return finish(&r, fail_kv(&r, st));
@@ -1224,6 +1231,16 @@ static int cmd_rebalance(const cli *c)
     json_tier_bytes(j, "bytes_after", plan.bytes_after);
     jw_num(j, "utility_before", plan.utility_before);
     jw_num(j, "utility_after", plan.utility_after);
+    if (plan.remote) {
+      jw_obj(j, "remote");
+      jw_u64(j, "capacity", plan.remote_capacity);
+      jw_u64(j, "bytes_after", plan.remote_bytes_after);
+      jw_num(j, "read_bps", plan.remote_perf.read_bps);
+      jw_num(j, "latency_s", plan.remote_perf.latency_s);
+      jw_num(j, "model_read_bps", plan.remote_model.read_bps);
+      jw_num(j, "model_latency_s", plan.remote_model.latency_s);
+      jw_end(j);
+    }
     jw_arr(j, "moves");
     for (size_t i = 0; i < plan.n_moves; i++) {
       const kvdb_place_move *m = &plan.moves[i];
@@ -1244,6 +1261,8 @@ static int cmd_rebalance(const cli *c)
       jw_u64(j, "deleted", rep.deleted);
       jw_u64(j, "skipped", rep.skipped);
       jw_u64(j, "cache_changes", rep.cache_changes);
+      jw_u64(j, "to_remote", rep.to_remote);
+      jw_u64(j, "remote_unwritten", rep.remote_unwritten);
       jw_u64(j, "steps", steps);
       jw_u64(j, "step_moves", c->step_moves);
       jw_num(j, "step_ms_max", step_ms_max);
@@ -1274,11 +1293,19 @@ static int cmd_rebalance(const cli *c)
               fmt_size(plan.bytes_after[t], s2, sizeof s2),
               plan.capacity[t] ? fmt_size(plan.capacity[t], cp, sizeof cp) : "unlimited");
     }
+    if (plan.remote) {
+      char cp[32];
+      kv_line("remote bytes", "-> %s of %s; measured %.3g GB/s, %.3g us (modelled %.3g GB/s, "
+              "%.3g us)", fmt_size(plan.remote_bytes_after, s2, sizeof s2),
+              plan.remote_capacity ? fmt_size(plan.remote_capacity, cp, sizeof cp) : "unlimited",
+              plan.remote_perf.read_bps / 1e9, plan.remote_perf.latency_s * 1e6,
+              plan.remote_model.read_bps / 1e9, plan.remote_model.latency_s * 1e6);
+    }
     kv_line("utility", "%.6g -> %.6g", plan.utility_before, plan.utility_after);
     if (!c->dry_run) {
-      kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted, %" PRIu64 " skipped (changed "
-              "since the plan), %" PRIu64 " DRAM changes", rep.relocated, rep.deleted,
-              rep.skipped, rep.cache_changes);
+      kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted (%" PRIu64 " to the remote "
+              "tier), %" PRIu64 " skipped (changed since the plan), %" PRIu64 " DRAM changes",
+              rep.relocated, rep.deleted, rep.to_remote, rep.skipped, rep.cache_changes);
       kv_line("steps", "%zu of at most %" PRIu64 " moves, the longest %.1f ms", steps,
               c->step_moves, step_ms_max);
     }
@@ -1476,7 +1503,7 @@ static const command commands[] = {
    "\n"
    "  --threshold F   live fraction under which a segment is rewritten (0 = default 0.5)\n",
    cmd_compact},
-  {"rebalance", "DIR [--dry-run] [--step N]", 1, "place every context anew (EvicPress), or print the plan",
+  {"rebalance", "DIR [--dry-run] [--step N] [--remote ADDR [--remote-namespace NS]]", 1, "place every context anew (EvicPress), or print the plan",
    "Plan a rebalance of the placement (every context takes its best tier and config by the\n"
    "utility (alpha * quality - TTFT) * frequency, then over-full tiers are resolved from the\n"
    "top by the cheapest recompression or move down) with the settings the database recorded\n"
@@ -1491,7 +1518,12 @@ static const command commands[] = {
    "placements go on between steps. Opens the database read-write (read-only with --dry-run).\n"
    "\n"
    "  --dry-run       print the plan only\n"
-   "  --step N        moves per step (default 64)\n",
+   "  --step N        moves per step (default 64)\n"
+   "  --remote ADDR   the remote tier (Redis host:port, as kvdb_options.remote_addr) is a tier\n"
+   "                  of the plan: its bandwidth and latency measured now against the server;\n"
+   "                  a context that leaves the local tiers goes there (\"remote/...\": written\n"
+   "                  to Redis, then deleted here) when that beats dropping it\n"
+   "  --remote-namespace NS  the tenant namespace of those keys (default \"\")\n",
    cmd_rebalance},
   {"recompress", "DIR", 1, "rewrite lossless contexts in this build's lossless format",
    "Re-encode every context stored lossless (kvdb_recompress to its own config): this build\n"
@@ -1631,7 +1663,12 @@ int main(int argc, char **argv)
           missing_value = a;
       } else if (strncmp(a, "--threshold=", 12) == 0)
         threshold_arg = a + 12;
-      else if (strcmp(a, "--step") == 0) {
+      else if (strcmp(a, "--remote") == 0 || strcmp(a, "--remote-namespace") == 0) {
+        if (i + 1 < argc)
+          *(a[8] == 0 ? &c.remote_addr : &c.remote_ns) = argv[++i];
+        else
+          missing_value = a;
+      } else if (strcmp(a, "--step") == 0) {
         if (i + 1 < argc)
           step_arg = argv[++i];
         else
@@ -1695,6 +1732,11 @@ int main(int argc, char **argv)
   if (c.dry_run && c.cmd->run != cmd_rebalance && !(c.cmd->run == cmd_verify && c.repair))
     return usage_error(c.cmd,
                        "option '--dry-run' applies to rebalance only (and to verify --repair)");
+  if ((c.remote_addr != NULL || c.remote_ns != NULL) && c.cmd->run != cmd_rebalance)
+    return usage_error(c.cmd, "options '--remote' and '--remote-namespace' apply to rebalance "
+                       "only");
+  if (c.remote_ns != NULL && c.remote_addr == NULL)
+    return usage_error(c.cmd, "option '--remote-namespace' needs '--remote ADDR'");
   if (c.metrics_addr != NULL && c.cmd->run != cmd_serve)
     return usage_error(c.cmd, "option '--metrics' applies to serve only");
   if (c.cmd->run == cmd_serve && c.metrics_addr == NULL)
