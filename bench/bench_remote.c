@@ -590,15 +590,28 @@ out:
  *   - looks each context up (64 GETRANGEs in one pipelined batch): latency p50/p99 per lookup
  *     and round trips per lookup (kvdb_remote_stats.round_trips);
  *   - gets each context whole from Redis, one client thread and three at once: blocks/s;
- *   - how the keys fall on the masters (DBSIZE of each; the largest share of one namespace).
+ *   - how the keys fall on the masters (keys of each namespace per master; the largest share).
+ * A third set, "shared": ROOT again, every context starting with one common block (a system
+ * prompt): every key then carries that block's tag, so all of them are on one master.
  */
 #include <pthread.h>
 
 #define T_BLOCKS 64u
 #define T_NT (R_BT * T_BLOCKS)
 
+#define T_MODES 3
+
+/* Context i of mode m's tokens (mode 2: the first block common to all). */
+static void tag_tokens(int m, uint64_t i, uint32_t *tok)
+{
+  ctx_tokens(5000 + i, tok, T_NT);
+  if (m == 2)
+    ctx_tokens(4999, tok, R_BT);
+}
+
 typedef struct tag_get {
   kvdb *db;
+  int mode;
   unsigned first, n_ctx, step, rounds;
   uint64_t base;
   uint64_t blocks, wrong, short_;
@@ -644,7 +657,7 @@ static void *tag_get_run(void *arg)
   uint32_t *tok = malloc(T_NT * sizeof *tok);
   for (unsigned r = 0; tok != NULL && r < g->rounds; r++)
     for (unsigned i = g->first; i < g->n_ctx; i += g->step) {
-      ctx_tokens(g->base + i, tok, T_NT);
+      tag_tokens(g->mode, i, tok);
       kvdb_kv_view v;
       kvdb_kv_view_packed(&v, g->out, &RM, T_NT, KVDB_LAYOUT_LKTHD);
       size_t hit = 0;
@@ -657,15 +670,15 @@ static void *tag_get_run(void *arg)
 }
 
 /* Blocks per second of `threads` clients getting every context `rounds` times. */
-static double tag_get_bps(kvdb *db, uint64_t base, unsigned n_ctx, unsigned threads,
+static double tag_get_bps(kvdb *db, int mode, unsigned n_ctx, unsigned threads,
                           unsigned rounds, size_t ctx_bytes, uint64_t *shortc)
 {
   tag_get g[3];
   pthread_t th[3];
   uint64_t t0 = bench_now_ns();
   for (unsigned k = 0; k < threads; k++) {
-    g[k] = (tag_get){.db = db, .first = k, .n_ctx = n_ctx, .step = threads, .rounds = rounds,
-                     .base = base, .out = malloc(ctx_bytes)};
+    g[k] = (tag_get){.db = db, .mode = mode, .first = k, .n_ctx = n_ctx, .step = threads,
+                     .rounds = rounds, .out = malloc(ctx_bytes)};
     pthread_create(&th[k], NULL, tag_get_run, &g[k]);
   }
   uint64_t blocks = 0;
@@ -709,9 +722,9 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
   rsrv s[3];
   memset(s, 0, sizeof s);
   int ret = 1;
-  kvdb *a[2] = {NULL, NULL}, *b[2] = {NULL, NULL};
+  kvdb *a[T_MODES] = {NULL}, *b[T_MODES] = {NULL};
   uint16_t *kv = NULL;
-  bench_samples lat[2] = {{0}, {0}};
+  bench_samples lat[T_MODES] = {{0}};
   for (int k = 0; k < 3; k++) {
     snprintf(s[k].dir, sizeof s[k].dir, "%s/node%d", env->dir, k);
     s[k].port = -1;
@@ -762,7 +775,7 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
   for (int k = 0; k < 3; k++)
     for (int i = 0; i < 500 && !cluster_ok(s[k].port); i++)
       sleep_ms(20);
-  static const char *const nsn[2] = {"spread", "tagged"};
+  static const char *const nsn[T_MODES] = {"spread", "tagged", "shared"};
   size_t ctx_bytes = (size_t)T_NT * kvdb_model_token_bytes(&RM);
   kv = malloc(ctx_bytes);
   uint32_t *tok = malloc(T_NT * sizeof *tok);
@@ -771,17 +784,18 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
     goto out;
   }
   char path[4300];
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < T_MODES; m++) {
+    uint32_t tag = m == 0 ? KVDB_REMOTE_TAG_NONE : KVDB_REMOTE_TAG_ROOT;
     snprintf(path, sizeof path, "%s/host-a-%s", env->dir, nsn[m]);
-    a[m] = open_tag_host(path, s[0].port, nsn[m], (uint32_t)m);
+    a[m] = open_tag_host(path, s[0].port, nsn[m], tag);
     snprintf(path, sizeof path, "%s/host-b-%s", env->dir, nsn[m]);
-    b[m] = open_tag_host(path, s[0].port, nsn[m], (uint32_t)m);
+    b[m] = open_tag_host(path, s[0].port, nsn[m], tag);
     if (a[m] == NULL || b[m] == NULL) {
       free(tok);
       goto out;
     }
     for (unsigned i = 0; i < n_ctx; i++) {
-      ctx_tokens(5000 + i, tok, T_NT);
+      tag_tokens(m, i, tok);
       fill_kv(tok, T_NT, kv);
       kvdb_kv_view v;
       kvdb_kv_view_packed(&v, kv, &RM, T_NT, KVDB_LAYOUT_LKTHD);
@@ -794,9 +808,9 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
     drain(a[m]);
   }
   /* where the keys are */
-  double share[2];
-  int64_t per[2][3];
-  for (int m = 0; m < 2; m++) {
+  double share[T_MODES];
+  int64_t per[T_MODES][3];
+  for (int m = 0; m < T_MODES; m++) {
     int64_t tot = 0, mx = 0;
     for (int k = 0; k < 3; k++) {
       per[m][k] = node_keys(s[k].port, nsn[m]);
@@ -806,19 +820,19 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
     share[m] = tot > 0 ? (double)mx / (double)tot : 0;
   }
   /* lookups, alternating */
-  double rt_per[2] = {0, 0};
+  double rt_per[T_MODES] = {0};
   uint64_t hit_short = 0;
-  for (int m = 0; m < 2; m++) { /* warm: connections and the slot map */
+  for (int m = 0; m < T_MODES; m++) { /* warm: connections and the slot map */
     size_t hit;
-    ctx_tokens(5000, tok, T_NT);
+    tag_tokens(m, 0, tok);
     kvdb_lookup(b[m], &RM, tok, T_NT, &hit);
   }
   for (unsigned r = 0; r < rounds; r++)
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < T_MODES; m++) {
       kvdb_remote_stats r0, r1;
       kvdb_remote_stat(b[m], &r0);
       for (unsigned i = 0; i < n_ctx; i++) {
-        ctx_tokens(5000 + i, tok, T_NT);
+        tag_tokens(m, i, tok);
         size_t hit = 0;
         uint64_t t0 = bench_now_ns();
         kvdb_lookup(b[m], &RM, tok, T_NT, &hit);
@@ -830,19 +844,19 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
     }
   free(tok);
   /* gets: one client, then three; alternating, the median round of each */
-  double g1[2][5], g3[2][5];
+  double g1[T_MODES][5], g3[T_MODES][5];
   for (unsigned r = 0; r < rounds; r++)
-    for (int m = 0; m < 2; m++) {
-      g1[m][r] = tag_get_bps(b[m], 5000, n_ctx, 1, 1, ctx_bytes, &hit_short);
-      g3[m][r] = tag_get_bps(b[m], 5000, n_ctx, 3, 1, ctx_bytes, &hit_short);
+    for (int m = 0; m < T_MODES; m++) {
+      g1[m][r] = tag_get_bps(b[m], m, n_ctx, 1, 1, ctx_bytes, &hit_short);
+      g3[m][r] = tag_get_bps(b[m], m, n_ctx, 3, 1, ctx_bytes, &hit_short);
     }
-  double med1[2], med3[2];
-  for (int m = 0; m < 2; m++) {
+  double med1[T_MODES], med3[T_MODES];
+  for (int m = 0; m < T_MODES; m++) {
     med1[m] = median_of(g1[m], rounds);
     med3[m] = median_of(g3[m], rounds);
   }
-  double p50[2], p99[2];
-  for (int m = 0; m < 2; m++) {
+  double p50[T_MODES], p99[T_MODES];
+  for (int m = 0; m < T_MODES; m++) {
     p50[m] = (double)bench_samples_pct(&lat[m], 50) / 1e3;
     p99[m] = (double)bench_samples_pct(&lat[m], 99) / 1e3;
     fprintf(env->out,
@@ -853,8 +867,9 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
             med1[m], med3[m]);
   }
   fprintf(env->out, "tagged / spread: lookup p50 %.3f, get 1 client %.3f, 3 clients %.3f; "
-          "%" PRIu64 " short hits (expected 0)\n", bench_ratio(p50[1], p50[0]),
-          bench_ratio(med1[1], med1[0]), bench_ratio(med3[1], med3[0]), hit_short);
+          "shared / spread: get 3 clients %.3f; %" PRIu64 " short hits (expected 0)\n",
+          bench_ratio(p50[1], p50[0]), bench_ratio(med1[1], med1[0]),
+          bench_ratio(med3[1], med3[0]), bench_ratio(med3[2], med3[0]), hit_short);
   bench_json_int(j, "contexts", n_ctx);
   bench_json_int(j, "blocks_per_context", T_BLOCKS);
   bench_json_num(j, "lookup_p50_us_spread", p50[0]);
@@ -869,10 +884,13 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
   bench_json_num(j, "get3_blocks_per_s_tagged", med3[1]);
   bench_json_num(j, "largest_master_share_spread", share[0]);
   bench_json_num(j, "largest_master_share_tagged", share[1]);
+  bench_json_num(j, "largest_master_share_shared_first_block", share[2]);
+  bench_json_num(j, "get3_blocks_per_s_shared_first_block", med3[2]);
+  bench_json_num(j, "lookup_p50_us_shared_first_block", p50[2]);
   bench_json_int(j, "short_hits", (int64_t)hit_short);
   ret = hit_short == 0 ? 0 : 1;
 out:
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < T_MODES; m++) {
     kvdb_close(a[m]);
     kvdb_close(b[m]);
     bench_samples_free(&lat[m]);

@@ -452,7 +452,9 @@ typedef struct kvdb_options {
    * delete then goes ahead whatever Redis answered (counted: kvdb_remote_stats.written /
    * dropped). A kvdb_delete by the caller is not an eviction: nothing is written. EVICT
    * alone keeps Redis for what the local store no longer holds; PUT | EVICT also rewrites
-   * what Redis evicted meanwhile.
+   * what Redis evicted meanwhile. When the plan's model has the remote tier
+   * (KVDB_TIER_REMOTE: the server answered its probe), the utility decides: a context it
+   * moves there is written (whatever remote_write says), one it drops is not.
    */
   uint32_t remote_write;
   /**

@@ -23,9 +23,19 @@
  * block hash, meta, every page or group checksum, score region), its model and parent hashes
  * and the tokens it stores. Whatever fails is a miss and counted (`rejected`).
  *
- * Keys carry no hash tag: a block belongs to every context that shares it, so a context tag
- * would not be one slot per block, and a (namespace, model) tag would put a tenant on one node;
- * a chain's blocks spread over the slots and a Cluster lookup pipelines to every node at once.
+ * Hash tags (kvdb_options.remote_hash_tag): by default none, a chain's blocks spread over the
+ * slots and a Cluster lookup pipelines to every node at once. KVDB_REMOTE_TAG_ROOT tags a key
+ * with its chain's first block (the one tag a block can carry: it belongs to every context
+ * that shares its prefix, and those share their first block), so a chain is on one slot.
+ * `kvdb-bench remote-tags` measured both (bench/RESULTS.md, "hash tags").
+ *
+ * Remote hits copied (kvdb_options.remote_copy_hits): a get keeps each verified object of its
+ * remote part and hands them to the handle's thread, which stores them as they are
+ * (kv_put_objects) under a context record for the prefix hit, then runs the placement after
+ * a put (db->after_copy). The get waits for none of it.
+ *
+ * The placement's remote tier (engine/place): kv_rtier_figures measures the server (a probe
+ * value SET, read back, deleted), kv_rtier_write_ctx writes a context the plan moves there.
  */
 #define _GNU_SOURCE
 #include <errno.h>
