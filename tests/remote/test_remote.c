@@ -1128,6 +1128,7 @@ static void mode_copy(void)
   t_rmdir(dbd);
   /* host C with the option off: the same gets come from Redis only; Redis stopped, a miss */
   r_start(&s, s.port, NULL); /* empty: A puts again */
+  t_rmdir(da);
   a = open_db("rc-a2", s.port, "cp", &da);
   t_put_kv(a, &r_model, tok, n, NULL);
   r_drain(a);
