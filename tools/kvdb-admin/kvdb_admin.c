@@ -1303,9 +1303,10 @@ static int cmd_rebalance(const cli *c)
     }
     kv_line("utility", "%.6g -> %.6g", plan.utility_before, plan.utility_after);
     if (!c->dry_run) {
-      kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted (%" PRIu64 " to the remote "
-              "tier), %" PRIu64 " skipped (changed since the plan), %" PRIu64 " DRAM changes",
-              rep.relocated, rep.deleted, rep.to_remote, rep.skipped, rep.cache_changes);
+      kv_line("done", "%" PRIu64 " relocated, %" PRIu64 " deleted, %" PRIu64 " skipped (changed "
+              "since the plan), %" PRIu64 " DRAM changes; %" PRIu64 " of the deleted to the "
+              "remote tier", rep.relocated, rep.deleted, rep.skipped, rep.cache_changes,
+              rep.to_remote);
       kv_line("steps", "%zu of at most %" PRIu64 " moves, the longest %.1f ms", steps,
               c->step_moves, step_ms_max);
     }
