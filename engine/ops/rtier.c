@@ -797,7 +797,8 @@ int kv_rtier_figures(kvdb *db, kv_tier_perf *out)
     return -1;
   pthread_mutex_lock(&t->fmu);
   uint64_t now = kv_now_ms();
-  if (t->probed_ms == 0 || now - t->probed_ms >= (t->perf_ok ? RT_PROBE_AGAIN_MS : RT_PROBE_RETRY_MS)) {
+  uint64_t again = t->perf_ok ? RT_PROBE_AGAIN_MS : RT_PROBE_RETRY_MS;
+  if (t->probed_ms == 0 || now - t->probed_ms >= again) {
     kv_tier_perf f;
     t->perf_ok = probe(t, &f) == 0;
     if (t->perf_ok)

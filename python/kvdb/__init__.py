@@ -616,7 +616,8 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     "per_byte"), placement_alpha, freq_half_life_s, reprofile_drift_pct, prefill_tokens_per_s,
     placement_slack_pct, lossless_frame_bytes, remote_addr, remote_namespace, remote_timeout_ms,
     remote_queue_blocks, remote_put_wait_ms, prefetch_bps, remote_write ("put" default,
-    "evict", "put+evict"), remote_copy_hits (1 default, 0), remote_hash_tag (0 default, 1). An unknown option is a TypeError; a bad value
+    "evict", "put+evict"), remote_copy_hits (1 default, 0), remote_hash_tag (0 default, 1),
+    remote_bytes (0 default: unlimited). An unknown option is a TypeError; a bad value
     raises InvalidError."""
     return DB(str(path), **options)
 

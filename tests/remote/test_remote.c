@@ -881,8 +881,8 @@ static kvdb *place_host(const char *dir, int port, const char *ns, uint64_t ssd_
   return db;
 }
 
-/* One run: five contexts put, reopened with room for two and prefill_tps, rebalanced. Returns the contexts
- * gone from the local store (gone[i]); *to_remote, *to_none: the plan's moves of each kind;
+/* One run: five contexts put, reopened with room for two and prefill_tps, rebalanced. Returns
+ * the contexts gone from the local store (gone[i]); *to_remote, *to_none: the plan's moves of each kind;
  * *remote: the plan had the remote tier. */
 static int place_run(int port, const char *ns, double prefill_tps, uint32_t **tok, int *gone,
                      int *to_remote, int *to_none, int *remote)
