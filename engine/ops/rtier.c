@@ -51,6 +51,7 @@
 #include "catalog/catalog.h"
 #include "ops_int.h"
 #include "remote/remote.h"
+#include "rtier_int.h"
 
 #define RV_MAGIC 0x52564B4Bu
 #define RV_VERSION 1u
@@ -88,29 +89,6 @@ static void job_free(copy_job *j)
   free(j);
 }
 
-struct kv_rtier {
-  kv_remote *r;
-  char ns[64];
-  uint64_t ns_tag;
-  pthread_mutex_t mu;
-  pthread_cond_t more, room, idle;
-  uint8_t (*q)[32]; /* ring of block hashes, each with its chain's first block's hash */
-  uint32_t cap, head, len;
-  int busy;         /* the worker holds a batch */
-  int stop;
-  int has_thread;
-  int on_put, on_evict; /* kvdb_options.remote_write (0 = on put), with a queue only */
-  int copy;             /* kvdb_options.remote_copy_hits, with the thread only */
-  int tag;              /* kvdb_options.remote_hash_tag */
-  copy_job *jh, *jt;    /* copies waiting, oldest first */
-  uint64_t job_bytes;
-  pthread_t th;
-  pthread_mutex_t fmu;  /* the figures below; one probe at a time */
-  kv_tier_perf perf;    /* the remote tier's figures for the placement (kv_rtier_figures) */
-  uint64_t probed_ms;   /* when they were measured (0: never) */
-  int perf_ok;          /* the last probe succeeded */
-  _Atomic uint64_t hits, misses, rejected, queued, written, dropped, copied, copy_failed;
-};
 
 static uint64_t rt_now_ns(void)
 {
@@ -320,41 +298,6 @@ static void *worker(void *arg)
   pthread_cond_broadcast(&t->idle);
   pthread_mutex_unlock(&t->mu);
   return NULL;
-}
-
-void kv_rtier_note_put(kvdb *db, const uint8_t root[16], const uint8_t (*hashes)[16], uint32_t n)
-{
-  struct kv_rtier *t = db->rtier;
-  if (t == NULL || t->cap == 0 || !t->on_put || n == 0)
-    return;
-  uint64_t deadline = rt_now_ns() + (uint64_t)db->opt.remote_put_wait_ms * 1000000ull;
-  struct timespec abs;
-  clock_gettime(CLOCK_REALTIME, &abs);
-  uint64_t wait_ns = (uint64_t)db->opt.remote_put_wait_ms * 1000000ull;
-  abs.tv_sec += (time_t)(wait_ns / 1000000000ull);
-  abs.tv_nsec += (long)(wait_ns % 1000000000ull);
-  if (abs.tv_nsec >= 1000000000L) {
-    abs.tv_sec++;
-    abs.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&t->mu);
-  uint32_t i = 0;
-  while (i < n) {
-    while (i < n && t->len < t->cap) {
-      memcpy(t->q[(t->head + t->len) % t->cap], hashes[i], 16);
-      memcpy(t->q[(t->head + t->len) % t->cap] + 16, root, 16);
-      t->len++;
-      i++;
-      t->queued++;
-    }
-    pthread_cond_signal(&t->more);
-    if (i == n || t->stop || rt_now_ns() >= deadline)
-      break;
-    if (pthread_cond_timedwait(&t->room, &t->mu, &abs) == ETIMEDOUT && t->len == t->cap)
-      break;
-  }
-  pthread_mutex_unlock(&t->mu);
-  t->dropped += n - i;
 }
 
 /* ---- the remote part of a chain ---- */
