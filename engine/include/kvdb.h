@@ -656,6 +656,11 @@ typedef struct kvdb_context_info {
                                      kept: accesses are counted with placement on) */
   uint32_t score_bits;          /**< its model's score_bits: 8 or 4 when its blocks keep score
                                      copies for kvdb_score, else 0 */
+  uint32_t score_versions;      /**< which versions of score copies its blocks carry: bit 0
+                                     version 1 (the plain int8/int4 copy; every block written
+                                     before version 2, and every block of a database with a
+                                     SmartSSD tier), bit 1 version 2 (centered and
+                                     Hadamard-rotated: better int4 ranking); 0 without copies */
 } kvdb_context_info;
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */

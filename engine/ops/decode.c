@@ -655,15 +655,18 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
 /* ---- select ---- */
 
 /* Scores of the unpublished tokens [n_pub, n_tok) of KV head hd at `layer` for the query of
- * that head's group, on the CPU: the same quantization as a block's score copy, so the same
- * scores. */
+ * that head's group, on the CPU: the same quantization as a block's score copy of the version
+ * the store writes (kv_score_variant_for; a version-2 copy here is centered over these tokens,
+ * the block they will be published in over its own). */
 static kvdb_status score_unpublished(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint32_t hd,
                                      const kv_score_query *q, float *out)
 {
   uint32_t n = (uint32_t)(c->n_tok - c->n_pub);
   kv_score_err e;
   kv_score_layout lay;
-  if (kv_score_layout_init(&lay, n, s->m.head_dim, s->m.score_bits, &e) != KV_SCORE_OK)
+  unsigned variant = kv_score_variant_for(s->db, &s->m);
+  if (kv_score_layout_init_v(&lay, n, s->m.head_dim, s->m.score_bits, variant, &e) !=
+      KV_SCORE_OK)
     return kv_fail(KVDB_PANIC, "score layout of %u unpublished tokens", n);
   void *buf = aligned_alloc(64, (lay.total_bytes + 63) / 64 * 64);
   if (buf == NULL)
@@ -672,9 +675,10 @@ static kvdb_status score_unpublished(kvdb_decode *s, dec_ctx *c, uint32_t layer,
   kv_score_view v;
   size_t len;
   char msg[200];
-  if (kv_score_copy_encode((kv_score_dtype)s->m.dtype, win_row(s, c, layer, c->n_pub, hd, 0),
-                           s->m.n_kv_heads * s->row, n, s->m.head_dim, s->m.score_bits, buf,
-                           lay.total_bytes, &len, &e) != KV_SCORE_OK ||
+  if (kv_score_copy_encode_v((kv_score_dtype)s->m.dtype,
+                             win_row(s, c, layer, c->n_pub, hd, 0), s->m.n_kv_heads * s->row, n,
+                             s->m.head_dim, s->m.score_bits, variant, buf, lay.total_bytes, &len,
+                             &e) != KV_SCORE_OK ||
       kv_score_copy_parse(buf, len, &v, &e) != KV_SCORE_OK ||
       kv_score_tokens(q, &v, 0, n, KV_SCORE_IMPL_AUTO, out, &e) != KV_SCORE_OK) {
     kv_score_errmsg(&e, msg, sizeof msg);

@@ -81,7 +81,7 @@ static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, u
 static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned bits, size_t *len)
 {
   kv_sregion r;
-  if (kv_sregion_init(&r, g, bits) != KVDB_OK) {
+  if (kv_sregion_init(&r, g, bits, 0) != KVDB_OK) {
     fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
     exit(1);
   }
@@ -104,7 +104,7 @@ static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned b
   }
   free(rows);
   kv_sregion_seal(&r, h, o + g->total_bytes);
-  kv_block_mark_score(o, bits, g->total_bytes);
+  kv_block_mark_score(o, bits, 0, g->total_bytes);
   *len = g->total_bytes + r.bytes;
   return o;
 }

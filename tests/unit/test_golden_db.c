@@ -624,6 +624,9 @@ static void check_all(kvdb *db, const manifest *mf, int written)
       uint32_t hd = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
       uint32_t k = (uint32_t)strtoul(strtok_r(NULL, " ", &save), NULL, 10);
       uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
+      kvdb_context_info ci; /* written before version 2: its blocks score with version 1 */
+      ASSERT_OK(kvdb_context_stat(db, &key, &ci));
+      ASSERT_EQ(ci.score_versions, 1);
       uint64_t h = score_hash(db, m, &key, l, hd, k);
       if (h != want) {
         fprintf(stderr, "test_golden_db: line %zu: score hash %016" PRIx64 ", expected %016" PRIx64
