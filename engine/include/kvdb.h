@@ -1706,6 +1706,16 @@ typedef struct kvdb_decode_opts {
   int32_t fetch_device;       /**< who gathers cold rows: -1 (default) as `device`, else a
                                    kvdb_score_device (KVDB_SCORE_CPU: the host reads the page
                                    groups itself) */
+  /**
+   * With KVDB_DECODE_PAGE_GROUPS: 0 (default) the cold picks are replaced by as many page-group
+   * positions (the flag's rule). 1..1000: a COLD BUDGET: at most k x cold_share_permille / 1000
+   * positions per KV head come from page groups read from the store, whole groups only (most
+   * cold top-k positions first); the rest of the k goes to the top k's positions in DRAM and
+   * then to the best-ranked positions in DRAM past the top k (from a ranking of 4k). A select
+   * falls back to more groups when DRAM holds too few. Trades the cold picks that no chosen
+   * group holds (the flag's rule does not fetch them either) for high-scoring DRAM rows.
+   */
+  uint32_t cold_share_permille;
 } kvdb_decode_opts;
 
 /** kvdb_decode_opts.flags; any other bit is KVDB_INVALID. */
@@ -1746,6 +1756,11 @@ typedef struct kvdb_decode_stats {
   uint64_t hot_pool_bytes;  /**< DRAM the hot pools and recent windows hold now */
   double beta;              /**< the host's share of device-tier scoring at the last select,
                                  0..1 (APP) */
+  uint64_t top_k;           /**< positions of the true top k the selects ranked (k per KV head
+                                 and select) */
+  uint64_t top_k_returned;  /**< of those, how many the selects returned (all of them without
+                                 KVDB_DECODE_PAGE_GROUPS; with it, the ones in DRAM and in the
+                                 chosen page groups) */
 } kvdb_decode_stats;
 
 /**
