@@ -1712,7 +1712,8 @@ typedef struct kvdb_decode_opts {
    * positions per KV head come from page groups read from the store, whole groups only (most
    * cold top-k positions first); the rest of the k goes to the top k's positions in DRAM and
    * then to the best-ranked positions in DRAM past the top k (from a ranking of 4k). A select
-   * falls back to more groups when DRAM holds too few. Trades the cold picks that no chosen
+   * falls back to more groups when DRAM holds too few. Every row of the groups read is a
+   * promotion candidate (the flag's rule: only the picks). Trades the cold picks that no chosen
    * group holds (the flag's rule does not fetch them either) for high-scoring DRAM rows.
    */
   uint32_t cold_share_permille;

@@ -1060,7 +1060,10 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     for (uint32_t j = 0; j < nc; j++) {
       row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
       row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
-      if (s->o.hot_tokens > 0 && (hp->pick == NULL || hp->pick[cold[j]])) {
+      /* candidates: the picks; with a cold budget every row of the groups read (the bytes
+       * came anyway; without hits they take free slots and lose to picks in hot_update) */
+      if (s->o.hot_tokens > 0 &&
+          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0)) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
         memcpy(r, kb + (size_t)j * s->row, s->row);
         memcpy(r + s->row, vb + (size_t)j * s->row, s->row);
