@@ -75,6 +75,7 @@ int bench_decode_agreement(const bench_env *env, bench_json *j, double *agreemen
 #define BD_HOT_PCT 25 /* hot pool per layer and KV head, % of the context */
 #define BD_BT 4096 /* block_tokens: one checksum page per section covers 256 page groups */
 #define BD_BITS 4  /* int4 score copies: an eighth of K and V to scan per step */
+#define BD_COLD_PM 200 /* the cold budget variant: kvdb_decode_opts.cold_share_permille */
 
 typedef struct model_stats {
   int measured;
@@ -233,12 +234,13 @@ typedef struct bd_run {
 
 typedef struct bd_fig {
   double hit, amp, host_ratio, io_ratio, step_ms, score_b, persist, beta;
+  double topk_ret; /* share of the true top k returned (kvdb_decode_stats.top_k_returned) */
 } bd_fig;
 
 /* One session: 16 warm-up steps, then S measured; each step selects and fetches every layer
  * (page cache dropped first: timed), then appends the step's token. */
 static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_pm,
-                      int32_t fetch_dev, bd_fig *f)
+                      int32_t fetch_dev, uint32_t cold_pm, bd_fig *f)
 {
   FILE *o = x->env->out;
   const uint32_t L = x->m->n_layers, K = x->K, S = x->S;
@@ -251,6 +253,7 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
   dopt.host_share_permille = host_pm;
   dopt.fetch_device = fetch_dev;
   dopt.flags = flags;
+  dopt.cold_share_permille = cold_pm;
   kvdb_decode *s;
   if (kvdb_decode_open(x->db, x->m, &x->ctx, 1, &dopt, &s) != KVDB_OK) {
     fprintf(stderr, "decode: session: %s\n", kvdb_errmsg());
@@ -327,6 +330,9 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
   f->io_ratio = step_ns / S / (double)x->full_ns;
   f->persist = pers_n ? pers_sum / pers_n : NAN;
   f->beta = s1.beta;
+  f->topk_ret = s1.top_k > s0.top_k ? (double)(s1.top_k_returned - s0.top_k_returned) /
+                                          (double)(s1.top_k - s0.top_k)
+                                    : NAN;
   fprintf(o, "decode: [%s]\n", name);
   fprintf(o, "  hot_pool_hit %.3f (%.0f of %.0f rows over %u steps after %u warm-up; DRAM %.0f "
              "MiB)\n", f->hit, hot, sel, S, BD_WARM, s1.hot_pool_bytes / 1048576.0);
@@ -337,6 +343,8 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
           host / 1048576);
   fprintf(o, "  step_io_vs_full %.3f (a step %.1f ms); selection persistence %.3f; beta %.3f\n",
           f->io_ratio, f->step_ms, f->persist, f->beta);
+  fprintf(o, "  top-k returned %.3f (of the true top k's positions, the share in the rows "
+             "delivered)\n", f->topk_ret);
   rc = 0;
 out:
   free(mark);
@@ -348,7 +356,7 @@ int bench_decode(const bench_env *env, bench_json *j)
 {
   const uint32_t L = env->quick ? 2 : 4, N = env->quick ? 4096 : 32768;
   const uint32_t S = env->quick ? 8 : 16, K = N / 10, HOT = N * BD_HOT_PCT / 100;
-  const uint32_t NT = N + 3 * (BD_WARM + S); /* the context and three variants' appends */
+  const uint32_t NT = N + 4 * (BD_WARM + S); /* the context and four variants' appends */
   FILE *o = env->out;
   model_stats ms;
   measure_model(env, &ms);
@@ -379,6 +387,9 @@ int bench_decode(const bench_env *env, bench_json *j)
   kvdb_options opt;
   kvdb_options_init(&opt);
   opt.dram_bytes = 0; /* no DRAM tier: what is not in the session's pools comes from the SSD */
+  /* a SmartSSD tier configured: the store writes version-1 score copies, the version the
+   * near-data device (its emulation here) scores; version 2 would be scored by the host */
+  opt.smartssd_bytes = (uint64_t)1 << 40;
   kvdb_status st;
   if ((st = kvdb_open(env->dir, &opt, &db)) != KVDB_OK) {
     fprintf(stderr, "decode: open: %s\n", kvdb_errmsg());
@@ -430,13 +441,15 @@ int bench_decode(const bench_env *env, bench_json *j)
                 .rows = rows, .rho = ms.rho, .r = &r, .ctx = pi.context, .t_next = N,
                 .full_ns = full_ns, .ctx_bytes = ctx_bytes};
   /* the variants, one after the other on the same (growing) context */
-  bd_fig tokf, grpf, appf;
-  if (bd_variant(&run, "token rows: exact top-k, rows gathered on the device", 0, 0, -1,
+  bd_fig tokf, grpf, appf, budf;
+  if (bd_variant(&run, "token rows: exact top-k, rows gathered on the device", 0, 0, -1, 0,
                  &tokf) != 0 ||
       bd_variant(&run, "page groups: cold picks as whole 4 KiB groups, read by the host",
-                 KVDB_DECODE_PAGE_GROUPS, 0, KVDB_SCORE_CPU, &grpf) != 0 ||
+                 KVDB_DECODE_PAGE_GROUPS, 0, KVDB_SCORE_CPU, 0, &grpf) != 0 ||
       bd_variant(&run, "page groups with APP's split of the scoring (beta per step)",
-                 KVDB_DECODE_PAGE_GROUPS, -1, KVDB_SCORE_CPU, &appf) != 0)
+                 KVDB_DECODE_PAGE_GROUPS, -1, KVDB_SCORE_CPU, 0, &appf) != 0 ||
+      bd_variant(&run, "page groups with a cold budget of 20% (the rest from DRAM past the top k)",
+                 KVDB_DECODE_PAGE_GROUPS, 0, KVDB_SCORE_CPU, BD_COLD_PM, &budf) != 0)
     goto out;
   fprintf(o, "decode: model top-10%% persistence %.3f; the synthetic queries' %.3f\n", ms.persist,
           tokf.persist);
@@ -456,6 +469,13 @@ int bench_decode(const bench_env *env, bench_json *j)
   bench_json_num(j, "app_host_bytes_ratio", appf.host_ratio);
   bench_json_num(j, "app_step_io_vs_full", appf.io_ratio);
   bench_json_num(j, "app_beta", appf.beta);
+  bench_json_num(j, "budget_hot_pool_hit", budf.hit);
+  bench_json_num(j, "budget_step_read_amplification", budf.amp);
+  bench_json_num(j, "budget_host_bytes_ratio", budf.host_ratio);
+  bench_json_num(j, "budget_step_io_vs_full", budf.io_ratio);
+  bench_json_num(j, "budget_topk_returned", budf.topk_ret);
+  bench_json_num(j, "topk_returned", grpf.topk_ret);
+  bench_json_num(j, "token_topk_returned", tokf.topk_ret);
   bench_json_int(j, "layers_run", L);
   bench_json_int(j, "context_tokens", N);
   bench_json_int(j, "budget_tokens", K);

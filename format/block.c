@@ -13,7 +13,7 @@
  *    32  16  parent hash h_{i-1}
  *    48  16  model fingerprint hash h_{-1}
  *    64   4  n_layers      68 4 n_kv_heads      72 4 head_dim
- *    76   1  dtype         77 1 codec (0 raw)   78 1 score bits (flag 0; else 0)  79 1 0
+ *    76   1  dtype         77 1 codec (0 raw)   78 1 score bits (flag 0; else 0)  79 1 score copy version (flag 0: 0 = 1, or 2; else 0)
  *    80   4  block_tokens  84 4 n_sections      88 4 group_tokens   92 4 n_groups
  *    96   8  data_bytes
  *   104   8  meta checksum: XXH3-64 of [tokens_off, cksum_off) of the meta region
@@ -242,10 +242,15 @@ static kvdb_status parse_score(const uint8_t *buf, kv_block_hdr *out)
 {
   if (!(out->flags & KV_BLOCK_F_SCORE))
     return KVDB_OK;
-  unsigned bits = buf[OFF_RSV16];
+  unsigned bits = buf[OFF_RSV16], ver = buf[OFF_RSV16 + 1];
   uint64_t off = kv_get_le64(buf + OFF_RSV64);
+  if (ver != 0 && ver != KV_SCORE_COPY_VERSION_CENTERED)
+    return kv_fail(ver > KV_SCORE_COPY_VERSION_CENTERED ? KVDB_VERSION : KVDB_CORRUPT,
+                   "block header announces score copies of version %u (this build reads 1 and "
+                   "2)", ver);
+  unsigned variant = ver != 0 ? KV_SCORE_COPY_CENTERED : 0;
   kv_sregion r;
-  if (kv_sregion_init(&r, &out->g, bits) != KVDB_OK)
+  if (kv_sregion_init(&r, &out->g, bits, variant) != KVDB_OK)
     return kv_fail(KVDB_CORRUPT, "block header announces score copies of %u bits: %s", bits,
                    kvdb_errmsg());
   if (off != out->obj.total_bytes)
@@ -253,17 +258,18 @@ static kvdb_status parse_score(const uint8_t *buf, kv_block_hdr *out)
                    "block header puts its score region at %llu, not after its data (%llu)",
                    (unsigned long long)off, (unsigned long long)out->obj.total_bytes);
   out->score_bits = bits;
+  out->score_variant = variant;
   out->score_off = off;
   out->score_bytes = r.bytes;
   out->obj.total_bytes += r.bytes;
   return KVDB_OK;
 }
 
-void kv_block_mark_score(uint8_t *buf, unsigned bits, uint64_t score_off)
+void kv_block_mark_score(uint8_t *buf, unsigned bits, unsigned variant, uint64_t score_off)
 {
   kv_put_le16(buf + OFF_FLAGS, (uint16_t)(kv_get_le16(buf + OFF_FLAGS) | KV_BLOCK_F_SCORE));
   buf[OFF_RSV16] = (uint8_t)bits;
-  buf[OFF_RSV16 + 1] = 0;
+  buf[OFF_RSV16 + 1] = variant != 0 ? (uint8_t)KV_SCORE_COPY_VERSION_CENTERED : 0;
   kv_put_le64(buf + OFF_RSV64, score_off);
   kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
@@ -286,8 +292,9 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   if (version == 0)
     return kv_fail(KVDB_CORRUPT, "block format version 0");
   uint32_t flags = kv_get_le16(buf + OFF_FLAGS);
-  if ((flags & ~KV_BLOCK_F_SCORE) != 0 || buf[OFF_RSV16 + 1] != 0 ||
-      (!(flags & KV_BLOCK_F_SCORE) && (buf[OFF_RSV16] != 0 || kv_get_le64(buf + OFF_RSV64) != 0)))
+  if ((flags & ~KV_BLOCK_F_SCORE) != 0 ||
+      (!(flags & KV_BLOCK_F_SCORE) && (buf[OFF_RSV16] != 0 || buf[OFF_RSV16 + 1] != 0 ||
+                                       kv_get_le64(buf + OFF_RSV64) != 0)))
     return kv_fail(KVDB_CORRUPT, "reserved block header field is not zero");
   out->version = version;
   out->flags = flags;

@@ -89,6 +89,7 @@ typedef struct kv_block_hdr {
   /* KV_BLOCK_F_SCORE: the score region ("THE SCORE REGION" below) of score_bits copies, score_bytes long
    * at score_off (= meta + data bytes); obj.total_bytes includes it. Else all 0. */
   uint32_t score_bits;
+  uint32_t score_variant; /* 0: version-1 copies (byte 79 = 0); KV_SCORE_COPY_CENTERED: version 2 */
   uint64_t score_off, score_bytes;
 } kv_block_hdr;
 
@@ -165,10 +166,11 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta);
 
 /*
  * kv_block_mark_score() - record in a sealed block header (the first 128 bytes of `buf`) that
- * the object ends with a score region of `bits` copies at `score_off` (the object's meta + data
- * bytes): flag bit 0, byte 78, bytes 112..119; the header checksum is recomputed.
+ * the object ends with a score region of `bits` copies of `variant` at `score_off` (the
+ * object's meta + data bytes): flag bit 0, byte 78, byte 79 (0 for version-1 copies, 2 for
+ * version 2), bytes 112..119; the header checksum is recomputed.
  */
-void kv_block_mark_score(uint8_t *buf, unsigned bits, uint64_t score_off);
+void kv_block_mark_score(uint8_t *buf, unsigned bits, unsigned variant, uint64_t score_off);
 
 /* XXH3-64 of one group's bytes with the block's seed (block hash, section and group index). */
 uint64_t kv_block_group_checksum(const kv_block_hdr *h, uint32_t s, uint32_t grp,
@@ -253,7 +255,8 @@ static inline uint32_t kv_block_token(const kv_block_hdr *h, const uint8_t *meta
  *   table  = 64-byte head, then one XXH3-64 per copy (8 bytes each), zero padding to a page:
  *     OFF SIZE FIELD
  *       0   4  magic 0x9E3C51A7 (bytes A7 51 3C 9E)
- *       4   1  version 1
+ *       4   1  version: 1 (version-1 copies), 2 (version-2 copies: score.h THE CENTERED,
+ *                 ROTATED COPY; the block header's byte 79 is 2 then)
  *       5   1  bits (8 or 4; equals the block header's)
  *       6   2  reserved (0)
  *       8   4  n_copies (n_layers * n_kv_heads)
@@ -273,12 +276,14 @@ static inline uint32_t kv_block_token(const kv_block_hdr *h, const uint8_t *meta
  */
 
 #define KV_SREGION_MAGIC 0x9E3C51A7u
-#define KV_SREGION_VERSION 1u
+#define KV_SREGION_VERSION 1u          /* a region of version-1 copies */
+#define KV_SREGION_VERSION_CENTERED 2u /* a region of version-2 (centered, rotated) copies */
 #define KV_SREGION_HEAD_BYTES 64u
 
 /* Geometry of the score region of one block (derived from the block's shape and the bits). */
 typedef struct kv_sregion {
   uint32_t bits;          /* 8 or 4 */
+  uint32_t variant;       /* 0: version-1 copies; KV_SCORE_COPY_CENTERED: version 2 */
   uint32_t n_copies;      /* n_layers * n_kv_heads */
   uint32_t copy_pages;    /* pages of one copy */
   uint32_t table_pages;   /* pages of the table (head + checksums) */
@@ -287,9 +292,12 @@ typedef struct kv_sregion {
   kv_score_layout layout; /* of each copy: n_tokens x head_dim at `bits` */
 } kv_sregion;
 
-/* kv_sregion_init() - the region of a block of geometry g with copies at `bits`. KVDB_INVALID
- * when bits is not 8 or 4 or the shape cannot be scored (int4 needs an even head_dim). */
-kvdb_status kv_sregion_init(kv_sregion *r, const kv_block_geom *g, unsigned bits);
+/* kv_sregion_init() - the region of a block of geometry g with copies at `bits` of `variant`
+ * (0: version 1; KV_SCORE_COPY_CENTERED: version 2). KVDB_INVALID when bits is not 8 or 4, the
+ * variant is unknown or the shape cannot be scored (int4 needs an even head_dim, version 2 a
+ * power-of-two one). */
+kvdb_status kv_sregion_init(kv_sregion *r, const kv_block_geom *g, unsigned bits,
+                            unsigned variant);
 
 /* Offset of copy c from the region's start. */
 static inline uint64_t kv_sregion_copy_off(const kv_sregion *r, uint32_t c)

@@ -35,19 +35,25 @@ static uint64_t xxh64_seed(const void *p, size_t len, uint64_t seed)
 #define OFF_TABLECK 24
 #define OFF_RSV 32
 
-kvdb_status kv_sregion_init(kv_sregion *r, const kv_block_geom *g, unsigned bits)
+kvdb_status kv_sregion_init(kv_sregion *r, const kv_block_geom *g, unsigned bits,
+                            unsigned variant)
 {
   memset(r, 0, sizeof *r);
   if (bits != 8 && bits != 4)
     return kv_fail(KVDB_INVALID, "score bits %u is not 8 or 4", bits);
+  if (variant != 0 && variant != KV_SCORE_COPY_CENTERED)
+    return kv_fail(KVDB_INVALID, "score copy variant %u is not 0 or %u", variant,
+                   KV_SCORE_COPY_CENTERED);
   kv_score_err e;
-  if (kv_score_layout_init(&r->layout, g->n_tokens, g->head_dim, bits, &e) != KV_SCORE_OK) {
+  if (kv_score_layout_init_v(&r->layout, g->n_tokens, g->head_dim, bits, variant, &e) !=
+      KV_SCORE_OK) {
     char msg[160];
     kv_score_errmsg(&e, msg, sizeof msg);
-    return kv_fail(KVDB_INVALID, "score copies of %u tokens x %u dims at %u bits: %s",
-                   g->n_tokens, g->head_dim, bits, msg);
+    return kv_fail(KVDB_INVALID, "score copies (version %u) of %u tokens x %u dims at %u bits: %s",
+                   variant ? 2u : 1u, g->n_tokens, g->head_dim, bits, msg);
   }
   r->bits = bits;
+  r->variant = variant;
   r->n_copies = g->n_layers * g->n_kv_heads;
   r->copy_bytes = r->layout.total_bytes;
   r->copy_pages = (uint32_t)(r->copy_bytes / KV_PAGE);
@@ -75,7 +81,7 @@ void kv_sregion_seal(const kv_sregion *r, const uint8_t block_hash[16], uint8_t 
   size_t table_bytes = (size_t)r->table_pages * KV_PAGE;
   memset(region, 0, table_bytes);
   kv_put_le32(region + OFF_MAGIC, KV_SREGION_MAGIC);
-  region[OFF_VERSION] = KV_SREGION_VERSION;
+  region[OFF_VERSION] = r->variant ? KV_SREGION_VERSION_CENTERED : KV_SREGION_VERSION;
   region[OFF_BITS] = (uint8_t)r->bits;
   kv_put_le32(region + OFF_NCOPIES, r->n_copies);
   kv_put_le32(region + OFF_COPYPAGES, r->copy_pages);
@@ -100,10 +106,12 @@ kvdb_status kv_sregion_check_head(const kv_sregion *r, const uint8_t *table)
   uint32_t magic = kv_get_le32(table + OFF_MAGIC);
   if (magic != KV_SREGION_MAGIC)
     return kv_fail(KVDB_CORRUPT, "bad score region magic 0x%08x", magic);
-  if (table[OFF_VERSION] != KV_SREGION_VERSION)
-    return kv_fail(table[OFF_VERSION] > KV_SREGION_VERSION ? KVDB_VERSION : KVDB_CORRUPT,
-                   "score region version %u (this build reads %u)", table[OFF_VERSION],
-                   KV_SREGION_VERSION);
+  unsigned want = r->variant ? KV_SREGION_VERSION_CENTERED : KV_SREGION_VERSION;
+  if (table[OFF_VERSION] != want)
+    return kv_fail(table[OFF_VERSION] > KV_SREGION_VERSION_CENTERED ? KVDB_VERSION : KVDB_CORRUPT,
+                   "score region version %u, the block header says %u (this build reads 1 and "
+                   "2)",
+                   table[OFF_VERSION], want);
   if (table[OFF_BITS] != r->bits || kv_get_le32(table + OFF_NCOPIES) != r->n_copies ||
       kv_get_le32(table + OFF_COPYPAGES) != r->copy_pages ||
       kv_get_le32(table + OFF_TABLEPAGES) != r->table_pages)
@@ -134,9 +142,10 @@ kvdb_status kv_sregion_verify_copy(const kv_sregion *r, const uint8_t block_hash
     kv_score_errmsg(&e, msg, sizeof msg);
     return kv_fail(KVDB_CORRUPT, "score copy %u: %s", c, msg);
   }
-  if (view->layout.variant != 0)
-    return kv_fail(KVDB_CORRUPT, "score copy %u is a centered (version 2) copy, which score regions "
-                                 "of this format do not hold", c);
+  if (view->layout.variant != r->variant)
+    return kv_fail(KVDB_CORRUPT, "score copy %u is a version-%u copy in a region of version-%u "
+                                 "copies",
+                   c, view->layout.variant ? 2u : 1u, r->variant ? 2u : 1u);
   if (view->layout.n_tokens != r->layout.n_tokens || view->layout.head_dim != r->layout.head_dim ||
       view->layout.bits != r->bits)
     return kv_fail(KVDB_CORRUPT, "score copy %u holds %u tokens x %u dims at %u bits, not %u x %u "

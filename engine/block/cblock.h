@@ -170,20 +170,28 @@ void kv_scatter_token_layer(const kv_block_geom *g, const uint8_t *data, uint32_
 
 /* ---- score regions (score_write.c) ---- */
 
-/* The block-record flags of a block written with score copies of `bits` (0: none). */
-static inline uint32_t kv_score_rec_flags(unsigned bits)
+/* The block-record flags of a block written with score copies of `bits` (0: none) of `variant`
+ * (0: version 1; KV_SCORE_COPY_CENTERED: version 2). */
+static inline uint32_t kv_score_rec_flags(unsigned bits, unsigned variant)
 {
-  return bits == 8 ? KV_BLK_SCORE8 : bits == 4 ? KV_BLK_SCORE4 : 0;
+  uint32_t f = bits == 8 ? KV_BLK_SCORE8 : bits == 4 ? KV_BLK_SCORE4 : 0;
+  return f != 0 && variant != 0 ? f | KV_BLK_SCOREV2 : f;
 }
 /* The bits of a block record's score copies (0: none). */
 static inline unsigned kv_rec_score_bits(const kv_block_rec *rec)
 {
   return (rec->bflags & KV_BLK_SCORE8) ? 8 : (rec->bflags & KV_BLK_SCORE4) ? 4 : 0;
 }
+/* The variant of a block record's score copies: 0 (version 1, every block written before
+ * version 2 existed) or KV_SCORE_COPY_CENTERED. */
+static inline unsigned kv_rec_score_variant(const kv_block_rec *rec)
+{
+  return (rec->bflags & KV_BLK_SCOREV2) ? KV_SCORE_COPY_CENTERED : 0;
+}
 
-/* Bytes of the score region of a block of geometry g at `bits` (0 when bits is 0 or the shape
- * cannot be scored). */
-uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits);
+/* Bytes of the score region of a block of geometry g at `bits` of `variant` (0 when bits is 0
+ * or the shape cannot be scored). */
+uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits, unsigned variant);
 /* Bytes of a block record's object before its score region (what get reads at most). */
 uint64_t kv_rec_body_bytes(const kv_block_geom *g, const kv_block_rec *rec);
 
@@ -219,7 +227,7 @@ kvdb_status kv_score_copy_from_section(const kv_block_geom *g, const kv_sregion 
  * it, from the view's K rows [t0, t0 + n_tokens), mark its header, and add the region to
  * *obj_bytes. A model without score_bits: nothing. KVDB_INVALID (a non-finite key), KVDB_NOMEM.
  */
-kvdb_status kv_score_block_append(const kvdb_model *m, const kv_block_geom *g,
+kvdb_status kv_score_block_append(const kvdb_model *m, unsigned variant, const kv_block_geom *g,
                                   const kvdb_kv_view *kv, uint64_t t0, const uint8_t hash[16],
                                   uint8_t *obj, uint64_t *obj_bytes);
 

@@ -2,7 +2,8 @@
 /*
  * engine/block/score_write.c — a block's score region at put time (cblock.h, FORMAT.md §3c):
  * one score copy per (layer, KV head) of the block's K rows, quantized to int8 or int4 with one
- * scale per token (score/score.h), then the table of their checksums.
+ * scale per token (score/score.h; version 1, or version 2: centered and rotated first), then
+ * the table of their checksums.
  *
  * The copies are made from the keys the caller put, whatever config the block's K and V are
  * stored with, so a lossy config does not also degrade the ranking.
@@ -12,17 +13,17 @@
 
 #include "cblock.h"
 
-uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits)
+uint64_t kv_score_region_bytes(const kv_block_geom *g, unsigned bits, unsigned variant)
 {
   kv_sregion r;
-  if (bits == 0 || kv_sregion_init(&r, g, bits) != KVDB_OK)
+  if (bits == 0 || kv_sregion_init(&r, g, bits, variant) != KVDB_OK)
     return 0;
   return r.bytes;
 }
 
 uint64_t kv_rec_body_bytes(const kv_block_geom *g, const kv_block_rec *rec)
 {
-  uint64_t s = kv_score_region_bytes(g, kv_rec_score_bits(rec));
+  uint64_t s = kv_score_region_bytes(g, kv_rec_score_bits(rec), kv_rec_score_variant(rec));
   return rec->bytes > s ? rec->bytes - s : rec->bytes;
 }
 
@@ -32,9 +33,9 @@ kvdb_status kv_score_copy_build(const kv_block_geom *g, const kv_sregion *r, uin
   kv_score_err e;
   size_t len = 0;
   kv_score_status st =
-      kv_score_copy_encode((kv_score_dtype)g->dtype, rows, stride, g->n_tokens, g->head_dim,
-                           r->bits, region + kv_sregion_copy_off(r, c), (size_t)r->copy_bytes,
-                           &len, &e);
+      kv_score_copy_encode_v((kv_score_dtype)g->dtype, rows, stride, g->n_tokens, g->head_dim,
+                             r->bits, r->variant, region + kv_sregion_copy_off(r, c),
+                             (size_t)r->copy_bytes, &len, &e);
   if (st == KV_SCORE_OK && len == r->copy_bytes)
     return KVDB_OK;
   char msg[160];
@@ -83,16 +84,16 @@ kvdb_status kv_score_copy_from_section(const kv_block_geom *g, const kv_sregion 
   return rc;
 }
 
-kvdb_status kv_score_block_append(const kvdb_model *m, const kv_block_geom *g,
+kvdb_status kv_score_block_append(const kvdb_model *m, unsigned variant, const kv_block_geom *g,
                                   const kvdb_kv_view *kv, uint64_t t0, const uint8_t hash[16],
                                   uint8_t *obj, uint64_t *obj_bytes)
 {
   if (m->score_bits == 0)
     return KVDB_OK;
   kv_sregion r;
-  KV_RET(kv_sregion_init(&r, g, m->score_bits));
+  KV_RET(kv_sregion_init(&r, g, m->score_bits, variant));
   KV_RET(kv_score_region_build(g, &r, kv, t0, hash, obj + *obj_bytes));
-  kv_block_mark_score(obj, m->score_bits, *obj_bytes);
+  kv_block_mark_score(obj, m->score_bits, variant, *obj_bytes);
   *obj_bytes += r.bytes;
   return KVDB_OK;
 }
@@ -104,7 +105,7 @@ kvdb_status kv_score_region_check(const kv_block_rec *rec, const uint8_t hash[16
     return KVDB_OK;
   kv_sregion r;
   uint64_t bad = 0;
-  kvdb_status rc = kv_sregion_init(&r, &hdr->g, hdr->score_bits);
+  kvdb_status rc = kv_sregion_init(&r, &hdr->g, hdr->score_bits, hdr->score_variant);
   if (rc == KVDB_OK)
     rc = kv_sregion_verify(&r, hash, buf + hdr->score_off, &bad);
   if (rc == KVDB_OK)

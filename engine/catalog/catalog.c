@@ -138,7 +138,8 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
                    (unsigned long long)r->bytes);
   /* bytes 2, 3, 12..15 were reserved (0 = raw) in format 1: how the block is stored */
   int compressed = (r->bflags & KV_BLK_COMPRESSED) != 0, drops = (r->bflags & KV_BLK_DROPS) != 0;
-  if ((r->bflags & ~15u) != 0 || (r->bflags & 12u) == 12u || r->method > KVDB_METHOD_DROP ||
+  if ((r->bflags & ~31u) != 0 || (r->bflags & 12u) == 12u ||
+      ((r->bflags & KV_BLK_SCOREV2) && !(r->bflags & 12u)) || r->method > KVDB_METHOD_DROP ||
       compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
       (r->method == KVDB_METHOD_RAW && (r->bits || r->drop || r->keep_permille)))
     return kv_fail(KVDB_CORRUPT, "block record says flags %u, method %u, bits %u, drop %u",

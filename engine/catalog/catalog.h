@@ -105,8 +105,10 @@ typedef struct kv_txn kv_txn;
 #define KV_PROFILE_REC_VERSION 1u
 
 /* kv_block_rec.bflags; SCORE8 / SCORE4: the object ends with a score region of int8 / int4
- * copies (FORMAT.md §3c; the model's score_bits) */
-enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4 = 8 };
+ * copies (FORMAT.md §3c; the model's score_bits); SCOREV2 (with one of them): those copies are
+ * version 2 (score.h THE CENTERED, ROTATED COPY), else version 1 */
+enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4 = 8,
+       KV_BLK_SCOREV2 = 16 };
 
 typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
@@ -467,6 +469,7 @@ void kv_counts_open(kv_catalog *c);
 /* The catalog format that carries these indexes (meta "format"). */
 #define KV_FORMAT_INDEXES 4u
 #define KV_FORMAT_FRAMES 5u /* lossless frames: block format 3 (FORMAT.md §3d) */
+#define KV_FORMAT_SCOREV2 6u /* version-2 score copies (FORMAT.md §3c): block flag bit 4 */
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
 kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],

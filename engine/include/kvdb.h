@@ -96,7 +96,7 @@ KVDB_API unsigned kvdb_version_number(void);
  * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
  * all the children of its last matched block).
  */
-#define KVDB_FORMAT_VERSION 5
+#define KVDB_FORMAT_VERSION 6
 
 /* =================================== Part I: the core ===================================== */
 
@@ -691,6 +691,11 @@ typedef struct kvdb_context_info {
                                      kept: accesses are counted with placement on) */
   uint32_t score_bits;          /**< its model's score_bits: 8 or 4 when its blocks keep score
                                      copies for kvdb_score, else 0 */
+  uint32_t score_versions;      /**< which versions of score copies its blocks carry: bit 0
+                                     version 1 (the plain int8/int4 copy; every block written
+                                     before version 2, and every block of a database with a
+                                     SmartSSD tier), bit 1 version 2 (centered and
+                                     Hadamard-rotated: better int4 ranking); 0 without copies */
 } kvdb_context_info;
 
 /** @brief Information about one context. @return KVDB_OK; KVDB_NOTFOUND; KVDB_INVALID. */
@@ -1763,6 +1768,17 @@ typedef struct kvdb_decode_opts {
   int32_t fetch_device;       /**< who gathers cold rows: -1 (default) as `device`, else a
                                    kvdb_score_device (KVDB_SCORE_CPU: the host reads the page
                                    groups itself) */
+  /**
+   * With KVDB_DECODE_PAGE_GROUPS: 0 (default) the cold picks are replaced by as many page-group
+   * positions (the flag's rule). 1..1000: a COLD BUDGET: at most k x cold_share_permille / 1000
+   * positions per KV head come from page groups read from the store, whole groups only (most
+   * cold top-k positions first); the rest of the k goes to the top k's positions in DRAM and
+   * then to the best-ranked positions in DRAM past the top k (from a ranking of 4k). A select
+   * falls back to more groups when DRAM holds too few. Every row of the groups read is a
+   * promotion candidate (the flag's rule: only the picks). Trades the cold picks that no chosen
+   * group holds (the flag's rule does not fetch them either) for high-scoring DRAM rows.
+   */
+  uint32_t cold_share_permille;
 } kvdb_decode_opts;
 
 /** kvdb_decode_opts.flags; any other bit is KVDB_INVALID. */
@@ -1803,6 +1819,11 @@ typedef struct kvdb_decode_stats {
   uint64_t hot_pool_bytes;  /**< DRAM the hot pools and recent windows hold now */
   double beta;              /**< the host's share of device-tier scoring at the last select,
                                  0..1 (APP) */
+  uint64_t top_k;           /**< positions of the true top k the selects ranked (k per KV head
+                                 and select) */
+  uint64_t top_k_returned;  /**< of those, how many the selects returned (all of them without
+                                 KVDB_DECODE_PAGE_GROUPS; with it, the ones in DRAM and in the
+                                 chosen page groups) */
 } kvdb_decode_stats;
 
 /**

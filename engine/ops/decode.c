@@ -352,6 +352,11 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
                    (int)o.host_share_permille);
   if (o.flags & ~(uint32_t)KVDB_DECODE_PAGE_GROUPS)
     return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
+  if (o.cold_share_permille > 1000 ||
+      (o.cold_share_permille != 0 && !(o.flags & KVDB_DECODE_PAGE_GROUPS)))
+    return kv_fail(KVDB_INVALID, "opts->cold_share_permille %u: 0..1000, and only with "
+                                 "KVDB_DECODE_PAGE_GROUPS",
+                   o.cold_share_permille);
   if (o.fetch_device < -1 || o.fetch_device > KVDB_SCORE_EMULATED)
     return kv_fail(KVDB_INVALID, "opts->fetch_device %d is not -1 or a kvdb_score_device",
                    (int)o.fetch_device);
@@ -655,15 +660,18 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
 /* ---- select ---- */
 
 /* Scores of the unpublished tokens [n_pub, n_tok) of KV head hd at `layer` for the query of
- * that head's group, on the CPU: the same quantization as a block's score copy, so the same
- * scores. */
+ * that head's group, on the CPU: the same quantization as a block's score copy of the version
+ * the store writes (kv_score_variant_for; a version-2 copy here is centered over these tokens,
+ * the block they will be published in over its own). */
 static kvdb_status score_unpublished(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint32_t hd,
                                      const kv_score_query *q, float *out)
 {
   uint32_t n = (uint32_t)(c->n_tok - c->n_pub);
   kv_score_err e;
   kv_score_layout lay;
-  if (kv_score_layout_init(&lay, n, s->m.head_dim, s->m.score_bits, &e) != KV_SCORE_OK)
+  unsigned variant = kv_score_variant_for(s->db, &s->m);
+  if (kv_score_layout_init_v(&lay, n, s->m.head_dim, s->m.score_bits, variant, &e) !=
+      KV_SCORE_OK)
     return kv_fail(KVDB_PANIC, "score layout of %u unpublished tokens", n);
   void *buf = aligned_alloc(64, (lay.total_bytes + 63) / 64 * 64);
   if (buf == NULL)
@@ -672,9 +680,10 @@ static kvdb_status score_unpublished(kvdb_decode *s, dec_ctx *c, uint32_t layer,
   kv_score_view v;
   size_t len;
   char msg[200];
-  if (kv_score_copy_encode((kv_score_dtype)s->m.dtype, win_row(s, c, layer, c->n_pub, hd, 0),
-                           s->m.n_kv_heads * s->row, n, s->m.head_dim, s->m.score_bits, buf,
-                           lay.total_bytes, &len, &e) != KV_SCORE_OK ||
+  if (kv_score_copy_encode_v((kv_score_dtype)s->m.dtype,
+                             win_row(s, c, layer, c->n_pub, hd, 0), s->m.n_kv_heads * s->row, n,
+                             s->m.head_dim, s->m.score_bits, variant, buf, lay.total_bytes, &len,
+                             &e) != KV_SCORE_OK ||
       kv_score_copy_parse(buf, len, &v, &e) != KV_SCORE_OK ||
       kv_score_tokens(q, &v, 0, n, KV_SCORE_IMPL_AUTO, out, &e) != KV_SCORE_OK) {
     kv_score_errmsg(&e, msg, sizeof msg);
@@ -699,10 +708,14 @@ static int grp_ent_cmp(const void *a, const void *b)
   return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* KVDB_DECODE_PAGE_GROUPS: the cold positions of p[0..k) (best first) replaced by whole page
- * groups, in the order of their best-ranked position (see the flag in kvdb.h). */
+/* KVDB_DECODE_PAGE_GROUPS: the cold positions of the top k rp[0..k) (best first) replaced by
+ * whole page groups, in the order of the number of cold picks they hold (see the flag in kvdb.h);
+ * with a cold budget (opts.cold_share_permille) whole groups up to the budget, then the
+ * positions in DRAM of rp[k..kx) (the ranking past the top k). The result, k positions, goes to
+ * p[] and sc[] (sc may be NULL: rsc is then ignored). */
 static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint32_t hd,
-                               uint32_t k, uint32_t *p, float *sc)
+                               uint32_t k, uint32_t kx, const uint32_t *rp, const float *rsc,
+                               uint32_t *p, float *sc)
 {
   dec_hot *hp = &c->hot[(size_t)layer * s->m.n_kv_heads + hd];
   uint32_t gs = s->row >= 4096 ? 1 : (uint32_t)(4096 / s->row);
@@ -712,6 +725,8 @@ static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint3
   float *osc = malloc((size_t)k * sizeof *osc);
   uint8_t *in = calloc((size_t)c->n_tok, 1);
   kvdb_status rc = KVDB_OK;
+  uint16_t *cnt = NULL;
+  grp_ent *ord = NULL;
   if (out == NULL || osc == NULL || in == NULL) {
     rc = kv_fail(KVDB_NOMEM, "page-group selection");
     goto done;
@@ -719,31 +734,28 @@ static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint3
   uint32_t n = 0, n_cold = 0;
   memset(hp->pick, 0, (size_t)c->n_tok);
   for (uint32_t i = 0; i < k; i++)
-    hp->pick[p[i]] = 1;
+    hp->pick[rp[i]] = 1;
   for (uint32_t i = 0; i < k; i++) {
-    uint32_t t = p[i];
+    uint32_t t = rp[i];
     if (t >= c->win_t0 || hp->slot[t] >= 0) { /* in DRAM: stays */
-      osc[n] = sc != NULL ? sc[i] : 0;
+      osc[n] = rsc != NULL ? rsc[i] : 0;
       out[n++] = t;
       in[t] = 1;
     } else {
       n_cold++;
     }
   }
-  uint32_t target = n + n_cold;
   /* the cold picks' groups, most picks first, then by their best-ranked pick */
   uint64_t n_g = (c->win_t0 + gs - 1) / gs;
-  uint16_t *cnt = calloc(n_g ? n_g : 1, sizeof *cnt);
-  grp_ent *ord = malloc(((size_t)n_cold + 1) * sizeof *ord);
+  cnt = calloc(n_g ? n_g : 1, sizeof *cnt);
+  ord = malloc(((size_t)n_cold + 1) * sizeof *ord);
   if (cnt == NULL || ord == NULL) {
-    free(cnt);
-    free(ord);
     rc = kv_fail(KVDB_NOMEM, "page-group selection");
     goto done;
   }
   uint32_t n_ord = 0;
   for (uint32_t i = 0; i < k; i++) {
-    uint32_t t = p[i];
+    uint32_t t = rp[i];
     if (in[t])
       continue;
     uint64_t g = t / gs;
@@ -753,26 +765,66 @@ static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint3
   for (uint32_t i = 0; i < n_ord; i++)
     ord[i].count = cnt[ord[i].g];
   qsort(ord, n_ord, sizeof *ord, grp_ent_cmp);
-  for (uint32_t i = 0; i < n_ord && n < target; i++) {
-    uint64_t g0 = ord[i].g * gs, g1 = g0 + gs < c->win_t0 ? g0 + gs : c->win_t0;
+  uint32_t budget = s->o.cold_share_permille == 0
+                        ? k /* the flag's rule: as many as the cold picks (target below) */
+                        : (uint32_t)((uint64_t)k * s->o.cold_share_permille / 1000);
+  uint32_t target = s->o.cold_share_permille == 0 ? n + n_cold : k, n_grp = 0;
+  uint32_t gi = 0;
+  for (; gi < n_ord && n < target; gi++) {
+    uint64_t g0 = ord[gi].g * gs, g1 = g0 + gs < c->win_t0 ? g0 + gs : c->win_t0;
+    uint32_t cold = 0;
+    for (uint64_t x = g0; x < g1; x++)
+      cold += !in[x] && hp->slot[x] < 0;
+    if (s->o.cold_share_permille != 0 && (n_grp + cold > budget || n + cold > k))
+      break; /* a cold budget takes whole groups only, up to the budget */
     for (uint64_t x = g0; x < g1 && n < target; x++)
       if (!in[x] && hp->slot[x] < 0) {
         in[x] = 1;
         osc[n] = NAN;
-        for (uint32_t j = ord[i].rank; j < k && sc != NULL; j++) /* a pick keeps its score */
-          if (p[j] == x) {
-            osc[n] = sc[j];
+        for (uint32_t j = ord[gi].rank; j < k && rsc != NULL; j++) /* a pick keeps its score */
+          if (rp[j] == x) {
+            osc[n] = rsc[j];
             break;
           }
         out[n++] = (uint32_t)x;
+        n_grp++;
       }
   }
-  free(cnt);
-  free(ord);
+  /* a cold budget: the best-ranked positions in DRAM past the top k, then (too few of them)
+   * the remaining groups as the flag's rule takes them */
+  for (uint32_t i = k; i < kx && n < k; i++) {
+    uint32_t t = rp[i];
+    if (!in[t] && (t >= c->win_t0 || hp->slot[t] >= 0)) {
+      in[t] = 1;
+      osc[n] = rsc != NULL ? rsc[i] : 0;
+      out[n++] = t;
+    }
+  }
+  for (; gi < n_ord && n < k; gi++) {
+    uint64_t g0 = ord[gi].g * gs, g1 = g0 + gs < c->win_t0 ? g0 + gs : c->win_t0;
+    for (uint64_t x = g0; x < g1 && n < k; x++)
+      if (!in[x] && hp->slot[x] < 0) {
+        in[x] = 1;
+        osc[n] = NAN;
+        out[n++] = (uint32_t)x;
+      }
+  }
+  for (uint32_t i = 0; i < k && n < k; i++) /* cannot happen: the top k itself fills k */
+    if (!in[rp[i]]) {
+      in[rp[i]] = 1;
+      osc[n] = rsc != NULL ? rsc[i] : 0;
+      out[n++] = rp[i];
+    }
+  for (uint32_t i = 0; i < k; i++)
+    s->st.top_k_returned += in[rp[i]];
+  s->st.top_k += k;
   memcpy(p, out, (size_t)n * sizeof *p);
   if (sc != NULL)
-    memcpy(sc, osc, (size_t)n * sizeof *sc);
+    for (uint32_t i = 0; i < n; i++)
+      sc[i] = osc[i];
 done:
+  free(cnt);
+  free(ord);
   free(out);
   free(osc);
   free(in);
@@ -805,14 +857,21 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
     KV_RET(hot_update(s, c, layer));
   uint32_t G = n_q_heads / m->n_kv_heads, H = m->n_kv_heads;
   size_t qrow = (size_t)m->head_dim * dtype_bytes(q_dtype);
-  uint32_t k1 = k < c->n_pub ? k : (uint32_t)c->n_pub;
+  int grp = (s->o.flags & KVDB_DECODE_PAGE_GROUPS) != 0;
+  /* the ranking: the top k, or with a cold budget the top 4k (DRAM positions past the top k) */
+  uint64_t kx64 = s->o.cold_share_permille != 0 ? 4ull * k : k;
+  uint32_t kx = kx64 < c->n_tok ? (uint32_t)kx64 : (uint32_t)c->n_tok;
+  uint32_t k1 = kx < c->n_pub ? kx : (uint32_t)c->n_pub;
   uint32_t nu = (uint32_t)(c->n_tok - c->n_pub);
   kvdb_status rc = KVDB_OK;
   kvdb_score_req *req = calloc(H, sizeof *req);
   uint32_t *pos1 = malloc((size_t)H * k1 * sizeof *pos1);
   float *sc1 = malloc((size_t)H * k1 * sizeof *sc1);
   float *scu = malloc(((size_t)nu + 1) * sizeof *scu);
-  if (req == NULL || pos1 == NULL || sc1 == NULL || scu == NULL) {
+  uint32_t *rp = grp ? malloc((size_t)kx * sizeof *rp) : NULL;
+  float *rsc = grp ? malloc((size_t)kx * sizeof *rsc) : NULL;
+  if (req == NULL || pos1 == NULL || sc1 == NULL || scu == NULL ||
+      (grp && (rp == NULL || rsc == NULL))) {
     rc = kv_fail(KVDB_NOMEM, "select of %u positions x %u KV heads", k, H);
     goto out;
   }
@@ -865,7 +924,9 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
       rc = kv_fail(KVDB_NOMEM, "select merge");
       goto out;
     }
-    for (uint32_t r = 0; r < k; r++) {
+    uint32_t *op = grp ? rp : positions + (size_t)h * k;
+    float *os = grp ? rsc : scores != NULL ? scores + (size_t)h * k : NULL;
+    for (uint32_t r = 0; r < (grp ? kx : k); r++) {
       uint32_t bu = UINT32_MAX; /* the best unpublished not taken */
       for (uint32_t u = 0; u < nu; u++)
         if (!taken[u] && (bu == UINT32_MAX ||
@@ -886,14 +947,18 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
         sc = s1[i];
         i++;
       }
-      positions[(size_t)h * k + r] = p;
-      if (scores != NULL)
-        scores[(size_t)h * k + r] = sc;
+      op[r] = p;
+      if (os != NULL)
+        os[r] = sc;
     }
     free(taken);
-    if (s->o.flags & KVDB_DECODE_PAGE_GROUPS)
-      KV_ERR(page_groups(s, c, layer, h, k, positions + (size_t)h * k,
+    if (grp) {
+      KV_ERR(page_groups(s, c, layer, h, k, kx, rp, rsc, positions + (size_t)h * k,
                          scores != NULL ? scores + (size_t)h * k : NULL));
+    } else {
+      s->st.top_k += k;
+      s->st.top_k_returned += k;
+    }
   }
   s->st.selects++;
   if (layer == 0)
@@ -903,6 +968,8 @@ out:
   free(pos1);
   free(sc1);
   free(scu);
+  free(rp);
+  free(rsc);
   return rc;
 }
 
@@ -993,7 +1060,10 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     for (uint32_t j = 0; j < nc; j++) {
       row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
       row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
-      if (s->o.hot_tokens > 0 && (hp->pick == NULL || hp->pick[cold[j]])) {
+      /* candidates: the picks; with a cold budget every row of the groups read (the bytes
+       * came anyway; without hits they take free slots and lose to picks in hot_update) */
+      if (s->o.hot_tokens > 0 &&
+          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0)) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
         memcpy(r, kb + (size_t)j * s->row, s->row);
         memcpy(r + s->row, vb + (size_t)j * s->row, s->row);

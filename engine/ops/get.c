@@ -363,7 +363,7 @@ static size_t next_from_disk(kvdb *db, const walk *w, size_t i)
 static int rec_bytes_plausible(const kv_block_geom *g, const kv_block_rec *rec)
 {
   uint64_t raw = (uint64_t)g->meta_bytes + g->data_bytes;
-  uint64_t score = kv_score_region_bytes(g, kv_rec_score_bits(rec)); /* after the object */
+  uint64_t score = kv_score_region_bytes(g, kv_rec_score_bits(rec), kv_rec_score_variant(rec)); /* after the object */
   if (rec->bytes == 0 || rec->bytes % KV_PAGE != 0)
     return 0;
   if (!(rec->bflags & KV_BLK_COMPRESSED))
@@ -950,6 +950,12 @@ static kvdb_status fill_info(kvdb *db, kv_txn *txn, const uint8_t *key, const kv
     snprintf(out->model_id, sizeof out->model_id, "?");
   else
     out->score_bits = mr.score_bits;
+  for (uint32_t i = 0; out->score_bits != 0 && i < cr->n_blocks; i++) {
+    kv_block_rec br; /* which score copy versions its blocks carry */
+    if (kv_cat_get_block(&db->cat, txn, cr->blocks + 16 * i, &br) == KVDB_OK &&
+        kv_rec_score_bits(&br) != 0)
+      out->score_versions |= kv_rec_score_variant(&br) ? 2u : 1u;
+  }
   if (db->dram != NULL) {
     for (uint32_t i = 0; i < cr->n_blocks; i++) {
       const uint8_t *d;

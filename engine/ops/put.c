@@ -59,6 +59,7 @@ typedef struct put_req {
                                 must be stored already; 0 for a put) */
   const uint8_t *replace;    /* an append: the context record its commit replaces, or NULL */
   int objects;               /* kv_put_objects: blocks come as objects (b->obj), no kv */
+  unsigned sv;               /* the variant of new blocks' score copies (kv_score_variant_for) */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -309,7 +310,7 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
                        .model_hash = r->mh, .tokens = b->tokens,
                        .frame_bytes = st->db->opt.lossless_frame_bytes};
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
-  KV_RET(kv_score_block_append(r->m, &b->g, r->kv, b->t0 - r->kv_t0, b->hash, obj,
+  KV_RET(kv_score_block_append(r->m, r->sv, &b->g, r->kv, b->t0 - r->kv_t0, b->hash, obj,
                                &b->obj_bytes));
   stage_write(st, obj, b->obj_bytes, at);
   return KVDB_OK;
@@ -324,7 +325,7 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
   const kv_block_geom *g = &b->g;
   kv_sregion sr; /* the score region after the object, for a model with score_bits */
   if (sb != 0)
-    KV_RET(kv_sregion_init(&sr, g, r->m->score_bits));
+    KV_RET(kv_sregion_init(&sr, g, r->m->score_bits, r->sv));
   uint64_t used = (uint64_t)g->n_sections * g->section_bytes;
   int padded = g->group_stride != g->group_tokens * g->row_bytes ||
                g->n_tokens % g->group_tokens != 0;
@@ -351,7 +352,7 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
   kv_block_seal_meta(g, b->hash, b->parent, r->mh, b->tokens, obj);
   if (sb != 0) {
     kv_sregion_seal(&sr, b->hash, obj + g->total_bytes);
-    kv_block_mark_score(obj, r->m->score_bits, g->total_bytes);
+    kv_block_mark_score(obj, r->m->score_bits, r->sv, g->total_bytes);
     stage_write(st, obj + g->total_bytes, sb, at + g->total_bytes);
   }
   stage_write(st, obj, g->meta_bytes, at);
@@ -373,7 +374,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   for (uint32_t i = 0; i < r->n; i++) {
     if (!r->b[i].write)
       continue;
-    uint64_t obj = raw ? r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, bits)
+    uint64_t obj = raw ? r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, bits, r->sv)
                        : r->b[i].bound;
     total += obj;
     if (obj > biggest)
@@ -410,7 +411,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     put_blk *b = &r->b[i];
     if (!b->write)
       continue;
-    uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits) : 0;
+    uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits, r->sv) : 0;
     KV_ERR(stage_room(&st, raw ? b->g.total_bytes + sb : b->bound));
     uint8_t *obj = w->stage[st.cur] + st.fill;
     uint64_t at = st.base + st.fill; /* segment offset of this block object */
@@ -460,6 +461,8 @@ static kvdb_status block_format(kvdb *db, kv_txn *txn, const kv_block_rec *br)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES));
   if (br->bflags & (uint32_t)(KV_BLK_SCORE8 | KV_BLK_SCORE4))
     KV_RET(kv_cat_require_format(&db->cat, txn, 3)); /* score regions */
+  if (br->bflags & (uint32_t)KV_BLK_SCOREV2)
+    KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2));
   return KVDB_OK;
 }
 
@@ -519,7 +522,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         br.offset = b->off;
         br.bytes = b->obj_bytes;
         kv_block_rec_set_config(&br, &r->cfg);
-        br.bflags |= kv_score_rec_flags(r->m->score_bits);
+        br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
         new_bytes += br.bytes;
         new_blocks++;
         info->blocks_written++;
@@ -544,7 +547,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         KV_ERR(block_format(db, txn, &br));
       } else {
         kv_block_rec_set_config(&br, &r->cfg);
-        br.bflags |= kv_score_rec_flags(r->m->score_bits);
+        br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
       }
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
@@ -587,6 +590,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
   if (r->m->score_bits != 0)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 3)); /* blocks with score regions */
+  if (!r->objects && (kv_score_rec_flags(r->m->score_bits, r->sv) & KV_BLK_SCOREV2))
+    KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2)); /* version-2 copies */
   buf = malloc(16 * (size_t)r->n); /* the block hashes */
   if (buf == NULL) {
     rc = kv_fail(KVDB_NOMEM, "context record");
@@ -777,7 +782,8 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
                             uint8_t ctx[16])
 {
   put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = *cfg, .q = q,
-               .profile = profile, .kv_t0 = kv_t0, .replace = replace};
+               .profile = profile, .kv_t0 = kv_t0, .replace = replace,
+               .sv = kv_score_variant_for(db, m)};
   memcpy(r.mh, mh, 16);
   r.n = (uint32_t)((n + bt - 1) / bt);
   r.b = calloc(r.n, sizeof *r.b);
@@ -798,7 +804,7 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
     if (r.cfg.method != KVDB_METHOD_RAW) {
       b->bound = kv_cblock_bound(&r.cfg, &b->g);
       if (b->bound != 0)
-        b->bound += kv_score_region_bytes(&b->g, m->score_bits);
+        b->bound += kv_score_region_bytes(&b->g, m->score_bits, r.sv);
       if (b->bound == 0) {
         char nm[48];
         rc = kv_fail(KVDB_INVALID, "config '%s' cannot store block %u (%u tokens x %u dims)",
@@ -908,7 +914,7 @@ kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,
   KV_RET(kv_check_view_extent(kv, m, n_tokens, "kv"));
   put_blk b = {.tokens = tokens, .n_tok = (uint32_t)n_tokens};
   put_req r = {.m = m, .bt = bt, .n_tokens = n_tokens, .kv = kv, .flags = KV_CTX_EXPLICIT,
-               .b = &b, .n = 1};
+               .b = &b, .n = 1, .sv = kv_score_variant_for(db, m)};
   kv_model_hash(m, bt, r.mh);
   kvdb_key ck;
   KV_RET(kvdb_block_context(m, key, &ck));

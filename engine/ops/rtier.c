@@ -348,7 +348,7 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
   uint64_t raw = (uint64_t)g.meta_bytes + g.data_bytes;
   if (rec.bytes == 0 || rec.bytes % KV_PAGE != 0 ||
       rec.bytes > 2 * raw + (uint64_t)g.n_sections * KV_PAGE +
-                      kv_score_region_bytes(&g, kv_rec_score_bits(&rec)))
+                      kv_score_region_bytes(&g, kv_rec_score_bits(&rec), kv_rec_score_variant(&rec)))
     return -1;
   /* a full block's object starts 16-byte aligned in the reply (malloc'd; envelope 80 + 64k
    * bytes); a partial block's may not: copied, as the decoders read u16 and u32 fields */

@@ -181,6 +181,12 @@ static void view_of(const sblk *b, uint32_t c, kv_score_view *v)
   const kv_score_layout *l = &b->r.layout;
   kv_score_view_init(v, l->n_tokens, l->head_dim, l->bits, copy + l->meta_bytes,
                      (const float *)(const void *)(copy + KV_SCORE_COPY_HDR_BYTES), NULL);
+  if (l->variant != 0) { /* version 2: the center codes and scale (score.h), checked with the copy */
+    v->layout = *l;
+    v->center = (const int8_t *)(copy + l->center_off);
+    uint32_t cs = kv_get_le32(copy + 32);
+    memcpy(&v->center_scale, &cs, 4);
+  }
 }
 
 /* ---- the DRAM tier ---- */
@@ -822,7 +828,7 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, kv_read_snap *s)
     rc = kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                             b->rec.n_tokens);
     if (rc == KVDB_OK)
-      rc = kv_sregion_init(&b->r, &b->g, m->score_bits);
+      rc = kv_sregion_init(&b->r, &b->g, m->score_bits, kv_rec_score_variant(&b->rec));
     if (rc != KVDB_OK || kv_rec_score_bits(&b->rec) != m->score_bits ||
         b->rec.bytes <= b->r.bytes) {
       rc = kv_fail(KVDB_CORRUPT,
@@ -871,7 +877,8 @@ static kvdb_status attempt(sctx *x, const kvdb_key *context, kv_read_snap *snap)
     sblk *b = &x->b[i];
     if (db->dram != NULL && kv_dram_contains(db->dram, b->hash))
       b->where = SB_DRAM, dram[n_dram++] = i;
-    else if (x->o->device != KVDB_SCORE_CPU && b->rec.tier < 32 && (tiers >> b->rec.tier & 1))
+    else if (x->o->device != KVDB_SCORE_CPU && b->rec.tier < 32 && (tiers >> b->rec.tier & 1) &&
+             b->r.variant == 0) /* the device scores version-1 copies only (seg.h) */
       b->where = SB_DEVICE, devb[n_dev++] = i;
     else
       b->where = SB_HOST, host[n_host++] = i;

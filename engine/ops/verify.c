@@ -331,7 +331,7 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   kv_block_rec or = {.n_tokens = hdr->g.n_tokens, .segment = seg, .offset = off,
                      .bytes = hdr->obj.total_bytes};
   or.bflags = (hdr->version >= 2 ? KV_BLK_COMPRESSED : 0) |
-              (hdr->score_bits == 8 ? KV_BLK_SCORE8 : hdr->score_bits == 4 ? KV_BLK_SCORE4 : 0);
+              kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
   return kv_block_check(&or, hash, v->buf, hdr);
 }
 
@@ -436,7 +436,7 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
     nr.bits = nr.drop = 0;
     nr.keep_permille = 0;
   }
-  nr.bflags |= hdr->score_bits == 8 ? KV_BLK_SCORE8 : hdr->score_bits == 4 ? KV_BLK_SCORE4 : 0;
+  nr.bflags |= kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
   nr.refcount = refcount ? refcount : 1;
   nr.tier = kv_seg_tier(seg);
   nr.n_tokens = hdr->g.n_tokens;
@@ -615,11 +615,13 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const kv_cat_bytes 
           "%s %s of %s: field model: the record says %s, the block %s", pre, hexs(hash, hx), who,
           hexs(br.model, ha), hexs(hdr.model_hash, hb));
     FIELD(((br.bflags & KV_BLK_COMPRESSED) != 0) != (hdr.version >= 2) ||
-              kv_rec_score_bits(&br) != hdr.score_bits,
-          "%s %s of %s: field flags: the record says %s with %u score bits, the block is %s "
-          "with %u", pre, hexs(hash, hx), who,
+              kv_rec_score_bits(&br) != hdr.score_bits ||
+              kv_rec_score_variant(&br) != hdr.score_variant,
+          "%s %s of %s: field flags: the record says %s with %u score bits (copies of version "
+          "%u), the block is %s with %u (version %u)", pre, hexs(hash, hx), who,
           (br.bflags & KV_BLK_COMPRESSED) ? "compressed" : "raw", kv_rec_score_bits(&br),
-          hdr.version >= 2 ? "compressed" : "raw", hdr.score_bits);
+          kv_rec_score_variant(&br) ? 2u : 1u, hdr.version >= 2 ? "compressed" : "raw",
+          hdr.score_bits, hdr.score_variant ? 2u : 1u);
     FIELD(br.tier != kv_seg_tier(br.segment),
           "%s %s of %s: field tier: the record says %u, segment %" PRIu64 " is on tier %u", pre,
           hexs(hash, hx), who, br.tier, br.segment, kv_seg_tier(br.segment));

@@ -48,6 +48,7 @@ typedef struct reloc {
   uint32_t n;
   rblk *b;
   uint32_t *tokens;
+  unsigned sv;       /* re-encoded blocks' score copy variant (kv_score_variant_for) */
 } reloc;
 
 static void reloc_free(reloc *r)
@@ -139,7 +140,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
     if (r->reencode) {
       need = r->cfg.method == KVDB_METHOD_RAW ? g.total_bytes : kv_cblock_bound(&r->cfg, &g);
       if (need != 0) /* a model with score copies: they follow each object (block/cblock.h) */
-        need += kv_score_region_bytes(&g, r->m->score_bits);
+        need += kv_score_region_bytes(&g, r->m->score_bits, r->sv);
     }
     if (need == 0) {
       char nm[48];
@@ -174,7 +175,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
       KV_ERR(kv_cblock_build(&src, &enc, obj, obj_cap, &b->obj_bytes));
     }
     if (r->reencode)
-      KV_ERR(kv_score_block_append(r->m, &g, &v, b->t0, b->hash, obj, &b->obj_bytes));
+      KV_ERR(kv_score_block_append(r->m, r->sv, &g, &v, b->t0, b->hash, obj, &b->obj_bytes));
     b->off = w->end + *written;
     int e = db->io->ops->pwrite(db->io, kv_writer_file(w), obj, b->obj_bytes, b->off);
     *written += b->obj_bytes;
@@ -236,7 +237,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
       br.tier = w->tier;
       if (r->reencode) {
         kv_block_rec_set_config(&br, &r->cfg);
-        br.bflags |= kv_score_rec_flags(r->m->score_bits);
+        br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
       }
       kv_block_rec_encode(&br, NULL, buf);
       KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_BLOCKS, b->hash, 16, buf,
@@ -268,6 +269,8 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2));
   if (r->reencode && r->cfg.method == KVDB_METHOD_LOSSLESS)
     KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
+  if (r->reencode && (kv_score_rec_flags(r->m->score_bits, r->sv) & KV_BLK_SCOREV2))
+    KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2)); /* version-2 copies */
   if (last_tier != was_tier) { /* kvdb_stat's per-tier context counts */
     KV_ERR(kv_counts_add(&db->cat, txn, was_tier, KV_CNT_CONTEXTS, -1));
     KV_ERR(kv_counts_add(&db->cat, txn, last_tier, KV_CNT_CONTEXTS, 1));
@@ -334,6 +337,7 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
   reloc r;
   memset(&r, 0, sizeof r);
   r.m = m;
+  r.sv = kv_score_variant_for(db, m);
   KV_RET(kv_check_model(m, &r.bt));
   kv_model_hash(m, r.bt, r.mh);
   memcpy(r.ctx, ctx, 16);

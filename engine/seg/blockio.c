@@ -23,7 +23,8 @@ kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
   if (memcmp(hdr->block_hash, hash, 16) != 0 || hdr->g.n_tokens != rec->n_tokens ||
       hdr->obj.total_bytes != rec->bytes ||
       (hdr->version >= 2) != ((rec->bflags & KV_BLK_COMPRESSED) != 0) ||
-      hdr->score_bits != kv_rec_score_bits(rec))
+      hdr->score_bits != kv_rec_score_bits(rec) ||
+      hdr->score_variant != kv_rec_score_variant(rec))
     return kv_fail(KVDB_CORRUPT,
                    "block %s in segment %" PRIu64 " at offset %" PRIu64
                    ": the object there is another block (stale location)",

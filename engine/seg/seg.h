@@ -233,4 +233,15 @@ kvdb_status kv_smart_dir_record(kvdb *db, kv_txn *txn);
 /* At close (kv_place_close): what kv_smart_dir_open made. */
 void kv_smart_dir_close(kvdb *db);
 
+/*
+ * kv_score_variant_for() - the variant of the score copies that blocks of model m written into
+ * db now carry: version 2 (KV_SCORE_COPY_CENTERED: centered and Hadamard-rotated, recall@10%
+ * at int4 0.96 against 0.84) when m's head_dim is a power of two and db has no SmartSSD tier;
+ * else version 1. The near-data scorers (fpga/: the HLS kernel and its emulation; the CUDA
+ * scorer) rank version-1 copies only: they have no rotation or center-bias unit, so a database
+ * with a SmartSSD tier keeps writing version-1 copies that its device can score (a version-2
+ * block that reaches that tier by a move is scored by the host: score_ctx.c). smartdir.c.
+ */
+unsigned kv_score_variant_for(kvdb *db, const kvdb_model *m);
+
 #endif

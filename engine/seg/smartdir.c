@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "catalog/catalog.h"
+#include "score.h"
 #include "seg.h"
 
 #define META_SMART_DIR "smartssd_dir"
@@ -197,4 +198,14 @@ void kv_smart_dir_close(kvdb *db)
   free(db->smart_rec);
   db->smart_own = db->smart_rec = NULL;
   db->smart_seen = 0;
+}
+
+unsigned kv_score_variant_for(kvdb *db, const kvdb_model *m)
+{
+  uint32_t d = m->head_dim;
+  if (m->score_bits == 0 || d == 0 || (d & (d - 1)) != 0)
+    return 0;
+  if (db->smart_own != NULL || atomic_load(&db->smart_dir) != NULL)
+    return 0; /* the near-data device scores version 1 only */
+  return KV_SCORE_COPY_CENTERED;
 }

@@ -353,6 +353,7 @@ class ContextInfo:
     tier: int
     config: str
     score_bits: int
+    score_versions: int = 0  # bit 0: version-1 score copies, bit 1: version 2
 
     @staticmethod
     def _of(c: _lib.ContextInfo) -> "ContextInfo":
@@ -360,7 +361,8 @@ class ContextInfo:
         name = lib.kvdb_config_name(ctypes.byref(c.config), buf, 64).decode()
         return ContextInfo(bytes(c.key.b), c.model_id.decode("utf-8", "replace"), c.n_tokens,
                            c.n_blocks, bool(c.explicit_key), c.bytes, c.created_unix_ms,
-                           c.last_access_unix_ms, c.in_dram_blocks, c.tier, name, c.score_bits)
+                           c.last_access_unix_ms, c.in_dram_blocks, c.tier, name, c.score_bits,
+                           c.score_versions)
 
 
 @dataclass(frozen=True)

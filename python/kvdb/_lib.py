@@ -87,7 +87,7 @@ class ContextInfo(Structure):
                 ("created_unix_ms", c_uint64), ("last_access_unix_ms", c_uint64),
                 ("in_dram_blocks", c_uint32), ("tier", c_uint32), ("config", Config),
                 ("has_profile", c_uint32), ("cached", c_uint32), ("frequency", c_double),
-                ("score_bits", c_uint32)]
+                ("score_bits", c_uint32), ("score_versions", c_uint32)]
 
 
 class TierStats(Structure):

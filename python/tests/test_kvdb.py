@@ -176,6 +176,8 @@ def test_score(db):
     assert len(pos) == 5 and np.all(np.diff(sc) <= 0)
     exact = k[1, :, 0].astype(np.float32) @ q
     assert pos[0] == int(np.argmax(exact))
+    # head_dim 16 and no SmartSSD tier: the blocks carry version-2 score copies
+    assert db.context_stat(info.context).score_versions == 2
 
 
 def test_errors_are_exceptions(db, tmp_path):

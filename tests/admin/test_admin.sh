@@ -132,10 +132,12 @@ S4=$(awk '$1 == "s4" { print $2 }' "$T/scored")
 expect 0 show "$DB5" "$S8"
 has '^model +test/tiny-llama-s8$'
 has '^score bits +8 \(int8 key copies for kvdb_score\)$'
+has '^score copies +version 2 \(centered, Hadamard-rotated\)$'
 expect 0 show "$DB5" "$S4"
 has '^score bits +4 \(int4 key copies for kvdb_score\)$'
 expect 0 show --json "$DB5" "$S8"
 pyjson 'd["context"]["score_bits"] == 8 and d["context"]["model"] == "test/tiny-llama-s8"'
+pyjson 'd["context"]["score_versions"] == 2'
 expect 0 ls --json "$DB5"
 pyjson 'sorted(c["score_bits"] for c in d["contexts"]) == [4, 8]'
 expect 0 info "$DB5"
@@ -220,9 +222,9 @@ for c in info ls show verify compact; do
 done
 expect 0 verify --help "$DB"
 expect 0 --version
-has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 5\)$'
+has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 6\)$'
 expect 0 --version --json
-pyjson 'd["command"] == "version" and d["format_version"] == 5 and "libkvdb" in d'
+pyjson 'd["command"] == "version" and d["format_version"] == 6 and "libkvdb" in d'
 
 # ---- errors: exit 1, "kvdb-admin: STATUS: message"; nothing is ever created
 expect 1 info "$T/nope"

@@ -93,7 +93,7 @@ static void check_score_region(const kv_block_hdr *h, uint8_t *buf, size_t len, 
     return;
   }
   kv_sregion r;
-  if (kv_sregion_init(&r, &h->g, h->score_bits) != KVDB_OK || r.bytes != h->score_bytes ||
+  if (kv_sregion_init(&r, &h->g, h->score_bits, h->score_variant) != KVDB_OK || r.bytes != h->score_bytes ||
       h->score_off != (uint64_t)h->obj.meta_bytes + h->obj.data_bytes ||
       h->obj.total_bytes != h->score_off + h->score_bytes || h->score_off % KV_PAGE != 0)
     abort(); /* right after the data, as big as the shape says */
@@ -259,7 +259,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   uint32_t tok_end = g->tokens_off + 4 * g->n_tokens;
   memcpy(again + tok_end, buf + tok_end, g->sectab_off - tok_end);
   if (h.score_bits != 0)
-    kv_block_mark_score(again, h.score_bits, h.score_off);
+    kv_block_mark_score(again, h.score_bits, h.score_variant, h.score_off);
   kv_put_le64(again + 104, XXH3_64bits(again + g->tokens_off, g->cksum_off - g->tokens_off));
   fix_header_checksum(again);
   if (memcmp(again, buf, kv_block_cksum_off(g, g->n_sections, 0)) != 0)

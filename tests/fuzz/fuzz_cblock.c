@@ -156,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   uint32_t tok_end = g->tokens_off + 4 * g->n_tokens;
   memcpy(again + tok_end, buf + tok_end, l->sectab_off - tok_end);
   if (h.score_bits != 0) /* a score region follows (fuzz_block checks it) */
-    kv_block_mark_score(again, h.score_bits, h.score_off);
+    kv_block_mark_score(again, h.score_bits, h.score_variant, h.score_off);
   kv_put_le64(again + 104, XXH3_64bits(again + g->tokens_off, l->pcks_end - g->tokens_off));
   fix_header_checksum(again);
   if (memcmp(again, buf, l->pcks_end) != 0)

@@ -78,10 +78,11 @@ static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, u
 
 /* The block of make_block() with a score region of `bits` appended (FORMAT.md §3c): copies of
  * small synthetic keys (not the block's bytes), sealed with the block's hash, header marked. */
-static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned bits, size_t *len)
+static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned bits,
+                                  unsigned variant, size_t *len)
 {
   kv_sregion r;
-  if (kv_sregion_init(&r, g, bits) != KVDB_OK) {
+  if (kv_sregion_init(&r, g, bits, variant) != KVDB_OK) {
     fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
     exit(1);
   }
@@ -95,16 +96,17 @@ static uint8_t *with_score_region(uint8_t *b, const kv_block_geom *g, unsigned b
   for (uint32_t c = 0; c < r.n_copies; c++) {
     for (uint32_t i = 0; i < g->n_tokens * g->head_dim; i++)
       rows[i] = kv_score_f32_to_f16((float)((int)((i * 37 + c * 11) % 29) - 14) * 0.125f);
-    if (kv_score_copy_encode(KV_SCORE_F16, rows, (size_t)g->head_dim * 2, g->n_tokens,
-                             g->head_dim, bits, o + g->total_bytes + kv_sregion_copy_off(&r, c),
-                             (size_t)r.copy_bytes, NULL, NULL) != KV_SCORE_OK) {
+    if (kv_score_copy_encode_v(KV_SCORE_F16, rows, (size_t)g->head_dim * 2, g->n_tokens,
+                               g->head_dim, bits, variant,
+                               o + g->total_bytes + kv_sregion_copy_off(&r, c),
+                               (size_t)r.copy_bytes, NULL, NULL) != KV_SCORE_OK) {
       fprintf(stderr, "make_seeds: score copy\n");
       exit(1);
     }
   }
   free(rows);
   kv_sregion_seal(&r, h, o + g->total_bytes);
-  kv_block_mark_score(o, bits, g->total_bytes);
+  kv_block_mark_score(o, bits, variant, g->total_bytes);
   *len = g->total_bytes + r.bytes;
   return o;
 }
@@ -114,15 +116,23 @@ static void score_seeds(void)
   kv_block_geom g;
   uint8_t f0 = 0, fscore = 0x10;
   size_t len;
-  uint8_t *b = with_score_region(make_block(1, 2, 128, KVDB_F16, 32, 20, &g), &g, 8, &len);
+  uint8_t *b = with_score_region(make_block(1, 2, 128, KVDB_F16, 32, 20, &g), &g, 8, 0, &len);
   put_file("block", "score8_paged_f16.bin", &f0, 1, b, len);
   put_file("block", "score8_table_only.bin", &f0, 1, b, g.total_bytes + KV_PAGE);
   b[g.total_bytes + KV_PAGE + 4096 + 9] ^= 0x20; /* a code byte of copy 0 */
   put_file("block", "score8_bad_copy.bin", &f0, 1, b, len);
   put_file("block", "score8_bad_copy_fix.bin", &fscore, 1, b, len);
   free(b);
-  b = with_score_region(make_block(2, 1, 16, KVDB_F16, 16, 5, &g), &g, 4, &len);
+  b = with_score_region(make_block(2, 1, 16, KVDB_F16, 16, 5, &g), &g, 4, 0, &len);
   put_file("block", "score4_packed_f16.bin", &f0, 1, b, len);
+  free(b);
+  /* version-2 (centered, rotated) copies: header byte 79 = 2, table version 2 */
+  b = with_score_region(make_block(1, 2, 128, KVDB_F16, 32, 20, &g), &g, 4, KV_SCORE_COPY_CENTERED,
+                        &len);
+  put_file("block", "score4v2_paged_f16.bin", &f0, 1, b, len);
+  b[g.total_bytes + KV_PAGE + 64 + 4 * 20 + 60] ^= 0x11; /* a center code of copy 0 */
+  put_file("block", "score4v2_bad_center.bin", &f0, 1, b, len);
+  put_file("block", "score4v2_bad_center_fix.bin", &fscore, 1, b, len);
   free(b);
 }
 

@@ -296,6 +296,74 @@ static void test_page_groups(void)
   t_rmdir(rdir);
 }
 
+/* kvdb_decode_opts.cold_share_permille: a cold budget of whole page groups, the rest of the k
+ * from DRAM past the top k: k distinct positions, each a pick, in a pick's group or among the
+ * ranking's top 4k; rows exact; the stats count the top k and the part of it returned. */
+static void test_cold_budget(void)
+{
+  char *dir = t_tmpdir("decode-cb"), *rdir = t_tmpdir("decode-cb-ref");
+  kvdb *db, *ref;
+  ASSERT_OK(kvdb_open(dir, NULL, &db));
+  ASSERT_OK(kvdb_open(rdir, NULL, &ref));
+  uint32_t tok[400];
+  make_tokens(tok, 400, 37);
+  kvdb_put_info pi, rp;
+  t_put_kv(db, &M, tok, 400, &pi);
+  t_put_kv(ref, &M, tok, 400, &rp);
+  kvdb_decode_opts o;
+  kvdb_decode_opts_init(&o);
+  o.recent_tokens = 8;
+  o.hot_tokens = 32;
+  o.fetch_device = KVDB_SCORE_CPU;
+  o.cold_share_permille = 1000; /* without the flag: refused */
+  kvdb_decode *s;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  ASSERT_MSG_HAS("cold_share_permille");
+  o.flags = KVDB_DECODE_PAGE_GROUPS;
+  o.cold_share_permille = 1001;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  o.cold_share_permille = 1000; /* 12 rows: a group whose cold rows fit */
+  ASSERT_OK(kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+  float q[NQ * 32];
+  uint32_t pos[2 * 2 * K];
+  uint64_t selects = 0;
+  for (int step = 0; step < 8; step++) {
+    make_query(q, 700 + (uint64_t)(step / 2));
+    for (uint32_t l = 0; l < M.n_layers; l++) {
+      uint32_t *p = pos + l * 2 * K;
+      ASSERT_OK(kvdb_decode_select(s, 0, l, q, KVDB_F32, NQ, K, p, NULL));
+      selects++;
+      for (uint32_t h = 0; h < 2; h++) {
+        uint32_t ex[4 * K];
+        kvdb_score_req r = {l, h, q + h * 2 * 32, 2, 4 * K, ex, NULL};
+        ASSERT_OK(kvdb_score_batch(ref, &M, &rp.context, KVDB_F32, &r, 1, NULL, NULL));
+        const uint32_t *ph = p + h * K;
+        for (uint32_t i = 0; i < K; i++) {
+          for (uint32_t j = 0; j < i; j++)
+            ASSERT(ph[i] != ph[j]); /* distinct */
+          int ok = 0; /* a pick, in the group of a pick, or ranked in the top 4k */
+          for (uint32_t e = 0; e < K; e++)
+            ok |= ex[e] == ph[i] || ex[e] / 16 == ph[i] / 16;
+          for (uint32_t e = K; e < 4 * K; e++)
+            ok |= ex[e] == ph[i];
+          ASSERT(ok);
+        }
+      }
+    }
+    check_fetch(s, 0, tok, pos);
+  }
+  kvdb_decode_stats st;
+  ASSERT_OK(kvdb_decode_stat(s, &st));
+  ASSERT_EQ(st.top_k, selects * 2 * K);
+  ASSERT(st.top_k_returned > 0 && st.top_k_returned <= st.top_k);
+  ASSERT(st.hot_hits > 0 && st.cold_reads > 0);
+  kvdb_decode_close(s);
+  kvdb_close(db);
+  kvdb_close(ref);
+  t_rmdir(dir);
+  t_rmdir(rdir);
+}
+
 static void test_bad_input(void)
 {
   char *dir = t_tmpdir("decode-bad");
@@ -372,6 +440,7 @@ int main(void)
   test_select_fetch();
   test_two_contexts_device();
   test_page_groups();
+  test_cold_budget();
   test_bad_input();
   printf("test_decode: ok\n");
   return 0;

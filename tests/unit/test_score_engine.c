@@ -39,11 +39,16 @@ static const kvdb_model M0 = {"score0-plain", 2, 2, 64, KVDB_F16, 16, 0};  /* no
 
 #define N_TOK 300u
 
+/* smartssd_bytes of the databases t_open opens: with a SmartSSD tier the engine writes
+ * version-1 score copies (the near-data device's), without one version 2 */
+static uint64_t g_smart_bytes;
+
 static kvdb *t_open(const char *dir, uint64_t dram, uint32_t flags)
 {
   kvdb_options o;
   kvdb_options_init(&o);
   o.dram_bytes = dram;
+  o.smartssd_bytes = g_smart_bytes;
   o.log_level = -1;
   o.flags |= flags;
   kvdb *db;
@@ -89,6 +94,24 @@ static void make_ctx(ctx *c, const kvdb_model *m, uint64_t seed)
       }
 }
 
+/* The variant of the score copies the engine wrote (kvdb_context_info.score_versions): the
+ * brute force below encodes the same. */
+static unsigned g_variant;
+static uint32_t g_v1_blocks; /* leading blocks of version-1 copies whatever g_variant says */
+
+static unsigned variant_of(kvdb *db, const kvdb_key *key)
+{
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, key, &ci));
+  ASSERT(ci.score_versions == 1 || ci.score_versions == 2);
+  if (ci.score_versions == 2) { /* the database says so: builds before format 6 refuse it */
+    kvdb_stats st;
+    ASSERT_OK(kvdb_stat(db, &st));
+    ASSERT_EQ(st.format_version, 6);
+  }
+  return ci.score_versions == 2 ? KV_SCORE_COPY_CENTERED : 0;
+}
+
 static void put_ctx(kvdb *db, const kvdb_model *m, ctx *c, const kvdb_config *cfg)
 {
   kvdb_kv_view v;
@@ -100,6 +123,8 @@ static void put_ctx(kvdb *db, const kvdb_model *m, ctx *c, const kvdb_config *cf
   kvdb_put_info info;
   ASSERT_OK(kvdb_put_ex(db, m, c->tok, N_TOK, &v, &o, &info));
   c->key = info.context;
+  if (m->score_bits != 0 && g_v1_blocks == 0)
+    g_variant = variant_of(db, &c->key);
 }
 
 /* A query: n_q vectors of head_dim as f32, or the same rounded to f16. */
@@ -115,27 +140,32 @@ static void make_query(const kvdb_model *m, uint32_t n_q, uint64_t seed, float *
 }
 
 /* The brute-force top k of (layer, head): all of the context's keys as stored (keys[] packed
- * LKTHD, n tokens), quantized whole at the model's bits, every score, a full sort. */
+ * LKTHD, n tokens), quantized block by block (a version-2 copy is centered per block) at the
+ * model's bits and the engine's variant (g_variant), every score, a full sort. */
 static void brute(const kvdb_model *m, const uint16_t *keys, uint32_t layer, uint32_t head,
                   const void *q, kv_score_dtype qd, uint32_t n_q, kv_score_combine comb,
                   uint32_t k, uint32_t *pos, float *sc)
 {
-  const uint32_t H = m->n_kv_heads, D = m->head_dim;
+  const uint32_t H = m->n_kv_heads, D = m->head_dim, BT = m->block_tokens;
   kv_score_layout l;
-  ASSERT(kv_score_layout_init(&l, N_TOK, D, m->score_bits, NULL) == KV_SCORE_OK);
+  ASSERT(kv_score_layout_init_v(&l, BT, D, m->score_bits, g_variant, NULL) == KV_SCORE_OK);
   uint8_t *copy = aligned_alloc(4096, l.total_bytes);
   ASSERT(copy != NULL);
-  size_t len = 0;
-  const uint16_t *rows = keys + ((size_t)layer * 2 * N_TOK * H + head) * D;
-  ASSERT(kv_score_copy_encode(KV_SCORE_F16, rows, (size_t)H * D * 2, N_TOK, D, m->score_bits,
-                              copy, l.total_bytes, &len, NULL) == KV_SCORE_OK);
-  kv_score_view v;
-  ASSERT(kv_score_copy_parse(copy, len, &v, NULL) == KV_SCORE_OK);
   kv_score_query *kq;
   ASSERT(kv_score_query_create(qd, q, n_q, D, (size_t)D * kv_score_dtype_bytes(qd), comb, &kq,
                                NULL) == KV_SCORE_OK);
   float all[N_TOK];
-  ASSERT(kv_score_tokens(kq, &v, 0, N_TOK, KV_SCORE_IMPL_PORTABLE, all, NULL) == KV_SCORE_OK);
+  for (uint32_t t0 = 0; t0 < N_TOK; t0 += BT) {
+    uint32_t n = N_TOK - t0 < BT ? N_TOK - t0 : BT;
+    size_t len = 0;
+    const uint16_t *rows = keys + ((size_t)layer * 2 * N_TOK * H + (size_t)t0 * H + head) * D;
+    unsigned var = t0 / BT < g_v1_blocks ? 0 : g_variant;
+    ASSERT(kv_score_copy_encode_v(KV_SCORE_F16, rows, (size_t)H * D * 2, n, D, m->score_bits,
+                                  var, copy, l.total_bytes, &len, NULL) == KV_SCORE_OK);
+    kv_score_view v;
+    ASSERT(kv_score_copy_parse(copy, len, &v, NULL) == KV_SCORE_OK);
+    ASSERT(kv_score_tokens(kq, &v, 0, n, KV_SCORE_IMPL_PORTABLE, all + t0, NULL) == KV_SCORE_OK);
+  }
   uint32_t idx[N_TOK];
   for (uint32_t i = 0; i < N_TOK; i++)
     idx[i] = i;
@@ -261,7 +291,8 @@ static void test_host_and_gqa(const kvdb_model *m)
   }
   kvdb_stats s;
   ASSERT_OK(kvdb_stat(db, &s));
-  ASSERT_EQ(s.format_version, 4); /* created at 4 (score regions are format 3) */
+  /* created at 4 (score regions are format 3); 6 once version-2 copies are written */
+  ASSERT_EQ(s.format_version, g_variant ? 6 : 4);
   free(keys);
   free(c.kv);
   kvdb_close(db);
@@ -303,13 +334,18 @@ static void test_tiers_and_reopen(void)
   o.host_share_permille = 0; /* the device scores every device-tier block (no APP split) */
   check_batch(db, m, &c, keys, &o, &st, 902);
   ASSERT_EQ(st.dram_copies, (uint64_t)in_dram * copies);
-  ASSERT_EQ(st.device_copies, (uint64_t)(nb - in_dram) * copies);
-  ASSERT_EQ(st.host_copies, 0);
-  ASSERT(st.device_bytes > 0 && st.device_to_host_bytes > 0 && st.host_bytes == 0);
+  if (g_variant != 0) { /* version-2 copies: the device ranks version 1 only, the host scores */
+    ASSERT_EQ(st.device_copies, 0);
+    ASSERT_EQ(st.host_copies, (uint64_t)(nb - in_dram) * copies);
+  } else {
+    ASSERT_EQ(st.device_copies, (uint64_t)(nb - in_dram) * copies);
+    ASSERT_EQ(st.host_copies, 0);
+    ASSERT(st.device_bytes > 0 && st.device_to_host_bytes > 0 && st.host_bytes == 0);
+  }
   o.device = KVDB_SCORE_NEAR_DATA; /* no XRT here: the emulation */
   o.combine = KVDB_SCORE_MAX;
   check_batch(db, m, &c, keys, &o, &st, 903);
-  ASSERT_EQ(st.device_copies, (uint64_t)(nb - in_dram) * copies);
+  ASSERT_EQ(st.device_copies, g_variant != 0 ? 0 : (uint64_t)(nb - in_dram) * copies);
   o.device_tiers = 0; /* the SmartSSD tier only: these blocks are on the SSD tier */
   check_batch(db, m, &c, keys, &o, &st, 904);
   ASSERT_EQ(st.device_copies, 0);
@@ -350,6 +386,63 @@ static void test_tiers_and_reopen(void)
   ASSERT(waitpid(pid, &status, 0) == pid);
   ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   free(keys);
+  free(c.kv);
+  t_rmdir(dir);
+}
+
+/* A database written before version-2 copies (here: by a handle with a SmartSSD tier, which
+ * writes version 1) keeps scoring its blocks with version 1; a longer context put later by a
+ * handle without that tier shares those blocks and adds version-2 ones: one context, both
+ * versions, scored together (each block by its own copy), checked by kvdb_verify, read by a
+ * second process. */
+static void test_mixed_versions(void)
+{
+  const kvdb_model *m = &M8;
+  char *dir = t_tmpdir("score");
+  kvdb_options o;
+  kvdb_options_init(&o);
+  o.log_level = -1;
+  o.smartssd_bytes = 64 << 20;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ctx c;
+  make_ctx(&c, m, 77);
+  const uint32_t n_old = 2 * m->block_tokens; /* two whole blocks: shared by the longer put */
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, c.kv, m, N_TOK, KVDB_LAYOUT_LKTHD));
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, m, c.tok, n_old, &v, &po, &info));
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
+  ASSERT_EQ(ci.score_versions, 1);
+  kvdb_close(db);
+  db = t_open(dir, 0, 0); /* no SmartSSD tier (none was recorded: no segment on it) */
+  ASSERT_OK(kvdb_put_ex(db, m, c.tok, N_TOK, &v, &po, &info));
+  c.key = info.context;
+  ASSERT_OK(kvdb_context_stat(db, &c.key, &ci));
+  ASSERT_EQ(ci.score_versions, 3); /* two old blocks of version 1, the rest version 2 */
+  g_v1_blocks = 2;
+  g_variant = KV_SCORE_COPY_CENTERED;
+  check_single(db, m, &c, c.kv);
+  kvdb_verify_report rep;
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &rep));
+  ASSERT_EQ(rep.problems, 0);
+  kvdb_close(db);
+  fflush(NULL);
+  pid_t pid = fork();
+  ASSERT(pid >= 0);
+  if (pid == 0) {
+    kvdb *db2 = t_open(dir, 0, KVDB_O_RDONLY);
+    check_single(db2, m, &c, c.kv);
+    kvdb_close(db2);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT(waitpid(pid, &status, 0) == pid);
+  ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  g_v1_blocks = 0;
   free(c.kv);
   t_rmdir(dir);
 }
@@ -580,7 +673,8 @@ static void test_corrupt_copy(void)
   ASSERT_OK(kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype,
                                m->block_tokens, m->block_tokens));
   kv_sregion r;
-  ASSERT_OK(kv_sregion_init(&r, &g, m->score_bits));
+  ASSERT_EQ(g_variant, KV_SCORE_COPY_CENTERED); /* a version-2 copy */
+  ASSERT_OK(kv_sregion_init(&r, &g, m->score_bits, g_variant));
   /* a code byte of copy 3 (layer 1, head 1) of block 0 */
   flip_byte(path, off + (long)kv_sregion_copy_off(&r, 3) + (long)r.layout.meta_bytes + 5);
 
@@ -632,7 +726,7 @@ static void test_get_reads(void)
     uint32_t n = b + 1 < n_blocks(m) ? m->block_tokens : N_TOK - b * m->block_tokens;
     ASSERT_OK(kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype,
                                  m->block_tokens, n));
-    regions += kv_score_region_bytes(&g, m->score_bits);
+    regions += kv_score_region_bytes(&g, m->score_bits, g_variant);
   }
   ASSERT(regions > 0);
   kvdb_stats s0, s1;
@@ -776,7 +870,13 @@ int main(void)
   test_host_and_gqa(&M8);
   kv_score_wave_bytes = 64 << 10; /* many small waves of host reads from here on */
   test_host_and_gqa(&M4);
+  test_tiers_and_reopen(); /* version-2 copies (no SmartSSD tier), a second process reads them */
+  ASSERT_EQ(g_variant, KV_SCORE_COPY_CENTERED);
+  g_smart_bytes = 256 << 20; /* the same with version-1 copies: the device scores the SSD tier */
   test_tiers_and_reopen();
+  ASSERT_EQ(g_variant, 0);
+  g_smart_bytes = 0;
+  test_mixed_versions();
   test_compaction();
   test_smartssd();
   test_threads();

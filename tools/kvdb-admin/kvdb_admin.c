@@ -261,7 +261,19 @@ static void json_context(jw *j, const char *key, const kvdb_context_info *ci)
   jw_str(j, "config", kvdb_config_name(&ci->config, cfg, sizeof cfg));
   jw_bool(j, "has_profile", ci->has_profile != 0);
   jw_u64(j, "score_bits", ci->score_bits);
+  jw_u64(j, "score_versions", ci->score_versions); /* bit 0: version 1, bit 1: version 2 */
   jw_end(j);
+}
+
+/* "version 2 (centered, rotated)", "version 1", "versions 1 and 2", or "none". */
+static const char *score_versions_text(uint32_t v, char *buf, size_t cap)
+{
+  snprintf(buf, cap, "%s",
+           v == 1   ? "version 1 (plain)"
+           : v == 2 ? "version 2 (centered, Hadamard-rotated)"
+           : v == 3 ? "versions 1 (older blocks) and 2"
+                    : "none");
+  return buf;
 }
 
 /* "8 (int8 key copies for kvdb_score)" or "0 (none)". */
@@ -804,6 +816,8 @@ static int cmd_show(const cli *c)
   char nm[48];
   kv_line("config", "%s", kvdb_config_name(&ci.config, nm, sizeof nm));
   kv_line("score bits", "%s", score_text(ci.score_bits, b, sizeof b));
+  if (ci.score_bits != 0)
+    kv_line("score copies", "%s", score_versions_text(ci.score_versions, b, sizeof b));
   if (n_prof == 0) {
     kv_line("profile", "none (kvdb_put_ex with KVDB_PUT_PROFILE, or kvdb_profile)");
     return finish(&r, EXIT_OKAY);
