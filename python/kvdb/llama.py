@@ -274,7 +274,8 @@ class Llama:
 
     def __init__(self, gguf_path: str, n_ctx: int = 4096, n_threads: Optional[int] = None,
                  flash_attn: bool = False, type_k: int = GGML_TYPE_F16,
-                 type_v: int = GGML_TYPE_F16, quiet: bool = True):
+                 type_v: int = GGML_TYPE_F16, quiet: bool = True,
+                 n_ubatch: Optional[int] = None):
         import llama_cpp as lc
         self.lc = lc
         if quiet:
@@ -289,7 +290,9 @@ class Llama:
             raise RuntimeError(f"llama.cpp could not load {gguf_path}")
         cp = lc.llama_context_default_params()
         cp.n_ctx = n_ctx
-        cp.n_batch = n_ctx
+        cp.n_batch = n_ctx  # a prompt is one llama_decode call
+        if n_ubatch:
+            cp.n_ubatch = n_ubatch
         cp.n_seq_max = 1
         nt = n_threads or min(4, os.cpu_count() or 1)  # 2 here
         cp.n_threads = nt
@@ -310,6 +313,10 @@ class Llama:
                              lc.llama_model_n_embd(self.model) // n_head)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_ctx = n_ctx
+        self.n_batch = lc.llama_n_batch(self.ctx)  # n_ctx
+        self.n_ubatch = lc.llama_n_ubatch(self.ctx)
+        self.flash_attn = flash_attn
+        self.n_threads = nt
         self.n_past = 0
 
     def close(self) -> None:
@@ -357,7 +364,8 @@ class Llama:
         self.n_past = n
 
     def decode(self, tokens: Sequence[int]) -> np.ndarray:
-        """Decode tokens at positions n_past.. in one batch; the last token's logits (a copy)."""
+        """Decode tokens at positions n_past.. in one batch (llama.cpp splits it into ubatches
+        of n_ubatch tokens); the last token's logits (a copy)."""
         n = len(tokens)
         if n == 0:
             raise ValueError("decode: no tokens")

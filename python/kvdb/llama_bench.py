@@ -10,7 +10,10 @@
 2. TTFT of SmolLM2 through llama.cpp with kvdb at 25/50/75/90/99% prefix hit on prompts of
    ~2,000 tokens against a full prefill of the same prompt, in the same run: ttft_ratio_hitNN =
    TTFT with kvdb / TTFT without (median of the repetitions); the greedy continuations of both
-   compared (continuations_identical, n_prompts).
+   compared (continuations_identical, n_prompts). Beside them the oracle, a restore that costs
+   nothing (ttft_oracle_ratio_hitNN: the lower bound of any prefix cache with the same
+   llama.cpp settings), kvdb's restore alone (restore_ms_hitNN) and the same ratios in process
+   CPU time (ttft_cpu_ratio_hitNN, ttft_oracle_cpu_ratio_hitNN; steadier on a shared machine).
 Figures print as text; with --json, lines '@json NAME VALUE' carry them to kvdb-bench (or one
 JSON object is printed last when run alone).
 """
@@ -24,7 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -79,10 +82,23 @@ def put_get(dirpath: Path, n_ctx: int, get_db: Optional[Path] = None) -> Dict[st
     return {"bytes": total, "put_gbps": total / put_ns, "get_gbps": total / best}
 
 
-def ttft_curve(quick: bool, dirpath: Path) -> Dict[str, object]:
+def ttft_curve(quick: bool, dirpath: Path, flash_attn: bool = False,
+               n_ubatch: Optional[int] = None, n_threads: Optional[int] = None,
+               hits: Sequence[int] = (25, 50, 75, 90, 99), reps: Optional[int] = None
+               ) -> Dict[str, object]:
+    """TTFT at each hit percentage (a prompt whose first pct% tokens are a stored document's
+    first tokens), per repetition three ways on the same prompt, one after the other: by a full
+    prefill; the oracle -- the prefix's KV already in llama.cpp's context at no cost (the full
+    prefill's own cells, llama_memory_seq_rm of the tail) and only the rest decoded: the lower
+    bound of any prefix cache with these settings; and with kvdb (restore = lookup + get +
+    llama_state_seq_set_data into a cleared sequence, then decode the rest). The prefix is put
+    into kvdb (untimed) from the first full prefill's cells. Every way uses the same
+    context (flash attention, n_ubatch, threads). Wall-clock and process CPU time (all of
+    llama.cpp's threads) are both reported: on a shared machine CPU time is the steadier one."""
     from kvdb import llama as kl
     from kvdb import llama_run as lr
-    llm = kl.Llama(kl.smollm2_path(), n_ctx=4096)
+    llm = kl.Llama(kl.smollm2_path(), n_ctx=4096, flash_attn=flash_attn, n_ubatch=n_ubatch,
+                   n_threads=n_threads)
     cdir = lr.corpus_dir()
     if cdir is None:
         raise FileNotFoundError("the Canterbury corpus was not found")
@@ -92,38 +108,86 @@ def ttft_curve(quick: bool, dirpath: Path) -> Dict[str, object]:
     head = llm.tokenize(f"<|im_start|>system\n{lr.SYSTEM}<|im_end|>\n<|im_start|>user\n")
     doc = (head + llm.tokenize(doc_text))[:target]
     other = llm.tokenize(other_text)
-    reps = 1 if quick else 3
-    res: Dict[str, object] = {"prompt_tokens": len(doc)}
-    ident = n = 0
+    reps = reps or (1 if quick else 3)
+    print(f"  llama.cpp context: flash attention {'on' if llm.flash_attn else 'off'} (V "
+          f"{'transposed' if llm.v_trans else 'in rows'}), n_batch {llm.n_batch}, n_ubatch "
+          f"{llm.n_ubatch}, {llm.n_threads} threads; {reps} repetition(s), medians", flush=True)
+    res: Dict[str, object] = {"prompt_tokens": len(doc), "flash_attn": llm.flash_attn,
+                              "n_ubatch": llm.n_ubatch, "n_threads": llm.n_threads}
+    ident = ident_o = n = 0
+    wall, cpu = time.perf_counter, time.process_time
     with kvdb.open(dirpath) as db:
         cache = kl.LlamaPrefixCache(db, llm)
-        llm.clear()
-        llm.decode(doc)
-        cache.store(doc)
-        for pct in (25, 50, 75, 90, 99):
+        for pct in hits:
             h = len(doc) * pct // 100
             prompt = doc[:h] + other[: len(doc) - h]
-            tk, tf = [], []
-            for _ in range(reps):
-                t_k, hit, a_k, _ = lr.answer(llm, cache, prompt, gen=8)
-                t_f, _, a_f, _ = lr.answer(llm, None, prompt, gen=8)
+            t: Dict[str, List[float]] = {k: [] for k in ("kvdb", "restore", "full", "oracle",
+                                                          "c_kvdb", "c_full", "c_oracle")}
+            for rep in range(reps):
+                llm.clear()                                 # full prefill
+                c0, t0 = cpu(), wall()
+                lg = llm.decode(prompt)
+                t["full"].append(wall() - t0)
+                t["c_full"].append(cpu() - c0)
+                a_f, _ = llm.greedy(lg, 8)
+                llm.truncate(h)                             # the context holds prompt[:h] now
+                if rep == 0 and cache.db.lookup(cache.model, prompt[:h]) < h:
+                    cache.store(prompt[:h])                 # (untimed) what kvdb will restore
+                c0, t0 = cpu(), wall()                      # oracle: the prefix is already there
+                lg = llm.decode(prompt[h:])
+                t["oracle"].append(wall() - t0)
+                t["c_oracle"].append(cpu() - c0)
+                a_o, _ = llm.greedy(lg, 8)
+                c0, t0 = cpu(), wall()                      # with kvdb (restore clears first)
+                hit = cache.restore(prompt)
+                t1 = wall()
+                lg = llm.decode(prompt[hit:])
+                t["kvdb"].append(wall() - t0)
+                t["c_kvdb"].append(cpu() - c0)
+                t["restore"].append(t1 - t0)
+                a_k, _ = llm.greedy(lg, 8)
                 if hit != h:
                     raise RuntimeError(f"hit {hit}, expected {h}")
-                tk.append(t_k)
-                tf.append(t_f)
                 n += 1
                 ident += a_k == a_f
-            mk, mf = statistics.median(tk), statistics.median(tf)
-            res[f"ttft_ratio_hit{pct}"] = mk / mf
-            res[f"ttft_ms_hit{pct}"] = mk * 1000
-            res[f"ttft_full_ms_hit{pct}"] = mf * 1000
-            print(f"  hit {pct:2d}% ({h} of {len(doc)} tokens): TTFT {mk * 1000:7.1f} ms with kvdb, "
-                  f"{mf * 1000:7.1f} ms full prefill: ratio {mk / mf:.3f} ({mf / mk:.1f}x)",
-                  flush=True)
+                ident_o += a_o == a_f
+            m = {k: statistics.median(v) for k, v in t.items()}
+            r, ro = m["kvdb"] / m["full"], m["oracle"] / m["full"]
+            res[f"ttft_ratio_hit{pct}"] = r
+            res[f"ttft_oracle_ratio_hit{pct}"] = ro
+            res[f"ttft_cpu_ratio_hit{pct}"] = m["c_kvdb"] / m["c_full"]
+            res[f"ttft_oracle_cpu_ratio_hit{pct}"] = m["c_oracle"] / m["c_full"]
+            res[f"ttft_ms_hit{pct}"] = m["kvdb"] * 1000
+            res[f"ttft_full_ms_hit{pct}"] = m["full"] * 1000
+            res[f"ttft_oracle_ms_hit{pct}"] = m["oracle"] * 1000
+            res[f"restore_ms_hit{pct}"] = m["restore"] * 1000
+            for k in ("kvdb", "full", "oracle"):
+                res[f"cpu_ms_{k}_hit{pct}"] = m["c_" + k] * 1000
+            print(f"  hit {pct:2d}% ({h} of {len(doc)} tokens): TTFT {m['kvdb'] * 1000:7.1f} ms "
+                  f"with kvdb (restore {m['restore'] * 1000:.1f}), {m['full'] * 1000:7.1f} ms full "
+                  f"prefill: ratio {r:.3f} ({1 / r:.1f}x); oracle (prefix already cached, free) "
+                  f"{m['oracle'] * 1000:7.1f} ms: ratio {ro:.3f}; CPU-time ratios "
+                  f"{res[f'ttft_cpu_ratio_hit{pct}']:.3f} / oracle "
+                  f"{res[f'ttft_oracle_cpu_ratio_hit{pct}']:.3f} (CPU {m['c_kvdb']:.1f} / "
+                  f"{m['c_full']:.1f} / {m['c_oracle']:.1f} s)", flush=True)
     llm.close()
     res["continuations_identical"] = ident == n
+    res["oracle_continuations_identical"] = ident_o == n
     res["n_prompts"] = n
     return res
+
+
+def design_args(args) -> Dict[str, object]:
+    """The llama.cpp context settings the command line chose (None: the defaults)."""
+    out: Dict[str, object] = {}
+    if getattr(args, "flash_attn", None) is not None:
+        out["flash_attn"] = args.flash_attn == "on"
+    for k in ("n_ubatch", "n_threads", "reps"):
+        if getattr(args, k, None):
+            out[k] = getattr(args, k)
+    if getattr(args, "hits", None):
+        out["hits"] = [int(x) for x in args.hits.split(",")]
+    return out
 
 
 def main(args) -> int:
@@ -154,7 +218,7 @@ def main(args) -> int:
             fields["llama_skipped"] = str(e)
           else:
             print("TTFT of SmolLM2-135M (llama.cpp) with kvdb vs a full prefill:", flush=True)
-            fields.update(ttft_curve(quick, base / "ttft"))
+            fields.update(ttft_curve(quick, base / "ttft", **design_args(args)))
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)

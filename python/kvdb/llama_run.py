@@ -230,6 +230,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.add_argument("--get-db", default=None,
                    help="get from this database (kvdb-bench llama's C side wrote it) instead "
                         "of the one the Python put wrote, so both sides read the same files")
+    a.add_argument("--flash-attn", choices=("on", "off"), default=None,
+                   help="llama.cpp's flash attention for the TTFT part (default: off)")
+    a.add_argument("--n-ubatch", type=int, default=None, help="llama.cpp's n_ubatch")
+    a.add_argument("--n-threads", type=int, default=None, help="llama.cpp's threads")
+    a.add_argument("--hits", default=None, help="hit percentages, e.g. 90 (default 25,50,75,90,99)")
+    a.add_argument("--reps", type=int, default=None, help="repetitions per hit (default 3, quick 1)")
     args = ap.parse_args(argv)
     if args.cmd == "ingest":
         return cmd_ingest(args)

@@ -141,6 +141,46 @@ def test_built_state_equals_llamas_own_bytes(tmp_path, flash_attn):
         m.close()
 
 
+def test_flash_attn_restore_continuations(tmp_path):
+    """Flash attention on (V stored in rows, not transposed): a prefix stored from the sequence
+    and restored from kvdb continues token for token and logit for logit as after restoring
+    llama.cpp's own state of it, and greedily as a full prefill (or a near-tie)."""
+    m = kl.Llama(GGUF, n_ctx=1024, flash_attn=True)
+    try:
+        assert not m.v_trans
+        P = lr.Prompts(m, CHARS)
+        with kvdb.open(tmp_path / "db") as db:
+            cache = kl.LlamaPrefixCache(db, m)
+            for di in (0, 1):
+                doc = P.docs[di][1]
+                m.clear()
+                m.decode(doc)
+                own = m.state_bytes()
+                assert kl.parse_seq_state(own, m.shape).v_trans is False
+                cache.store(doc)
+                for q in lr.QUESTIONS_NEW[:2]:
+                    prompt = doc + P.question(q)
+                    _, h, toks_k, steps_k = lr.answer(m, cache, prompt)
+                    assert h == len(doc)
+                    m.clear()
+                    m.set_state_bytes(own, len(doc))
+                    toks_o, steps_o = m.greedy(m.decode(prompt[h:]), lr.GEN_TOKENS)
+                    assert toks_k == toks_o
+                    for a, b in zip(steps_k, steps_o):
+                        assert np.array_equal(a, b), float(np.max(np.abs(a - b)))
+                    _, _, toks_f, steps_f = lr.answer(m, None, prompt)
+                    diff = float(np.max(np.abs(steps_f[0] - steps_k[0])))
+                    print(f"flash attention, doc {di}, {q!r}: greedy "
+                          f"{'identical' if toks_f == toks_k else 'differs'}, first-position "
+                          f"logit diff {diff:.4g}")
+                    if toks_f != toks_k:
+                        i = next(j for j, (x, y) in enumerate(zip(toks_f, toks_k)) if x != y)
+                        top = np.sort(steps_f[i])[-2:]
+                        assert top[1] - top[0] <= 2 * diff + 1e-3, top
+    finally:
+        m.close()
+
+
 def test_unknown_layouts_refused(llm, tmp_path):
     toks = llm.tokenize("<|im_start|>user\nHello there, how are you?")
     llm.clear()
