@@ -139,9 +139,13 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     kv_clear_error(); /* only a hint: the placement after the put decides */
   }
   uint64_t t_start = kv_place_now_ns();
-  rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, info, ctx);
+  kv_place_put pst;
+  kv_put_hook hook;
+  int hooked = kv_place_put_hook(db, &pst, &hook); /* placement on: joins the put's commit */
+  rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, hooked ? &hook : NULL,
+                      info, ctx);
   if (rc == KVDB_OK)
-    kv_place_after_put(db, ctx); /* placement on: place it (Algorithm 1) */
+    kv_place_after_put(db, ctx, hooked ? &pst : NULL); /* placement on: place it */
   kv_lat_note(db, KV_LAT_PUT, kv_place_now_ns() - t_start);
 out:
   free(profile);
