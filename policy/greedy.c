@@ -1570,6 +1570,45 @@ static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *
   memcpy(mv, tmp, n * sizeof *mv);
 }
 
+/* Stability of a stored context's config (not Algorithm 1's, which is kept as written): a
+ * context the placement keeps on its persistent tier keeps its stored config when the config
+ * chosen beats it there (same tier, same DRAM flag) by no more than POL_MARGIN of its utility
+ * and keeping it fits every tier. A re-encoding is a write and a sync (kv_relocate); a put's
+ * full run re-encoded every context it took out of the DRAM tier (lossless while cached,
+ * int8 after: 4.4e-6 of their utilities, 27 relocations per run at 1,000 contexts, most of a
+ * placed put's cost in `kvdb-bench policy` part 6). */
+static void keep_configs(const pol_model *m, kv_policy_place *place)
+{
+  if (m->p->rule == KV_POLICY_LEAST_DROP)
+    return;
+  uint64_t used[KV_POLICY_MAX_TIERS] = {0};
+  for (size_t i = 0; i < m->n; i++)
+    pol_use(m, &m->ctx[i], &place[i], used, +1);
+  for (size_t i = 0; i < m->n; i++) {
+    const kv_policy_context *c = &m->ctx[i];
+    kv_policy_place p = place[i], keep = p;
+    if (c->current.tier == KV_POLICY_NONE || p.tier != c->current.tier ||
+        p.option == c->current.option)
+      continue;
+    keep.option = c->current.option;
+    double up = pol_util_place(m, c, &p), uk = pol_util_place(m, c, &keep);
+    if (!(uk >= up - POL_MARGIN * fabs(up)))
+      continue;
+    uint64_t a[KV_POLICY_MAX_TIERS] = {0}, b[KV_POLICY_MAX_TIERS] = {0};
+    pol_use(m, c, &p, a, +1);
+    pol_use(m, c, &keep, b, +1);
+    int ok = 1;
+    for (uint32_t t = 0; t < m->T && ok; t++)
+      ok = b[t] <= a[t] || m->cap[t] == KV_POLICY_UNLIMITED ||
+           (used[t] - a[t] <= m->cap[t] && b[t] <= m->cap[t] - (used[t] - a[t]));
+    if (!ok)
+      continue;
+    for (uint32_t t = 0; t < m->T; t++)
+      used[t] = used[t] - a[t] + b[t];
+    place[i] = keep;
+  }
+}
+
 static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
                              kv_policy_plan *plan, kv_policy_err *err)
 {
@@ -1585,6 +1624,7 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
     kv_policy_plan_free(plan);
     return st;
   }
+  keep_configs(m, plan->place);
   size_t n_moves = 0;
   double u_none = 0, moved_abs = 0; /* moved_abs: sum of |utility before| of the moved stored
                                        ones */

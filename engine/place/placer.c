@@ -1125,6 +1125,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
   }
   if (rc == KVDB_OK && in.n == 1) {
     in.pc[0].options = &in.opt[in.meta[0].opt0];
+    in.pc[0].current = kv_policy_place_none(); /* not written yet: no stored config to keep */
     for (uint32_t t = 0; t < in.n_tiers; t++)
       in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
     kv_policy_plan plan;
