@@ -140,9 +140,13 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     kv_clear_error(); /* only a hint: the placement after the put decides */
   }
   uint64_t t_start = kv_place_now_ns();
-  rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, info, ctx);
+  kv_place_put pst;
+  kv_put_hook hook;
+  int hooked = kv_place_put_hook(db, &pst, &hook); /* placement on: joins the put's commit */
+  rc = kv_put_context(db, m, bt, mh, tokens, n, kv, &cfg, q, profile, hooked ? &hook : NULL,
+                      info, ctx);
   if (rc == KVDB_OK)
-    kv_place_after_put(db, ctx); /* placement on: place it (Algorithm 1) */
+    kv_place_after_put(db, ctx, hooked ? &pst : NULL); /* placement on: place it */
   kv_lat_note(db, KV_LAT_PUT, kv_place_now_ns() - t_start);
 out:
   free(profile);
@@ -158,6 +162,13 @@ static char *dup_printf(const char *a, const char *b)
   if (s != NULL)
     snprintf(s, n, "%s%s", a, b);
   return s;
+}
+
+/* A remote hit copied to the local store (rtier.c) is placed like a put made without the put's
+ * hook: its access counted and the default rule run after its commit. */
+static void after_copy(kvdb *db, const uint8_t key[16])
+{
+  kv_place_after_put(db, key, NULL);
 }
 
 kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
@@ -279,7 +290,7 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
       goto fail;
     kv_counts_open(&db->cat); /* kvdb_stat's counters, for a database an older build wrote */
   }
-  db->after_copy = kv_place_after_put; /* set before the remote tier's thread starts */
+  db->after_copy = after_copy; /* set before the remote tier's thread starts */
   rc = kv_rtier_open(db); /* the remote tier when remote_addr names one (no connection yet) */
   if (rc != KVDB_OK)
     goto fail;

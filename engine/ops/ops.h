@@ -34,16 +34,30 @@ kvdb_status kv_put_checks(kvdb *db, const kvdb_model *m, uint32_t *block_tokens,
  * defaults); KVDB_INVALID when struct_size is not one kvdb_put_opts_init set. */
 kvdb_status kv_put_opts_copy(const kvdb_put_opts *in, kvdb_put_opts *o);
 /*
+ * A floor above joining a put's catalog transaction (kvdb_put_ex: the placement's records of
+ * the put commit with it, placer.c "IN THE PUT'S TRANSACTION"). When the put writes a context
+ * record, in_txn runs in its write transaction after every record of the put, before the
+ * commit; an error from it aborts the put (it writes records: their failures are the put's).
+ * done runs after the commit with its result, whenever in_txn ran (also when in_txn failed).
+ * A put that finds its context stored already (no transaction of its own) runs neither.
+ */
+typedef struct kv_put_hook {
+  kvdb_status (*in_txn)(kvdb *db, kv_txn *txn, const uint8_t ctx[16], void *arg);
+  void (*done)(kvdb *db, kvdb_status commit_rc, void *arg);
+  void *arg;
+} kv_put_hook;
+/*
  * kv_put_context() - the write step of kvdb_put_ex, its arguments checked: the chain hashes of
  * the n tokens (model fingerprint mh, block_tokens bt), every new block encoded with `cfg`,
  * written, synced and published in one catalog transaction (its durability order: put.c),
- * `profile` (NULL: none) recorded with the context. ctx receives the context's key (also when
- * every block was there already). KVDB_INVALID when cfg cannot store a block.
+ * `profile` (NULL: none) recorded with the context, `hook` (NULL: none) joining its
+ * transaction. ctx receives the context's key (also when every block was there already).
+ * KVDB_INVALID when cfg cannot store a block.
  */
 kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                            const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
                            const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
-                           kvdb_put_info *info, uint8_t ctx[16]);
+                           const kv_put_hook *hook, kvdb_put_info *info, uint8_t ctx[16]);
 /* The config fields and flags of a block record stored with c. */
 void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
 

@@ -60,6 +60,7 @@ typedef struct put_req {
   const uint8_t *replace;    /* an append: the context record its commit replaces, or NULL */
   int objects;               /* kv_put_objects: blocks come as objects (b->obj), no kv */
   unsigned sv;               /* the variant of new blocks' score copies (kv_score_variant_for) */
+  const kv_put_hook *hook;   /* joins the commit of a new context record (ops.h), or NULL */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -626,6 +627,15 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
   if (db->opt.ssd_bytes > 0 && new_bytes > 0 && db->place == NULL) /* else the placement's */
     KV_ERR(make_room(db, txn, r->ctx, 0));
   KV_ERR(kv_flush_atime(db, txn));
+  if (r->hook != NULL) {
+    rc = r->hook->in_txn(db, txn, r->ctx, r->hook->arg);
+    if (rc == KVDB_OK)
+      rc = kv_txn_commit(txn);
+    else
+      kv_txn_abort(txn);
+    r->hook->done(db, rc, r->hook->arg);
+    return rc;
+  }
   return kv_txn_commit(txn);
 out_abort_ok:
   rc = KVDB_OK;
@@ -778,12 +788,12 @@ kvdb_status kv_opts_probes(const kvdb_put_opts *o, const kvdb_model *m, uint64_t
 static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                             const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
                             uint64_t kv_t0, const uint8_t *replace, const kvdb_config *cfg,
-                            const kv_queries *q, kv_profile_rec *profile, kvdb_put_info *info,
-                            uint8_t ctx[16])
+                            const kv_queries *q, kv_profile_rec *profile, const kv_put_hook *hook,
+                            kvdb_put_info *info, uint8_t ctx[16])
 {
   put_req r = {.m = m, .bt = bt, .n_tokens = n, .kv = kv, .cfg = *cfg, .q = q,
                .profile = profile, .kv_t0 = kv_t0, .replace = replace,
-               .sv = kv_score_variant_for(db, m)};
+               .sv = kv_score_variant_for(db, m), .hook = hook};
   memcpy(r.mh, mh, 16);
   r.n = (uint32_t)((n + bt - 1) / bt);
   r.b = calloc(r.n, sizeof *r.b);
@@ -833,9 +843,9 @@ out:
 kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                            const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
                            const kvdb_config *cfg, const kv_queries *q, kv_profile_rec *profile,
-                           kvdb_put_info *info, uint8_t ctx[16])
+                           const kv_put_hook *hook, kvdb_put_info *info, uint8_t ctx[16])
 {
-  return put_chain(db, m, bt, mh, tokens, n, kv, 0, NULL, cfg, q, profile, info, ctx);
+  return put_chain(db, m, bt, mh, tokens, n, kv, 0, NULL, cfg, q, profile, hook, info, ctx);
 }
 
 kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
@@ -899,7 +909,8 @@ kvdb_status kv_put_append(kvdb *db, const kvdb_model *m, uint32_t bt, const uint
   kvdb_config raw;
   memset(&raw, 0, sizeof raw);
   raw.method = KVDB_METHOD_RAW;
-  return put_chain(db, m, bt, mh, tokens, n, kv, kv_t0, replace, &raw, NULL, NULL, info, ctx);
+  return put_chain(db, m, bt, mh, tokens, n, kv, kv_t0, replace, &raw, NULL, NULL, NULL, info,
+                   ctx);
 }
 
 kvdb_status kvdb_put_block(kvdb *db, const kvdb_model *m, const kvdb_key *key,

@@ -33,10 +33,26 @@ kvdb_status kv_relocate(kvdb *db, const kvdb_model *m, const uint8_t ctx[16],
 
 /* ---- placer.c ---- */
 
-/* Right after a put of context `key` is durable, with placement on: count the access, then
- * place it (Algorithm 1 from the catalog's state) and carry out the moves. Failures are logged
- * (the put stands). */
-void kv_place_after_put(kvdb *db, const uint8_t key[16]);
+/* A put's part of the placement (placer.c "IN THE PUT'S TRANSACTION"): kv_place_put_hook
+ * fills *h to join the put's transaction (returns 0, *h untouched, with placement off or a
+ * read-only handle); the hook counts the put's access there and, when the context's place
+ * needs no move but its DRAM flag, records that too (placed = 1). */
+typedef struct kv_place_put {
+  int touched;                      /* the put's access is counted in its commit */
+  int placed;                       /* its placement committed with it */
+  int locked, bump;                 /* (placer.c's: the run lock held, place_gen bumped) */
+  uint64_t txnid, gen_from;
+  uint64_t add[KVDB_TIER_COUNT];
+  uint8_t *blocks;                  /* a context admitted to DRAM: its block hashes */
+  uint32_t n_blocks;
+} kv_place_put;
+int kv_place_put_hook(kvdb *db, kv_place_put *st, kv_put_hook *h);
+
+/* Right after a put of context `key` is durable, with placement on: unless the put's own
+ * transaction placed it (st->placed), count the access (unless st->touched) and place it (the
+ * default rule from the catalog's state) and carry out the moves. st may be NULL (a put
+ * without the hook). Failures are logged (the put stands). */
+void kv_place_after_put(kvdb *db, const uint8_t key[16], const kv_place_put *st);
 
 /* Before a put with placement on, from the context's measured profile alone: when its best
  * place is the SSD tier (cached in DRAM or not), *cfg becomes the config the placement will

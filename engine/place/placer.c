@@ -553,7 +553,7 @@ static kvdb_status record_flags(kvdb *db, const kvdb_place_move *mv, size_t n, c
     rc = kv_cat_put_ctxstats(&db->cat, txn, mv[i].context.b, &cs);
   }
   if (rc == KVDB_OK && bump)
-    rc = kv_place_bump_gen(db, txn);
+    rc = kv_place_bump_gen(db, txn, NULL);
   if (rc != KVDB_OK) {
     kv_txn_abort(txn);
     return rc;
@@ -700,20 +700,21 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
  * run, never an over-full tier.
  */
 
-/* The incoming context placed alone; *fits = 1 when that place fits beside the view on every
- * tier (then it is carried out and added to the view). */
-static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int in_view,
-                               int *fits)
+/* The incoming context placed alone, as of txn: *ok = 1 when that place fits beside the view
+ * on every tier (then *pub is its plan and add[] what it adds to the view's kvdb tiers);
+ * *gone = 1 when the context is not there. */
+static kvdb_status alone_plan(kvdb *db, kv_txn *txn, const kv_place_view *v, const uint8_t key[16],
+                              int in_view, kvdb_place_plan *pub, uint64_t add[KVDB_TIER_COUNT],
+                              int *ok, int *gone)
 {
-  *fits = 0;
-  kv_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  *ok = 0;
+  *gone = 0;
+  memset(pub, 0, sizeof *pub);
+  memset(add, 0, KVDB_TIER_COUNT * sizeof *add);
   pinst in;
-  kvdb_status rc = inst_one(db, txn, key, &in);
-  kv_txn_abort(txn);
-  KV_RET(rc);
+  KV_RET(inst_one(db, txn, key, &in));
   if (in.n == 0) { /* deleted meanwhile */
-    *fits = 1;
+    *gone = 1;
     return KVDB_OK;
   }
   uint64_t cap[KV_POLICY_MAX_TIERS];
@@ -724,29 +725,48 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
   kv_policy_plan plan;
   kv_policy_err perr;
   size_t zero = 0;
-  rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
+  kvdb_status rc = kv_policy_admit(&in.p, in.pc, 1, &zero, 1, &plan, &perr);
   if (rc != KVDB_OK) {
     inst_free(&in);
     return kv_fail(rc, "placement: %s", perr.msg);
   }
   /* a put's context is not in the view yet; a promoted one is, where it is now */
-  uint64_t add[KVDB_TIER_COUNT] = {0};
   for (uint32_t t = 0; t < in.n_tiers; t++)
     add[in.ktier[t]] = plan.used_after[t] -
                        (in_view && plan.used_before[t] <= plan.used_after[t] ? plan.used_before[t] : 0);
-  int ok = 1;
-  for (uint32_t t = 0; t < in.n_tiers && ok; t++)
-    ok = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + add[in.ktier[t]] <= cap[t];
-  kvdb_place_plan pub;
-  memset(&pub, 0, sizeof pub);
-  if (ok)
-    rc = to_public(&in, &plan, &pub);
+  int fits = 1;
+  for (uint32_t t = 0; t < in.n_tiers && fits; t++)
+    fits = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + add[in.ktier[t]] <= cap[t];
+  if (fits)
+    rc = to_public(&in, &plan, pub);
   kv_policy_plan_free(&plan);
   inst_free(&in);
-  if (!ok || rc != KVDB_OK) {
-    kvdb_place_plan_free(&pub);
-    return rc;
+  if (rc != KVDB_OK)
+    kvdb_place_plan_free(pub);
+  *ok = fits && rc == KVDB_OK;
+  return rc;
+}
+
+/* The incoming context placed alone; *fits = 1 when that place fits beside the view on every
+ * tier (then it is carried out and added to the view). */
+static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16], int in_view,
+                               int *fits)
+{
+  *fits = 0;
+  kv_txn *txn;
+  KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+  kvdb_place_plan pub;
+  uint64_t add[KVDB_TIER_COUNT];
+  int ok, gone;
+  kvdb_status rc = alone_plan(db, txn, v, key, in_view, &pub, add, &ok, &gone);
+  kv_txn_abort(txn);
+  KV_RET(rc);
+  if (gone) {
+    *fits = 1;
+    return KVDB_OK;
   }
+  if (!ok)
+    return KVDB_OK;
   kvdb_rebalance_report rep;
   /* the remote tier is left out of this one-context model: it reads no better than the last
    * local tier, which is unlimited here, so it would change no place; but a context dropped
@@ -958,27 +978,35 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
   return rc;
 }
 
-static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
+/* Place context `key` after its put's commit (access 1) or after re-profiling (access 0).
+ * `touched`: the put counted its access in its own transaction already (kv_place_put_hook). */
+static kvdb_status admit(kvdb *db, const uint8_t key[16], int access, int touched)
 {
-  /* a put is an access; pending accesses of this handle count too */
   kv_txn *txn;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  uint64_t touch = kv_txn_id(txn);
-  kvdb_status rc = kv_flush_atime(db, txn);
-  if (rc == KVDB_OK && access)
-    rc = kv_place_touch(db, txn, key, kv_now_ms());
-  if (rc != KVDB_OK) {
+  uint64_t touch;
+  if (touched) { /* the catalog as of now: the put's commit is among what the view checks */
+    KV_RET(kv_txn_begin(&db->cat, 0, &txn));
+    touch = kv_txn_id(txn);
     kv_txn_abort(txn);
-    return rc;
+  } else { /* a put is an access; pending accesses of this handle count too */
+    KV_RET(kv_txn_begin(&db->cat, 1, &txn));
+    touch = kv_txn_id(txn);
+    kvdb_status rc = kv_flush_atime(db, txn);
+    if (rc == KVDB_OK && access)
+      rc = kv_place_touch(db, txn, key, kv_now_ms());
+    if (rc != KVDB_OK) {
+      kv_txn_abort(txn);
+      return rc;
+    }
+    KV_RET(kv_txn_commit(txn));
   }
-  KV_RET(kv_txn_commit(txn));
   kv_place_view *v = kv_place_view_of(db);
   /* the view holds when every commit since it was made is this handle's (the touch was one) */
   if (v->valid && !kv_cat_own_since(&db->cat, v->txnid, touch))
     v->valid = 0;
   if (v->valid && access) { /* a put: Algorithm 1's first step alone, when it fits */
     int fits;
-    rc = admit_alone(db, v, key, 0, &fits);
+    kvdb_status rc = admit_alone(db, v, key, 0, &fits);
     if (rc != KVDB_OK || fits) {
       if (rc == KVDB_OK && v->valid)
         v->txnid = touch;
@@ -988,12 +1016,12 @@ static kvdb_status admit(kvdb *db, const uint8_t key[16], int access)
   return admit_all(db, v, key, access ? db->opt.placement_slack_pct : 0, 0);
 }
 
-static void place_one(kvdb *db, const uint8_t key[16], int access, const char *why)
+static void place_one(kvdb *db, const uint8_t key[16], int access, int touched, const char *why)
 {
   if (db->place == NULL)
     return;
   pthread_mutex_lock(kv_place_run_lock(db));
-  kvdb_status rc = admit(db, key, access);
+  kvdb_status rc = admit(db, key, access, touched);
   pthread_mutex_unlock(kv_place_run_lock(db));
   if (rc != KVDB_OK) {
     char hx[33];
@@ -1002,14 +1030,131 @@ static void place_one(kvdb *db, const uint8_t key[16], int access, const char *w
   kv_clear_error();
 }
 
-void kv_place_after_put(kvdb *db, const uint8_t key[16])
+/*
+ * IN THE PUT'S TRANSACTION. A put with placement on counts its access (kv_place_touch) in its
+ * own write transaction, and when the view holds and the context's best place alone fits
+ * beside it (BETWEEN PUTS) with no move but the DRAM flag (kv_place_put_config had it written
+ * in its placed config, on the tier it was written to), the flag and its tier go into the
+ * same transaction too (with the place_gen bump when the flag is set), so such a put makes one
+ * commit: before, the access and the flag were two commits of their own after the put's. The
+ * run lock is only tried (its holders take the catalog's write lock under it: waiting here,
+ * inside that lock, could deadlock); when it is busy, the view does not hold, the place does
+ * not fit or needs a move, the placement runs after the commit as before, the access already
+ * counted. The lock is held through the commit, so the view is updated only once the commit
+ * is durable. A crash loses nothing of the put: its access and flag are in its commit.
+ */
+static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void *arg)
 {
-  place_one(db, key, 1, "after the put of");
+  kv_place_put *st = arg;
+  free(st->blocks);
+  st->blocks = NULL;
+  st->n_blocks = 0;
+  st->placed = st->bump = 0;
+  KV_RET(kv_place_touch(db, txn, key, kv_now_ms()));
+  st->touched = 1;
+  if (pthread_mutex_trylock(kv_place_run_lock(db)) != 0)
+    return KVDB_OK; /* a placement is running: the put's is made after the commit */
+  st->locked = 1;
+  kv_place_view *v = kv_place_view_of(db);
+  uint64_t id = kv_txn_id(txn);
+  if (v->valid && !kv_cat_own_since(&db->cat, v->txnid, id - 1))
+    v->valid = 0;
+  if (!v->valid)
+    return KVDB_OK;
+  kvdb_place_plan pub;
+  int ok, gone;
+  if (alone_plan(db, txn, v, key, 0, &pub, st->add, &ok, &gone) != KVDB_OK) {
+    kv_clear_error(); /* the placement after the commit tries again and logs it */
+    return KVDB_OK;
+  }
+  for (size_t i = 0; ok && i < pub.n_moves; i++) {
+    const kvdb_place_move *m = &pub.moves[i];
+    ok = memcmp(m->context.b, key, 16) == 0 && m->to_tier != KVDB_TIER_NONE &&
+         m->to_tier == m->from_tier && kv_policy_config_equal(&m->to_config, &m->from_config);
+  }
+  kvdb_status rc = KVDB_OK;
+  if (ok && !gone && pub.n_moves > 0) {
+    const kvdb_place_move *m = &pub.moves[pub.n_moves - 1];
+    kv_ctx_rec cr;
+    kv_ctxstats cs;
+    rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
+    if (rc == KVDB_OK)
+      rc = kv_cat_get_ctxstats(&db->cat, txn, key, &cs); /* the touch wrote it */
+    if (rc == KVDB_OK) {
+      int was = (cs.flags & KV_CTXS_CACHED) != 0;
+      cs.tier = kv_ctx_tier(db, txn, &cr);
+      cs.flags = m->to_cached ? KV_CTXS_CACHED : 0;
+      rc = kv_cat_put_ctxstats(&db->cat, txn, key, &cs);
+      if (rc == KVDB_OK && was != (int)m->to_cached) {
+        rc = kv_place_bump_gen(db, txn, &st->gen_from);
+        st->bump = 1;
+      }
+      if (rc == KVDB_OK && m->to_cached && cr.n_blocks > 0) {
+        st->blocks = malloc(16 * (size_t)cr.n_blocks);
+        if (st->blocks != NULL) {
+          memcpy(st->blocks, cr.blocks, 16 * (size_t)cr.n_blocks);
+          st->n_blocks = cr.n_blocks;
+        }
+      }
+    }
+  }
+  kvdb_place_plan_free(&pub);
+  if (rc == KVDB_OK && ok && !gone) {
+    st->placed = 1;
+    st->txnid = id;
+  }
+  return rc;
+}
+
+static void put_done(kvdb *db, kvdb_status commit_rc, void *arg)
+{
+  kv_place_put *st = arg;
+  if (!st->locked)
+    return;
+  kv_place_view *v = kv_place_view_of(db);
+  if (commit_rc != KVDB_OK) {
+    st->placed = 0;
+    v->valid = 0;
+  } else if (st->placed) {
+    if (v->valid) {
+      for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
+        v->used[t] += st->add[t];
+      v->txnid = st->txnid;
+    }
+    if (st->bump && !(st->blocks != NULL && kv_place_want_extend(db, st->blocks, st->n_blocks,
+                                                                 st->gen_from, st->gen_from + 1))) {
+      if (kv_place_reload(db) != KVDB_OK) {
+        kv_log(&db->log, 1, "placement after a put: DRAM admission set: %s", kvdb_errmsg());
+        kv_clear_error(); /* advisory: the next get's refresh tries again */
+      }
+    }
+  }
+  free(st->blocks);
+  st->blocks = NULL;
+  st->n_blocks = 0;
+  st->locked = 0;
+  pthread_mutex_unlock(kv_place_run_lock(db));
+}
+
+int kv_place_put_hook(kvdb *db, kv_place_put *st, kv_put_hook *h)
+{
+  memset(st, 0, sizeof *st);
+  if (db->place == NULL || db->cat.rdonly)
+    return 0;
+  *h = (kv_put_hook){put_in_txn, put_done, st};
+  return 1;
+}
+
+void kv_place_after_put(kvdb *db, const uint8_t key[16], const kv_place_put *st)
+{
+  if (st != NULL && st->placed)
+    return; /* placed in the put's own transaction */
+  place_one(db, key, 1, st != NULL && st->touched, "after the put of");
 }
 
 void kv_place_context(kvdb *db, const uint8_t key[16])
 {
-  place_one(db, key, 0, "after re-profiling");
+  place_one(db, key, 0, 0, "after re-profiling");
 }
 
 /* ---- before a put ------------------------------------------------------------------------ */
@@ -1055,6 +1200,7 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
   }
   if (rc == KVDB_OK && in.n == 1) {
     in.pc[0].options = &in.opt[in.meta[0].opt0];
+    in.pc[0].current = kv_policy_place_none(); /* not written yet: no stored config to keep */
     for (uint32_t t = 0; t < in.n_tiers; t++)
       in.tiers[t].capacity_bytes = KV_POLICY_UNLIMITED;
     kv_policy_plan plan;

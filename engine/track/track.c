@@ -404,6 +404,24 @@ kvdb_status kv_place_reload(kvdb *db)
   return rc;
 }
 
+int kv_place_want_extend(kvdb *db, const uint8_t *blocks, uint32_t n, uint64_t gen_from,
+                         uint64_t gen_to)
+{
+  struct kv_place *p = db->place;
+  if (p == NULL)
+    return 0;
+  pthread_mutex_lock(&p->mu);
+  int ok = p->want_loaded && p->want_gen == gen_from;
+  for (uint32_t i = 0; i < n && ok; i++)
+    ok = kset_add(&p->want, blocks + 16 * (size_t)i) == 0;
+  if (ok)
+    p->want_gen = gen_to;
+  else
+    p->want_loaded = 0; /* the next refresh rebuilds it */
+  pthread_mutex_unlock(&p->mu);
+  return ok;
+}
+
 void kv_place_refresh(kvdb *db, kv_txn *txn)
 {
   struct kv_place *p = db->place;
@@ -710,10 +728,12 @@ void kv_place_view_drop(kvdb *db)
     __atomic_store_n(&db->place->view_stale, 1, __ATOMIC_RELEASE);
 }
 
-kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn)
+kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn, uint64_t *gen_from)
 {
   uint64_t gen = 0;
   kv_cat_get_u64(&db->cat, txn, META_PLACE_GEN, &gen);
   kv_clear_error();
+  if (gen_from != NULL)
+    *gen_from = gen;
   return kv_cat_put_u64(&db->cat, txn, META_PLACE_GEN, gen + 1);
 }

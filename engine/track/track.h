@@ -82,6 +82,11 @@ void kv_place_refresh(kvdb *db, kv_txn *txn);
 /* Build the admission set as of the catalog now (a new transaction), dropping from DRAM what
  * leaves it. */
 kvdb_status kv_place_reload(kvdb *db);
+/* A context admitted to the DRAM tier by a commit that took place_gen from gen_from to gen_to
+ * and changed no other admission: its n blocks join the set when the set is the one of
+ * gen_from (returns 1); else returns 0 (the caller reloads). */
+int kv_place_want_extend(kvdb *db, const uint8_t *blocks, uint32_t n, uint64_t gen_from,
+                         uint64_t gen_to);
 
 /* One access of context `key` at `ms`, in the write transaction that flushes access times
  * (placement off: nothing). */
@@ -112,7 +117,8 @@ typedef struct kv_place_view {
                                      every context cached; 0 when none was */
 } kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
-kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn);
+/* kv_place_bump_gen: *gen_from (NULL: not asked) receives the generation it bumped from. */
+kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn, uint64_t *gen_from);
 kv_place_view *kv_place_view_of(kvdb *db);
 void kv_place_view_drop(kvdb *db);
 

@@ -508,6 +508,33 @@ static int puts_with_slack(double slack)
   return runs;
 }
 
+/* The catalog's last committed transaction id (each commit of a tracking handle has its own). */
+static uint64_t cat_txn_id(kvdb *db)
+{
+  kv_txn *txn;
+  ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
+  uint64_t id = kv_txn_id(txn);
+  kv_txn_abort(txn);
+  return id;
+}
+
+/* A context's access record after its put: counted once at least, on the tier it is stored on,
+ * its DRAM flag the one kvdb_context_stat reports. */
+static void put_stats_agree(kvdb *db, const kvdb_key *k)
+{
+  kvdb_context_info ci;
+  ASSERT_OK(kvdb_context_stat(db, k, &ci));
+  kv_txn *txn;
+  ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
+  kv_ctxstats cs;
+  ASSERT_OK(kv_cat_get_ctxstats(&db->cat, txn, k->b, &cs));
+  kv_txn_abort(txn);
+  ASSERT(cs.accesses >= 1);
+  ASSERT(cs.freq > 0.5);
+  ASSERT_EQ(cs.tier, ci.tier);
+  ASSERT_EQ((cs.flags & KV_CTXS_CACHED) != 0, ci.cached != 0);
+}
+
 static void test_place_between_puts(void)
 {
   /* room on every tier: after the first put (no view yet), each put places its context alone,
@@ -517,6 +544,7 @@ static void test_place_between_puts(void)
   int runs = 0;
   o.dram_bytes = 8 << 20;
   o.ssd_bytes = 64 << 20;
+  o.segment_bytes = 64 << 20; /* no segment sealed (a commit of its own) among these puts */
   o.log_fn = count_full_runs;
   o.log_ctx = &runs;
   o.log_level = 2;
@@ -524,11 +552,23 @@ static void test_place_between_puts(void)
   ASSERT_OK(kvdb_open(dir, &o, &db));
   kvdb_key keys[8];
   int written_once = 0;
+  int one_commit = 0;
   for (int i = 0; i < 8; i++) {
     kvdb_stats s0, s1;
     ASSERT_OK(kvdb_stat(db, &s0));
+    uint64_t id0 = cat_txn_id(db);
     keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, PL_TOKENS, "raw");
+    uint64_t commits = cat_txn_id(db) - id0;
     ASSERT_OK(kvdb_stat(db, &s1));
+    /* placed in the put's own transaction (placer.c "IN THE PUT'S TRANSACTION"): after the
+     * first put (no view yet: the full run) a put that fits makes one commit, which holds its
+     * access count and DRAM flag; before, the access and the flag were two more */
+    ASSERT(commits >= 1);
+    if (i > 0) {
+      ASSERT_EQ(commits, 1);
+      one_commit++;
+    }
+    put_stats_agree(db, &keys[i]);
     kvdb_context_info ci;
     ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci));
     /* the put wrote it once, in the config the placement chose, whatever was asked */
@@ -536,7 +576,22 @@ static void test_place_between_puts(void)
     written_once += ci.config.method != KVDB_METHOD_RAW;
   }
   ASSERT(written_once > 0); /* asked raw, placed otherwise: no second write */
+  ASSERT_EQ(one_commit, 7);
   ASSERT_EQ(runs, 1);
+  /* reopened (as after a crash right after the last put returned): the same records */
+  kvdb_context_info before[8];
+  for (int i = 0; i < 8; i++)
+    ASSERT_OK(kvdb_context_stat(db, &keys[i], &before[i]));
+  kvdb_close(db);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int i = 0; i < 8; i++) {
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci));
+    ASSERT_EQ(ci.cached, before[i].cached);
+    ASSERT(kv_policy_config_equal(&ci.config, &before[i].config));
+    put_stats_agree(db, &keys[i]);
+  }
+  verify_clean(db);
   kvdb_place_plan plan;
   ASSERT_OK(kvdb_rebalance_plan(db, &plan));
   ASSERT_EQ(plan.n_moves, 0);

@@ -302,7 +302,9 @@ static void test_vs_exact(void)
          "median %.4f; above the per-byte greedy in %zu, below it in %zu of %d\n",
          ns, mn, p5, med, better_than_pb, worse_than_pb, N);
   CHECK(ns > N / 2);
-  CHECK(p5 >= 0.98 && mn >= 0.75 && med >= 0.999);
+  /* the exchange (greedy.c (f)) lifted the min from 0.827 to 0.919 on these instances (gcc;
+   * 0.889 built by clang, whose rounding changes a few instances) */
+  CHECK(p5 >= 0.98 && mn >= 0.85 && med >= 0.999);
   CHECK(better_than_pb > 10 * worse_than_pb);
 }
 
