@@ -7,6 +7,7 @@
         info = db.put(m, tokens, k, v)          # k, v: [layer][token][head][dim], any strides
         hit = db.lookup(m, new_tokens)          # leading tokens stored
         hit = db.get(m, new_tokens, k2, v2)     # copies those tokens' KV into k2, v2
+        hit, kept, present = db.get_kept(m, new_tokens, k2, v2)  # also token-dropped contexts
 
 K and V are passed as *views*: any object with numpy's array interface or the buffer protocol,
 or a CPU torch tensor, whose logical shape is (n_layers, n_tokens, n_kv_heads, head_dim) — a
@@ -22,7 +23,7 @@ import ctypes
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from ._lib import lib
 __all__ = ["open", "DB", "Model", "Status", "Error", "InvalidError", "NotFoundError",
            "MisuseError", "NoMemError", "FullError", "BusyError", "IOError_", "CorruptError",
            "VersionError", "UnsupportedError", "MismatchError", "ReadOnlyError", "PanicError",
-           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "version", "library_path", "empty"]
+           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "KeptHit", "KeptGet", "version",
+           "library_path", "empty"]
 
 
 class Status(enum.IntEnum):
@@ -338,6 +340,25 @@ class PutInfo:
 _CONFIG_NAMES = ("raw", "lossless", "quant", "drop")
 
 
+class KeptHit(NamedTuple):
+    """What DB.lookup_kept found (kvdb_lookup_kept): the hit covers query positions
+    [0, hit); `kept` of them are stored per layer and KV head (the same count for every one;
+    equal to `hit` when no block of the hit was stored with token dropping)."""
+    hit: int
+    kept: int
+
+
+class KeptGet(NamedTuple):
+    """What DB.get_kept delivered (kvdb_get_kept): `hit` and `kept` as in KeptHit (of the
+    blocks delivered), and `present`, the mask of shape (n_layers, n_kv_heads, len(tokens)):
+    present[l, h, t] is true where the row (K and V) of layer l, KV head h, position t was
+    written, false where the put dropped it (the output keeps what the caller had there) and at
+    every position from `hit` on."""
+    hit: int
+    kept: int
+    present: np.ndarray
+
+
 @dataclass(frozen=True)
 class ContextInfo:
     """One stored context (kvdb_context_info)."""
@@ -515,6 +536,62 @@ class DB:
                             ctypes.byref(kv), ctypes.byref(hit)))
         del keep
         return hit.value
+
+    def lookup_kept(self, model: Model, tokens: Any) -> KeptHit:
+        """Like lookup, but a block stored with token dropping (a "knorm50", "keydiff30",
+        "snapkv70"... put) continues the hit instead of ending it, when the query matches it
+        whole: a full block, or a context's last (partial) block all of whose tokens start the
+        rest of the query. A query that ends inside such a block ends the hit before it.
+        Returns KeptHit(hit, kept): query positions [0, hit) hit, and `kept` rows of them are
+        stored per layer and KV head (get_kept delivers exactly these). Reads no block data;
+        local tiers only (no remote tier). Raises as lookup (MismatchError: the model id is
+        stored with another shape)."""
+        t = _tokens(tokens)
+        hit = ctypes.c_size_t()
+        kept = ctypes.c_size_t()
+        _check(lib.kvdb_lookup_kept(self._handle, ctypes.byref(model._c()), _tok_ptr(t), len(t),
+                                    ctypes.byref(hit), ctypes.byref(kept)))
+        return KeptHit(hit.value, kept.value)
+
+    def get_kept(self, model: Model, tokens: Any, k: Any, v: Any,
+                 present: Optional[np.ndarray] = None) -> KeptGet:
+        """Copy the hit of lookup_kept into the views k and v (room for len(tokens) tokens,
+        logical shape (n_layers, n_tokens, n_kv_heads, head_dim), any strides), each stored row
+        at its own position, and say which rows are there.
+
+        For every layer l, KV head h and position t of the hit whose row was kept, K and V go
+        to k[l, t, h] and v[l, t, h] and present[l, h, t] is set; a row the put dropped leaves
+        k and v there as the caller had them (present false). From `hit` on the mask is false
+        and k, v are unspecified. Every byte is verified; a block that fails verification ends
+        the hit before it (a shorter hit, not an exception). Lossy configs deliver their
+        decoded rows. Local tiers only; the hit does not count as an access for the placement.
+
+        present: optional output for the mask, written in place (reuse one across calls): a
+        writable C-contiguous array of 1-byte elements (bool or uint8) with at least
+        n_layers * n_kv_heads * len(tokens) elements, indexed as
+        ((l * n_kv_heads + h) * len(tokens) + t); by default a new bool array of shape
+        (n_layers, n_kv_heads, len(tokens)). Returns KeptGet(hit, kept, present)."""
+        t = _tokens(tokens)
+        if present is None:
+            mask = np.zeros((model.n_layers, model.n_kv_heads, len(t)), np.bool_)
+        else:
+            mask = present
+            if not isinstance(mask, np.ndarray):
+                _invalid(f"present: expected a numpy array, got {type(mask).__name__}")
+            if mask.dtype.itemsize != 1 or mask.dtype.kind not in "biu":
+                _invalid(f"present: dtype {mask.dtype}, expected bool or uint8")
+            if not mask.flags.c_contiguous:
+                _invalid("present: the array is not C-contiguous")
+            if not mask.flags.writeable:
+                _invalid("present: the array is read-only, kvdb writes into it")
+        kv, keep = _kv_view(k, v, model, len(t), writable=True)
+        hit = ctypes.c_size_t()
+        kept = ctypes.c_size_t()
+        _check(lib.kvdb_get_kept(self._handle, ctypes.byref(model._c()), _tok_ptr(t), len(t),
+                                 ctypes.byref(kv), mask.ctypes.data_as(ctypes.c_void_p),
+                                 mask.size, ctypes.byref(hit), ctypes.byref(kept)))
+        del keep
+        return KeptGet(hit.value, kept.value, mask)
 
     def get_tokens(self, model: Model, context: Any, layer: int, positions: Any,
                    k: Any, v: Any) -> None:

@@ -300,3 +300,140 @@ def test_torch_tensors(db):
     assert np.array_equal(outv.numpy(), v)
     with pytest.raises(kvdb.InvalidError, match="dtype"):
         db.put(M, toks(n), tk.float(), tv)
+
+
+# ---- contexts stored with token dropping: lookup_kept / get_kept (kvdb_lookup_kept,
+# kvdb_get_kept) ----------------------------------------------------------------------------------
+
+SENTINEL = np.float16(-1234.0)  # never a standard normal draw
+
+
+def knorm_keep(k, n, permille, model=M):
+    """The rows a knorm put keeps, computed here independently of the engine: per layer, KV
+    head and block, the ceil(t * permille / 1000) (at least 1) keys of lowest L2 norm, ties to
+    the lower position. Shape (n_layers, n_kv_heads, n), bool."""
+    bt = model.block_tokens
+    mask = np.zeros((model.n_layers, model.n_kv_heads, n), bool)
+    for l in range(model.n_layers):
+        for h in range(model.n_kv_heads):
+            for b0 in range(0, n, bt):
+                rows = k[l, b0:b0 + bt, h].astype(np.float64)
+                t = len(rows)
+                keep = max(1, -(-t * permille // 1000))
+                order = np.lexsort((np.arange(t), (rows * rows).sum(axis=1)))
+                mask[l, h, b0 + order[:keep]] = True
+    return mask
+
+
+@pytest.mark.parametrize("config,permille", [("knorm50", 500), ("knorm30", 300)])
+def test_lookup_get_kept_dropped_context(db, config, permille):
+    n = 40  # two full blocks and a partial one (8 tokens: 30% keeps ceil(2.4) = 3)
+    k, v = logical(n, seed=21)
+    info = db.put(M, toks(n), k, v, config=config)
+    assert db.context_stat(info).config == config
+    want = knorm_keep(k, n, permille)
+    n_kept = int(want[0, 0].sum())
+    assert n_kept < n and np.all(want.sum(axis=2) == n_kept)
+    q = np.concatenate([toks(n), [5, 6, 7]]).astype(np.uint32)  # goes on past the context
+    # the prefix API ends the hit at the first dropped block; lookup_kept serves it
+    assert db.lookup(M, q) == 0
+    assert db.lookup_kept(M, q) == kvdb.KeptHit(hit=n, kept=n_kept)
+
+    buf, dk, dv = lkhtd(len(q))  # Hugging Face-like transposed views, filled with a sentinel
+    buf[...] = SENTINEL
+    r = db.get_kept(M, q, dk, dv)
+    assert (r.hit, r.kept) == (n, n_kept)
+    assert r.present.dtype == np.bool_ and r.present.shape == (M.n_layers, M.n_kv_heads, len(q))
+    np.testing.assert_array_equal(r.present[:, :, :n], want)  # absent exactly where dropped
+    assert not r.present[:, :, n:].any()  # and past the hit
+    pres = r.present[:, :, :n].transpose(0, 2, 1)  # (layer, token, head)
+    for out, ref in ((dk, k), (dv, v)):
+        got = out[:, :n]
+        np.testing.assert_array_equal(got[pres], ref[pres])  # kept rows at their positions
+        assert np.all(got[~pres] == SENTINEL)  # dropped rows left as the caller had them
+
+    # the mask into the caller's own buffer (uint8, flat), reused
+    mine = np.full(M.n_layers * M.n_kv_heads * len(q), 9, np.uint8)
+    r2 = db.get_kept(M, q, dk, dv, present=mine)
+    assert r2.present is mine and (r2.hit, r2.kept) == (n, n_kept)
+    np.testing.assert_array_equal(mine.reshape(r.present.shape), r.present.astype(np.uint8))
+
+    # a query ending inside a dropped block ends the hit before that block
+    assert db.lookup_kept(M, toks(21)) == (16, int(want[0, 0, :16].sum()))
+    r3 = db.get_kept(M, toks(21), *lkthd(21)[1:])
+    assert (r3.hit, r3.kept) == (16, int(want[0, 0, :16].sum()))
+    np.testing.assert_array_equal(r3.present[:, :, :16], want[:, :, :16])
+    assert not r3.present[:, :, 16:].any()
+    assert db.lookup_kept(M, toks(10)) == (0, 0)
+    r4 = db.get_kept(M, toks(10), *lkthd(10)[1:])
+    assert (r4.hit, r4.kept) == (0, 0) and not r4.present.any()
+    # another context's tokens: no hit
+    assert db.lookup_kept(M, toks(n, start=5000)) == (0, 0)
+
+
+def test_get_kept_raw_context_full_mask(db):
+    n = 37
+    k, v = logical(n, seed=22)
+    db.put(M, toks(n), k, v)
+    assert db.lookup_kept(M, toks(n)) == (n, n) == (db.lookup(M, toks(n)),) * 2
+    _, dk, dv = llama_vt(n)
+    r = db.get_kept(M, toks(n), dk, dv)
+    assert (r.hit, r.kept) == (n, n) and r.present.all()
+    np.testing.assert_array_equal(as_logical(dk), k)
+    np.testing.assert_array_equal(as_logical(dv), v)
+    # a raw block still hits in part, as in lookup/get
+    q = np.concatenate([toks(21), [1, 2, 3]]).astype(np.uint32)
+    assert db.lookup_kept(M, q) == (21, 21) == (db.lookup(M, q),) * 2
+    _, dk2, dv2 = lkthd(len(q))
+    r = db.get_kept(M, q, dk2, dv2)
+    assert (r.hit, r.kept) == (21, 21)
+    assert r.present[:, :, :21].all() and not r.present[:, :, 21:].any()
+    np.testing.assert_array_equal(dk2[:, :21], k[:, :21])
+    np.testing.assert_array_equal(dv2[:, :21], v[:, :21])
+
+
+def test_kept_errors_are_exceptions(db):
+    n = 16
+    k, v = logical(n)
+    db.put(M, toks(n), k, v, config="knorm50")
+    _, dk, dv = lkthd(n)
+    L, H = M.n_layers, M.n_kv_heads
+    # from the library: no tokens
+    for call in (lambda: db.lookup_kept(M, []), lambda: db.get_kept(M, [], dk, dv)):
+        with pytest.raises(kvdb.InvalidError) as e:
+            call()
+        assert e.value.status == kvdb.Status.INVALID and "n is 0" in e.value.message
+    # a mask too small for the query: the library names present_cap
+    with pytest.raises(kvdb.InvalidError, match="present_cap") as e:
+        db.get_kept(M, toks(n), dk, dv, present=np.zeros(L * H * n - 1, np.uint8))
+    assert str(L * H) in e.value.message
+    # the model's id stored with another shape
+    other = kvdb.Model("py-test", n_layers=3, n_kv_heads=2, head_dim=16, dtype="f16",
+                       block_tokens=16)
+    ok, ov = logical(n, model=other)
+    with pytest.raises(kvdb.MismatchError) as e:
+        db.lookup_kept(other, toks(n))
+    assert e.value.status == kvdb.Status.MISMATCH and "py-test" in e.value.message
+    with pytest.raises(kvdb.MismatchError, match="py-test"):
+        db.get_kept(other, toks(n), np.zeros_like(ok), np.zeros_like(ov))
+    bad = kvdb.Model("py-bad", 3, 2, 8, "f16", block_tokens=17)
+    with pytest.raises(kvdb.InvalidError, match="block_tokens"):
+        db.lookup_kept(bad, toks(4))
+    # named by the package before the call
+    with pytest.raises(kvdb.InvalidError, match=r"k: shape"):
+        db.get_kept(M, toks(n), dk[:, :, :1], dv)
+    with pytest.raises(kvdb.InvalidError, match="present: dtype float32"):
+        db.get_kept(M, toks(n), dk, dv, present=np.zeros((L, H, n), np.float32))
+    with pytest.raises(kvdb.InvalidError, match="not C-contiguous"):
+        db.get_kept(M, toks(n), dk, dv, present=np.zeros((L, H, 2 * n), bool)[:, :, ::2])
+    ro = np.zeros((L, H, n), bool)
+    ro.flags.writeable = False
+    with pytest.raises(kvdb.InvalidError, match="read-only"):
+        db.get_kept(M, toks(n), dk, dv, present=ro)
+    with pytest.raises(kvdb.InvalidError, match="negative"):
+        db.lookup_kept(M, [-1, 2])
+    db.close()
+    with pytest.raises(kvdb.MisuseError):
+        db.lookup_kept(M, toks(2))
+    with pytest.raises(kvdb.MisuseError):
+        db.get_kept(M, toks(n), dk, dv)
