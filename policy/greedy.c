@@ -525,6 +525,7 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
  * left over capacity with no context on it ([G3]: cannot happen). */
 #ifndef POL_REFERENCE
 static void sort_keys(hent *keys, size_t n, hent *tmp);
+#define PF_SORTED 8
 
 /* Prefetch what taking entry e next reads: its context and its current option. */
 static inline void pf_entry(const gstate *g, const hent *e)
@@ -582,9 +583,9 @@ static int cascade(gstate *g)
           return g->pin < n ? CASCADE_PINNED : (int)t;
         hent e = from_q ? q[0] : arr[a];
         cst *c = &g->cs[e.i];
-        for (size_t d = 1; d <= 4 && a + d < na; d++)
-          pf_entry(g, &arr[a + d]);
-        for (size_t d = 1; d <= 4 && d < nq; d++)
+        if (a + PF_SORTED < na) /* the sorted front is read in order: once, well ahead */
+          pf_entry(g, &arr[a + PF_SORTED]);
+        for (size_t d = 1; d <= 4 && d < nq; d++) /* q's next top is a child of its root */
           pf_entry(g, &q[d]);
         op x = c->op;
         op_apply(g, t, c, &x);
