@@ -1423,9 +1423,11 @@ static void gstate_free(gstate *g)
   (void)g; /* the buffers belong to the workspace */
 }
 
-kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
-                       kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
-                       kv_policy_err *err)
+/* pol_greedy, and the bytes of the placements per tier into used_out (the recount of [G1];
+ * NULL: not wanted). */
+static kvdb_status greedy_run(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                              kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
+                              uint64_t *used_out, kv_policy_err *err)
 {
   gstate g;
   memset(&g, 0, sizeof g);
@@ -1626,7 +1628,16 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
                       (unsigned long long)m->cap[t]);
   *n_recompress = g.n_recompress;
   *n_evict = g.n_evict;
+  if (used_out != NULL)
+    memcpy(used_out, used, sizeof used);
   return KVDB_OK;
+}
+
+kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                       kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
+                       kv_policy_err *err)
+{
+  return greedy_run(ws, m, incoming, out, n_recompress, n_evict, NULL, err);
 }
 
 /* ---- plans ---------------------------------------------------------------------------------- */
@@ -1666,13 +1677,12 @@ static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *
  * full run re-encoded every context it took out of the DRAM tier (lossless while cached,
  * int8 after: 4.4e-6 of their utilities, 27 relocations per run at 1,000 contexts, most of a
  * placed put's cost in `kvdb-bench policy` part 6). */
-static void keep_configs(const pol_model *m, kv_policy_place *place)
+static void keep_configs(const pol_model *m, kv_policy_place *place, const uint64_t *used0)
 {
   if (m->p->rule == KV_POLICY_LEAST_DROP)
     return;
-  uint64_t used[KV_POLICY_MAX_TIERS] = {0};
-  for (size_t i = 0; i < m->n; i++)
-    pol_use(m, &m->ctx[i], &place[i], used, +1);
+  uint64_t used[KV_POLICY_MAX_TIERS]; /* the placements' bytes: the greedy's recount */
+  memcpy(used, used0, sizeof used);
   for (size_t i = 0; i < m->n; i++) {
     const kv_policy_context *c = &m->ctx[i];
     kv_policy_place p = place[i], keep = p;
@@ -1707,13 +1717,14 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   plan->place = malloc((n > 0 ? n : 1) * sizeof *plan->place);
   if (plan->place == NULL)
     return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
-  kvdb_status st =
-      pol_greedy(ws, m, incoming, plan->place, &plan->n_recompress, &plan->n_evict, err);
+  uint64_t used0[KV_POLICY_MAX_TIERS] = {0};
+  kvdb_status st = greedy_run(ws, m, incoming, plan->place, &plan->n_recompress, &plan->n_evict,
+                              used0, err);
   if (st != KVDB_OK) {
     kv_policy_plan_free(plan);
     return st;
   }
-  keep_configs(m, plan->place);
+  keep_configs(m, plan->place, used0);
   size_t n_moves = 0;
   double u_none = 0, moved_abs = 0; /* moved_abs: sum of |utility before| of the moved stored
                                        ones */
