@@ -7,6 +7,8 @@
  * down. For an over-full tier t, every context on it gets its cheapest operation (op_next);
  * a 4-ary heap orders contexts by that cost (ties: lower index). The loop takes the cheapest,
  * applies it, and puts the context back with its next operation while it is still on t.
+ * (The default build takes the same order from a radix sort of the first operations merged
+ * with a small heap of the later ones: see cascade.)
  * An operation changes only its own context's utility, so the other keys stay valid and no
  * decrease-key is needed.
  *
