@@ -7,6 +7,8 @@
  * down. For an over-full tier t, every context on it gets its cheapest operation (op_next);
  * a 4-ary heap orders contexts by that cost (ties: lower index). The loop takes the cheapest,
  * applies it, and puts the context back with its next operation while it is still on t.
+ * (The default build takes the same order from a radix sort of the first operations merged
+ * with a small heap of the later ones: see cascade.)
  * An operation changes only its own context's utility, so the other keys stay valid and no
  * decrease-key is needed.
  *
@@ -440,10 +442,8 @@ static inline int h_less(const hent *a, const hent *b)
   return a->key < b->key || (a->key == b->key && a->i < b->i);
 }
 
-static void h_down(gstate *g, size_t k)
+static void h_down_in(hent *h, size_t n, size_t k)
 {
-  hent *h = g->heap;
-  size_t n = g->hn;
   hent v = h[k];
   for (;;) {
     size_t c = 4 * k + 1;
@@ -460,6 +460,27 @@ static void h_down(gstate *g, size_t k)
   }
   h[k] = v;
 }
+
+static void h_down(gstate *g, size_t k)
+{
+  h_down_in(g->heap, g->hn, k);
+}
+
+#ifndef POL_REFERENCE
+/* Entry v into the heap h[0..n) (n + 1 entries after). */
+static void h_up_in(hent *h, size_t n, hent v)
+{
+  size_t k = n;
+  while (k > 0) {
+    size_t p = (k - 1) / 4;
+    if (!h_less(&v, &h[p]))
+      break;
+    h[k] = h[p];
+    k = p;
+  }
+  h[k] = v;
+}
+#endif
 
 /* ---- the workspace ----------------------------------------------------------------------- */
 
@@ -504,6 +525,26 @@ static void *ws_get(kv_policy_ws *ws, int k, size_t bytes)
 /* Algorithm 1 lines 5-14, tier by tier from the top (§4.4: "applied recursively if the
  * lower-tier storage is also full"), from the placements in g->cs. Returns -1, or the tier
  * left over capacity with no context on it ([G3]: cannot happen). */
+#ifndef POL_REFERENCE
+static void sort_keys(hent *keys, size_t n, hent *tmp);
+#define PF_SORTED 8
+
+/* Prefetch what taking entry e next reads: its context and its current option. */
+static inline void pf_entry(const gstate *g, const hent *e)
+{
+#if defined(__GNUC__)
+  __builtin_prefetch(&g->cs[e->i]);
+  if (e->gate < g->nopt) {
+    __builtin_prefetch(&g->co[e->gate]);
+    if (g->cd != NULL)
+      __builtin_prefetch(&g->cd[e->gate]);
+  }
+#else
+  (void)g, (void)e;
+#endif
+}
+#endif
+
 static int cascade(gstate *g)
 {
   const pol_model *m = g->m;
@@ -523,6 +564,54 @@ static int cascade(gstate *g)
         g->hn++;
       }
     }
+#ifndef POL_REFERENCE
+    /* The heap's order of operations, cheaper: most contexts are taken once, so the first
+     * operations are radix-sorted (sort_keys: the order h_less has, key then index) and taken
+     * from the front, and a context that stays on the tier goes with its next operation into a
+     * small heap q; the next operation is the lesser of the two fronts. Each context is in one
+     * of them with one key that does not change while it waits, so the operations are taken
+     * in the order of the one heap the reference build keeps (policy-same). */
+    {
+      hent *arr = g->heap, *q = g->tmp;
+      size_t na = g->hn, a = 0, nq = 0;
+      sort_keys(arr, na, g->tmp);
+      while (g->used[t] > m->cap[t]) {
+        int from_q;
+        if (a < na)
+          from_q = nq > 0 && h_less(&q[0], &arr[a]);
+        else if (nq > 0)
+          from_q = 1;
+        else /* only the pinned context is left: no placement with it there */
+          return g->pin < n ? CASCADE_PINNED : (int)t;
+        hent e = from_q ? q[0] : arr[a];
+        cst *c = &g->cs[e.i];
+        if (a + PF_SORTED < na) /* the sorted front is read in order: once, well ahead */
+          pf_entry(g, &arr[a + PF_SORTED]);
+        for (size_t d = 1; d <= 4 && d < nq; d++) /* q's next top is a child of its root */
+          pf_entry(g, &q[d]);
+        op x = c->op;
+        op_apply(g, t, c, &x);
+        if (!from_q)
+          a++;
+        if (on_tier(g, t, c)) { /* back with its next operation */
+          c->op = op_next(g, t, c);
+          e.key = c->op.key;
+          e.gate = opt_hint(c);
+          if (from_q) {
+            q[0] = e;
+            h_down_in(q, nq, 0);
+          } else {
+            h_up_in(q, nq++, e);
+          }
+        } else if (from_q) {
+          q[0] = q[--nq];
+          if (nq > 0)
+            h_down_in(q, nq, 0);
+        }
+      }
+      continue;
+    }
+#endif
     for (size_t k = (g->hn + 2) / 4; k-- > 0;)
       h_down(g, k);
     while (g->used[t] > m->cap[t]) {
@@ -1336,9 +1425,11 @@ static void gstate_free(gstate *g)
   (void)g; /* the buffers belong to the workspace */
 }
 
-kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
-                       kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
-                       kv_policy_err *err)
+/* pol_greedy, and the bytes of the placements per tier into used_out (the recount of [G1];
+ * NULL: not wanted). */
+static kvdb_status greedy_run(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                              kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
+                              uint64_t *used_out, kv_policy_err *err)
 {
   gstate g;
   memset(&g, 0, sizeof g);
@@ -1539,7 +1630,16 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
                       (unsigned long long)m->cap[t]);
   *n_recompress = g.n_recompress;
   *n_evict = g.n_evict;
+  if (used_out != NULL)
+    memcpy(used_out, used, sizeof used);
   return KVDB_OK;
+}
+
+kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
+                       kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
+                       kv_policy_err *err)
+{
+  return greedy_run(ws, m, incoming, out, n_recompress, n_evict, NULL, err);
 }
 
 /* ---- plans ---------------------------------------------------------------------------------- */
@@ -1555,6 +1655,7 @@ static int move_rank(const kv_policy_move *mv, int32_t T)
 
 /* Stable counting sort by rank: moves are produced in context order, so within a rank they
  * stay in context order. */
+#ifdef POL_REFERENCE /* the default build writes each move at its place (make_plan) */
 static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *tmp)
 {
   size_t count[2 * KV_POLICY_MAX_TIERS + 2] = {0};
@@ -1569,6 +1670,7 @@ static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *
     tmp[pos[move_rank(&mv[i], T)]++] = mv[i];
   memcpy(mv, tmp, n * sizeof *mv);
 }
+#endif
 
 /* Stability of a stored context's config (not Algorithm 1's, which is kept as written): a
  * context the placement keeps on its persistent tier keeps its stored config when the config
@@ -1577,13 +1679,12 @@ static void sort_moves(kv_policy_move *mv, size_t n, int32_t T, kv_policy_move *
  * full run re-encoded every context it took out of the DRAM tier (lossless while cached,
  * int8 after: 4.4e-6 of their utilities, 27 relocations per run at 1,000 contexts, most of a
  * placed put's cost in `kvdb-bench policy` part 6). */
-static void keep_configs(const pol_model *m, kv_policy_place *place)
+static void keep_configs(const pol_model *m, kv_policy_place *place, const uint64_t *used0)
 {
   if (m->p->rule == KV_POLICY_LEAST_DROP)
     return;
-  uint64_t used[KV_POLICY_MAX_TIERS] = {0};
-  for (size_t i = 0; i < m->n; i++)
-    pol_use(m, &m->ctx[i], &place[i], used, +1);
+  uint64_t used[KV_POLICY_MAX_TIERS]; /* the placements' bytes: the greedy's recount */
+  memcpy(used, used0, sizeof used);
   for (size_t i = 0; i < m->n; i++) {
     const kv_policy_context *c = &m->ctx[i];
     kv_policy_place p = place[i], keep = p;
@@ -1618,17 +1719,19 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   plan->place = malloc((n > 0 ? n : 1) * sizeof *plan->place);
   if (plan->place == NULL)
     return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
-  kvdb_status st =
-      pol_greedy(ws, m, incoming, plan->place, &plan->n_recompress, &plan->n_evict, err);
+  uint64_t used0[KV_POLICY_MAX_TIERS] = {0};
+  kvdb_status st = greedy_run(ws, m, incoming, plan->place, &plan->n_recompress, &plan->n_evict,
+                              used0, err);
   if (st != KVDB_OK) {
     kv_policy_plan_free(plan);
     return st;
   }
-  keep_configs(m, plan->place);
+  keep_configs(m, plan->place, used0);
   size_t n_moves = 0;
   double u_none = 0, moved_abs = 0; /* moved_abs: sum of |utility before| of the moved stored
                                        ones */
   int any_incoming = 0;
+  size_t pos[2 * KV_POLICY_MAX_TIERS + 2] = {0}; /* moves per rank (move_rank) */
   /* each context's utility before and after, for its move below */
   double *uc = ws_get(ws, WS_UPLAN, (n > 0 ? n : 1) * 2 * sizeof *uc);
   if (uc == NULL) {
@@ -1648,6 +1751,9 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
     pol_use(m, c, &plan->place[i], plan->used_after, +1);
     if (!pol_place_eq(&c->current, &plan->place[i])) {
       n_moves++;
+      kv_policy_move r;
+      r.to = plan->place[i];
+      pos[move_rank(&r, (int32_t)m->T)]++;
       if (c->current.tier != KV_POLICY_NONE && plan->place[i].tier != KV_POLICY_NONE)
         moved_abs += fabs(uc[2 * i]); /* a stored context moved (not stored or dropped) */
     }
@@ -1683,16 +1789,38 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   }
   if (n_moves > 0) {
     plan->moves = malloc(n_moves * sizeof *plan->moves);
-    kv_policy_move *tmp = ws_get(ws, WS_MOVES, n_moves * sizeof *tmp);
-    if (plan->moves == NULL || tmp == NULL) {
+    if (plan->moves == NULL) {
       kv_policy_plan_free(plan);
       return pol_fail(err, KVDB_NOMEM, "out of memory (%zu moves)", n_moves);
     }
+#ifndef POL_REFERENCE
+    /* each move written at its place in sort_moves' order (a counting sort by rank, context
+     * order within a rank): no second copy of the moves and no pass to move them back */
+    size_t s = 0;
+    for (size_t r = 0; r < 2 * KV_POLICY_MAX_TIERS + 2; r++) {
+      size_t cnt = pos[r];
+      pos[r] = s;
+      s += cnt;
+    }
+#else
+    kv_policy_move *tmp = ws_get(ws, WS_MOVES, n_moves * sizeof *tmp);
+    if (tmp == NULL) {
+      kv_policy_plan_free(plan);
+      return pol_fail(err, KVDB_NOMEM, "out of memory (%zu moves)", n_moves);
+    }
+#endif
     for (size_t i = 0; i < n; i++) {
       const kv_policy_context *c = &m->ctx[i];
       if (pol_place_eq(&c->current, &plan->place[i]))
         continue;
+#ifndef POL_REFERENCE
+      kv_policy_move mv0;
+      mv0.to = plan->place[i];
+      kv_policy_move *mv = &plan->moves[pos[move_rank(&mv0, (int32_t)m->T)]++];
+      plan->n_moves++;
+#else
       kv_policy_move *mv = &plan->moves[plan->n_moves++];
+#endif
       memset(mv, 0, sizeof *mv);
       mv->context = (uint32_t)i;
       mv->from = c->current;
@@ -1707,7 +1835,9 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
       mv->utility_from = uc[2 * i]; /* pol_util_place of from (none: the same as current's) */
       mv->utility_to = uc[2 * i + 1];
     }
+#ifdef POL_REFERENCE
     sort_moves(plan->moves, plan->n_moves, (int32_t)m->T, tmp);
+#endif
   }
   (void)incoming;
   return KVDB_OK;
