@@ -785,6 +785,21 @@ kvdb_status kv_opts_probes(const kvdb_put_opts *o, const kvdb_model *m, uint64_t
   return KVDB_OK;
 }
 
+/* Block i of a chain put of tokens[0..n) in blocks of bt: its tokens, parent (*prev, then
+ * advanced to this block), hash and geometry. */
+static kvdb_status chain_block(put_blk *b, const kvdb_model *m, uint32_t bt,
+                               const uint32_t *tokens, size_t n, uint32_t i, const uint8_t **prev)
+{
+  b->t0 = (uint64_t)i * bt;
+  b->n_tok = (uint32_t)((i + 1) * (uint64_t)bt <= n ? bt : n - b->t0);
+  b->tokens = tokens + b->t0;
+  memcpy(b->parent, *prev, 16);
+  kv_chain_hash(*prev, b->tokens, b->n_tok, b->hash);
+  *prev = b->hash;
+  return kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
+                            b->n_tok);
+}
+
 static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t mh[16],
                             const uint32_t *tokens, size_t n, const kvdb_kv_view *kv,
                             uint64_t kv_t0, const uint8_t *replace, const kvdb_config *cfg,
@@ -803,14 +818,7 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
   kvdb_status rc = KVDB_OK;
   for (uint32_t i = 0; i < r.n; i++) {
     put_blk *b = &r.b[i];
-    b->t0 = (uint64_t)i * bt;
-    b->n_tok = (uint32_t)((i + 1) * (uint64_t)bt <= n ? bt : n - b->t0);
-    b->tokens = tokens + b->t0;
-    memcpy(b->parent, prev, 16);
-    kv_chain_hash(prev, b->tokens, b->n_tok, b->hash);
-    prev = b->hash;
-    KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
-                              b->n_tok));
+    KV_ERR(chain_block(b, m, bt, tokens, n, i, &prev));
     if (r.cfg.method != KVDB_METHOD_RAW) {
       b->bound = kv_cblock_bound(&r.cfg, &b->g);
       if (b->bound != 0)
@@ -865,14 +873,7 @@ kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
   int have_cfg = 0;
   for (uint32_t i = 0; i < r.n; i++) {
     put_blk *b = &r.b[i];
-    b->t0 = (uint64_t)i * bt;
-    b->n_tok = (uint32_t)((i + 1) * (uint64_t)bt <= n ? bt : n - b->t0);
-    b->tokens = tokens + b->t0;
-    memcpy(b->parent, prev, 16);
-    kv_chain_hash(prev, b->tokens, b->n_tok, b->hash);
-    prev = b->hash;
-    KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
-                              b->n_tok));
+    KV_ERR(chain_block(b, m, bt, tokens, n, i, &prev));
     if (objs[i] != NULL) {
       const kv_block_rec *o = &recs[i];
       if (o->bytes == 0 || o->bytes % KV_PAGE != 0 || o->method > KVDB_METHOD_DROP ||

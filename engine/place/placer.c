@@ -463,15 +463,11 @@ void kvdb_place_plan_free(kvdb_place_plan *plan)
 
 /* ---- execution --------------------------------------------------------------------------- */
 
-/* Delete a context the plan pushed off the last tier (its own transaction). Written back to
- * the remote tier first (KVDB_REMOTE_WRITE_EVICT) unless the plan's model had that tier:
- * then the utility chose to drop it rather than keep it there. */
-static kvdb_status evict(kvdb *db, const uint8_t key[16], int plan_remote)
+/* Delete context `key` in its own transaction. */
+static kvdb_status delete_ctx(kvdb *db, const uint8_t key[16])
 {
   kv_txn *txn;
   uint64_t freed;
-  if (!plan_remote)
-    kv_rtier_note_evict(db, key); /* write-back to the remote tier, when asked for */
   KV_RET(kv_txn_begin(&db->cat, 1, &txn));
   kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
   if (rc != KVDB_OK) {
@@ -479,6 +475,16 @@ static kvdb_status evict(kvdb *db, const uint8_t key[16], int plan_remote)
     return rc;
   }
   return kv_txn_commit(txn);
+}
+
+/* Delete a context the plan pushed off the last tier (its own transaction). Written back to
+ * the remote tier first (KVDB_REMOTE_WRITE_EVICT) unless the plan's model had that tier:
+ * then the utility chose to drop it rather than keep it there. */
+static kvdb_status evict(kvdb *db, const uint8_t key[16], int plan_remote)
+{
+  if (!plan_remote)
+    kv_rtier_note_evict(db, key); /* write-back to the remote tier, when asked for */
+  return delete_ctx(db, key);
 }
 
 /* Move a context to the remote tier: its blocks written to Redis, then deleted here (its own
@@ -496,15 +502,7 @@ static kvdb_status to_remote(kvdb *db, const uint8_t key[16], kvdb_rebalance_rep
            "tier; deleted here as planned", n - took, n, kv_hex16(key, hx));
     rep->remote_unwritten += n - took;
   }
-  kv_txn *txn;
-  uint64_t freed;
-  KV_RET(kv_txn_begin(&db->cat, 1, &txn));
-  kvdb_status rc = kv_delete_ctx_txn(db, txn, key, &freed);
-  if (rc != KVDB_OK) {
-    kv_txn_abort(txn);
-    return rc;
-  }
-  return kv_txn_commit(txn);
+  return delete_ctx(db, key);
 }
 
 /* Where a context is now: its config, tier and model (KVDB_NOTFOUND when gone). */
