@@ -152,7 +152,10 @@ static void fill_kv(const uint32_t *tok, size_t n, uint16_t *buf)
       }
 }
 
-static kvdb *open_host(const char *dir, int port, const char *ns, kvdb_status *st)
+/* A host of the remote benches: no syncs, no DRAM tier, copies of remote hits off (every get of
+ * host B reads Redis; a copy would make it local), keys under hash-tag scheme `tag`. */
+static kvdb *open_host(const char *dir, int port, const char *ns, uint32_t timeout_ms,
+                       uint32_t tag, kvdb_status *st)
 {
   char addr[32];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
@@ -164,8 +167,9 @@ static kvdb *open_host(const char *dir, int port, const char *ns, kvdb_status *s
   o.log_level = -1;
   o.remote_addr = addr;
   o.remote_namespace = ns;
-  o.remote_timeout_ms = 500;
-  o.remote_copy_hits = 0; /* every get of host B reads Redis (a copy would make it local) */
+  o.remote_timeout_ms = timeout_ms;
+  o.remote_copy_hits = 0;
+  o.remote_hash_tag = tag;
   kvdb *db = NULL;
   *st = kvdb_open(dir, &o, &db);
   if (*st != KVDB_OK)
@@ -323,9 +327,9 @@ int bench_remote(const bench_env *env, bench_json *j)
   bench_samples up = {0}, down = {0};
   kvdb_status st;
   snprintf(path, sizeof path, "%s/host-a", env->dir);
-  a = open_host(path, s.port, "bench", &st);
+  a = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
   snprintf(path, sizeof path, "%s/host-b", env->dir);
-  b = open_host(path, s.port, "bench", &st);
+  b = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
   if (kv == NULL || out == NULL || expect == NULL || a == NULL || b == NULL)
     goto out;
   /* host A puts (write-through), host B reads from the remote tier only */
@@ -335,7 +339,7 @@ int bench_remote(const bench_env *env, bench_json *j)
   drain(a);
   { /* the same contexts put by another tenant (values for the fault of that kind) */
     snprintf(path, sizeof path, "%s/host-other", env->dir);
-    kvdb *o = open_host(path, s.port, "other", &st);
+    kvdb *o = open_host(path, s.port, "other", 500, KVDB_REMOTE_TAG_NONE, &st);
     for (unsigned i = 0; o != NULL && i < n_ctx; i++)
       put_ctx(o, i, kv, NULL);
     kvdb_close(o); /* sends what is queued */
@@ -630,27 +634,6 @@ static double median_of(double *v, unsigned n)
   return n ? v[n / 2] : 0;
 }
 
-static kvdb *open_tag_host(const char *dir, int port, const char *ns, uint32_t tag)
-{
-  char addr[32];
-  snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
-  kvdb_options o;
-  kvdb_options_init(&o);
-  o.sync_mode = KVDB_SYNC_NONE;
-  o.use_direct_io = 0;
-  o.dram_bytes = 0;
-  o.log_level = -1;
-  o.remote_addr = addr;
-  o.remote_namespace = ns;
-  o.remote_timeout_ms = 2000;
-  o.remote_copy_hits = 0;
-  o.remote_hash_tag = tag;
-  kvdb *db = NULL;
-  if (kvdb_open(dir, &o, &db) != KVDB_OK)
-    bench_log("remote-tags: open %s: %s", dir, kvdb_errmsg());
-  return db;
-}
-
 static void *tag_get_run(void *arg)
 {
   tag_get *g = arg;
@@ -723,6 +706,7 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
   memset(s, 0, sizeof s);
   int ret = 1;
   kvdb *a[T_MODES] = {NULL}, *b[T_MODES] = {NULL};
+  kvdb_status st;
   uint16_t *kv = NULL;
   bench_samples lat[T_MODES] = {{0}};
   for (int k = 0; k < 3; k++) {
@@ -787,9 +771,9 @@ int bench_remote_tags(const bench_env *env, bench_json *j)
   for (int m = 0; m < T_MODES; m++) {
     uint32_t tag = m == 0 ? KVDB_REMOTE_TAG_NONE : KVDB_REMOTE_TAG_ROOT;
     snprintf(path, sizeof path, "%s/host-a-%s", env->dir, nsn[m]);
-    a[m] = open_tag_host(path, s[0].port, nsn[m], tag);
+    a[m] = open_host(path, s[0].port, nsn[m], 2000, tag, &st);
     snprintf(path, sizeof path, "%s/host-b-%s", env->dir, nsn[m]);
-    b[m] = open_tag_host(path, s[0].port, nsn[m], tag);
+    b[m] = open_host(path, s[0].port, nsn[m], 2000, tag, &st);
     if (a[m] == NULL || b[m] == NULL) {
       free(tok);
       goto out;
