@@ -374,6 +374,7 @@ typedef struct opt_m {
   size_t n_all, n_paper;      /* instances with something to gain */
   size_t skipped;             /* instances the exact solver gave up on */
   double exact_ms;            /* time in the exact solver, all instances */
+  double rule_ms[OPT_RULES][2]; /* median and max time of one kv_policy_rebalance */
 } opt_m;
 
 int pb_optimality(const bench_env *env, opt_m *out);

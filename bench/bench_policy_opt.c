@@ -197,27 +197,71 @@ static void summarize(double *v, size_t n, double out[3])
   out[2] = n ? median(v, n) : NAN;
 }
 
+/* KVDB_BENCH_OPT_WORST=1: the default rule's worst instance, context by context, beside the
+ * optimum. */
+static void print_worst(FILE *o, oinst *x, size_t it, int paper, double share)
+{
+  kv_policy_place opt[OPT_MAXN];
+  double uopt;
+  kv_policy_plan plan;
+  x->p.rule = KV_POLICY_REFILL;
+  kv_policy_eval ev;
+  if (kv_policy_exact(&x->p, x->c, x->n, 0, opt, &uopt, NULL) != KVDB_OK ||
+      kv_policy_evaluate(&x->p, x->c, x->n, opt, &ev, NULL) != KVDB_OK ||
+      kv_policy_rebalance(&x->p, x->c, x->n, &plan, NULL) != KVDB_OK)
+    return;
+  fprintf(o, "\nthe default rule's worst instance: #%zu (%s), share %.4f, %zu contexts, alpha %g, "
+             "U rule %.6g, U opt %.6g; tiers:",
+          it, paper ? "paper's shape" : "adversarial", share, x->n, x->p.alpha,
+          plan.utility_after, uopt);
+  for (uint32_t t = 0; t < x->p.n_tiers; t++)
+    fprintf(o, " %s cap %llu used %llu/%llu (rule/opt) bw %.3g flags %u;", x->tiers[t].name,
+            (unsigned long long)x->tiers[t].capacity_bytes,
+            (unsigned long long)plan.used_after[t], (unsigned long long)ev.used[t],
+            x->tiers[t].read_bps, x->tiers[t].flags);
+  fprintf(o, "\n  %3s %12s %9s %8s   %-18s %10s   %-18s %10s\n", "ctx", "raw", "tokens", "freq",
+          "rule (t/o/c bytes)", "U", "optimum", "U");
+  for (size_t i = 0; i < x->n; i++) {
+    const kv_policy_context *c = &x->c[i];
+    kv_policy_place a = plan.place[i], b = opt[i];
+    uint64_t ba = a.tier < 0 ? 0 : c->options[a.option].bytes;
+    uint64_t bb = b.tier < 0 ? 0 : c->options[b.option].bytes;
+    fprintf(o,
+            "  %3zu %12llu %9llu %8.4f   %2d/%2d/%u %10llu %10.5g   %2d/%2d/%u %10llu %10.5g\n", i,
+            (unsigned long long)c->raw_bytes, (unsigned long long)c->n_tokens, c->frequency,
+            a.tier, a.option, a.cached, (unsigned long long)ba,
+            kv_policy_utility(&x->p, c, a), b.tier, b.option, b.cached,
+            (unsigned long long)bb, kv_policy_utility(&x->p, c, b));
+  }
+  kv_policy_plan_free(&plan);
+}
+
 int pb_optimality(const bench_env *env, opt_m *out)
 {
   memset(out, 0, sizeof *out);
   size_t np = env->quick ? OPT_PAPER_QUICK : OPT_PAPER, na = env->quick ? OPT_ADV_QUICK : OPT_ADV;
   size_t cap = np + na;
-  double *sh[OPT_RULES], *sh_paper[OPT_RULES];
+  double *sh[OPT_RULES], *sh_paper[OPT_RULES], *tm[OPT_RULES];
   int rc = -1;
   for (int r = 0; r < OPT_RULES; r++) {
     sh[r] = calloc(cap, sizeof(double));
     sh_paper[r] = calloc(cap, sizeof(double));
+    tm[r] = calloc(cap, sizeof(double));
   }
+  size_t n_tm = 0, worst_it = SIZE_MAX;
+  double worst_s = INFINITY;
+  uint64_t worst_rng = 0;
   uint64_t rng = 0x17171717ull;
   size_t n_all[OPT_RULES] = {0}, n_paper[OPT_RULES] = {0};
   double ms = 0;
   for (size_t it = 0; it < cap; it++) {
     int r;
     for (r = 0; r < OPT_RULES; r++)
-      if (sh[r] == NULL || sh_paper[r] == NULL)
+      if (sh[r] == NULL || sh_paper[r] == NULL || tm[r] == NULL)
         goto done;
     oinst x;
     int paper = it < np;
+    uint64_t rng0 = rng;
     if (paper)
       make_paper(&x, &rng, (uint32_t)(it % 5));
     else
@@ -239,31 +283,54 @@ int pb_optimality(const bench_env *env, opt_m *out)
     for (r = 0; r < OPT_RULES; r++) {
       x.p.rule = (kv_policy_rule)r;
       kv_policy_plan plan;
+      double t1 = now_s();
       if ((st = kv_policy_rebalance(&x.p, x.c, x.n, &plan, &err)) != KVDB_OK) {
         pfail("kv_policy_rebalance", st, &err);
         goto done;
       }
+      tm[r][n_tm] = (now_s() - t1) * 1e3;
       double s = share_of(&x, plan.utility_after, uopt);
       kv_policy_plan_free(&plan);
       if (isnan(s))
         continue;
       sh[r][n_all[r]++] = s;
+      if (r == KV_POLICY_REFILL && s < worst_s) {
+        worst_s = s;
+        worst_it = it;
+        worst_rng = rng0;
+      }
       if (paper)
         sh_paper[r][n_paper[r]++] = s;
     }
+    n_tm++;
   }
   for (int r = 0; r < OPT_RULES; r++) {
     summarize(sh[r], n_all[r], out->all[r]);
     summarize(sh_paper[r], n_paper[r], out->paper[r]);
     out->n_all = n_all[r];
     out->n_paper = n_paper[r];
+    double t3[3];
+    summarize(tm[r], n_tm, t3);
+    out->rule_ms[r][0] = t3[2];
+    out->rule_ms[r][1] = n_tm ? tm[r][n_tm - 1] : NAN;
   }
   out->exact_ms = ms;
+  const char *ws = getenv("KVDB_BENCH_OPT_WORST");
+  if (ws != NULL && *ws != '\0' && strcmp(ws, "0") != 0 && worst_it != SIZE_MAX) {
+    oinst x;
+    rng = worst_rng;
+    if (worst_it < np)
+      make_paper(&x, &rng, (uint32_t)(worst_it % 5));
+    else
+      make_adv(&x, &rng, (uint32_t)(worst_it % 4));
+    print_worst(env->out, &x, worst_it, worst_it < np, worst_s);
+  }
   rc = 0;
 done:
   for (int r = 0; r < OPT_RULES; r++) {
     free(sh[r]);
     free(sh_paper[r]);
+    free(tm[r]);
   }
   return rc;
 }

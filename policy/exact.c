@@ -8,6 +8,7 @@
  * Both see exactly the greedy's choices (pol_choices): not stored; any option on any persistent
  * tier; with an inclusive tier 0, also cached (bytes on tier 0 and on the persistent tier).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,32 +16,43 @@
 
 #define EXACT_MAX_CONTEXTS 32
 #define EXACT_DEFAULT_NODES 50000000ull
+#ifndef EXACT_LAMBDA /* the bound of kv_policy_exact: bb_run's lambda_mode */
+#define EXACT_LAMBDA 2
+#endif
 
 /* ---- branch and bound ---------------------------------------------------------------------- */
 
+/*
+ * Depth-first over the contexts (most at stake first), each context's choices best first.
+ * Two bounds on what the contexts not yet placed can still add, the smaller one prunes:
+ *   plain:      the sum of their best utilities, capacities ignored;
+ *   Lagrangian: with prices lambda_t >= 0 per limited tier (the LP relaxation's, from the
+ *               coordinate descent of kv_policy_upper_bound), sum_t lambda_t * (C_t - used_t)
+ *               + the sum of their best reduced values max_c (U_c - lambda . use_c): valid for
+ *               every lambda >= 0, since what they add fits in C_t - used_t.
+ * Choices are sorted by reduced value, so once one fails the Lagrangian bound the rest do too.
+ * Choices that cannot fit the empty tiers, and choices another choice of the same context
+ * dominates (at least its utility with at most its bytes on every tier), are left out.
+ */
 typedef struct bb {
   const pol_model *m;
   size_t n;
   uint32_t *order;      /* search order of contexts */
-  pol_choice **ch;      /* [n] choices of each context, best utility first */
+  pol_choice **ch;      /* [n] choices of each context, best reduced value first */
+  double **red;         /* [n] their reduced values U - lambda . use */
   size_t *nch;
   double *suffix;       /* suffix[d] = sum of the best utility of order[d..n-1] */
+  double *lsuffix;      /* lsuffix[d] = sum of the best reduced value of order[d..n-1] */
+  double lam[KV_POLICY_MAX_TIERS];
   kv_policy_place *cur; /* [n] by context index */
   kv_policy_place *best;
   double best_u;
-  int have_best;
+  int have_best, found;
   uint64_t used[KV_POLICY_MAX_TIERS];
-  uint64_t nodes, max_nodes;
+  uint64_t nodes, max_nodes; /* nodes: placements of one context tried (kv_policy_exact) */
+  uint64_t work, max_work;   /* work: choices looked at (the default rule's budget) */
   int out_of_nodes;
 } bb;
-
-static int choice_cmp(const void *a, const void *b)
-{
-  const pol_choice *x = a, *y = b;
-  if (x->u != y->u)
-    return x->u > y->u ? -1 : 1;
-  return 0; /* equal: sort_choices is stable, so enumeration order decides */
-}
 
 static void bb_search(bb *s, size_t d, double u)
 {
@@ -50,19 +62,31 @@ static void bb_search(bb *s, size_t d, double u)
     if (!s->have_best || u > s->best_u) {
       s->best_u = u;
       s->have_best = 1;
+      s->found = 1;
       memcpy(s->best, s->cur, s->n * sizeof *s->cur);
     }
     return;
   }
-  double tol = 1e-12 * (fabs(s->best_u) + 1.0);
-  if (s->have_best && u + s->suffix[d] <= s->best_u + tol)
+  const pol_model *m = s->m;
+  double slack = 0; /* sum_t lambda_t * (C_t - used_t) */
+  for (uint32_t t = 0; t < m->T; t++)
+    if (s->lam[t] > 0)
+      slack += s->lam[t] * (double)(m->cap[t] - s->used[t]);
+  double tol = 1e-12 * (fabs(s->best_u) + fabs(slack) + 1.0);
+  if (s->have_best && (u + s->suffix[d] <= s->best_u + tol ||
+                       u + slack + s->lsuffix[d] <= s->best_u + tol))
     return;
   uint32_t i = s->order[d];
-  const pol_model *m = s->m;
   for (size_t k = 0; k < s->nch[i]; k++) {
     const pol_choice *c = &s->ch[i][k];
+    if (++s->work > s->max_work) {
+      s->out_of_nodes = 1;
+      return;
+    }
+    if (s->have_best && u + slack + s->red[i][k] + s->lsuffix[d + 1] <= s->best_u + tol)
+      break; /* sorted by reduced value: none of the rest can do better */
     if (s->have_best && u + c->u + s->suffix[d + 1] <= s->best_u + tol)
-      break; /* choices are sorted by utility: none of the rest can do better */
+      continue;
     int fits = 1;
     for (uint32_t t = 0; t < m->T && fits; t++)
       fits = c->use[t] == 0 || (s->used[t] <= m->cap[t] && c->use[t] <= m->cap[t] - s->used[t]);
@@ -83,18 +107,179 @@ static void bb_search(bb *s, size_t d, double u)
   }
 }
 
-/* Stable sort of one context's choices by utility, descending (insertion sort: few choices). */
-static void sort_choices(pol_choice *c, size_t k)
+/* Stable sort of one context's choices by reduced value, descending (insertion sort). */
+static void sort_choices(pol_choice *c, double *r, size_t k)
 {
   for (size_t a = 1; a < k; a++) {
     pol_choice x = c[a];
+    double xr = r[a];
     size_t b = a;
-    while (b > 0 && choice_cmp(&x, &c[b - 1]) < 0) {
+    while (b > 0 && xr > r[b - 1]) {
       c[b] = c[b - 1];
+      r[b] = r[b - 1];
       b--;
     }
     c[b] = x;
+    r[b] = xr;
   }
+}
+
+/* 1 when choice a is at least as good as b everywhere (utility, bytes on every tier). */
+static int dominates(const pol_model *m, const pol_choice *a, const pol_choice *b)
+{
+  if (!(a->u >= b->u))
+    return 0;
+  for (uint32_t t = 0; t < m->T; t++)
+    if (a->use[t] > b->use[t])
+      return 0;
+  return 1;
+}
+
+static int lagrange_prices(const pol_model *m, int pattern, double *bound, double *lambda);
+
+/*
+ * The search from the incumbent `inc` (utility inc_u; the search keeps only placements worth
+ * more than inc_u + margin). lambda_mode: 0 plain bound only, 1 prices by coordinate descent,
+ * 2 with kv_policy_upper_bound's pattern search as well. Sets *complete (the search finished:
+ * nothing worth more than inc_u + margin is missed) and *found (inc was replaced by a better
+ * placement). Returns KVDB_OK or KVDB_NOMEM; KVDB_UNSUPPORTED when the instance has more
+ * choices than max_choices.
+ */
+static kvdb_status bb_run(const pol_model *m, kv_policy_place *inc, double inc_u, double margin,
+                          int lambda_mode, uint64_t max_nodes, uint64_t max_work,
+                          size_t max_choices, int *complete, int *found)
+{
+  size_t n = m->n;
+  const kv_policy_context *ctx = m->ctx;
+  *complete = 0;
+  *found = 0;
+  size_t S = 0;
+  for (size_t i = 0; i < n; i++)
+    S += pol_n_choices(m, &ctx[i]);
+  if (S > max_choices)
+    return KVDB_UNSUPPORTED;
+  bb s;
+  memset(&s, 0, sizeof s);
+  s.m = m;
+  s.n = n;
+  s.max_nodes = max_nodes;
+  s.max_work = max_work;
+  if (lambda_mode > 0) {
+    double bnd;
+    if (lagrange_prices(m, lambda_mode > 1, &bnd, s.lam) != 0)
+      return KVDB_NOMEM;
+    /* the incumbent already reaches the bound: nothing to search */
+    if (bnd <= inc_u + margin + 1e-12 * (fabs(bnd) + 1.0)) {
+      *complete = 1;
+      return KVDB_OK;
+    }
+  }
+  kvdb_status st = KVDB_OK;
+  s.order = calloc(n, sizeof *s.order);
+  s.ch = calloc(n, sizeof *s.ch);
+  s.red = calloc(n, sizeof *s.red);
+  s.nch = calloc(n, sizeof *s.nch);
+  s.suffix = calloc(n + 1, sizeof *s.suffix);
+  s.lsuffix = calloc(n + 1, sizeof *s.lsuffix);
+  s.cur = calloc(n, sizeof *s.cur);
+  s.best = calloc(n, sizeof *s.best);
+  double *spread = calloc(n, sizeof *spread);
+  if (!s.order || !s.ch || !s.red || !s.nch || !s.suffix || !s.lsuffix || !s.cur || !s.best ||
+      !spread) {
+    st = KVDB_NOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t k = pol_n_choices(m, &ctx[i]);
+    s.ch[i] = malloc(k * sizeof *s.ch[i]);
+    s.red[i] = malloc(k * sizeof *s.red[i]);
+    if (s.ch[i] == NULL || s.red[i] == NULL) {
+      st = KVDB_NOMEM;
+      goto out;
+    }
+    pol_choice *c = s.ch[i];
+    k = pol_choices(m, &ctx[i], c);
+    size_t kk = 0; /* keep what fits the empty tiers and is not dominated by a kept earlier one
+                      or by any later one (ties keep the first) */
+    for (size_t a = 0; a < k; a++) {
+      int keep = 1;
+      for (uint32_t t = 0; t < m->T && keep; t++)
+        keep = c[a].use[t] <= m->cap[t];
+      for (size_t b = 0; b < k && keep; b++) {
+        if (b == a || !dominates(m, &c[b], &c[a]))
+          continue;
+        /* mutual domination = equal: the first one stays */
+        keep = dominates(m, &c[a], &c[b]) && a < b;
+      }
+      if (keep)
+        c[kk++] = c[a];
+    }
+    s.nch[i] = kk; /* "not stored" is never dropped: nothing dominates it but an equal one */
+    double umax = -INFINITY, umin = INFINITY;
+    for (size_t a = 0; a < kk; a++) {
+      double r = c[a].u;
+      for (uint32_t t = 0; t < m->T; t++)
+        r -= s.lam[t] * (double)c[a].use[t];
+      s.red[i][a] = r;
+      umax = c[a].u > umax ? c[a].u : umax;
+      umin = c[a].u < umin ? c[a].u : umin;
+    }
+    sort_choices(c, s.red[i], kk);
+    spread[i] = umax - umin;
+    s.order[i] = (uint32_t)i;
+  }
+  /* contexts with the most at stake first: they prune the most (insertion sort, n small) */
+  for (size_t a = 1; a < n; a++) {
+    uint32_t x = s.order[a];
+    size_t b = a;
+    while (b > 0 && spread[s.order[b - 1]] < spread[x]) {
+      s.order[b] = s.order[b - 1];
+      b--;
+    }
+    s.order[b] = x;
+  }
+  for (size_t d = n; d-- > 0;) {
+    uint32_t i = s.order[d];
+    double umax = -INFINITY;
+    for (size_t a = 0; a < s.nch[i]; a++)
+      umax = s.ch[i][a].u > umax ? s.ch[i][a].u : umax;
+    s.suffix[d] = s.suffix[d + 1] + umax;
+    s.lsuffix[d] = s.lsuffix[d + 1] + s.red[i][0];
+  }
+  memcpy(s.best, inc, n * sizeof *inc);
+  s.best_u = inc_u + margin;
+  s.have_best = 1;
+  bb_search(&s, 0, 0.0);
+  *complete = !s.out_of_nodes;
+  if (s.found) {
+    *found = 1;
+    memcpy(inc, s.best, n * sizeof *inc);
+  }
+out:
+  if (s.ch != NULL)
+    for (size_t i = 0; i < n; i++)
+      free(s.ch[i]);
+  if (s.red != NULL)
+    for (size_t i = 0; i < n; i++)
+      free(s.red[i]);
+  free(s.ch);
+  free(s.red);
+  free(s.order);
+  free(s.nch);
+  free(s.suffix);
+  free(s.lsuffix);
+  free(s.cur);
+  free(s.best);
+  free(spread);
+  return st;
+}
+
+static double place_total(const pol_model *m, const kv_policy_place *pl)
+{
+  double u = 0;
+  for (size_t i = 0; i < m->n; i++) /* the same summation order as kv_policy_evaluate */
+    u += pol_util_place(m, &m->ctx[i], &pl[i]);
+  return u;
 }
 
 kvdb_status kv_policy_exact(const kv_policy_params *p, const kv_policy_context *ctx, size_t n,
@@ -114,83 +299,48 @@ kvdb_status kv_policy_exact(const kv_policy_params *p, const kv_policy_context *
     *utility = 0;
     return KVDB_OK;
   }
-  bb s;
-  memset(&s, 0, sizeof s);
-  s.m = &m;
-  s.n = n;
-  s.max_nodes = max_nodes != 0 ? max_nodes : EXACT_DEFAULT_NODES;
-  s.order = calloc(n, sizeof *s.order);
-  s.ch = calloc(n, sizeof *s.ch);
-  s.nch = calloc(n, sizeof *s.nch);
-  s.suffix = calloc(n + 1, sizeof *s.suffix);
-  s.cur = calloc(n, sizeof *s.cur);
-  s.best = calloc(n, sizeof *s.best);
-  double *spread = calloc(n, sizeof *spread);
-  st = KVDB_OK;
-  if (!s.order || !s.ch || !s.nch || !s.suffix || !s.cur || !s.best || !spread) {
-    st = pol_fail(err, KVDB_NOMEM, "out of memory");
-    goto out;
-  }
-  for (size_t i = 0; i < n; i++) {
-    s.nch[i] = pol_n_choices(&m, &ctx[i]);
-    s.ch[i] = malloc(s.nch[i] * sizeof *s.ch[i]);
-    if (s.ch[i] == NULL) {
-      st = pol_fail(err, KVDB_NOMEM, "out of memory");
-      goto out;
-    }
-    pol_choices(&m, &ctx[i], s.ch[i]);
-    sort_choices(s.ch[i], s.nch[i]);
-    spread[i] = s.ch[i][0].u - s.ch[i][s.nch[i] - 1].u;
-    s.order[i] = (uint32_t)i;
-  }
-  /* contexts with the most at stake first: they prune the most (insertion sort, n <= 32) */
-  for (size_t a = 1; a < n; a++) {
-    uint32_t x = s.order[a];
-    size_t b = a;
-    while (b > 0 && spread[s.order[b - 1]] < spread[x]) {
-      s.order[b] = s.order[b - 1];
-      b--;
-    }
-    s.order[b] = x;
-  }
-  for (size_t d = n; d-- > 0;)
-    s.suffix[d] = s.suffix[d + 1] + s.ch[s.order[d]][0].u;
-  /* the greedy's solution is the first incumbent */
+  kv_policy_place *best = calloc(n, sizeof *best);
+  if (best == NULL)
+    return pol_fail(err, KVDB_NOMEM, "out of memory");
+  /* the first incumbent: the greedy's solution without its own search (POL_NO_SEARCH), else
+   * nothing stored */
+  for (size_t i = 0; i < n; i++)
+    best[i] = kv_policy_place_none();
+  m.no_search = 1;
   kv_policy_ws *ws = kv_policy_ws_create();
-  if (ws != NULL && pol_greedy(ws, &m, NULL, s.best, &(uint64_t){0}, &(uint64_t){0}, NULL) ==
-                        KVDB_OK) {
-    s.have_best = 1;
-    s.best_u = 0;
+  if (ws == NULL ||
+      pol_greedy(ws, &m, NULL, best, &(uint64_t){0}, &(uint64_t){0}, NULL) != KVDB_OK)
     for (size_t i = 0; i < n; i++)
-      s.best_u += pol_util_place(&m, &ctx[i], &s.best[i]);
-  }
+      best[i] = kv_policy_place_none();
   kv_policy_ws_free(ws);
-  bb_search(&s, 0, 0.0);
-  if (s.out_of_nodes) {
+  m.no_search = 0;
+  uint64_t nodes = max_nodes != 0 ? max_nodes : EXACT_DEFAULT_NODES;
+  int complete, found;
+  st = bb_run(&m, best, place_total(&m, best), 0.0, EXACT_LAMBDA, nodes, UINT64_MAX, SIZE_MAX,
+              &complete, &found);
+  if (st == KVDB_NOMEM) {
+    st = pol_fail(err, KVDB_NOMEM, "out of memory");
+  } else if (st == KVDB_OK && !complete) {
     st = pol_fail(err, KVDB_UNSUPPORTED, "exact solver: node budget of %llu exhausted",
-                  (unsigned long long)s.max_nodes);
-    goto out;
+                  (unsigned long long)nodes);
+  } else if (st == KVDB_OK) {
+    memcpy(place, best, n * sizeof *place);
+    *utility = place_total(&m, place);
   }
-  if (!s.have_best) { /* cannot happen: "not stored" for everyone always fits */
-    st = pol_fail(err, KVDB_PANIC, "exact solver found no feasible placement");
-    goto out;
-  }
-  memcpy(place, s.best, n * sizeof *place);
-  *utility = 0;
-  for (size_t i = 0; i < n; i++) /* the same summation order as kv_policy_evaluate */
-    *utility += pol_util_place(&m, &ctx[i], &place[i]);
-out:
-  if (s.ch != NULL)
-    for (size_t i = 0; i < n; i++)
-      free(s.ch[i]);
-  free(s.ch);
-  free(s.order);
-  free(s.nch);
-  free(s.suffix);
-  free(s.cur);
-  free(s.best);
-  free(spread);
+  free(best);
   return st;
+}
+
+kvdb_status pol_search(const pol_model *m, kv_policy_place *place, double margin,
+                       int lambda_mode, uint64_t max_work, size_t max_choices, int *improved)
+{
+  int complete;
+  *improved = 0;
+  if (m->n == 0 || m->n > EXACT_MAX_CONTEXTS)
+    return KVDB_OK;
+  kvdb_status st = bb_run(m, place, place_total(m, place), margin, lambda_mode, UINT64_MAX,
+                          max_work, max_choices, &complete, improved);
+  return st == KVDB_UNSUPPORTED ? KVDB_OK : st;
 }
 
 /* ---- the upper bound ----------------------------------------------------------------------- */
@@ -332,16 +482,15 @@ static int line_step(ub *s, double *lambda, uint32_t t)
   return 0;
 }
 
-kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_context *ctx,
-                                  size_t n, double *bound, double *lambda_out,
-                                  kv_policy_err *err)
+/* The prices of the dual and the bound they give (kv_policy_upper_bound; pattern 0: at most 32
+ * cycles of coordinate descent and no pattern search, the default rule's bounded effort).
+ * Returns 0, or -1 when out of memory. */
+static int lagrange_prices(const pol_model *mm, int pattern, double *bound, double *lambda_out)
 {
-  pol_model m;
-  kvdb_status st = pol_model_init(&m, p, ctx, n, err);
-  if (st != KVDB_OK)
-    return st;
-  if (bound == NULL)
-    return pol_fail(err, KVDB_INVALID, "bound is NULL");
+  const pol_model m = *mm;
+  const kv_policy_context *ctx = m.ctx;
+  size_t n = m.n;
+  int st = 0;
   size_t kmax = 1, S = 0;
   for (size_t i = 0; i < n; i++) {
     size_t k = pol_n_choices(&m, &ctx[i]);
@@ -357,7 +506,7 @@ kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_con
   s.use = malloc((S > 0 ? S : 1) * m.T * sizeof *s.use);
   s.v = malloc(kmax * sizeof *s.v);
   if (ch == NULL || s.off == NULL || s.u == NULL || s.use == NULL || s.v == NULL) {
-    st = pol_fail(err, KVDB_NOMEM, "out of memory (%zu placement choices)", S);
+    st = -1;
     goto out;
   }
   s.off[0] = 0;
@@ -377,13 +526,13 @@ kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_con
   for (uint32_t t = 0; t < m.T; t++)
     limited += m.cap[t] != KV_POLICY_UNLIMITED;
   /* coordinate descent; with one limited tier one step is the exact LP optimum */
-  for (int cycle = 0; cycle < 200 && limited > 0; cycle++) {
+  for (int cycle = 0; cycle < (pattern ? 200 : 32) && limited > 0; cycle++) {
     double before = best;
     for (uint32_t t = 0; t < m.T; t++) {
       if (m.cap[t] == KV_POLICY_UNLIMITED)
         continue;
       if (line_step(&s, lambda, t) != 0) {
-        st = pol_fail(err, KVDB_NOMEM, "out of memory (hull breakpoints)");
+        st = -1;
         goto out;
       }
       double v = dual_value(&s, lambda);
@@ -397,7 +546,7 @@ kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_con
   }
   /* Coordinate descent can stop at a kink of the (piecewise linear) dual where no single price
    * helps but a joint move does: a pattern search over pairs of prices finishes the job. */
-  if (limited > 1) {
+  if (limited > 1 && pattern) {
     double scale = 0;
     for (uint32_t t = 0; t < m.T; t++)
       scale = best_lambda[t] > scale ? best_lambda[t] : scale;
@@ -448,4 +597,23 @@ out:
   free(s.v);
   free(s.bps);
   return st;
+}
+
+kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_context *ctx,
+                                  size_t n, double *bound, double *lambda_out,
+                                  kv_policy_err *err)
+{
+  pol_model m;
+  kvdb_status st = pol_model_init(&m, p, ctx, n, err);
+  if (st != KVDB_OK)
+    return st;
+  if (bound == NULL)
+    return pol_fail(err, KVDB_INVALID, "bound is NULL");
+  double b, lambda[KV_POLICY_MAX_TIERS] = {0};
+  if (lagrange_prices(&m, 1, &b, lambda) != 0)
+    return pol_fail(err, KVDB_NOMEM, "out of memory (placement choices)");
+  *bound = b;
+  if (lambda_out != NULL)
+    memcpy(lambda_out, lambda, m.T * sizeof *lambda_out);
+  return KVDB_OK;
 }

@@ -1211,6 +1211,22 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 #endif
 #ifndef POL_TRIPLE_PLACES
 #define POL_TRIPLE_PLACES 128 /* three contexts at once while the placements of all are few */
+/* (g): up to this many contexts, the branch and bound of exact.c from the placement found, with
+ * the LP relaxation's prices as its bound (POL_SEARCH_LAMBDA 1), within a budget of choices
+ * looked at (the best placement found by then is kept) and a cap on the placement choices of
+ * all contexts */
+#ifndef POL_SEARCH_MAX
+#define POL_SEARCH_MAX 32
+#endif
+#ifndef POL_SEARCH_WORK
+#define POL_SEARCH_WORK 100000
+#endif
+#ifndef POL_SEARCH_CHOICES
+#define POL_SEARCH_CHOICES 4096
+#endif
+#ifndef POL_SEARCH_LAMBDA
+#define POL_SEARCH_LAMBDA 1
+#endif
 #endif
 
 static int fits_caps(const gstate *g)
@@ -1605,6 +1621,27 @@ static kvdb_status greedy_run(kv_policy_ws *ws, const pol_model *m, const uint8_
       if (!(total_util(&g) > ua + POL_MARGIN * fabs(ua - g.unone))) {
         load_places(&g, best);
         memcpy(g.used, used1, sizeof used1);
+      }
+    }
+    if (n <= POL_SEARCH_MAX && !m->no_search) { /* (g) */
+      kv_policy_place *pl = ws_get(ws, WS_SAVE, n * sizeof *pl);
+      int improved = 0;
+      kvdb_status sst = KVDB_NOMEM;
+      if (pl != NULL) {
+        save_places(&g, pl);
+        sst = pol_search(m, pl, POL_MARGIN * fabs(total_util(&g) - g.unone), POL_SEARCH_LAMBDA,
+                         POL_SEARCH_WORK, POL_SEARCH_CHOICES, &improved);
+      }
+      if (sst != KVDB_OK) {
+        gstate_free(&g);
+        return pol_fail(err, KVDB_NOMEM, "out of memory (%zu contexts)", n);
+      }
+      if (improved) {
+        for (size_t i = 0; i < n; i++)
+          use(&g, &g.cs[i], -1);
+        load_places(&g, pl);
+        for (size_t i = 0; i < n; i++)
+          use(&g, &g.cs[i], +1);
       }
     }
   }

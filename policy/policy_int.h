@@ -26,6 +26,8 @@ typedef struct pol_model {
   double lat[KV_POLICY_MAX_TIERS];
   int decoded[KV_POLICY_MAX_TIERS];
   int options_checked; /* 0: pol_greedy checks each option as it reads it */
+  int no_search;       /* 1: the default rule skips its search (g), as kv_policy_exact wants of
+                          its first incumbent */
 } pol_model;
 
 /* A placement choice of one context: what the exact solver and the bound enumerate. */
@@ -182,5 +184,15 @@ size_t pol_choices(const pol_model *m, const kv_policy_context *c, pol_choice *o
 kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *incoming,
                        kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
                        kv_policy_err *err);
+
+/* The default rule's search (greedy.c (g), exact.c): branch and bound from the placement in
+ * `place` (n = m->n <= 32), keeping only placements worth more than its utility + margin;
+ * lambda_mode 0: the plain bound, 1: with the LP relaxation's prices (coordinate descent), 2:
+ * prices refined by a pattern search. It looks at most at max_work choices (the best placement
+ * found by then is kept), and does nothing when the contexts have more than max_choices
+ * placement choices in all. *improved = 1 when `place` was replaced. Returns KVDB_OK or
+ * KVDB_NOMEM. */
+kvdb_status pol_search(const pol_model *m, kv_policy_place *place, double margin,
+                       int lambda_mode, uint64_t max_work, size_t max_choices, int *improved);
 
 #endif /* KV_POLICY_INT_H */
