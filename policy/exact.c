@@ -16,6 +16,7 @@
 
 #define EXACT_MAX_CONTEXTS 32
 #define EXACT_DEFAULT_NODES 50000000ull
+#define SEARCH_DUAL_WORK 2000000ull
 #ifndef EXACT_LAMBDA /* the bound of kv_policy_exact: bb_run's lambda_mode */
 #define EXACT_LAMBDA 2
 #endif
@@ -135,15 +136,17 @@ static int dominates(const pol_model *m, const pol_choice *a, const pol_choice *
   return 1;
 }
 
-static int lagrange_prices(const pol_model *m, int pattern, double *bound, double *lambda);
+static int lagrange_prices(const pol_model *m, int cycles, uint64_t max_evals, double *bound,
+                           double *lambda);
 
 /*
  * The search from the incumbent `inc` (utility inc_u; the search keeps only placements worth
- * more than inc_u + margin). lambda_mode: 0 plain bound only, 1 prices by coordinate descent,
- * 2 with kv_policy_upper_bound's pattern search as well. Sets *complete (the search finished:
- * nothing worth more than inc_u + margin is missed) and *found (inc was replaced by a better
- * placement). Returns KVDB_OK or KVDB_NOMEM; KVDB_UNSUPPORTED when the instance has more
- * choices than max_choices.
+ * more than inc_u + margin). lambda_mode: 0 plain bound only, 1 prices by coordinate descent
+ * (at most 32 cycles), 2 kv_policy_upper_bound's prices (200 cycles and the pattern search),
+ * 3 at most 32 cycles and the pattern search within SEARCH_DUAL_WORK. Sets *complete (the
+ * search finished: nothing worth more than inc_u + margin is missed) and *found (inc was
+ * replaced by a better placement). Returns KVDB_OK or KVDB_NOMEM; KVDB_UNSUPPORTED when the
+ * instance has more choices than max_choices.
  */
 static kvdb_status bb_run(const pol_model *m, kv_policy_place *inc, double inc_u, double margin,
                           int lambda_mode, uint64_t max_nodes, uint64_t max_work,
@@ -166,7 +169,11 @@ static kvdb_status bb_run(const pol_model *m, kv_policy_place *inc, double inc_u
   s.max_work = max_work;
   if (lambda_mode > 0) {
     double bnd;
-    if (lagrange_prices(m, lambda_mode > 1, &bnd, s.lam) != 0)
+    /* mode 3: the pattern search within about 2 million multiply-adds of the dual */
+    uint64_t evals = lambda_mode == 1 ? 0
+                     : lambda_mode == 2 ? UINT64_MAX
+                                        : 1 + SEARCH_DUAL_WORK / ((uint64_t)S * m->T + 1);
+    if (lagrange_prices(m, lambda_mode == 2 ? 200 : 32, evals, &bnd, s.lam) != 0)
       return KVDB_NOMEM;
     /* the incumbent already reaches the bound: nothing to search */
     if (bnd <= inc_u + margin + 1e-12 * (fabs(bnd) + 1.0)) {
@@ -482,10 +489,11 @@ static int line_step(ub *s, double *lambda, uint32_t t)
   return 0;
 }
 
-/* The prices of the dual and the bound they give (kv_policy_upper_bound; pattern 0: at most 32
- * cycles of coordinate descent and no pattern search, the default rule's bounded effort).
- * Returns 0, or -1 when out of memory. */
-static int lagrange_prices(const pol_model *mm, int pattern, double *bound, double *lambda_out)
+/* The prices of the dual and the bound they give (kv_policy_upper_bound: 200 cycles of
+ * coordinate descent, no limit on the pattern search's evaluations of the dual; the default
+ * rule's search bounds both). Returns 0, or -1 when out of memory. */
+static int lagrange_prices(const pol_model *mm, int cycles, uint64_t max_evals, double *bound,
+                           double *lambda_out)
 {
   const pol_model m = *mm;
   const kv_policy_context *ctx = m.ctx;
@@ -526,7 +534,7 @@ static int lagrange_prices(const pol_model *mm, int pattern, double *bound, doub
   for (uint32_t t = 0; t < m.T; t++)
     limited += m.cap[t] != KV_POLICY_UNLIMITED;
   /* coordinate descent; with one limited tier one step is the exact LP optimum */
-  for (int cycle = 0; cycle < (pattern ? 200 : 32) && limited > 0; cycle++) {
+  for (int cycle = 0; cycle < cycles && limited > 0; cycle++) {
     double before = best;
     for (uint32_t t = 0; t < m.T; t++) {
       if (m.cap[t] == KV_POLICY_UNLIMITED)
@@ -546,14 +554,15 @@ static int lagrange_prices(const pol_model *mm, int pattern, double *bound, doub
   }
   /* Coordinate descent can stop at a kink of the (piecewise linear) dual where no single price
    * helps but a joint move does: a pattern search over pairs of prices finishes the job. */
-  if (limited > 1 && pattern) {
+  uint64_t evals = 0;
+  if (limited > 1 && max_evals > 0) {
     double scale = 0;
     for (uint32_t t = 0; t < m.T; t++)
       scale = best_lambda[t] > scale ? best_lambda[t] : scale;
     /* a move counts when it lowers the bound by more than rounding; at most 64 moves per step
      * size (each bound found on the way is valid: stopping early only leaves it less tight) */
     int moves = 0;
-    for (double step = 0.5; step > 1e-7 && scale > 0;) {
+    for (double step = 0.5; step > 1e-7 && scale > 0 && evals < max_evals;) {
       int improved = 0;
       double tol = 1e-12 * (fabs(best) + 1.0);
       for (uint32_t a = 0; a < m.T; a++) {
@@ -572,6 +581,7 @@ static int lagrange_prices(const pol_model *mm, int pattern, double *bound, doub
               if (l2[a] < 0 || l2[b] < 0)
                 continue;
               double v = dual_value(&s, l2);
+              evals++;
               if (v < best - tol) {
                 best = v;
                 memcpy(best_lambda, l2, sizeof l2);
@@ -610,7 +620,7 @@ kvdb_status kv_policy_upper_bound(const kv_policy_params *p, const kv_policy_con
   if (bound == NULL)
     return pol_fail(err, KVDB_INVALID, "bound is NULL");
   double b, lambda[KV_POLICY_MAX_TIERS] = {0};
-  if (lagrange_prices(&m, 1, &b, lambda) != 0)
+  if (lagrange_prices(&m, 200, UINT64_MAX, &b, lambda) != 0)
     return pol_fail(err, KVDB_NOMEM, "out of memory (placement choices)");
   *bound = b;
   if (lambda_out != NULL)

@@ -1211,10 +1211,11 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 #endif
 #ifndef POL_TRIPLE_PLACES
 #define POL_TRIPLE_PLACES 128 /* three contexts at once while the placements of all are few */
+#endif
 /* (g): up to this many contexts, the branch and bound of exact.c from the placement found, with
- * the LP relaxation's prices as its bound (POL_SEARCH_LAMBDA 1), within a budget of choices
- * looked at (the best placement found by then is kept) and a cap on the placement choices of
- * all contexts */
+ * the LP relaxation's prices as its bound (POL_SEARCH_LAMBDA 3: coordinate descent and a
+ * bounded pattern search, pol_search), within a budget of choices looked at (the best placement
+ * found by then is kept) and a cap on the placement choices of all contexts */
 #ifndef POL_SEARCH_MAX
 #define POL_SEARCH_MAX 32
 #endif
@@ -1225,8 +1226,7 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 #define POL_SEARCH_CHOICES 4096
 #endif
 #ifndef POL_SEARCH_LAMBDA
-#define POL_SEARCH_LAMBDA 1
-#endif
+#define POL_SEARCH_LAMBDA 3
 #endif
 
 static int fits_caps(const gstate *g)
