@@ -1212,7 +1212,7 @@ static int try_place(gstate *g, hent *keys, kv_policy_place *save, size_t ci, rp
 #ifndef POL_TRIPLE_PLACES
 #define POL_TRIPLE_PLACES 128 /* three contexts at once while the placements of all are few */
 #endif
-/* (g): up to this many contexts, the branch and bound of exact.c from the placement found, with
+/* (g): up to this many contexts, the branch and bound of search.c from the placement found, with
  * the LP relaxation's prices as its bound (POL_SEARCH_LAMBDA 3: coordinate descent and a
  * bounded pattern search, pol_search), within a budget of choices looked at (the best placement
  * found by then is kept) and a cap on the placement choices of all contexts */

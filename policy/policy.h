@@ -106,7 +106,7 @@
  *      placements that fit and a third its best in the room left. The step of largest total
  *      gain (over 1e-4 of the gain over storing nothing) is made and b fills what is left; at
  *      most 4 steps. Part 7's min share 0.911 -> 0.9147.
- *   g. up to 32 contexts, last: a search (exact.c's branch and bound) from the placement found,
+ *   g. up to 32 contexts, last: a search (search.c's branch and bound) from the placement found,
  *      which keeps only placements worth more by over 1e-4 of the gain over storing nothing.
  *      Its bound on what the contexts not yet placed can add is the smaller of the sum of their
  *      best utilities and the Lagrangian one: with the LP relaxation's prices lambda_t (the

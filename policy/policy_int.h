@@ -185,7 +185,21 @@ kvdb_status pol_greedy(kv_policy_ws *ws, const pol_model *m, const uint8_t *inco
                        kv_policy_place *out, uint64_t *n_recompress, uint64_t *n_evict,
                        kv_policy_err *err);
 
-/* The default rule's search (greedy.c (g), exact.c): branch and bound from the placement in
+/* search.c: the prices of the dual (kv_policy_upper_bound's: at most `cycles` cycles of
+ * coordinate descent, then at most max_evals evaluations of the dual in the pattern search)
+ * and the bound they give. Returns 0, or -1 when out of memory. */
+int pol_lagrange_prices(const pol_model *m, int cycles, uint64_t max_evals, double *bound,
+                        double *lambda);
+/* search.c: the branch and bound from the incumbent `inc` (utility inc_u), keeping only
+ * placements worth more than inc_u + margin; lambda_mode as pol_search's. At most max_nodes
+ * placements tried and max_work choices looked at. *complete: it finished; *found: inc was
+ * replaced. KVDB_OK, KVDB_NOMEM, or KVDB_UNSUPPORTED (more than max_choices choices in all). */
+kvdb_status pol_bb_run(const pol_model *m, kv_policy_place *inc, double inc_u, double margin,
+                       int lambda_mode, uint64_t max_nodes, uint64_t max_work, size_t max_choices,
+                       int *complete, int *found);
+/* The total utility of placements, summed as kv_policy_evaluate does. */
+double pol_place_total(const pol_model *m, const kv_policy_place *pl);
+/* The default rule's search (greedy.c (g), search.c): branch and bound from the placement in
  * `place` (n = m->n <= 32), keeping only placements worth more than its utility + margin;
  * lambda_mode 0: the plain bound, 1: with the LP relaxation's prices (coordinate descent), 2:
  * prices refined by a pattern search, 3: the same within about 2 million multiply-adds. It
