@@ -429,12 +429,17 @@ kvdb_status pol_bb_run(const pol_model *m, kv_policy_place *inc, double inc_u, d
     uint64_t evals = lambda_mode == 1 ? 0
                      : lambda_mode == 2 ? UINT64_MAX
                                         : 1 + SEARCH_DUAL_WORK / ((uint64_t)S * m->T + 1);
-    if (pol_lagrange_prices(m, lambda_mode == 2 ? 200 : 32, evals, &bnd, s.lam) != 0)
-      return KVDB_NOMEM;
-    /* the incumbent already reaches the bound: nothing to search */
-    if (bnd <= inc_u + margin + 1e-12 * (fabs(bnd) + 1.0)) {
-      *complete = 1;
-      return KVDB_OK;
+    /* mode 3 first tries the descent alone: when its bound already closes the gap, the
+     * pattern search (the larger cost) is not needed */
+    for (int pass = lambda_mode == 3 ? 0 : 1; pass < 2; pass++) {
+      if (pol_lagrange_prices(m, lambda_mode == 2 ? 200 : 32, pass == 0 ? 0 : evals, &bnd,
+                              s.lam) != 0)
+        return KVDB_NOMEM;
+      /* the incumbent already reaches the bound: nothing to search */
+      if (bnd <= inc_u + margin + 1e-12 * (fabs(bnd) + 1.0)) {
+        *complete = 1;
+        return KVDB_OK;
+      }
     }
   }
   kvdb_status st = KVDB_OK;
