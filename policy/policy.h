@@ -110,9 +110,9 @@
  *      which keeps only placements worth more by over 1e-4 of the gain over storing nothing.
  *      Its bound on what the contexts not yet placed can add is the smaller of the sum of their
  *      best utilities and the Lagrangian one: with the LP relaxation's prices lambda_t (the
- *      coordinate descent of kv_policy_upper_bound, at most 32 cycles, then its pattern search
- *      within about 2 million multiply-adds), sum_t lambda_t * (room left on t) + the sum of
- *      their best U - lambda . bytes; choices that fit no empty tier
+ *      coordinate descent of kv_policy_upper_bound, at most 32 cycles, then, when that bound
+ *      leaves a gap, its pattern search within about 2 million multiply-adds), sum_t lambda_t *
+ *      (room left on t) + the sum of their best U - lambda . bytes; choices that fit no empty tier
  *      or that another choice of the same context dominates are left out. It looks at most at
  *      100,000 choices (a few ms) and keeps the best placement found by then: on small
  *      instances it finishes and the rule is the optimum (within the margin); the changes it
