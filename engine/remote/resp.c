@@ -142,6 +142,8 @@ int kv_resp_read(kv_resp_rd *r, kv_resp *out, char *err, size_t cap)
     return rd_fail(err, cap, "protocol error: empty reply line");
   uint8_t kind = line[0];
   if (kind == '+' || kind == '-') {
+    if (memchr(line + 1, 0, n - 1) != NULL)
+      return rd_fail(err, cap, "protocol error: a NUL in a status or error line");
     memcpy(out->line, line + 1, n - 1); /* n < KV_RESP_LINE_MAX */
     out->line[n - 1] = 0;
     out->type = kind == '+' ? KV_RESP_STATUS : KV_RESP_ERROR;
