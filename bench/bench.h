@@ -130,6 +130,7 @@ int bench_growth(const bench_env *env, bench_json *j);
 int bench_llama(const bench_env *env, bench_json *j);
 int bench_remote(const bench_env *env, bench_json *j);
 int bench_remote_tags(const bench_env *env, bench_json *j);
+int bench_remote_get(const bench_env *env, bench_json *j); /* part 1 of remote alone */
 int bench_prefetch(const bench_env *env, bench_json *j);
 int bench_decode(const bench_env *env, bench_json *j);
 

@@ -54,6 +54,8 @@ static const bench_cmd CMDS[] = {
    "package's put/get vs the C API", bench_llama},
   {"remote", "the remote tier on a local redis-server: get vs redis-benchmark, chain lookup round "
    "trips, wrong KV under 10k injected faults, put p99 with Redis down", bench_remote},
+  {"remote-get", "the get phase of remote alone (for perf record): kvdb_get blocks/s from Redis "
+   "and one redis-benchmark GET run", bench_remote_get},
   {"remote-tags", "Redis Cluster hash tags on a local 3-master cluster: 64-block chain lookups "
    "and gets with keys spread over the slots vs one tag per chain root", bench_remote_tags},
   {"prefetch", "TierKV prefetch: foreground p99 under prefetch, prefetched vs DRAM TTFT, serving "

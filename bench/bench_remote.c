@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -574,6 +575,113 @@ int bench_remote(const bench_env *env, bench_json *j)
 out:
   bench_samples_free(&up);
   bench_samples_free(&down);
+  if (rc != NULL)
+    redisFree(rc);
+  kvdb_close(a);
+  kvdb_close(b);
+  srv_stop(&s);
+  free(kv);
+  free(out);
+  free(expect);
+  return ret;
+}
+
+/* ---- kvdb-bench remote-get: the get phase of kvdb-bench remote alone -------------------
+ *
+ * The same server, model, contexts and hosts as kvdb-bench remote's part 1, but only host B's
+ * kvdb_get loop (every value verified, decoded into the caller's buffer) for a while (3 s,
+ * --quick 1 s; KVDB_BENCH_REMOTE_GET_S sets it), then one redis-benchmark GET run at the same
+ * value size and pipeline depth: so that `perf record` of this process sees the get path, not
+ * the puts and faults of the full bench. Figures: blocks/s, µs per block, and the ratio of the
+ * one pair (kvdb-bench remote's median of paired rounds is the target's figure). */
+int bench_remote_get(const bench_env *env, bench_json *j)
+{
+  char path[4200];
+  const unsigned n_ctx = env->quick ? 16 : 32;
+  rsrv s = {0};
+  snprintf(s.dir, sizeof s.dir, "%s/redis", env->dir);
+  if (mkdir(s.dir, 0755) != 0 || (s.port = free_port()) < 0 || srv_start(&s) != 0) {
+    bench_log("remote-get: needs redis-server (Debian: redis-server) on PATH");
+    return 1;
+  }
+  int ret = 1;
+  size_t ctx_bytes = (size_t)R_NT * kvdb_model_token_bytes(&RM);
+  uint16_t *kv = malloc(ctx_bytes), *out = malloc(ctx_bytes), *expect = malloc(ctx_bytes);
+  kvdb *a = NULL, *b = NULL;
+  redisContext *rc = NULL;
+  kvdb_status st;
+  snprintf(path, sizeof path, "%s/host-a", env->dir);
+  a = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
+  snprintf(path, sizeof path, "%s/host-b", env->dir);
+  b = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
+  if (kv == NULL || out == NULL || expect == NULL || a == NULL || b == NULL)
+    goto out;
+  for (unsigned i = 0; i < n_ctx; i++)
+    if (put_ctx(a, i, kv, NULL) != 0)
+      goto out;
+  drain(a);
+  rc = rconnect(s.port);
+  char mh[33], key[256];
+  if (rc == NULL || find_mh(rc, "bench", mh) != 0) {
+    bench_log("remote-get: no value reached the server");
+    goto out;
+  }
+  block_key("bench", 0, 0, mh, key, sizeof key);
+  redisReply *v = redisCommand(rc, "STRLEN %s", key);
+  size_t vbytes = v && v->type == REDIS_REPLY_INTEGER ? (size_t)v->integer : 0;
+  if (v)
+    freeReplyObject(v);
+  size_t hit;
+  int wrong = 0;
+  uint64_t wrong_n = 0;
+  for (unsigned i = 0; i < n_ctx; i++) { /* every context whole and right, once */
+    if (get_ctx(b, i, out, expect, &hit, &wrong) != 0)
+      goto out;
+    wrong_n += (uint64_t)wrong + (hit != R_NT);
+  }
+  const char *dur = getenv("KVDB_BENCH_REMOTE_GET_S");
+  double secs = dur != NULL && atof(dur) > 0 ? atof(dur) : env->quick ? 1.0 : 3.0;
+  struct rusage u0, u1, c0, c1;
+  getrusage(RUSAGE_THREAD, &u0);
+  uint64_t blocks = 0, t0 = bench_now_ns(), ns = 0;
+  while (ns < (uint64_t)(secs * 1e9)) {
+    for (unsigned i = 0; i < n_ctx; i++) {
+      if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
+        goto out;
+      blocks += hit / R_BT;
+    }
+    ns = bench_now_ns() - t0;
+  }
+  getrusage(RUSAGE_THREAD, &u1);
+  double bps = bench_ratio((double)blocks * 1e9, (double)ns);
+  unsigned n_rb = env->quick ? 8000 : 20000;
+  getrusage(RUSAGE_CHILDREN, &c0);
+  double rps = redis_benchmark_get(s.port, vbytes, R_CTX_BLOCKS, n_rb);
+  getrusage(RUSAGE_CHILDREN, &c1);
+  double ratio = bench_ratio(bps, rps);
+  /* CPU time per value of each client (this thread; redis-benchmark, a waited-for child: its
+   * SET phase too, same values): a figure the other sessions' load hardly moves */
+#define RU_US(a, b) (((double)(b).ru_utime.tv_sec - (double)(a).ru_utime.tv_sec) * 1e6 + \
+                     ((double)(b).ru_utime.tv_usec - (double)(a).ru_utime.tv_usec) +     \
+                     ((double)(b).ru_stime.tv_sec - (double)(a).ru_stime.tv_sec) * 1e6 + \
+                     ((double)(b).ru_stime.tv_usec - (double)(a).ru_stime.tv_usec))
+  double kv_cpu = blocks ? RU_US(u0, u1) / (double)blocks : 0;
+  double rb_cpu = RU_US(c0, c1) / (2.0 * n_rb);
+#undef RU_US
+  fprintf(env->out, "remote get alone: %.0f blocks/s (%.1f us per %zu-byte value) over %.1f s; "
+          "redis-benchmark GET -d %zu -P %u -c 1: %.0f/s (%.1f us); ratio %.3f; %" PRIu64
+          " wrong or short contexts\nclient CPU per value: kvdb_get %.1f us, redis-benchmark %.1f us "
+          "(SET and GET)\n", bps, bps > 0 ? 1e6 / bps : 0, vbytes, (double)ns / 1e9,
+          vbytes, R_CTX_BLOCKS, rps, rps > 0 ? 1e6 / rps : 0, ratio, wrong_n, kv_cpu, rb_cpu);
+  bench_json_num(j, "remote_get_alone_blocks_per_s", bps);
+  bench_json_num(j, "redis_benchmark_get_per_s", rps);
+  bench_json_num(j, "remote_get_alone_vs_redis_benchmark", ratio);
+  bench_json_int(j, "value_bytes", (int64_t)vbytes);
+  bench_json_int(j, "wrong_contexts", (int64_t)wrong_n);
+  bench_json_num(j, "remote_get_cpu_us_per_value", kv_cpu);
+  bench_json_num(j, "redis_benchmark_cpu_us_per_request", rb_cpu);
+  ret = wrong_n == 0 ? 0 : 1;
+out:
   if (rc != NULL)
     redisFree(rc);
   kvdb_close(a);

@@ -361,9 +361,13 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
     memcpy((*obuf)->p, obj, rec.bytes);
     obj = (*obuf)->p;
   }
+  /* kv_block_check's checks, the sections' checksums one layer at a time, each layer
+   * scattered right after its check while its bytes are in cache (the local get's order:
+   * engine/ops/get.c); a failure part-way leaves verified rows past the hit only */
   kv_block_hdr hdr;
-  if (kv_block_check(&rec, hash, obj, &hdr) != KVDB_OK || memcmp(hdr.model_hash, mh, 16) != 0 ||
-      memcmp(hdr.parent_hash, parent, 16) != 0)
+  if (kv_block_check_meta(&rec, hash, obj, &hdr) != KVDB_OK ||
+      memcmp(hdr.model_hash, mh, 16) != 0 || memcmp(hdr.parent_hash, parent, 16) != 0 ||
+      kv_score_region_check(&rec, hash, &hdr, obj) != KVDB_OK)
     return -1;
   for (uint32_t i = 0; i < n_tok; i++)
     if (kv_get_le32(obj + KV_BLOCK_HDR_BYTES + 4 * i) != tok[i])
@@ -379,11 +383,26 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
     }
     if (dec->ctx == NULL && kv_cdec_init(dec) != KVDB_OK)
       return -1;
-    if (kv_cblock_decode_data(&hdr, obj, 0, g.n_sections, dec, (*dbuf)->p) != KVDB_OK)
-      return -1;
     data = (*dbuf)->p;
   }
-  kv_scatter(&g, data, 0, n_tok, out, t0);
+  uint32_t per_layer = 2 * g.n_kv_heads;
+  int stream = kv_scatter_streams(&g, n_tok);
+  for (uint32_t l = 0; l < g.n_layers; l++) {
+    uint32_t s0 = l * per_layer;
+    if (kv_block_check_sections(&rec, hash, &hdr, obj, s0, s0 + per_layer) != KVDB_OK)
+      return -1;
+    if (hdr.version >= 3) /* lossless frames: decoded together once all are verified */
+      continue;
+    if (hdr.version == 2 &&
+        kv_cblock_decode_data(&hdr, obj, s0, s0 + per_layer, dec, (uint8_t *)data) != KVDB_OK)
+      return -1;
+    kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, n_tok, out, t0, stream);
+  }
+  if (hdr.version >= 3) {
+    if (kv_cblock_decode_data(&hdr, obj, 0, g.n_sections, dec, (uint8_t *)data) != KVDB_OK)
+      return -1;
+    kv_scatter_sections(&g, data, 0, g.n_sections, 0, n_tok, out, t0, stream);
+  }
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "remote.h"
+#include "resp.h"
 
 #define KV_RNODES_MAX 64
 #define KV_RSLOTS 16384
@@ -35,6 +36,7 @@ typedef struct rnode {
 
 typedef struct connset {
   redisContext *c[KV_RNODES_MAX];
+  kv_resp_rd rd[KV_RNODES_MAX]; /* the reader of c[i]'s batch replies (resp.h) */
   uint32_t epoch[KV_RNODES_MAX];
   struct connset *next;
 } connset;
@@ -141,11 +143,19 @@ kvdb_status kv_remote_open(const char *addr, uint32_t timeout_ms, const kv_logge
   return KVDB_OK;
 }
 
+/* Close connection i of cs (and drop its reader's buffer). */
+static void conn_close(connset *cs, int i)
+{
+  if (cs->c[i] != NULL)
+    redisFree(cs->c[i]);
+  cs->c[i] = NULL;
+  kv_resp_free(&cs->rd[i]);
+}
+
 static void connset_free(connset *cs)
 {
   for (int i = 0; i < KV_RNODES_MAX; i++)
-    if (cs->c[i] != NULL)
-      redisFree(cs->c[i]);
+    conn_close(cs, i);
   free(cs);
 }
 
@@ -166,8 +176,7 @@ void kv_remote_close(kv_remote *r)
 void kv_remote_release(kv_rcmd *cmds, size_t n)
 {
   for (size_t i = 0; i < n; i++) {
-    if (cmds[i].reply_ != NULL)
-      freeReplyObject(cmds[i].reply_);
+    free(cmds[i].reply_);
     cmds[i].reply_ = NULL;
     cmds[i].data = NULL;
     cmds[i].len = 0;
@@ -213,10 +222,7 @@ static void node_failed(kv_remote *r, connset *cs, int i, const char *what_in)
 {
   char what[160];
   snprintf(what, sizeof what, "%s", what_in);
-  if (cs->c[i] != NULL) {
-    redisFree(cs->c[i]);
-    cs->c[i] = NULL;
-  }
+  conn_close(cs, i);
   r->errors++;
   pthread_mutex_lock(&r->mu);
   rnode *nd = &r->nodes[i];
@@ -248,10 +254,7 @@ static redisContext *node_conn(kv_remote *r, connset *cs, int i)
   pthread_mutex_unlock(&r->mu);
   if (cs->c[i] != NULL && cs->epoch[i] == nd.epoch && cs->c[i]->err == 0)
     return cs->c[i];
-  if (cs->c[i] != NULL) {
-    redisFree(cs->c[i]);
-    cs->c[i] = NULL;
-  }
+  conn_close(cs, i);
   if (nd.down_until_ns > now_ns())
     return NULL;
   redisContext *c = redisConnectWithTimeout(nd.host, nd.port, r->tv);
@@ -266,6 +269,7 @@ static redisContext *node_conn(kv_remote *r, connset *cs, int i)
   if (nd.failed_once)
     r->reconnects++;
   cs->c[i] = c;
+  kv_resp_init(&cs->rd[i], c->fd);
   cs->epoch[i] = nd.epoch;
   return c;
 }
@@ -401,12 +405,12 @@ static void append_cmd(redisContext *c, const kv_rcmd *x, int asking, kv_remote 
 }
 
 /* A redirect in an error reply: 1 MOVED, 2 ASK (host and port filled), 0 neither. */
-static int redirect_of(const redisReply *rep, unsigned *slot, char host[64], int *port)
+static int redirect_of(const char *str, unsigned *slot, char host[64], int *port)
 {
-  int kind = strncmp(rep->str, "MOVED ", 6) == 0 ? 1 : strncmp(rep->str, "ASK ", 4) == 0 ? 2 : 0;
+  int kind = strncmp(str, "MOVED ", 6) == 0 ? 1 : strncmp(str, "ASK ", 4) == 0 ? 2 : 0;
   if (kind == 0)
     return 0;
-  const char *p = rep->str + (kind == 1 ? 6 : 4);
+  const char *p = str + (kind == 1 ? 6 : 4);
   char *sp;
   unsigned long s = strtoul(p, &sp, 10);
   if (*sp != ' ')
@@ -417,63 +421,58 @@ static int redirect_of(const redisReply *rep, unsigned *slot, char host[64], int
   return kind;
 }
 
-/* Read the reply of x from c; 0, or -1 when the connection failed (x is then KV_RCMD_ERR). A
- * redirect sets *redir (1 MOVED, 2 ASK) and *to (its node). */
-static int take_reply(kv_remote *r, redisContext *c, kv_rcmd *x, int asking, int *redir, int *to)
+/* Read the reply of x from connection k of cs (its reader, resp.h); 0, or -1 when the
+ * connection failed (x is then KV_RCMD_ERR, *why says what). A redirect sets *redir (1 MOVED,
+ * 2 ASK) and *to (its node). */
+static int take_reply(kv_remote *r, connset *cs, int k, kv_rcmd *x, int asking, int *redir,
+                      int *to, char *why, size_t why_cap)
 {
-  redisReply *rep = NULL;
+  kv_resp_rd *rd = &cs->rd[k];
+  kv_resp rep;
   *redir = 0;
+  x->status = KV_RCMD_ERR;
+  uint64_t in0 = rd->bytes_in;
+  int rc = 0;
   if (asking) {
-    if (redisGetReply(c, (void **)&rep) != REDIS_OK) {
-      x->status = KV_RCMD_ERR;
-      return -1;
-    }
-    freeReplyObject(rep);
-    rep = NULL;
+    rc = kv_resp_read(rd, &rep, why, why_cap);
+    free(rep.data);
   }
-  if (redisGetReply(c, (void **)&rep) != REDIS_OK || rep == NULL) {
-    x->status = KV_RCMD_ERR;
+  if (rc == 0)
+    rc = kv_resp_read(rd, &rep, why, why_cap);
+  r->bytes_in += rd->bytes_in - in0;
+  if (rc != 0)
     return -1;
-  }
-  if (rep->type == REDIS_REPLY_STRING) {
+  if (rep.type == KV_RESP_BULK) {
     x->status = KV_RCMD_OK;
-    x->data = (const uint8_t *)rep->str;
-    x->len = rep->len;
-    x->reply_ = rep;
-    r->bytes_in += rep->len;
-    return 0;
-  }
-  if (rep->type == REDIS_REPLY_NIL) {
+    x->data = rep.data;
+    x->len = rep.len;
+    x->reply_ = rep.data;
+  } else if (rep.type == KV_RESP_NIL) {
     x->status = KV_RCMD_NIL;
-  } else if (rep->type == REDIS_REPLY_STATUS || rep->type == REDIS_REPLY_INTEGER) {
+  } else if (rep.type == KV_RESP_STATUS || rep.type == KV_RESP_INT) {
     x->status = KV_RCMD_OK;
-  } else if (rep->type == REDIS_REPLY_ERROR) {
+  } else { /* KV_RESP_ERROR */
     unsigned slot;
     char host[64];
     int port;
-    int k = redirect_of(rep, &slot, host, &port);
-    if (k != 0) {
+    int kind = redirect_of(rep.line, &slot, host, &port);
+    if (kind != 0) {
       pthread_mutex_lock(&r->mu);
       int ni = node_find_add(r, host, port);
-      if (k == 1 && ni >= 0 && slot < KV_RSLOTS) {
+      if (kind == 1 && ni >= 0 && slot < KV_RSLOTS) {
         r->slots[slot] = (uint16_t)ni;
         r->refresh = 1;
       }
       pthread_mutex_unlock(&r->mu);
       if (ni >= 0) {
-        *redir = k;
+        *redir = kind;
         *to = ni;
       }
     } else {
-      kv_log(&r->log, 2, "remote tier: %s: %s", op_name(x->op), rep->str);
+      kv_log(&r->log, 2, "remote tier: %s: %s", op_name(x->op), rep.line);
     }
-    r->errors += k == 0;
-    x->status = KV_RCMD_ERR;
-  } else {
-    x->status = KV_RCMD_ERR;
-    r->errors++;
+    r->errors += kind == 0;
   }
-  freeReplyObject(rep);
   return 0;
 }
 
@@ -547,6 +546,11 @@ kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn 
           r->down_skips++;
       continue;
     }
+    if (c->reader->len > c->reader->pos) { /* hiredis holds unread replies: out of step */
+      node_failed(r, cs, k, "protocol error: replies nobody asked for");
+      used[k] = 0;
+      continue;
+    }
     for (size_t i = 0; i < n; i++)
       if (node[i] == k)
         append_cmd(c, &cmds[i], 0, r);
@@ -565,14 +569,14 @@ kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn 
   for (int k = 0; k < n_nodes; k++) {
     if (!used[k])
       continue;
-    redisContext *c = cs->c[k];
     int ok = 1;
+    char why[160];
     for (size_t i = 0; i < n && ok; i++) {
       if (node[i] != k)
         continue;
       int rd = 0, t = 0;
-      if (take_reply(r, c, &cmds[i], 0, &rd, &t) != 0) {
-        node_failed(r, cs, k, c->errstr[0] ? c->errstr : "connection lost");
+      if (take_reply(r, cs, k, &cmds[i], 0, &rd, &t, why, sizeof why) != 0) {
+        node_failed(r, cs, k, why);
         ok = 0;
         break;
       }
@@ -583,6 +587,10 @@ kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn 
       } else if (cb != NULL) {
         cb(ctx, i);
       }
+    }
+    if (ok && kv_resp_pending(&cs->rd[k])) { /* bytes past the batch's replies: out of step */
+      node_failed(r, cs, k, "protocol error: more replies than commands");
+      ok = 0;
     }
     if (ok)
       node_ok(r, k);
@@ -597,9 +605,17 @@ kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn 
     if (c == NULL)
       continue;
     append_cmd(c, &cmds[i], redir[i] == 2, r);
-    int rd = 0, t = 0;
-    if (take_reply(r, c, &cmds[i], redir[i] == 2, &rd, &t) != 0)
-      node_failed(r, cs, to[i], c->errstr[0] ? c->errstr : "connection lost");
+    int rd = 0, t = 0, done = 0;
+    char why[160];
+    while (!done)
+      if (redisBufferWrite(c, &done) != REDIS_OK)
+        break;
+    if (!done)
+      node_failed(r, cs, to[i], c->errstr);
+    else if (take_reply(r, cs, to[i], &cmds[i], redir[i] == 2, &rd, &t, why, sizeof why) != 0)
+      node_failed(r, cs, to[i], why);
+    else if (kv_resp_pending(&cs->rd[to[i]]))
+      node_failed(r, cs, to[i], "protocol error: more replies than commands");
     else if (rd != 0)
       cmds[i].status = KV_RCMD_ERR; /* a second redirect: the map is moving; a miss now */
     if (cb != NULL)

@@ -12,6 +12,9 @@
  * an ASK reply sends ASKING and the command to the named node; both are extra round trips,
  * counted. The address is a seed: CLUSTER SLOTS tells whether it is a cluster.
  *
+ * Replies: hiredis connects and writes the commands; the batch's replies are read by resp.h
+ * straight from the socket, each value into its own 64-byte-aligned allocation (one copy).
+ *
  * Failure isolation: every connect, write and read has a timeout (redisSetTimeout). A node
  * whose connection fails is closed and marked down for a backoff (50 ms, doubling to 2 s, reset
  * by the next success); while down its commands fail at once without touching the network
@@ -47,7 +50,7 @@ typedef struct kv_rcmd {
   int status;
   const uint8_t *data;
   size_t len;
-  void *reply_; /* the reply object holding data */
+  void *reply_; /* the allocation holding data (resp.h) */
 } kv_rcmd;
 
 /* Counters since open (monotonic). */

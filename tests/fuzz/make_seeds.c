@@ -8,7 +8,8 @@
  * with the repair flags of fuzz_block.c), corpora/catalog/ (records from the catalog's own
  * encoders, and a few refused ones) and corpora/api_ops/ (op scripts for fuzz_api_ops.c that
  * reach every op) and corpora/rtier_value/ (remote-tier values of rtier_fixture.h's blocks for
- * fuzz_rtier_value.c: whole, cut short, damaged, asked for under the wrong hash). Output is
+ * fuzz_rtier_value.c: whole, cut short, damaged, asked for under the wrong hash) and
+ * corpora/resp/ (a Redis server's reply streams for fuzz_resp.c, whole and broken). Output is
  * deterministic; rerun after a format change. Files found by
  * fuzzing are added beside these under their libFuzzer names.
  */
@@ -359,6 +360,61 @@ static void rtier_seeds(void)
     fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* A Redis server's replies for fuzz_resp.c: a batch of GETs (68 KiB values as the remote tier
+ * stores a 16-token block, nil, GETRANGE envelopes), SET's and DEL's, errors and redirects,
+ * and broken streams (cut, without CRLF, bad lengths, types a batch never gets). */
+static void resp_seed(const char *name, const char *s, size_t n)
+{
+  put_file("resp", name, (const uint8_t *)s, n, NULL, 0);
+}
+
+static void resp_seeds(void)
+{
+  size_t vlen = 69776, cap = 3 * (vlen + 32) + 4096, n = 0;
+  char *b = malloc(cap);
+  for (int v = 0; v < 2; v++) {
+    n += (size_t)snprintf(b + n, cap - n, "$%zu\r\n", vlen);
+    for (size_t i = 0; i < vlen; i++)
+      b[n++] = (char)(i * 131 + (size_t)v * 7 + (i >> 9));
+    b[n++] = '\r';
+    b[n++] = '\n';
+  }
+  n += (size_t)snprintf(b + n, cap - n, "$-1\r\n$0\r\n\r\n$3\r\nabc\r\n");
+  resp_seed("get_values.bin", b, n);
+  resp_seed("get_cut.bin", b, vlen / 2);
+  resp_seed("get_cut_payload.bin", b, vlen + 8);
+  b[vlen + 8] = 'X'; /* the first value's CRLF damaged */
+  resp_seed("get_no_crlf.bin", b, n);
+  n = 0;
+  for (int v = 0; v < 16; v++) {
+    n += (size_t)snprintf(b + n, cap - n, "$144\r\n");
+    for (int i = 0; i < 144; i++)
+      b[n++] = (char)(v * 3 + i);
+    n += (size_t)snprintf(b + n, cap - n, "\r\n");
+  }
+  resp_seed("getrange.bin", b, n);
+  free(b);
+  static const char ok[] = "+OK\r\n+OK\r\n+OK\r\n:1\r\n:0\r\n:-7\r\n+OK\r\n";
+  resp_seed("set_del.bin", ok, sizeof ok - 1);
+  static const char er[] = "-MOVED 3999 127.0.0.1:6381\r\n-ASK 3999 127.0.0.1:6381\r\n+OK\r\n"
+                           "$2\r\nhi\r\n-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+                           "-ERR wrong number of arguments\r\n";
+  resp_seed("errors.bin", er, sizeof er - 1);
+  static const char *const bad[] = {"$abc\r\n", "$-2\r\n", "*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+                                    "$99999999999\r\nx\r\n", "%1\r\n+a\r\n+b\r\n", "\r\n",
+                                    ":12x\r\n", "$5\r\nhelloXY", "+O\0K\r\n", "$-\r\n"};
+  char name[32];
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(name, sizeof name, "bad%zu.bin", i);
+    resp_seed(name, bad[i], i == 8 ? 6 : strlen(bad[i]));
+  }
+  char *lng = malloc(5000);
+  lng[0] = '-';
+  memset(lng + 1, 'e', 4999);
+  resp_seed("long_line.bin", lng, 5000);
+  free(lng);
+}
+
 int main(int argc, char **argv)
 {
   if (argc != 2) {
@@ -370,6 +426,7 @@ int main(int argc, char **argv)
   catalog_seeds();
   api_seeds();
   rtier_seeds();
-  printf("seeds written under %s/{block,catalog,api_ops,rtier_value}\n", root);
+  resp_seeds();
+  printf("seeds written under %s/{block,catalog,api_ops,rtier_value,resp}\n", root);
   return 0;
 }

@@ -32,6 +32,12 @@
  *   tags     remote_hash_tag ROOT: every key of two contexts sharing their first blocks carries
  *            one tag (their first block's hash), another host with the tag gets both exactly,
  *            one without it misses (the keys differ); a bad value is refused
+ *   protocol the batch reply reader (engine/remote/resp.c) against a scripted fake server (no
+ *            redis-server): values small, nil, empty and 200 KB (read straight into a 64-byte
+ *            aligned buffer) exact; a reply of a type a batch never gets fails that command and
+ *            the rest of its node's batch, closes the connection and counts an error; the next
+ *            batch reconnects; bytes past the batch's replies, a value cut by a close and a
+ *            value stalled past the timeout each fail the connection, counted
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
@@ -1236,11 +1242,253 @@ static void mode_tags(void)
   printf("tags: 17 keys under one chain-root tag, read exactly with the tag, missed without\n");
 }
 
+/* ---- protocol: a scripted fake server ---- */
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "remote/remote.h"
+
+typedef struct fake_srv {
+  int lfd, port;
+  pthread_t th;
+  pthread_mutex_t mu;
+  const char *script; /* bytes to send once `batch` GETs arrived on the connection */
+  size_t script_len;
+  unsigned batch;
+  int close_after; /* close the connection after the script */
+  _Atomic int stop;
+} fake_srv;
+
+/* One RESP array command from fd into argv0 (its first argument, upper-cased); 0, or -1 at EOF
+ * or a malformed command. buf/len/pos: the connection's bytes. */
+static int fake_cmd(int fd, char *buf, size_t *len, size_t *pos, char *argv0, size_t cap)
+{
+  for (;;) {
+    /* parse "*N\r\n" then N "$L\r\n<L>\r\n" from buf[*pos, *len) */
+    size_t p = *pos;
+    int ok = 0;
+    if (p < *len && buf[p] == '*') {
+      char *e = memchr(buf + p, '\n', *len - p);
+      if (e != NULL) {
+        long n = strtol(buf + p + 1, NULL, 10);
+        p = (size_t)(e - buf) + 1;
+        ok = 1;
+        for (long i = 0; ok && i < n; i++) {
+          char *f = p < *len ? memchr(buf + p, '\n', *len - p) : NULL;
+          if (f == NULL || buf[p] != '$') {
+            ok = 0;
+            break;
+          }
+          long l = strtol(buf + p + 1, NULL, 10);
+          p = (size_t)(f - buf) + 1;
+          if (p + (size_t)l + 2 > *len) {
+            ok = 0;
+            break;
+          }
+          if (i == 0) {
+            size_t k = (size_t)l < cap - 1 ? (size_t)l : cap - 1;
+            for (size_t j = 0; j < k; j++)
+              argv0[j] = (char)toupper((unsigned char)buf[p + j]);
+            argv0[k] = 0;
+          }
+          p += (size_t)l + 2;
+        }
+      }
+    } else if (p < *len) {
+      return -1;
+    }
+    if (ok) {
+      *pos = p;
+      return 0;
+    }
+    if (*pos > 0) {
+      memmove(buf, buf + *pos, *len - *pos);
+      *len -= *pos;
+      *pos = 0;
+    }
+    ssize_t k = read(fd, buf + *len, 65536 - *len);
+    if (k <= 0)
+      return -1;
+    *len += (size_t)k;
+  }
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+  while (n > 0) {
+    ssize_t k = write(fd, p, n);
+    if (k <= 0)
+      return;
+    p += k;
+    n -= (size_t)k;
+  }
+}
+
+static void *fake_main(void *arg)
+{
+  fake_srv *f = arg;
+  char *buf = malloc(65536), argv0[32];
+  while (!f->stop) {
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0)
+      continue;
+    size_t len = 0, pos = 0;
+    unsigned gets = 0;
+    while (fake_cmd(fd, buf, &len, &pos, argv0, sizeof argv0) == 0) {
+      if (strcmp(argv0, "CLUSTER") == 0) {
+        static const char e[] = "-ERR This instance has cluster support disabled\r\n";
+        write_all(fd, e, sizeof e - 1);
+        continue;
+      }
+      pthread_mutex_lock(&f->mu);
+      int done = ++gets == f->batch;
+      const char *sc = f->script;
+      size_t sl = f->script_len;
+      int cl = f->close_after;
+      pthread_mutex_unlock(&f->mu);
+      if (!done)
+        continue;
+      gets = 0;
+      write_all(fd, sc, sl);
+      if (cl)
+        break;
+    }
+    close(fd);
+  }
+  free(buf);
+  return NULL;
+}
+
+static void fake_script(fake_srv *f, unsigned batch, const char *s, size_t n, int close_after)
+{
+  pthread_mutex_lock(&f->mu);
+  f->batch = batch;
+  f->script = s;
+  f->script_len = n;
+  f->close_after = close_after;
+  pthread_mutex_unlock(&f->mu);
+}
+
+/* A batch of n GETs of keys k0, k1, ... through r. */
+static void get_batch(kv_remote *r, kv_rcmd *c, size_t n)
+{
+  static char keys[8][8];
+  memset(c, 0, n * sizeof *c);
+  for (size_t i = 0; i < n; i++) {
+    snprintf(keys[i], sizeof keys[i], "k%zu", i);
+    c[i].op = KV_RCMD_GET;
+    c[i].key = keys[i];
+    c[i].klen = strlen(keys[i]);
+  }
+  ASSERT_OK(kv_remote_exec(r, c, n));
+}
+
+static void mode_protocol(void)
+{
+  fake_srv f;
+  memset(&f, 0, sizeof f);
+  pthread_mutex_init(&f.mu, NULL);
+  f.lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  ASSERT(f.lfd >= 0 && bind(f.lfd, (struct sockaddr *)&a, sizeof a) == 0 &&
+         listen(f.lfd, 8) == 0 && getsockname(f.lfd, (struct sockaddr *)&a, &al) == 0);
+  f.port = ntohs(a.sin_port);
+  ASSERT(pthread_create(&f.th, NULL, fake_main, &f) == 0);
+  char addr[32];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", f.port);
+  kv_remote *r = NULL;
+  ASSERT_OK(kv_remote_open(addr, 300, NULL, &r));
+  kv_rcmd c[8];
+  kv_remote_counters k0, k1;
+
+  /* 1. small, nil, 200 KB, empty: exact */
+  size_t big = 200000, n = 0;
+  char *sc = malloc(big + 256);
+  n += (size_t)sprintf(sc + n, "$5\r\nhello\r\n$-1\r\n$%zu\r\n", big);
+  for (size_t i = 0; i < big; i++)
+    sc[n++] = (char)(i * 7 + 3);
+  n += (size_t)sprintf(sc + n, "\r\n$0\r\n\r\n");
+  fake_script(&f, 4, sc, n, 0);
+  get_batch(r, c, 4);
+  ASSERT(c[0].status == KV_RCMD_OK && c[0].len == 5 && memcmp(c[0].data, "hello", 5) == 0);
+  ASSERT(c[1].status == KV_RCMD_NIL);
+  ASSERT(c[2].status == KV_RCMD_OK && c[2].len == big && ((uintptr_t)c[2].data & 63) == 0);
+  for (size_t i = 0; i < big; i++)
+    ASSERT(c[2].data[i] == (uint8_t)(i * 7 + 3));
+  ASSERT(c[3].status == KV_RCMD_OK && c[3].len == 0);
+  kv_remote_release(c, 4);
+  kv_remote_counters_get(r, &k0);
+  ASSERT_EQ(k0.errors, 0);
+
+  /* 2. an array reply: that command and the rest fail, the connection is closed, counted */
+  static const char arr[] = "$3\r\nabc\r\n*1\r\n$1\r\nx\r\n$1\r\ny\r\n";
+  fake_script(&f, 3, arr, sizeof arr - 1, 0);
+  get_batch(r, c, 3);
+  ASSERT(c[0].status == KV_RCMD_OK && c[0].len == 3 && memcmp(c[0].data, "abc", 3) == 0);
+  ASSERT(c[1].status == KV_RCMD_ERR && c[2].status == KV_RCMD_ERR);
+  kv_remote_release(c, 3);
+  kv_remote_counters_get(r, &k1);
+  ASSERT(k1.errors == k0.errors + 1);
+
+  /* 3. after the backoff the next batch reconnects and reads right */
+  usleep(250000);
+  fake_script(&f, 2, "$2\r\nok\r\n+OK\r\n", 13, 0);
+  get_batch(r, c, 2);
+  ASSERT(c[0].status == KV_RCMD_OK && c[0].len == 2 && c[1].status == KV_RCMD_OK);
+  kv_remote_release(c, 2);
+  kv_remote_counters_get(r, &k0);
+  ASSERT(k0.reconnects >= 1 && k0.errors == k1.errors);
+
+  /* 4. bytes past the batch's replies (in the same write): out of step, the connection fails */
+  fake_script(&f, 1, "$1\r\na\r\n+OK\r\n", 12, 0);
+  get_batch(r, c, 1);
+  kv_remote_release(c, 1);
+  kv_remote_counters_get(r, &k1);
+  ASSERT(k1.errors == k0.errors + 1);
+
+  /* 5. a value cut by the server's close */
+  usleep(250000);
+  n = (size_t)sprintf(sc, "$100000\r\n");
+  memset(sc + n, 'v', 50000);
+  fake_script(&f, 1, sc, n + 50000, 1);
+  get_batch(r, c, 1);
+  ASSERT(c[0].status == KV_RCMD_ERR && c[0].data == NULL);
+  kv_remote_release(c, 1);
+  kv_remote_counters_get(r, &k0);
+  ASSERT(k0.errors == k1.errors + 1);
+
+  /* 6. a value stalled past the timeout (300 ms) */
+  usleep(400000);
+  fake_script(&f, 1, sc, n + 50000, 0);
+  get_batch(r, c, 1);
+  ASSERT(c[0].status == KV_RCMD_ERR && c[0].data == NULL);
+  kv_remote_release(c, 1);
+  kv_remote_counters_get(r, &k1);
+  ASSERT(k1.errors == k0.errors + 1);
+
+  kv_remote_close(r);
+  f.stop = 1;
+  shutdown(f.lfd, SHUT_RDWR);
+  close(f.lfd);
+  pthread_join(f.th, NULL);
+  pthread_mutex_destroy(&f.mu);
+  free(sc);
+  printf("protocol: values exact (200 KB aligned), array reply, extra bytes, cut and stalled "
+         "values each fail the connection and count; the next batch reconnects\n");
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "tier";
-  r_require(progs, 1);
-  if (strcmp(mode, "tier") == 0)
+  if (strcmp(mode, "protocol") != 0)
+    r_require(progs, 1);
+  if (strcmp(mode, "protocol") == 0)
+    mode_protocol();
+  else if (strcmp(mode, "tier") == 0)
     mode_tier();
   else if (strcmp(mode, "hosts") == 0)
     mode_hosts();
