@@ -726,11 +726,12 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
 
 #define KV_INC_MIN 1024
 /* A put keeps its written config when uncached unless another gains more than this share of
- * its utility (policy/greedy.c's POL_MARGIN, keep_configs' rule for stored contexts) */
+ * that one's utility (policy/greedy.c's POL_MARGIN, keep_configs' rule for stored contexts) */
 #define KV_INC_MARGIN 1e-4
 
 typedef struct inc_ent {
   double key;     /* log2(density) + time in half-lives */
+  double lf;      /* the frequency it was taken at: log2(f) + time in half-lives */
   uint64_t bytes; /* its bytes in the DRAM tier (the policy's) */
   uint8_t ctx[16];
 } inc_ent;
@@ -744,6 +745,7 @@ typedef struct inc_slot {
 typedef struct kv_place_inc {
   int valid;
   uint64_t left;  /* incremental admissions before the next run over every context */
+  double half_life_s; /* the settings' (keys are in its units) */
   inc_ent *h;     /* min-heap by key */
   size_t n, cap;
   inc_slot *slot; /* mcap (a power of two, >= 2 n) entries */
@@ -934,16 +936,27 @@ static inc_ent inc_entry(const kv_policy_params *p, const kv_policy_context *c,
 {
   inc_ent e;
   memset(&e, 0, sizeof e);
-  kv_policy_place un = pl;
-  un.cached = 0;
   const kv_policy_option *o = &c->options[pl.option];
   e.bytes = o->decoded_bytes ? o->decoded_bytes : c->raw_bytes;
-  double g = kv_policy_utility(p, c, pl) - kv_policy_utility(p, c, un);
+  double un = -INFINITY; /* out of DRAM: its best option on its tier (the greedy's drop) */
+  for (uint32_t k = 0; k < c->n_options; k++) {
+    double u = kv_policy_utility(p, c, (kv_policy_place){pl.tier, (int32_t)k, 0});
+    un = u > un ? u : un;
+  }
+  double g = kv_policy_utility(p, c, pl) - un;
   double d = g / (double)(e.bytes > 0 ? e.bytes : 1);
-  e.key = d > 0 ? log2(d) : -1e300;
-  if (d > 0 && half_life_s > 0)
-    e.key += (double)now_ms / (half_life_s * 1000.0);
+  double t = half_life_s > 0 ? (double)now_ms / (half_life_s * 1000.0) : 0;
+  e.key = d > 0 ? log2(d) + t : -1e300;
+  e.lf = c->frequency > 0 ? log2(c->frequency) + t : -1e300;
   return e;
+}
+
+/* The frequency of an access record in inc_ent.lf's terms. */
+static double inc_lf(const kv_ctxstats *cs, double half_life_s)
+{
+  if (!(cs->freq > 0))
+    return -1e300;
+  return log2(cs->freq) + (half_life_s > 0 ? (double)cs->freq_ms / (half_life_s * 1000.0) : 0);
 }
 
 /* What alone_plan says of the incoming context beside the plan. */
@@ -1008,12 +1021,11 @@ static kvdb_status alone_plan(kvdb *db, kv_txn *txn, const kv_place_view *v, con
     kv_policy_place un = pl;
     un.cached = 0;
     double u = kv_policy_utility(&in.p, &in.pc[0], un);
-    double u0 = kv_policy_utility(&in.p, &in.pc[0], kv_policy_place_none());
     ai->keep_unc = 1;
     for (uint32_t o = 0; o < in.pc[0].n_options && ai->keep_unc; o++) {
       kv_policy_place alt = {un.tier, (int32_t)o, 0};
-      ai->keep_unc = !(kv_policy_utility(&in.p, &in.pc[0], alt) >
-                       u + KV_INC_MARGIN * fabs(u - u0));
+      double ua = kv_policy_utility(&in.p, &in.pc[0], alt);
+      ai->keep_unc = u >= ua - KV_INC_MARGIN * fabs(ua); /* greedy.c keep_configs' test */
     }
   }
   rc = to_public(&in, &plan, pub);
@@ -1231,6 +1243,7 @@ static void inc_build(kv_place_inc *s, const pinst *in, const kv_policy_place *p
     }
   }
   s->left = in->n > KV_INC_MIN ? in->n : KV_INC_MIN;
+  s->half_life_s = in->set.half_life_s;
   s->valid = 1; /* used once the view is valid too */
 }
 
@@ -1357,13 +1370,74 @@ static void place_one(kvdb *db, const uint8_t key[16], int access, int touched, 
  * counted. The lock is held through the commit, so the view is updated only once the commit
  * is durable. A crash loses nothing of the put: its access and flag are in its commit.
  */
+/* A context leaving the DRAM tier (its flag cleared in txn) keeps its stored config unless
+ * another on its tier gains more than KV_INC_MARGIN of its utility uncached (greedy.c
+ * keep_configs' test) and takes no more bytes: then that re-encoding is appended to st's moves,
+ * carried out after the put's commit (kv_place_after_put). */
+static kvdb_status inc_unc_move(kvdb *db, kv_txn *txn, const uint8_t key[16], kv_place_put *st)
+{
+  pinst in;
+  KV_RET(inst_one(db, txn, key, &in));
+  kvdb_status rc = KVDB_OK;
+  if (in.n == 1 && in.pc[0].current.tier != KV_POLICY_NONE) {
+    const kv_policy_context *c = &in.pc[0];
+    kv_policy_place keep = c->current, best = keep;
+    keep.cached = best.cached = 0;
+    double uk = kv_policy_utility(&in.p, c, keep), ub = uk;
+    for (uint32_t o = 0; o < c->n_options; o++) {
+      kv_policy_place alt = {keep.tier, (int32_t)o, 0};
+      double u = kv_policy_utility(&in.p, c, alt);
+      if (u > ub && c->options[o].bytes <= c->options[keep.option].bytes) {
+        ub = u;
+        best = alt;
+      }
+    }
+    if (!(uk >= ub - KV_INC_MARGIN * fabs(ub))) {
+      kvdb_place_move *nm = realloc(st->moves, (st->n_moves + 1) * sizeof *nm);
+      if (nm == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "placement: moves");
+      } else {
+        st->moves = nm;
+        kvdb_place_move *m = &nm[st->n_moves++];
+        memset(m, 0, sizeof *m);
+        memcpy(m->context.b, key, 16);
+        m->from_tier = m->to_tier = in.meta[0].tier;
+        m->from_config = in.meta[0].cur;
+        m->from_bytes = c->options[keep.option].bytes;
+        m->to_config = c->options[best.option].config;
+        m->to_bytes = c->options[best.option].bytes;
+        m->utility_from = uk;
+        m->utility_to = ub;
+      }
+    }
+  }
+  inst_free(&in);
+  return rc;
+}
+
 /* The put's cascade on the DRAM tier (INCREMENTAL ADMISSION): the least dense cached contexts
  * leave while the tier is over `cap` and they are less dense than the incoming entry e; *cache
  * = 1 when that makes room (s->ev: those that leave), else 0 and the heap is as it was. */
-static int inc_cascade(kv_place_inc *s, const inc_ent *e, uint64_t used, uint64_t cap, int *cache)
+static int inc_cascade(kvdb *db, kv_txn *txn, kv_place_inc *s, const inc_ent *e, uint64_t used,
+                       uint64_t cap, int *cache)
 {
   s->n_ev = 0;
   while (used > cap && s->n > 0 && s->h[0].key < e->key) {
+    /* accessed since its key was taken (a get, counted in this transaction or before): its
+     * density grew with its frequency; it goes back with the key it has now */
+    kv_ctxstats cs;
+    if (kv_cat_get_ctxstats(&db->cat, txn, s->h[0].ctx, &cs) == KVDB_OK) {
+      double lf = inc_lf(&cs, s->half_life_s);
+      if (lf > s->h[0].lf + 1e-9) {
+        inc_ent r = s->h[0];
+        r.key += lf - r.lf;
+        r.lf = lf;
+        s->h[0] = r;
+        inc_down(s, 0);
+        continue;
+      }
+    }
+    kv_clear_error();
     if (s->n_ev == s->cap_ev) {
       size_t nc = s->cap_ev ? 2 * s->cap_ev : 16;
       inc_ent *ne = realloc(s->ev, nc * sizeof *ne);
@@ -1430,6 +1504,9 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
   st->blocks = NULL;
   st->n_blocks = 0;
   st->placed = st->bump = 0;
+  free(st->moves);
+  st->moves = NULL;
+  st->n_moves = 0;
   KV_RET(kv_place_touch(db, txn, key, kv_now_ms()));
   st->touched = 1;
   if (pthread_mutex_trylock(kv_place_run_lock(db)) != 0)
@@ -1466,11 +1543,10 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
     if (!gone && inc_remove(s, key, &old)) /* a context of this key deleted and put again */
       s->pend_old = old.bytes;
   }
-  if (!ok && !gone && flag_only && s != NULL && ai.cached && ai.dram_over && ai.keep_unc &&
-      pub.n_moves > 0) { /* INCREMENTAL ADMISSION: the DRAM tier's cascade alone */
+  if (!ok && !gone && flag_only && s != NULL && ai.cached && ai.dram_over && pub.n_moves > 0) { /* INCREMENTAL ADMISSION: the DRAM tier's cascade alone */
     uint64_t used = v->used[KVDB_TIER_DRAM] + st->add[KVDB_TIER_DRAM];
     used = used > s->pend_old ? used - s->pend_old : 0;
-    if (inc_cascade(s, &ai.ent, used, ai.dram_cap, &cache) != 0) {
+    if (inc_cascade(db, txn, s, &ai.ent, used, ai.dram_cap, &cache) != 0) {
       s->valid = 0;
       kvdb_place_plan_free(&pub);
       return KVDB_OK; /* out of memory: the run over every context after the commit */
@@ -1512,6 +1588,10 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
     int changed = 0;
     if (rc == KVDB_OK && s != NULL && s->pending && s->n_ev > 0)
       rc = inc_uncache(db, txn, s, &changed);
+    for (size_t i = 0; rc == KVDB_OK && s != NULL && s->pend_casc && i < s->n_ev; i++)
+      rc = inc_unc_move(db, txn, s->ev[i].ctx, st);
+    if (rc == KVDB_OK && s != NULL && s->pend_casc && !cache && !ai.keep_unc)
+      rc = inc_unc_move(db, txn, key, st);
     if (rc == KVDB_OK && changed && !st->bump) {
       rc = kv_place_bump_gen(db, txn, &st->gen_from);
       st->bump = 1;
@@ -1543,6 +1623,9 @@ static void put_done(kvdb *db, kvdb_status commit_rc, void *arg)
     v->valid = 0;
     if (s != NULL)
       s->valid = 0;
+    free(st->moves); /* the put failed: kv_place_after_put is not called */
+    st->moves = NULL;
+    st->n_moves = 0;
   } else if (st->placed) {
     if (v->valid) {
       for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
@@ -1591,10 +1674,62 @@ int kv_place_put_hook(kvdb *db, kv_place_put *st, kv_put_hook *h)
   return 1;
 }
 
-void kv_place_after_put(kvdb *db, const uint8_t key[16], const kv_place_put *st)
+/* The re-encodings of contexts the put's cascade took out of DRAM (inc_unc_move), each in
+ * its own transaction as a plan's move (skipped when the context changed since). */
+static kvdb_status inc_moves(kvdb *db, const kvdb_place_move *mv, size_t n)
 {
-  if (st != NULL && st->placed)
-    return; /* placed in the put's own transaction */
+  kv_place_view *v = kv_place_view_of(db);
+  for (size_t i = 0; i < n; i++) {
+    kvdb_config cfg;
+    uint32_t tier;
+    pmodel pm;
+    kvdb_status rc = ctx_now(db, mv[i].context.b, &cfg, &tier, &pm);
+    if (rc == KVDB_NOTFOUND ||
+        (rc == KVDB_OK && (!kv_policy_config_equal(&cfg, &mv[i].from_config) ||
+                           tier != mv[i].from_tier))) {
+      kv_clear_error();
+      continue;
+    }
+    KV_RET(rc);
+    kvdb_model km = model_of(&pm);
+    rc = kv_relocate(db, &km, mv[i].context.b, &mv[i].to_config, KV_TIER_KEEP, NULL, 1);
+    if (rc == KVDB_BUSY || rc == KVDB_NOTFOUND) {
+      kv_clear_error();
+      continue;
+    }
+    KV_RET(rc);
+    if (v->valid && tier < KVDB_TIER_COUNT) /* the view follows: this handle's own commit */
+      v->used[tier] = v->used[tier] + mv[i].to_bytes > mv[i].from_bytes
+                          ? v->used[tier] + mv[i].to_bytes - mv[i].from_bytes : 0;
+  }
+  return KVDB_OK;
+}
+
+void kv_place_after_put(kvdb *db, const uint8_t key[16], kv_place_put *st)
+{
+  if (st != NULL && st->placed) { /* placed in the put's own transaction */
+    if (st->n_moves > 0) {
+      pthread_mutex_lock(kv_place_run_lock(db));
+      kvdb_status rc = inc_moves(db, st->moves, st->n_moves);
+      if (rc != KVDB_OK) {
+        kv_place_view_of(db)->valid = 0;
+        char hx[33];
+        kv_log(&db->log, 1, "placement after the put of %s: re-encoding what left DRAM: %s",
+               kv_hex16(key, hx), kvdb_errmsg());
+      }
+      pthread_mutex_unlock(kv_place_run_lock(db));
+      kv_clear_error();
+    }
+    free(st->moves);
+    st->moves = NULL;
+    st->n_moves = 0;
+    return;
+  }
+  if (st != NULL) {
+    free(st->moves);
+    st->moves = NULL;
+    st->n_moves = 0;
+  }
   place_one(db, key, 1, st != NULL && st->touched, "after the put of");
 }
 
