@@ -243,6 +243,9 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
           (src->not_below != NULL && !kv_policy_config_reachable(src->not_below, cfg)))
         continue; /* raw: exact by definition; unreachable: recorded unmeasured below */
       uint32_t nk = 0, nv = 0;
+      /* lossless: bit-exact by construction (compress/ tests): its bytes are measured, its
+       * sections are not decoded back (nothing compares them) */
+      int exact = kv_policy_config_exact(cfg);
       for (uint32_t b = 0; rc == KVDB_OK && b < n_blocks; b++) {
         uint64_t t0 = (uint64_t)b * bt;
         uint32_t nt = (uint32_t)(t0 + bt <= n ? bt : n - t0);
@@ -258,15 +261,15 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         uint32_t len[2];
         uint32_t s = (layer * H + head) * 2;
         rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);
-        if (rc == KVDB_OK)
+        if (rc == KVDB_OK && !exact)
           rc = decode_append(e.pair, len[0], &dec, &pb, pb.kd, row, &nk, pb.rpos, t0);
-        if (rc == KVDB_OK)
+        if (rc == KVDB_OK && !exact)
           rc = decode_append(e.pair + len[0], len[1], &dec, &pb, pb.vd, row, &nv, NULL, 0);
         enc[(size_t)c * n_blocks + b] += (uint64_t)len[0] + len[1];
       }
       if (rc != KVDB_OK)
         break;
-      if (kv_policy_config_exact(cfg)) { /* lossless: bit-exact by construction (compress/ tests) */
+      if (exact) {
         qsum[c] += 1.0;
         continue;
       }
