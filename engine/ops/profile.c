@@ -147,7 +147,16 @@ static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, p
       if (pb->dscratch == NULL)
         return kv_fail(KVDB_NOMEM, "profile decoding scratch");
     }
-    st = kv_section_decode_dctx(d->ctx, src, len, pb->dscratch, pb->dscratch_cap,
+    /* the decoding context (its zstd set-up is a large share of a small context's profile)
+     * only where it is used: kivi sections (the engine's int8/int4/int2) decode the same
+     * values without one (it only enables streaming stores there) */
+    kv_codec_dctx *ctx = NULL;
+    if (info.codec_id != KV_CODEC_ID_KIVI) {
+      if (d->ctx_mem == NULL)
+        KV_RET(kv_cdec_init(d));
+      ctx = d->ctx;
+    }
+    st = kv_section_decode_dctx(ctx, src, len, pb->dscratch, pb->dscratch_cap,
                                 dst + (size_t)*n_rows * row_bytes,
                                 kv_section_rows_bytes(&info, 0, info.n_groups), NULL, &err);
   }
@@ -199,8 +208,9 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   pb.ascratch = malloc(asc);
   kv_cenc e;
   memset(&e, 0, sizeof e);
-  kv_cdec dec;
-  kvdb_status rc = kv_cdec_init(&dec);
+  kv_cdec dec; /* its zstd context made on first use (decode_append) */
+  memset(&dec, 0, sizeof dec);
+  kvdb_status rc = KVDB_OK;
   if (rc == KVDB_OK && (!qsum || !rsum || !enc || !pb.k || !pb.v || !pb.kd || !pb.vd ||
                         !pb.probes || !pb.ppos || !pb.rpos || !pb.ref || !pb.out ||
                         !pb.ascratch))
