@@ -1101,8 +1101,9 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
  * asks whether caching it pays (a read transaction; the accesses noted and not yet written count
  * too): its utility
  * cached (same tier and config) minus where it is,
- * per byte it would take in DRAM, against promote_per_byte, the least such gain among the
- * contexts the last run over every context cached (0 without one: any gain). When it beats it
+ * per byte it would take in DRAM, against the least such gain among the contexts cached: the
+ * incremental state's heap minimum taken now when it holds (INCREMENTAL ADMISSION), else
+ * promote_per_byte, that of the last run over every context (0 without one: any gain). When it beats it
  * by KV_PROMOTE_MARGIN,
  * the context is placed again as an incoming one: alone when that fits beside the view (it is
  * then cached, and the DRAM tier admits it for the next get), else by the greedy over every
@@ -1165,7 +1166,12 @@ static kvdb_status promote(kvdb *db, const uint8_t key[16])
 {
   kv_place_view *v = kv_place_view_of(db);
   int yes;
-  KV_RET(promote_pays(db, key, v->promote_per_byte, &yes));
+  double thr = v->promote_per_byte;
+  kv_place_inc *s = inc_valid(db, v);
+  if (s != NULL && s->n > 0 && s->h[0].key > -1e300) /* the least dense cached context now */
+    thr = exp2(s->h[0].key - (s->half_life_s > 0 ? (double)kv_now_ms() /
+                                                       (s->half_life_s * 1000.0) : 0));
+  KV_RET(promote_pays(db, key, thr, &yes));
   if (!yes)
     return KVDB_OK;
   kv_txn *txn;
