@@ -147,7 +147,16 @@ static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, p
       if (pb->dscratch == NULL)
         return kv_fail(KVDB_NOMEM, "profile decoding scratch");
     }
-    st = kv_section_decode_dctx(d->ctx, src, len, pb->dscratch, pb->dscratch_cap,
+    /* the decoding context (its zstd set-up is a large share of a small context's profile)
+     * only where it is used: kivi sections (the engine's int8/int4/int2) decode the same
+     * values without one (it only enables streaming stores there) */
+    kv_codec_dctx *ctx = NULL;
+    if (info.codec_id != KV_CODEC_ID_KIVI) {
+      if (d->ctx_mem == NULL)
+        KV_RET(kv_cdec_init(d));
+      ctx = d->ctx;
+    }
+    st = kv_section_decode_dctx(ctx, src, len, pb->dscratch, pb->dscratch_cap,
                                 dst + (size_t)*n_rows * row_bytes,
                                 kv_section_rows_bytes(&info, 0, info.n_groups), NULL, &err);
   }
@@ -199,8 +208,9 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   pb.ascratch = malloc(asc);
   kv_cenc e;
   memset(&e, 0, sizeof e);
-  kv_cdec dec;
-  kvdb_status rc = kv_cdec_init(&dec);
+  kv_cdec dec; /* its zstd context made on first use (decode_append) */
+  memset(&dec, 0, sizeof dec);
+  kvdb_status rc = KVDB_OK;
   if (rc == KVDB_OK && (!qsum || !rsum || !enc || !pb.k || !pb.v || !pb.kd || !pb.vd ||
                         !pb.probes || !pb.ppos || !pb.rpos || !pb.ref || !pb.out ||
                         !pb.ascratch))
@@ -243,6 +253,9 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
           (src->not_below != NULL && !kv_policy_config_reachable(src->not_below, cfg)))
         continue; /* raw: exact by definition; unreachable: recorded unmeasured below */
       uint32_t nk = 0, nv = 0;
+      /* lossless: bit-exact by construction (compress/ tests): its bytes are measured, its
+       * sections are not decoded back (nothing compares them) */
+      int exact = kv_policy_config_exact(cfg);
       for (uint32_t b = 0; rc == KVDB_OK && b < n_blocks; b++) {
         uint64_t t0 = (uint64_t)b * bt;
         uint32_t nt = (uint32_t)(t0 + bt <= n ? bt : n - t0);
@@ -258,15 +271,15 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         uint32_t len[2];
         uint32_t s = (layer * H + head) * 2;
         rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);
-        if (rc == KVDB_OK)
+        if (rc == KVDB_OK && !exact)
           rc = decode_append(e.pair, len[0], &dec, &pb, pb.kd, row, &nk, pb.rpos, t0);
-        if (rc == KVDB_OK)
+        if (rc == KVDB_OK && !exact)
           rc = decode_append(e.pair + len[0], len[1], &dec, &pb, pb.vd, row, &nv, NULL, 0);
         enc[(size_t)c * n_blocks + b] += (uint64_t)len[0] + len[1];
       }
       if (rc != KVDB_OK)
         break;
-      if (kv_policy_config_exact(cfg)) { /* lossless: bit-exact by construction (compress/ tests) */
+      if (exact) {
         qsum[c] += 1.0;
         continue;
       }

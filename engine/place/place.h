@@ -45,14 +45,18 @@ typedef struct kv_place_put {
   uint64_t add[KVDB_TIER_COUNT];
   uint8_t *blocks;                  /* a context admitted to DRAM: its block hashes */
   uint32_t n_blocks;
+  kvdb_place_move *moves;           /* re-encodings of contexts it took out of DRAM, made by
+                                       kv_place_after_put (which frees them) */
+  size_t n_moves;
 } kv_place_put;
 int kv_place_put_hook(kvdb *db, kv_place_put *st, kv_put_hook *h);
 
 /* Right after a put of context `key` is durable, with placement on: unless the put's own
- * transaction placed it (st->placed), count the access (unless st->touched) and place it (the
- * default rule from the catalog's state) and carry out the moves. st may be NULL (a put
+ * transaction placed it (st->placed: then only the re-encodings it asked for, st->moves), count
+ * the access (unless st->touched) and place it (the default rule from the catalog's state) and
+ * carry out the moves. st may be NULL (a put
  * without the hook). Failures are logged (the put stands). */
-void kv_place_after_put(kvdb *db, const uint8_t key[16], const kv_place_put *st);
+void kv_place_after_put(kvdb *db, const uint8_t key[16], kv_place_put *st);
 
 /* Before a put with placement on, from the context's measured profile alone: when its best
  * place is the SSD tier (cached in DRAM or not), *cfg becomes the config the placement will

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/place/placer.c — placing contexts with the EvicPress policy (policy/): the
- * policy's instance built from the catalog, Algorithm 1 after each put, rebalance plans and
- * their execution as relocations (kvdb_rebalance_plan / _execute), placement statistics.
+ * policy's instance built from the catalog, the placement after each put (BETWEEN PUTS,
+ * INCREMENTAL ADMISSION, IN THE PUT'S TRANSACTION), promotion on a hit (PROMOTION), rebalance
+ * plans and their execution as relocations (kvdb_rebalance_plan / _execute), placement
+ * statistics.
  *
  * THE INSTANCE (policy.h's model, from the catalog as of one read transaction, with the
  * settings of kv_place_settings)
@@ -687,8 +689,9 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
  * bytes on each, kv_place_view) and a put first places its context alone (a one-context
  * instance with unlimited tiers: its best place); when that place fits beside the view's bytes
  * on every tier, the outcome is Algorithm 1's and only the incoming context is read and moved.
- * Otherwise (or without a valid view) the whole instance is built from the catalog and
- * Algorithm 1 runs over every context, resolving the tiers down to placement_slack_pct below
+ * Otherwise, when only the DRAM tier overflows and the incremental state holds, the DRAM
+ * tier's cascade runs alone (INCREMENTAL ADMISSION, below). Otherwise (or without a valid
+ * view) the whole instance is built from the catalog and the rule runs over every context, resolving the tiers down to placement_slack_pct below
  * their capacities (slack 0: exactly to them), so that the next puts fit in the room it left
  * and the O(contexts) run comes once per that much data instead of on every put. The view is
  * right as of a catalog txn id; it is rebuilt when anything but this handle has committed
@@ -698,17 +701,297 @@ static kvdb_status inst_now(kvdb *db, pinst *in)
  * run, never an over-full tier.
  */
 
+/*
+ * INCREMENTAL ADMISSION (issue 17, must-have 1). The run over every context above is needed on
+ * a put only when the put's best place does not fit beside the view, and at the default tiers
+ * (SSD unlimited, a small DRAM tier) that is the DRAM tier: the put wants to be cached and the
+ * tier is full. On that tier the greedy's only operation is leaving it (every config but a
+ * token-dropping one holds the same decoded bytes there), and the per-byte rules take those
+ * operations cheapest first: the cascade uncaches the contexts whose utility gain from the DRAM
+ * tier per DRAM byte (their density: U cached minus U at their best option uncached, over
+ * their decoded bytes) is least. So the handle keeps, between puts and beside the view, the
+ * contexts the last run over every context left cached, in a min-heap by density (with a map
+ * from key to heap slot; puts and promotions that fit join it), and a put whose only
+ * over-full tier is DRAM is admitted by that cascade alone: it takes the tier when its density
+ * beats the least dense ones that must leave to make room (their flags cleared in the put's own
+ * transaction; their blocks leave the DRAM admission set, kv_place_want_change), else it stays
+ * uncached. A context leaving DRAM keeps its stored config unless another gains more than
+ * KV_INC_MARGIN uncached (greedy.c keep_configs' rule): that re-encoding is made right after the
+ * put's commit (inc_unc_move, kv_place_after_put). O(log n) per context moved, no scan.
+ * Densities decay with the access counts, all at the same rate (U is linear in the decayed
+ * frequency), so a heap key is the density's log2 plus the time in half-lives: keys taken at
+ * different times compare as the densities would now. A context accessed since its key was
+ * taken (a get) is denser than its key says: when it comes up for eviction its key is taken
+ * again from its access record in the put's transaction and it goes back into the heap.
+ * What the cascade does not do that a run over every context does: the refill (room a cascade
+ * leaves is not filled with smaller contexts), the guard and exchanges of the default rule, a
+ * context on another tier than the SSD moving. Bound: the state is rebuilt by a run over every
+ * context after as many incremental admissions as there were contexts at the last run (at
+ * least KV_INC_MIN: O(1) amortized per put), whenever the view is rebuilt (another handle
+ * wrote, a relocation outside the placement, a reopen: it starts invalid, a promotion that ran
+ * over every context), and on any overflow of another tier; Algorithm 1 as the paper has it
+ * (KVDB_PLACEMENT_LEAST_DROP, not per byte) always runs over every context. Measured:
+ * test_place.c test_place_incremental (>= 0.999 of the utility a run over every context
+ * plans, after a reopen too) and `kvdb-bench policy` part 6 (put_utility_vs_full_*).
+ */
+
+#define KV_INC_MIN 1024
+/* A put keeps its written config when uncached unless another gains more than this share of
+ * that one's utility (policy/greedy.c's POL_MARGIN, keep_configs' rule for stored contexts) */
+#define KV_INC_MARGIN 1e-4
+
+typedef struct inc_ent {
+  double key;     /* log2(density) + time in half-lives */
+  double lf;      /* the frequency it was taken at: log2(f) + time in half-lives */
+  uint64_t bytes; /* its bytes in the DRAM tier (the policy's) */
+  uint8_t ctx[16];
+} inc_ent;
+
+/* The map from key to heap slot: open addressing, linear probing, its own copy of the key. */
+typedef struct inc_slot {
+  uint8_t ctx[16];
+  uint32_t at; /* heap index + 1 (0: free) */
+} inc_slot;
+
+typedef struct kv_place_inc {
+  int valid;
+  uint64_t left;  /* incremental admissions before the next run over every context */
+  double half_life_s; /* the settings' (keys are in its units) */
+  inc_ent *h;     /* min-heap by key */
+  size_t n, cap;
+  inc_slot *slot; /* mcap (a power of two, >= 2 n) entries */
+  size_t mcap;
+  uint64_t admitted, uncached, evicted; /* counters since open (logs) */
+  /* a put's cascade between its transaction and its commit (the run lock is held through):
+   * the contexts it takes out of DRAM (popped from the heap), their blocks, its own entry */
+  inc_ent *ev;
+  size_t n_ev, cap_ev;
+  uint8_t *ev_blocks;
+  size_t n_ev_blocks, cap_ev_blocks;
+  inc_ent pend;
+  uint64_t pend_old;        /* bytes of an entry of the same key the put replaced */
+  int pending, pend_cache;  /* a put placed in its transaction; cached */
+  int pend_casc;            /* by the cascade */
+} kv_place_inc;
+
+static void inc_free(void *p)
+{
+  kv_place_inc *s = p;
+  if (s == NULL)
+    return;
+  free(s->h);
+  free(s->slot);
+  free(s->ev);
+  free(s->ev_blocks);
+  free(s);
+}
+
+static kv_place_inc *inc_of(kvdb *db)
+{
+  kv_place_view *v = kv_place_view_of(db);
+  if (v->inc == NULL) {
+    v->inc = calloc(1, sizeof(kv_place_inc));
+    v->inc_free = inc_free;
+  }
+  return v->inc;
+}
+
+static size_t inc_home(const kv_place_inc *s, const uint8_t k[16])
+{
+  uint64_t h;
+  memcpy(&h, k, 8);
+  return (size_t)(h ^ (h >> 31)) & (s->mcap - 1);
+}
+
+/* The map slot of key k (a free one when absent); mcap > 0. */
+static size_t inc_mslot(const kv_place_inc *s, const uint8_t k[16])
+{
+  size_t i = inc_home(s, k);
+  while (s->slot[i].at && memcmp(s->slot[i].ctx, k, 16) != 0)
+    i = (i + 1) & (s->mcap - 1);
+  return i;
+}
+
+/* Free map slot i (backward-shift deletion). */
+static void inc_mdel(kv_place_inc *s, size_t i)
+{
+  s->slot[i].at = 0;
+  for (size_t j = (i + 1) & (s->mcap - 1); s->slot[j].at; j = (j + 1) & (s->mcap - 1)) {
+    size_t home = inc_home(s, s->slot[j].ctx);
+    if (((j - home) & (s->mcap - 1)) >= ((j - i) & (s->mcap - 1))) {
+      s->slot[i] = s->slot[j];
+      s->slot[j].at = 0;
+      i = j;
+    }
+  }
+}
+
+/* h[at] = e, and e's map slot says so (e's key is in the map). */
+static void inc_set(kv_place_inc *s, size_t at, const inc_ent *e)
+{
+  s->h[at] = *e;
+  s->slot[inc_mslot(s, e->ctx)].at = (uint32_t)at + 1;
+}
+
+static void inc_up(kv_place_inc *s, size_t i)
+{
+  inc_ent e = s->h[i];
+  while (i > 0 && s->h[(i - 1) / 2].key > e.key) {
+    inc_set(s, i, &s->h[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  inc_set(s, i, &e);
+}
+
+static void inc_down(kv_place_inc *s, size_t i)
+{
+  inc_ent e = s->h[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= s->n)
+      break;
+    if (c + 1 < s->n && s->h[c + 1].key < s->h[c].key)
+      c++;
+    if (!(s->h[c].key < e.key))
+      break;
+    inc_set(s, i, &s->h[c]);
+    i = c;
+  }
+  inc_set(s, i, &e);
+}
+
+/* Add e (its key must not be there); -1 when out of memory. */
+static int inc_push(kv_place_inc *s, const inc_ent *e)
+{
+  if (s->n + 1 > s->cap) {
+    size_t nc = s->cap ? 2 * s->cap : 256;
+    inc_ent *nh = realloc(s->h, nc * sizeof *nh);
+    if (nh == NULL)
+      return -1;
+    s->h = nh;
+    s->cap = nc;
+  }
+  if (2 * (s->n + 1) > s->mcap) {
+    size_t nm = s->mcap ? 2 * s->mcap : 512;
+    inc_slot *ns = calloc(nm, sizeof *ns);
+    if (ns == NULL)
+      return -1;
+    free(s->slot);
+    s->slot = ns;
+    s->mcap = nm;
+    for (size_t i = 0; i < s->n; i++) {
+      size_t m = inc_mslot(s, s->h[i].ctx);
+      memcpy(s->slot[m].ctx, s->h[i].ctx, 16);
+      s->slot[m].at = (uint32_t)i + 1;
+    }
+  }
+  size_t m = inc_mslot(s, e->ctx);
+  memcpy(s->slot[m].ctx, e->ctx, 16);
+  s->h[s->n++] = *e;
+  s->slot[m].at = (uint32_t)s->n;
+  inc_up(s, s->n - 1);
+  return 0;
+}
+
+/* Remove the entry at heap index i. */
+static void inc_remove_at(kv_place_inc *s, size_t i)
+{
+  inc_mdel(s, inc_mslot(s, s->h[i].ctx));
+  s->n--;
+  if (i == s->n)
+    return;
+  s->h[i] = s->h[s->n];
+  s->slot[inc_mslot(s, s->h[i].ctx)].at = (uint32_t)i + 1;
+  if (i > 0 && s->h[(i - 1) / 2].key > s->h[i].key)
+    inc_up(s, i);
+  else
+    inc_down(s, i);
+}
+
+/* Remove context k when it is there (*e: its entry, when e is not NULL); 1 when it was. */
+static int inc_remove(kv_place_inc *s, const uint8_t k[16], inc_ent *e)
+{
+  if (s->mcap == 0)
+    return 0;
+  size_t ms = inc_mslot(s, k);
+  if (!s->slot[ms].at)
+    return 0;
+  size_t i = s->slot[ms].at - 1;
+  if (e != NULL)
+    *e = s->h[i];
+  inc_remove_at(s, i);
+  return 1;
+}
+
+static void inc_reset(kv_place_inc *s)
+{
+  s->valid = 0;
+  s->n = 0;
+  if (s->slot != NULL)
+    memset(s->slot, 0, s->mcap * sizeof *s->slot);
+}
+
+/* The state as this handle may use it now: valid with the view, else NULL. */
+static kv_place_inc *inc_valid(kvdb *db, const kv_place_view *v)
+{
+  kv_place_inc *s = v->inc;
+  if (s == NULL || !v->valid || !s->valid || s->left == 0 ||
+      db->opt.placement == KVDB_PLACEMENT_LEAST_DROP)
+    return NULL;
+  return s;
+}
+
+/* Context c's heap entry at place pl (cached) in an instance with params p, as of now_ms. */
+static inc_ent inc_entry(const kv_policy_params *p, const kv_policy_context *c,
+                         kv_policy_place pl, uint64_t now_ms, double half_life_s)
+{
+  inc_ent e;
+  memset(&e, 0, sizeof e);
+  const kv_policy_option *o = &c->options[pl.option];
+  e.bytes = o->decoded_bytes ? o->decoded_bytes : c->raw_bytes;
+  double un = -INFINITY; /* out of DRAM: its best option on its tier (the greedy's drop) */
+  for (uint32_t k = 0; k < c->n_options; k++) {
+    double u = kv_policy_utility(p, c, (kv_policy_place){pl.tier, (int32_t)k, 0});
+    un = u > un ? u : un;
+  }
+  double g = kv_policy_utility(p, c, pl) - un;
+  double d = g / (double)(e.bytes > 0 ? e.bytes : 1);
+  double t = half_life_s > 0 ? (double)now_ms / (half_life_s * 1000.0) : 0;
+  e.key = d > 0 ? log2(d) + t : -1e300;
+  e.lf = c->frequency > 0 ? log2(c->frequency) + t : -1e300;
+  return e;
+}
+
+/* The frequency of an access record in inc_ent.lf's terms. */
+static double inc_lf(const kv_ctxstats *cs, double half_life_s)
+{
+  if (!(cs->freq > 0))
+    return -1e300;
+  return log2(cs->freq) + (half_life_s > 0 ? (double)cs->freq_ms / (half_life_s * 1000.0) : 0);
+}
+
+/* What alone_plan says of the incoming context beside the plan. */
+typedef struct alone_info {
+  int cached;    /* its best place is cached in the DRAM tier (ent: its heap entry) */
+  int dram_over; /* it fits on every tier but DRAM, and not there */
+  int keep_unc;  /* uncached, its config (the plan's) is within KV_INC_MARGIN of the best */
+  uint64_t dram_cap;
+  inc_ent ent;
+} alone_info;
+
 /* The incoming context placed alone, as of txn: *ok = 1 when that place fits beside the view
- * on every tier (then *pub is its plan and add[] what it adds to the view's kvdb tiers);
- * *gone = 1 when the context is not there. */
+ * on every tier; *pub is its plan either way and add[] what it adds to the view's kvdb tiers;
+ * *gone = 1 when the context is not there. ai (NULL: not asked): see alone_info. */
 static kvdb_status alone_plan(kvdb *db, kv_txn *txn, const kv_place_view *v, const uint8_t key[16],
                               int in_view, kvdb_place_plan *pub, uint64_t add[KVDB_TIER_COUNT],
-                              int *ok, int *gone)
+                              int *ok, int *gone, alone_info *ai)
 {
   *ok = 0;
   *gone = 0;
   memset(pub, 0, sizeof *pub);
   memset(add, 0, KVDB_TIER_COUNT * sizeof *add);
+  if (ai != NULL)
+    memset(ai, 0, sizeof *ai);
   pinst in;
   KV_RET(inst_one(db, txn, key, &in));
   if (in.n == 0) { /* deleted meanwhile */
@@ -732,11 +1015,31 @@ static kvdb_status alone_plan(kvdb *db, kv_txn *txn, const kv_place_view *v, con
   for (uint32_t t = 0; t < in.n_tiers; t++)
     add[in.ktier[t]] = plan.used_after[t] -
                        (in_view && plan.used_before[t] <= plan.used_after[t] ? plan.used_before[t] : 0);
-  int fits = 1;
-  for (uint32_t t = 0; t < in.n_tiers && fits; t++)
-    fits = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + add[in.ktier[t]] <= cap[t];
-  if (fits)
-    rc = to_public(&in, &plan, pub);
+  int fits = 1, other = 1;
+  for (uint32_t t = 0; t < in.n_tiers; t++) {
+    int f = cap[t] == KV_POLICY_UNLIMITED || v->used[in.ktier[t]] + add[in.ktier[t]] <= cap[t];
+    fits &= f;
+    if (in.ktier[t] != KVDB_TIER_DRAM)
+      other &= f;
+  }
+  kv_policy_place pl = plan.place[0];
+  if (ai != NULL && pl.tier != KV_POLICY_NONE && pl.cached && in.ptier[KVDB_TIER_DRAM] == 0) {
+    ai->cached = 1;
+    ai->dram_over = other && !fits;
+    ai->dram_cap = cap[0];
+    ai->ent = inc_entry(&in.p, &in.pc[0], pl, in.now_ms, in.set.half_life_s);
+    memcpy(ai->ent.ctx, key, 16);
+    kv_policy_place un = pl;
+    un.cached = 0;
+    double u = kv_policy_utility(&in.p, &in.pc[0], un);
+    ai->keep_unc = 1;
+    for (uint32_t o = 0; o < in.pc[0].n_options && ai->keep_unc; o++) {
+      kv_policy_place alt = {un.tier, (int32_t)o, 0};
+      double ua = kv_policy_utility(&in.p, &in.pc[0], alt);
+      ai->keep_unc = u >= ua - KV_INC_MARGIN * fabs(ua); /* greedy.c keep_configs' test */
+    }
+  }
+  rc = to_public(&in, &plan, pub);
   kv_policy_plan_free(&plan);
   inst_free(&in);
   if (rc != KVDB_OK)
@@ -756,15 +1059,18 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
   kvdb_place_plan pub;
   uint64_t add[KVDB_TIER_COUNT];
   int ok, gone;
-  kvdb_status rc = alone_plan(db, txn, v, key, in_view, &pub, add, &ok, &gone);
+  alone_info ai;
+  kvdb_status rc = alone_plan(db, txn, v, key, in_view, &pub, add, &ok, &gone, &ai);
   kv_txn_abort(txn);
   KV_RET(rc);
   if (gone) {
     *fits = 1;
     return KVDB_OK;
   }
-  if (!ok)
+  if (!ok) {
+    kvdb_place_plan_free(&pub);
     return KVDB_OK;
+  }
   kvdb_rebalance_report rep;
   /* the remote tier is left out of this one-context model: it reads no better than the last
    * local tier, which is unlimited here, so it would change no place; but a context dropped
@@ -777,6 +1083,12 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
     for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
       v->used[t] += add[t];
     *fits = 1;
+    kv_place_inc *s = inc_valid(db, v);
+    if (s != NULL) { /* the heap holds the cached contexts: this one's entry as placed now */
+      inc_remove(s, key, NULL);
+      if (ai.cached && inc_push(s, &ai.ent) != 0)
+        s->valid = 0;
+    }
   } else {
     v->valid = 0;
   }
@@ -789,8 +1101,9 @@ static kvdb_status admit_alone(kvdb *db, kv_place_view *v, const uint8_t key[16]
  * asks whether caching it pays (a read transaction; the accesses noted and not yet written count
  * too): its utility
  * cached (same tier and config) minus where it is,
- * per byte it would take in DRAM, against promote_per_byte, the least such gain among the
- * contexts the last run over every context cached (0 without one: any gain). When it beats it
+ * per byte it would take in DRAM, against the least such gain among the contexts cached: the
+ * incremental state's heap minimum taken now when it holds (INCREMENTAL ADMISSION), else
+ * promote_per_byte, that of the last run over every context (0 without one: any gain). When it beats it
  * by KV_PROMOTE_MARGIN,
  * the context is placed again as an incoming one: alone when that fits beside the view (it is
  * then cached, and the DRAM tier admits it for the next get), else by the greedy over every
@@ -853,7 +1166,12 @@ static kvdb_status promote(kvdb *db, const uint8_t key[16])
 {
   kv_place_view *v = kv_place_view_of(db);
   int yes;
-  KV_RET(promote_pays(db, key, v->promote_per_byte, &yes));
+  double thr = v->promote_per_byte;
+  kv_place_inc *s = inc_valid(db, v);
+  if (s != NULL && s->n > 0 && s->h[0].key > -1e300) /* the least dense cached context now */
+    thr = exp2(s->h[0].key - (s->half_life_s > 0 ? (double)kv_now_ms() /
+                                                       (s->half_life_s * 1000.0) : 0));
+  KV_RET(promote_pays(db, key, thr, &yes));
   if (!yes)
     return KVDB_OK;
   kv_txn *txn;
@@ -925,10 +1243,34 @@ static size_t cache_moves_only(kvdb_place_move *mv, size_t n)
  * tiers resolved to `slack_pct` below their capacities; the view is rebuilt from the plan.
  * cache_only: only the plan's DRAM admissions and evictions are carried out
  * (cache_moves_only), and the view is left to be rebuilt. */
+/* The incremental state from a run's plan: the contexts it caches, by density. */
+static void inc_build(kv_place_inc *s, const pinst *in, const kv_policy_place *place)
+{
+  inc_reset(s);
+  if (in->ptier[KVDB_TIER_DRAM] != 0)
+    return;
+  for (size_t i = 0; i < in->n; i++) {
+    if (!place[i].cached || place[i].tier == KV_POLICY_NONE)
+      continue;
+    inc_ent e = inc_entry(&in->p, &in->pc[i], place[i], in->now_ms, in->set.half_life_s);
+    memcpy(e.ctx, in->meta[i].key, 16);
+    if (inc_push(s, &e) != 0) {
+      inc_reset(s);
+      return;
+    }
+  }
+  s->left = in->n > KV_INC_MIN ? in->n : KV_INC_MIN;
+  s->half_life_s = in->set.half_life_s;
+  s->valid = 1; /* used once the view is valid too */
+}
+
 static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], double slack_pct,
                              int cache_only)
 {
   v->valid = 0;
+  kv_place_inc *s = inc_of(db);
+  if (s != NULL)
+    inc_reset(s);
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));
   uint64_t snap = kv_txn_id(txn);
@@ -952,6 +1294,8 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
     rc = kv_fail(rc, "placement: %s", perr.msg);
   } else {
     v->promote_per_byte = promote_threshold(&in, plan.place);
+    if (s != NULL && !cache_only)
+      inc_build(s, &in, plan.place);
     rc = to_public(&in, &plan, &pub);
     kv_policy_plan_free(&plan);
   }
@@ -972,6 +1316,8 @@ static kvdb_status admit_all(kvdb *db, kv_place_view *v, const uint8_t key[16], 
       v->valid = 1;
     }
   }
+  if (s != NULL && !v->valid)
+    inc_reset(s);
   kvdb_place_plan_free(&pub);
   return rc;
 }
@@ -1041,6 +1387,133 @@ static void place_one(kvdb *db, const uint8_t key[16], int access, int touched, 
  * counted. The lock is held through the commit, so the view is updated only once the commit
  * is durable. A crash loses nothing of the put: its access and flag are in its commit.
  */
+/* A context leaving the DRAM tier (its flag cleared in txn) keeps its stored config unless
+ * another on its tier gains more than KV_INC_MARGIN of its utility uncached (greedy.c
+ * keep_configs' test) and takes no more bytes: then that re-encoding is appended to st's moves,
+ * carried out after the put's commit (kv_place_after_put). */
+static kvdb_status inc_unc_move(kvdb *db, kv_txn *txn, const uint8_t key[16], kv_place_put *st)
+{
+  pinst in;
+  KV_RET(inst_one(db, txn, key, &in));
+  kvdb_status rc = KVDB_OK;
+  if (in.n == 1 && in.pc[0].current.tier != KV_POLICY_NONE) {
+    const kv_policy_context *c = &in.pc[0];
+    kv_policy_place keep = c->current, best = keep;
+    keep.cached = best.cached = 0;
+    double uk = kv_policy_utility(&in.p, c, keep), ub = uk;
+    for (uint32_t o = 0; o < c->n_options; o++) {
+      kv_policy_place alt = {keep.tier, (int32_t)o, 0};
+      double u = kv_policy_utility(&in.p, c, alt);
+      if (u > ub && c->options[o].bytes <= c->options[keep.option].bytes) {
+        ub = u;
+        best = alt;
+      }
+    }
+    if (!(uk >= ub - KV_INC_MARGIN * fabs(ub))) {
+      kvdb_place_move *nm = realloc(st->moves, (st->n_moves + 1) * sizeof *nm);
+      if (nm == NULL) {
+        rc = kv_fail(KVDB_NOMEM, "placement: moves");
+      } else {
+        st->moves = nm;
+        kvdb_place_move *m = &nm[st->n_moves++];
+        memset(m, 0, sizeof *m);
+        memcpy(m->context.b, key, 16);
+        m->from_tier = m->to_tier = in.meta[0].tier;
+        m->from_config = in.meta[0].cur;
+        m->from_bytes = c->options[keep.option].bytes;
+        m->to_config = c->options[best.option].config;
+        m->to_bytes = c->options[best.option].bytes;
+        m->utility_from = uk;
+        m->utility_to = ub;
+      }
+    }
+  }
+  inst_free(&in);
+  return rc;
+}
+
+/* The put's cascade on the DRAM tier (INCREMENTAL ADMISSION): the least dense cached contexts
+ * leave while the tier is over `cap` and they are less dense than the incoming entry e; *cache
+ * = 1 when that makes room (s->ev: those that leave), else 0 and the heap is as it was. */
+static int inc_cascade(kvdb *db, kv_txn *txn, kv_place_inc *s, const inc_ent *e, uint64_t used,
+                       uint64_t cap, int *cache)
+{
+  s->n_ev = 0;
+  while (used > cap && s->n > 0 && s->h[0].key < e->key) {
+    /* accessed since its key was taken (a get, counted in this transaction or before): its
+     * density grew with its frequency; it goes back with the key it has now */
+    kv_ctxstats cs;
+    if (kv_cat_get_ctxstats(&db->cat, txn, s->h[0].ctx, &cs) == KVDB_OK) {
+      double lf = inc_lf(&cs, s->half_life_s);
+      if (lf > s->h[0].lf + 1e-9) {
+        inc_ent r = s->h[0];
+        r.key += lf - r.lf;
+        r.lf = lf;
+        s->h[0] = r;
+        inc_down(s, 0);
+        continue;
+      }
+    }
+    kv_clear_error();
+    if (s->n_ev == s->cap_ev) {
+      size_t nc = s->cap_ev ? 2 * s->cap_ev : 16;
+      inc_ent *ne = realloc(s->ev, nc * sizeof *ne);
+      if (ne == NULL)
+        break;
+      s->ev = ne;
+      s->cap_ev = nc;
+    }
+    s->ev[s->n_ev++] = s->h[0];
+    used = used > s->h[0].bytes ? used - s->h[0].bytes : 0;
+    inc_remove_at(s, 0);
+  }
+  *cache = used <= cap;
+  if (!*cache) { /* denser than the incoming one: they stay, it is not cached */
+    for (size_t i = 0; i < s->n_ev; i++)
+      if (inc_push(s, &s->ev[i]) != 0)
+        return -1;
+    s->n_ev = 0;
+  }
+  return 0;
+}
+
+/* In the put's transaction: the contexts of s->ev leave the DRAM tier (their flags cleared;
+ * one deleted meanwhile is skipped); their blocks are gathered in s->ev_blocks. *changed = 1
+ * when a flag changed. */
+static kvdb_status inc_uncache(kvdb *db, kv_txn *txn, kv_place_inc *s, int *changed)
+{
+  s->n_ev_blocks = 0;
+  *changed = 0;
+  for (size_t i = 0; i < s->n_ev; i++) {
+    kv_ctx_rec cr;
+    kv_ctxstats cs;
+    if (kv_cat_get_ctx(&db->cat, txn, s->ev[i].ctx, &cr) != KVDB_OK ||
+        kv_cat_get_ctxstats(&db->cat, txn, s->ev[i].ctx, &cs) != KVDB_OK) {
+      kv_clear_error(); /* deleted since: its bytes leave the view all the same */
+      continue;
+    }
+    if (!(cs.flags & KV_CTXS_CACHED))
+      continue;
+    cs.flags &= ~(uint32_t)KV_CTXS_CACHED;
+    cs.tier = kv_ctx_tier(db, txn, &cr);
+    KV_RET(kv_cat_put_ctxstats(&db->cat, txn, s->ev[i].ctx, &cs));
+    *changed = 1;
+    if (s->n_ev_blocks + cr.n_blocks > s->cap_ev_blocks) {
+      size_t nc = s->cap_ev_blocks ? 2 * s->cap_ev_blocks : 64;
+      while (nc < s->n_ev_blocks + cr.n_blocks)
+        nc *= 2;
+      uint8_t *nb = realloc(s->ev_blocks, 16 * nc);
+      if (nb == NULL)
+        return kv_fail(KVDB_NOMEM, "placement: blocks leaving DRAM");
+      s->ev_blocks = nb;
+      s->cap_ev_blocks = nc;
+    }
+    memcpy(s->ev_blocks + 16 * s->n_ev_blocks, cr.blocks, 16 * (size_t)cr.n_blocks);
+    s->n_ev_blocks += cr.n_blocks;
+  }
+  return KVDB_OK;
+}
+
 static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void *arg)
 {
   kv_place_put *st = arg;
@@ -1048,6 +1521,9 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
   st->blocks = NULL;
   st->n_blocks = 0;
   st->placed = st->bump = 0;
+  free(st->moves);
+  st->moves = NULL;
+  st->n_moves = 0;
   KV_RET(kv_place_touch(db, txn, key, kv_now_ms()));
   st->touched = 1;
   if (pthread_mutex_trylock(kv_place_run_lock(db)) != 0)
@@ -1061,18 +1537,49 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
     return KVDB_OK;
   kvdb_place_plan pub;
   int ok, gone;
-  if (alone_plan(db, txn, v, key, 0, &pub, st->add, &ok, &gone) != KVDB_OK) {
+  alone_info ai;
+  if (alone_plan(db, txn, v, key, 0, &pub, st->add, &ok, &gone, &ai) != KVDB_OK) {
     kv_clear_error(); /* the placement after the commit tries again and logs it */
     return KVDB_OK;
   }
-  for (size_t i = 0; ok && i < pub.n_moves; i++) {
+  int flag_only = 1;
+  for (size_t i = 0; flag_only && i < pub.n_moves; i++) {
     const kvdb_place_move *m = &pub.moves[i];
-    ok = memcmp(m->context.b, key, 16) == 0 && m->to_tier != KVDB_TIER_NONE &&
-         m->to_tier == m->from_tier && kv_policy_config_equal(&m->to_config, &m->from_config);
+    flag_only = memcmp(m->context.b, key, 16) == 0 && m->to_tier != KVDB_TIER_NONE &&
+                m->to_tier == m->from_tier && kv_policy_config_equal(&m->to_config, &m->from_config);
   }
+  ok &= flag_only;
+  int cache = ok && pub.n_moves > 0 && pub.moves[pub.n_moves - 1].to_cached;
+  kv_place_inc *s = inc_valid(db, v);
   kvdb_status rc = KVDB_OK;
+  if (s != NULL) {
+    s->pending = s->pend_casc = 0;
+    s->n_ev = 0;
+    s->pend_old = 0;
+    inc_ent old;
+    if (!gone && inc_remove(s, key, &old)) /* a context of this key deleted and put again */
+      s->pend_old = old.bytes;
+  }
+  if (!ok && !gone && flag_only && s != NULL && ai.cached && ai.dram_over && pub.n_moves > 0) { /* INCREMENTAL ADMISSION: the DRAM tier's cascade alone */
+    uint64_t used = v->used[KVDB_TIER_DRAM] + st->add[KVDB_TIER_DRAM];
+    used = used > s->pend_old ? used - s->pend_old : 0;
+    if (inc_cascade(db, txn, s, &ai.ent, used, ai.dram_cap, &cache) != 0) {
+      s->valid = 0;
+      kvdb_place_plan_free(&pub);
+      return KVDB_OK; /* out of memory: the run over every context after the commit */
+    }
+    if (!cache)
+      st->add[KVDB_TIER_DRAM] = 0;
+    s->pend_casc = 1;
+    ok = 1;
+  }
+  if (s != NULL && ok && !gone) {
+    s->pending = 1;
+    s->pend = ai.ent;
+    memcpy(s->pend.ctx, key, 16);
+    s->pend_cache = cache;
+  }
   if (ok && !gone && pub.n_moves > 0) {
-    const kvdb_place_move *m = &pub.moves[pub.n_moves - 1];
     kv_ctx_rec cr;
     kv_ctxstats cs;
     rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
@@ -1081,13 +1588,13 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
     if (rc == KVDB_OK) {
       int was = (cs.flags & KV_CTXS_CACHED) != 0;
       cs.tier = kv_ctx_tier(db, txn, &cr);
-      cs.flags = m->to_cached ? KV_CTXS_CACHED : 0;
+      cs.flags = cache ? KV_CTXS_CACHED : 0;
       rc = kv_cat_put_ctxstats(&db->cat, txn, key, &cs);
-      if (rc == KVDB_OK && was != (int)m->to_cached) {
+      if (rc == KVDB_OK && was != cache) {
         rc = kv_place_bump_gen(db, txn, &st->gen_from);
         st->bump = 1;
       }
-      if (rc == KVDB_OK && m->to_cached && cr.n_blocks > 0) {
+      if (rc == KVDB_OK && cache && cr.n_blocks > 0) {
         st->blocks = malloc(16 * (size_t)cr.n_blocks);
         if (st->blocks != NULL) {
           memcpy(st->blocks, cr.blocks, 16 * (size_t)cr.n_blocks);
@@ -1095,11 +1602,25 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
         }
       }
     }
+    int changed = 0;
+    if (rc == KVDB_OK && s != NULL && s->pending && s->n_ev > 0)
+      rc = inc_uncache(db, txn, s, &changed);
+    for (size_t i = 0; rc == KVDB_OK && s != NULL && s->pend_casc && i < s->n_ev; i++)
+      rc = inc_unc_move(db, txn, s->ev[i].ctx, st);
+    if (rc == KVDB_OK && s != NULL && s->pend_casc && !cache && !ai.keep_unc)
+      rc = inc_unc_move(db, txn, key, st);
+    if (rc == KVDB_OK && changed && !st->bump) {
+      rc = kv_place_bump_gen(db, txn, &st->gen_from);
+      st->bump = 1;
+    }
   }
   kvdb_place_plan_free(&pub);
   if (rc == KVDB_OK && ok && !gone) {
     st->placed = 1;
     st->txnid = id;
+  } else if (s != NULL && s->pending) {
+    s->valid = 0; /* the contexts popped from the heap are not uncached: rebuilt next time */
+    s->pending = 0;
   }
   return rc;
 }
@@ -1110,23 +1631,50 @@ static void put_done(kvdb *db, kvdb_status commit_rc, void *arg)
   if (!st->locked)
     return;
   kv_place_view *v = kv_place_view_of(db);
+  kv_place_inc *s = v->inc;
+  int inc = s != NULL && s->pending;
+  if (s != NULL)
+    s->pending = 0;
   if (commit_rc != KVDB_OK) {
     st->placed = 0;
     v->valid = 0;
+    if (s != NULL)
+      s->valid = 0;
+    free(st->moves); /* the put failed: kv_place_after_put is not called */
+    st->moves = NULL;
+    st->n_moves = 0;
   } else if (st->placed) {
     if (v->valid) {
       for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
         v->used[t] += st->add[t];
       v->txnid = st->txnid;
     }
-    if (st->bump && !(st->blocks != NULL && kv_place_want_extend(db, st->blocks, st->n_blocks,
-                                                                 st->gen_from, st->gen_from + 1))) {
+    if (inc) { /* the heap follows the view: what left DRAM, the put's own entry */
+      uint64_t *u = &v->used[KVDB_TIER_DRAM], out = s->pend_old;
+      for (size_t i = 0; i < s->n_ev; i++)
+        out += s->ev[i].bytes;
+      *u = *u > out ? *u - out : 0;
+      if (s->pend_cache && inc_push(s, &s->pend) != 0)
+        s->valid = 0;
+      if (s->pend_casc) {
+        s->left--;
+        s->admitted += s->pend_cache;
+        s->uncached += !s->pend_cache;
+        s->evicted += s->n_ev;
+      }
+    }
+    if (st->bump &&
+        !kv_place_want_change(db, st->blocks, st->blocks != NULL ? st->n_blocks : 0,
+                              inc ? s->ev_blocks : NULL, inc ? s->n_ev_blocks : 0, st->gen_from,
+                              st->gen_from + 1)) {
       if (kv_place_reload(db) != KVDB_OK) {
         kv_log(&db->log, 1, "placement after a put: DRAM admission set: %s", kvdb_errmsg());
         kv_clear_error(); /* advisory: the next get's refresh tries again */
       }
     }
   }
+  if (s != NULL)
+    s->n_ev = s->n_ev_blocks = 0;
   free(st->blocks);
   st->blocks = NULL;
   st->n_blocks = 0;
@@ -1143,10 +1691,62 @@ int kv_place_put_hook(kvdb *db, kv_place_put *st, kv_put_hook *h)
   return 1;
 }
 
-void kv_place_after_put(kvdb *db, const uint8_t key[16], const kv_place_put *st)
+/* The re-encodings of contexts the put's cascade took out of DRAM (inc_unc_move), each in
+ * its own transaction as a plan's move (skipped when the context changed since). */
+static kvdb_status inc_moves(kvdb *db, const kvdb_place_move *mv, size_t n)
 {
-  if (st != NULL && st->placed)
-    return; /* placed in the put's own transaction */
+  kv_place_view *v = kv_place_view_of(db);
+  for (size_t i = 0; i < n; i++) {
+    kvdb_config cfg;
+    uint32_t tier;
+    pmodel pm;
+    kvdb_status rc = ctx_now(db, mv[i].context.b, &cfg, &tier, &pm);
+    if (rc == KVDB_NOTFOUND ||
+        (rc == KVDB_OK && (!kv_policy_config_equal(&cfg, &mv[i].from_config) ||
+                           tier != mv[i].from_tier))) {
+      kv_clear_error();
+      continue;
+    }
+    KV_RET(rc);
+    kvdb_model km = model_of(&pm);
+    rc = kv_relocate(db, &km, mv[i].context.b, &mv[i].to_config, KV_TIER_KEEP, NULL, 1);
+    if (rc == KVDB_BUSY || rc == KVDB_NOTFOUND) {
+      kv_clear_error();
+      continue;
+    }
+    KV_RET(rc);
+    if (v->valid && tier < KVDB_TIER_COUNT) /* the view follows: this handle's own commit */
+      v->used[tier] = v->used[tier] + mv[i].to_bytes > mv[i].from_bytes
+                          ? v->used[tier] + mv[i].to_bytes - mv[i].from_bytes : 0;
+  }
+  return KVDB_OK;
+}
+
+void kv_place_after_put(kvdb *db, const uint8_t key[16], kv_place_put *st)
+{
+  if (st != NULL && st->placed) { /* placed in the put's own transaction */
+    if (st->n_moves > 0) {
+      pthread_mutex_lock(kv_place_run_lock(db));
+      kvdb_status rc = inc_moves(db, st->moves, st->n_moves);
+      if (rc != KVDB_OK) {
+        kv_place_view_of(db)->valid = 0;
+        char hx[33];
+        kv_log(&db->log, 1, "placement after the put of %s: re-encoding what left DRAM: %s",
+               kv_hex16(key, hx), kvdb_errmsg());
+      }
+      pthread_mutex_unlock(kv_place_run_lock(db));
+      kv_clear_error();
+    }
+    free(st->moves);
+    st->moves = NULL;
+    st->n_moves = 0;
+    return;
+  }
+  if (st != NULL) {
+    free(st->moves);
+    st->moves = NULL;
+    st->n_moves = 0;
+  }
   place_one(db, key, 1, st != NULL && st->touched, "after the put of");
 }
 

@@ -41,10 +41,12 @@
 #define PERF_PRIOR_WEIGHT 8.0 /* the probe counts as this many reads in the online fit */
 #define MEM_PROBE_BYTES (16u << 20)
 
-/* A set of 16-byte keys (open addressing, rebuilt whole). */
+/* A multiset of 16-byte keys (open addressing, linear probing): used[i] counts the cached
+ * contexts holding block k[i] (0: free slot), so that a context leaving the set removes only
+ * the blocks no other cached context holds (kset_del, backward-shift deletion). */
 typedef struct kset {
   uint8_t (*k)[16];
-  uint8_t *used;
+  uint32_t *used;
   size_t cap, n;
 } kset;
 
@@ -318,7 +320,7 @@ static int kset_add(kset *s, const uint8_t *k)
   if (2 * (s->n + 1) > s->cap) {
     kset b = {NULL, NULL, s->cap ? 2 * s->cap : 64, 0};
     b.k = malloc(b.cap * 16);
-    b.used = calloc(b.cap, 1);
+    b.used = calloc(b.cap, sizeof *b.used);
     if (b.k == NULL || b.used == NULL) {
       kset_free(&b);
       return -1;
@@ -327,7 +329,7 @@ static int kset_add(kset *s, const uint8_t *k)
       if (s->used[i]) {
         size_t j = kset_slot(&b, s->k[i]);
         memcpy(b.k[j], s->k[i], 16);
-        b.used[j] = 1;
+        b.used[j] = s->used[i];
         b.n++;
       }
     kset_free(s);
@@ -336,10 +338,38 @@ static int kset_add(kset *s, const uint8_t *k)
   size_t i = kset_slot(s, k);
   if (!s->used[i]) {
     memcpy(s->k[i], k, 16);
-    s->used[i] = 1;
     s->n++;
   }
+  s->used[i]++;
   return 0;
+}
+
+/* One holder of k less; returns 1 when that was the last (k left the set). */
+static int kset_del(kset *s, const uint8_t *k)
+{
+  if (s->cap == 0)
+    return 0;
+  size_t i = kset_slot(s, k);
+  if (!s->used[i] || --s->used[i] > 0)
+    return 0;
+  s->n--;
+  /* backward shift: move up every later entry of the probe run whose home is not in (i, j] */
+  size_t j = i;
+  for (;;) {
+    j = (j + 1) & (s->cap - 1);
+    if (!s->used[j])
+      break;
+    uint64_t h;
+    memcpy(&h, s->k[j], 8);
+    size_t home = (size_t)(h ^ (h >> 29)) & (s->cap - 1);
+    if (((j - home) & (s->cap - 1)) >= ((j - i) & (s->cap - 1))) {
+      memcpy(s->k[i], s->k[j], 16);
+      s->used[i] = s->used[j];
+      s->used[j] = 0;
+      i = j;
+    }
+  }
+  return 1;
 }
 
 /* The admission set as of txn. */
@@ -404,22 +434,37 @@ kvdb_status kv_place_reload(kvdb *db)
   return rc;
 }
 
-int kv_place_want_extend(kvdb *db, const uint8_t *blocks, uint32_t n, uint64_t gen_from,
-                         uint64_t gen_to)
+int kv_place_want_change(kvdb *db, const uint8_t *add, uint32_t n_add, const uint8_t *del,
+                         size_t n_del, uint64_t gen_from, uint64_t gen_to)
 {
   struct kv_place *p = db->place;
   if (p == NULL)
     return 0;
+  uint8_t *gone = n_del > 0 ? malloc(16 * n_del) : NULL;
+  size_t n_gone = 0;
   pthread_mutex_lock(&p->mu);
-  int ok = p->want_loaded && p->want_gen == gen_from;
-  for (uint32_t i = 0; i < n && ok; i++)
-    ok = kset_add(&p->want, blocks + 16 * (size_t)i) == 0;
+  int ok = p->want_loaded && p->want_gen == gen_from && (n_del == 0 || gone != NULL);
+  for (uint32_t i = 0; i < n_add && ok; i++)
+    ok = kset_add(&p->want, add + 16 * (size_t)i) == 0;
+  for (size_t i = 0; i < n_del && ok; i++)
+    if (kset_del(&p->want, del + 16 * i))
+      memcpy(gone + 16 * n_gone++, del + 16 * i, 16);
   if (ok)
     p->want_gen = gen_to;
   else
     p->want_loaded = 0; /* the next refresh rebuilds it */
   pthread_mutex_unlock(&p->mu);
+  if (ok && db->dram != NULL)
+    for (size_t i = 0; i < n_gone; i++)
+      kv_dram_remove(db->dram, gone + 16 * i);
+  free(gone);
   return ok;
+}
+
+int kv_place_want_extend(kvdb *db, const uint8_t *blocks, uint32_t n, uint64_t gen_from,
+                         uint64_t gen_to)
+{
+  return kv_place_want_change(db, blocks, n, NULL, 0, gen_from, gen_to);
 }
 
 void kv_place_refresh(kvdb *db, kv_txn *txn)
@@ -694,6 +739,8 @@ void kv_place_close(kvdb *db)
   if (p == NULL)
     return;
   kset_free(&p->want);
+  if (p->view.inc_free != NULL)
+    p->view.inc_free(p->view.inc);
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->run_mu);
   free(p);

@@ -87,6 +87,11 @@ kvdb_status kv_place_reload(kvdb *db);
  * gen_from (returns 1); else returns 0 (the caller reloads). */
 int kv_place_want_extend(kvdb *db, const uint8_t *blocks, uint32_t n, uint64_t gen_from,
                          uint64_t gen_to);
+/* The same for a commit that admitted the n_add blocks `add` (one context, or none) and took
+ * the contexts holding the n_del blocks `del` out of DRAM (a block another admitted context
+ * still holds stays; one that leaves is dropped from the DRAM tier). */
+int kv_place_want_change(kvdb *db, const uint8_t *add, uint32_t n_add, const uint8_t *del,
+                         size_t n_del, uint64_t gen_from, uint64_t gen_to);
 
 /* One access of context `key` at `ms`, in the write transaction that flushes access times
  * (placement off: nothing). */
@@ -115,6 +120,10 @@ typedef struct kv_place_view {
   double promote_per_byte;        /* promotion on a hit (placer.c PROMOTION): the least utility
                                      gain per DRAM byte among the contexts the last run over
                                      every context cached; 0 when none was */
+  void *inc;                      /* placer.c's incremental admission state (INCREMENTAL
+                                     ADMISSION), valid only while the view is; freed at close
+                                     with inc_free */
+  void (*inc_free)(void *);
 } kv_place_view;
 pthread_mutex_t *kv_place_run_lock(kvdb *db);
 /* kv_place_bump_gen: *gen_from (NULL: not asked) receives the generation it bumped from. */

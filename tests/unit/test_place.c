@@ -14,6 +14,10 @@
  * then re-encoded); it places its context alone while it fits (Algorithm 1 over every context
  * only on overflow, fewer times with more slack), and after another process wrote or this
  * handle relocated outside the placement, Algorithm 1 runs over everything again.
+ * Incremental admission: with the DRAM tier overflowing on put after put, only the first put
+ * runs the placement over every context (and the first after a reopen); the placement the puts
+ * leave keeps >= 0.999 of the utility a run over every context plans; gets, deletes and puts
+ * again keep the tier within capacity.
  */
 #include "kvdb_test.h"
 #include "catalog/catalog_int.h" /* white-box: LMDB directly */
@@ -655,6 +659,144 @@ static void test_place_between_puts(void)
   t_rmdir(dir);
 }
 
+/* ---- incremental admission (placer.c INCREMENTAL ADMISSION) ------------------------------ */
+
+#define INC_N 40
+
+static uint32_t inc_tokens(int i)
+{
+  return 64 + 32 * (uint32_t)((i * 5) % 7); /* 64..256: the per-byte densities differ */
+}
+
+/* The DRAM tier within its capacity: the KV bytes of the contexts flagged cached (at most their
+ * decoded size, which the placement counts), and each flag as kvdb_context_stat reports it. */
+static void inc_dram_ok(kvdb *db, const kvdb_options *o, const kvdb_key *keys, int n, int *cached)
+{
+  uint64_t dram = 0;
+  *cached = 0;
+  for (int i = 0; i < n; i++) {
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci));
+    put_stats_agree(db, &keys[i]);
+    if (ci.cached) {
+      dram += ci.n_tokens * kvdb_model_token_bytes(&M);
+      (*cached)++;
+    }
+  }
+  ASSERT(dram <= o->dram_bytes);
+}
+
+/* The placement as the puts left it against a run over every context now: the share of its
+ * utility, and how many contexts that run would cache or uncache. */
+static double inc_vs_full(kvdb *db, size_t *flips)
+{
+  kvdb_place_plan plan;
+  ASSERT_OK(kvdb_rebalance_plan(db, &plan));
+  *flips = 0;
+  for (size_t i = 0; i < plan.n_moves; i++)
+    *flips += plan.moves[i].from_cached != plan.moves[i].to_cached;
+  ASSERT(plan.utility_after != 0);
+  double share = plan.utility_before / plan.utility_after;
+  kvdb_place_plan_free(&plan);
+  return share;
+}
+
+static void test_place_incremental(void)
+{
+  char *dir = t_tmpdir("place-inc");
+  kvdb_options o = place_opts();
+  int runs = 0;
+  o.dram_bytes = 1 << 20; /* 4-16 of these contexts */
+  o.ssd_bytes = 0;        /* unlimited: only the DRAM tier overflows */
+  o.smartssd_bytes = 0;
+  o.segment_bytes = 64 << 20;
+  o.log_fn = count_full_runs;
+  o.log_ctx = &runs;
+  o.log_level = 2;
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key keys[INC_N + 20];
+  int cached = 0, max_cached = 0;
+  for (int i = 0; i < INC_N; i++) {
+    keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, inc_tokens(i), "raw");
+    inc_dram_ok(db, &o, keys, i + 1, &cached);
+    max_cached = cached > max_cached ? cached : max_cached;
+  }
+  /* the first put ran the placement over every context (no state yet); the DRAM tier
+   * overflowed on many puts after it, each admitted by the heap's cascade alone */
+  size_t flips;
+  double share = inc_vs_full(db, &flips);
+  printf("incremental admission: %d puts, %d runs over every context, %d cached at most; "
+         "utility %.6f of a full run's, which would flip %zu DRAM flags\n",
+         INC_N, runs, max_cached, share, flips);
+  ASSERT_EQ(runs, 1);
+  ASSERT(max_cached >= 3);
+  ASSERT(share >= 0.999); /* the cascade is the full run's on the DRAM tier but for its refill */
+  /* reopened: the state is gone; the first put that overflows runs over every context again,
+   * and the puts after it are incremental again */
+  kvdb_close(db);
+  runs = 0;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  for (int i = INC_N; i < INC_N + 20; i++) {
+    keys[i] = put_ctx(db, 1000 + 100 * (uint64_t)i, inc_tokens(i), "raw");
+    inc_dram_ok(db, &o, keys, i + 1, &cached);
+  }
+  share = inc_vs_full(db, &flips);
+  printf("incremental admission after a reopen: 20 puts, %d runs over every context; utility "
+         "%.6f of a full run's (%zu flags)\n", runs, share, flips);
+  ASSERT_EQ(runs, 1);
+  ASSERT(share >= 0.999);
+  /* gets: promotion may run over every context (cache_only: the state is rebuilt by the next
+   * put's run), the tier stays within capacity */
+  for (int r = 0; r < 3; r++)
+    for (int i = 0; i < 5; i++) {
+      uint32_t tok[512];
+      ctx_tokens(1000 + 100 * (uint64_t)i, tok, inc_tokens(i));
+      uint16_t *buf = malloc(inc_tokens(i) * kvdb_model_token_bytes(&M));
+      kvdb_kv_view v;
+      ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, inc_tokens(i), KVDB_LAYOUT_LKTHD));
+      size_t hit = 0;
+      ASSERT_OK(kvdb_get(db, &M, tok, inc_tokens(i), &v, &hit));
+      ASSERT_EQ(hit, inc_tokens(i));
+      kvdb_context_info ci;
+      ASSERT_OK(kvdb_context_stat(db, &keys[i], &ci));
+      if (ci.config.method == KVDB_METHOD_RAW || ci.config.method == KVDB_METHOD_LOSSLESS)
+        ASSERT_EQ(t_check_kv(&M, tok, inc_tokens(i), inc_tokens(i), buf), inc_tokens(i));
+      free(buf);
+    }
+  /* puts among gets of a hot few (a get of an uncached one may promote it, and a promotion
+   * that runs over every context leaves the state to the next put's run): the placement still
+   * within a stated share of a full run's utility */
+  runs = 0;
+  kvdb_key more[30];
+  for (int i = 0; i < 30; i++) {
+    more[i] = put_ctx(db, 50000 + 100 * (uint64_t)i, inc_tokens(i), "raw");
+    int h = (i * 7) % 4; /* contexts 0..3 of the first puts: hot */
+    uint32_t tok[512];
+    ctx_tokens(1000 + 100 * (uint64_t)h, tok, inc_tokens(h));
+    size_t hit = 0;
+    ASSERT_OK(kvdb_lookup(db, &M, tok, inc_tokens(h), &hit));
+    free(get_all(db, 1000 + 100 * (uint64_t)h, inc_tokens(h)));
+    inc_dram_ok(db, &o, more, i + 1, &cached);
+  }
+  inc_dram_ok(db, &o, keys, INC_N + 20, &cached);
+  share = inc_vs_full(db, &flips);
+  printf("incremental admission among gets: 30 puts, %d runs over every context; utility "
+         "%.6f of a full run's (%zu flags)\n", runs, share, flips);
+  ASSERT(runs < 30);
+  ASSERT(share >= 0.99);
+  for (int i = 0; i < 5; i++) { /* deleted and put again: the heap's old entry goes */
+    kvdb_key k2 = put_ctx(db, 9000 + 100 * (uint64_t)i, inc_tokens(i), "raw");
+    ASSERT_OK(kvdb_delete(db, &k2));
+    k2 = put_ctx(db, 9000 + 100 * (uint64_t)i, inc_tokens(i), "raw");
+    inc_dram_ok(db, &o, keys, INC_N + 20, &cached);
+    inc_dram_ok(db, &o, &k2, 1, &cached);
+  }
+  verify_clean(db);
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 /* The configs, tiers and DRAM flags of keys[0..n) (tier KVDB_TIER_NONE: deleted). */
 typedef struct where {
   uint32_t tier, cached;
@@ -1140,6 +1282,7 @@ int main(int argc, char **argv)
   test_place_on_put(KVDB_PLACEMENT_EVICPRESS);
   test_place_on_put(KVDB_PLACEMENT_PER_BYTE);
   test_place_between_puts();
+  test_place_incremental();
   test_rebalance();
   test_reprofile();
   test_tier_probe_and_options();
