@@ -458,6 +458,8 @@ typedef struct bd_run {
 
 typedef struct bd_fig {
   double hit, amp, host_ratio, io_ratio, step_ms, score_b, persist, beta;
+  double select_ms, fetch_ms; /* a step's time in kvdb_decode_select (scoring) and in
+                                 kvdb_decode_fetch (the rows' reads), means */
   double topk_ret; /* share of the true top k returned (kvdb_decode_stats.top_k_returned) */
 } bd_fig;
 
@@ -485,7 +487,7 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
   }
   kvdb_decode_stats s0, s1;
   memset(&s0, 0, sizeof s0);
-  double step_ns = 0, pers_sum = 0, a = x->rho, b = sqrt(1 - x->rho * x->rho);
+  double step_ns = 0, sel_ns = 0, fet_ns = 0, pers_sum = 0, a = x->rho, b = sqrt(1 - x->rho * x->rho);
   long pers_n = 0;
   kvdb_kv_view rv;
   kvdb_kv_view_packed(&rv, x->rows, x->m, K, KVDB_LAYOUT_LKTHD); /* layer 0's part: one layer */
@@ -502,11 +504,20 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
     uint64_t ts = bench_now_ns();
     for (uint32_t l = 0; l < L; l++) {
       uint32_t *p = x->pos + (size_t)l * BD_HEADS * K;
+      uint64_t t1 = bench_now_ns();
       if (kvdb_decode_select(s, 0, l, x->qe + (size_t)l * BD_HEADS * BD_G * BD_DIM, KVDB_F32,
-                             BD_HEADS * BD_G, K, p, NULL) != KVDB_OK ||
-          kvdb_decode_fetch(s, 0, l, p, K, &rv) != KVDB_OK) {
+                             BD_HEADS * BD_G, K, p, NULL) != KVDB_OK) {
         fprintf(stderr, "decode: step %u layer %u: %s\n", step, l, kvdb_errmsg());
         goto out;
+      }
+      uint64_t t2 = bench_now_ns();
+      if (kvdb_decode_fetch(s, 0, l, p, K, &rv) != KVDB_OK) {
+        fprintf(stderr, "decode: step %u layer %u: %s\n", step, l, kvdb_errmsg());
+        goto out;
+      }
+      if (step >= BD_WARM) {
+        sel_ns += (double)(t2 - t1);
+        fet_ns += (double)(bench_now_ns() - t2);
       }
     }
     uint64_t te = bench_now_ns() - ts;
@@ -553,6 +564,8 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
   f->amp = cold_b > 0 ? ssd / cold_b : NAN;
   f->host_ratio = host / x->ctx_bytes;
   f->step_ms = step_ns / S * 1e-6;
+  f->select_ms = sel_ns / S * 1e-6;
+  f->fetch_ms = fet_ns / S * 1e-6;
   f->io_ratio = step_ns / S / (double)x->full_ns;
   f->persist = pers_n ? pers_sum / pers_n : NAN;
   f->beta = s1.beta;
@@ -567,8 +580,9 @@ static int bd_variant(bd_run *x, const char *name, uint32_t flags, int32_t host_
           cold_b / S / 1048576, f->score_b / 1048576);
   fprintf(o, "  host_bytes_ratio %.4f (%.2f MiB to the host per step)\n", f->host_ratio,
           host / 1048576);
-  fprintf(o, "  step_io_vs_full %.3f (a step %.1f ms); selection persistence %.3f; beta %.3f\n",
-          f->io_ratio, f->step_ms, f->persist, f->beta);
+  fprintf(o, "  step_io_vs_full %.3f (a step %.1f ms: select %.1f, fetch %.1f); selection "
+             "persistence %.3f; beta %.3f\n", f->io_ratio, f->step_ms, f->select_ms, f->fetch_ms,
+          f->persist, f->beta);
   fprintf(o, "  top-k returned %.3f (of the true top k's positions, the share in the rows "
              "delivered)\n", f->topk_ret);
   rc = 0;

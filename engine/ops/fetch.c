@@ -19,7 +19,8 @@
  *                cannot yet) and gathers the rows into an output buffer, and the host reads just
  *                those rows. Blocks are batched into waves of kv_score_wave_bytes of P2P reads,
  *                one gather and one read per wave;
- *        HOST    (raw, the rest) by the host: the same pages, read in one batch, each group
+ *        HOST    (raw, the rest) by the host: the same pages, read in one batch (the pages of
+ *                every such block of the call at once, one io_uring queue), each group
  *                verified with its checksum (seeded with the block hash and its place, so a
  *                page of another block fails: no header read is needed), the rows copied;
  *        DECODE  (compressed, format 2) after the snapshot, by kvdb_get_tokens for those
@@ -160,59 +161,99 @@ static int from_dram(fctx *x, const fblk *b, size_t i0, size_t i1)
   return ok;
 }
 
-static kvdb_status from_host(fctx *x, const fblk *b, size_t i0, size_t i1, frange *rg)
+static uint64_t at_of(const frange *rg, size_t nr, uint64_t off);
+
+/* A block the host reads: positions order[i0, i1), its ranges rg[r0, r0 + nr) of the call's
+ * list (their `at`: where they lie in the call's buffer). */
+typedef struct hblk {
+  uint32_t bi;
+  size_t i0, i1, r0, nr;
+  kv_segfile *sf;
+} hblk;
+
+/* The host blocks of a call, read in ONE batch (every block's page groups and checksum pages
+ * in flight at once, into one buffer), then each group verified with its checksum and the
+ * rows copied. rg has room for n * (1 + 2 * max_groups) ranges. */
+static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
 {
+  if (n == 0)
+    return KVDB_OK;
   kvdb *db = x->db;
-  const kv_block_geom *g = &b->g;
-  mark_groups(x, b, i0, i1);
-  size_t nr = block_ranges(x, g, 0, rg);
-  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes);
-  kv_segfile *sf = NULL;
+  size_t nr = 0;
+  uint64_t total = 0;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    mark_groups(x, b, hb[j].i0, hb[j].i1);
+    hb[j].r0 = nr;
+    hb[j].nr = block_ranges(x, &b->g, 0, rg + nr);
+    for (size_t i = nr; i < nr + hb[j].nr; i++) {
+      rg[i].at = total;
+      total += rg[i].len;
+    }
+    nr += hb[j].nr;
+    hb[j].sf = NULL;
+  }
+  kv_rbuf *rb = kv_rbuf_acquire(db, total);
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
   if (rb == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "a read buffer of %" PRIu64 " bytes", g->total_bytes);
+    rc = kv_fail(KVDB_NOMEM, "a read buffer of %" PRIu64 " bytes", total);
     goto out;
   }
-  KV_ERR(kv_segfile_get(db, b->rec.segment, &sf));
   if ((bat = kv_batch_begin(db->io)) == NULL) {
     rc = kv_fail(KVDB_NOMEM, "get_head_tokens batch");
     goto out;
   }
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < nr; i++) {
-    kv_batch_read(db->io, bat, sf->f, rb->p + rg[i].off, rg[i].len, b->rec.offset + rg[i].off);
-    bytes += rg[i].len;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    KV_ERR(kv_segfile_get(db, b->rec.segment, &hb[j].sf));
+    for (size_t i = hb[j].r0; i < hb[j].r0 + hb[j].nr; i++)
+      kv_batch_read(db->io, bat, hb[j].sf->f, rb->p + rg[i].at, rg[i].len,
+                    b->rec.offset + rg[i].off);
   }
   int e = kv_batch_wait(db->io, bat);
-  if (e != 0) {
-    rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+  if (e != 0) { /* the first block whose file is missing or short, if any */
+    for (size_t j = 0; j < n; j++) {
+      const fblk *b = &x->b[hb[j].bi];
+      rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+      if (rc == KVDB_CORRUPT)
+        break;
+    }
     goto out;
   }
-  db->bytes_read += bytes;
-  x->st.host_bytes += bytes;
-  x->st.host_blocks++;
-  kv_block_hdr hdr;
-  memcpy(hdr.block_hash, b->hash, 16);
-  for (uint32_t s = x->sk; s <= x->sk + 1; s++)
-    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
-      if (!x->need[grp])
-        continue;
-      uint64_t off = kv_block_group_off(g, s, grp);
-      if (kv_block_group_checksum(&hdr, s, grp, rb->p + off, g->group_stride) !=
-          kv_get_le64(rb->p + kv_block_cksum_off(g, s, grp))) {
-        rc = corrupt_at(x, b, off, s, "");
-        goto out;
+  db->bytes_read += total;
+  x->st.host_bytes += total;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    const kv_block_geom *g = &b->g;
+    const frange *br = rg + hb[j].r0;
+    size_t bn = hb[j].nr;
+    mark_groups(x, b, hb[j].i0, hb[j].i1);
+    x->st.host_blocks++;
+    kv_block_hdr hdr;
+    memcpy(hdr.block_hash, b->hash, 16);
+    for (uint32_t s = x->sk; s <= x->sk + 1; s++)
+      for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+        if (!x->need[grp])
+          continue;
+        uint64_t off = kv_block_group_off(g, s, grp);
+        if (kv_block_group_checksum(&hdr, s, grp, rb->p + at_of(br, bn, off), g->group_stride) !=
+            kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)))) {
+          rc = corrupt_at(x, b, off, s, "");
+          goto out;
+        }
       }
+    for (size_t i = hb[j].i0; i < hb[j].i1; i++) {
+      uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
+      memcpy(x->k_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk, t)), x->row);
+      memcpy(x->v_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk + 1, t)),
+             x->row);
     }
-  for (size_t i = i0; i < i1; i++) {
-    uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
-    memcpy(x->k_out + (size_t)p * x->row, rb->p + row_off(g, x->sk, t), x->row);
-    memcpy(x->v_out + (size_t)p * x->row, rb->p + row_off(g, x->sk + 1, t), x->row);
   }
 out:
-  kv_batch_end(db->io, bat);
-  kv_segfile_put(db, sf);
+  kv_batch_end(db->io, bat); /* waits for reads still in flight */
+  for (size_t j = 0; j < n; j++)
+    kv_segfile_put(db, hb[j].sf);
   kv_rbuf_release(db, rb);
   return rc;
 }
@@ -468,6 +509,9 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
       biggest = x->b[i].g.total_bytes;
   }
   frange *rg = malloc((1 + 2 * (size_t)max_groups) * sizeof *rg);
+  frange *hrg = malloc((size_t)x->n_b * (1 + 2 * (size_t)max_groups) * sizeof *hrg);
+  hblk *hb = malloc((size_t)x->n_b * sizeof *hb);
+  size_t n_hb = 0;
   x->need = malloc(max_groups);
   kv_fpga_dev *dev = NULL;
   int slot = 0, kept = 0;
@@ -475,7 +519,7 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
   memset(&w, 0, sizeof w);
   w.fd = -1;
   kvdb_status rc = KVDB_OK;
-  if (rg == NULL || x->need == NULL) {
+  if (rg == NULL || hrg == NULL || hb == NULL || x->need == NULL) {
     rc = kv_fail(KVDB_NOMEM, "page ranges of %u groups", max_groups);
     goto out;
   }
@@ -503,16 +547,19 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
         KV_ERR(wave_add(x, &w, bi, j0, i1 - j0 < WAVE_ROWS / 2 ? i1 : j0 + WAVE_ROWS / 2, rg));
       continue;
     }
-    KV_ERR(from_host(x, b, i0, i1, rg));
+    hb[n_hb++] = (hblk){bi, i0, i1, 0, 0, NULL}; /* read below, all in one batch */
   }
   if (dev != NULL)
     KV_ERR(wave_flush(x, &w));
+  KV_ERR(from_host_all(x, hb, n_hb, hrg));
 out:
   if (dev != NULL) {
     wave_free(&w);
     kv_score_dev_release(db, &x->o, dev, slot, kept);
   }
   free(rg);
+  free(hrg);
+  free(hb);
   free(x->need);
   x->need = NULL;
   return rc;
