@@ -12,19 +12,28 @@
  * machine's time budget reads per run. Stated in the report and the JSON (layers_run).
  *
  * DATA. Keys and values: bench/datagen.c (per-channel log-normal scales, outlier K channels, a
- * prefix-dependent value per token). Queries: per (layer, query head) an AR(1) process in the
- * keys' channel space, q_t = rho q_{t-1} + sqrt(1 - rho^2) e_t, e_t normal with the K channel's
- * scale per dimension (outlier channels weigh as in a real model's q·k). rho is MEASURED on the
- * real model: stories260K (tools/refmodel) decodes greedily from BOS; at each of its steps
- * past 3/5 of its 320 positions the group-summed query of every (layer, KV head) is compared
- * with the previous step's (cosine), and the top-10% of its q·K over the prefix with the
- * previous step's top-10% (persistence: the share still selected). rho = the mean cosine. The
- * model's persistence and the synthetic run's own are both reported, so the match can be
- * judged. What the synthetic data lacks: the model's recency (a share of its top 10% lies in
- * the last 16 of 320 positions, reported) and any clustering of selected tokens in positions
- * (datagen's keys are independent per token): both would raise the hits and lower the
- * amplification measured here. Without the model files rho = 0.9 ("default").
- *
+ * prefix-dependent value per token), its keys then reshaped (--keys model, the default) so that
+ * the top-10% selections have the statistics of the real model's: stories260K (tools/refmodel)
+ * decodes greedily from BOS; at each of its steps past 3/5 of its 320 positions, for every
+ * (layer, KV head), the group-summed query's exact q·K over the prefix gives the top 10%, and
+ * measure_model() records (sel_stats): the share of the top k in the last 1, 5 and 25% of the
+ * positions (recency), P(position t+1 picked | t picked) and the picks per occupied 16-token
+ * group and their run lengths outside the last 5% (clustering), the share of the previous
+ * step's picks picked again (persistence), and rho, the mean cosine of consecutive queries.
+ * The synthetic keys (syn_keys, syn_head): per (layer, KV head) every channel's deviation from
+ * its bias is made an AR(1) chain along positions (coefficient c: neighbouring keys alike, so a
+ * query picking one tends to pick its neighbours), the keys' part along a random unit
+ * direction u is replaced by a recency boost b(t) = R sigma exp(-(N - 1 - t) / (tau N)) / Mq
+ * (sigma: the standard deviation of a score; appended tokens 1), and every query gets a
+ * constant part Mq / G u, so q·k gains b(t). Queries: per (layer, query head) an AR(1) process
+ * in the keys' channel space, q_t = rho' q_{t-1} + sqrt(1 - rho'^2) e_t, e_t normal with the K
+ * channel's scale per dimension, plus the constant part. R, tau, c and rho' are fitted by
+ * bisection (syn_fit) so that the exact top 10% of the synthetic keys under those queries
+ * (syn_eval: 2 heads of layer 0, 10 steps) has the model's recent-5% and recent-25% shares,
+ * P(next | picked) and persistence; the other statistics are compared, not fitted: the report
+ * and the JSON (model_* vs synthetic_*) print them side by side. --keys independent keeps
+ * datagen's keys (independent token to token: no recency, no clustering; rho' = rho), the
+ * worst case for page groups. Without the model files: datagen's keys and rho = 0.9.
  * STEPS. Three sessions, one after the other on the same (growing) context, recent window
  * W = 64, hot pool 25% of the context per layer and KV head, budget k = 10% of the context per
  * KV head, scoring on the emulated near-data device for the SSD tier:

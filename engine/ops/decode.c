@@ -71,6 +71,7 @@ struct kvdb_decode {
   kvdb_decode_opts o;
   kvdb_score_opts so;  /* scoring */
   kvdb_score_opts fso; /* fetching cold rows */
+  kv_ckcache *ck;      /* the checksum tables the fetches read (fetch.c): once per session */
   dec_ctx *c;
   size_t n_c;
   kvdb_decode_stats st;
@@ -412,6 +413,7 @@ void kvdb_decode_close(kvdb_decode *s)
   for (size_t i = 0; i < s->n_c; i++)
     ctx_free(s, &s->c[i]);
   free(s->c);
+  kv_ckcache_free(s->ck);
   free(s);
 }
 
@@ -1050,7 +1052,8 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     if (nc == 0)
       continue;
     kvdb_fetch_stats fs;
-    KV_ERR(kvdb_get_head_tokens(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs));
+    KV_ERR(kv_get_head_tokens_cc(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs,
+                                 &s->ck));
     s->st.ssd_bytes += fs.host_bytes + fs.device_bytes;
     s->st.host_bytes += fs.host_bytes + fs.device_to_host_bytes;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;

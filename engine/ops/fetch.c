@@ -69,7 +69,85 @@ typedef struct fctx {
   size_t n_dec;
   uint8_t *need;   /* per group of the current block */
   kvdb_fetch_stats st;
+  kv_ckcache **cc; /* checksum tables kept (kv_get_head_tokens_cc), or NULL */
 } fctx;
+
+/* ---- checksum tables kept (kv_ckcache) ---- */
+
+typedef struct ck_ent {
+  uint8_t hash[16];
+  uint32_t sec, n; /* section; groups (0: a free entry) */
+  uint64_t *sums;
+} ck_ent;
+
+struct kv_ckcache {
+  ck_ent *e;
+  size_t cap, used; /* open addressing, cap a power of two, at most half used */
+};
+
+static size_t ck_slot(const kv_ckcache *c, const uint8_t hash[16], uint32_t sec)
+{
+  uint64_t h = (kv_get_le64(hash) ^ ((uint64_t)sec * 0x9e3779b97f4a7c15ull)) * 0xff51afd7ed558ccdull;
+  size_t i = (size_t)(h >> 17) & (c->cap - 1);
+  while (c->e[i].n != 0 && (c->e[i].sec != sec || memcmp(c->e[i].hash, hash, 16) != 0))
+    i = (i + 1) & (c->cap - 1);
+  return i;
+}
+
+/* The table of (hash, sec) with n groups, or NULL. */
+static const uint64_t *ck_find(const kv_ckcache *c, const uint8_t hash[16], uint32_t sec,
+                               uint32_t n)
+{
+  if (c == NULL || c->cap == 0)
+    return NULL;
+  const ck_ent *e = &c->e[ck_slot(c, hash, sec)];
+  return e->n == n ? e->sums : NULL;
+}
+
+/* Keep the table sums[0..n) of (hash, sec). Out of memory only loses the copy. */
+static void ck_add(kv_ckcache **cp, const uint8_t hash[16], uint32_t sec, uint32_t n,
+                   const uint64_t *sums)
+{
+  if (*cp == NULL && (*cp = calloc(1, sizeof **cp)) == NULL)
+    return;
+  kv_ckcache *c = *cp;
+  if (2 * (c->used + 1) > c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 256;
+    ck_ent *ne = calloc(cap, sizeof *ne);
+    if (ne == NULL)
+      return;
+    kv_ckcache nc = {ne, cap, 0};
+    for (size_t i = 0; i < c->cap; i++)
+      if (c->e[i].n != 0) {
+        nc.e[ck_slot(&nc, c->e[i].hash, c->e[i].sec)] = c->e[i];
+        nc.used++;
+      }
+    free(c->e);
+    *c = nc;
+  }
+  ck_ent *e = &c->e[ck_slot(c, hash, sec)];
+  if (e->n != 0)
+    return; /* kept already */
+  uint64_t *p = malloc((size_t)n * sizeof *p);
+  if (p == NULL)
+    return;
+  memcpy(p, sums, (size_t)n * sizeof *p);
+  memcpy(e->hash, hash, 16);
+  e->sec = sec;
+  e->n = n;
+  e->sums = p;
+  c->used++;
+}
+
+void kv_ckcache_free(kv_ckcache *c)
+{
+  if (c == NULL)
+    return;
+  for (size_t i = 0; i < c->cap; i++)
+    free(c->e[i].sums);
+  free(c->e);
+  free(c);
+}
 
 static int cmp_range(const void *a, const void *b)
 {
@@ -85,12 +163,14 @@ static uint64_t group_seed(const uint8_t hash[16], uint32_t s, uint32_t grp)
 /* The object ranges holding the wanted groups of sections sk, sk + 1 (x->need) and their
  * checksums, page aligned, sorted, merged when at most `gap` bytes apart. rg has room for
  * 1 + 2 * n_groups. Returns the count. */
-static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
+static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg,
+                              int with_ck)
 {
   size_t nr = 0;
   uint64_t c0 = kv_block_cksum_off(g, x->sk, 0) / KV_PAGE * KV_PAGE;
   uint64_t c1 = KV_ALIGN_UP((uint64_t)kv_block_cksum_off(g, x->sk + 1, g->n_groups), KV_PAGE);
-  rg[nr++] = (frange){c0, c1 - c0, 0};
+  if (with_ck)
+    rg[nr++] = (frange){c0, c1 - c0, 0};
   for (uint32_t s = x->sk; s <= x->sk + 1; s++)
     for (uint32_t grp = 0; grp < g->n_groups; grp++)
       if (x->need[grp]) {
@@ -98,6 +178,8 @@ static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, 
         uint64_t e = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
         rg[nr++] = (frange){a, e - a, 0};
       }
+  if (nr == 0)
+    return 0;
   qsort(rg, nr, sizeof *rg, cmp_range);
   size_t m = 0;
   for (size_t i = 1; i < nr; i++) {
@@ -110,6 +192,11 @@ static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, 
     }
   }
   return m + 1;
+}
+
+static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
+{
+  return block_ranges_ck(x, g, gap, rg, 1);
 }
 
 /* Mark the groups of block b that hold positions order[i0, i1). */
@@ -169,6 +256,7 @@ typedef struct hblk {
   uint32_t bi;
   size_t i0, i1, r0, nr;
   kv_segfile *sf;
+  const uint64_t *ck[2]; /* its sections' checksum tables kept (x->cc), or NULL: read */
 } hblk;
 
 /* The host blocks of a call, read in ONE batch (every block's page groups and checksum pages
@@ -185,7 +273,13 @@ static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
     const fblk *b = &x->b[hb[j].bi];
     mark_groups(x, b, hb[j].i0, hb[j].i1);
     hb[j].r0 = nr;
-    hb[j].nr = block_ranges(x, &b->g, 0, rg + nr);
+    for (int k = 0; k < 2; k++)
+      hb[j].ck[k] = x->cc != NULL ? ck_find(*x->cc, b->hash, x->sk + (uint32_t)k, b->g.n_groups)
+                                  : NULL;
+    int with_ck = hb[j].ck[0] == NULL || hb[j].ck[1] == NULL;
+    if (with_ck)
+      hb[j].ck[0] = hb[j].ck[1] = NULL;
+    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck);
     for (size_t i = nr; i < nr + hb[j].nr; i++) {
       rg[i].at = total;
       total += rg[i].len;
@@ -237,12 +331,24 @@ static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
         if (!x->need[grp])
           continue;
         uint64_t off = kv_block_group_off(g, s, grp);
+        const uint64_t *kept = hb[j].ck[s - x->sk];
+        uint64_t want = kept != NULL ? kept[grp]
+                                     : kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
         if (kv_block_group_checksum(&hdr, s, grp, rb->p + at_of(br, bn, off), g->group_stride) !=
-            kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)))) {
+            want) {
           rc = corrupt_at(x, b, off, s, "");
           goto out;
         }
       }
+    if (x->cc != NULL && hb[j].ck[0] == NULL) { /* the tables read: kept for the next calls */
+      uint64_t *sums = malloc((size_t)g->n_groups * sizeof *sums);
+      for (uint32_t s = x->sk; sums != NULL && s <= x->sk + 1; s++) {
+        for (uint32_t grp = 0; grp < g->n_groups; grp++)
+          sums[grp] = kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
+        ck_add(x->cc, b->hash, s, g->n_groups, sums);
+      }
+      free(sums);
+    }
     for (size_t i = hb[j].i0; i < hb[j].i1; i++) {
       uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
       memcpy(x->k_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk, t)), x->row);
@@ -610,6 +716,16 @@ kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *
                                  size_t n_pos, void *k_out, void *v_out,
                                  const kvdb_score_opts *opts, kvdb_fetch_stats *stats)
 {
+  return kv_get_head_tokens_cc(db, m, context, layer, kv_head, positions, n_pos, k_out, v_out,
+                               opts, stats, NULL);
+}
+
+kvdb_status kv_get_head_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                  uint32_t layer, uint32_t kv_head, const uint32_t *positions,
+                                  size_t n_pos, void *k_out, void *v_out,
+                                  const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
+                                  kv_ckcache **cc)
+{
   uint32_t bt;
   KV_RET(kv_check_db(db));
   KV_RET(kv_check_model(m, &bt));
@@ -630,6 +746,7 @@ kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *
   KV_RET(kv_score_opts_get(opts, &x.o));
   x.db = db;
   x.m = m;
+  x.cc = cc;
   x.sk = (layer * m->n_kv_heads + kv_head) * 2;
   x.pos = positions;
   x.n_pos = n_pos;
