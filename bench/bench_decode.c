@@ -798,7 +798,8 @@ int bench_decode(const bench_env *env, bench_json *j)
   bench_json_num(j, "keys_rho", sk.rho);
   {
     const char *nm[8] = {"recent1", "recent5", "recent25", "old_rate", "p_next", "per_group16",
-                         "run_len16", "persistence"};
+                         "run_len16", "persistence_exact"}; /* (model_persistence and
+                         synthetic_persistence: the fields of before, kept) */
     double mv[8] = {ms.f.rec1, ms.f.rec5, ms.f.rec25, ms.f.old_rate, ms.f.p_nb, ms.f.per_group,
                     ms.f.run_len, ms.f.pers};
     double sv[8] = {synf.rec1, synf.rec5, synf.rec25, synf.old_rate, synf.p_nb, synf.per_group,
