@@ -105,6 +105,8 @@ typedef struct bench_env {
   const char *buildtype; /* meson buildtype */
   const char *model_dir; /* --model-dir, or NULL (compress, prefix: then $KVDB_MODEL_DIR, the
                             default) */
+  const char *keys;      /* --keys: decode's synthetic keys, "model" (default) or "independent";
+                            NULL reads as "model" */
 } bench_env;
 
 /* Returns 0 on success; on failure prints why to stderr and returns non-zero. */

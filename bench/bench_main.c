@@ -4,6 +4,7 @@
  * and the JSON line.
  *
  *   kvdb-bench SUBCOMMAND [--quick] [--json] [--dir PATH] [--keep] [--seed N] [--model-dir DIR]
+ *              [--keys model|independent]
  *
  * Each run makes a fresh directory kvdb-bench-XXXXXX under PATH (default $TMPDIR, else
  * /var/tmp; never a tmpfs when it can be avoided, since O_DIRECT and real disk speed matter)
@@ -69,7 +70,7 @@ static void usage(FILE *f)
 {
   fprintf(f,
           "usage: kvdb-bench SUBCOMMAND [--quick] [--json] [--dir PATH] [--keep] [--seed N]\n"
-          "                  [--model-dir DIR]\n"
+          "                  [--model-dir DIR] [--keys model|independent]\n"
           "\n"
           "subcommands:\n");
   for (size_t i = 0; i < N_CMDS; i++)
@@ -85,6 +86,9 @@ static void usage(FILE *f)
           "  --seed N    seed of the synthetic data and random choices (default 1)\n"
           "  --model-dir DIR  compress, prefix, policy: the folder holding stories260K/ (default\n"
           "              $KVDB_MODEL_DIR, else " BENCH_MODEL_DIR ")\n"
+          "  --keys K    decode: the synthetic keys, 'model' (default: the reference model's\n"
+          "              recency and clustering reproduced) or 'independent' (datagen's, the worst\n"
+          "              case for page groups)\n"
           "  -h, --help  this text\n"
           "\n"
           "Human-readable figures go to stdout, progress to stderr. See bench/README.md.\n");
@@ -115,7 +119,7 @@ static const char *pick_base(const char *user, char *fs, size_t fs_cap, int *in_
 
 int main(int argc, char **argv)
 {
-  const char *cmd_name = NULL, *dir_opt = NULL, *model_dir = NULL;
+  const char *cmd_name = NULL, *dir_opt = NULL, *model_dir = NULL, *keys = "model";
   int quick = 0, json = 0, keep = 0;
   uint64_t seed = 1;
   for (int i = 1; i < argc; i++) {
@@ -152,6 +156,19 @@ int main(int argc, char **argv)
       model_dir = argv[++i];
     } else if (strncmp(a, "--model-dir=", 12) == 0) {
       model_dir = a + 12;
+    } else if (strcmp(a, "--keys") == 0 || strncmp(a, "--keys=", 7) == 0) {
+      if (a[6] == '=') {
+        keys = a + 7;
+      } else if (i + 1 >= argc) {
+        bench_log("%s needs a value", a);
+        return 2;
+      } else {
+        keys = argv[++i];
+      }
+      if (strcmp(keys, "model") != 0 && strcmp(keys, "independent") != 0) {
+        bench_log("--keys '%s' is neither 'model' nor 'independent'", keys);
+        return 2;
+      }
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
       return 0;
@@ -204,7 +221,7 @@ int main(int argc, char **argv)
   bench_env env = {
     .dir = dir, .fs_type = fs, .is_tmpfs = in_mem, .quick = quick, .json = json, .keep = keep, .seed = seed,
     .out = stdout, .revision = BENCH_REVISION, .buildtype = BENCH_BUILDTYPE,
-    .model_dir = model_dir,
+    .model_dir = model_dir, .keys = keys,
   };
   fprintf(stdout, "kvdb-bench %s%s — kvdb %u.%u.%u, revision %s, %s build; data in %s (%s)\n",
           cmd->name, quick ? " --quick" : "", KVDB_VERSION_MAJOR, KVDB_VERSION_MINOR,

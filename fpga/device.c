@@ -224,6 +224,8 @@ void kv_fpga_close(kv_fpga_dev *dev)
 {
   if (dev == NULL)
     return;
+  kv_fpga_buf_free(dev->hie_sect);
+  dev->hie_sect = NULL;
   dev->ops->close(dev);
   free(dev);
 }

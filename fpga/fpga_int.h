@@ -58,6 +58,8 @@ struct kv_fpga_dev {
   int kernel_loaded;
   char kernel_name[128];
   void *impl; /* backend state */
+  kv_fpga_buf *hie_sect; /* hie.c: the section slots' P2P buffer, kept for the next job (its
+                            allocation, zeroed, cost more than the reads); freed at close */
 };
 
 kv_fpga_status kv_fpga_fail_at(kv_fpga_err *err, kv_fpga_status code, const char *what,

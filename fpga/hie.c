@@ -7,8 +7,9 @@
  * "incrementally merge"); at the end the host's top k and the device's are merged (lines 14-15).
  *
  * Threads: the calling thread scores the host spans (kv_score_topk, with its own helper threads
- * per job->host_opts); one device thread drives the device: P2P read of a section, then kernel
- * runs over its chunks with two result buffers, so that run j+1 is started before run j's block
+ * per job->host_opts); one device thread drives the device: P2P read of a section (read ahead
+ * by up to 8 reader threads into 16 slots of one buffer the device keeps, so that the section
+ * reads are in flight together: sect_reader), then kernel runs over its chunks with two result buffers, so that run j+1 is started before run j's block
  * is read and merged (with XRT the merge overlaps the next run; the emulated device runs the
  * kernel inside run_start, on that thread, concurrently with the host's scoring). Both threads
  * are joined before the call returns.
@@ -85,6 +86,84 @@ static uint64_t select_layout(const kv_hie_job *job, uint32_t chunk, uint32_t *s
   return at;
 }
 
+/* The section reads of a job, ahead of the kernel runs: HIE_READERS threads P2P-read the
+ * sections in order into HIE_SLOTS slots of one device buffer (a slot is reused once the
+ * device thread is done with the section HIE_SLOTS before), so that up to HIE_READERS reads
+ * are in flight (queue depth) while the device scores the sections already read. The reads are
+ * the ones a single thread made one after the other before (same bytes, same buffers). */
+#define HIE_READERS 8
+#define HIE_SLOTS 16
+
+typedef struct sect_reader {
+  kv_fpga_dev *dev;
+  const kv_hie_job *job;
+  kv_fpga_buf *buf;
+  uint64_t stride; /* bytes of a slot */
+  uint32_t slots;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t next;     /* the next section to read */
+  size_t consumed; /* sections [0, consumed) are done with: their slots are free */
+  uint8_t *ready;  /* per section */
+  int stop;        /* an error, or the device thread gave up */
+  kv_fpga_status rc;
+  kv_fpga_err err;
+} sect_reader;
+
+static void *reader_main(void *arg)
+{
+  sect_reader *r = arg;
+  pthread_mutex_lock(&r->mu);
+  for (;;) {
+    while (!r->stop && r->next < r->job->n_dev && r->next - r->consumed >= r->slots)
+      pthread_cond_wait(&r->cv, &r->mu);
+    if (r->stop || r->next >= r->job->n_dev)
+      break;
+    size_t i = r->next++;
+    pthread_mutex_unlock(&r->mu);
+    const kv_hie_dev_span *ds = &r->job->dev[i];
+    kv_fpga_err e;
+    kv_fpga_status rc = kv_fpga_p2p_read(r->dev, r->buf, (size_t)((i % r->slots) * r->stride),
+                                         r->job->fd, ds->file_off,
+                                         (size_t)ds->layout.total_bytes, &e);
+    pthread_mutex_lock(&r->mu);
+    if (rc != KV_FPGA_OK) {
+      if (r->rc == KV_FPGA_OK) {
+        r->rc = rc;
+        r->err = e;
+      }
+      r->stop = 1;
+    } else {
+      r->ready[i] = 1;
+    }
+    pthread_cond_broadcast(&r->cv);
+  }
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+/* Wait until section i is read; returns its status. */
+static kv_fpga_status reader_wait(sect_reader *r, size_t i, kv_fpga_err *err)
+{
+  pthread_mutex_lock(&r->mu);
+  while (!r->ready[i] && !r->stop)
+    pthread_cond_wait(&r->cv, &r->mu);
+  kv_fpga_status rc = r->ready[i] ? KV_FPGA_OK : r->rc != KV_FPGA_OK ? r->rc : KV_FPGA_EIO;
+  if (rc != KV_FPGA_OK && err != NULL)
+    *err = r->err;
+  pthread_mutex_unlock(&r->mu);
+  return rc;
+}
+
+/* Sections [0, n) are done with (their runs finished). */
+static void reader_consumed(sect_reader *r, size_t n)
+{
+  pthread_mutex_lock(&r->mu);
+  r->consumed = n;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
 static kv_fpga_status dev_run_all(dev_work *w)
 {
   const kv_hie_job *job = w->job;
@@ -112,13 +191,44 @@ static kv_fpga_status dev_run_all(dev_work *w)
   kv_fpga_run *pending = NULL;
   uint32_t pending_n = 0;
   int pending_slot = 0;
+  sect_reader rd;
+  pthread_t readers[HIE_READERS];
+  size_t n_readers = 0;
+  memset(&rd, 0, sizeof rd);
+  rd.slots = job->n_dev < HIE_SLOTS ? (uint32_t)job->n_dev : HIE_SLOTS;
+  rd.stride = (max_sect + 4095) / 4096 * 4096;
+  pthread_mutex_init(&rd.mu, NULL);
+  pthread_cond_init(&rd.cv, NULL);
   if (tmp == NULL || qpack == NULL) {
     rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the score block staging", tmp_n, 0);
     goto out;
   }
-  if ((rc = kv_fpga_buf_alloc(w->dev, (size_t)max_sect, KV_FPGA_BUF_P2P, &sect, &w->err)) ||
-      (rc = kv_fpga_buf_alloc(w->dev, KV_FPGA_QUERY_BYTES, KV_FPGA_BUF_IN, &query, &w->err)))
+  if (job->n_dev > 0 && (rd.ready = calloc(job->n_dev, 1)) == NULL) {
+    rc = FAIL(&w->err, KV_FPGA_ENOMEM, "out of memory for the section reads", job->n_dev, 0);
     goto out;
+  }
+  size_t sect_bytes = (size_t)(rd.stride * (rd.slots ? rd.slots : 1));
+  if (w->dev->hie_sect != NULL && kv_fpga_buf_size(w->dev->hie_sect) >= sect_bytes) {
+    sect = w->dev->hie_sect; /* the last job's (the device's: one job at a time) */
+    w->dev->hie_sect = NULL;
+  } else {
+    kv_fpga_buf_free(w->dev->hie_sect); /* too small */
+    w->dev->hie_sect = NULL;
+    if ((rc = kv_fpga_buf_alloc(w->dev, sect_bytes, KV_FPGA_BUF_P2P, &sect, &w->err)))
+      goto out;
+  }
+  if ((rc = kv_fpga_buf_alloc(w->dev, KV_FPGA_QUERY_BYTES, KV_FPGA_BUF_IN, &query, &w->err)))
+    goto out;
+  rd.dev = w->dev;
+  rd.job = job;
+  rd.buf = sect;
+  for (; n_readers < HIE_READERS && n_readers < job->n_dev; n_readers++)
+    if (pthread_create(&readers[n_readers], NULL, reader_main, &rd) != 0)
+      break;
+  if (job->n_dev > 0 && n_readers == 0) {
+    rc = FAIL(&w->err, KV_FPGA_ENOMEM, "cannot start a section reader thread", 0, 0);
+    goto out;
+  }
   if (sel) {
     segs = malloc(n_runs * 2 * sizeof *segs);
     if (segs == NULL) {
@@ -154,13 +264,14 @@ static kv_fpga_status dev_run_all(dev_work *w)
           (!sel && (rc = merge_run(w, blocks[pending_slot], topk[pending_slot], pending_n, tmp))))
         goto out;
     }
-    if ((rc = kv_fpga_p2p_read(w->dev, sect, 0, job->fd, ds->file_off,
-                               (size_t)ds->layout.total_bytes, &w->err)))
+    reader_consumed(&rd, i); /* sections before i: their runs are done */
+    if ((rc = reader_wait(&rd, i, &w->err)))
       goto out;
     w->p2p_bytes += ds->layout.total_bytes;
+    uint64_t soff = (i % rd.slots) * rd.stride;
     for (uint32_t t0 = 0; t0 < ds->layout.n_tokens; t0 += chunk, run_i++) {
       uint32_t n = ds->layout.n_tokens - t0 < chunk ? ds->layout.n_tokens - t0 : chunk;
-      kv_fpga_run_args a = {sect, 0, ds->layout, t0, n, ds->pos_base, on_chip ? w->k : 0, query,
+      kv_fpga_run_args a = {sect, soff, ds->layout, t0, n, ds->pos_base, on_chip ? w->k : 0, query,
                             sel ? all : blocks[slot], on_chip ? topk[slot] : NULL,
                             sel ? (size_t)segs[2 * run_i] * 8 : 0};
       kv_fpga_run *r;
@@ -203,6 +314,15 @@ static kv_fpga_status dev_run_all(dev_work *w)
 out:
   if (pending != NULL)
     (void)kv_fpga_run_wait(pending, NULL);
+  pthread_mutex_lock(&rd.mu); /* the readers stop (all read, or an error) before sect goes */
+  rd.stop = 1;
+  pthread_cond_broadcast(&rd.cv);
+  pthread_mutex_unlock(&rd.mu);
+  for (size_t i = 0; i < n_readers; i++)
+    pthread_join(readers[i], NULL);
+  pthread_mutex_destroy(&rd.mu);
+  pthread_cond_destroy(&rd.cv);
+  free(rd.ready);
   for (int s = 0; s < 2; s++) {
     kv_fpga_buf_free(blocks[s]);
     kv_fpga_buf_free(topk[s]);
@@ -211,7 +331,10 @@ out:
   kv_fpga_buf_free(sdesc);
   kv_fpga_buf_free(sout);
   kv_fpga_buf_free(query);
-  kv_fpga_buf_free(sect);
+  if (sect != NULL) { /* kept for the next job */
+    kv_fpga_buf_free(w->dev->hie_sect);
+    w->dev->hie_sect = sect;
+  }
   free(segs);
   free(tmp);
   free(qpack);

@@ -1777,7 +1777,7 @@ typedef struct kvdb_decode_opts {
    * cold top-k positions first); the rest of the k goes to the top k's positions in DRAM and
    * then to the best-ranked positions in DRAM past the top k (from a ranking of 4k). A select
    * falls back to more groups when DRAM holds too few. Every row of the groups read is a
-   * promotion candidate (the flag's rule: only the picks). Trades the cold picks that no chosen
+   * promotion candidate (as with the flag alone, unless KVDB_DECODE_PROMOTE_PICKS). Trades the cold picks that no chosen
    * group holds (the flag's rule does not fetch them either) for high-scoring DRAM rows.
    */
   uint32_t cold_share_permille;
@@ -1796,6 +1796,15 @@ enum {
    * first, then the groups' positions; scores[] holds NaN for positions taken with a group.
    */
   KVDB_DECODE_PAGE_GROUPS = 1u << 0,
+  /**
+   * With KVDB_DECODE_PAGE_GROUPS and no cold budget: only the top-k picks among the rows a
+   * fetch reads are hot-pool promotion candidates (the rule before 2026-11-27). Without it
+   * every row of the page groups read is one: the bytes came anyway, a row without hits only
+   * takes a free slot (it loses to any row with hits in the hit-rate table's order), and
+   * selected positions cluster (a pick's neighbour is picked at 7 times the base rate in
+   * stories260K's attention), so they are selected later.
+   */
+  KVDB_DECODE_PROMOTE_PICKS = 1u << 1,
 };
 
 /** @brief Fill *o with defaults. Cannot fail. */

@@ -71,6 +71,7 @@ struct kvdb_decode {
   kvdb_decode_opts o;
   kvdb_score_opts so;  /* scoring */
   kvdb_score_opts fso; /* fetching cold rows */
+  kv_ckcache *ck;      /* the checksum tables the fetches read (fetch.c): once per session */
   dec_ctx *c;
   size_t n_c;
   kvdb_decode_stats st;
@@ -350,7 +351,7 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   if (o.host_share_permille < -1 || o.host_share_permille > 1000)
     return kv_fail(KVDB_INVALID, "opts->host_share_permille %d is not -1 (APP) or 0..1000",
                    (int)o.host_share_permille);
-  if (o.flags & ~(uint32_t)KVDB_DECODE_PAGE_GROUPS)
+  if (o.flags & ~(uint32_t)(KVDB_DECODE_PAGE_GROUPS | KVDB_DECODE_PROMOTE_PICKS))
     return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
   if (o.cold_share_permille > 1000 ||
       (o.cold_share_permille != 0 && !(o.flags & KVDB_DECODE_PAGE_GROUPS)))
@@ -412,6 +413,7 @@ void kvdb_decode_close(kvdb_decode *s)
   for (size_t i = 0; i < s->n_c; i++)
     ctx_free(s, &s->c[i]);
   free(s->c);
+  kv_ckcache_free(s->ck);
   free(s);
 }
 
@@ -1050,7 +1052,8 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     if (nc == 0)
       continue;
     kvdb_fetch_stats fs;
-    KV_ERR(kvdb_get_head_tokens(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs));
+    KV_ERR(kv_get_head_tokens_cc(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs,
+                                 &s->ck));
     s->st.ssd_bytes += fs.host_bytes + fs.device_bytes;
     s->st.host_bytes += fs.host_bytes + fs.device_to_host_bytes;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;
@@ -1060,10 +1063,12 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     for (uint32_t j = 0; j < nc; j++) {
       row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
       row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
-      /* candidates: the picks; with a cold budget every row of the groups read (the bytes
-       * came anyway; without hits they take free slots and lose to picks in hot_update) */
+      /* candidates: every row of the groups read (the bytes came anyway; without hits they
+       * take free slots and lose to picks in hot_update); with KVDB_DECODE_PROMOTE_PICKS and
+       * no cold budget only the picks */
       if (s->o.hot_tokens > 0 &&
-          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0)) {
+          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0 ||
+           !(s->o.flags & KVDB_DECODE_PROMOTE_PICKS))) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
         memcpy(r, kb + (size_t)j * s->row, s->row);
         memcpy(r + s->row, vb + (size_t)j * s->row, s->row);

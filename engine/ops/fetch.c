@@ -19,7 +19,8 @@
  *                cannot yet) and gathers the rows into an output buffer, and the host reads just
  *                those rows. Blocks are batched into waves of kv_score_wave_bytes of P2P reads,
  *                one gather and one read per wave;
- *        HOST    (raw, the rest) by the host: the same pages, read in one batch, each group
+ *        HOST    (raw, the rest) by the host: the same pages, read in one batch (the pages of
+ *                every such block of the call at once, one io_uring queue), each group
  *                verified with its checksum (seeded with the block hash and its place, so a
  *                page of another block fails: no header read is needed), the rows copied;
  *        DECODE  (compressed, format 2) after the snapshot, by kvdb_get_tokens for those
@@ -68,7 +69,85 @@ typedef struct fctx {
   size_t n_dec;
   uint8_t *need;   /* per group of the current block */
   kvdb_fetch_stats st;
+  kv_ckcache **cc; /* checksum tables kept (kv_get_head_tokens_cc), or NULL */
 } fctx;
+
+/* ---- checksum tables kept (kv_ckcache) ---- */
+
+typedef struct ck_ent {
+  uint8_t hash[16];
+  uint32_t sec, n; /* section; groups (0: a free entry) */
+  uint64_t *sums;
+} ck_ent;
+
+struct kv_ckcache {
+  ck_ent *e;
+  size_t cap, used; /* open addressing, cap a power of two, at most half used */
+};
+
+static size_t ck_slot(const kv_ckcache *c, const uint8_t hash[16], uint32_t sec)
+{
+  uint64_t h = (kv_get_le64(hash) ^ ((uint64_t)sec * 0x9e3779b97f4a7c15ull)) * 0xff51afd7ed558ccdull;
+  size_t i = (size_t)(h >> 17) & (c->cap - 1);
+  while (c->e[i].n != 0 && (c->e[i].sec != sec || memcmp(c->e[i].hash, hash, 16) != 0))
+    i = (i + 1) & (c->cap - 1);
+  return i;
+}
+
+/* The table of (hash, sec) with n groups, or NULL. */
+static const uint64_t *ck_find(const kv_ckcache *c, const uint8_t hash[16], uint32_t sec,
+                               uint32_t n)
+{
+  if (c == NULL || c->cap == 0)
+    return NULL;
+  const ck_ent *e = &c->e[ck_slot(c, hash, sec)];
+  return e->n == n ? e->sums : NULL;
+}
+
+/* Keep the table sums[0..n) of (hash, sec). Out of memory only loses the copy. */
+static void ck_add(kv_ckcache **cp, const uint8_t hash[16], uint32_t sec, uint32_t n,
+                   const uint64_t *sums)
+{
+  if (*cp == NULL && (*cp = calloc(1, sizeof **cp)) == NULL)
+    return;
+  kv_ckcache *c = *cp;
+  if (2 * (c->used + 1) > c->cap) {
+    size_t cap = c->cap ? 2 * c->cap : 256;
+    ck_ent *ne = calloc(cap, sizeof *ne);
+    if (ne == NULL)
+      return;
+    kv_ckcache nc = {ne, cap, 0};
+    for (size_t i = 0; i < c->cap; i++)
+      if (c->e[i].n != 0) {
+        nc.e[ck_slot(&nc, c->e[i].hash, c->e[i].sec)] = c->e[i];
+        nc.used++;
+      }
+    free(c->e);
+    *c = nc;
+  }
+  ck_ent *e = &c->e[ck_slot(c, hash, sec)];
+  if (e->n != 0)
+    return; /* kept already */
+  uint64_t *p = malloc((size_t)n * sizeof *p);
+  if (p == NULL)
+    return;
+  memcpy(p, sums, (size_t)n * sizeof *p);
+  memcpy(e->hash, hash, 16);
+  e->sec = sec;
+  e->n = n;
+  e->sums = p;
+  c->used++;
+}
+
+void kv_ckcache_free(kv_ckcache *c)
+{
+  if (c == NULL)
+    return;
+  for (size_t i = 0; i < c->cap; i++)
+    free(c->e[i].sums);
+  free(c->e);
+  free(c);
+}
 
 static int cmp_range(const void *a, const void *b)
 {
@@ -84,12 +163,14 @@ static uint64_t group_seed(const uint8_t hash[16], uint32_t s, uint32_t grp)
 /* The object ranges holding the wanted groups of sections sk, sk + 1 (x->need) and their
  * checksums, page aligned, sorted, merged when at most `gap` bytes apart. rg has room for
  * 1 + 2 * n_groups. Returns the count. */
-static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
+static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg,
+                              int with_ck)
 {
   size_t nr = 0;
   uint64_t c0 = kv_block_cksum_off(g, x->sk, 0) / KV_PAGE * KV_PAGE;
   uint64_t c1 = KV_ALIGN_UP((uint64_t)kv_block_cksum_off(g, x->sk + 1, g->n_groups), KV_PAGE);
-  rg[nr++] = (frange){c0, c1 - c0, 0};
+  if (with_ck)
+    rg[nr++] = (frange){c0, c1 - c0, 0};
   for (uint32_t s = x->sk; s <= x->sk + 1; s++)
     for (uint32_t grp = 0; grp < g->n_groups; grp++)
       if (x->need[grp]) {
@@ -97,6 +178,8 @@ static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, 
         uint64_t e = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
         rg[nr++] = (frange){a, e - a, 0};
       }
+  if (nr == 0)
+    return 0;
   qsort(rg, nr, sizeof *rg, cmp_range);
   size_t m = 0;
   for (size_t i = 1; i < nr; i++) {
@@ -109,6 +192,11 @@ static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, 
     }
   }
   return m + 1;
+}
+
+static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
+{
+  return block_ranges_ck(x, g, gap, rg, 1);
 }
 
 /* Mark the groups of block b that hold positions order[i0, i1). */
@@ -160,59 +248,118 @@ static int from_dram(fctx *x, const fblk *b, size_t i0, size_t i1)
   return ok;
 }
 
-static kvdb_status from_host(fctx *x, const fblk *b, size_t i0, size_t i1, frange *rg)
+static uint64_t at_of(const frange *rg, size_t nr, uint64_t off);
+
+/* A block the host reads: positions order[i0, i1), its ranges rg[r0, r0 + nr) of the call's
+ * list (their `at`: where they lie in the call's buffer). */
+typedef struct hblk {
+  uint32_t bi;
+  size_t i0, i1, r0, nr;
+  kv_segfile *sf;
+  const uint64_t *ck[2]; /* its sections' checksum tables kept (x->cc), or NULL: read */
+} hblk;
+
+/* The host blocks of a call, read in ONE batch (every block's page groups and checksum pages
+ * in flight at once, into one buffer), then each group verified with its checksum and the
+ * rows copied. rg has room for n * (1 + 2 * max_groups) ranges. */
+static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
 {
+  if (n == 0)
+    return KVDB_OK;
   kvdb *db = x->db;
-  const kv_block_geom *g = &b->g;
-  mark_groups(x, b, i0, i1);
-  size_t nr = block_ranges(x, g, 0, rg);
-  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes);
-  kv_segfile *sf = NULL;
+  size_t nr = 0;
+  uint64_t total = 0;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    mark_groups(x, b, hb[j].i0, hb[j].i1);
+    hb[j].r0 = nr;
+    for (int k = 0; k < 2; k++)
+      hb[j].ck[k] = x->cc != NULL ? ck_find(*x->cc, b->hash, x->sk + (uint32_t)k, b->g.n_groups)
+                                  : NULL;
+    int with_ck = hb[j].ck[0] == NULL || hb[j].ck[1] == NULL;
+    if (with_ck)
+      hb[j].ck[0] = hb[j].ck[1] = NULL;
+    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck);
+    for (size_t i = nr; i < nr + hb[j].nr; i++) {
+      rg[i].at = total;
+      total += rg[i].len;
+    }
+    nr += hb[j].nr;
+    hb[j].sf = NULL;
+  }
+  kv_rbuf *rb = kv_rbuf_acquire(db, total);
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
   if (rb == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "a read buffer of %" PRIu64 " bytes", g->total_bytes);
+    rc = kv_fail(KVDB_NOMEM, "a read buffer of %" PRIu64 " bytes", total);
     goto out;
   }
-  KV_ERR(kv_segfile_get(db, b->rec.segment, &sf));
   if ((bat = kv_batch_begin(db->io)) == NULL) {
     rc = kv_fail(KVDB_NOMEM, "get_head_tokens batch");
     goto out;
   }
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < nr; i++) {
-    kv_batch_read(db->io, bat, sf->f, rb->p + rg[i].off, rg[i].len, b->rec.offset + rg[i].off);
-    bytes += rg[i].len;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    KV_ERR(kv_segfile_get(db, b->rec.segment, &hb[j].sf));
+    for (size_t i = hb[j].r0; i < hb[j].r0 + hb[j].nr; i++)
+      kv_batch_read(db->io, bat, hb[j].sf->f, rb->p + rg[i].at, rg[i].len,
+                    b->rec.offset + rg[i].off);
   }
   int e = kv_batch_wait(db->io, bat);
-  if (e != 0) {
-    rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+  if (e != 0) { /* the first block whose file is missing or short, if any */
+    for (size_t j = 0; j < n; j++) {
+      const fblk *b = &x->b[hb[j].bi];
+      rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+      if (rc == KVDB_CORRUPT)
+        break;
+    }
     goto out;
   }
-  db->bytes_read += bytes;
-  x->st.host_bytes += bytes;
-  x->st.host_blocks++;
-  kv_block_hdr hdr;
-  memcpy(hdr.block_hash, b->hash, 16);
-  for (uint32_t s = x->sk; s <= x->sk + 1; s++)
-    for (uint32_t grp = 0; grp < g->n_groups; grp++) {
-      if (!x->need[grp])
-        continue;
-      uint64_t off = kv_block_group_off(g, s, grp);
-      if (kv_block_group_checksum(&hdr, s, grp, rb->p + off, g->group_stride) !=
-          kv_get_le64(rb->p + kv_block_cksum_off(g, s, grp))) {
-        rc = corrupt_at(x, b, off, s, "");
-        goto out;
+  db->bytes_read += total;
+  x->st.host_bytes += total;
+  for (size_t j = 0; j < n; j++) {
+    const fblk *b = &x->b[hb[j].bi];
+    const kv_block_geom *g = &b->g;
+    const frange *br = rg + hb[j].r0;
+    size_t bn = hb[j].nr;
+    mark_groups(x, b, hb[j].i0, hb[j].i1);
+    x->st.host_blocks++;
+    kv_block_hdr hdr;
+    memcpy(hdr.block_hash, b->hash, 16);
+    for (uint32_t s = x->sk; s <= x->sk + 1; s++)
+      for (uint32_t grp = 0; grp < g->n_groups; grp++) {
+        if (!x->need[grp])
+          continue;
+        uint64_t off = kv_block_group_off(g, s, grp);
+        const uint64_t *kept = hb[j].ck[s - x->sk];
+        uint64_t want = kept != NULL ? kept[grp]
+                                     : kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
+        if (kv_block_group_checksum(&hdr, s, grp, rb->p + at_of(br, bn, off), g->group_stride) !=
+            want) {
+          rc = corrupt_at(x, b, off, s, "");
+          goto out;
+        }
       }
+    if (x->cc != NULL && hb[j].ck[0] == NULL) { /* the tables read: kept for the next calls */
+      uint64_t *sums = malloc((size_t)g->n_groups * sizeof *sums);
+      for (uint32_t s = x->sk; sums != NULL && s <= x->sk + 1; s++) {
+        for (uint32_t grp = 0; grp < g->n_groups; grp++)
+          sums[grp] = kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
+        ck_add(x->cc, b->hash, s, g->n_groups, sums);
+      }
+      free(sums);
     }
-  for (size_t i = i0; i < i1; i++) {
-    uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
-    memcpy(x->k_out + (size_t)p * x->row, rb->p + row_off(g, x->sk, t), x->row);
-    memcpy(x->v_out + (size_t)p * x->row, rb->p + row_off(g, x->sk + 1, t), x->row);
+    for (size_t i = hb[j].i0; i < hb[j].i1; i++) {
+      uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
+      memcpy(x->k_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk, t)), x->row);
+      memcpy(x->v_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk + 1, t)),
+             x->row);
+    }
   }
 out:
-  kv_batch_end(db->io, bat);
-  kv_segfile_put(db, sf);
+  kv_batch_end(db->io, bat); /* waits for reads still in flight */
+  for (size_t j = 0; j < n; j++)
+    kv_segfile_put(db, hb[j].sf);
   kv_rbuf_release(db, rb);
   return rc;
 }
@@ -468,6 +615,9 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
       biggest = x->b[i].g.total_bytes;
   }
   frange *rg = malloc((1 + 2 * (size_t)max_groups) * sizeof *rg);
+  frange *hrg = malloc((size_t)x->n_b * (1 + 2 * (size_t)max_groups) * sizeof *hrg);
+  hblk *hb = malloc((size_t)x->n_b * sizeof *hb);
+  size_t n_hb = 0;
   x->need = malloc(max_groups);
   kv_fpga_dev *dev = NULL;
   int slot = 0, kept = 0;
@@ -475,7 +625,7 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
   memset(&w, 0, sizeof w);
   w.fd = -1;
   kvdb_status rc = KVDB_OK;
-  if (rg == NULL || x->need == NULL) {
+  if (rg == NULL || hrg == NULL || hb == NULL || x->need == NULL) {
     rc = kv_fail(KVDB_NOMEM, "page ranges of %u groups", max_groups);
     goto out;
   }
@@ -503,16 +653,19 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
         KV_ERR(wave_add(x, &w, bi, j0, i1 - j0 < WAVE_ROWS / 2 ? i1 : j0 + WAVE_ROWS / 2, rg));
       continue;
     }
-    KV_ERR(from_host(x, b, i0, i1, rg));
+    hb[n_hb++] = (hblk){bi, i0, i1, 0, 0, NULL}; /* read below, all in one batch */
   }
   if (dev != NULL)
     KV_ERR(wave_flush(x, &w));
+  KV_ERR(from_host_all(x, hb, n_hb, hrg));
 out:
   if (dev != NULL) {
     wave_free(&w);
     kv_score_dev_release(db, &x->o, dev, slot, kept);
   }
   free(rg);
+  free(hrg);
+  free(hb);
   free(x->need);
   x->need = NULL;
   return rc;
@@ -563,6 +716,16 @@ kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *
                                  size_t n_pos, void *k_out, void *v_out,
                                  const kvdb_score_opts *opts, kvdb_fetch_stats *stats)
 {
+  return kv_get_head_tokens_cc(db, m, context, layer, kv_head, positions, n_pos, k_out, v_out,
+                               opts, stats, NULL);
+}
+
+kvdb_status kv_get_head_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                  uint32_t layer, uint32_t kv_head, const uint32_t *positions,
+                                  size_t n_pos, void *k_out, void *v_out,
+                                  const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
+                                  kv_ckcache **cc)
+{
   uint32_t bt;
   KV_RET(kv_check_db(db));
   KV_RET(kv_check_model(m, &bt));
@@ -583,6 +746,7 @@ kvdb_status kvdb_get_head_tokens(kvdb *db, const kvdb_model *m, const kvdb_key *
   KV_RET(kv_score_opts_get(opts, &x.o));
   x.db = db;
   x.m = m;
+  x.cc = cc;
   x.sk = (layer * m->n_kv_heads + kv_head) * 2;
   x.pos = positions;
   x.n_pos = n_pos;

@@ -165,4 +165,19 @@ kvdb_status kv_score_dev_acquire(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev
 void kv_score_dev_release(kvdb *db, const kvdb_score_opts *o, kv_fpga_dev *dev, int slot,
                           int kept);
 
+
+/* ---- fetch.c: a decode session's checksum tables ---- */
+
+/* The page-group checksum tables a reader has read, per (block hash, section): a block's bytes
+ * never change under its hash, so a table read once stays true for the session (a decode step
+ * then reads only page groups: kvdb_decode's fetches). NULL *cc is an empty cache. */
+typedef struct kv_ckcache kv_ckcache;
+void kv_ckcache_free(kv_ckcache *cc);
+/* kvdb_get_head_tokens, the host's reads taking checksum tables from *cc (created when NULL)
+ * and adding the ones it reads. */
+kvdb_status kv_get_head_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                  uint32_t layer, uint32_t kv_head, const uint32_t *positions,
+                                  size_t n_pos, void *k_out, void *v_out,
+                                  const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
+                                  kv_ckcache **cc);
 #endif

@@ -154,6 +154,76 @@ static void test_hie_random_splits(void)
   kv_fpga_close(dev);
 }
 
+/* The section reads run ahead of the kernel (HIE_READERS threads, HIE_SLOTS slots): a job of
+ * more sections than slots, repeated on one device (its kept buffer), equals kv_score_topk;
+ * a read that fails in the middle (a section past the end of the file) fails the job with
+ * KV_FPGA_EIO, whichever reader met it, and the device still works afterwards. */
+static void test_hie_read_ahead(void)
+{
+  t_rng r = {29};
+  kv_fpga_dev *dev;
+  kv_fpga_err e;
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  t_ctx c;
+  t_ctx_make(&c, &r, 40 * 64, 128, 4, 64); /* 40 sections */
+  uint32_t d = c.head_dim, N = c.n_tokens;
+  float q[4 * 128];
+  for (uint32_t j = 0; j < 4 * d; j++)
+    q[j] = t_gauss(&r);
+  kv_score_query *qq;
+  REQUIRE(kv_score_query_create(KV_SCORE_F32, q, 4, d, (size_t)d * 4, KV_SCORE_SUM, &qq, NULL) ==
+              KV_SCORE_OK,
+          "query");
+  kv_score_span *all = malloc(c.n_blocks * sizeof *all);
+  kv_hie_dev_span *ds = malloc(c.n_blocks * sizeof *ds);
+  for (uint32_t b = 0; b < c.n_blocks; b++) {
+    all[b] = (kv_score_span){&c.views[b], 0, c.views[b].layout.n_tokens, b * c.block_tokens};
+    ds[b] = (kv_hie_dev_span){c.file_off[b], c.views[b].layout, b * c.block_tokens};
+  }
+  uint32_t rpos[300], pos[300], got = 0;
+  float rsc[300], sc[300];
+  for (int rep = 0; rep < 3; rep++) {
+    uint32_t k = rep == 0 ? 10 : rep == 1 ? 300 : 64;
+    REQUIRE(kv_score_topk(qq, all, c.n_blocks, k, NULL, NULL, 0, rpos, rsc, &got, NULL) ==
+                KV_SCORE_OK,
+            "reference");
+    kv_hie_job job = {0};
+    job.q = qq;
+    job.fd = c.fd;
+    job.dev = ds;
+    job.n_dev = c.n_blocks;
+    job.chunk_tokens = 64;
+    kv_hie_stats st;
+    REQUIRE(kv_hie_topk(dev, &job, k, pos, sc, &got, &st, &e) == KV_FPGA_OK, "hie: %s",
+            t_fpga_errtext(&e));
+    CHECK(got == k && memcmp(pos, rpos, k * 4) == 0 && memcmp(sc, rsc, k * 4) == 0,
+          "40 sections, k %u: equal to kv_score_topk", k);
+    CHECK(st.dev_tokens == N, "every token scored on the device (%llu)",
+          (unsigned long long)st.dev_tokens);
+  }
+  kv_hie_job job = {0};
+  job.q = qq;
+  job.fd = c.fd;
+  job.dev = ds;
+  job.n_dev = c.n_blocks;
+  job.chunk_tokens = 64;
+  uint64_t keep = ds[27].file_off;
+  ds[27].file_off = (uint64_t)1 << 40; /* past the end of the file */
+  CHECK(kv_hie_topk(dev, &job, 10, pos, sc, &got, NULL, &e) == KV_FPGA_EIO,
+        "a failed section read fails the job: %s", t_fpga_errtext(&e));
+  ds[27].file_off = keep;
+  CHECK(kv_hie_topk(dev, &job, 10, pos, sc, &got, NULL, &e) == KV_FPGA_OK && got == 10,
+        "the device works after a failed job: %s", t_fpga_errtext(&e));
+  free(all);
+  free(ds);
+  kv_score_query_free(qq);
+  t_ctx_free(&c);
+  kv_fpga_close(dev);
+}
+
 static int near(double a, double b)
 {
   return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b)));
@@ -218,6 +288,7 @@ static void test_app(void)
 int main(void)
 {
   test_hie_random_splits();
+  test_hie_read_ahead();
   test_app();
   return t_finish("test_fpga_hie");
 }

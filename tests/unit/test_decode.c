@@ -240,8 +240,9 @@ static void test_two_contexts_device(void)
 }
 
 /* KVDB_DECODE_PAGE_GROUPS: DRAM picks kept, cold picks replaced by whole page groups holding
- * them (16 tokens here: block_tokens 16), k distinct positions, rows exact. */
-static void test_page_groups(void)
+ * them (16 tokens here: block_tokens 16), k distinct positions, rows exact; `extra` flags added
+ * (KVDB_DECODE_PROMOTE_PICKS: only picks promoted). Returns the rows promoted. */
+static uint64_t page_groups_run(uint32_t extra)
 {
   char *dir = t_tmpdir("decode-pg"), *rdir = t_tmpdir("decode-pg-ref");
   kvdb *db, *ref;
@@ -256,7 +257,7 @@ static void test_page_groups(void)
   kvdb_decode_opts_init(&o);
   o.recent_tokens = 8;
   o.hot_tokens = 16;
-  o.flags = KVDB_DECODE_PAGE_GROUPS;
+  o.flags = KVDB_DECODE_PAGE_GROUPS | extra;
   o.fetch_device = KVDB_SCORE_CPU;
   kvdb_decode *s;
   ASSERT_OK(kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
@@ -294,6 +295,15 @@ static void test_page_groups(void)
   kvdb_close(ref);
   t_rmdir(dir);
   t_rmdir(rdir);
+  return st.promoted;
+}
+
+/* Every row of the groups read is a promotion candidate (default), or only the picks
+ * (KVDB_DECODE_PROMOTE_PICKS): the former promotes at least as many. */
+static void test_page_groups(void)
+{
+  uint64_t all = page_groups_run(0), picks = page_groups_run(KVDB_DECODE_PROMOTE_PICKS);
+  ASSERT(all >= picks && picks > 0);
 }
 
 /* kvdb_decode_opts.cold_share_permille: a cold budget of whole page groups, the rest of the k
@@ -387,7 +397,7 @@ static void test_bad_input(void)
   ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
   ASSERT_MSG_HAS("host_share_permille");
   kvdb_decode_opts_init(&o);
-  o.flags = 2;
+  o.flags = 1u << 2; /* (bit 1 is KVDB_DECODE_PROMOTE_PICKS) */
   ASSERT_STATUS(KVDB_INVALID, kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
   ASSERT_MSG_HAS("opts->flags");
   kvdb_decode_opts_init(&o);

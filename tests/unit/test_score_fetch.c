@@ -327,6 +327,45 @@ static void test_corrupt(void)
   }
 }
 
+/* kv_get_head_tokens_cc (a decode session's fetch): the checksum tables read once are kept, so
+ * a second fetch of the same groups reads fewer bytes, the rows equal kvdb_get_head_tokens's,
+ * and a group damaged after its table was kept is still KVDB_CORRUPT. */
+static void test_checksum_cache(void)
+{
+  const kvdb_model *m = &MP;
+  char *dir = t_tmpdir("fetch-ck");
+  kvdb *db = open_db(dir, 0);
+  ctx c;
+  put_ctx(db, m, &c, 41, NULL);
+  kvdb_score_opts o;
+  kvdb_score_opts_init(&o);
+  o.device = KVDB_SCORE_CPU;
+  uint32_t pos[3] = {5, 70, 290};
+  uint8_t k[3 * 256], v[3 * 256], k2[3 * 256], v2[3 * 256];
+  kv_ckcache *cc = NULL;
+  kvdb_fetch_stats s1, s2;
+  ASSERT_OK(kvdb_get_head_tokens(db, m, &c.key, 1, 2, pos, 3, k, v, &o, NULL));
+  ASSERT_OK(kv_get_head_tokens_cc(db, m, &c.key, 1, 2, pos, 3, k2, v2, &o, &s1, &cc));
+  ASSERT(cc != NULL && memcmp(k, k2, sizeof k) == 0 && memcmp(v, v2, sizeof v) == 0);
+  memset(k2, 0, sizeof k2);
+  memset(v2, 0, sizeof v2);
+  ASSERT_OK(kv_get_head_tokens_cc(db, m, &c.key, 1, 2, pos, 3, k2, v2, &o, &s2, &cc));
+  ASSERT(memcmp(k, k2, sizeof k) == 0 && memcmp(v, v2, sizeof v) == 0);
+  ASSERT(s2.host_bytes < s1.host_bytes && s2.host_blocks == s1.host_blocks);
+  kvdb_close(db);
+  damage(dir, m, &c, 1, 1, 2, 70); /* token 70's group, its table kept */
+  db = open_db(dir, 0);
+  ASSERT_STATUS(KVDB_CORRUPT,
+                kv_get_head_tokens_cc(db, m, &c.key, 1, 2, pos, 3, k2, v2, &o, NULL, &cc));
+  ASSERT_MSG_HAS("checksum mismatch");
+  uint32_t far[2] = {5, 290};
+  ASSERT_OK(kv_get_head_tokens_cc(db, m, &c.key, 1, 2, far, 2, k2, v2, &o, NULL, &cc));
+  kv_ckcache_free(cc);
+  kvdb_close(db);
+  free(c.kv);
+  t_rmdir(dir);
+}
+
 static void test_bad_input(void)
 {
   const kvdb_model *m = &MP;
@@ -381,6 +420,7 @@ int main(void)
   test_tiers(&M0);
   test_compressed();
   test_corrupt();
+  test_checksum_cache();
   test_bad_input();
   printf("test_score_fetch: ok\n");
   return 0;
