@@ -245,6 +245,17 @@ typedef struct kv_codec_params {
   float rope_base;
   unsigned rope_style;
   uint32_t rope_pos0;
+  /* kvquant at 4 or 2 bits, optional (issue 16): per-channel bit allocation (flags bit 3).
+   * Each quantized chunk of `group` rows spends bits x 8 bits per row on every block of 8
+   * channels, split among them by least squared error (0..8 bits a channel: wide channels get
+   * more, near-constant ones fewer); the widths are stored with the chunk's scales.
+   * 0 = off (every channel `bits` wide: codec 5's first layout), 1 = on. */
+  unsigned alloc;
+  /* with alloc, encode only, optional: each channel's sensitivity (head_dim finite floats >= 0,
+   * read, not retained), the weight of its squared error in the allocation — KVQuant's
+   * sensitivity weighting; for K, the mean square of the queries that meet it (calibration
+   * data, never the queries a quality probe uses). NULL = every channel alike. */
+  const float *chan_weight;
 } kv_codec_params;
 
 #define KV_ROPE_ADJACENT 1
