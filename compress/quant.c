@@ -409,7 +409,9 @@ static void alloc_layout(const uint8_t *wb, uint32_t d, unsigned bits, uint8_t *
         w = 0;
       wid[j] = (uint8_t)w;
       pos[j] = bits * j0 + off;
-      int hi = off >= 24; /* then off - 24 + w <= 56 - 24: inside the upper word */
+      /* blocks above 32 bits: a code at off >= 24 is read from bits 24..55 (off - 24 + w <= 32);
+       * blocks of 32 bits or fewer are read whole from their first 32 */
+      int hi = bits > 4 && off >= 24;
       sh[j] = (int32_t)(hi ? off - 24 : off);
       sh[d + j] = (int32_t)((1u << w) - 1u);
       sh[2 * (size_t)d + j] = hi ? -1 : 0;
