@@ -78,12 +78,14 @@
  *     0    1   codec_id       1 raw, 2 zstd-planes, 3 kivi, 4 drop
  *     1    1   version        KV_SECTION_VERSION (1)
  *     2    1   dtype          1 f16, 2 bf16, 3 f32 (= kvdb_dtype)
- *     3    1   flags          bit0 0 = K section, 1 = V section; bits 1..7 reserved, 0
+ *     3    1   flags          bit0 0 = K section, 1 = V section; kvquant: bit 1 pre-RoPE K,
+ *                             bit 2 its half pairs, bit 3 per-channel widths; others 0
  *     4    4   n_tokens       tokens of the original section, 1 .. KV_CODEC_MAX_TOKENS
  *     8    4   head_dim       1 .. KV_CODEC_MAX_HEAD_DIM
  *    12    4   n_rows         rows stored and decoded: n_tokens, or the kept tokens (drop)
  *    16    4   page_tokens    G, rows per group, 1 .. KV_CODEC_MAX_PAGE_TOKENS
- *    20    1   bits           0, or 8 / 4 / 2 (kivi; drop with quantized rows)
+ *    20    1   bits           0, or 8 / 4 / 2 (kivi, kvquant; drop with quantized rows);
+ *                             kvquant with per-channel widths: 1..7, the mean width
  *    21    1   drop_method    0, or 1 knorm / 2 keydiff / 3 snapkv (drop)
  *    22    2   group          quantization group (K: tokens, V: channels); 0 when bits = 0
  *    24    4   residual       last rows kept in full precision (kivi, quantized drop); else 0
