@@ -1152,14 +1152,13 @@ static inline uint64_t load_le_bytes(const uint8_t *b, unsigned n)
 }
 
 KV_AVX2 static KV_INLINE __m256 codes_alloc8(const uint8_t *row, unsigned bits, uint32_t k,
-                                             const uint8_t *end, __m256i sh, __m256i m,
-                                             __m256i sel)
+                                             size_t left, __m256i sh, __m256i m, __m256i sel)
 {
-  const uint8_t *b = row + (size_t)bits * k;
+  const uint8_t *b = row + (size_t)bits * k; /* left: the bytes of the codes from b on */
   __m256i v;
   if (bits <= 4) { /* every code inside bits 0..31 */
     uint32_t w;
-    if (end - b >= 4) {
+    if (left >= 4) {
       memcpy(&w, b, 4); /* little-endian host (x86) */
       if (bits < 4)
         w &= (1u << (8 * bits)) - 1u;
@@ -1169,7 +1168,7 @@ KV_AVX2 static KV_INLINE __m256 codes_alloc8(const uint8_t *row, unsigned bits, 
     v = _mm256_set1_epi32((int32_t)w);
   } else {
     uint64_t w;
-    if (end - b >= 8) {
+    if (left >= 8) {
       memcpy(&w, b, 8);
       w &= ((uint64_t)1 << (8 * bits)) - 1u;
     } else {
@@ -1194,16 +1193,31 @@ KV_AVX2 static KV_INLINE void k_rows_alloc_impl(const uint8_t *codes, size_t row
     __m256i sh = _mm256_loadu_si256((const __m256i *)(const void *)shm);
     __m256i m = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 8));
     __m256i sel = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 16));
-    for (uint32_t r = 0; r < rows; r++) {
-      __m256 y =
-        _mm256_fmadd_ps(codes_alloc8(codes + r * rowpack, bits, 0, end, sh, m, sel), vs, vz);
-      if (tab != NULL)
-        store16(out + r * rowb,
-                rope_apply(rope_f16_round(y, clamp), tab + 16 * (size_t)r, tab + 16 * (size_t)r + 8),
-                nt);
-      else
-        store8c(dt, out + r * rowb, y, nt, clamp);
-    }
+    /* a row is `bits` bytes here; rows [0, fast) have a whole 4- or 8-byte word before end:
+     * their loop needs no check (the last rows go through codes_alloc8's) */
+    uint32_t word = bits <= 4 ? 4 : 8, need = (word + bits - 1) / bits;
+    uint32_t fast = rows >= need ? rows - need + 1 : 0, r = 0;
+#define ALLOC_ROW8(LEFT)                                                                           \
+  do {                                                                                             \
+    __m256 y_ = _mm256_fmadd_ps(codes_alloc8(codes + (size_t)r * bits, bits, 0, LEFT, sh, m, sel), \
+                                vs, vz);                                                           \
+    if (tab != NULL)                                                                               \
+      store16(out + r * rowb,                                                                      \
+              rope_apply(rope_f16_round(y_, clamp), tab + 16 * (size_t)r,                          \
+                         tab + 16 * (size_t)r + 8),                                                \
+              nt);                                                                                 \
+    else                                                                                           \
+      store8c(dt, out + r * rowb, y_, nt, clamp);                                                  \
+  } while (0)
+    if (tab != NULL) /* the same loops twice: tab's test leaves each of them */
+      for (; r < fast; r++)
+        ALLOC_ROW8(8);
+    else
+      for (; r < fast; r++)
+        ALLOC_ROW8(8);
+    for (; r < rows; r++)
+      ALLOC_ROW8((size_t)(rows - r) * bits);
+#undef ALLOC_ROW8
     return;
   }
   for (uint32_t r = 0; r < rows; r++) {
@@ -1212,7 +1226,8 @@ KV_AVX2 static KV_INLINE void k_rows_alloc_impl(const uint8_t *codes, size_t row
       __m256i sh = _mm256_loadu_si256((const __m256i *)(const void *)(shm + k));
       __m256i m = _mm256_loadu_si256((const __m256i *)(const void *)(shm + d + k));
       __m256i sel = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 2 * (size_t)d + k));
-      __m256 y = _mm256_fmadd_ps(codes_alloc8(row, bits, k / 8, end, sh, m, sel),
+      size_t left = (size_t)(end - row) - (size_t)bits * (k / 8);
+      __m256 y = _mm256_fmadd_ps(codes_alloc8(row, bits, k / 8, left, sh, m, sel),
                                  _mm256_loadu_ps(s + k), _mm256_loadu_ps(z + k));
       if (tab != NULL) {
         const float *tc = tab + 2 * (size_t)r * d;
