@@ -672,9 +672,9 @@ kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, c
      * from 0.72 to 0.057) */
     int clipx = info->shape.kind == KV_SECTION_V ? bits <= 4 : bits <= 2;
     /* per-channel widths: every channel's range the least-error one of clip_range() (which
-     * includes [min, max]) at its width, K too: K at 1..3 bits needs it, and on stories260K
-     * (6 contexts, bench_truth.c) the causal metric rose 0.98971 -> 0.99025 at an equal KL
-     * (0.00092 vs 0.00095) */
+     * includes [min, max]) at its width, K too: K at 1..3 bits needs it. On stories260K
+     * (bench_truth.c, 24 contexts) the causal metric rose 0.98992 -> 0.99030, but the model's
+     * KL after the stored context rose too (0.00092 -> 0.00111; bench/RESULTS.md, issue 16) */
     if (q.alloc)
       clipx = 1;
     if (rc == KV_CODEC_OK)
