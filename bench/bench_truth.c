@@ -8,10 +8,14 @@
  * one so the queries of every position are captured (all layers, all query heads, after RoPE);
  * K (after RoPE) and V rounded to f16, as kvdb stores them.
  *
- * int4 targets (one JSON field each): kvquant (codec 5) at 4 bits, K quantized before RoPE
- * (the model's RoPE: llama2.c's adjacent pairs, base 10000), group 128 for K and V, V clipped,
- * the last 8 rows in 8 bit, on each (layer, KV head) section of a whole 512-token context (the unit
- * `compress` measures: a context of one block):
+ * int4 targets (one JSON field each): kvquant (codec 5) with per-channel widths (flags bit 3,
+ * params.alloc), K quantized before RoPE (the model's RoPE: llama2.c's adjacent pairs, base
+ * 10000), K and V per channel in groups of 256 tokens (K 128 on the heads whose plan says so), V
+ * clipped, no residual rows; K's widths weighted by the queries' sensitivity (sens_weights) and
+ * each head's K and V mean widths chosen from calibration contexts (head_plan) under 4.5 bits
+ * per element in all; on each (layer, KV head) section of a whole 512-token context (the unit
+ * `compress` measures: a context of one block). bench/RESULTS.md, issue 16, has the designs
+ * measured on the way (the first int4: uniform 4 bits, group 128, last 8 rows in 8 bit).
  *   int4_bits_per_element    encoded bytes x 8 / elements, headers, scales, zeros and residual
  *                            rows included
  *   int4_quality             the causal metric (codec.h THE CAUSAL METRIC): the model's real
@@ -89,6 +93,9 @@ typedef struct tcfg {
   unsigned sink; /* kvquant: first rows at 8 bits */
   unsigned prerope;     /* kvquant: K quantized before RoPE (the model's: adjacent, base 1e4) */
   unsigned vbits, vgroup; /* V's bits / group when not 0 (else those of K) */
+  unsigned alloc;         /* kvquant: per-channel bit allocation (codec.h params.alloc) */
+  unsigned perhead;       /* with alloc: K and V widths chosen per (layer, KV head) from
+                             calibration contexts (head_plan), the bits/el at most bits + 0.5 */
 } tcfg;
 
 static const tcfg CFGS[] = {
@@ -96,7 +103,7 @@ static const tcfg CFGS[] = {
   {"kivi int4", KV_CODEC_ID_KIVI, 4, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
   {"kivi int2", KV_CODEC_ID_KIVI, 2, 0, 0, KV_DROP_NONE, 0, 0, 0, 0, 0},
   {"kvquant int8", KV_CODEC_ID_KVQUANT, 8, 128, 0, KV_DROP_NONE, 0, 0, 1, 0, 0},
-  {"kvquant int4", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 1, 0, 0},
+  {"kvquant int4 mixed", KV_CODEC_ID_KVQUANT, 4, 256, 0, KV_DROP_NONE, 0, 0, 1, 0, 256, 1, 1},
   {"kvquant int4 post-RoPE", KV_CODEC_ID_KVQUANT, 4, 128, 8, KV_DROP_NONE, 0, 0, 0, 0, 0},
   {"kvquant int4 sink 4", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE, 0, 4, 1, 0, 0},
   {"kvquant K4 g64 V4", KV_CODEC_ID_KVQUANT, 4, 64, 8, KV_DROP_NONE, 0, 0, 1, 4, 128},
@@ -116,7 +123,8 @@ static const tcfg CFGS[] = {
   {"snapkv 50 + kivi int4", KV_CODEC_ID_DROP, 4, 0, 0, KV_DROP_SNAPKV, 500, 0, 0, 0, 0},
 };
 #define N_CFG (sizeof CFGS / sizeof CFGS[0])
-#define INT4_CFG 4 /* the int4 of the targets in CFGS: kvquant, pre-RoPE K, g128, r8 */
+#define INT4_CFG 4 /* the int4 of the targets in CFGS: kvquant, pre-RoPE K, widths per channel,
+                      bits per head, g256, no residual */
 
 /* One context: tokens, the queries of every position, the f16 KV of every position. */
 typedef struct tctx {
@@ -133,6 +141,11 @@ typedef struct truth {
   tctx *ctx;
   void *scratch; /* codec, selection and quality scratch */
   size_t scratch_cap;
+  double *q2;    /* [n_ctx][L][H][d]: per context, the sum over positions and the KV head's
+                    query heads of each channel's squared query (sensitivity weights) */
+  uint8_t *plan; /* [n_ctx][L][H]: the index in PLAN_OPTS of each head's K and V bits (perhead
+                    configs), NULL before head_plan; `forced` >= 0: that option for every head */
+  int forced;
 } truth;
 
 static int tfail(const char *what, int rc)
@@ -140,6 +153,16 @@ static int tfail(const char *what, int rc)
   bench_log("%s: %s: %s", what, refmodel_strerror(rc), refmodel_errmsg());
   return -1;
 }
+
+/* The (K bits, V bits) a perhead config chooses from, per (layer, KV head). */
+static const struct {
+  unsigned kb, vb, kg; /* kg: K's group, 0 = the config's */
+} PLAN_OPTS[] = {{3, 3, 0},   {3, 4, 0},   {4, 3, 0},   {4, 4, 0},   {5, 3, 0},   {5, 4, 0},
+                 {6, 4, 0},   {5, 5, 0},   {6, 5, 0},   {3, 3, 128}, {3, 4, 128}, {4, 3, 128},
+                 {4, 4, 128}, {5, 3, 128}, {5, 4, 128}, {6, 4, 128}, {5, 5, 128}, {6, 5, 128},
+                 {6, 3, 0},   {7, 4, 0},   {4, 5, 0},   {6, 6, 0},   {2, 4, 0},   {3, 5, 0}};
+#define N_PLAN_OPTS (sizeof PLAN_OPTS / sizeof PLAN_OPTS[0])
+#define PLAN_BASE 3 /* (4, 4) */
 
 static uint16_t *sec_of(const truth *t, const tctx *c, uint32_t l, uint32_t h, int kv)
 {
@@ -202,6 +225,50 @@ static uint32_t head_queries(const truth *t, const tctx *c, uint32_t l, uint32_t
   return k;
 }
 
+/*
+ * KVQuant's sensitivity weights for kvquant's bit allocation of K (params.chan_weight): the mean
+ * square of each channel's queries over every position and query head of KV head h of layer l,
+ * in the *other* contexts (calibration data: never the context whose keys are coded, whose
+ * queries are the quality probes), averaged over each RoPE pair (a rotation mixes the pair's
+ * two channels, so only the pair's sum survives every position). w: d floats.
+ */
+static int sens_weights(truth *t, uint32_t ci, uint32_t l, uint32_t h, float *w)
+{
+  uint32_t d = t->d;
+  size_t per = (size_t)t->L * t->H * d;
+  if (t->q2 == NULL) {
+    t->q2 = calloc((size_t)t->n_ctx * per, sizeof *t->q2);
+    if (t->q2 == NULL) {
+      bench_log("out of memory (query weights)");
+      return -1;
+    }
+    size_t qstep = (size_t)t->L * t->QH * d;
+    for (uint32_t c = 0; c < t->n_ctx; c++)
+      for (uint32_t p = 0; p < TR_TOKENS; p++)
+        for (uint32_t ll = 0; ll < t->L; ll++)
+          for (uint32_t qh = 0; qh < t->QH; qh++) {
+            const float *q = t->ctx[c].q + p * qstep + ((size_t)ll * t->QH + qh) * d;
+            double *o = t->q2 + c * per + ((size_t)ll * t->H + qh / t->grp) * d;
+            for (uint32_t j = 0; j < d; j++)
+              o[j] += (double)q[j] * q[j];
+          }
+  }
+  double tot = 0;
+  for (uint32_t j = 0; j < d; j += 2) {
+    double s = 0;
+    for (uint32_t c = 0; c < t->n_ctx; c++)
+      if (c != ci || t->n_ctx == 1) {
+        const double *o = t->q2 + c * per + ((size_t)l * t->H + h) * d;
+        s += o[j] + o[j + 1];
+      }
+    w[j] = w[j + 1] = (float)s;
+    tot += 2 * s;
+  }
+  for (uint32_t j = 0; j < d; j++) /* normalized: mean 1 */
+    w[j] = tot > 0 ? (float)(w[j] * d / tot) : 1.0f;
+  return 0;
+}
+
 /* Encode and decode one head's first n tokens of K and V in config cf: decoded rows into
  * kd/vd, their token positions into rpos, *rows, encoded bytes into *bytes. enc_out (when not
  * NULL, cap enc_cap) keeps the two encoded sections back to back. */
@@ -215,15 +282,31 @@ static int codec_head(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t 
   kv_codec_params p[2];
   kv_codec_err err;
   uint32_t keep[TR_TOKENS], nk = 0;
+  float cw[64];
+  if (cf->alloc && d <= 64 && d % 2 == 0 && sens_weights(t, (uint32_t)(c - t->ctx), l, h, cw) != 0)
+    return -1;
   for (int kv = 0; kv < 2; kv++) {
     kv_codec_params_init(&p[kv]);
     p[kv].bits = cf->bits;
     p[kv].group = cf->id == KV_CODEC_ID_KVQUANT ? cf->group : 0;
     p[kv].residual = cf->residual;
     p[kv].sink = cf->sink;
+    p[kv].alloc = cf->alloc;
+    if (kv == 0 && p[kv].alloc && d <= 64 && d % 2 == 0)
+      p[kv].chan_weight = cw; /* K: the queries' sensitivity (sens_weights) */
   }
   if (cf->vbits)
     p[1].bits = cf->vbits;
+  if (cf->perhead) {
+    uint32_t ci = (uint32_t)(c - t->ctx);
+    int o = t->forced >= 0 ? t->forced
+            : t->plan ? t->plan[((size_t)ci * t->L + l) * t->H + h] : PLAN_BASE;
+    p[0].bits = PLAN_OPTS[o].kb;
+    p[1].bits = PLAN_OPTS[o].vb;
+    if (PLAN_OPTS[o].kg != 0 && PLAN_OPTS[o].kg <= n)
+      p[0].group = PLAN_OPTS[o].kg;
+  }
+
   if (cf->vgroup)
     p[1].group = cf->vgroup;
   const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
@@ -594,6 +677,109 @@ typedef struct int4_fig {
   uint32_t worst_l, worst_h;
 } int4_fig;
 
+/*
+ * Per-head mixed precision (perhead configs; the brief's "spend bits where the metric's error
+ * is"): each (layer, KV head) gets one (K bits, V bits) of PLAN_OPTS. For context ci the choice
+ * is made from the other contexts only (calibration, as KVQuant calibrates offline): the
+ * quality loss of every option on every head, averaged over those contexts, then a Lagrangian
+ * choice (each head the option of least loss + lambda x bytes, lambda bisected) under a byte
+ * budget of (cf->bits + 0.5) bits per element over all heads.
+ */
+static int head_plan(truth *t, const tcfg *cf)
+{
+  uint32_t d = t->d, heads = t->L * t->H, n = TR_TOKENS;
+  size_t no = N_PLAN_OPTS;
+  double *loss = calloc(no * t->n_ctx * heads, sizeof *loss);
+  double *bytes = calloc(no * heads, sizeof *bytes);
+  uint16_t *kd = malloc((size_t)n * d * 2 * 2), *vd = kd ? kd + (size_t)n * d : NULL;
+  t->plan = calloc((size_t)t->n_ctx * heads, 1);
+  uint32_t rpos[TR_TOKENS];
+  int rc = -1;
+  if (!loss || !bytes || !kd || !t->plan) {
+    bench_log("out of memory (head plan)");
+    goto out;
+  }
+  for (size_t o = 0; o < no; o++) {
+    t->forced = (int)o;
+    for (uint32_t ci = 0; ci < t->n_ctx; ci++)
+      for (uint32_t hh = 0; hh < heads; hh++) {
+        uint32_t rows;
+        size_t b;
+        double q;
+        if (codec_head(t, &t->ctx[ci], hh / t->H, hh % t->H, n, cf, kd, vd, rpos, &rows, &b,
+                       NULL, 0, NULL) != 0 ||
+            head_quality(t, &t->ctx[ci], hh / t->H, hh % t->H, n, kd, vd, rpos, rows, &q, NULL,
+                         NULL) != 0)
+          goto out;
+        loss[(o * t->n_ctx + ci) * heads + hh] = 1 - q;
+        bytes[o * heads + hh] = (double)b; /* the same for every context (one shape) */
+      }
+  }
+  t->forced = -1;
+  double budget = (cf->bits + 0.5) / 8.0 * 2.0 * n * d * heads;
+  double *cal = malloc(no * heads * sizeof *cal);
+  if (cal == NULL)
+    goto out;
+  for (uint32_t ci = 0; ci < t->n_ctx; ci++) {
+    for (size_t o = 0; o < no; o++)
+      for (uint32_t hh = 0; hh < heads; hh++) {
+        double s = 0;
+        uint32_t k = 0;
+        for (uint32_t c = 0; c < t->n_ctx; c++)
+          if (c != ci || t->n_ctx == 1) {
+            s += loss[(o * t->n_ctx + c) * heads + hh];
+            k++;
+          }
+        cal[o * heads + hh] = s / k;
+      }
+    double lo = 0, hi = 1; /* lambda: loss per byte */
+    uint8_t *pl = t->plan + (size_t)ci * heads;
+    for (int it = 0; it < 60; it++) {
+      double lam = it == 0 ? 0 : (lo + hi) / 2, tot = 0;
+      for (uint32_t hh = 0; hh < heads; hh++) {
+        size_t best = 0;
+        double bv = HUGE_VAL;
+        for (size_t o = 0; o < no; o++) {
+          double v = cal[o * heads + hh] + lam * bytes[o * heads + hh];
+          if (v < bv) {
+            bv = v;
+            best = o;
+          }
+        }
+        pl[hh] = (uint8_t)best;
+        tot += bytes[best * heads + hh];
+      }
+      if (it == 0 && tot <= budget)
+        break;
+      if (tot <= budget)
+        hi = lam;
+      else
+        lo = lam;
+      if (it == 59) /* end on a plan within the budget: lambda = hi */
+        for (uint32_t hh = 0; hh < heads; hh++) {
+          size_t best = 0;
+          double bv = HUGE_VAL;
+          for (size_t o = 0; o < no; o++) {
+            double v = cal[o * heads + hh] + hi * bytes[o * heads + hh];
+            if (v < bv) {
+              bv = v;
+              best = o;
+            }
+          }
+          pl[hh] = (uint8_t)best;
+        }
+    }
+  }
+  free(cal);
+  rc = 0;
+out:
+  t->forced = -1;
+  free(loss);
+  free(bytes);
+  free(kd);
+  return rc;
+}
+
 static int int4_targets(truth *t, int4_fig *f)
 {
   uint32_t d = t->d, heads = t->L * t->H;
@@ -613,6 +799,8 @@ static int int4_targets(truth *t, int4_fig *f)
   }
   size_t pos = 0, bytes = 0, s = 0;
   f->worst_any = 1;
+  if (CFGS[INT4_CFG].perhead && head_plan(t, &CFGS[INT4_CFG]) != 0)
+    goto out;
   for (uint32_t ci = 0; ci < t->n_ctx; ci++)
     for (uint32_t l = 0; l < t->L; l++)
       for (uint32_t h = 0; h < t->H; h++) {
@@ -713,6 +901,7 @@ int bench_truth(const bench_env *env, bench_json *j)
   truth t;
   memset(&t, 0, sizeof t);
   t.env = env;
+  t.forced = -1;
   if (bench_kvset_inputs(env, bin, tokp, textp, sizeof bin, why, sizeof why) != 0) {
     fprintf(o, "\nint4 targets and quality truth: SKIPPED — %s\n", why);
     bench_json_str(j, "quality_truth_skipped", why);
@@ -851,9 +1040,10 @@ int bench_truth(const bench_env *env, bench_json *j)
             spearman(mv, ma, N_CFG), spearman(mv, mklneg, N_CFG), spc, spk);
   }
 
-  fprintf(o, "\nint4 (kvquant, codec 5: 4 bits, K before RoPE, K and V per channel in groups "
-             "of 128 tokens, V clipped, the last 8 rows in 8 bit) on %u stories260K contexts x %u layers x %u "
-             "KV heads, sections of %u tokens x %u:\n",
+  fprintf(o, "\nint4 (kvquant, codec 5 with per-channel widths: K before RoPE, K and V per channel "
+             "in groups of 256 tokens, V clipped, widths by least error (K's weighted by calibration "
+             "queries), K and V bits per head from calibration contexts, 4.5 bits per element in all) "
+             "on %u stories260K contexts x %u layers x %u KV heads, sections of %u tokens x %u:\n",
           t.n_ctx, t.L, t.H, TR_TOKENS, t.d);
   fprintf(o, "  bits per element %.4f (target <= %.1f: %s)\n", f4.bpe, T_INT4_BPE,
           bench_met(f4.bpe <= T_INT4_BPE));
@@ -925,6 +1115,8 @@ out:
     free(t.ctx[c].kv);
   }
   free(t.ctx);
+  free(t.q2);
+  free(t.plan);
   free(res);
   free(toks);
   free(t.scratch);

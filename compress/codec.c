@@ -115,8 +115,13 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   if (h[1] != KV_SECTION_VERSION)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "unsupported section version", h[1],
                          KV_SECTION_VERSION);
-  if (h[3] & (h[0] == KV_CODEC_ID_KVQUANT && h[3] == 2u + (h[3] & 4u) ? 0xf8u : 0xfeu))
-    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved flag bits set", h[3], 1);
+  /* bit 0 K/V; kvquant: bit 3 per-channel bit allocation, and on K sections bit 1 pre-RoPE
+   * with bit 2 (half pairs) only beside it */
+  uint8_t allowed = 1u;
+  if (h[0] == KV_CODEC_ID_KVQUANT)
+    allowed = (uint8_t)(allowed | 8u | ((h[3] & 3u) == 2u ? 6u : 0u));
+  if (h[3] & (uint8_t)~allowed)
+    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved flag bits set", h[3], allowed);
   if (h[31] != 0 && h[0] != KV_CODEC_ID_KVQUANT) /* kvquant: its sink rows */
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "reserved header byte set", h[31], 0);
 
@@ -137,6 +142,7 @@ kv_codec_status kv_section_parse(const void *src, size_t src_len, kv_section_inf
   p->keep_permille = kv_codec_get_le16(h + 28);
   p->zstd_level = (int8_t)h[30];
   p->sink = h[0] == KV_CODEC_ID_KVQUANT ? h[31] : 0;
+  p->alloc = (h[3] & 8u) ? 1u : 0u;
   if (h[3] & 2u) { /* kvquant pre-RoPE K: the extension after the fixed header */
     if (src_len < KV_SECTION_FIXED_BYTES + KV_SECTION_ROPE_EXT)
       return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "section truncated inside its header", src_len,

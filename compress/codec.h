@@ -78,12 +78,14 @@
  *     0    1   codec_id       1 raw, 2 zstd-planes, 3 kivi, 4 drop
  *     1    1   version        KV_SECTION_VERSION (1)
  *     2    1   dtype          1 f16, 2 bf16, 3 f32 (= kvdb_dtype)
- *     3    1   flags          bit0 0 = K section, 1 = V section; bits 1..7 reserved, 0
+ *     3    1   flags          bit0 0 = K section, 1 = V section; kvquant: bit 1 pre-RoPE K,
+ *                             bit 2 its half pairs, bit 3 per-channel widths; others 0
  *     4    4   n_tokens       tokens of the original section, 1 .. KV_CODEC_MAX_TOKENS
  *     8    4   head_dim       1 .. KV_CODEC_MAX_HEAD_DIM
  *    12    4   n_rows         rows stored and decoded: n_tokens, or the kept tokens (drop)
  *    16    4   page_tokens    G, rows per group, 1 .. KV_CODEC_MAX_PAGE_TOKENS
- *    20    1   bits           0, or 8 / 4 / 2 (kivi; drop with quantized rows)
+ *    20    1   bits           0, or 8 / 4 / 2 (kivi, kvquant; drop with quantized rows);
+ *                             kvquant with per-channel widths: 1..7, the mean width
  *    21    1   drop_method    0, or 1 knorm / 2 keydiff / 3 snapkv (drop)
  *    22    2   group          quantization group (K: tokens, V: channels); 0 when bits = 0
  *    24    4   residual       last rows kept in full precision (kivi, quantized drop); else 0
@@ -245,6 +247,17 @@ typedef struct kv_codec_params {
   float rope_base;
   unsigned rope_style;
   uint32_t rope_pos0;
+  /* kvquant at 4 or 2 bits, optional (issue 16): per-channel bit allocation (flags bit 3).
+   * Each quantized chunk of `group` rows spends bits x 8 bits per row on every block of 8
+   * channels, split among them by least squared error (0..8 bits a channel: wide channels get
+   * more, near-constant ones fewer); the widths are stored with the chunk's scales.
+   * 0 = off (every channel `bits` wide: codec 5's first layout), 1 = on. */
+  unsigned alloc;
+  /* with alloc, encode only, optional: each channel's sensitivity (head_dim finite floats >= 0,
+   * read, not retained), the weight of its squared error in the allocation — KVQuant's
+   * sensitivity weighting; for K, the mean square of the queries that meet it (calibration
+   * data, never the queries a quality probe uses). NULL = every channel alike. */
+  const float *chan_weight;
 } kv_codec_params;
 
 #define KV_ROPE_ADJACENT 1

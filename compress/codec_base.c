@@ -326,8 +326,11 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
   }
 
   if (uses_quant) {
-    if (!bits_ok(p->bits))
-      return KV_CODEC_FAIL(err, code, "bits must be 8, 4 or 2", p->bits, 8);
+    /* kvquant with per-channel widths: bits is the mean width, 1..7 */
+    int alloc_bits = p->alloc == 1 && id == KV_CODEC_ID_KVQUANT && p->bits >= 1 && p->bits <= 7;
+    if (!bits_ok(p->bits) && !alloc_bits)
+      return KV_CODEC_FAIL(err, code, "bits must be 8, 4 or 2 (kvquant with alloc: 1..7)",
+                           p->bits, 8);
     if (p->group == 0 || p->group > 65535)
       return KV_CODEC_FAIL(err, code, "quantization group out of range", p->group, 65535);
     if (percol && p->group > n_rows)
@@ -357,6 +360,16 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
       if ((uint64_t)p->rope_pos0 + s->n_tokens > (1ull << 31))
         return KV_CODEC_FAIL(err, code, "RoPE positions beyond 2^31", p->rope_pos0, 1u << 31);
     }
+    if (p->alloc > 1 || (p->alloc && (id != KV_CODEC_ID_KVQUANT || p->bits == 8)))
+      return KV_CODEC_FAIL(err, code, "bit allocation set other than on kvquant below 8 bits",
+                           p->alloc, 1);
+    if (p->chan_weight != NULL) {
+      if (!p->alloc)
+        return KV_CODEC_FAIL(err, code, "channel weights without bit allocation", 0, 1);
+      for (uint32_t j = 0; j < s->head_dim; j++)
+        if (!(p->chan_weight[j] >= 0.0f && p->chan_weight[j] <= 3.0e38f))
+          return KV_CODEC_FAIL(err, code, "channel weight not finite and >= 0", j, 0);
+    }
     if (p->sink > p->page_tokens || p->sink + p->residual > n_rows)
       return KV_CODEC_FAIL(err, code, "sink rows beyond the first page group or the residual",
                            p->sink, p->page_tokens);
@@ -373,6 +386,9 @@ kv_codec_status kv_codec_validate_config(uint8_t id, const kv_section_shape *s, 
                            0);
     if (p->rope_base != 0 || p->rope_style != 0 || p->rope_pos0 != 0)
       return KV_CODEC_FAIL(err, code, "RoPE set for a codec without quantization", id, 5);
+    if (p->alloc != 0 || p->chan_weight != NULL)
+      return KV_CODEC_FAIL(err, code, "bit allocation set for a codec without quantization",
+                           p->alloc, 0);
   }
 
   if (uses_drop) {

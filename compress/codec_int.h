@@ -179,7 +179,7 @@ static inline uint8_t kv_section_flags(const kv_section_info *info)
 {
   const kv_codec_params *p = &info->params;
   return (uint8_t)((info->shape.kind == KV_SECTION_V ? 1u : 0u) | (p->rope_base != 0 ? 2u : 0u) |
-                   (p->rope_style == KV_ROPE_HALF ? 4u : 0u));
+                   (p->rope_style == KV_ROPE_HALF ? 4u : 0u) | (p->alloc ? 8u : 0u));
 }
 
 /* Rows of group g and its first row. */
@@ -225,6 +225,10 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
                                const uint8_t *src, void *ws, void *dst, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
+/* kvquant with per-channel widths (flags bit 3): checks the widths of groups [g0, g1) of a
+ * parsed section, payload = their bytes (lengths already checked); OK for other sections. */
+kv_codec_status kv_quant_alloc_check(const kv_section_info *info, const uint8_t *payload,
+                                     uint32_t g0, uint32_t g1, kv_codec_err *err);
 /* kvquant's encode scratch: kv_quant_scratch_bytes() plus a page group's rows as floats. */
 size_t kv_kvq_scratch_bytes(uint32_t head_dim, uint32_t page_tokens);
 size_t kv_codec_kvq_bound(const kv_section_shape *shape, const kv_codec_params *p);

@@ -61,6 +61,8 @@ typedef struct qgeom {
   uint32_t n_pairs;    /* scale/zero pairs (kvquant: the residual chunk's d pairs included) */
   int percol;          /* rows quantized per channel in chunks of `group` rows (K; kvquant V too) */
   int res8;            /* kvquant: the residual rows are one 8-bit per-channel chunk, not raw */
+  int alloc;           /* kvquant: per-channel widths in each quantized chunk (flags bit 3) */
+  size_t chb;          /* bytes of a quantized chunk's parameters: 4d, + ceil(d/2) widths */
   size_t rowpack;      /* code bytes per row */
   size_t pairs_bytes, codes_bytes, raw_bytes;
 } qgeom;
@@ -80,11 +82,14 @@ static void geom(const kv_section_info *info, uint32_t g, qgeom *o)
   o->rowpack = ((size_t)d * p->bits + 7) / 8;
   o->percol = info->shape.kind == KV_SECTION_K || kvq;
   o->res8 = kvq && res > 0;
+  o->alloc = kvq && p->alloc;
+  o->chb = 4 * (size_t)d + (o->alloc ? ((size_t)d + 1) / 2 : 0);
+  uint32_t nch = o->percol ? (o->q + p->group - 1) / p->group : 0;
   if (o->percol)
-    o->n_pairs = (o->s ? d : 0) + (o->q + p->group - 1) / p->group * d + (o->res8 ? d : 0);
+    o->n_pairs = (o->s ? d : 0) + nch * d + (o->res8 ? d : 0);
   else
     o->n_pairs = o->q * ((d + p->group - 1) / p->group);
-  o->pairs_bytes = 4 * (size_t)o->n_pairs;
+  o->pairs_bytes = 4 * (size_t)o->n_pairs + (o->chb - 4 * (size_t)d) * nch;
   o->codes_bytes = (size_t)o->s * d + (size_t)o->q * o->rowpack + (kvq ? (size_t)res * d : 0);
   o->raw_bytes = kvq ? 0 : (size_t)res * d * kv_codec_dtype_bytes(info->shape.dtype);
 }
@@ -264,6 +269,158 @@ static void clip_range(const float *buf, uint32_t n, uint32_t d, uint32_t j, uns
 }
 
 /*
+ * kvquant's per-channel bit allocation (flags bit 3, params.alloc; encoder side). A chunk's
+ * channels form blocks of 8 (the last one possibly shorter, n channels); a block's codes take
+ * bits x n bits of every row, split among its channels, 0..8 bits each, so that the chunk's
+ * squared error is least (an exact dynamic program over the block's channels, each channel's
+ * error measured by quantizing it at every width). Channel j's width: nibble j % 2 (low
+ * first) of byte j / 2 of the widths after the chunk's zeros.
+ */
+#define KV_ALLOC_BLOCK 8
+#define KV_ALLOC_MAXW 8
+
+static inline unsigned width_at(const uint8_t *wb, uint32_t j)
+{
+  return (wb[j >> 1] >> ((j & 1u) * 4)) & 15u;
+}
+
+/* Squared error of channel j of n rows (buf, stride d) at w bits; the range in *lo, *hi: w 0 =
+ * the channel's mean rounded to fp16, stored as the zero with scale 0; else [min, max], or
+ * clip_range()'s when clip. */
+static double chan_cost(const float *buf, uint32_t n, uint32_t d, uint32_t j, unsigned w, int clip,
+                        float *lo, float *hi)
+{
+  double e = 0;
+  if (w == 0) {
+    double m = 0;
+    for (uint32_t r = 0; r < n; r++)
+      m += buf[(size_t)r * d + j];
+    float zf = kv_codec_f16_to_f32(kv_codec_f16_rne((float)(m / n)));
+    for (uint32_t r = 0; r < n; r++) {
+      double t = (double)buf[(size_t)r * d + j] - zf;
+      e += t * t;
+    }
+    *lo = *hi = zf;
+    return e;
+  }
+  unsigned maxq = (1u << w) - 1;
+  float mn = INFINITY, mx = -INFINITY;
+  for (uint32_t r = 0; r < n; r++) {
+    float x = buf[(size_t)r * d + j];
+    mn = x < mn ? x : mn;
+    mx = x > mx ? x : mx;
+  }
+  if (clip)
+    clip_range(buf, n, d, j, maxq, &mn, &mx);
+  uint16_t sh, zh;
+  scale_zero(mn, mx, maxq, &sh, &zh);
+  float sf = kv_codec_f16_to_f32(sh), zf = kv_codec_f16_to_f32(zh);
+  double z = zf, inv = sf > 0 ? 1.0 / sf : 0.0;
+  for (uint32_t r = 0; r < n; r++) {
+    float x = buf[(size_t)r * d + j];
+    double t = (double)((float)quantize(x, z, inv, maxq) * sf + zf) - x;
+    e += t * t;
+  }
+  *lo = mn;
+  *hi = mx;
+  return e;
+}
+
+/* Widths of a chunk's channels (n rows in buf) into wb (ceil(d/2) bytes, zeroed here) and each
+ * channel's range at its width into lo/hi. */
+static void alloc_widths(const float *buf, uint32_t n, uint32_t d, unsigned bits, int clip,
+                         const float *wt, float *lo, float *hi, uint8_t *wb)
+{
+  enum { NB = KV_ALLOC_BLOCK, NW = KV_ALLOC_MAXW + 1, MAXB = KV_ALLOC_BLOCK * 7 + 1 };
+  memset(wb, 0, ((size_t)d + 1) / 2);
+  for (uint32_t j0 = 0; j0 < d; j0 += NB) {
+    uint32_t nc = d - j0 < NB ? d - j0 : NB, budget = bits * nc;
+    double cost[NB][NW], best[NB + 1][MAXB];
+    float rl[NB][NW], rh[NB][NW];
+    unsigned char pick[NB][MAXB];
+    for (uint32_t c = 0; c < nc; c++)
+      for (unsigned w = 0; w < NW; w++)
+        cost[c][w] = chan_cost(buf, n, d, j0 + c, w, clip, &rl[c][w], &rh[c][w]) *
+                     (wt ? (double)wt[j0 + c] : 1.0);
+    for (uint32_t b = 0; b <= budget; b++)
+      best[0][b] = b == 0 ? 0 : HUGE_VAL;
+    for (uint32_t c = 0; c < nc; c++)
+      for (uint32_t b = 0; b <= budget; b++) {
+        best[c + 1][b] = HUGE_VAL;
+        pick[c][b] = 0;
+        for (unsigned w = 0; w < NW && w <= b; w++) {
+          double v = best[c][b - w] + cost[c][w];
+          if (v < best[c + 1][b]) {
+            best[c + 1][b] = v;
+            pick[c][b] = (unsigned char)w;
+          }
+        }
+      }
+    uint32_t b = budget; /* reachable: budget <= 7 nc <= 8 nc */
+    for (uint32_t c = nc; c-- > 0;) {
+      unsigned w = pick[c][b];
+      uint32_t j = j0 + c;
+      wb[j >> 1] = (uint8_t)(wb[j >> 1] | (w << ((j & 1u) * 4)));
+      lo[j] = rl[c][w];
+      hi[j] = rh[c][w];
+      b -= w;
+    }
+  }
+}
+
+/* Code c of w bits at bit pos of a row (low bits first; w <= 8, so at most two bytes). */
+static inline void put_bits(uint8_t *row, size_t pos, unsigned w, unsigned c)
+{
+  if (w == 0)
+    return;
+  size_t b = pos >> 3;
+  unsigned sh = (unsigned)(pos & 7u);
+  row[b] = (uint8_t)(row[b] | (c << sh));
+  if (sh + w > 8)
+    row[b + 1] = (uint8_t)(row[b + 1] | (c >> (8 - sh)));
+}
+
+static inline unsigned get_bits(const uint8_t *row, size_t pos, unsigned w)
+{
+  if (w == 0)
+    return 0;
+  size_t b = pos >> 3;
+  unsigned sh = (unsigned)(pos & 7u), v = (unsigned)row[b] >> sh;
+  if (sh + w > 8)
+    v |= (unsigned)row[b + 1] << (8 - sh);
+  return v & ((1u << w) - 1u);
+}
+
+/*
+ * The decoder's view of a chunk's widths: each channel's width and bit offset in its row
+ * (pos), and, for the AVX2 kernels, which 32-bit word of its block holds it (sh[2d + j]: 0 =
+ * the block's bits 0..31, -1 = bits 24..55), its shift inside that word (sh[j]) and its mask
+ * (sh[d + j]). A width above 8, or one that would run past its block's bits x n bits, decodes
+ * as width 0 (kv_quant_alloc_check rejects such sections first).
+ */
+static void alloc_layout(const uint8_t *wb, uint32_t d, unsigned bits, uint8_t *wid,
+                         uint32_t *pos, int32_t *sh)
+{
+  for (uint32_t j0 = 0; j0 < d; j0 += KV_ALLOC_BLOCK) {
+    uint32_t nc = d - j0 < KV_ALLOC_BLOCK ? d - j0 : KV_ALLOC_BLOCK, budget = bits * nc, off = 0;
+    for (uint32_t j = j0; j < j0 + nc; j++) {
+      unsigned w = width_at(wb, j);
+      if (w > KV_ALLOC_MAXW || off + w > budget)
+        w = 0;
+      wid[j] = (uint8_t)w;
+      pos[j] = bits * j0 + off;
+      /* blocks above 32 bits: a code at off >= 24 is read from bits 24..55 (off - 24 + w <= 32);
+       * blocks of 32 bits or fewer are read whole from their first 32 */
+      int hi = bits > 4 && off >= 24;
+      sh[j] = (int32_t)(hi ? off - 24 : off);
+      sh[d + j] = (int32_t)((1u << w) - 1u);
+      sh[2 * (size_t)d + j] = hi ? -1 : 0;
+      off += w;
+    }
+  }
+}
+
+/*
  * kvquant's pre-RoPE keys. The pair (a, b) of frequency i (adjacent: channels 2i, 2i+1; half:
  * i, i + d/2) of the row at token position p is rotated by the angle p * base^(-2i/d), in
  * double: encode un-rotates each row with cos/sin of its own angle (rope_unrotate), decode
@@ -404,29 +561,33 @@ static const float *rope_table(kv_codec_dctx *ctx, const kv_codec_params *p, uin
  * Rows [rel0, rel0 + nrows) of group q (relative to its first row) quantized per channel in
  * chunks of `group` rows: per chunk d scales then d zeros at `pairs`, codes at `codes`, one
  * row of rowpack bytes after another. clip: choose each range by clip_range() (needs the
- * chunk's rows as floats in ws: kv_kvq_scratch_bytes()); else min/max (KIVI's K).
+ * chunk's rows as floats in ws: kv_kvq_scratch_bytes()); else min/max (KIVI's K). alloc:
+ * per-channel widths (alloc_widths), stored after each chunk's zeros.
  */
 static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8,
                                   const uint32_t *row_map, uint32_t r0, uint32_t nrows,
-                                  uint32_t group, unsigned bits, int clip, uint8_t *pairs,
-                                  uint8_t *codes, size_t rowpack, void *ws, kv_codec_err *err)
+                                  uint32_t group, unsigned bits, int clip, int alloc,
+                                  uint8_t *pairs, uint8_t *codes, size_t rowpack, void *ws,
+                                  kv_codec_err *err)
 {
   uint32_t d = info->shape.head_dim;
   unsigned maxq = (1u << bits) - 1;
   float *x = ws, *mn = x + d, *mx = mn + d, *zf = mx + d;
   double *inv = (double *)(void *)(zf + d); /* 16*d bytes in: 8-aligned, ws is 64-aligned */
   float *buf = (float *)(void *)((uint8_t *)ws + 8 * sizeof(float) * (size_t)d + 64);
+  size_t chb = 4 * (size_t)d + (alloc ? ((size_t)d + 1) / 2 : 0);
+  int buffered = clip || alloc;
   kv_codec_status rc;
   memset(codes, 0, (size_t)nrows * rowpack);
   for (uint32_t c0 = 0; c0 < nrows; c0 += group) {
     uint32_t c1 = c0 + group < nrows ? c0 + group : nrows;
-    uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
+    uint8_t *cp = pairs + (size_t)(c0 / group) * chb, *wb = cp + 4 * (size_t)d;
     for (uint32_t j = 0; j < d; j++) {
       mn[j] = INFINITY;
       mx[j] = -INFINITY;
     }
     for (uint32_t r = c0; r < c1; r++) {
-      float *xr = clip ? buf + (size_t)(r - c0) * d : x;
+      float *xr = buffered ? buf + (size_t)(r - c0) * d : x;
       if ((rc = load_row(info, s8, row_map, r0 + r, xr, err)) != KV_CODEC_OK)
         return rc;
       if (info->params.rope_base != 0)
@@ -436,12 +597,20 @@ static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8
         mx[j] = xr[j] > mx[j] ? xr[j] : mx[j];
       }
     }
-    if (clip)
+    if (alloc)
+      alloc_widths(buf, c1 - c0, d, bits, clip, info->params.chan_weight, mn, mx, wb);
+    else if (clip)
       for (uint32_t j = 0; j < d; j++)
         clip_range(buf, c1 - c0, d, j, maxq, &mn[j], &mx[j]);
     for (uint32_t j = 0; j < d; j++) {
       uint16_t sh, zh;
-      scale_zero(mn[j], mx[j], maxq, &sh, &zh);
+      unsigned w = alloc ? width_at(wb, j) : bits;
+      if (w == 0) { /* a constant channel: its mean as the zero, scale 0 */
+        sh = 0;
+        zh = kv_codec_f16_rne(mn[j]);
+      } else {
+        scale_zero(mn[j], mx[j], (1u << w) - 1, &sh, &zh);
+      }
       kv_codec_put_le16(cp + 2 * (size_t)j, sh);                 /* scales[d] */
       kv_codec_put_le16(cp + 2 * (size_t)d + 2 * (size_t)j, zh); /* then zeros[d] */
       float sf = kv_codec_f16_to_f32(sh);
@@ -450,14 +619,25 @@ static kv_codec_status enc_percol(const kv_section_info *info, const uint8_t *s8
     }
     for (uint32_t r = c0; r < c1; r++) {
       const float *xr = x;
-      if (clip)
+      if (buffered)
         xr = buf + (size_t)(r - c0) * d;
       else if (load_row(info, s8, row_map, r0 + r, x, NULL) == KV_CODEC_OK && /* checked above */
                info->params.rope_base != 0)
         rope_unrotate(&info->params, d, info->params.rope_pos0 + r0 + r, x);
       uint8_t *row = codes + (size_t)r * rowpack;
-      for (uint32_t j = 0; j < d; j++)
-        put_code(row, bits, j, quantize(xr[j], zf[j], inv[j], maxq));
+      if (alloc) {
+        size_t pos = 0; /* block k starts at bit bits * 8k: the widths of a block fill it */
+        for (uint32_t j = 0; j < d; j++) {
+          unsigned w = width_at(wb, j);
+          if (j % KV_ALLOC_BLOCK == 0)
+            pos = (size_t)bits * j;
+          put_bits(row, pos, w, quantize(xr[j], zf[j], inv[j], (1u << w) - 1));
+          pos += w;
+        }
+      } else {
+        for (uint32_t j = 0; j < d; j++)
+          put_code(row, bits, j, quantize(xr[j], zf[j], inv[j], maxq));
+      }
     }
   }
   return KV_CODEC_OK;
@@ -485,23 +665,29 @@ kv_codec_status kv_quant_encode_group(const kv_section_info *info, uint32_t g, c
   if (info->codec_id == KV_CODEC_ID_KVQUANT) { /* [sink][quantized rows][residual] */
     uint32_t nch = (q.q + p->group - 1) / p->group, qe = q.s + q.q;
     size_t sp = q.s ? 4 * (size_t)d : 0, sc = (size_t)q.s * d;
-    rc = q.s ? enc_percol(info, s8, row_map, q.r0, q.s, q.s, 8, 0, pairs, codes, d, ws, err)
+    rc = q.s ? enc_percol(info, s8, row_map, q.r0, q.s, q.s, 8, 0, 0, pairs, codes, d, ws, err)
              : KV_CODEC_OK;
     /* clipping: V at 4 and 2 bits, K at 2 bits only (measured on stories260K, bench_truth.c:
      * clipping K at 4 bits raised the model's KL from 0.00100 to 0.00187, at 2 bits it cut it
      * from 0.72 to 0.057) */
     int clipx = info->shape.kind == KV_SECTION_V ? bits <= 4 : bits <= 2;
+    /* per-channel widths: every channel's range the least-error one of clip_range() (which
+     * includes [min, max]) at its width, K too: K at 1..3 bits needs it. On stories260K
+     * (bench_truth.c, 24 contexts) the causal metric rose 0.98992 -> 0.99030, but the model's
+     * KL after the stored context rose too (0.00092 -> 0.00111; bench/RESULTS.md, issue 16) */
+    if (q.alloc)
+      clipx = 1;
     if (rc == KV_CODEC_OK)
-      rc = enc_percol(info, s8, row_map, q.r0 + q.s, q.q, p->group, bits, clipx, pairs + sp,
-                      codes + sc, q.rowpack, ws, err);
+      rc = enc_percol(info, s8, row_map, q.r0 + q.s, q.q, p->group, bits, clipx, q.alloc,
+                      pairs + sp, codes + sc, q.rowpack, ws, err);
     if (rc == KV_CODEC_OK && q.res8)
-      rc = enc_percol(info, s8, row_map, q.r0 + qe, q.t - qe, q.t - qe, 8, 0,
-                      pairs + sp + 4 * (size_t)nch * d, codes + sc + (size_t)q.q * q.rowpack, d,
+      rc = enc_percol(info, s8, row_map, q.r0 + qe, q.t - qe, q.t - qe, 8, 0, 0,
+                      pairs + sp + (size_t)nch * q.chb, codes + sc + (size_t)q.q * q.rowpack, d,
                       ws, err);
     return rc;
   }
   if (info->shape.kind == KV_SECTION_K) {
-    rc = enc_percol(info, s8, row_map, q.r0, q.q, p->group, bits, 0, pairs, codes, q.rowpack,
+    rc = enc_percol(info, s8, row_map, q.r0, q.q, p->group, bits, 0, 0, pairs, codes, q.rowpack,
                     ws, err);
     if (rc != KV_CODEC_OK)
       return rc;
@@ -947,6 +1133,115 @@ KV_AVX2 static void k_rows_rope_avx2(const uint8_t *codes, size_t rowpack, uint3
 }
 
 /*
+ * kvquant with per-channel widths (flags bit 3), d % 8 == 0: block k of a row is the `bits`
+ * bytes at byte bits x k; each channel's code is (word >> sh) & mask, word = the block's bits
+ * 0..31 or 24..55 (alloc_layout: shifts, masks, word selects at shm, + d, + 2d), so a row of
+ * head_dim 8 is a broadcast (two and a blend above 4 bits), a variable shift and an and:
+ * kivi's cost. bits is a constant in every instance (k_rows_alloc_avx2). A block is loaded
+ * as a whole 4- or 8-byte word (then masked to its bits bytes) wherever that many bytes remain
+ * before end, the end of the codes: a load of exactly 3, 5, 6 or 7 bytes goes through the stack
+ * and stalls its store forwarding (measured: 1.4 GB/s instead of 11); the last rows gather
+ * their bytes in a register. tab (f16 only): pre-RoPE K rotated as k_rows_rope_impl does.
+ */
+static inline uint64_t load_le_bytes(const uint8_t *b, unsigned n)
+{
+  uint64_t w = 0;
+  for (unsigned i = 0; i < n; i++)
+    w |= (uint64_t)b[i] << (8 * i);
+  return w;
+}
+
+KV_AVX2 static KV_INLINE __m256 codes_alloc8(const uint8_t *row, unsigned bits, uint32_t k,
+                                             size_t left, __m256i sh, __m256i m, __m256i sel)
+{
+  const uint8_t *b = row + (size_t)bits * k; /* left: the bytes of the codes from b on */
+  __m256i v;
+  if (bits <= 4) { /* every code inside bits 0..31 */
+    uint32_t w;
+    if (left >= 4) {
+      memcpy(&w, b, 4); /* little-endian host (x86) */
+      if (bits < 4)
+        w &= (1u << (8 * bits)) - 1u;
+    } else {
+      w = (uint32_t)load_le_bytes(b, bits);
+    }
+    v = _mm256_set1_epi32((int32_t)w);
+  } else {
+    uint64_t w;
+    if (left >= 8) {
+      memcpy(&w, b, 8);
+      w &= ((uint64_t)1 << (8 * bits)) - 1u;
+    } else {
+      w = load_le_bytes(b, bits);
+    }
+    v = _mm256_blendv_epi8(_mm256_set1_epi32((int32_t)(uint32_t)w),
+                           _mm256_set1_epi32((int32_t)(uint32_t)(w >> 24)), sel);
+  }
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, sh), m));
+}
+
+KV_AVX2 static KV_INLINE void k_rows_alloc_impl(const uint8_t *codes, size_t rowpack,
+                                                uint32_t rows, uint32_t d, unsigned bits,
+                                                const float *s, const float *z, const int32_t *shm,
+                                                const float *tab, kv_codec_dtype dt, uint8_t *out,
+                                                size_t rowb, int nt, int clamp)
+{
+  size_t es = dt == KV_CODEC_F32 ? 4 : 2;
+  const uint8_t *end = codes + (size_t)rows * rowpack;
+  if (d == 8) {
+    __m256 vs = _mm256_loadu_ps(s), vz = _mm256_loadu_ps(z);
+    __m256i sh = _mm256_loadu_si256((const __m256i *)(const void *)shm);
+    __m256i m = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 8));
+    __m256i sel = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 16));
+    /* a row is `bits` bytes here; rows [0, fast) have a whole 4- or 8-byte word before end:
+     * their loop needs no check (the last rows go through codes_alloc8's) */
+    uint32_t word = bits <= 4 ? 4 : 8, need = (word + bits - 1) / bits;
+    uint32_t fast = rows >= need ? rows - need + 1 : 0, r = 0;
+#define ALLOC_ROW8(LEFT)                                                                           \
+  do {                                                                                             \
+    __m256 y_ = _mm256_fmadd_ps(codes_alloc8(codes + (size_t)r * bits, bits, 0, LEFT, sh, m, sel), \
+                                vs, vz);                                                           \
+    if (tab != NULL)                                                                               \
+      store16(out + r * rowb,                                                                      \
+              rope_apply(rope_f16_round(y_, clamp), tab + 16 * (size_t)r,                          \
+                         tab + 16 * (size_t)r + 8),                                                \
+              nt);                                                                                 \
+    else                                                                                           \
+      store8c(dt, out + r * rowb, y_, nt, clamp);                                                  \
+  } while (0)
+    if (tab != NULL) /* the same loops twice: tab's test leaves each of them */
+      for (; r < fast; r++)
+        ALLOC_ROW8(8);
+    else
+      for (; r < fast; r++)
+        ALLOC_ROW8(8);
+    for (; r < rows; r++)
+      ALLOC_ROW8((size_t)(rows - r) * bits);
+#undef ALLOC_ROW8
+    return;
+  }
+  for (uint32_t r = 0; r < rows; r++) {
+    const uint8_t *row = codes + r * rowpack;
+    for (uint32_t k = 0; k < d; k += 8) {
+      __m256i sh = _mm256_loadu_si256((const __m256i *)(const void *)(shm + k));
+      __m256i m = _mm256_loadu_si256((const __m256i *)(const void *)(shm + d + k));
+      __m256i sel = _mm256_loadu_si256((const __m256i *)(const void *)(shm + 2 * (size_t)d + k));
+      size_t left = (size_t)(end - row) - (size_t)bits * (k / 8);
+      __m256 y = _mm256_fmadd_ps(codes_alloc8(row, bits, k / 8, left, sh, m, sel),
+                                 _mm256_loadu_ps(s + k), _mm256_loadu_ps(z + k));
+      if (tab != NULL) {
+        const float *tc = tab + 2 * (size_t)r * d;
+        store16(out + r * rowb + 2 * (size_t)k,
+                rope_apply(rope_f16_round(y, clamp), tc + k, tc + d + k), nt);
+      } else {
+        store8c(dt, out + r * rowb + k * es, y, nt, clamp);
+      }
+    }
+  }
+}
+
+
+/*
  * V: `rows` rows, each with ng (scale, zero) pairs of `group` channels (group % 8 == 0), the
  * pairs of a row fp16 [ng scales][ng zeros]; channels [j0, j0 + len/8*8) of every group.
  * One pair per row of 8 channels (head_dim 8): eight rows' pairs are widened at once and
@@ -1034,6 +1329,49 @@ KV_AVX2 static void v_rows_avx2(const uint8_t *codes, size_t rowpack, const uint
 #undef V_CALL
 }
 
+KV_AVX2 static void k_rows_alloc_avx2(const uint8_t *codes, size_t rowpack, uint32_t rows,
+                                      uint32_t d, unsigned bits, const float *s, const float *z,
+                                      const int32_t *shm, const float *tab, kv_codec_dtype dt,
+                                      uint8_t *out, size_t rowb, int nt)
+{
+  /* codes <= 255 (widths <= 8): the 8-bit check covers every width */
+  int clamp = !no_clamp_avx2(s, z, d, 8);
+  if (tab != NULL)
+    dt = KV_CODEC_F16;
+  /* one instance per (bits, dtype, streaming stores, clamp): constants inside */
+#define KA_CALL(B, DT, NT)                                                                         \
+  do {                                                                                             \
+    if (clamp)                                                                                     \
+      k_rows_alloc_impl(codes, rowpack, rows, d, B, s, z, shm, tab, DT, out, rowb, NT, 1);         \
+    else                                                                                           \
+      k_rows_alloc_impl(codes, rowpack, rows, d, B, s, z, shm, tab, DT, out, rowb, NT, 0);         \
+  } while (0)
+#define KA_DT(B)                                                                                   \
+  do {                                                                                             \
+    switch ((unsigned)dt * 2 + (nt ? 1u : 0u)) {                                                   \
+    case KV_CODEC_F16 * 2: KA_CALL(B, KV_CODEC_F16, 0); break;                                     \
+    case KV_CODEC_F16 * 2 + 1: KA_CALL(B, KV_CODEC_F16, 1); break;                                 \
+    case KV_CODEC_BF16 * 2: KA_CALL(B, KV_CODEC_BF16, 0); break;                                   \
+    case KV_CODEC_BF16 * 2 + 1: KA_CALL(B, KV_CODEC_BF16, 1); break;                               \
+    case KV_CODEC_F32 * 2: KA_CALL(B, KV_CODEC_F32, 0); break;                                     \
+    case KV_CODEC_F32 * 2 + 1: KA_CALL(B, KV_CODEC_F32, 1); break;                                 \
+    default: break;                                                                                \
+    }                                                                                              \
+  } while (0)
+  switch (bits) {
+  case 1: KA_DT(1); break;
+  case 2: KA_DT(2); break;
+  case 3: KA_DT(3); break;
+  case 4: KA_DT(4); break;
+  case 5: KA_DT(5); break;
+  case 6: KA_DT(6); break;
+  case 7: KA_DT(7); break;
+  default: break;
+  }
+#undef KA_DT
+#undef KA_CALL
+}
+
 /* One span of one row with one (sb, zb) pair: returns the channels done (see deq_blocks). */
 KV_AVX2 static uint32_t span_avx2(const uint8_t *codes, unsigned bits, uint32_t j0, uint32_t len,
                                   float sb, float zb, kv_codec_dtype dt, uint8_t *out_row, int nt)
@@ -1075,17 +1413,36 @@ static void halves(const uint8_t *src, uint32_t n, float *dst, int simd)
 
 /* Rows quantized per channel in chunks of `group` rows (enc_percol's layout) into out. */
 /* tab (not NULL only on the AVX2 path, f16, d % 8 == 0): the rows' RoPE table (rope_table,
- * from these rows' first), rows rotated as they are dequantized. */
+ * from these rows' first), rows rotated as they are dequantized. alloc: per-channel widths
+ * after each chunk's zeros; shm (2d int32), pos (d u32), wid (d bytes): their layout. */
 static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpack, uint32_t nrows,
                        uint32_t group, unsigned bits, uint32_t d, kv_codec_dtype dt, uint8_t *out,
                        size_t rowb, int simd, int nt, float *tmp, float *s, float *z, uint8_t *u8,
-                       const float *tab)
+                       const float *tab, int alloc, int32_t *shm, uint32_t *pos, uint8_t *wid)
 {
+  size_t chb = 4 * (size_t)d + (alloc ? ((size_t)d + 1) / 2 : 0);
   for (uint32_t c0 = 0; c0 < nrows; c0 += group) {
     uint32_t c1 = c0 + group < nrows ? c0 + group : nrows;
-    const uint8_t *cp = pairs + 4 * (size_t)(c0 / group) * d;
+    const uint8_t *cp = pairs + (size_t)(c0 / group) * chb;
     halves(cp, d, s, simd);
     halves(cp + 2 * (size_t)d, d, z, simd);
+    if (alloc) {
+      alloc_layout(cp + 4 * (size_t)d, d, bits, wid, pos, shm);
+#if KV_QUANT_X86
+      if (simd && d % 8 == 0) {
+        k_rows_alloc_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z, shm,
+                          tab ? tab + 2 * (size_t)c0 * d : NULL, dt, out + c0 * rowb, rowb, nt);
+        continue;
+      }
+#endif
+      for (uint32_t r = c0; r < c1; r++) {
+        const uint8_t *row = codes + (size_t)r * rowpack;
+        for (uint32_t j = 0; j < d; j++)
+          u8[j] = (uint8_t)get_bits(row, pos[j], wid[j]);
+        deq_span_portable(u8, 8, 0, d, s, z, 0, 0, dt, out + r * rowb, tmp, NULL);
+      }
+      continue;
+    }
     uint32_t done = 0; /* channels [0, done) decoded by the SIMD kernel */
 #if KV_QUANT_X86
     if (simd && tab != NULL) {
@@ -1126,7 +1483,10 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
   geom(info, g, &q);
   const uint8_t *pairs = src, *codes = src + q.pairs_bytes, *raw = codes + q.codes_bytes;
   float *tmp = ws, *s = tmp + d, *z = s + d;
-  uint8_t *u8 = (uint8_t *)(z + d); /* d bytes of unpacked codes (scratch holds 8d floats) */
+  uint8_t *u8 = (uint8_t *)(z + d); /* d bytes of unpacked codes (scratch holds 16d floats) */
+  int32_t *shm = (int32_t *)(void *)(tmp + 4 * (size_t)d); /* alloc: shifts, masks, selects */
+  uint32_t *apos = (uint32_t *)(void *)(tmp + 7 * (size_t)d); /* d bit offsets */
+  uint8_t *wid = (uint8_t *)(tmp + 8 * (size_t)d);             /* d widths */
   uint8_t *out = dst;
   /* streaming stores need every 8-element block 16-byte aligned: dst and the rows */
   int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0;
@@ -1145,14 +1505,16 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
     (void)ctx;
 #endif
     if (q.s) /* kvquant: the sink rows, one 8-bit chunk */
-      dec_percol(pairs, codes, d, q.s, q.s, 8, d, dt, out, rowb, simd, nt, tmp, s, z, u8, tab);
+      dec_percol(pairs, codes, d, q.s, q.s, 8, d, dt, out, rowb, simd, nt, tmp, s, z, u8, tab, 0,
+                 shm, apos, wid);
     dec_percol(pairs + sp, codes + sc, q.rowpack, q.q, group, bits, d, dt, out + (size_t)q.s * rowb,
-               rowb, simd, nt, tmp, s, z, u8, tab ? tab + 2 * (size_t)q.s * d : NULL);
+               rowb, simd, nt, tmp, s, z, u8, tab ? tab + 2 * (size_t)q.s * d : NULL, q.alloc, shm,
+               apos, wid);
     if (q.res8) { /* kvquant: the residual rows, one 8-bit chunk */
       uint32_t nch = (q.q + group - 1) / group;
-      dec_percol(pairs + sp + 4 * (size_t)nch * d, codes + sc + (size_t)q.q * q.rowpack, d,
+      dec_percol(pairs + sp + (size_t)nch * q.chb, codes + sc + (size_t)q.q * q.rowpack, d,
                  q.t - qe, q.t - qe, 8, d, dt, out + (size_t)qe * rowb, rowb, simd, nt, tmp, s, z,
-                 u8, tab ? tab + 2 * (size_t)qe * d : NULL);
+                 u8, tab ? tab + 2 * (size_t)qe * d : NULL, 0, shm, apos, wid);
     }
     if (tab != NULL)
       return; /* rotated already */
@@ -1213,6 +1575,43 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
     }
   }
   kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+}
+
+/* kvquant with per-channel widths: every width of groups [g0, g1) (payload: their bytes) is
+ * 0..8 and every block's widths sum to at most bits x its channels. */
+kv_codec_status kv_quant_alloc_check(const kv_section_info *info, const uint8_t *payload,
+                                     uint32_t g0, uint32_t g1, kv_codec_err *err)
+{
+  uint32_t d = info->shape.head_dim;
+  const uint8_t *in = payload;
+  for (uint32_t g = g0; g < g1; g++) {
+    qgeom q;
+    geom(info, g, &q);
+    if (!q.alloc)
+      return KV_CODEC_OK; /* a section's groups all have it or none */
+    uint32_t nch = (q.q + info->params.group - 1) / info->params.group;
+    const uint8_t *cp = in + (q.s ? 4 * (size_t)d : 0);
+    for (uint32_t c = 0; c < nch; c++) {
+      const uint8_t *wb = cp + (size_t)c * q.chb + 4 * (size_t)d;
+      for (uint32_t j0 = 0; j0 < d; j0 += KV_ALLOC_BLOCK) {
+        uint32_t nc = d - j0 < KV_ALLOC_BLOCK ? d - j0 : KV_ALLOC_BLOCK, sum = 0;
+        for (uint32_t j = j0; j < j0 + nc; j++) {
+          unsigned w = width_at(wb, j);
+          if (w > KV_ALLOC_MAXW)
+            return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "channel width above 8 bits", w,
+                                 KV_ALLOC_MAXW);
+          sum += w;
+        }
+        if (sum > info->params.bits * nc)
+          return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "channel widths exceed their block's bits",
+                               sum, info->params.bits * nc);
+      }
+      if (d % 2 != 0 && (wb[d / 2] >> 4) != 0)
+        return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "width padding bits set", wb[d / 2], 0);
+    }
+    in += kv_quant_group_bytes(info, g);
+  }
+  return KV_CODEC_OK;
 }
 
 /* ---- the kivi codec ---------------------------------------------------------------------------- */
@@ -1299,6 +1698,9 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   const uint8_t *in = payload;
   uint8_t *out = dst;
   size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  kv_codec_status rc = kv_quant_alloc_check(info, payload, g0, g1, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
   int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
     kv_quant_decode_group_ctx(ctx, info, g, in, ws, out, stream ? 2 : 1);

@@ -5,11 +5,12 @@
  * Input: 5 config bytes, then elements (little-endian):
  *   [0] dtype = b % 3 + 1          [1] head_dim = b % 64 + 1
  *   [2] page_tokens (0 = default)  [3] zstd level = b % 23 (0 = default)
- *   [4] bit0 V section, bits 1..2 kivi bits (0,1 -> 8, 2 -> 4, 3 -> 2), bit 4 residual of 3 rows
+ *   [4] bit0 V section, bits 1..2 kivi bits (0,1 -> 8, 2 -> 4, 3 -> 2), bit 4 residual of 3 rows,
+ *       bit 5 kvquant with per-channel widths (mean width [3] % 7 + 1), bit 6 its K pre-RoPE
  * n_tokens = the whole elements that follow (at least one row).
  * Checks: raw and zstd-planes round trip bit for bit (NaN payloads too) and encode the same
- * bytes twice; kivi, when every value is finite and within the fp16 range, encodes to exactly
- * bound() bytes and decodes; knorm selection + the drop codec return exactly the kept rows.
+ * bytes twice; kivi and kvquant (codec 5, with or without per-channel widths), when every
+ * value is finite and within the fp16 range, encode to exactly bound() bytes and decode; knorm selection + the drop codec return exactly the kept rows.
  * Any violation aborts.
  */
 #include <math.h>
@@ -42,7 +43,7 @@ static uint8_t *roundtrip(unsigned id, const kv_section_shape *s, const void *sr
   uint8_t *enc = xmalloc(bound), *enc2 = xmalloc(bound), *scratch = xmalloc(scr);
   size_t n, n2;
   kv_codec_status rc = c->encode(s, src, len, p, scratch, scr, enc, bound, &n, &err);
-  if (rc == KV_CODEC_EINVAL && id == KV_CODEC_ID_KIVI) {
+  if (rc == KV_CODEC_EINVAL && (id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT)) {
     free(enc);
     free(enc2);
     free(scratch);
@@ -50,8 +51,8 @@ static uint8_t *roundtrip(unsigned id, const kv_section_shape *s, const void *sr
   }
   if (rc != KV_CODEC_OK || n > bound)
     abort();
-  if (id == KV_CODEC_ID_KIVI && n != bound)
-    abort(); /* kivi sizes are exact */
+  if ((id == KV_CODEC_ID_KIVI || id == KV_CODEC_ID_KVQUANT) && n != bound)
+    abort(); /* kivi and kvquant sizes are exact */
   if (c->encode(s, src, len, p, scratch, scr, enc2, bound, &n2, &err) != KV_CODEC_OK || n2 != n ||
       memcmp(enc, enc2, n) != 0)
     abort(); /* deterministic */
@@ -113,6 +114,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       abort();
     if (q.residual && memcmp(dec + len - 3 * row, src + len - 3 * row, 3 * row) != 0)
       abort(); /* residual rows are exact */
+    free(dec);
+  }
+
+  /* kvquant (default group and pages), uniform or with per-channel widths */
+  kv_codec_params k;
+  kv_codec_params_init(&k);
+  k.bits = q.bits;
+  k.residual = q.residual;
+  if (data[4] & 0x20) {
+    k.alloc = 1;
+    k.bits = data[3] % 7u + 1;
+  }
+  if ((data[4] & 0x40) && s.kind == KV_SECTION_K && d % 2 == 0) {
+    k.rope_base = 10000.0f;
+    k.rope_style = KV_ROPE_ADJACENT;
+    k.rope_pos0 = data[2];
+  }
+  dec = roundtrip(KV_CODEC_ID_KVQUANT, &s, src, len, &k, &out, &rows);
+  if (dec != NULL) {
+    if (out != len)
+      abort();
+    for (size_t i = 0; i < len / es; i++) /* finite decoded values */
+      if (es == 4) {
+        float f;
+        memcpy(&f, dec + 4 * i, 4);
+        if (!isfinite(f))
+          abort();
+      } else {
+        uint16_t h;
+        memcpy(&h, dec + 2 * i, 2);
+        if (dt == KV_CODEC_BF16 ? (h & 0x7f80u) == 0x7f80u : (h & 0x7c00u) == 0x7c00u)
+          abort();
+      }
     free(dec);
   }
 

@@ -30,6 +30,8 @@ typedef struct golden_case {
   int level;
   kv_drop_method method;
   unsigned permille;
+  unsigned sink, alloc; /* kvquant: 8-bit first rows; per-channel widths (flags bit 3) */
+  float rope_base;      /* kvquant K: pre-RoPE (adjacent pairs, first position 3) */
 } golden_case;
 
 static const golden_case cases[] = {
@@ -44,12 +46,20 @@ static const golden_case cases[] = {
   {"drop_knorm_raw_f16_k", KV_CODEC_ID_DROP, KV_CODEC_F16, KV_SECTION_K, 120, 32, 0, 0, 0, 0, 0, KV_DROP_KNORM, 500},
   {"drop_keydiff_q4_f16_k", KV_CODEC_ID_DROP, KV_CODEC_F16, KV_SECTION_K, 200, 64, 4, 0, 4, 0, 0, KV_DROP_KEYDIFF, 300},
   {"drop_snapkv_q8_bf16_v", KV_CODEC_ID_DROP, KV_CODEC_BF16, KV_SECTION_V, 150, 32, 8, 16, 0, 0, 0, KV_DROP_SNAPKV, 400},
+  /* kvquant (codec 5, issue 16): added 2026-11-27 with the per-channel widths; the first two
+   * pin the layout without them, as every earlier build wrote it */
+  {"kvquant4_f16_k_rope", KV_CODEC_ID_KVQUANT, KV_CODEC_F16, KV_SECTION_K, 300, 16, 4, 64, 8, 128, 0, 0, 0, 4, 0, 10000.0f},
+  {"kvquant2_bf16_v", KV_CODEC_ID_KVQUANT, KV_CODEC_BF16, KV_SECTION_V, 140, 24, 2, 64, 5, 128, 0, 0, 0, 0, 0, 0},
+  {"kvquant4a_f16_k_rope_alloc", KV_CODEC_ID_KVQUANT, KV_CODEC_F16, KV_SECTION_K, 300, 24, 4, 64, 8, 128, 0, 0, 0, 4, 1, 10000.0f},
+  {"kvquant5a_bf16_v_alloc_odd", KV_CODEC_ID_KVQUANT, KV_CODEC_BF16, KV_SECTION_V, 200, 13, 5, 64, 3, 128, 0, 0, 0, 0, 1, 0},
+  {"kvquant3a_f32_k_alloc", KV_CODEC_ID_KVQUANT, KV_CODEC_F32, KV_SECTION_K, 150, 8, 3, 32, 0, 64, 0, 0, 0, 0, 1, 0},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static const char *const rejects[] = {
   "reject_unknown_id", "reject_bad_version", "reject_truncated", "reject_trailing_byte",
   "reject_oversized_group", "reject_bitmap_count", "reject_zstd_frame", "reject_group_too_big",
+  "reject_kvq_width", "reject_kvq_width_sum",
 };
 #define N_REJECTS (sizeof rejects / sizeof rejects[0])
 
@@ -111,6 +121,13 @@ static void encode_case(const golden_case *c, encoded *out)
   p.residual = c->residual;
   p.page_tokens = c->page;
   p.zstd_level = c->level;
+  p.sink = c->sink;
+  p.alloc = c->alloc;
+  if (c->rope_base != 0) {
+    p.rope_base = c->rope_base;
+    p.rope_style = KV_ROPE_ADJACENT;
+    p.rope_pos0 = 3;
+  }
   uint32_t *keep = NULL, n_keep = 0;
   if (c->id == KV_CODEC_ID_DROP) {
     size_t klen;
@@ -215,6 +232,25 @@ static uint8_t *make_reject(const char *name, size_t *len)
         b[KV_SECTION_FIXED_BYTES] |= (uint8_t)(1u << t);
         break;
       }
+  } else if (strncmp(name, "reject_kvq_width", 16) == 0) {
+    /* kvquant with widths: channel 0 of the first quantized chunk 9 bits wide, or channels 0
+     * and 1 at 8 bits each where the block's 8 channels have 32 bits (the chunk after the 4
+     * sink rows' 8-bit chunk: 4d scales and zeros, then its own 4d) */
+    encode_case(case_named("kvquant4a_f16_k_rope_alloc"), &x);
+    b = kt_xmalloc(x.sec_len);
+    memcpy(b, x.sec, x.sec_len);
+    *len = x.sec_len;
+    kv_section_info info;
+    kv_codec_err e = {0};
+    CHECK_OK(e, kv_section_parse(b, *len, &info, &e));
+    uint8_t *wb = b + info.header_bytes + 8 * (size_t)info.shape.head_dim;
+    if (name[16] == 0) {
+      wb[0] = (uint8_t)((wb[0] & 0xf0u) | 9u);
+    } else {
+      wb[0] = 0x88;
+      wb[1] = (uint8_t)(wb[1] | 0x11u); /* channels 2, 3 at least 1 bit: 18 of the 32 */
+      wb[2] = 0x88;                     /* channels 4, 5: 34 */
+    }
   } else { /* reject_group_too_big: a kivi group length one more than its layout */
     encode_case(case_named("kivi8_f16_k"), &x);
     b = kt_xmalloc(x.sec_len);
@@ -271,6 +307,8 @@ static int write_corpus(const char *dec_dir, const char *rt_dir)
     {{1, 15, 8, 1, 0x05}, 50},  /* bf16, d 16, page 8, level 1, V, int4 */
     {{2, 6, 5, 19, 0x0a}, 30},  /* f32, d 7, page 5, level 19, K, int2 */
     {{0, 63, 16, 0, 0x11}, 20}, /* f16, d 64, page 16, level default, V, int4, residual */
+    {{0, 7, 0, 3, 0x60}, 200},  /* f16, d 8, kvquant widths (mean 4), K pre-RoPE */
+    {{1, 12, 0, 4, 0x31}, 90},  /* bf16, d 13, kvquant widths (mean 5), V, residual */
   };
   for (size_t i = 0; i < sizeof rt / sizeof rt[0]; i++) {
     kv_codec_dtype dt = (kv_codec_dtype)(rt[i].cfg[0] % 3 + 1);

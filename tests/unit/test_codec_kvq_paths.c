@@ -21,6 +21,8 @@
 
 static kv_codec_dctx *g_ctx;
 static int g_fused; /* decodes that took the fused path (a table was in the context) */
+static int g_alloc; /* encode with per-channel widths (params.alloc), bits below 8 */
+static const float *g_weight; /* and these channel weights (K) */
 
 /* Decode every group of enc with simd / ctx into out (len bytes). */
 static void decode_groups(const uint8_t *enc, size_t enc_len, const kv_section_info *info,
@@ -52,6 +54,10 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   p.sink = sink;
   p.group = page_tokens >= 128 ? 128 : page_tokens;
   p.page_tokens = page_tokens;
+  if (g_alloc && bits < 8) {
+    p.alloc = 1;
+    p.chan_weight = kind == KV_SECTION_K ? g_weight : NULL;
+  }
   if (kind == KV_SECTION_K) {
     p.rope_base = 10000.0f;
     p.rope_style = KV_ROPE_ADJACENT;
@@ -62,6 +68,7 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   kv_section_info info;
   kv_codec_err e = {0};
   CHECK_OK(e, kv_section_parse(enc, el, &info, &e));
+  CHECK(info.params.alloc == p.alloc);
   uint8_t *port = kt_xmalloc(len), *two = kt_xmalloc(len), *fused = kt_xmalloc(len);
   uint8_t *again = kt_xmalloc(len), *whole = kt_xmalloc(len);
   uint8_t *st = aligned_alloc(64, (len + 64) / 64 * 64); /* streaming stores */
@@ -78,6 +85,7 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   size_t scr = kv_section_scratch_bytes(&info);
   void *ws = kt_xmalloc(scr);
   CHECK_OK(e, kv_section_decode_dctx(g_ctx, enc, el, ws, scr, whole, len, NULL, &e));
+  if (memcmp(port, two, len) != 0) { size_t i = 0; while (port[i] == two[i]) i++; fprintf(stderr, "DIFF kind %d n %u d %u bits %u alloc %u sink %u res %u page %u at byte %zu row %zu\n", (int)kind, n, d, bits, p.alloc, sink, residual, page_tokens, i, i / (2 * d)); }
   CHECK(memcmp(port, two, len) == 0);
   CHECK(memcmp(port, fused, len) == 0);
   CHECK(memcmp(port, again, len) == 0);
@@ -115,6 +123,33 @@ TEST(synthetic_keys_and_values)
       }
 }
 
+/* Per-channel widths (flags bit 3): every mean width 1..7, head dims with a short last block
+ * (12, 13: odd, 24) and whole ones, K (pre-RoPE, with and without channel weights) and V. */
+TEST(alloc_keys_and_values)
+{
+  static const uint32_t dims[] = {8, 12, 13, 24, 64};
+  float w[64];
+  for (int j = 0; j < 64; j++)
+    w[j] = (float)(1 + (j * 7) % 5); /* uneven sensitivities */
+  g_alloc = 1;
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+    for (unsigned bits = 1; bits <= 7; bits++)
+      for (int kind = 0; kind < 2; kind++) {
+        uint32_t d = dims[di], n = 260 + (uint32_t)di * 29;
+        size_t len;
+        uint16_t *src = kvgen_section(KV_CODEC_F16, (kv_section_kind)kind, 300 + di * 10 + bits,
+                                      n, d, &len);
+        if (d % 2 != 0 && kind == KV_SECTION_K)
+          kind = KV_SECTION_V; /* RoPE needs an even head_dim: these are V sections */
+        g_weight = bits % 2 ? w : NULL;
+        same_every_way((kv_section_kind)kind, src, n, d, bits, (uint32_t)(di * 500 + bits),
+                       bits == 3 ? 4 : 0, bits % 3 == 0 ? 0 : 8, bits == 5 ? 256 : 128);
+        free(src);
+      }
+  g_alloc = 0;
+  g_weight = NULL;
+}
+
 /* Values near the fp16 limit: code * scale + zero may leave +-65504, and the kernels that
  * skip the clamp must not run; every decoder still clamps the same way. */
 TEST(large_values)
@@ -135,6 +170,9 @@ TEST(large_values)
         }
       kv_codec_from_f32(KV_CODEC_F16, f, (size_t)n * d, h);
       same_every_way((kv_section_kind)kind, h, n, d, bits, 0, 0, 8, 128);
+      g_alloc = 1; /* and with per-channel widths (8 bits: uniform still) */
+      same_every_way((kv_section_kind)kind, h, n, d, bits == 8 ? 5 : bits, 0, 0, 8, 128);
+      g_alloc = 0;
     }
   free(f);
   free(h);
@@ -184,6 +222,12 @@ TEST(model_keys)
         same_every_way(KV_SECTION_K, k, (uint32_t)npos, (uint32_t)hs, bits, 0, 0, 8, 64);
         same_every_way(KV_SECTION_V, v, (uint32_t)npos, (uint32_t)hs, bits, 0, 0, 8, 64);
       }
+      g_alloc = 1;
+      for (unsigned bits = 3; bits <= 5; bits++) {
+        same_every_way(KV_SECTION_K, k, (uint32_t)npos, (uint32_t)hs, bits, 0, 0, 0, 64);
+        same_every_way(KV_SECTION_V, v, (uint32_t)npos, (uint32_t)hs, bits, 0, 0, 0, 64);
+      }
+      g_alloc = 0;
     }
   free(k);
   free(v);
@@ -198,6 +242,7 @@ int main(void)
   g_ctx = kv_codec_dctx_init(mem, cb);
   CHECK(g_ctx != NULL);
   RUN(synthetic_keys_and_values);
+  RUN(alloc_keys_and_values);
   RUN(large_values);
   RUN(tables_refilled);
   RUN(model_keys);

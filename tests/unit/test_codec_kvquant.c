@@ -414,9 +414,107 @@ TEST(kvquant_int4_on_the_causal_metric)
   CHECK(kvq4 >= 0.985 && kvq4 >= kivi4 - 0.01 && kvq2 < kvq4 - 0.1);
 }
 
+/* Per-channel widths (flags bit 3): the layout's size (widths after each quantized chunk's
+ * zeros), the widths stored (<= 8, block sums = bits x channels), the error no worse than the
+ * uniform layout's on channels of unequal ranges, weights that move bits, and refused configs. */
+TEST(per_channel_widths)
+{
+  uint32_t n = 512, d = 8;
+  kv_codec_err e = {0};
+  float *f = kt_xmalloc(sizeof(float) * n * d);
+  uint16_t *h = kt_xmalloc(2 * (size_t)n * d);
+  kvgen_gauss(77, (size_t)n * d, 1.0f, f);
+  for (uint32_t r = 0; r < n; r++) /* channel j's spread 2^(j - 4): 1/16 .. 8 */
+    for (uint32_t j = 0; j < d; j++)
+      f[(size_t)r * d + j] *= ldexpf(1.0f, (int)j - 4);
+  kv_codec_from_f32(KV_CODEC_F16, f, (size_t)n * d, h);
+  kv_section_shape s = shp(KV_CODEC_F16, KV_SECTION_V, n, d);
+  size_t len = (size_t)n * d * 2, el0, el1, el2;
+  kv_codec_params p;
+  kv_codec_params_init(&p);
+  p.bits = 4;
+  p.group = 128;
+  uint8_t *uni = kt_encode(KV_CODEC_ID_KVQUANT, &s, h, len, &p, &el0);
+  p.alloc = 1;
+  uint8_t *alc = kt_encode(KV_CODEC_ID_KVQUANT, &s, h, len, &p, &el1);
+  kv_section_info info;
+  CHECK_OK(e, kv_section_parse(alc, el1, &info, &e));
+  CHECK(info.params.alloc == 1 && (alc[3] & 8u));
+  /* + 4 width bytes per quantized chunk of 128 rows */
+  CHECK(el1 == layout_bytes(n, d, 4, 128, 0, info.params.page_tokens) + 4 * (n / 128));
+  CHECK(el0 + 4 * (n / 128) == el1);
+  uint8_t *wb = alc + info.header_bytes + 4 * d; /* group 0, chunk 0's widths */
+  unsigned sum = 0, w7 = wb[3] >> 4, w0 = wb[0] & 15u;
+  for (uint32_t j = 0; j < d; j++)
+    sum += (wb[j / 2] >> ((j % 2) * 4)) & 15u;
+  CHECK(sum == 32 && w7 > w0); /* the widest channel gets more bits than the narrowest */
+  uint16_t *a = kt_decode(uni, el0, &info), *b = kt_decode(alc, el1, &info);
+  double eu = 0, ea = 0;
+  for (size_t i = 0; i < (size_t)n * d; i++) {
+    double x = kv_codec_f16_to_f32(h[i]);
+    eu += pow(kv_codec_f16_to_f32(a[i]) - x, 2);
+    ea += pow(kv_codec_f16_to_f32(b[i]) - x, 2);
+  }
+  fprintf(stderr, "widths: squared error %.4g uniform, %.4g per-channel widths\n", eu, ea);
+  CHECK(ea < 0.5 * eu);
+  /* weights: channel 0 weighted 1e6 gets more bits than unweighted */
+  float wt[8] = {1e6f, 1, 1, 1, 1, 1, 1, 1};
+  p.chan_weight = wt;
+  uint8_t *wtd = kt_encode(KV_CODEC_ID_KVQUANT, &s, h, len, &p, &el2);
+  CHECK(el2 == el1);
+  CHECK((wtd[info.header_bytes + 4 * d] & 15u) > w0);
+  /* refused: widths on kivi, at 8 bits, weights without widths, a negative weight, 3 bits
+   * without widths; 3 bits with them is fine */
+  uint8_t dst[1 << 14], scr[1 << 17];
+  size_t out;
+  const kv_codec *kq = kv_codec_by_id(KV_CODEC_ID_KVQUANT), *kv = kv_codec_by_id(KV_CODEC_ID_KIVI);
+  kv_codec_params bad = p;
+  bad.chan_weight = NULL;
+  bad.group = 0;
+  CHECK_RC(KV_CODEC_EINVAL, e, kv_codec_encode(kv, &s, h, len, &bad, scr, sizeof scr, dst,
+                                               sizeof dst, &out, &e));
+  bad = p;
+  bad.bits = 8;
+  CHECK_RC(KV_CODEC_EINVAL, e, kv_codec_encode(kq, &s, h, len, &bad, scr, sizeof scr, dst,
+                                               sizeof dst, &out, &e));
+  bad = p;
+  bad.alloc = 0;
+  CHECK_RC(KV_CODEC_EINVAL, e, kv_codec_encode(kq, &s, h, len, &bad, scr, sizeof scr, dst,
+                                               sizeof dst, &out, &e));
+  bad = p;
+  wt[3] = -1;
+  CHECK_RC(KV_CODEC_EINVAL, e, kv_codec_encode(kq, &s, h, len, &bad, scr, sizeof scr, dst,
+                                               sizeof dst, &out, &e));
+  wt[3] = 1;
+  bad = p;
+  bad.alloc = 0;
+  bad.chan_weight = NULL;
+  bad.bits = 3;
+  CHECK_RC(KV_CODEC_EINVAL, e, kv_codec_encode(kq, &s, h, len, &bad, scr, sizeof scr, dst,
+                                               sizeof dst, &out, &e));
+  bad.alloc = 1;
+  CHECK_OK(e, kv_codec_encode(kq, &s, h, len, &bad, scr, sizeof scr, dst, sizeof dst, &out, &e));
+  CHECK(kt_try_decode(dst, out, &e) == KV_CODEC_OK);
+  /* flags bit 3 on a kivi section: reserved */
+  uint8_t *kb = kt_xmalloc(el0);
+  memcpy(kb, uni, el0);
+  kb[0] = KV_CODEC_ID_KIVI;
+  kb[3] |= 8u;
+  CHECK_RC(KV_CODEC_ECORRUPT, e, kt_try_decode(kb, el0, &e));
+  free(kb);
+  free(a);
+  free(b);
+  free(uni);
+  free(alc);
+  free(wtd);
+  free(f);
+  free(h);
+}
+
 int main(void)
 {
   RUN(sizes_and_bits_per_element);
+  RUN(per_channel_widths);
   RUN(error_bound_and_clipping);
   RUN(page_groups_decode_alone);
   RUN(sink_rows);
