@@ -268,6 +268,21 @@ def build_seq_state(n: int, shape: KVShape, v_trans: bool, seq_id: int = 0) -> S
 # ---- llama.cpp through llama-cpp-python ---------------------------------------------------------
 
 
+def _use_repack() -> bool:
+    """Whether llama.cpp may repack weights into its extra buffer types (AMX among them)."""
+    v = os.environ.get("KVDB_LLAMA_REPACK")
+    if v in ("0", "1"):
+        return v == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_tile" not in line.split()
+    except OSError:
+        pass
+    return True
+
+
 class Llama:
     """A GGUF model and one llama.cpp context (one sequence, seq_id 0) through llama-cpp-python's
     low-level API: tokenize, decode in one batch, greedy steps, sequence state bytes."""
@@ -284,6 +299,11 @@ class Llama:
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = 0
+        # ggml's AMX path (weights repacked into an extra buffer type) crashes in
+        # ggml_backend_amx_mul_mat on the Xeon VMs that advertise AMX (llama-cpp-python 0.3.36
+        # built with GGML_NATIVE): there, weights stay in their GGUF layout (llama.cpp's
+        # --no-repack). KVDB_LLAMA_REPACK=1 / 0 forces it either way.
+        mp.use_extra_bufts = _use_repack()
         self.path = gguf_path
         self.model = lc.llama_model_load_from_file(gguf_path.encode(), mp)
         if not self.model:
