@@ -1357,8 +1357,16 @@ static void exchange(gstate *g, hent *keys)
 
 /* Loops over the caller's contexts in order read one option of each, at an offset no hardware
  * prefetcher guesses: fetch the one of context i (placement pl[i]) PF_AHEAD contexts early. */
+#if defined(__GNUC__)
+#define POL_INLINE static inline __attribute__((always_inline))
+#else
+#define POL_INLINE static inline
+#endif
 #define PF_AHEAD 8
-static inline void pf_option(const pol_model *m, size_t i, const kv_policy_place *pl)
+/* always_inline: a function whose only effect is a prefetch is taken as const by gcc 12's IPA
+ * (pure-const), and the calls of a const void function are dropped: without it none of these
+ * prefetches was emitted */
+POL_INLINE void pf_option(const pol_model *m, size_t i, const kv_policy_place *pl)
 {
 #if defined(__GNUC__)
   if (i < m->n && pl[i].tier != KV_POLICY_NONE)
@@ -1368,17 +1376,41 @@ static inline void pf_option(const pol_model *m, size_t i, const kv_policy_place
 #endif
 }
 
+/* The first pass reads every option of every context once, in order; contexts' option arrays
+ * need not be adjacent and a context's ~1 KB crosses pages, so fetch context i's whole array
+ * PF_OPTS contexts early (every cache line of it). */
+#define PF_OPTS 4
+POL_INLINE void pf_options(const pol_model *m, size_t i)
+{
+#if defined(__GNUC__)
+  if (i >= m->n)
+    return;
+  const char *a = (const char *)m->ctx[i].options;
+  const char *e = a + (size_t)m->ctx[i].n_options * sizeof(kv_policy_option);
+  for (a = (const char *)((uintptr_t)a & ~(uintptr_t)63); a < e; a += 64)
+    __builtin_prefetch(a);
+#else
+  (void)m, (void)i;
+#endif
+}
+
+/* The same for context i's current placement (make_plan reads it beside the new one). */
+POL_INLINE void pf_current(const pol_model *m, size_t i)
+{
+#if defined(__GNUC__)
+  if (i < m->n && m->ctx[i].current.tier != KV_POLICY_NONE)
+    __builtin_prefetch(&m->ctx[i].options[m->ctx[i].current.option]);
+#else
+  (void)m, (void)i;
+#endif
+}
+
 /* The tiers' figures as read_options uses them. */
 typedef struct tierc {
   int dec[KV_POLICY_MAX_TIERS];
   double lat[KV_POLICY_MAX_TIERS], ibw[KV_POLICY_MAX_TIERS];
 } tierc;
 
-#if defined(__GNUC__)
-#define POL_INLINE static inline __attribute__((always_inline))
-#else
-#define POL_INLINE static inline
-#endif
 
 /* One pass over context i's options (T tiers: a constant where the caller can make it one, so
  * that the tier loop unrolls): checks (when pol_model_init left them to us), compact options,
@@ -1500,6 +1532,7 @@ static kvdb_status greedy_run(kv_policy_ws *ws, const pol_model *m, const uint8_
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *x = &m->ctx[i];
     cst *c = &g.cs[i];
+    pf_options(m, i + PF_OPTS);
     memset(c, 0, sizeof *c);
     c->off = off;
     c->k = (uint16_t)x->n_options;
@@ -1778,6 +1811,7 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
   for (size_t i = 0; i < n; i++) {
     const kv_policy_context *c = &m->ctx[i];
     pf_option(m, i + PF_AHEAD, plan->place);
+    pf_current(m, i + PF_AHEAD);
     uc[2 * i] = pol_util_place(m, c, &c->current);
     uc[2 * i + 1] = pol_util_place(m, c, &plan->place[i]);
     plan->utility_before += uc[2 * i];
@@ -1848,6 +1882,9 @@ static kvdb_status make_plan(kv_policy_ws *ws, const pol_model *m, const uint8_t
 #endif
     for (size_t i = 0; i < n; i++) {
       const kv_policy_context *c = &m->ctx[i];
+      /* the first loop read these options 100k contexts ago: no longer cached */
+      pf_option(m, i + PF_AHEAD, plan->place);
+      pf_current(m, i + PF_AHEAD);
       if (pol_place_eq(&c->current, &plan->place[i]))
         continue;
 #ifndef POL_REFERENCE
