@@ -342,6 +342,42 @@ static void test_acc(void)
     free(mem);
     free(mem2);
   }
+  /* push_scores in pieces of any length (the float pre-filter, scalar or AVX-512, with NaN,
+   * infinities, signed zeros and ties) against the sorted oracle */
+  {
+    float *s = malloc(n * 4);
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t c = t_below(&r, 40);
+      s[i] = c == 0 ? NAN : c == 1 ? -0.0f : c == 2 ? 0.0f : c == 3 ? INFINITY
+           : c == 4 ? -INFINITY : (float)t_below(&r, 5000) * 0.01f - 25.0f;
+      o[i].pos = 7 + i;
+      o[i].score = s[i];
+    }
+    t_sort_pairs(o, n);
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+      uint32_t k = ks[ki];
+      void *mem = malloc(kv_score_acc_bytes(k));
+      kv_score_acc a;
+      REQUIRE(kv_score_acc_init(&a, k, mem, kv_score_acc_bytes(k), NULL) == KV_SCORE_OK, "init");
+      for (uint32_t i = 0; i < n;) {
+        uint32_t m = 1 + t_below(&r, 600);
+        if (m > n - i)
+          m = n - i;
+        kv_score_acc_push_scores(&a, 7 + i, s + i, m);
+        i += m;
+      }
+      uint32_t got = kv_score_acc_finish(&a, pos, sc);
+      int bad = -1;
+      for (uint32_t i = 0; i < k && bad < 0; i++) {
+        int same_score = memcmp(&sc[i], &o[i].score, 4) == 0 || (isnan(sc[i]) && isnan(o[i].score));
+        if (pos[i] != o[i].pos || !same_score)
+          bad = (int)i;
+      }
+      CHECK(got == k && bad < 0, "push_scores k=%u: rank %d", k, bad);
+      free(mem);
+    }
+    free(s);
+  }
   /* push_scores: positions pos_base + i */
   {
     uint64_t mem[2 * 10 + 256];
