@@ -309,54 +309,99 @@ static void snap_put(redisContext *rc, const char *ns, const char *mh, unsigned 
     }
 }
 
-int bench_remote(const bench_env *env, bench_json *j)
+/* What kvdb-bench remote and remote-get both start from: a redis-server on a free loopback port,
+ * host A that put n_ctx contexts (write-through, drained) and host B that reads them from the
+ * remote tier, a plain connection `rc`, the model fingerprint `mh` the values are keyed under
+ * and the size of one value. With `other`, the same contexts also put by tenant "other". */
+typedef struct rbench {
+  rsrv s;
+  kvdb *a, *b;
+  redisContext *rc;
+  uint16_t *kv, *out, *expect;
+  char mh[33];
+  size_t vbytes;
+} rbench;
+
+static void rbench_close(rbench *r)
+{
+  if (r->rc != NULL)
+    redisFree(r->rc);
+  kvdb_close(r->a);
+  kvdb_close(r->b);
+  srv_stop(&r->s);
+  free(r->kv);
+  free(r->out);
+  free(r->expect);
+}
+
+/* 0, or 1 with what failed logged (rbench_close still owed) */
+static int rbench_open(const bench_env *env, const char *what, unsigned n_ctx, int other,
+                       rbench *r)
 {
   char path[4200];
-  const unsigned n_ctx = env->quick ? 16 : 32;
-  const unsigned fault_target = 10000;
-  rsrv s = {0};
-  snprintf(s.dir, sizeof s.dir, "%s/redis", env->dir);
-  if (mkdir(s.dir, 0755) != 0 || (s.port = free_port()) < 0 || srv_start(&s) != 0) {
-    bench_log("remote: needs redis-server (Debian: redis-server) on PATH");
+  kvdb_status st;
+  snprintf(r->s.dir, sizeof r->s.dir, "%s/redis", env->dir);
+  if (mkdir(r->s.dir, 0755) != 0 || (r->s.port = free_port()) < 0 || srv_start(&r->s) != 0) {
+    bench_log("%s: needs redis-server (Debian: redis-server) on PATH", what);
     return 1;
   }
-  int ret = 1;
   size_t ctx_bytes = (size_t)R_NT * kvdb_model_token_bytes(&RM);
-  uint16_t *kv = malloc(ctx_bytes), *out = malloc(ctx_bytes), *expect = malloc(ctx_bytes);
-  kvdb *a = NULL, *b = NULL;
-  redisContext *rc = NULL;
-  bench_samples up = {0}, down = {0};
-  kvdb_status st;
+  r->kv = malloc(ctx_bytes);
+  r->out = malloc(ctx_bytes);
+  r->expect = malloc(ctx_bytes);
   snprintf(path, sizeof path, "%s/host-a", env->dir);
-  a = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
+  r->a = open_host(path, r->s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
   snprintf(path, sizeof path, "%s/host-b", env->dir);
-  b = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
-  if (kv == NULL || out == NULL || expect == NULL || a == NULL || b == NULL)
-    goto out;
+  r->b = open_host(path, r->s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
+  if (r->kv == NULL || r->out == NULL || r->expect == NULL || r->a == NULL || r->b == NULL)
+    return 1;
   /* host A puts (write-through), host B reads from the remote tier only */
   for (unsigned i = 0; i < n_ctx; i++)
-    if (put_ctx(a, i, kv, NULL) != 0)
-      goto out;
-  drain(a);
-  { /* the same contexts put by another tenant (values for the fault of that kind) */
+    if (put_ctx(r->a, i, r->kv, NULL) != 0)
+      return 1;
+  drain(r->a);
+  if (other) { /* the same contexts put by another tenant (values for the fault of that kind) */
     snprintf(path, sizeof path, "%s/host-other", env->dir);
-    kvdb *o = open_host(path, s.port, "other", 500, KVDB_REMOTE_TAG_NONE, &st);
+    kvdb *o = open_host(path, r->s.port, "other", 500, KVDB_REMOTE_TAG_NONE, &st);
     for (unsigned i = 0; o != NULL && i < n_ctx; i++)
-      put_ctx(o, i, kv, NULL);
+      put_ctx(o, i, r->kv, NULL);
     kvdb_close(o); /* sends what is queued */
   }
-  rc = rconnect(s.port);
-  char mh[33];
-  if (rc == NULL || find_mh(rc, "bench", mh) != 0) {
-    bench_log("remote: no value reached the server");
-    goto out;
+  r->rc = rconnect(r->s.port);
+  if (r->rc == NULL || find_mh(r->rc, "bench", r->mh) != 0) {
+    bench_log("%s: no value reached the server", what);
+    return 1;
   }
   char key[256];
-  block_key("bench", 0, 0, mh, key, sizeof key);
-  redisReply *v = redisCommand(rc, "STRLEN %s", key);
-  size_t vbytes = v && v->type == REDIS_REPLY_INTEGER ? (size_t)v->integer : 0;
+  block_key("bench", 0, 0, r->mh, key, sizeof key);
+  redisReply *v = redisCommand(r->rc, "STRLEN %s", key);
+  r->vbytes = v && v->type == REDIS_REPLY_INTEGER ? (size_t)v->integer : 0;
   if (v)
     freeReplyObject(v);
+  return 0;
+}
+
+int bench_remote(const bench_env *env, bench_json *j)
+{
+  const unsigned n_ctx = env->quick ? 16 : 32;
+  const unsigned fault_target = 10000;
+  int ret = 1;
+  bench_samples up = {0}, down = {0};
+  rbench r = {0};
+  /* s and rc change below (the server restarted by the fault of kind 7): given back at out */
+  rsrv s = r.s;
+  redisContext *rc = NULL;
+  int opened = 0;
+  if (rbench_open(env, "remote", n_ctx, 1, &r) != 0)
+    goto out;
+  s = r.s;
+  rc = r.rc;
+  r.rc = NULL;
+  opened = 1;
+  kvdb *a = r.a, *b = r.b;
+  uint16_t *kv = r.kv, *out = r.out, *expect = r.expect;
+  char *mh = r.mh, key[256];
+  size_t vbytes = r.vbytes;
 
   /* 1. remote get throughput vs redis-benchmark GET (same value size, pipeline 16, 1 client) */
   size_t hit;
@@ -372,7 +417,7 @@ int bench_remote(const bench_env *env, bench_json *j)
   for (int round = 0; round < n_round; round++) {
     uint64_t blocks = 0;
     t0 = bench_now_ns();
-    for (unsigned r = 0; r < reps; r++)
+    for (unsigned rep = 0; rep < reps; rep++)
       for (unsigned i = 0; i < n_ctx; i++) {
         if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
           goto out;
@@ -575,14 +620,11 @@ int bench_remote(const bench_env *env, bench_json *j)
 out:
   bench_samples_free(&up);
   bench_samples_free(&down);
+  if (opened) /* this function's s is the live server (stopped or restarted by then) */
+    r.s = s;
   if (rc != NULL)
     redisFree(rc);
-  kvdb_close(a);
-  kvdb_close(b);
-  srv_stop(&s);
-  free(kv);
-  free(out);
-  free(expect);
+  rbench_close(&r);
   return ret;
 }
 
@@ -596,41 +638,15 @@ out:
  * one pair (kvdb-bench remote's median of paired rounds is the target's figure). */
 int bench_remote_get(const bench_env *env, bench_json *j)
 {
-  char path[4200];
   const unsigned n_ctx = env->quick ? 16 : 32;
-  rsrv s = {0};
-  snprintf(s.dir, sizeof s.dir, "%s/redis", env->dir);
-  if (mkdir(s.dir, 0755) != 0 || (s.port = free_port()) < 0 || srv_start(&s) != 0) {
-    bench_log("remote-get: needs redis-server (Debian: redis-server) on PATH");
-    return 1;
-  }
   int ret = 1;
-  size_t ctx_bytes = (size_t)R_NT * kvdb_model_token_bytes(&RM);
-  uint16_t *kv = malloc(ctx_bytes), *out = malloc(ctx_bytes), *expect = malloc(ctx_bytes);
-  kvdb *a = NULL, *b = NULL;
-  redisContext *rc = NULL;
-  kvdb_status st;
-  snprintf(path, sizeof path, "%s/host-a", env->dir);
-  a = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
-  snprintf(path, sizeof path, "%s/host-b", env->dir);
-  b = open_host(path, s.port, "bench", 500, KVDB_REMOTE_TAG_NONE, &st);
-  if (kv == NULL || out == NULL || expect == NULL || a == NULL || b == NULL)
+  rbench r = {0};
+  if (rbench_open(env, "remote-get", n_ctx, 0, &r) != 0)
     goto out;
-  for (unsigned i = 0; i < n_ctx; i++)
-    if (put_ctx(a, i, kv, NULL) != 0)
-      goto out;
-  drain(a);
-  rc = rconnect(s.port);
-  char mh[33], key[256];
-  if (rc == NULL || find_mh(rc, "bench", mh) != 0) {
-    bench_log("remote-get: no value reached the server");
-    goto out;
-  }
-  block_key("bench", 0, 0, mh, key, sizeof key);
-  redisReply *v = redisCommand(rc, "STRLEN %s", key);
-  size_t vbytes = v && v->type == REDIS_REPLY_INTEGER ? (size_t)v->integer : 0;
-  if (v)
-    freeReplyObject(v);
+  rsrv s = r.s;
+  kvdb *b = r.b;
+  uint16_t *out = r.out, *expect = r.expect;
+  size_t vbytes = r.vbytes;
   size_t hit;
   int wrong = 0;
   uint64_t wrong_n = 0;
@@ -682,14 +698,7 @@ int bench_remote_get(const bench_env *env, bench_json *j)
   bench_json_num(j, "redis_benchmark_cpu_us_per_request", rb_cpu);
   ret = wrong_n == 0 ? 0 : 1;
 out:
-  if (rc != NULL)
-    redisFree(rc);
-  kvdb_close(a);
-  kvdb_close(b);
-  srv_stop(&s);
-  free(kv);
-  free(out);
-  free(expect);
+  rbench_close(&r);
   return ret;
 }
 
