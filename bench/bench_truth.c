@@ -677,6 +677,27 @@ typedef struct int4_fig {
   uint32_t worst_l, worst_h;
 } int4_fig;
 
+/* Each head's option of least cal + lam x bytes into pl; returns the plan's bytes. */
+static double plan_at(double lam, const double *cal, const double *bytes, size_t no,
+                      uint32_t heads, uint8_t *pl)
+{
+  double tot = 0;
+  for (uint32_t hh = 0; hh < heads; hh++) {
+    size_t best = 0;
+    double bv = HUGE_VAL;
+    for (size_t o = 0; o < no; o++) {
+      double v = cal[o * heads + hh] + lam * bytes[o * heads + hh];
+      if (v < bv) {
+        bv = v;
+        best = o;
+      }
+    }
+    pl[hh] = (uint8_t)best;
+    tot += bytes[best * heads + hh];
+  }
+  return tot;
+}
+
 /*
  * Per-head mixed precision (perhead configs; the brief's "spend bits where the metric's error
  * is"): each (layer, KV head) gets one (K bits, V bits) of PLAN_OPTS. For context ci the choice
@@ -735,20 +756,8 @@ static int head_plan(truth *t, const tcfg *cf)
     double lo = 0, hi = 1; /* lambda: loss per byte */
     uint8_t *pl = t->plan + (size_t)ci * heads;
     for (int it = 0; it < 60; it++) {
-      double lam = it == 0 ? 0 : (lo + hi) / 2, tot = 0;
-      for (uint32_t hh = 0; hh < heads; hh++) {
-        size_t best = 0;
-        double bv = HUGE_VAL;
-        for (size_t o = 0; o < no; o++) {
-          double v = cal[o * heads + hh] + lam * bytes[o * heads + hh];
-          if (v < bv) {
-            bv = v;
-            best = o;
-          }
-        }
-        pl[hh] = (uint8_t)best;
-        tot += bytes[best * heads + hh];
-      }
+      double lam = it == 0 ? 0 : (lo + hi) / 2;
+      double tot = plan_at(lam, cal, bytes, no, heads, pl);
       if (it == 0 && tot <= budget)
         break;
       if (tot <= budget)
@@ -756,18 +765,7 @@ static int head_plan(truth *t, const tcfg *cf)
       else
         lo = lam;
       if (it == 59) /* end on a plan within the budget: lambda = hi */
-        for (uint32_t hh = 0; hh < heads; hh++) {
-          size_t best = 0;
-          double bv = HUGE_VAL;
-          for (size_t o = 0; o < no; o++) {
-            double v = cal[o * heads + hh] + hi * bytes[o * heads + hh];
-            if (v < bv) {
-              bv = v;
-              best = o;
-            }
-          }
-          pl[hh] = (uint8_t)best;
-        }
+        plan_at(hi, cal, bytes, no, heads, pl);
     }
   }
   free(cal);
