@@ -299,11 +299,17 @@ static void kset_free(kset *s)
   memset(s, 0, sizeof *s);
 }
 
-static size_t kset_slot(const kset *s, const uint8_t *k)
+/* The slot where k's probe run starts. */
+static size_t kset_home(const kset *s, const uint8_t *k)
 {
   uint64_t h;
   memcpy(&h, k, 8);
-  size_t i = (size_t)(h ^ (h >> 29)) & (s->cap - 1);
+  return (size_t)(h ^ (h >> 29)) & (s->cap - 1);
+}
+
+static size_t kset_slot(const kset *s, const uint8_t *k)
+{
+  size_t i = kset_home(s, k);
   while (s->used[i] && memcmp(s->k[i], k, 16) != 0)
     i = (i + 1) & (s->cap - 1);
   return i;
@@ -359,9 +365,7 @@ static int kset_del(kset *s, const uint8_t *k)
     j = (j + 1) & (s->cap - 1);
     if (!s->used[j])
       break;
-    uint64_t h;
-    memcpy(&h, s->k[j], 8);
-    size_t home = (size_t)(h ^ (h >> 29)) & (s->cap - 1);
+    size_t home = kset_home(s, s->k[j]);
     if (((j - home) & (s->cap - 1)) >= ((j - i) & (s->cap - 1))) {
       memcpy(s->k[i], s->k[j], 16);
       s->used[i] = s->used[j];
