@@ -1292,17 +1292,12 @@ void kv_score_acc_push(kv_score_acc *acc, uint32_t pos, float score)
 }
 
 #ifdef KV_SCORE_HAVE_AVX512
-/* Whether the pre-filter takes the AVX-512 path (same candidates as the scalar loop; the
- * scalar loop costs about 1 ns per token, a visible share of a k = 10% scan). */
+/* Whether the pre-filter takes the AVX-512 path: where the kernels do (the CPU, and
+ * KVDB_SCORE_IMPL); same candidates as the scalar loop, which costs about 1 ns per token, a
+ * visible share of a k = 10% scan. */
 static int filter_avx512(void)
 {
-  static atomic_int have; /* 0 unknown, 1 no, 2 yes */
-  int h = atomic_load_explicit(&have, memory_order_relaxed);
-  if (h == 0) {
-    h = cpu_has(KV_SCORE_IMPL_AVX512) ? 2 : 1;
-    atomic_store_explicit(&have, h, memory_order_relaxed);
-  }
-  return h == 2;
+  return kv_score_impl_resolve(KV_SCORE_IMPL_AUTO) == KV_SCORE_IMPL_AVX512;
 }
 #endif
 
