@@ -17,6 +17,17 @@ extern "C" {
 
 #define KV_GPU_STREAMS 2
 
+/* Tokens [0, n_tokens) of a block's data region (kvdb_lent_block's layout) into positions
+ * [t0, t0 + n_tokens) of a packed buffer of n tokens in `layout`. */
+typedef struct kv_gpu_scatter {
+  uint32_t n_sections, n_kv_heads, group_tokens, row_bytes, group_stride, n_tokens;
+  uint64_t section_bytes;
+  uint64_t n, t0;
+  int layout; /* kvdb_layout */
+} kv_gpu_scatter;
+/* The scatter on the host: the definition the device's kernel follows. */
+void kv_gpu_scatter_ref(void *dst, const void *src, const kv_gpu_scatter *a);
+
 typedef struct kv_gpu_backend {
   const char *name;
   void *self;
@@ -29,6 +40,14 @@ typedef struct kv_gpu_backend {
    * dst + r * pitch, on stream s (0 .. KV_GPU_STREAMS - 1); to_device 1: host -> device. */
   int (*copy2d)(struct kv_gpu_backend *b, int s, void *dst, const void *src, size_t pitch,
                 size_t width, size_t height, int to_device);
+  /* Page-lock [p, p + bytes) of host memory for DMA (cudaHostRegister) / undo it. */
+  int (*host_register)(struct kv_gpu_backend *b, void *p, size_t bytes);
+  void (*host_unregister)(struct kv_gpu_backend *b, void *p);
+  /* Queue on stream s the rearrangement of a block's data region `src` (device memory, a copy
+   * of the block's region) into the packed buffer `dst` (device memory) as `a` says
+   * (kv_gpu_scatter_ref is its definition). */
+  int (*scatter)(struct kv_gpu_backend *b, int s, void *dst, const void *src,
+                 const kv_gpu_scatter *a);
   /* Wait until everything queued on stream s has completed. */
   int (*sync)(struct kv_gpu_backend *b, int s);
   void (*destroy)(struct kv_gpu_backend *b);

@@ -48,17 +48,42 @@ void kvdb_options_init(kvdb_options *opt)
 
 /* ---- get: read -> (placement) promote ----------------------------------------------------- */
 
-kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                            const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
-                            void *ctx)
+kvdb_status kvdb_get_lend(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                          const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                          kvdb_lend_fn on_lend, void *ctx)
 {
   uint8_t served_ctx[16];
   int hit;
-  kvdb_status rc = kv_get(db, m, tokens, n, out, hit_tokens, on_block, ctx, served_ctx, &hit);
+  kvdb_status rc =
+      kv_get(db, m, tokens, n, out, hit_tokens, on_block, on_lend, ctx, served_ctx, &hit);
   if (rc == KVDB_OK && hit)
     kv_place_after_get(db, served_ctx); /* placement on: promote it to DRAM when its utility
                                            says so */
   return rc;
+}
+
+kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                            const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                            void *ctx)
+{
+  return kvdb_get_lend(db, m, tokens, n, out, hit_tokens, on_block, NULL, ctx);
+}
+
+void kvdb_lent_return(kvdb *db, const kvdb_lent_block *b)
+{
+  if (db != NULL && b != NULL && b->lease != NULL && db->dram != NULL)
+    kv_dram_unpin(db->dram, (kv_dram_entry *)b->lease);
+}
+
+kvdb_status kvdb_dram_memory(kvdb *db, void **base, size_t *bytes)
+{
+  if (db == NULL || base == NULL || bytes == NULL)
+    return kv_fail(KVDB_INVALID, "kvdb_dram_memory: db, base or bytes is NULL");
+  if (db->dram == NULL)
+    return kv_fail(KVDB_UNSUPPORTED, "kvdb_dram_memory: the DRAM tier is off (options.dram_bytes "
+                   "0)");
+  kv_dram_region(db->dram, base, bytes);
+  return KVDB_OK;
 }
 
 kvdb_status kvdb_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,

@@ -59,7 +59,8 @@
  *                                         kvdb_relocate
  *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
  *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
- *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify (GPU destinations:
+ *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify, kvdb_get_lend,
+ *                                         kvdb_lent_return, kvdb_dram_memory (GPU destinations:
  *                                         gpu/kvdb_gpu.h, the optional libkvgpu)
  *    16. Decoding from the store          kvdb_decode_* (appends, per-step top-k, hot pools),
  *                                         kvdb_append
@@ -1703,6 +1704,62 @@ typedef void (*kvdb_block_fn)(void *ctx, size_t t0, size_t n_tokens);
 KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32_t *tokens,
                                      size_t n, const kvdb_kv_view *out, size_t *hit_tokens,
                                      kvdb_block_fn on_block, void *ctx);
+
+/**
+ * A block of a get's hit LENT from the DRAM tier (kvdb_get_lend): its raw data region, read in
+ * place by the caller (a DMA engine: a GPU's copy straight from the tier) instead of copied into
+ * the caller's view. The bytes are the block's verified K and V and do not change until the
+ * block is given back (kvdb_lent_return): until then the tier neither evicts nor reuses them.
+ *
+ * Layout (FORMAT.md, "the data region": page-grouped sections): section
+ * s = (layer * n_kv_heads + head) * 2 + kv (kv 0: K, 1: V) begins at data + s * section_bytes;
+ * token t of a section at + (t / group_tokens) * group_stride + (t % group_tokens) * row_bytes,
+ * row_bytes = head_dim x the dtype's bytes, elements in the model's dtype. The query's positions
+ * [t0, t0 + n_tokens) are the block's tokens [0, n_tokens).
+ */
+typedef struct kvdb_lent_block {
+  const void *data;       /**< the data region, in the DRAM tier (kvdb_dram_memory's range) */
+  uint64_t data_bytes;    /**< its bytes */
+  size_t t0;              /**< the first position of the query it holds */
+  size_t n_tokens;        /**< positions it holds: [t0, t0 + n_tokens) */
+  uint32_t n_sections;    /**< n_layers * n_kv_heads * 2 */
+  uint32_t group_tokens;  /**< tokens per group of a section */
+  uint32_t row_bytes;     /**< one token of one head: head_dim x the dtype's bytes */
+  uint32_t group_stride;  /**< bytes from one group of a section to the next */
+  uint64_t section_bytes; /**< bytes from one section to the next */
+  void *lease;            /**< kvdb's; kvdb_lent_return gives the block back */
+} kvdb_lent_block;
+
+/** Offered each block of the hit found in the DRAM tier, in the calling thread, in order of t0,
+ * before it would be copied. Return 1 to take it: nothing is written to `out` for it, on_block is
+ * not told, and the caller gives it back with kvdb_lent_return once done reading (before
+ * kvdb_close); 0 to have it copied into `out` and told as kvdb_get_notify does. */
+typedef int (*kvdb_lend_fn)(void *ctx, const kvdb_lent_block *b);
+
+/**
+ * @brief kvdb_get_notify that LENDS the hit's blocks held by the DRAM tier to `on_lend` instead of
+ * copying them into `out` (zero-copy: libkvgpu copies them to device memory straight from the
+ * tier, whose memory it has page-locked: kvdb_dram_memory). Blocks read from a disk tier are
+ * copied into `out` and told to on_block as kvdb_get_notify does. Every position of the final
+ * *hit_tokens was either told or lent (a block may be lent or told more than once when a short
+ * read is retried: each lending is given back). on_lend NULL: kvdb_get_notify. As with on_block,
+ * the remote tier is not asked. Returns as kvdb_get.
+ */
+KVDB_API kvdb_status kvdb_get_lend(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
+                                   const kvdb_kv_view *out, size_t *hit_tokens,
+                                   kvdb_block_fn on_block, kvdb_lend_fn on_lend, void *ctx);
+
+/** Give back a block kvdb_get_lend lent (b->lease); b->data must not be read after. */
+KVDB_API void kvdb_lent_return(kvdb *db, const kvdb_lent_block *b);
+
+/**
+ * @brief The DRAM tier's memory: one range, [*base, *base + *bytes), mapped for the handle's
+ * life, that holds every block the tier keeps (and so every block kvdb_get_lend lends), for a
+ * caller that page-locks it for DMA (cudaHostRegister: libkvgpu's kvdb_gpu_attach).
+ * @return KVDB_OK; KVDB_UNSUPPORTED when the tier is off (options.dram_bytes 0); KVDB_INVALID for
+ * a NULL argument.
+ */
+KVDB_API kvdb_status kvdb_dram_memory(kvdb *db, void **base, size_t *bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /**

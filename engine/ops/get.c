@@ -202,9 +202,12 @@ kvdb_status kvdb_lookup_kept(kvdb *db, const kvdb_model *m, const uint32_t *toke
   return rc;
 }
 
-/* Copy block `x` (n_copy tokens) into the view from the DRAM tier; 1 on a hit. */
-static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint32_t from,
-                     uint32_t n_copy, const kvdb_kv_view *out, uint64_t t0)
+/* Serve block `x` (n_copy tokens at t0) from the DRAM tier: lent to the caller's on_lend
+ * (kvdb_get_lend: taken, it stays pinned until kvdb_lent_return), else copied into the view and
+ * told to on_block. 1 when served (a hit). */
+static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint32_t n_copy,
+                     const kvdb_kv_view *out, uint64_t t0, kvdb_lend_fn on_lend,
+                     kvdb_block_fn on_block, void *ctx)
 {
   if (db->dram == NULL)
     return 0;
@@ -213,11 +216,21 @@ static int from_dram(kvdb *db, const kv_block_geom *g, const uint8_t *hash, uint
   kv_dram_entry *e = kv_dram_pin(db->dram, hash, &data, &len);
   if (e == NULL)
     return 0;
-  int ok = len == g->data_bytes;
-  if (ok)
-    kv_scatter(g, data, from, n_copy, out, t0);
+  if (len != g->data_bytes) {
+    kv_dram_unpin(db->dram, e);
+    return 0;
+  }
+  if (on_lend != NULL) {
+    kvdb_lent_block b = {data, len, (size_t)t0, n_copy, g->n_sections, g->group_tokens,
+                         g->row_bytes, g->group_stride, g->section_bytes, e};
+    if (on_lend(ctx, &b))
+      return 1; /* the caller's until kvdb_lent_return */
+  }
+  kv_scatter(g, data, 0, n_copy, out, t0);
   kv_dram_unpin(db->dram, e);
-  return ok;
+  if (on_block != NULL)
+    on_block(ctx, t0, n_copy);
+  return 1;
 }
 
 #ifndef KV_GET_WAVE
@@ -304,7 +317,8 @@ typedef struct kv_fetch_ctl {
   int (*gate)(void *ctx, uint64_t bytes);
   void *gate_ctx;
   void (*on_block)(void *ctx, size_t t0, size_t n_tokens);
-  void *block_ctx;
+  void *block_ctx;         /* on_block's and on_lend's */
+  kvdb_lend_fn on_lend;    /* kvdb_get_lend: DRAM-tier blocks lent, not copied */
   int stopped;             /* the gate said stop */
   uint32_t blocks_read, blocks_present; /* prefetch: read from disk, found in the DRAM tier */
   uint64_t bytes_read;
@@ -431,12 +445,15 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
                            x->rec.n_tokens) != KVDB_OK)
       break;
     int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
-    if (s < 0 && (out != NULL ? from_dram(db, &g, x->hash, 0, x->n_copy, out, x->t0)
-                              : kv_dram_keep(db->dram, x->hash))) {
+    if (s < 0 && out != NULL &&
+        from_dram(db, &g, x->hash, x->n_copy, out, x->t0, ctl->on_lend, ctl->on_block,
+                  ctl->block_ctx)) {
       delivered = x->t0 + x->n_copy;
-      ctl->blocks_present += out == NULL;
-      if (ctl->on_block != NULL)
-        ctl->on_block(ctl->block_ctx, x->t0, x->n_copy);
+      continue;
+    }
+    if (s < 0 && out == NULL && kv_dram_keep(db->dram, x->hash)) {
+      delivered = x->t0 + x->n_copy;
+      ctl->blocks_present++;
       continue;
     }
     uint64_t t_blk = kv_place_now_ns(); /* the block's share of the get (placement figures) */
@@ -614,7 +631,8 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
   /* the rest of the chain on the remote tier, if any: for a get into the caller's view only
    * (a prefetch stages local blocks; a get that reports each block as it lands, the GPU hop's,
    * ends at the local hit, since remote blocks would land unreported) */
-  if (rc == KVDB_OK && ctl->out != NULL && ctl->on_block == NULL && !ctl->stopped)
+  if (rc == KVDB_OK && ctl->out != NULL && ctl->on_block == NULL && ctl->on_lend == NULL &&
+      !ctl->stopped)
     *hit_tokens = kv_rtier_extend(db, m, bt, tokens, n, *hit_tokens, ctl->out);
   if (rc == KVDB_OK)
     kv_clear_error(); /* a block that failed verification is a miss, not an error */
@@ -623,8 +641,8 @@ static kvdb_status get_ctl(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
 }
 
 kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                   const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block, void *ctx,
-                   uint8_t hit_ctx[16], int *served)
+                   const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                   kvdb_lend_fn on_lend, void *ctx, uint8_t hit_ctx[16], int *served)
 {
   uint32_t bt;
   *served = 0;
@@ -635,7 +653,7 @@ kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t
   KV_RET(kv_check_view_extent(out, m, n, "out"));
   if (hit_tokens == NULL)
     return kv_fail(KVDB_INVALID, "hit_tokens is NULL");
-  kv_fetch_ctl ctl = {out, KV_GET_WAVE, NULL, NULL, on_block, ctx, 0, 0, 0, 0, {0}, 0};
+  kv_fetch_ctl ctl = {out, KV_GET_WAVE, NULL, NULL, on_block, ctx, on_lend, 0, 0, 0, 0, {0}, 0};
   kvdb_status rc = get_ctl(db, m, bt, tokens, n, &ctl, hit_tokens);
   if (rc == KVDB_OK && ctl.served) {
     memcpy(hit_ctx, ctl.hit_ctx, 16);
@@ -653,7 +671,7 @@ kvdb_status kv_prefetch_fetch(kvdb *db, const kvdb_model *m, const uint32_t *tok
   KV_RET(read_checks(db, m, &bt, tokens, n));
   if (db->dram == NULL)
     return kv_fail(KVDB_UNSUPPORTED, "prefetch: the DRAM tier is off (options.dram_bytes 0)");
-  kv_fetch_ctl ctl = {NULL, wave_bytes, gate, gate_ctx, NULL, NULL, 0, 0, 0, 0, {0}, 0};
+  kv_fetch_ctl ctl = {NULL, wave_bytes, gate, gate_ctx, NULL, NULL, NULL, 0, 0, 0, 0, {0}, 0};
   size_t staged = 0;
   kvdb_status rc = get_ctl(db, m, bt, tokens, n, &ctl, &staged);
   res->staged_tokens = staged;
@@ -886,7 +904,7 @@ again:;
   kv_block_geom g;
   if (rc == KVDB_OK)
     rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
-  if (rc == KVDB_OK && !from_dram(db, &g, ck.b, 0, br.n_tokens, out, 0)) {
+  if (rc == KVDB_OK && !from_dram(db, &g, ck.b, br.n_tokens, out, 0, NULL, NULL, NULL)) {
     int comp = (br.bflags & KV_BLK_COMPRESSED) != 0;
     kv_rbuf *rb = kv_rbuf_acquire(db, br.bytes);
     kv_rbuf *db_ = comp ? kv_rbuf_acquire(db, g.data_bytes) : NULL;

@@ -16,13 +16,13 @@
 
 /* ---- get.c ---- */
 
-/* kvdb_get_notify's read (on_block NULL: kvdb_get's); *served = 1 and hit_ctx = the context
- * whose last block was the last block delivered, when there is one (the context the get
- * counted an access of). kvdb_get_notify (db.c) calls it, then the placement's promotion on a
- * hit. */
+/* kvdb_get_lend's read (on_lend NULL: kvdb_get_notify's; both NULL: kvdb_get's); *served = 1
+ * and hit_ctx = the context whose last block was the last block delivered, when there is one
+ * (the context the get counted an access of). kvdb_get_lend (db.c) calls it, then the
+ * placement's promotion on a hit. */
 kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t n,
-                   const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block, void *ctx,
-                   uint8_t hit_ctx[16], int *served);
+                   const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
+                   kvdb_lend_fn on_lend, void *ctx, uint8_t hit_ctx[16], int *served);
 
 /* ---- put.c ---- */
 

@@ -88,6 +88,12 @@ void kv_dram_destroy(kv_dram *d)
   free(d);
 }
 
+void kv_dram_region(const kv_dram *d, void **base, size_t *bytes)
+{
+  *base = d->mem;
+  *bytes = (size_t)d->capacity;
+}
+
 static int page_used(const kv_dram *d, uint64_t p)
 {
   return (d->bitmap[p / 64] >> (p % 64)) & 1;

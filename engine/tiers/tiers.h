@@ -89,6 +89,8 @@ typedef struct kv_dram_entry kv_dram_entry;
 /* NULL when capacity < 4 KiB (no tier) or on allocation failure. */
 kv_dram *kv_dram_create(uint64_t capacity);
 void kv_dram_destroy(kv_dram *d);
+/* The tier's memory: one mapping that holds every block's data region (kvdb_dram_memory). */
+void kv_dram_region(const kv_dram *d, void **base, size_t *bytes);
 
 /* Find and pin; NULL on a miss (counted). data and len receive the block's data region. */
 kv_dram_entry *kv_dram_pin(kv_dram *d, const uint8_t hash[16], const uint8_t **data,

@@ -5,6 +5,9 @@
  *   api      staging into the DRAM tier and a later get finding it there; idempotence; cancel
  *            of a queued and of a running request; order by deadline and priority; expiry;
  *            bad input; kvdb_get_notify's ranges
+ *   lend     kvdb_get_lend: DRAM-tier blocks lent in place (the layout kvdb.h documents, element
+ *            by element), kept while the tier fills past its size, evictable once given back;
+ *            refused lends copied and told; a partial block; kvdb_dram_memory
  *   close    kvdb_close while a request reads: it stops, nothing leaks, the data reads back
  *   kill     SIGKILL of a process while its prefetch reads: the database opens and verifies
  *   bucket   the token bucket's arithmetic on a synthetic clock; the DRAM tier's staged blocks
@@ -431,6 +434,168 @@ static void test_dram(void)
   kv_dram_destroy(d);
 }
 
+/* ---- kvdb_get_lend: DRAM-tier blocks lent in place ---- */
+
+typedef struct lends {
+  kvdb_lent_block b[64];
+  uint8_t *copy[64]; /* each lent region's bytes when lent */
+  int n, take, told;
+  size_t next; /* the end of the last position lent or told */
+} lends;
+
+static int on_lend(void *ctx, const kvdb_lent_block *b)
+{
+  lends *l = ctx;
+  ASSERT_EQ(b->t0, l->next);
+  ASSERT(b->n_tokens > 0 && b->lease != NULL && b->data != NULL);
+  if (!l->take)
+    return 0;
+  ASSERT(l->n < 64);
+  l->b[l->n] = *b;
+  l->copy[l->n] = malloc(b->data_bytes);
+  ASSERT(l->copy[l->n] != NULL);
+  memcpy(l->copy[l->n], b->data, b->data_bytes);
+  l->n++;
+  l->next = b->t0 + b->n_tokens;
+  return 1;
+}
+
+static void on_told(void *ctx, size_t t0, size_t n)
+{
+  lends *l = ctx;
+  ASSERT_EQ(t0, l->next);
+  l->next = t0 + n;
+  l->told++;
+}
+
+static void lends_return(kvdb *db, lends *l)
+{
+  for (int i = 0; i < l->n; i++) {
+    kvdb_lent_return(db, &l->b[i]);
+    free(l->copy[i]);
+  }
+  l->n = 0;
+}
+
+/* Every element of a lent block, read by the layout kvdb.h documents, is the KV of its token. */
+static void check_lent(const kvdb_lent_block *b, const uint32_t *tok)
+{
+  ASSERT_EQ(b->n_sections, M.n_layers * M.n_kv_heads * 2);
+  ASSERT_EQ(b->row_bytes, M.head_dim * 2);
+  for (uint32_t l = 0; l < M.n_layers; l++)
+    for (uint32_t h = 0; h < M.n_kv_heads; h++)
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        uint32_t sec = (l * M.n_kv_heads + h) * 2 + kv;
+        for (size_t t = 0; t < b->n_tokens; t++) {
+          const uint8_t *row = (const uint8_t *)b->data + sec * b->section_bytes +
+                               (t / b->group_tokens) * b->group_stride +
+                               (t % b->group_tokens) * b->row_bytes;
+          ASSERT(row + b->row_bytes <= (const uint8_t *)b->data + b->data_bytes);
+          for (uint32_t d = 0; d < M.head_dim; d++) {
+            uint16_t v;
+            memcpy(&v, row + 2 * d, 2);
+            ASSERT_EQ(v, t_kv_value(tok, b->t0 + t, l, kv, h, d));
+          }
+        }
+      }
+}
+
+static void test_lend(const char *dir)
+{
+  populate(dir);
+  /* a DRAM tier for about one and a half contexts */
+  kvdb *db = open_db(dir, 2u << 20, 0);
+  size_t hit = 0, bytes = N_TOK * kvdb_model_token_bytes(&M);
+  uint8_t *buf = malloc(bytes);
+  ASSERT(buf != NULL);
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, buf, &M, N_TOK, KVDB_LAYOUT_LKTHD));
+  lends l;
+  memset(&l, 0, sizeof l);
+
+  /* from the SSD tier: nothing lent, every block told and copied */
+  l.take = 1;
+  ASSERT_OK(kvdb_get_lend(db, &M, toks[0], N_TOK, &v, &hit, on_told, on_lend, &l));
+  ASSERT_EQ(hit, N_TOK);
+  ASSERT_EQ(l.n, 0);
+  ASSERT_EQ(l.told, N_TOK / 16);
+  ASSERT_EQ(t_check_kv(&M, toks[0], N_TOK, N_TOK, (uint16_t *)buf), N_TOK);
+
+  /* from the DRAM tier, taken: all lent, nothing written to out, nothing told */
+  void *base;
+  size_t tier;
+  ASSERT_OK(kvdb_dram_memory(db, &base, &tier));
+  memset(buf, 0x5A, bytes);
+  memset(&l, 0, sizeof l);
+  l.take = 1;
+  ASSERT_OK(kvdb_get_lend(db, &M, toks[0], N_TOK, &v, &hit, on_told, on_lend, &l));
+  ASSERT_EQ(hit, N_TOK);
+  ASSERT_EQ(l.n, N_TOK / 16);
+  ASSERT_EQ(l.told, 0);
+  ASSERT_EQ(l.next, N_TOK);
+  for (size_t i = 0; i < bytes; i++)
+    ASSERT_EQ(buf[i], 0x5A);
+  for (int i = 0; i < l.n; i++) {
+    ASSERT((const uint8_t *)l.b[i].data >= (const uint8_t *)base &&
+           (const uint8_t *)l.b[i].data + l.b[i].data_bytes <= (const uint8_t *)base + tier);
+    check_lent(&l.b[i], toks[0]);
+  }
+  /* lent blocks stay while other contexts fill the tier past its size; then given back */
+  for (int c = 1; c < N_CTX; c++)
+    ASSERT_EQ(t_get_check(db, &M, toks[c], N_TOK), N_TOK);
+  for (int i = 0; i < l.n; i++)
+    ASSERT(memcmp(l.b[i].data, l.copy[i], l.b[i].data_bytes) == 0);
+  lends_return(db, &l);
+  kvdb_lent_return(db, NULL); /* no-op */
+  kvdb_lent_return(NULL, NULL);
+
+  /* given back, they can be evicted: the tier holds the last contexts read, and the blocks
+   * context 0 needs are read again from the SSD tier */
+  for (int c = 1; c < N_CTX; c++)
+    ASSERT_EQ(t_get_check(db, &M, toks[c], N_TOK), N_TOK);
+  uint64_t ssd0 = tier_hits(db, KVDB_TIER_SSD);
+  ASSERT_EQ(t_get_check(db, &M, toks[0], N_TOK), N_TOK);
+  ASSERT(tier_hits(db, KVDB_TIER_SSD) > ssd0);
+
+  /* refused: copied into out and told, as kvdb_get_notify */
+  memset(buf, 0, bytes);
+  memset(&l, 0, sizeof l);
+  l.take = 0;
+  ASSERT_OK(kvdb_get_lend(db, &M, toks[0], N_TOK, &v, &hit, on_told, on_lend, &l));
+  ASSERT_EQ(hit, N_TOK);
+  ASSERT_EQ(l.n, 0);
+  ASSERT_EQ(l.next, N_TOK);
+  ASSERT_EQ(t_check_kv(&M, toks[0], N_TOK, N_TOK, (uint16_t *)buf), N_TOK);
+
+  /* a prefix of 100 tokens: the 7th block lent for 4 of its tokens */
+  uint32_t q[N_TOK];
+  memcpy(q, toks[0], sizeof q);
+  for (size_t i = 100; i < N_TOK; i++)
+    q[i] = 50000 + (uint32_t)i;
+  memset(&l, 0, sizeof l);
+  l.take = 1;
+  ASSERT_OK(kvdb_get_lend(db, &M, q, N_TOK, &v, &hit, on_told, on_lend, &l));
+  ASSERT_EQ(hit, 100);
+  ASSERT_EQ(l.n, 7);
+  ASSERT_EQ(l.b[6].n_tokens, 4);
+  for (int i = 0; i < l.n; i++)
+    check_lent(&l.b[i], toks[0]);
+  lends_return(db, &l);
+
+  ASSERT_STATUS(KVDB_INVALID, kvdb_dram_memory(db, NULL, &tier));
+  kvdb_close(db);
+  kvdb *nodram = open_db(dir, 0, 0);
+  ASSERT_STATUS(KVDB_UNSUPPORTED, kvdb_dram_memory(nodram, &base, &tier));
+  ASSERT_MSG_HAS("dram_bytes");
+  memset(&l, 0, sizeof l);
+  l.take = 1;
+  ASSERT_OK(kvdb_get_lend(nodram, &M, toks[0], N_TOK, &v, &hit, on_told, on_lend, &l));
+  ASSERT_EQ(hit, N_TOK);
+  ASSERT_EQ(l.n, 0);
+  kvdb_close(nodram);
+  free(buf);
+}
+
 int main(int argc, char **argv)
 {
   const char *mode = argc > 1 ? argv[1] : "api";
@@ -447,6 +612,8 @@ int main(int argc, char **argv)
     test_close(dir);
   else if (strcmp(mode, "kill") == 0)
     test_kill(dir);
+  else if (strcmp(mode, "lend") == 0)
+    test_lend(dir);
   else {
     fprintf(stderr, "unknown mode %s\n", mode);
     return T_EXIT_FAIL;
