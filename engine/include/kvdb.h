@@ -1711,7 +1711,7 @@ KVDB_API kvdb_status kvdb_get_notify(kvdb *db, const kvdb_model *m, const uint32
  * the caller's view. The bytes are the block's verified K and V and do not change until the
  * block is given back (kvdb_lent_return): until then the tier neither evicts nor reuses them.
  *
- * Layout (FORMAT.md, "the data region": page-grouped sections): section
+ * Layout (format/FORMAT.md §3, the data region: sections in page groups): section
  * s = (layer * n_kv_heads + head) * 2 + kv (kv 0: K, 1: V) begins at data + s * section_bytes;
  * token t of a section at + (t / group_tokens) * group_stride + (t % group_tokens) * row_bytes,
  * row_bytes = head_dim x the dtype's bytes, elements in the model's dtype. The query's positions
