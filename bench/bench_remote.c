@@ -171,6 +171,10 @@ static kvdb *open_host(const char *dir, int port, const char *ns, uint32_t timeo
   o.remote_timeout_ms = timeout_ms;
   o.remote_copy_hits = 0;
   o.remote_hash_tag = tag;
+  /* KVDB_BENCH_REMOTE_POLL_US: remote_poll_us other than the default, a diagnostic */
+  const char *poll = getenv("KVDB_BENCH_REMOTE_POLL_US");
+  if (poll != NULL)
+    o.remote_poll_us = (uint32_t)atoi(poll);
   kvdb *db = NULL;
   *st = kvdb_open(dir, &o, &db);
   if (*st != KVDB_OK)
