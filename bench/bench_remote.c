@@ -171,6 +171,10 @@ static kvdb *open_host(const char *dir, int port, const char *ns, uint32_t timeo
   o.remote_timeout_ms = timeout_ms;
   o.remote_copy_hits = 0;
   o.remote_hash_tag = tag;
+  /* KVDB_BENCH_REMOTE_POLL_US: remote_poll_us other than the default, a diagnostic */
+  const char *poll = getenv("KVDB_BENCH_REMOTE_POLL_US");
+  if (poll != NULL)
+    o.remote_poll_us = (uint32_t)atoi(poll);
   kvdb *db = NULL;
   *st = kvdb_open(dir, &o, &db);
   if (*st != KVDB_OK)
@@ -249,6 +253,26 @@ static double redis_benchmark_get(int port, size_t bytes, unsigned depth, unsign
       rps = strtod(line + 7, NULL);
   pclose(p);
   return rps;
+}
+
+/* CPU time (user + system, µs) process pid has used so far (/proc/PID/stat: every thread;
+ * clock ticks); -1 when it cannot be read. */
+static double proc_cpu_us(pid_t pid)
+{
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+  unsigned long long ut = 0, st = 0;
+  if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                          &st) != 2)
+    return -1;
+  return (double)(ut + st) * 1e6 / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* The Redis key of block i of context id under ns (rtier.c's form). */
@@ -635,7 +659,9 @@ out:
  * --quick 1 s; KVDB_BENCH_REMOTE_GET_S sets it), then one redis-benchmark GET run at the same
  * value size and pipeline depth: so that `perf record` of this process sees the get path, not
  * the puts and faults of the full bench. Figures: blocks/s, µs per block, and the ratio of the
- * one pair (kvdb-bench remote's median of paired rounds is the target's figure). */
+ * one pair (kvdb-bench remote's median of paired rounds is the target's figure); each client's
+ * CPU time per value, and the server's (/proc/PID/stat) per value of the get loop and per GET
+ * of a second redis-benchmark run of GETs alone. */
 int bench_remote_get(const bench_env *env, bench_json *j)
 {
   const unsigned n_ctx = env->quick ? 16 : 32;
@@ -659,9 +685,15 @@ int bench_remote_get(const bench_env *env, bench_json *j)
   double secs = dur != NULL && atof(dur) > 0 ? atof(dur) : env->quick ? 1.0 : 3.0;
   struct rusage u0, u1, c0, c1;
   getrusage(RUSAGE_THREAD, &u0);
+  double srv0 = proc_cpu_us(s.pid);
   uint64_t blocks = 0, t0 = bench_now_ns(), ns = 0;
+  /* KVDB_BENCH_REMOTE_GET_CTX=N: the loop gets only the first N contexts (N = 1: 16 values,
+   * hot in the server's cache, as redis-benchmark's one key is), a diagnostic */
+  const char *lc = getenv("KVDB_BENCH_REMOTE_GET_CTX");
+  unsigned loop_ctx = lc != NULL && atoi(lc) > 0 && (unsigned)atoi(lc) < n_ctx
+                          ? (unsigned)atoi(lc) : n_ctx;
   while (ns < (uint64_t)(secs * 1e9)) {
-    for (unsigned i = 0; i < n_ctx; i++) {
+    for (unsigned i = 0; i < loop_ctx; i++) {
       if (get_ctx(b, i, out, NULL, &hit, &wrong) != 0)
         goto out;
       blocks += hit / R_BT;
@@ -669,12 +701,26 @@ int bench_remote_get(const bench_env *env, bench_json *j)
     ns = bench_now_ns() - t0;
   }
   getrusage(RUSAGE_THREAD, &u1);
+  double srv1 = proc_cpu_us(s.pid);
   double bps = bench_ratio((double)blocks * 1e9, (double)ns);
   unsigned n_rb = env->quick ? 8000 : 20000;
   getrusage(RUSAGE_CHILDREN, &c0);
   double rps = redis_benchmark_get(s.port, vbytes, R_CTX_BLOCKS, n_rb);
   getrusage(RUSAGE_CHILDREN, &c1);
   double ratio = bench_ratio(bps, rps);
+  /* the server's CPU per value: for kvdb_get's loop, and for a redis-benchmark run of GETs
+   * alone (the key its run above SET) */
+  struct rusage g0, g1;
+  getrusage(RUSAGE_CHILDREN, &g0);
+  double srv2 = proc_cpu_us(s.pid);
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "redis-benchmark -h 127.0.0.1 -p %d -t get -n %u -d %zu -P %u -c 1 "
+           "--csv >/dev/null 2>&1", s.port, n_rb, vbytes, R_CTX_BLOCKS);
+  uint64_t tg = bench_now_ns();
+  int sysrc = system(cmd);
+  tg = bench_now_ns() - tg;
+  double srv3 = proc_cpu_us(s.pid);
+  getrusage(RUSAGE_CHILDREN, &g1);
   /* CPU time per value of each client (this thread; redis-benchmark, a waited-for child: its
    * SET phase too, same values): a figure the other sessions' load hardly moves */
 #define RU_US(a, b) (((double)(b).ru_utime.tv_sec - (double)(a).ru_utime.tv_sec) * 1e6 + \
@@ -683,7 +729,16 @@ int bench_remote_get(const bench_env *env, bench_json *j)
                      ((double)(b).ru_stime.tv_usec - (double)(a).ru_stime.tv_usec))
   double kv_cpu = blocks ? RU_US(u0, u1) / (double)blocks : 0;
   double rb_cpu = RU_US(c0, c1) / (2.0 * n_rb);
+  double rb_get_cpu = sysrc == 0 ? RU_US(g0, g1) / n_rb : 0;
 #undef RU_US
+  double srv_kv = blocks && srv0 >= 0 && srv1 >= 0 ? (srv1 - srv0) / (double)blocks : 0;
+  double srv_rb = sysrc == 0 && srv2 >= 0 && srv3 >= 0 ? (srv3 - srv2) / n_rb : 0;
+  long csw = (u1.ru_nvcsw - u0.ru_nvcsw) + (u1.ru_nivcsw - u0.ru_nivcsw);
+  fprintf(env->out, "server CPU per value: kvdb_get's loop %.1f us, redis-benchmark GET alone "
+          "%.1f us (that run: %.1f us wall, client CPU %.1f us per request); kvdb_get thread: "
+          "%.2f context switches per value\n", srv_kv, srv_rb,
+          sysrc == 0 ? (double)tg / 1e3 / n_rb : 0, rb_get_cpu,
+          blocks ? (double)csw / (double)blocks : 0);
   fprintf(env->out, "remote get alone: %.0f blocks/s (%.1f us per %zu-byte value) over %.1f s; "
           "redis-benchmark GET -d %zu -P %u -c 1: %.0f/s (%.1f us); ratio %.3f; %" PRIu64
           " wrong or short contexts\nclient CPU per value: kvdb_get %.1f us, redis-benchmark %.1f us "
@@ -696,6 +751,8 @@ int bench_remote_get(const bench_env *env, bench_json *j)
   bench_json_int(j, "wrong_contexts", (int64_t)wrong_n);
   bench_json_num(j, "remote_get_cpu_us_per_value", kv_cpu);
   bench_json_num(j, "redis_benchmark_cpu_us_per_request", rb_cpu);
+  bench_json_num(j, "server_cpu_us_per_value_kvdb", srv_kv);
+  bench_json_num(j, "server_cpu_us_per_get_redis_benchmark", srv_rb);
   ret = wrong_n == 0 ? 0 : 1;
 out:
   rbench_close(&r);

@@ -44,6 +44,7 @@ void kvdb_options_init(kvdb_options *opt)
   opt->remote_timeout_ms = 250;
   opt->remote_queue_blocks = 4096;
   opt->remote_copy_hits = 1;
+  opt->remote_poll_us = 50;
 }
 
 /* ---- get: read -> (placement) promote ----------------------------------------------------- */
@@ -251,6 +252,9 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (opt.remote_copy_hits > 1)
     return kv_fail(KVDB_INVALID, "options.remote_copy_hits %u is not 0 or 1",
                    opt.remote_copy_hits);
+  if (opt.remote_poll_us > 10000)
+    return kv_fail(KVDB_INVALID, "options.remote_poll_us %u is above 10000",
+                   opt.remote_poll_us);
   int rdonly = (opt.flags & KVDB_O_RDONLY) != 0;
   int create = !rdonly && (opt.flags & KVDB_O_CREATE) != 0;
 

@@ -489,6 +489,17 @@ typedef struct kvdb_options {
    * plan keeps there; 0 (default) = unlimited (Redis's maxmemory policy bounds what it keeps,
    * and a context it evicts is a miss, never wrong KV) */
   uint64_t remote_bytes;
+  /**
+   * How long (µs) a get or lookup waiting for the remote tier's replies polls its socket (a
+   * non-blocking read, the CPU given to any other runnable thread between tries) before it
+   * sleeps in a blocking read (bounded by remote_timeout_ms, which this adds to): default
+   * 50; 0 = always sleep; at most 10000. Replies usually
+   * come within that time of each other in a batch, and a reader that does not sleep is not
+   * woken either (the server and the reader each save the wake-up: bench/RESULTS.md, "issue 20,
+   * session 26"). A waiter past it sleeps, so a slow server costs at most this much CPU per
+   * wait. Other values: KVDB_INVALID.
+   */
+  uint32_t remote_poll_us;
 } kvdb_options;
 
 /** @brief Fill *opt with defaults. Cannot fail. */

@@ -852,6 +852,7 @@ kvdb_status kv_rtier_open(kvdb *db)
     free(t);
     return rc;
   }
+  kv_remote_set_poll(t->r, o->remote_poll_us);
   memcpy(t->ns, ns, nl + 1);
   t->ns_tag = XXH3_64bits(ns, nl);
   pthread_mutex_init(&t->mu, NULL);

@@ -51,6 +51,8 @@ struct kv_remote {
   int refresh;     /* a MOVED asked for a new slot map */
   struct timeval tv;
   connset *idle;
+  kv_resp_pool pool; /* value buffers of every connection (resp.h) */
+  _Atomic uint32_t poll_us; /* the readers' polling before a blocking read (resp.h) */
   kv_logger log;
   _Atomic uint64_t round_trips, commands, errors, reconnects, down_skips, redirects, bytes_out,
       bytes_in;
@@ -132,6 +134,7 @@ kvdb_status kv_remote_open(const char *addr, uint32_t timeout_ms, const kv_logge
   for (unsigned i = 0; i < KV_RSLOTS; i++)
     r->slots[i] = KV_RSLOT_NONE;
   pthread_mutex_init(&r->mu, NULL);
+  kv_resp_pool_init(&r->pool);
   snprintf(r->nodes[0].host, sizeof r->nodes[0].host, "%s", host);
   r->nodes[0].port = port;
   r->n_nodes = 1;
@@ -169,14 +172,20 @@ void kv_remote_close(kv_remote *r)
     connset_free(cs);
   }
   free(r->slots);
+  kv_resp_pool_destroy(&r->pool);
   pthread_mutex_destroy(&r->mu);
   free(r);
+}
+
+void kv_remote_set_poll(kv_remote *r, uint32_t us)
+{
+  r->poll_us = us;
 }
 
 void kv_remote_release(kv_rcmd *cmds, size_t n)
 {
   for (size_t i = 0; i < n; i++) {
-    free(cmds[i].reply_);
+    kv_resp_data_free(cmds[i].reply_);
     cmds[i].reply_ = NULL;
     cmds[i].data = NULL;
     cmds[i].len = 0;
@@ -270,6 +279,8 @@ static redisContext *node_conn(kv_remote *r, connset *cs, int i)
     r->reconnects++;
   cs->c[i] = c;
   kv_resp_init(&cs->rd[i], c->fd);
+  cs->rd[i].pool = &r->pool;
+  cs->rd[i].poll_us = r->poll_us;
   cs->epoch[i] = nd.epoch;
   return c;
 }
@@ -435,7 +446,7 @@ static int take_reply(kv_remote *r, connset *cs, int k, kv_rcmd *x, int asking, 
   int rc = 0;
   if (asking) {
     rc = kv_resp_read(rd, &rep, why, why_cap);
-    free(rep.data);
+    kv_resp_data_free(rep.data);
   }
   if (rc == 0)
     rc = kv_resp_read(rd, &rep, why, why_cap);
@@ -546,6 +557,7 @@ kvdb_status kv_remote_exec_cb(kv_remote *r, kv_rcmd *cmds, size_t n, kv_rcmd_fn 
           r->down_skips++;
       continue;
     }
+    cs->rd[k].poll_us = r->poll_us;
     if (c->reader->len > c->reader->pos) { /* hiredis holds unread replies: out of step */
       node_failed(r, cs, k, "protocol error: replies nobody asked for");
       used[k] = 0;

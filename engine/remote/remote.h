@@ -13,7 +13,9 @@
  * counted. The address is a seed: CLUSTER SLOTS tells whether it is a cluster.
  *
  * Replies: hiredis connects and writes the commands; the batch's replies are read by resp.h
- * straight from the socket, each value into its own 64-byte-aligned allocation (one copy).
+ * straight from the socket, each value into a 64-byte-aligned buffer of the client's pool
+ * (one copy; a released value's buffer takes the next one), polling the socket for a while
+ * before sleeping in a blocking read (kv_remote_set_poll).
  *
  * Failure isolation: every connect, write and read has a timeout (redisSetTimeout). A node
  * whose connection fails is closed and marked down for a backoff (50 ms, doubling to 2 s, reset
@@ -50,7 +52,7 @@ typedef struct kv_rcmd {
   int status;
   const uint8_t *data;
   size_t len;
-  void *reply_; /* the allocation holding data (resp.h) */
+  uint8_t *reply_; /* the buffer holding data (resp.h: kv_resp_data_free) */
 } kv_rcmd;
 
 /* Counters since open (monotonic). */
@@ -72,6 +74,9 @@ typedef struct kv_remote_counters {
 kvdb_status kv_remote_open(const char *addr, uint32_t timeout_ms, const kv_logger *log,
                            kv_remote **out);
 void kv_remote_close(kv_remote *r);
+/* Poll a socket for up to us µs before a blocking read of a reply (resp.h; 0, the default:
+ * always a blocking read). Takes effect at the next batch. */
+void kv_remote_set_poll(kv_remote *r, uint32_t us);
 /* Run cmds[0..n) as one pipelined round trip. Returns KVDB_OK when every command has its
  * status; KVDB_NOMEM. Failures are per command (status KV_RCMD_ERR) and counted. */
 kvdb_status kv_remote_exec(kv_remote *r, kv_rcmd *cmds, size_t n);

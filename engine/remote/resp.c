@@ -4,11 +4,13 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "resp.h"
 
@@ -18,6 +20,97 @@
  * the next value's bytes then mostly go straight to their own allocation too. */
 #define KV_RESP_BUF (16u << 10)
 #define KV_RESP_TAIL 512u
+
+/* ---- value buffers ----
+ *
+ * A value's allocation: a 64-byte header (its capacity and pool), then the data, 64-byte
+ * aligned, capacity bytes (the value, its NUL, the rest unused). */
+typedef struct vhdr {
+  size_t cap;
+  kv_resp_pool *pool;
+} vhdr;
+#define VHDR 64u
+
+static vhdr *hdr_of(uint8_t *data)
+{
+  return (vhdr *)(void *)(data - VHDR);
+}
+
+void kv_resp_pool_init(kv_resp_pool *p)
+{
+  memset(p, 0, sizeof *p);
+  pthread_mutex_init(&p->mu, NULL);
+}
+
+void kv_resp_pool_destroy(kv_resp_pool *p)
+{
+  for (int i = 0; i < p->n; i++)
+    free(hdr_of(p->buf[i]));
+  p->n = 0;
+  pthread_mutex_destroy(&p->mu);
+}
+
+/* A buffer for a value of len bytes (and its NUL): one of the pool's that is large enough, or
+ * a new one. NULL when memory is short. */
+static uint8_t *val_alloc(kv_resp_pool *p, size_t len)
+{
+  if (p != NULL && len < KV_RESP_POOL_MAX) {
+    uint8_t *d = NULL;
+    pthread_mutex_lock(&p->mu);
+    for (int i = p->n; i-- > 0;)
+      if (hdr_of(p->buf[i])->cap > len) {
+        d = p->buf[i];
+        p->buf[i] = p->buf[--p->n];
+        break;
+      }
+    pthread_mutex_unlock(&p->mu);
+    if (d != NULL)
+      return d;
+  }
+  /* a page multiple: values of one model differ by a few bytes (a partial last block) */
+  size_t cap = (len + 1 + 4095) & ~(size_t)4095;
+  if (cap < len)
+    return NULL;
+  uint8_t *b = aligned_alloc(64, VHDR + cap);
+  if (b == NULL)
+    return NULL;
+  vhdr *h = (vhdr *)(void *)b;
+  h->cap = cap;
+  h->pool = p;
+  return b + VHDR;
+}
+
+void kv_resp_data_free(uint8_t *data)
+{
+  if (data == NULL)
+    return;
+  vhdr *h = hdr_of(data);
+  kv_resp_pool *p = h->pool;
+  if (p != NULL && h->cap <= KV_RESP_POOL_MAX) {
+    pthread_mutex_lock(&p->mu);
+    if (p->n < KV_RESP_POOL_N) {
+      p->buf[p->n++] = data;
+      data = NULL;
+    } else { /* full: the smallest of the pool's and this one goes */
+      int s = 0;
+      for (int i = 1; i < p->n; i++)
+        if (hdr_of(p->buf[i])->cap < hdr_of(p->buf[s])->cap)
+          s = i;
+      if (hdr_of(p->buf[s])->cap < h->cap) {
+        uint8_t *x = p->buf[s];
+        p->buf[s] = data;
+        data = x;
+      }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (data == NULL)
+      return;
+    h = hdr_of(data);
+  }
+  free(h);
+}
+
+/* ---- the reader ---- */
 
 void kv_resp_init(kv_resp_rd *r, int fd)
 {
@@ -42,6 +135,43 @@ static int rd_fail(char *err, size_t cap, const char *what)
 {
   snprintf(err, cap, "%s", what);
   return -1;
+}
+
+static uint64_t mono_ns(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* One read of the socket into iov[0..n): with poll_us, polled without sleeping (a
+ * non-blocking read, the CPU given to any other runnable thread between tries) for up to
+ * poll_us, then a blocking read (the socket's timeout). The bytes read, 0 (EOF) or -1. */
+static ssize_t rd_iov(kv_resp_rd *r, struct iovec *iov, int n)
+{
+  struct msghdr m;
+  memset(&m, 0, sizeof m);
+  m.msg_iov = iov;
+  m.msg_iovlen = (size_t)n;
+  ssize_t k;
+  if (r->poll_us > 0) {
+    uint64_t t0 = 0;
+    for (;;) {
+      k = recvmsg(r->fd, &m, MSG_DONTWAIT);
+      if (k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        return k;
+      uint64_t now = mono_ns();
+      if (t0 == 0)
+        t0 = now;
+      else if (now - t0 > (uint64_t)r->poll_us * 1000u)
+        break;
+      sched_yield();
+    }
+  }
+  do
+    k = recvmsg(r->fd, &m, 0);
+  while (k < 0 && errno == EINTR);
+  return k;
 }
 
 /* errno of a failed read as a failure. */
@@ -71,10 +201,8 @@ static int fill(kv_resp_rd *r, size_t most, char *err, size_t cap)
     return rd_fail(err, cap, "protocol error: reply line too long");
   if (room > most)
     room = most;
-  ssize_t got;
-  do
-    got = recv(r->fd, r->buf + r->len, room, 0);
-  while (got < 0 && errno == EINTR);
+  struct iovec one = {r->buf + r->len, room};
+  ssize_t got = rd_iov(r, &one, 1);
   if (got <= 0)
     return io_fail(err, cap, got);
   r->len += (size_t)got;
@@ -164,7 +292,7 @@ int kv_resp_read(kv_resp_rd *r, kv_resp *out, char *err, size_t cap)
   if (v < 0 || (uint64_t)v > r->max_bulk)
     return rd_fail(err, cap, "protocol error: bad bulk length");
   size_t len = (size_t)v;
-  uint8_t *d = aligned_alloc(64, (len + 1 + 63) & ~(size_t)63);
+  uint8_t *d = val_alloc(r->pool, len);
   if (d == NULL)
     return rd_fail(err, cap, "out of memory for a reply");
   size_t got = r->len - r->pos < len ? r->len - r->pos : len;
@@ -175,12 +303,9 @@ int kv_resp_read(kv_resp_rd *r, kv_resp *out, char *err, size_t cap)
     r->pos = r->len = 0;
     while (got < len) {
       struct iovec iov[2] = {{d + got, len - got}, {r->buf, KV_RESP_TAIL}};
-      ssize_t k;
-      do
-        k = readv(r->fd, iov, 2);
-      while (k < 0 && errno == EINTR);
+      ssize_t k = rd_iov(r, iov, 2);
       if (k <= 0) {
-        free(d);
+        kv_resp_data_free(d);
         return io_fail(err, cap, k);
       }
       r->bytes_in += (uint64_t)k;
@@ -194,11 +319,11 @@ int kv_resp_read(kv_resp_rd *r, kv_resp *out, char *err, size_t cap)
   }
   while (r->len - r->pos < 2)
     if (fill(r, KV_RESP_BUF, err, cap) != 0) {
-      free(d);
+      kv_resp_data_free(d);
       return -1;
     }
   if (r->buf[r->pos] != '\r' || r->buf[r->pos + 1] != '\n') {
-    free(d);
+    kv_resp_data_free(d);
     return rd_fail(err, cap, "protocol error: bulk string without its CRLF");
   }
   r->pos += 2;

@@ -220,6 +220,15 @@ def test_errors_are_exceptions(db, tmp_path):
         kvdb.open(tmp_path / "rw2", remote_write="never")
     with pytest.raises(kvdb.InvalidError, match="remote_write"):
         kvdb.open(tmp_path / "rw3", remote_write=4)
+    # remote_poll_us: the mirror of kvdb_options is as long as the library's (the field
+    # reaches the C side), its bound refused naming it
+    opt = _lib.out_struct(_lib.Options)
+    _lib.lib.kvdb_options_init(ctypes.byref(opt))
+    assert opt.struct_size == ctypes.sizeof(_lib.Options) and opt.remote_poll_us == 50
+    with kvdb.open(tmp_path / "rp", remote_addr="127.0.0.1:1", remote_poll_us=0):
+        pass
+    with pytest.raises(kvdb.InvalidError, match="remote_poll_us"):
+        kvdb.open(tmp_path / "rp2", remote_addr="127.0.0.1:1", remote_poll_us=10001)
     with pytest.raises(kvdb.InvalidError, match="hex"):
         db.delete("zz")
     db.close()

@@ -64,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           memcmp(rep.data, data + after - 2 - rep.len, rep.len) != 0 || rep.data[rep.len] != 0 ||
           ((uintptr_t)rep.data & 63) != 0 || data[after - 2] != '\r' || data[after - 1] != '\n')
         abort();
-      free(rep.data);
+      kv_resp_data_free(rep.data);
       break;
     case KV_RESP_STATUS:
     case KV_RESP_ERROR: {

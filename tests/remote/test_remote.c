@@ -37,12 +37,15 @@
  *            aligned buffer) exact; a reply of a type a batch never gets fails that command and
  *            the rest of its node's batch, closes the connection and counts an error; the next
  *            batch reconnects; bytes past the batch's replies, a value cut by a close and a
- *            value stalled past the timeout each fail the connection, counted
+ *            value stalled past the timeout each fail the connection, counted; all of it
+ *            with the socket polled before a blocking read (remote_poll_us) and without; the
+ *            value buffers' pool (reuse, a value cut mid-reply gives its buffer back, bounds)
  *   metrics  kvdb_metrics of handles that used the tier, `kvdb-admin metrics DIR`, both
  *            checked by `promtool check metrics`; `kvdb-admin serve --metrics` scraped by a
  *            real prometheus server (its query API returns the scraped value)
  */
 #include "redis_test.h"
+#include "remote/resp.h"
 
 static const char *const progs[] = {"redis-server"};
 
@@ -1385,7 +1388,134 @@ static void get_batch(kv_remote *r, kv_rcmd *c, size_t n)
   ASSERT_OK(kv_remote_exec(r, c, n));
 }
 
-static void mode_protocol(void)
+/* Write all of s into fd (a socketpair end with room for it). */
+static void sp_write(int fd, const void *s, size_t n)
+{
+  const char *p = s;
+  while (n > 0) {
+    ssize_t k = write(fd, p, n);
+    ASSERT(k > 0);
+    p += k;
+    n -= (size_t)k;
+  }
+}
+
+/* A socketpair whose first end takes 1 MiB unread. */
+static void sp_open(int sv[2])
+{
+  ASSERT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  int big = 1 << 20;
+  setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof big);
+}
+
+/* The value buffers' pool (resp.h) over socketpairs: a released value's buffer takes the next
+ * value that fits (exact, NUL-terminated, aligned), a larger value gets a new one; a value cut
+ * mid-reply (the peer's close) fails with no data and gives its buffer back; the pool keeps at
+ * most KV_RESP_POOL_N, the largest; destroy frees them (ASan: no leak). And the option. */
+static void resp_pool_checks(void)
+{
+  kv_resp_pool pool;
+  kv_resp_pool_init(&pool);
+  int sv[2];
+  sp_open(sv);
+  kv_resp_rd rd;
+  kv_resp_init(&rd, sv[1]);
+  rd.pool = &pool;
+  rd.poll_us = 100;
+  kv_resp rep;
+  char err[160];
+  sp_write(sv[0], "$5\r\nhello\r\n", 11);
+  ASSERT(kv_resp_read(&rd, &rep, err, sizeof err) == 0 && rep.type == KV_RESP_BULK);
+  uint8_t *d1 = rep.data;
+  ASSERT(rep.len == 5 && memcmp(d1, "hello", 6) == 0 && ((uintptr_t)d1 & 63) == 0);
+  kv_resp_data_free(d1);
+  ASSERT_EQ(pool.n, 1);
+  sp_write(sv[0], "$3\r\nabc\r\n", 9);
+  ASSERT(kv_resp_read(&rd, &rep, err, sizeof err) == 0 && rep.type == KV_RESP_BULK);
+  ASSERT(rep.data == d1 && rep.len == 3 && memcmp(rep.data, "abc", 4) == 0);
+  ASSERT_EQ(pool.n, 0);
+  /* a value larger than the pooled buffer: a new one; both kept */
+  size_t big = 100000;
+  char *sc = malloc(big + 64);
+  ASSERT(sc != NULL);
+  size_t n = (size_t)sprintf(sc, "$%zu\r\n", big);
+  for (size_t i = 0; i < big; i++)
+    sc[n + i] = (char)(i * 13 + 1);
+  memcpy(sc + n + big, "\r\n", 2);
+  sp_write(sv[0], sc, n + big + 2);
+  kv_resp rb;
+  ASSERT(kv_resp_read(&rd, &rb, err, sizeof err) == 0 && rb.type == KV_RESP_BULK);
+  uint8_t *d2 = rb.data;
+  ASSERT(d2 != d1 && rb.len == big && memcmp(d2, sc + n, big) == 0 && d2[big] == 0);
+  kv_resp_data_free(rep.data);
+  kv_resp_data_free(d2);
+  ASSERT_EQ(pool.n, 2);
+  /* cut mid-reply: half the value, then the peer closes */
+  sp_write(sv[0], sc, n + big / 2);
+  shutdown(sv[0], SHUT_WR);
+  ASSERT(kv_resp_read(&rd, &rb, err, sizeof err) != 0 && rb.data == NULL && err[0] != 0);
+  ASSERT_EQ(pool.n, 2); /* its buffer back, not lost */
+  kv_resp_free(&rd);
+  close(sv[0]);
+  close(sv[1]);
+  /* a fresh connection, the same pool: the big buffer again, the value exact (not the cut
+   * one's bytes) */
+  sp_open(sv);
+  kv_resp_init(&rd, sv[1]);
+  rd.pool = &pool;
+  for (size_t i = 0; i < big; i++)
+    sc[n + i] = (char)(i * 7 + 5);
+  sp_write(sv[0], sc, n + big + 2);
+  ASSERT(kv_resp_read(&rd, &rb, err, sizeof err) == 0 && rb.type == KV_RESP_BULK);
+  ASSERT(rb.data == d2 && rb.len == big && memcmp(rb.data, sc + n, big) == 0);
+  ASSERT_EQ(pool.n, 1);
+  /* six values at once, of growing sizes; released, the pool keeps the four largest */
+  uint8_t *held[6];
+  held[0] = rb.data;
+  for (int v = 1; v < 6; v++) {
+    size_t len = 5000u * (size_t)v;
+    size_t m = (size_t)sprintf(sc, "$%zu\r\n", len);
+    memset(sc + m, 'a' + v, len);
+    memcpy(sc + m + len, "\r\n", 2);
+    sp_write(sv[0], sc, m + len + 2);
+    ASSERT(kv_resp_read(&rd, &rb, err, sizeof err) == 0 && rb.len == len &&
+           rb.data[0] == 'a' + v && rb.data[len - 1] == 'a' + v && rb.data[len] == 0);
+    held[v] = rb.data;
+  }
+  for (int v = 0; v < 6; v++)
+    kv_resp_data_free(held[v]);
+  ASSERT_EQ(pool.n, KV_RESP_POOL_N);
+  int has_big = 0;
+  for (int i = 0; i < pool.n; i++)
+    has_big |= pool.buf[i] == d2;
+  ASSERT(has_big);
+  kv_resp_data_free(NULL);
+  kv_resp_free(&rd);
+  close(sv[0]);
+  close(sv[1]);
+  kv_resp_pool_destroy(&pool);
+  free(sc);
+
+  /* the option: default 50 µs, at most 10000 */
+  kvdb_options o;
+  kvdb_options_init(&o);
+  ASSERT_EQ(o.remote_poll_us, 50);
+  o.remote_addr = "127.0.0.1:1";
+  o.remote_poll_us = 10001;
+  char *dir = t_tmpdir("rpoll");
+  kvdb *db = NULL;
+  ASSERT_EQ(kvdb_open(dir, &o, &db), KVDB_INVALID);
+  ASSERT(strstr(kvdb_errmsg(), "remote_poll_us") != NULL);
+  o.remote_poll_us = 10000;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_close(db);
+  t_rmdir(dir);
+  printf("protocol: value buffers pooled (reused exact, larger values new, a value cut "
+         "mid-reply gives its buffer back, at most %d kept); remote_poll_us checked\n",
+         KV_RESP_POOL_N);
+}
+
+static void mode_protocol_poll(uint32_t poll_us)
 {
   fake_srv f;
   memset(&f, 0, sizeof f);
@@ -1402,6 +1532,7 @@ static void mode_protocol(void)
   snprintf(addr, sizeof addr, "127.0.0.1:%d", f.port);
   kv_remote *r = NULL;
   ASSERT_OK(kv_remote_open(addr, 300, NULL, &r));
+  kv_remote_set_poll(r, poll_us);
   kv_rcmd c[8];
   kv_remote_counters k0, k1;
 
@@ -1477,8 +1608,16 @@ static void mode_protocol(void)
   pthread_join(f.th, NULL);
   pthread_mutex_destroy(&f.mu);
   free(sc);
-  printf("protocol: values exact (200 KB aligned), array reply, extra bytes, cut and stalled "
-         "values each fail the connection and count; the next batch reconnects\n");
+  printf("protocol (poll %u us): values exact (200 KB aligned), array reply, extra bytes, cut "
+         "and stalled values each fail the connection and count; the next batch reconnects\n",
+         poll_us);
+}
+
+static void mode_protocol(void)
+{
+  resp_pool_checks();
+  mode_protocol_poll(0);
+  mode_protocol_poll(200);
 }
 
 int main(int argc, char **argv)
