@@ -378,9 +378,12 @@ typedef struct kv_score_acc {
   uint64_t thr;      /* entries <= thr cannot enter */
   float thr_score;   /* float filter: a score below it cannot enter */
   uint64_t n_pushed; /* candidates offered (statistics) */
-  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per top 12 bits) */
+  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per bucket) */
   uint32_t bstar;    /* the lowest bucket that can still hold a top-k entry */
   uint64_t cnt_ge;   /* admitted entries in buckets >= bstar */
+  uint32_t hbase;    /* score key of bucket 0's floor */
+  uint32_t hshift;   /* bucket of a key: (key - hbase) >> hshift, clamped to the counters */
+  int harmed;        /* the buckets are set up (from the first k entries on) */
 } kv_score_acc;
 
 /** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes, and 16 KiB of

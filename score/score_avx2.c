@@ -14,6 +14,7 @@
 #include "score_int.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #ifndef KV_PREFETCH
 #define KV_PREFETCH 1024
@@ -173,4 +174,29 @@ void kv_score_run_avx2(const kv_score_query *q, const uint8_t *codes, uint32_t r
   case 128: run_fixed(q, codes, row_bytes, bits, scales, n, out, 4, corr4); break;
   default: run_fixed(q, codes, row_bytes, bits, scales, n, out, 0, corr4); break;
   }
+}
+
+uint32_t kv_score_cand_avx2(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out)
+{
+  const __m256 t = _mm256_set1_ps(thr);
+  uint32_t c = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    unsigned k = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + i), t, _CMP_GE_OQ));
+    while (k) { /* usually 0 once the threshold has risen: one compare per 8 tokens */
+      unsigned j = i + (unsigned)__builtin_ctz(k);
+      uint32_t b;
+      memcpy(&b, &s[j], 4);
+      uint32_t key = b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u); /* not a NaN here */
+      out[c++] = ((uint64_t)key << 32) | (uint32_t)~(pos0 + j);
+      k &= k - 1;
+    }
+  }
+  for (; i < m; i++) {
+    uint32_t b;
+    memcpy(&b, &s[i], 4);
+    uint32_t key = b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
+    out[c] = ((uint64_t)key << 32) | (uint32_t)~(pos0 + i);
+    c += s[i] >= thr;
+  }
+  return c;
 }
