@@ -1073,6 +1073,24 @@ static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
  * pass branch-free. Entries of equal x (about one pair per thousand: a step is 2^-22 of the
  * range) are put in order by insertion; a long run of them (ties of score, one far outlier)
  * by the same sort on its own range, whose steps are 2^22 times finer. */
+typedef struct lsd_plan {
+  uint64_t mn; /* x = (e - mn) >> sh < 2^(2D) for every entry e in [mn, mx] */
+  unsigned sh, D;
+} lsd_plan;
+
+static void lsd_plan_init(lsd_plan *p, uint64_t mn, uint64_t mx, size_t n)
+{
+  const uint64_t rng = mx - mn;
+  const unsigned rbits = rng ? 64u - (unsigned)__builtin_clzll(rng) : 0; /* rng < 2^rbits */
+  const unsigned nbits = 64u - (unsigned)__builtin_clzll((uint64_t)n | 1); /* n < 2^nbits */
+  p->mn = mn;
+  p->D = nbits < 6 ? 6 : nbits > 11 ? 11 : nbits;
+  p->sh = rbits > 2 * p->D ? rbits - 2 * p->D : 0;
+}
+
+static int top_sorted_counted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
+                              uint32_t *cnt, const lsd_plan *p);
+
 static int top_sorted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
                       uint32_t *cnt)
 {
@@ -1087,16 +1105,23 @@ static int top_sorted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t 
   }
   if (mn == mx)
     return 1; /* equal entries: any order is the order */
-  const uint64_t rng = mx - mn;
-  const unsigned rbits = 64u - (unsigned)__builtin_clzll(rng); /* rng < 2^rbits */
-  unsigned nbits = 64u - (unsigned)__builtin_clzll((uint64_t)n); /* n < 2^nbits */
-  const unsigned D = nbits < 6 ? 6 : nbits > 11 ? 11 : nbits;
-  const unsigned sh = rbits > 2 * D ? rbits - 2 * D : 0;
+  lsd_plan p;
+  lsd_plan_init(&p, mn, mx, n);
+  memset(cnt, 0, ((size_t)2 << p.D) * sizeof *cnt);
+  for (size_t i = 0; i < n; i++)
+    cnt[(uint32_t)((a[i] - mn) >> p.sh) >> p.D]++;
+  return top_sorted_counted(a, n, need, tmp, tmp_cap, cnt, &p);
+}
+
+/* top_sorted once the entries' high digits are counted in cnt[0 .. 2^D) (and cnt[2^D .. 2^(2D+1))
+ * is zero): the caller may count them in a pass of its own. */
+static int top_sorted_counted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
+                              uint32_t *cnt, const lsd_plan *p)
+{
+  const uint64_t mn = p->mn;
+  const unsigned sh = p->sh, D = p->D;
   const uint32_t ND = 1u << D, MD = ND - 1;
   uint32_t *hi = cnt, *lo = cnt + ND;
-  memset(cnt, 0, 2 * (size_t)ND * sizeof *cnt);
-  for (size_t i = 0; i < n; i++)
-    hi[(uint32_t)((a[i] - mn) >> sh) >> D]++;
   uint32_t bb = MD;
   size_t m = 0;
   while (m + hi[bb] < need) {
@@ -1337,6 +1362,7 @@ static void acc_hist_arm(kv_score_acc *a)
     a->hist[hist_bucket(a, buf[i])]++;
   a->bstar = 0;
   a->cnt_ge = n;
+  a->emax = mx;
   a->harmed = 1;
   acc_hist_raise(a);
 }
@@ -1350,13 +1376,16 @@ static void acc_hist_add(kv_score_acc *a, uint32_t n0)
     return;
   }
   uint32_t *h = a->hist, bs = a->bstar;
-  uint64_t ge = 0;
+  uint64_t ge = 0, mx = a->emax;
   for (uint32_t i = n0; i < a->n; i++) {
-    uint32_t b = hist_bucket(a, a->buf[i]);
+    uint64_t e = a->buf[i];
+    uint32_t b = hist_bucket(a, e);
     h[b]++;
     ge += b >= bs; /* the float filter lets a few entries of the bucket below through */
+    mx = e > mx ? e : mx;
   }
   a->cnt_ge += ge;
+  a->emax = mx;
   acc_hist_raise(a);
 }
 
@@ -1484,15 +1513,38 @@ void kv_score_acc_merge(kv_score_acc *acc, kv_score_acc *src)
 uint32_t kv_score_acc_finish(kv_score_acc *acc, uint32_t *pos, float *scores)
 {
   uint64_t *buf = acc->buf;
-  if (acc->n > acc->k && acc->have_thr)
-    acc_drop_below(acc);
   /* top_sorted's scratch is the buffer's rest (2k + ACC_BATCH entries in all): about k + a
    * bucket is kept there; if that does not fit, the exact selection first (then n = k) */
   uint32_t small[4096];
   uint32_t *cnt = acc->hist != NULL ? acc->hist : small;
+  int counted = 0;
+  if (acc->n > acc->k && acc->have_thr) {
+    if (acc->hist != NULL && acc->harmed && acc->emax >= acc->thr) {
+      /* every entry held is <= emax, and those kept >= thr: the radix plan is known before
+       * the pass that drops the rest, which counts the kept ones' high digits too */
+      lsd_plan p;
+      lsd_plan_init(&p, acc->thr, acc->emax, acc->n);
+      memset(cnt, 0, ((size_t)2 << p.D) * sizeof *cnt);
+      uint64_t thr = acc->thr;
+      uint32_t j = 0;
+      for (uint32_t i = 0; i < acc->n; i++) {
+        uint64_t e = buf[i];
+        uint32_t keep = e >= thr;
+        buf[j] = e;
+        j += keep;
+        cnt[(uint32_t)(((e - thr) >> p.sh) >> p.D) & ((keep << p.D) - keep)] += keep;
+      }
+      acc->n = j;
+      counted = j > acc->k && j > TOP_SMALL &&
+                top_sorted_counted(buf, j, acc->k, buf + j, (size_t)acc->k * 2 + ACC_BATCH - j,
+                                   cnt, &p);
+    } else {
+      acc_drop_below(acc);
+    }
+  }
   uint32_t got = acc->n < acc->k ? acc->n : acc->k;
-  if (got > 0 && !top_sorted(buf, acc->n, got, buf + acc->n,
-                             (size_t)acc->k * 2 + ACC_BATCH - acc->n, cnt)) {
+  if (got > 0 && !counted &&
+      !top_sorted(buf, acc->n, got, buf + acc->n, (size_t)acc->k * 2 + ACC_BATCH - acc->n, cnt)) {
     acc_compact(acc);
     (void)top_sorted(buf, acc->n, got, buf + acc->n, (size_t)acc->k * 2 + ACC_BATCH - acc->n, cnt);
   }

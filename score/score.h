@@ -384,6 +384,7 @@ typedef struct kv_score_acc {
   uint32_t hbase;    /* score key of bucket 0's floor */
   uint32_t hshift;   /* bucket of a key: (key - hbase) >> hshift, clamped to the counters */
   int harmed;        /* the buckets are set up (from the first k entries on) */
+  uint64_t emax;     /* once set up: no entry held is above it */
 } kv_score_acc;
 
 /** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes, and 16 KiB of
