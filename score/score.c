@@ -1470,14 +1470,21 @@ void kv_score_acc_push_scores(kv_score_acc *acc, uint32_t pos_base, const float 
   for (uint32_t i = 0; i < n; i += ACC_BATCH) {
     uint32_t m = n - i < ACC_BATCH ? n - i : ACC_BATCH;
     const float *s = scores + i;
+    if (cand == NULL)
+      cand = cand_impl();
     if (acc->have_thr == 1) {
       /* the float filter (a score below thr_score cannot beat thr; NaN fails), the entries
        * written straight to the buffer (n < cap: room for ACC_BATCH more). It may let through
        * entries equal in score to thr's (or -0 against +0): harmless, THE THRESHOLD drops them. */
-      if (cand == NULL)
-        cand = cand_impl();
       uint32_t n0 = acc->n;
       acc->n += cand(s, m, acc->thr_score, pos_base + i, acc->buf + n0);
+      acc_added(acc, n0);
+    } else if (acc->have_thr == 0 &&
+               cand(s, m, -INFINITY, pos_base + i, acc->buf + acc->n) == m) {
+      /* no threshold yet: every entry enters; the same path builds them when none is a NaN
+       * (which the ordered compare refuses: such a batch takes the loop below) */
+      uint32_t n0 = acc->n;
+      acc->n += m;
       acc_added(acc, n0);
     } else {
       uint64_t e[ACC_BATCH];

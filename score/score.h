@@ -364,12 +364,14 @@ typedef struct kv_score_pair {
 
 /**
  * A bounded top-k accumulator: candidates that beat the admission threshold are appended
- * (branch-free) to a buffer; when it holds 2k, a radix selection keeps the best k and raises the
- * threshold to the k-th best, so a push costs O(1) amortized and memory stays 16k + 2 KiB bytes
- * (+ 16 KiB from k = 1024 on) whatever the number of tokens. From k = 1024 on it also counts the
- * admitted candidates per 1/8 octave of score (a histogram) and raises the threshold to the
- * lowest such bucket that can still hold a top-k entry as they come, so far fewer candidates
- * enter and a full buffer is emptied by one pass (issue 18). Caller-owned memory.
+ * (branch-free; 16 or 8 scores per compare on AVX-512 / AVX2) to a buffer; when it holds 2k, a
+ * radix selection keeps the best k and raises the threshold to the k-th best, so a push costs
+ * O(1) amortized and memory stays 16k + 2 KiB bytes (+ 16 KiB from k = 1024 on) whatever the
+ * number of tokens. From k = 1024 on it also counts the admitted candidates in 4096 buckets set
+ * on the range of the entries' own scores (a histogram, set up again after each selection) and
+ * raises the threshold to the lowest bucket that can still hold a top-k entry as they come, so
+ * it follows the running k-th best and a full buffer is emptied by one pass (issue 18). The
+ * finish selects and sorts in one LSD radix pass over about k entries. Caller-owned memory.
  */
 typedef struct kv_score_acc {
   uint64_t *buf;     /* 2k + 256 entries: (sortable score << 32) | ~pos; larger = better */
