@@ -1296,6 +1296,12 @@ static void acc_compact(kv_score_acc *a)
 /* Drop the buffer's entries below the threshold (keeping their order). */
 static void acc_drop_below(kv_score_acc *a)
 {
+#ifdef KV_SCORE_HAVE_AVX512
+  if (kv_score_impl_resolve(KV_SCORE_IMPL_AUTO) == KV_SCORE_IMPL_AVX512) {
+    a->n = kv_score_keep_ge_avx512(a->buf, a->n, a->thr);
+    return;
+  }
+#endif
   uint64_t thr = a->thr, *buf = a->buf;
   uint32_t j = 0;
   for (uint32_t i = 0; i < a->n; i++) {

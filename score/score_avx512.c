@@ -239,3 +239,22 @@ uint32_t kv_score_cand_avx512(const float *s, uint32_t m, float thr, uint32_t po
   }
   return c;
 }
+
+uint32_t kv_score_keep_ge_avx512(uint64_t *a, uint32_t n, uint64_t thr)
+{
+  const __m512i t = _mm512_set1_epi64((long long)thr);
+  uint32_t j = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i v = _mm512_loadu_si512((const void *)(a + i));
+    __mmask8 k = _mm512_cmp_epu64_mask(v, t, _MM_CMPINT_NLT);
+    /* j <= i: the whole-vector store only overwrites entries already read */
+    _mm512_storeu_si512((void *)(a + j), _mm512_maskz_compress_epi64(k, v));
+    j += (uint32_t)__builtin_popcount(k);
+  }
+  for (; i < n; i++) {
+    uint64_t e = a[i];
+    a[j] = e;
+    j += e >= thr;
+  }
+  return j;
+}

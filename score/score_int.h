@@ -60,6 +60,8 @@ void kv_score_run_avx512(const kv_score_query *q, const uint8_t *codes, uint32_t
  * ~(pos0 + j) to out[0..) and returns their count. out must have room for m entries. The same
  * entries as score.c's scalar loop (cand_scalar). */
 uint32_t kv_score_cand_avx512(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out);
+/* Keep the entries a[i] >= thr of a[0..n) (in order, in place); returns how many. */
+uint32_t kv_score_keep_ge_avx512(uint64_t *a, uint32_t n, uint64_t thr);
 #endif
 
 /* The float part of a score, shared by every path for the scalar tails: dots[v] are the exact
