@@ -971,12 +971,17 @@ int kv_score_better(uint32_t pos_a, float score_a, uint32_t pos_b, float score_b
 #define ACC_BATCH 256u
 /* From this k on, an accumulator also keeps a histogram of 2^ACC_HIST_BITS counters. */
 #define ACC_HIST_MIN_K 1024u
+#ifndef ACC_HIST_BITS
 #define ACC_HIST_BITS 12u
+#endif
+#define ACC_HIST_N (1u << ACC_HIST_BITS)
+/* Buckets of at most this many entries are ordered by the final insertion pass of top_sorted. */
+#define TOP_SMALL 32u
 
 size_t kv_score_acc_bytes(uint32_t k)
 {
   return ((size_t)k * 2 + ACC_BATCH) * sizeof(uint64_t) +
-         (k >= ACC_HIST_MIN_K ? ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t) : 0);
+         (k >= ACC_HIST_MIN_K ? (size_t)ACC_HIST_N * sizeof(uint32_t) : 0);
 }
 
 kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size_t mem_bytes,
@@ -999,16 +1004,14 @@ kv_score_status kv_score_acc_init(kv_score_acc *acc, uint32_t k, void *mem, size
   acc->cap = 2 * k;
   acc->thr = 0;
   acc->thr_score = -INFINITY;
-  if (k >= ACC_HIST_MIN_K) {
+  if (k >= ACC_HIST_MIN_K)
     acc->hist = (uint32_t *)(void *)(acc->buf + (size_t)k * 2 + ACC_BATCH);
-    memset(acc->hist, 0, ((size_t)1 << ACC_HIST_BITS) * sizeof(uint32_t));
-  }
   return KV_SCORE_OK;
 }
 
 /* Descending sort of a[0..n). Short runs: insertion sort. Otherwise an LSD radix sort on the
  * bytes of ~e (ascending ~e = descending e) using tmp[0..n) as the other buffer; passes whose
- * byte is the same for every entry are skipped (the top k of a context share most high bits). */
+ * byte is the same for every entry are skipped. */
 static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
 {
   if (n < 64 || tmp == NULL) {
@@ -1057,16 +1060,43 @@ static void sort_desc(uint64_t *a, size_t n, uint64_t *tmp)
     memcpy(a, src, n * sizeof *a);
 }
 
-/* Descending sort of a[0..n) with tmp[0..n) as scratch, for the top k that a finish returns: an
- * MSB radix sort on the bits in which the entries differ (scores of a top k share their sign,
- * exponent and leading mantissa bits, which a pass skips), with digits of about log2(n) bits (at
- * most 12) so that a bucket holds about one entry (at most 12 bits at the top level, 8 below), and
- * insertion up to 12 entries. Same result as sort_desc (a total order). */
-static void msb_level(uint64_t *a, size_t n, uint64_t *tmp, unsigned max_dig, uint32_t *start)
+/* a[0..need) := the `need` largest entries of a[0..n) in descending order (1 <= need <= n), with
+ * tmp[0..tmp_cap) as scratch and cnt[0..4096) as counters; what a[need..n) holds afterwards is
+ * undefined. Returns 0 (a[] unchanged) when tmp_cap is less than the entries the pass keeps
+ * (need and the rest of the boundary digit's bucket): never when tmp_cap >= n.
+ * The entries' range [mn, mx] is cut into 2^(2D) equal steps, x = (e - mn) >> sh (subtracting mn
+ * rather than taking top bits keeps the steps even where the scores straddle a power of two),
+ * D = 11 for thousands of entries (fewer for fewer). One pass counts both D-bit digits of x,
+ * the high digit's counts give the boundary (the lowest high digit still needed), one pass keeps
+ * the entries at and above it (stable) while counting their low digits, and two stable
+ * scatters (low digit, then high) order them by x: an LSD radix sort of about k entries, every
+ * pass branch-free. Entries of equal x (about one pair per thousand: a step is 2^-22 of the
+ * range) are put in order by insertion; a long run of them (ties of score, one far outlier)
+ * by the same sort on its own range, whose steps are 2^22 times finer. */
+typedef struct lsd_plan {
+  uint64_t mn; /* x = (e - mn) >> sh < 2^(2D) for every entry e in [mn, mx] */
+  unsigned sh, D;
+} lsd_plan;
+
+static void lsd_plan_init(lsd_plan *p, uint64_t mn, uint64_t mx, size_t n)
 {
-  if (n <= 12) {
+  const uint64_t rng = mx - mn;
+  const unsigned rbits = rng ? 64u - (unsigned)__builtin_clzll(rng) : 0; /* rng < 2^rbits */
+  const unsigned nbits = 64u - (unsigned)__builtin_clzll((uint64_t)n | 1); /* n < 2^nbits */
+  p->mn = mn;
+  p->D = nbits < 6 ? 6 : nbits > 11 ? 11 : nbits;
+  p->sh = rbits > 2 * p->D ? rbits - 2 * p->D : 0;
+}
+
+static int top_sorted_counted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
+                              uint32_t *cnt, const lsd_plan *p);
+
+static int top_sorted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
+                      uint32_t *cnt)
+{
+  if (n <= TOP_SMALL) {
     sort_desc(a, n, NULL);
-    return;
+    return 1;
   }
   uint64_t mn = a[0], mx = a[0];
   for (size_t i = 1; i < n; i++) {
@@ -1074,46 +1104,79 @@ static void msb_level(uint64_t *a, size_t n, uint64_t *tmp, unsigned max_dig, ui
     mx = a[i] > mx ? a[i] : mx;
   }
   if (mn == mx)
-    return;
-  /* about one bucket per entry, at most 2^max_dig */
-  const unsigned bits_n = 64u - (unsigned)__builtin_clzll((uint64_t)n);
-  const unsigned dig = bits_n > max_dig ? max_dig : bits_n;
-  unsigned top = 63u - (unsigned)__builtin_clzll(mn ^ mx);
-  unsigned sh = top >= dig - 1 ? top - (dig - 1) : 0;
-  uint64_t mask = ((uint64_t)1 << (top - sh + 1)) - 1;
-  memset(start, 0, sizeof(uint32_t) * (size_t)(mask + 1));
+    return 1; /* equal entries: any order is the order */
+  lsd_plan p;
+  lsd_plan_init(&p, mn, mx, n);
+  memset(cnt, 0, ((size_t)2 << p.D) * sizeof *cnt);
   for (size_t i = 0; i < n; i++)
-    start[(a[i] >> sh) & mask]++;
-  uint32_t sum = 0;
-  for (uint64_t b = mask + 1; b-- > 0;) { /* descending digits first */
-    uint32_t c = start[b];
-    start[b] = sum;
-    sum += c;
-  }
-  for (size_t i = 0; i < n; i++) {
-    uint64_t e = a[i];
-    tmp[start[(e >> sh) & mask]++] = e;
-  }
-  memcpy(a, tmp, n * sizeof *a);
-  /* start[b] is now the end of bucket b; bucket b begins where bucket b + 1 ended */
-  uint32_t sub[256]; /* deeper levels take 8-bit digits: the stack stays 1 KiB per level */
-  size_t b0 = 0;
-  for (uint64_t b = mask + 1; b-- > 0;) {
-    size_t b1 = start[b];
-    if (b1 - b0 > 1)
-      msb_level(a + b0, b1 - b0, tmp + b0, 8, sub);
-    b0 = b1;
-  }
+    cnt[(uint32_t)((a[i] - mn) >> p.sh) >> p.D]++;
+  return top_sorted_counted(a, n, need, tmp, tmp_cap, cnt, &p);
 }
 
-static void sort_desc_msb(uint64_t *a, size_t n, uint64_t *tmp)
+/* top_sorted once the entries' high digits are counted in cnt[0 .. 2^D) (and cnt[2^D .. 2^(2D+1))
+ * is zero): the caller may count them in a pass of its own. */
+static int top_sorted_counted(uint64_t *a, size_t n, size_t need, uint64_t *tmp, size_t tmp_cap,
+                              uint32_t *cnt, const lsd_plan *p)
 {
-  if (tmp == NULL) {
-    sort_desc(a, n, NULL);
-    return;
+  const uint64_t mn = p->mn;
+  const unsigned sh = p->sh, D = p->D;
+  const uint32_t ND = 1u << D, MD = ND - 1;
+  uint32_t *hi = cnt, *lo = cnt + ND;
+  uint32_t bb = MD;
+  size_t m = 0;
+  while (m + hi[bb] < need) {
+    m += hi[bb];
+    bb--;
   }
-  uint32_t start[1u << 12];
-  msb_level(a, n, tmp, 12, start);
+  m += hi[bb]; /* kept: the entries of high digits bb .. ND-1 */
+  if (m > tmp_cap)
+    return 0;
+  /* keep them (stable, in place) and count their low digits */
+  size_t j = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t e = a[i];
+    uint32_t x = (uint32_t)((e - mn) >> sh);
+    uint32_t keep = (x >> D) >= bb;
+    a[j] = e;
+    j += keep;
+    lo[x & MD] += keep;
+  }
+  /* counts -> starts, best digit first */
+  uint32_t sum = 0;
+  for (uint32_t d = ND; d-- > 0;) {
+    uint32_t c = lo[d];
+    lo[d] = sum;
+    sum += c;
+  }
+  sum = 0;
+  for (uint32_t d = ND; d-- > bb;) {
+    uint32_t c = hi[d];
+    hi[d] = sum;
+    sum += c;
+  }
+  for (size_t i = 0; i < m; i++) {
+    uint64_t e = a[i];
+    tmp[lo[(uint32_t)((e - mn) >> sh) & MD]++] = e;
+  }
+  for (size_t i = 0; i < m; i++) {
+    uint64_t e = tmp[i];
+    a[hi[(uint32_t)((e - mn) >> sh) >> D]++] = e;
+  }
+  /* runs of equal x: insertion, or the same sort when long */
+  for (size_t i = 0; i < need;) {
+    uint64_t xi = (a[i] - mn) >> sh;
+    size_t r = i + 1;
+    while (r < m && (a[r] - mn) >> sh == xi)
+      r++;
+    if (r - i > TOP_SMALL) {
+      uint32_t sub[4096];
+      (void)top_sorted(a + i, r - i, r - i, tmp + i, r - i, sub);
+    } else if (r - i > 1) {
+      sort_desc(a + i, r - i, NULL);
+    }
+    i = r;
+  }
+  return 1;
 }
 
 /* Branch-free partition of a[0..n): entries whose digit (e >> shift) & mask satisfies the test
@@ -1191,7 +1254,13 @@ static void select_top(uint64_t *a, size_t n, size_t k)
   }
 }
 
-/* Raise the admission threshold to m (an entry value: entries <= m cannot enter) if higher. */
+/* THE THRESHOLD. thr is such that no entry below it can be in the top k of what was pushed:
+ * either the k-th best of k entries held (after a selection) or one below the floor of a
+ * histogram bucket at and above which k pushed entries were counted. Entries <= thr are not
+ * admitted (a new entry never equals an old one: positions are distinct); entries < thr are
+ * dropped from the buffer, entries equal to it kept (it may be the k-th best itself). */
+
+/* Raise the admission threshold to m (an entry value) if higher. */
 static void acc_raise(kv_score_acc *a, uint64_t m)
 {
   if (a->have_thr && m <= a->thr)
@@ -1224,46 +1293,129 @@ static void acc_compact(kv_score_acc *a)
   acc_raise(a, m);
 }
 
-/* The histogram (k >= ACC_HIST_MIN_K): hist[b] counts every entry ever admitted whose top 12
- * bits (of the sort key: sign, exponent, 3 mantissa bits) are b. When the admitted entries of
- * buckets above b number k or more, no entry of bucket b or below can be in the top k (they are
- * distinct entries, each better), so bstar, the lowest bucket that can still hold one, rises
- * with them and the threshold with it: entries below bucket bstar are refused at the door, and
- * a full buffer is mostly emptied by one pass over it, without a selection. */
-static void acc_hist_add(kv_score_acc *a, uint32_t n0)
+/* Drop the buffer's entries below the threshold (keeping their order). */
+static void acc_drop_below(kv_score_acc *a)
 {
-  uint32_t *h = a->hist;
-  for (uint32_t i = n0; i < a->n; i++)
-    h[a->buf[i] >> (64 - ACC_HIST_BITS)]++;
-  a->cnt_ge += a->n - n0; /* every admitted entry is in bucket bstar or above */
+#ifdef KV_SCORE_HAVE_AVX512
+  if (kv_score_impl_resolve(KV_SCORE_IMPL_AUTO) == KV_SCORE_IMPL_AVX512) {
+    a->n = kv_score_keep_ge_avx512(a->buf, a->n, a->thr);
+    return;
+  }
+#endif
+  uint64_t thr = a->thr, *buf = a->buf;
+  uint32_t j = 0;
+  for (uint32_t i = 0; i < a->n; i++) {
+    uint64_t e = buf[i];
+    buf[j] = e;
+    j += e >= thr;
+  }
+  a->n = j;
+}
+
+/* THE HISTOGRAM (k >= ACC_HIST_MIN_K). hist[b] counts pushed entries whose score key lies in
+ * bucket b = (key - hbase) >> hshift (keys below hbase in bucket 0, above the last bucket in
+ * it): each admitted entry is counted once, dropped or not, so when the counts of the buckets
+ * above b add up to k or more, k distinct entries beat every entry of bucket b and below, and
+ * bstar, the lowest bucket that can still hold a top-k entry, rises with them and the
+ * threshold with it. The buckets are set up ("armed") on the range of the first k entries and
+ * again on the best k after every selection (ACC_HIST_N buckets over about twice that range),
+ * so the threshold follows the running k-th best to within a few entries and a full buffer is
+ * emptied by one pass (acc_drop_below) instead of a selection. (Session 25's histogram had
+ * fixed buckets of 1/8 octave; the top 10% of a context's scores spans about 3 of them.) */
+static inline uint32_t hist_bucket(const kv_score_acc *a, uint64_t e)
+{
+  uint32_t key = (uint32_t)(e >> 32);
+  uint32_t d = key >= a->hbase ? (key - a->hbase) >> a->hshift : 0;
+  return d < ACC_HIST_N - 1 ? d : ACC_HIST_N - 1;
+}
+
+static void acc_hist_raise(kv_score_acc *a)
+{
+  const uint32_t *h = a->hist;
   uint32_t b = a->bstar;
-  while (a->cnt_ge - h[b] >= a->k) {
+  while (a->cnt_ge - h[b] >= a->k) { /* stops at the last bucket: cnt_ge is then h[b] */
     a->cnt_ge -= h[b];
     b++;
   }
   if (b != a->bstar) {
     a->bstar = b;
-    acc_raise(a, ((uint64_t)b << (64 - ACC_HIST_BITS)) - 1);
+    /* k entries have keys >= floor (so floor < 2^32): thr = (floor - 1, position 0) */
+    uint64_t floor = (uint64_t)a->hbase + ((uint64_t)b << a->hshift);
+    acc_raise(a, (floor << 32) - 1);
   }
 }
 
+/* Set the buckets up on the range of the entries held and count them. */
+static void acc_hist_arm(kv_score_acc *a)
+{
+  const uint64_t *buf = a->buf;
+  uint32_t n = a->n;
+  if (n == 0) {
+    a->harmed = 0;
+    return;
+  }
+  uint64_t mn = buf[0], mx = buf[0];
+  for (uint32_t i = 1; i < n; i++) {
+    mn = buf[i] < mn ? buf[i] : mn;
+    mx = buf[i] > mx ? buf[i] : mx;
+  }
+  uint32_t lo = (uint32_t)(mn >> 32), rng = (uint32_t)(mx >> 32) - lo;
+  unsigned rbits = rng ? 32u - (unsigned)__builtin_clz(rng) : 0; /* rng < 2^rbits */
+  a->hbase = lo;
+  a->hshift = rbits > ACC_HIST_BITS - 1 ? rbits - (ACC_HIST_BITS - 1) : 0; /* half the buckets */
+  memset(a->hist, 0, (size_t)ACC_HIST_N * sizeof *a->hist);
+  for (uint32_t i = 0; i < n; i++)
+    a->hist[hist_bucket(a, buf[i])]++;
+  a->bstar = 0;
+  a->cnt_ge = n;
+  a->emax = mx;
+  a->harmed = 1;
+  acc_hist_raise(a);
+}
+
+/* Count the entries buf[n0..n) just added. */
+static void acc_hist_add(kv_score_acc *a, uint32_t n0)
+{
+  if (!a->harmed) {
+    if (a->n >= a->k)
+      acc_hist_arm(a);
+    return;
+  }
+  uint32_t *h = a->hist, bs = a->bstar;
+  uint64_t ge = 0, mx = a->emax;
+  for (uint32_t i = n0; i < a->n; i++) {
+    uint64_t e = a->buf[i];
+    uint32_t b = hist_bucket(a, e);
+    h[b]++;
+    ge += b >= bs; /* the float filter lets a few entries of the bucket below through */
+    mx = e > mx ? e : mx;
+  }
+  a->cnt_ge += ge;
+  a->emax = mx;
+  acc_hist_raise(a);
+}
+
 /* The buffer is full: drop what the threshold now refuses; if that leaves more than 1.5 k, the
- * exact selection. */
+ * exact selection (and the histogram set up again on the best k). */
 static void acc_make_room(kv_score_acc *a)
 {
-  if (a->hist != NULL && a->have_thr) {
-    uint64_t thr = a->thr, *buf = a->buf;
-    uint32_t j = 0;
-    for (uint32_t i = 0; i < a->n; i++) {
-      uint64_t e = buf[i];
-      buf[j] = e;
-      j += e > thr;
-    }
-    a->n = j;
-    if (j <= a->k + a->k / 2)
+  if (a->have_thr) {
+    acc_drop_below(a);
+    if (a->n <= a->k + a->k / 2)
       return;
   }
   acc_compact(a);
+  if (a->hist != NULL)
+    acc_hist_arm(a);
+}
+
+/* Entries buf[n0..n) were just appended. */
+static inline void acc_added(kv_score_acc *a, uint32_t n0)
+{
+  if (a->hist != NULL)
+    acc_hist_add(a, n0);
+  if (a->n >= a->cap)
+    acc_make_room(a);
 }
 
 /* Append entries e[0..m) (m <= ACC_BATCH) that beat the threshold, without branches. */
@@ -1278,10 +1430,7 @@ static inline void acc_add_batch(kv_score_acc *a, const uint64_t *e, uint32_t m)
     n += e[i] > thr || all;
   }
   a->n = n;
-  if (a->hist != NULL)
-    acc_hist_add(a, n0);
-  if (a->n >= a->cap)
-    acc_make_room(a);
+  acc_added(a, n0);
 }
 
 void kv_score_acc_push(kv_score_acc *acc, uint32_t pos, float score)
@@ -1291,45 +1440,64 @@ void kv_score_acc_push(kv_score_acc *acc, uint32_t pos, float score)
   acc_add_batch(acc, &e, 1);
 }
 
-#ifdef KV_SCORE_HAVE_AVX512
-/* Whether the pre-filter takes the AVX-512 path: where the kernels do (the CPU, and
- * KVDB_SCORE_IMPL); same candidates as the scalar loop, which costs about 1 ns per token, a
- * visible share of a k = 10% scan. */
-static int filter_avx512(void)
+/* The candidates of m scores: entries of the scores >= thr, in order, to out (room for m). */
+typedef uint32_t (*cand_fn)(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out);
+
+static uint32_t cand_scalar(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out)
 {
-  return kv_score_impl_resolve(KV_SCORE_IMPL_AUTO) == KV_SCORE_IMPL_AVX512;
+  uint32_t c = 0;
+  for (uint32_t j = 0; j < m; j++) {
+    out[c] = entry_of(pos0 + j, s[j]);
+    c += s[j] >= thr;
+  }
+  return c;
 }
+
+/* The candidate path follows the kernels' dispatch (the CPU, and KVDB_SCORE_IMPL): the same
+ * entries in the same order on every path; the scalar loop costs about 1 ns per token, a
+ * visible share of a k = 10% scan. */
+static cand_fn cand_impl(void)
+{
+  switch (kv_score_impl_resolve(KV_SCORE_IMPL_AUTO)) {
+#ifdef KV_SCORE_HAVE_AVX512
+  case KV_SCORE_IMPL_AVX512: return kv_score_cand_avx512;
 #endif
+#ifdef KV_SCORE_HAVE_AVX2
+  case KV_SCORE_IMPL_AVX2: return kv_score_cand_avx2;
+#endif
+  default: return cand_scalar;
+  }
+}
 
 void kv_score_acc_push_scores(kv_score_acc *acc, uint32_t pos_base, const float *scores, uint32_t n)
 {
-  uint64_t e[ACC_BATCH];
-  uint32_t idx[ACC_BATCH];
   acc->n_pushed += n;
+  cand_fn cand = NULL;
   for (uint32_t i = 0; i < n; i += ACC_BATCH) {
-    uint32_t m = n - i < ACC_BATCH ? n - i : ACC_BATCH, c = 0;
+    uint32_t m = n - i < ACC_BATCH ? n - i : ACC_BATCH;
     const float *s = scores + i;
+    if (cand == NULL)
+      cand = cand_impl();
     if (acc->have_thr == 1) {
-      /* float pre-filter (branch-free): a score below thr_score cannot beat thr; NaN fails */
-      float thr = acc->thr_score;
-#ifdef KV_SCORE_HAVE_AVX512
-      if (filter_avx512())
-        c = kv_score_filter_avx512(s, m, thr, idx);
-      else
-#endif
-        for (uint32_t j = 0; j < m; j++) {
-          idx[c] = j;
-          c += s[j] >= thr;
-        }
-      for (uint32_t j = 0; j < c; j++)
-        e[j] = entry_of(pos_base + i + idx[j], s[idx[j]]);
+      /* the float filter (a score below thr_score cannot beat thr; NaN fails), the entries
+       * written straight to the buffer (n < cap: room for ACC_BATCH more). It may let through
+       * entries equal in score to thr's (or -0 against +0): harmless, THE THRESHOLD drops them. */
+      uint32_t n0 = acc->n;
+      acc->n += cand(s, m, acc->thr_score, pos_base + i, acc->buf + n0);
+      acc_added(acc, n0);
+    } else if (acc->have_thr == 0 &&
+               cand(s, m, -INFINITY, pos_base + i, acc->buf + acc->n) == m) {
+      /* no threshold yet: every entry enters; the same path builds them when none is a NaN
+       * (which the ordered compare refuses: such a batch takes the loop below) */
+      uint32_t n0 = acc->n;
+      acc->n += m;
+      acc_added(acc, n0);
     } else {
+      uint64_t e[ACC_BATCH];
       for (uint32_t j = 0; j < m; j++)
         e[j] = entry_of(pos_base + i + j, s[j]);
-      c = m;
+      acc_add_batch(acc, e, m);
     }
-    if (c > 0)
-      acc_add_batch(acc, e, c);
   }
 }
 
@@ -1357,17 +1525,54 @@ void kv_score_acc_merge(kv_score_acc *acc, kv_score_acc *src)
 
 uint32_t kv_score_acc_finish(kv_score_acc *acc, uint32_t *pos, float *scores)
 {
-  acc_compact(acc);
-  /* after a compaction n <= k and the buffer has room for 2k + 256: the rest is scratch */
-  sort_desc_msb(acc->buf, acc->n, acc->n <= acc->k ? acc->buf + acc->k : NULL);
-  for (uint32_t i = 0; i < acc->n; i++) {
-    uint64_t e = acc->buf[i];
+  uint64_t *buf = acc->buf;
+  /* top_sorted's scratch is the buffer's rest (2k + ACC_BATCH entries in all): about k + a
+   * bucket is kept there; if that does not fit, the exact selection first (then n = k) */
+  uint32_t small[4096];
+  uint32_t *cnt = acc->hist != NULL ? acc->hist : small;
+  int counted = 0;
+  if (acc->n > acc->k && acc->have_thr) {
+    if (acc->hist != NULL && acc->harmed && acc->emax >= acc->thr) {
+      /* every entry held is <= emax, and those kept >= thr: the radix plan is known before
+       * the pass that drops the rest, which counts the kept ones' high digits too */
+      lsd_plan p;
+      lsd_plan_init(&p, acc->thr, acc->emax, acc->n);
+      memset(cnt, 0, ((size_t)2 << p.D) * sizeof *cnt);
+      uint64_t thr = acc->thr;
+      uint32_t j = 0;
+      for (uint32_t i = 0; i < acc->n; i++) {
+        uint64_t e = buf[i];
+        uint32_t keep = e >= thr;
+        buf[j] = e;
+        j += keep;
+        cnt[(uint32_t)(((e - thr) >> p.sh) >> p.D) & ((keep << p.D) - keep)] += keep;
+      }
+      acc->n = j;
+      counted = j > acc->k && j > TOP_SMALL &&
+                top_sorted_counted(buf, j, acc->k, buf + j, (size_t)acc->k * 2 + ACC_BATCH - j,
+                                   cnt, &p);
+    } else {
+      acc_drop_below(acc);
+    }
+  }
+  uint32_t got = acc->n < acc->k ? acc->n : acc->k;
+  if (got > 0 && !counted &&
+      !top_sorted(buf, acc->n, got, buf + acc->n, (size_t)acc->k * 2 + ACC_BATCH - acc->n, cnt)) {
+    acc_compact(acc);
+    (void)top_sorted(buf, acc->n, got, buf + acc->n, (size_t)acc->k * 2 + ACC_BATCH - acc->n, cnt);
+  }
+  acc->n = got;
+  if (got == acc->k)
+    acc_raise(acc, buf[got - 1]);
+  acc->harmed = 0; /* the counters served top_sorted: set up again on the next push */
+  for (uint32_t i = 0; i < got; i++) {
+    uint64_t e = buf[i];
     if (pos != NULL)
       pos[i] = ~(uint32_t)e;
     if (scores != NULL)
       scores[i] = key_score((uint32_t)(e >> 32));
   }
-  return acc->n;
+  return got;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -364,12 +364,14 @@ typedef struct kv_score_pair {
 
 /**
  * A bounded top-k accumulator: candidates that beat the admission threshold are appended
- * (branch-free) to a buffer; when it holds 2k, a radix selection keeps the best k and raises the
- * threshold to the k-th best, so a push costs O(1) amortized and memory stays 16k + 2 KiB bytes
- * (+ 16 KiB from k = 1024 on) whatever the number of tokens. From k = 1024 on it also counts the
- * admitted candidates per 1/8 octave of score (a histogram) and raises the threshold to the
- * lowest such bucket that can still hold a top-k entry as they come, so far fewer candidates
- * enter and a full buffer is emptied by one pass (issue 18). Caller-owned memory.
+ * (branch-free; 16 or 8 scores per compare on AVX-512 / AVX2) to a buffer; when it holds 2k, a
+ * radix selection keeps the best k and raises the threshold to the k-th best, so a push costs
+ * O(1) amortized and memory stays 16k + 2 KiB bytes (+ 16 KiB from k = 1024 on) whatever the
+ * number of tokens. From k = 1024 on it also counts the admitted candidates in 4096 buckets set
+ * on the range of the entries' own scores (a histogram, set up again after each selection) and
+ * raises the threshold to the lowest bucket that can still hold a top-k entry as they come, so
+ * it follows the running k-th best and a full buffer is emptied by one pass (issue 18). The
+ * finish selects and sorts in one LSD radix pass over about k entries. Caller-owned memory.
  */
 typedef struct kv_score_acc {
   uint64_t *buf;     /* 2k + 256 entries: (sortable score << 32) | ~pos; larger = better */
@@ -378,9 +380,13 @@ typedef struct kv_score_acc {
   uint64_t thr;      /* entries <= thr cannot enter */
   float thr_score;   /* float filter: a score below it cannot enter */
   uint64_t n_pushed; /* candidates offered (statistics) */
-  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per top 12 bits) */
+  uint32_t *hist;    /* k >= 1024: 4096 counters after buf (admitted entries per bucket) */
   uint32_t bstar;    /* the lowest bucket that can still hold a top-k entry */
   uint64_t cnt_ge;   /* admitted entries in buckets >= bstar */
+  uint32_t hbase;    /* score key of bucket 0's floor */
+  uint32_t hshift;   /* bucket of a key: (key - hbase) >> hshift, clamped to the counters */
+  int harmed;        /* the buckets are set up (from the first k entries on) */
+  uint64_t emax;     /* once set up: no entry held is above it */
 } kv_score_acc;
 
 /** @brief Memory kv_score_acc_init needs for k ((2k + 256) entries of 8 bytes, and 16 KiB of

@@ -14,6 +14,7 @@
 #include "score_int.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #ifndef KV_PREFETCH
 #define KV_PREFETCH 1024
@@ -173,4 +174,34 @@ void kv_score_run_avx2(const kv_score_query *q, const uint8_t *codes, uint32_t r
   case 128: run_fixed(q, codes, row_bytes, bits, scales, n, out, 4, corr4); break;
   default: run_fixed(q, codes, row_bytes, bits, scales, n, out, 0, corr4); break;
   }
+}
+
+static inline uint64_t cand_entry(const float *s, uint32_t j, uint32_t pos0)
+{
+  uint32_t b;
+  memcpy(&b, &s[j], 4);
+  uint32_t key = b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u); /* not a NaN when kept */
+  return ((uint64_t)key << 32) | (uint32_t)~(pos0 + j);
+}
+
+uint32_t kv_score_cand_avx2(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out)
+{
+  const __m256 t = _mm256_set1_ps(thr);
+  uint32_t c = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    unsigned k = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(s + i), t, _CMP_GE_OQ));
+    if (k == 0) /* usual once the threshold has risen: one compare per 8 tokens */
+      continue;
+    /* branch-free within the group: a third of the tokens pass early in a k = 10% scan, too
+     * many for a loop over the mask's bits to predict */
+    for (unsigned l = 0; l < 8; l++) {
+      out[c] = cand_entry(s, i + l, pos0);
+      c += (k >> l) & 1u;
+    }
+  }
+  for (; i < m; i++) {
+    out[c] = cand_entry(s, i, pos0);
+    c += s[i] >= thr;
+  }
+  return c;
 }

@@ -189,25 +189,72 @@ void kv_score_run_avx512(const kv_score_query *q, const uint8_t *codes, uint32_t
   }
 }
 
-uint32_t kv_score_filter_avx512(const float *s, uint32_t m, float thr, uint32_t *idx)
+/* Sortable keys of 16 scores (score.c sort_key): a non-NaN float's bits with the sign bit set
+ * (positive) or all bits flipped (negative); a NaN never gets here (the ordered compare fails). */
+static inline __m512i sort_keys16(__m512 v)
+{
+  __m512i b = _mm512_castps_si512(v);
+  return _mm512_xor_si512(b, _mm512_or_si512(_mm512_srai_epi32(b, 31),
+                                             _mm512_set1_epi32((int)0x80000000u)));
+}
+
+uint32_t kv_score_cand_avx512(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out)
 {
   const __m512 t = _mm512_set1_ps(thr);
+  /* entry i = (key << 32) | ~pos: 32-bit lanes (~pos_i, key_i) from the two compressed vectors */
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   const __m512i step = _mm512_set1_epi32(16);
-  __m512i j = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i np = _mm512_sub_epi32(_mm512_set1_epi32((int)~pos0),
+                                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   uint32_t c = 0, i = 0;
   for (; i + 16 <= m; i += 16) {
-    __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + i), t, _CMP_GE_OQ);
+    __m512 v = _mm512_loadu_ps(s + i);
+    __mmask16 k = _mm512_cmp_ps_mask(v, t, _CMP_GE_OQ);
     if (k) { /* usually 0 once the threshold has risen: one compare per 16 tokens */
-      _mm512_mask_compressstoreu_epi32(idx + c, k, j);
+      __m512i kc = _mm512_maskz_compress_epi32(k, sort_keys16(v));
+      __m512i pc = _mm512_maskz_compress_epi32(k, np);
+      /* whole vectors: lanes past the count are overwritten by the next ones or lie in the
+       * caller's slack (out has room for m entries, and c + 16 <= i + 16 <= m here) */
+      _mm512_storeu_si512((void *)(out + c), _mm512_permutex2var_epi32(pc, lo, kc));
+      _mm512_storeu_si512((void *)(out + c + 8), _mm512_permutex2var_epi32(pc, hi, kc));
       c += (uint32_t)__builtin_popcount(k);
     }
-    j = _mm512_add_epi32(j, step);
+    np = _mm512_sub_epi32(np, step);
   }
   if (i < m) {
     __mmask16 live = (__mmask16)((1u << (m - i)) - 1);
-    __mmask16 k = _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, s + i), t, _CMP_GE_OQ);
-    _mm512_mask_compressstoreu_epi32(idx + c, k, j);
-    c += (uint32_t)__builtin_popcount(k);
+    __m512 v = _mm512_maskz_loadu_ps(live, s + i);
+    __mmask16 k = _mm512_mask_cmp_ps_mask(live, v, t, _CMP_GE_OQ);
+    if (k) {
+      unsigned cnt = (unsigned)__builtin_popcount(k);
+      __m512i kc = _mm512_maskz_compress_epi32(k, sort_keys16(v));
+      __m512i pc = _mm512_maskz_compress_epi32(k, np);
+      __mmask8 m0 = (__mmask8)(cnt >= 8 ? 0xff : (1u << cnt) - 1);
+      __mmask8 m1 = (__mmask8)(cnt <= 8 ? 0 : (1u << (cnt - 8)) - 1);
+      _mm512_mask_storeu_epi64((void *)(out + c), m0, _mm512_permutex2var_epi32(pc, lo, kc));
+      _mm512_mask_storeu_epi64((void *)(out + c + 8), m1, _mm512_permutex2var_epi32(pc, hi, kc));
+      c += cnt;
+    }
   }
   return c;
+}
+
+uint32_t kv_score_keep_ge_avx512(uint64_t *a, uint32_t n, uint64_t thr)
+{
+  const __m512i t = _mm512_set1_epi64((long long)thr);
+  uint32_t j = 0, i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i v = _mm512_loadu_si512((const void *)(a + i));
+    __mmask8 k = _mm512_cmp_epu64_mask(v, t, _MM_CMPINT_NLT);
+    /* j <= i: the whole-vector store only overwrites entries already read */
+    _mm512_storeu_si512((void *)(a + j), _mm512_maskz_compress_epi64(k, v));
+    j += (uint32_t)__builtin_popcount(k);
+  }
+  for (; i < n; i++) {
+    uint64_t e = a[i];
+    a[j] = e;
+    j += e >= thr;
+  }
+  return j;
 }

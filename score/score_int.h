@@ -49,14 +49,19 @@ void kv_score_run_portable(const kv_score_query *q, const uint8_t *codes, uint32
 #ifdef KV_SCORE_HAVE_AVX2
 void kv_score_run_avx2(const kv_score_query *q, const uint8_t *codes, uint32_t row_bytes,
                        unsigned bits, const float *scales, uint32_t n, float *out);
+/* kv_score_cand_avx512's contract, 8 scores per compare. */
+uint32_t kv_score_cand_avx2(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out);
 #endif
 #ifdef KV_SCORE_HAVE_AVX512
 void kv_score_run_avx512(const kv_score_query *q, const uint8_t *codes, uint32_t row_bytes,
                          unsigned bits, const float *scales, uint32_t n, float *out);
-/* The accumulator's float pre-filter, 16 scores per compare: writes to idx[0..) the j < m, in
- * ascending order, with s[j] >= thr (ordered: a NaN never passes) and returns their count:
- * the same set as the scalar filter of kv_score_acc_push_scores. */
-uint32_t kv_score_filter_avx512(const float *s, uint32_t m, float thr, uint32_t *idx);
+/* The accumulator's candidates, 16 scores per compare: for each j < m, in ascending order, with
+ * s[j] >= thr (ordered: a NaN never passes), writes the entry (sort key of s[j] << 32) |
+ * ~(pos0 + j) to out[0..) and returns their count. out must have room for m entries. The same
+ * entries as score.c's scalar loop (cand_scalar). */
+uint32_t kv_score_cand_avx512(const float *s, uint32_t m, float thr, uint32_t pos0, uint64_t *out);
+/* Keep the entries a[i] >= thr of a[0..n) (in order, in place); returns how many. */
+uint32_t kv_score_keep_ge_avx512(uint64_t *a, uint32_t n, uint64_t thr);
 #endif
 
 /* The float part of a score, shared by every path for the scalar tails: dots[v] are the exact

@@ -6,7 +6,9 @@
  * (int8 -128 and int4 nibble 0 included), all head dims 2..4096 (pages with and without padding),
  * 1..8 query vectors, any start and length. Then the streaming top-k: equal to a sort-based
  * oracle under the documented order (ties by position, -0 below +0, NaN last), for every k,
- * thread count, kernel path and span split; the accumulator under random push orders and merges.
+ * thread count, kernel path and span split; the accumulator under random push orders and merges,
+ * and at large k on score shapes that stress its histogram and its radix finish (run it with
+ * KVDB_SCORE_IMPL=portable / avx2 too: tests score-paths-portable, score-paths-avx2).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "score_test.h"
@@ -402,11 +404,109 @@ static void test_acc(void)
   free(o);
 }
 
+/* Score shapes for test_acc_shapes: token i of n. */
+static float shape_score(int shape, uint32_t i, uint32_t n, t_rng *r)
+{
+  switch (shape) {
+  case 0: return 800.0f + 60.0f * t_gauss(r); /* the bench's: a large offset, a narrow spread */
+  case 1: return 2.0f + 0.1f * (float)(t_unif(r) - 0.5); /* straddles a power of two */
+  case 2: return i % 9973 == 5 ? 1e30f : t_gauss(r);  /* far outliers: the rest in one step */
+  case 3: return (float)t_below(r, 20);               /* 20 values: long runs of ties */
+  case 4: return (float)i * (60.0f / (float)n) + 0.01f * t_gauss(r); /* rising: past the armed range */
+  case 5: return -(float)i;                           /* falling: nothing after the start */
+  case 6: {                                           /* NaN, infinities, zeros, subnormals */
+    uint32_t c = t_below(r, 12);
+    return c == 0 ? NAN : c == 1 ? -0.0f : c == 2 ? 0.0f : c == 3 ? INFINITY
+         : c == 4 ? -INFINITY : c == 5 ? 1e-40f : c == 6 ? -1e-40f : t_gauss(r);
+  }
+  case 7: return 3.0f;                                /* all equal: positions decide */
+  case 8: return 1.0f + (float)t_below(r, 64) * 1.1920929e-7f; /* adjacent floats */
+  case 9: return ((i / 3000) % 2 ? 1000.0f : -1000.0f) + t_gauss(r); /* two clusters */
+  default: return ldexpf(1.0f + (float)t_unif(r), (int)(i / 500) - 60); /* many octaves */
+  }
+}
+
+/* The accumulator at large k: its histogram (buckets set on the entries' range, the threshold at
+ * bucket floors, set up again after a selection and after a finish), the candidate path of
+ * this run (KVDB_SCORE_IMPL: AVX-512, AVX2 or scalar) and the radix finish (runs of equal steps,
+ * long runs, the boundary) on shapes that stress each, against the sorted oracle: pushed in
+ * pieces of any length, in two halves with a finish between (the accumulator stays usable), and
+ * as two accumulators merged. */
+static void test_acc_shapes(void)
+{
+  t_rng r = {4242};
+  const uint32_t n = 60000, base = 5;
+  float *s = malloc(n * 4);
+  kv_score_pair *o = malloc(n * sizeof *o), *oh = malloc(n * sizeof *oh);
+  uint32_t *pos = malloc(n * 4);
+  float *sc = malloc(n * 4);
+  const uint32_t ks[] = {1024, 1500, 4096, n / 10, n / 2, n - 1, n};
+  for (int shape = 0; shape <= 10; shape++) {
+    for (uint32_t i = 0; i < n; i++) {
+      s[i] = shape_score(shape, i, n, &r);
+      o[i].pos = base + i;
+      o[i].score = s[i];
+    }
+    memcpy(oh, o, (n / 2) * sizeof *o);
+    t_sort_pairs(o, n);
+    t_sort_pairs(oh, n / 2);
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+      uint32_t k = ks[ki];
+      void *mem = malloc(kv_score_acc_bytes(k)), *mem2 = malloc(kv_score_acc_bytes(k));
+      for (int mode = 0; mode < 3; mode++) {
+        kv_score_acc a, b;
+        REQUIRE(kv_score_acc_init(&a, k, mem, kv_score_acc_bytes(k), NULL) == KV_SCORE_OK, "init");
+        REQUIRE(kv_score_acc_init(&b, k, mem2, kv_score_acc_bytes(k), NULL) == KV_SCORE_OK, "init");
+        int bad_half = -1;
+        for (uint32_t i = 0; i < n;) {
+          uint32_t m = 1 + t_below(&r, 700);
+          if (m > n - i)
+            m = n - i;
+          if (mode == 1 && i < n / 2 && i + m > n / 2)
+            m = n / 2 - i;
+          kv_score_acc_push_scores(mode == 2 && (i / 1000) % 2 ? &b : &a, base + i, s + i, m);
+          i += m;
+          if (mode == 1 && i == n / 2) {
+            uint32_t kh = k < n / 2 ? k : n / 2;
+            uint32_t got = kv_score_acc_finish(&a, pos, sc);
+            for (uint32_t j = 0; j < kh && bad_half < 0; j++)
+              if (pos[j] != oh[j].pos || !(memcmp(&sc[j], &oh[j].score, 4) == 0 ||
+                                           (isnan(sc[j]) && isnan(oh[j].score))))
+                bad_half = (int)j;
+            if (got != kh && bad_half < 0)
+              bad_half = (int)got;
+          }
+        }
+        if (mode == 2)
+          kv_score_acc_merge(&a, &b);
+        uint32_t got = kv_score_acc_finish(&a, pos, sc);
+        int bad = -1;
+        for (uint32_t j = 0; j < k && bad < 0; j++)
+          if (pos[j] != o[j].pos ||
+              !(memcmp(&sc[j], &o[j].score, 4) == 0 || (isnan(sc[j]) && isnan(o[j].score))))
+            bad = (int)j;
+        CHECK(got == k && bad < 0 && bad_half < 0,
+              "acc shape %d k=%u mode %d: got %u, rank %d (%u, %.9g; oracle %u, %.9g), half %d",
+              shape, k, mode, got, bad, pos[bad < 0 ? 0 : bad], (double)sc[bad < 0 ? 0 : bad],
+              o[bad < 0 ? 0 : bad].pos, (double)o[bad < 0 ? 0 : bad].score, bad_half);
+      }
+      free(mem);
+      free(mem2);
+    }
+  }
+  free(s);
+  free(o);
+  free(oh);
+  free(pos);
+  free(sc);
+}
+
 int main(void)
 {
   test_paths_equal();
   test_sum_is_summed_query();
   test_topk_oracle();
   test_acc();
+  test_acc_shapes();
   return t_finish("test_score_paths");
 }
