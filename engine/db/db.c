@@ -132,6 +132,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
   KV_RET(kv_check_view_extent(kv, m, n, "kv"));
   kvdb_put_opts o;
   KV_RET(kv_put_opts_copy(opts, &o));
+  int asked = (o.flags & KVDB_PUT_PROFILE) != 0; /* the caller's: always measured */
+  const char *space = o.profile_space;            /* the group's (place/prior.c), as asked */
   kv_place_put_opts(db, &o); /* placement on: profile the context */
   if ((o.flags & ~(uint32_t)KVDB_PUT_PROFILE) != 0)
     return kv_fail(KVDB_INVALID, "opts->flags 0x%x has unknown bits", o.flags);
@@ -151,13 +153,21 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
     profile = malloc(sizeof *profile);
     if (profile == NULL)
       return kv_fail(KVDB_NOMEM, "profile");
-    kv_queries pqs;
-    const kv_queries *pq;
-    const uint32_t *pq_pos;
-    KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
-    kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q, .pq = pq,
-                         .pq_pos = pq_pos, .space = o.profile_space, .heads = o.profile_heads};
-    KV_ERR(kv_profile_measure(&ps, profile));
+    /* placement on: measured, or predicted from the handle's measured profiles of its
+     * group (place/prior.c PROFILE SAMPLING; placement_profile) */
+    uint64_t pkey = kv_place_prior_key(mh, space, o.profile_heads, q != NULL,
+                                       o.probe_queries != NULL, n);
+    if (asked || !kv_place_prior_predict(db, pkey, n, profile)) {
+      kv_queries pqs;
+      const kv_queries *pq;
+      const uint32_t *pq_pos;
+      KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
+      kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
+                           .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
+                           .heads = o.profile_heads};
+      KV_ERR(kv_profile_measure(&ps, profile));
+      kv_place_prior_note(db, pkey, n, profile);
+    }
     /* placement on: write it once in the config the placement will choose on the SSD */
     kvdb_config pc = cfg;
     if (kv_place_put_config(db, m, bt, mh, n, profile, &pc) == KVDB_OK &&

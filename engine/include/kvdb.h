@@ -345,7 +345,8 @@ typedef struct kvdb_options {
    * kvdb_tier_probe), and frequency is the context's access count halved every
    * freq_half_life_s (kept in the catalog). Then:
    * - a put measures the context's profile (as with KVDB_PUT_PROFILE, over "lossless,int8,int4,
-   *   int2" unless opts->profile_space says otherwise), is written in the config its best
+   *   int2" unless opts->profile_space says otherwise; or, by default, predicts it from the
+   *   handle's recent measured profiles of the same model: placement_profile), is written in the config its best
    *   place on the SSD tier has (whatever opts->config asks: it is written once), and, once
    *   durable, is placed: the context takes its best (tier, config); then, while a tier holds more than its
    *   capacity (dram_bytes, ssd_bytes, smartssd_bytes), the cheapest operation — re-encode a
@@ -500,7 +501,30 @@ typedef struct kvdb_options {
    * wait. Other values: KVDB_INVALID.
    */
   uint32_t remote_poll_us;
+  /**
+   * Which puts measure their profile when placement is on (a put whose caller sets
+   * KVDB_PUT_PROFILE always measures): KVDB_PLACE_PROFILE_SAMPLED (0, the default) or
+   * KVDB_PLACE_PROFILE_EVERY_PUT (1, the paper's profiler, EvicPress §4.3: every put). Other
+   * values: KVDB_INVALID.
+   */
+  uint32_t placement_profile;
 } kvdb_options;
+
+/** kvdb_options.placement_profile: which puts measure their quality profile (placement on). */
+enum {
+  /** A put's profile is predicted from the profiles this handle measured for earlier puts of
+   * the same model, profile space, probe kind and context length (within a power of two) once
+   * the last 16 of them agree (each config's quality loss 1 - q within 20% of the least or
+   * 0.001, its bytes per token within 25%): every config at the least quality and the mean
+   * bytes per token of those 16, the entries' n_probes 0 (predicted, not measured). One put
+   * in 16 of such a group is still measured and joins the 16: when it disagrees, the puts
+   * after it are measured until 16 agree again. The prediction is written in the put's own
+   * transaction, as a measured profile is; a handle starts with no prior (its first puts of
+   * each group are measured). kvdb_profile measures a stored context on demand. */
+  KVDB_PLACE_PROFILE_SAMPLED = 0,
+  /** Every put measures its profile (the paper's profiler, EvicPress §4.3). */
+  KVDB_PLACE_PROFILE_EVERY_PUT = 1,
+};
 
 /** @brief Fill *opt with defaults. Cannot fail. */
 KVDB_API void kvdb_options_init(kvdb_options *opt);
@@ -1359,7 +1383,9 @@ typedef struct kvdb_profile_entry {
   double rel_l2;             /**< relative L2 error of the attention outputs */
   double reported_quality;   /**< the caller's measure, NaN if none; it wins over `quality` */
   uint32_t n_reports;        /**< reports averaged into reported_quality */
-  uint32_t n_probes;         /**< probe queries per sampled head */
+  uint32_t n_probes;         /**< probe queries per sampled head; 0: the entry was predicted
+                                  from the model's measured profiles, not measured on this
+                                  context (kvdb_options.placement_profile) */
 } kvdb_profile_entry;
 
 /**

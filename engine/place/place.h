@@ -82,6 +82,21 @@ kvdb_status kv_place_drift(kvdb *db, kv_txn *txn, const kv_ctx_rec *cr, kv_profi
  * by the greedy over every context. Failures are logged (the get stands). */
 void kv_place_after_get(kvdb *db, const uint8_t key[16]);
 
+/* ---- prior.c (PROFILE SAMPLING) ---- */
+
+/* The group of a put (prior.c GROUPS): the model hash, the profile space (NULL: the default),
+ * the sampled heads (0: the default), whether SnapKV queries / probe queries were given, and
+ * the context's length. */
+uint64_t kv_place_prior_key(const uint8_t model_hash[16], const char *space, uint32_t heads,
+                            int have_q, int have_pq, uint64_t n_tokens);
+/* Before a put with placement on whose profile the placement asked for (not the caller): 1
+ * when *out holds the profile predicted for its group (placement_profile SAMPLED and the group
+ * agrees: every entry's n_probes 0); 0 when the put is to measure it (then
+ * kv_place_prior_note). */
+int kv_place_prior_predict(kvdb *db, uint64_t key, uint64_t n_tokens, kv_profile_rec *out);
+/* A profile measured at a put of `n_tokens` tokens, into its group's ring. */
+void kv_place_prior_note(kvdb *db, uint64_t key, uint64_t n_tokens, const kv_profile_rec *p);
+
 /* Place one context again (it takes its best place; over-full tiers are resolved), with
  * placement on; failures are logged. */
 void kv_place_context(kvdb *db, const uint8_t key[16]);

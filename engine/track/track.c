@@ -63,6 +63,7 @@ struct kv_place {
   uint64_t flushed[KVDB_TIER_COUNT]; /* served-block counts already added to the catalog's */
   kv_place_view view;     /* placer.c's, under run_mu */
   int view_stale;         /* set (atomically) by kv_place_view_drop */
+  kv_place_prior_slot profs; /* place/prior.c's, under profs.mu */
 };
 
 /* ---- options ----------------------------------------------------------------------------- */
@@ -88,6 +89,10 @@ kvdb_status kv_place_options_check(const kvdb_options *o)
   if (!(isfinite(o->freq_half_life_s) && o->freq_half_life_s > 0))
     return kv_fail(KVDB_INVALID, "freq_half_life_s %g is not a positive number",
                    o->freq_half_life_s);
+  if (o->placement_profile != KVDB_PLACE_PROFILE_SAMPLED &&
+      o->placement_profile != KVDB_PLACE_PROFILE_EVERY_PUT)
+    return kv_fail(KVDB_INVALID, "placement_profile %u is not KVDB_PLACE_PROFILE_SAMPLED (0) or "
+                   "KVDB_PLACE_PROFILE_EVERY_PUT (1)", o->placement_profile);
   if (!(o->reprofile_drift_pct >= 0 && o->reprofile_drift_pct <= 100))
     return kv_fail(KVDB_INVALID, "reprofile_drift_pct %g is not in 0..100",
                    o->reprofile_drift_pct);
@@ -715,6 +720,7 @@ kvdb_status kv_place_open(kvdb *db)
     return kv_fail(KVDB_NOMEM, "placement state");
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_init(&p->run_mu, NULL);
+  pthread_mutex_init(&p->profs.mu, NULL);
   db->place = p;
   if (db->dram != NULL) {
     kv_tier_perf f;
@@ -745,6 +751,9 @@ void kv_place_close(kvdb *db)
   kset_free(&p->want);
   if (p->view.inc_free != NULL)
     p->view.inc_free(p->view.inc);
+  if (p->profs.state_free != NULL)
+    p->profs.state_free(p->profs.state);
+  pthread_mutex_destroy(&p->profs.mu);
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->run_mu);
   free(p);
@@ -771,6 +780,11 @@ kv_place_view *kv_place_view_of(kvdb *db)
   if (__atomic_exchange_n(&p->view_stale, 0, __ATOMIC_ACQ_REL))
     p->view.valid = 0;
   return &p->view;
+}
+
+kv_place_prior_slot *kv_place_prior_of(kvdb *db)
+{
+  return &db->place->profs;
 }
 
 void kv_place_view_drop(kvdb *db)

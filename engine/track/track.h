@@ -130,6 +130,15 @@ pthread_mutex_t *kv_place_run_lock(kvdb *db);
 kvdb_status kv_place_bump_gen(kvdb *db, kv_txn *txn, uint64_t *gen_from);
 kv_place_view *kv_place_view_of(kvdb *db);
 void kv_place_view_drop(kvdb *db);
+/* The profiles' model prior of place/prior.c (PROFILE SAMPLING): its state, under its own
+ * lock (a put's profile is decided before the put, outside the placement's run lock); freed at
+ * close with state_free. */
+typedef struct kv_place_prior_slot {
+  pthread_mutex_t mu;
+  void *state;
+  void (*state_free)(void *);
+} kv_place_prior_slot;
+kv_place_prior_slot *kv_place_prior_of(kvdb *db);
 
 /* ---- access times of contexts (atime.c) ---- */
 

@@ -696,8 +696,9 @@ def open(path: Union[str, "os.PathLike[str]"], **options: Any) -> DB:  # noqa: A
     placement_slack_pct, lossless_frame_bytes, remote_addr, remote_namespace, remote_timeout_ms,
     remote_queue_blocks, remote_put_wait_ms, prefetch_bps, remote_write ("put" default,
     "evict", "put+evict"), remote_copy_hits (1 default, 0), remote_hash_tag (0 default, 1),
-    remote_bytes (0 default: unlimited), remote_poll_us (50 default, 0..10000). An unknown
-    option is a TypeError; a bad value raises InvalidError."""
+    remote_bytes (0 default: unlimited), remote_poll_us (50 default, 0..10000),
+    placement_profile (0 default: sampled; 1: every put). An unknown option is a TypeError; a
+    bad value raises InvalidError."""
     return DB(str(path), **options)
 
 

@@ -67,7 +67,8 @@ class Options(Structure):
                 ("remote_queue_blocks", c_uint32), ("remote_put_wait_ms", c_uint32),
                 ("prefetch_bps", c_double), ("remote_write", c_uint32),
                 ("remote_copy_hits", c_uint32), ("remote_hash_tag", c_uint32),
-                ("remote_bytes", c_uint64), ("remote_poll_us", c_uint32)]
+                ("remote_bytes", c_uint64), ("remote_poll_us", c_uint32),
+                ("placement_profile", c_uint32)]
 
 
 class PutInfo(Structure):
