@@ -15,6 +15,10 @@
  *   hot[l][h]  the hot pool of layer l, KV head h: a hit-rate table of 2 bytes per token, a
  *              token -> slot map, `hot_tokens` slots of a K and a V row, and the candidates
  *              (rows the last fetch read from the store) that the deferred work promotes.
+ * BKP's WORK after a fetch of (context, layer) (hot_update: ageing, demotion, promotion) runs on
+ * the session's worker thread (bg_*) while the caller goes on with the next layers; a select or
+ * fetch of that (context, layer) waits for it, an append, flush, stat or close for all of it.
+ * The same work in the same order per (context, layer) as when it ran inline: the same pools.
  * APPEND: rows are copied into the window; when the last block fills, the published part grows
  * to the last full block through kv_put_append (one catalog transaction that also retires the
  * previous record), and the window drops what it no longer needs.
@@ -22,6 +26,7 @@
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +63,8 @@ typedef struct dec_ctx {
   uint8_t *win;
   uint64_t tab_cap;    /* entries of each hit table and slot map */
   dec_hot *hot;        /* n_layers * n_kv_heads */
-  uint8_t *pending;    /* per layer: deferred hot-pool work waits */
+  uint8_t *pending;    /* per layer: hot-pool work after a fetch waits (1), or is queued for the
+                          session's worker or running there (2) */
 } dec_ctx;
 
 struct kvdb_decode {
@@ -76,6 +82,18 @@ struct kvdb_decode {
   size_t n_c;
   kvdb_decode_stats st;
   double alpha_c, alpha_s; /* selected fractions of the hot and cold pools, last fetch */
+  /* BKP's promotion and demotion after a fetch run on a worker thread of the session (started
+   * at the first fetch), in the background of the caller's next layers: a select or fetch of
+   * that (context, layer) waits for it, an append, flush, stat or close for all of it */
+  pthread_mutex_t bg_mu;
+  pthread_cond_t bg_cv;
+  pthread_t bg_th;
+  int bg_state;        /* 0 not started, 1 running, -1 could not start (work done inline) */
+  int bg_stop;
+  uint32_t *bg_q;      /* ring of context * n_layers + layer */
+  size_t bg_head, bg_n, bg_cap;
+  kvdb_status bg_rc;   /* the first failure of the worker, reported by the next wait */
+  char bg_msg[256];
 };
 
 static size_t dtype_bytes(kvdb_dtype d)
@@ -198,6 +216,8 @@ static void ctx_free(kvdb_decode *s, dec_ctx *c)
   free(c->tokens);
   free(c->win);
 }
+
+static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer);
 
 /* ---- open ---- */
 
@@ -384,6 +404,8 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   s->o = o;
   s->so = so;
   s->fso = so;
+  pthread_mutex_init(&s->bg_mu, NULL);
+  pthread_cond_init(&s->bg_cv, NULL);
   if (o.fetch_device >= 0)
     s->fso.device = (kvdb_score_device)o.fetch_device;
   s->st.beta = o.device == KVDB_SCORE_CPU ? 1.0 : 0.5;
@@ -410,6 +432,16 @@ void kvdb_decode_close(kvdb_decode *s)
 {
   if (s == NULL)
     return;
+  if (s->bg_state > 0) { /* the queued work is done, then the worker stops */
+    pthread_mutex_lock(&s->bg_mu);
+    s->bg_stop = 1;
+    pthread_cond_broadcast(&s->bg_cv);
+    pthread_mutex_unlock(&s->bg_mu);
+    pthread_join(s->bg_th, NULL);
+  }
+  pthread_mutex_destroy(&s->bg_mu);
+  pthread_cond_destroy(&s->bg_cv);
+  free(s->bg_q);
   for (size_t i = 0; i < s->n_c; i++)
     ctx_free(s, &s->c[i]);
   free(s->c);
@@ -482,6 +514,7 @@ kvdb_status kvdb_decode_append(kvdb_decode *s, uint32_t ctx, const uint32_t *tok
   if (n == 0)
     return kv_fail(KVDB_INVALID, "n is 0");
   dec_ctx *c = &s->c[ctx];
+  KV_RET(bg_wait(s, NULL, 0)); /* the hot pools' work reads the tables and the window */
   if (n > UINT32_MAX - c->n_tok)
     return kv_fail(KVDB_INVALID, "context %u would exceed 2^32 - 1 tokens (%" PRIu64 " + %zu)", ctx,
                    c->n_tok, n);
@@ -521,6 +554,7 @@ kvdb_status kvdb_decode_flush(kvdb_decode *s)
 {
   if (s == NULL)
     return kv_fail(KVDB_INVALID, "s is NULL");
+  KV_RET(bg_wait(s, NULL, 0));
   for (size_t i = 0; i < s->n_c; i++)
     if (s->c[i].n_tok > s->c[i].n_pub)
       KV_RET(publish(s, &s->c[i], s->c[i].n_tok));
@@ -547,6 +581,7 @@ kvdb_status kvdb_decode_stat(kvdb_decode *s, kvdb_decode_stats *out)
 {
   if (s == NULL || out == NULL)
     return kv_fail(KVDB_INVALID, "%s is NULL", s == NULL ? "s" : "out");
+  KV_RET(bg_wait(s, NULL, 0)); /* its promotion counts */
   *out = s->st;
   uint64_t b = 0;
   for (size_t i = 0; i < s->n_c; i++) {
@@ -657,6 +692,82 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
     h->n_cand = 0;
   }
   return KVDB_OK;
+}
+
+/* ---- BKP's background work ---- */
+
+static void *bg_main(void *arg)
+{
+  kvdb_decode *s = arg;
+  pthread_mutex_lock(&s->bg_mu);
+  for (;;) {
+    while (!s->bg_stop && s->bg_n == 0)
+      pthread_cond_wait(&s->bg_cv, &s->bg_mu);
+    if (s->bg_n == 0) /* stop, and nothing left */
+      break;
+    uint32_t it = s->bg_q[s->bg_head];
+    pthread_mutex_unlock(&s->bg_mu);
+    dec_ctx *c = &s->c[it / s->m.n_layers];
+    kvdb_status rc = hot_update(s, c, it % s->m.n_layers);
+    pthread_mutex_lock(&s->bg_mu);
+    if (rc != KVDB_OK && s->bg_rc == KVDB_OK) {
+      s->bg_rc = rc;
+      snprintf(s->bg_msg, sizeof s->bg_msg, "%s", kvdb_errmsg());
+    }
+    c->pending[it % s->m.n_layers] = 0;
+    s->bg_head = (s->bg_head + 1) % s->bg_cap;
+    s->bg_n--;
+    pthread_cond_broadcast(&s->bg_cv);
+  }
+  pthread_mutex_unlock(&s->bg_mu);
+  return NULL;
+}
+
+/* After a fetch of (c, layer): its hot-pool work, on the worker (inline at the next select when
+ * the worker cannot start). */
+static void bg_post(kvdb_decode *s, dec_ctx *c, uint32_t layer)
+{
+  if (s->bg_state == 0) {
+    s->bg_cap = s->n_c * s->m.n_layers;
+    s->bg_q = malloc(s->bg_cap * sizeof *s->bg_q);
+    s->bg_state = s->bg_q != NULL && pthread_create(&s->bg_th, NULL, bg_main, s) == 0 ? 1 : -1;
+  }
+  if (s->bg_state < 0) {
+    c->pending[layer] = 1;
+    return;
+  }
+  pthread_mutex_lock(&s->bg_mu);
+  c->pending[layer] = 2;
+  s->bg_q[(s->bg_head + s->bg_n++) % s->bg_cap] = (uint32_t)(c - s->c) * s->m.n_layers + layer;
+  pthread_cond_broadcast(&s->bg_cv);
+  pthread_mutex_unlock(&s->bg_mu);
+}
+
+/* The worker's first failure since the last report, as this thread's error. */
+static kvdb_status bg_report(kvdb_decode *s)
+{
+  kvdb_status rc = s->bg_rc;
+  s->bg_rc = KVDB_OK;
+  return rc == KVDB_OK ? KVDB_OK : kv_fail(rc, "hot-pool update (background): %s", s->bg_msg);
+}
+
+/* Wait for (c, layer)'s hot-pool work (c NULL: for all of it); run it here if it waits inline. */
+static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer)
+{
+  kvdb_status rc = KVDB_OK;
+  if (s->bg_state > 0) {
+    pthread_mutex_lock(&s->bg_mu);
+    while (c != NULL ? c->pending[layer] == 2 : s->bg_n > 0)
+      pthread_cond_wait(&s->bg_cv, &s->bg_mu);
+    rc = bg_report(s);
+    pthread_mutex_unlock(&s->bg_mu);
+  }
+  for (size_t i = 0; i < s->n_c && rc == KVDB_OK; i++)
+    for (uint32_t l = 0; l < s->m.n_layers && rc == KVDB_OK; l++)
+      if ((c == NULL || (&s->c[i] == c && l == layer)) && s->c[i].pending != NULL &&
+          s->c[i].pending[l] == 1)
+        rc = hot_update(s, &s->c[i], l);
+  return rc;
 }
 
 /* ---- select ---- */
@@ -856,7 +967,7 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
   if (q_dtype != KVDB_F16 && q_dtype != KVDB_BF16 && q_dtype != KVDB_F32)
     return kv_fail(KVDB_INVALID, "q_dtype %d is not KVDB_F16, KVDB_BF16 or KVDB_F32", (int)q_dtype);
   if (c->pending[layer])
-    KV_RET(hot_update(s, c, layer));
+    KV_RET(bg_wait(s, c, layer));
   uint32_t G = n_q_heads / m->n_kv_heads, H = m->n_kv_heads;
   size_t qrow = (size_t)m->head_dim * dtype_bytes(q_dtype);
   int grp = (s->o.flags & KVDB_DECODE_PAGE_GROUPS) != 0;
@@ -1011,6 +1122,8 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     return kv_fail(KVDB_INVALID, "k is 0");
   KV_RET(kv_check_view(out, m, "out"));
   KV_RET(kv_check_view_extent(out, m, k, "out"));
+  if (c->pending[layer]) /* its last fetch's hot-pool work (the hit counts change) */
+    KV_RET(bg_wait(s, c, layer));
   uint32_t H = m->n_kv_heads;
   for (size_t i = 0; i < (size_t)H * k; i++)
     if (positions[i] >= c->n_tok)
@@ -1076,7 +1189,7 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
       }
     }
   }
-  c->pending[layer] = 1;
+  bg_post(s, c, layer);
   s->st.selected += (uint64_t)H * k;
   s->st.hot_hits += hot_hits;
   s->st.cold_reads += colds;
