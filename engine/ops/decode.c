@@ -894,7 +894,9 @@ static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint3
       if (!in[x] && hp->slot[x] < 0) {
         in[x] = 1;
         osc[n] = NAN;
-        for (uint32_t j = ord[gi].rank; j < k && rsc != NULL; j++) /* a pick keeps its score */
+        /* a pick keeps its score (looked for only when scores are wanted and x is a pick: the
+         * group's picks rank at or after its best) */
+        for (uint32_t j = ord[gi].rank; j < k && sc != NULL && rsc != NULL && hp->pick[x]; j++)
           if (rp[j] == x) {
             osc[n] = rsc[j];
             break;
@@ -942,6 +944,21 @@ done:
   free(osc);
   free(in);
   return rc;
+}
+
+/* The unpublished tokens' scores in score.h ORDER (a total order: best first). */
+typedef struct unpub_order {
+  const float *sc;
+  uint32_t pos0;
+} unpub_order;
+
+static int unpub_cmp(const void *a, const void *b, void *ctx)
+{
+  const unpub_order *o = ctx;
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  if (x == y)
+    return 0;
+  return kv_score_better(o->pos0 + x, o->sc[x], o->pos0 + y, o->sc[y]) ? -1 : 1;
 }
 
 kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, const void *q,
@@ -1030,28 +1047,27 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
       if (rc != KVDB_OK)
         goto out;
     }
-    /* merge the stored top k1 (best first) with the unpublished scores: both in ORDER */
+    /* merge the stored top k1 (best first) with the unpublished scores, sorted: both in ORDER */
     uint32_t i = 0, j = 0;
-    uint8_t *taken = NULL;
-    if (nu > 0 && (taken = calloc(nu, 1)) == NULL) {
+    uint32_t *ui = NULL;
+    if (nu > 0 && (ui = malloc((size_t)nu * sizeof *ui)) == NULL) {
       rc = kv_fail(KVDB_NOMEM, "select merge");
       goto out;
     }
+    for (uint32_t u = 0; u < nu; u++)
+      ui[u] = u;
+    unpub_order uo = {scu, (uint32_t)c->n_pub};
+    if (nu > 1)
+      qsort_r(ui, nu, sizeof *ui, unpub_cmp, &uo);
     uint32_t *op = grp ? rp : positions + (size_t)h * k;
     float *os = grp ? rsc : scores != NULL ? scores + (size_t)h * k : NULL;
     for (uint32_t r = 0; r < (grp ? kx : k); r++) {
-      uint32_t bu = UINT32_MAX; /* the best unpublished not taken */
-      for (uint32_t u = 0; u < nu; u++)
-        if (!taken[u] && (bu == UINT32_MAX ||
-                          kv_score_better((uint32_t)c->n_pub + u, scu[u],
-                                          (uint32_t)c->n_pub + bu, scu[bu])))
-          bu = u;
+      uint32_t bu = j < nu ? ui[j] : UINT32_MAX; /* the best unpublished not taken */
       int use_u = bu != UINT32_MAX &&
                   (i >= k1 || kv_score_better((uint32_t)c->n_pub + bu, scu[bu], p1[i], s1[i]));
       uint32_t p;
       float sc;
       if (use_u) {
-        taken[bu] = 1;
         p = (uint32_t)c->n_pub + bu;
         sc = scu[bu];
         j++;
@@ -1064,7 +1080,7 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
       if (os != NULL)
         os[r] = sc;
     }
-    free(taken);
+    free(ui);
     if (grp) {
       KV_ERR(page_groups(s, c, layer, h, k, kx, rp, rsc, positions + (size_t)h * k,
                          scores != NULL ? scores + (size_t)h * k : NULL));
