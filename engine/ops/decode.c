@@ -1145,20 +1145,31 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     if (positions[i] >= c->n_tok)
       return kv_fail(KVDB_INVALID, "positions[%zu] = %u is past the context's %" PRIu64 " tokens",
                      i, positions[i], c->n_tok);
-  uint32_t *cold = malloc((size_t)k * sizeof *cold);
-  uint32_t *at = malloc((size_t)k * sizeof *at);
-  uint8_t *kb = malloc((size_t)k * s->row), *vb = malloc((size_t)k * s->row);
+  /* every head's DRAM rows copied, its cold positions listed; then the cold rows of all heads
+   * read at once (kv_get_heads_tokens_cc: one batch of page-group reads for the layer) */
+  uint32_t *cold = malloc((size_t)H * k * sizeof *cold);
+  uint32_t *at = malloc((size_t)H * k * sizeof *at);
+  uint8_t *kb = NULL, *vb = NULL; /* the cold rows, head after head */
+  uint32_t *heads = malloc((size_t)H * sizeof *heads), *nch = calloc(H, sizeof *nch);
+  size_t *base = malloc((size_t)H * sizeof *base), n_cold = 0;
+  const uint32_t **cp = malloc((size_t)H * sizeof *cp);
+  size_t *np = malloc((size_t)H * sizeof *np);
+  void **ko = malloc((size_t)H * sizeof *ko), **vo = malloc((size_t)H * sizeof *vo);
+  kvdb_fetch_stats *fs = calloc(H, sizeof *fs);
   kvdb_status rc = KVDB_OK;
-  if (cold == NULL || at == NULL || kb == NULL || vb == NULL) {
+  if (cold == NULL || at == NULL || heads == NULL || nch == NULL || base == NULL || cp == NULL ||
+      np == NULL || ko == NULL || vo == NULL || fs == NULL) {
     rc = kv_fail(KVDB_NOMEM, "fetch of %u rows", k);
     goto out;
   }
   kvdb_key key;
   memcpy(key.b, c->key, 16);
   uint64_t hot_hits = 0, colds = 0;
+  uint32_t n_heads = 0;
   for (uint32_t h = 0; h < H; h++) {
     dec_hot *hp = &c->hot[(size_t)layer * H + h];
     const uint32_t *p = positions + (size_t)h * k;
+    uint32_t *hc = cold + (size_t)h * k, *ha = at + (size_t)h * k;
     uint32_t nc = 0;
     for (uint32_t i = 0; i < k; i++) {
       uint32_t t = p[i];
@@ -1174,34 +1185,58 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
         row_out(s, &out->v, i, h, r + s->row);
         hot_hits++;
       } else {
-        cold[nc] = t;
-        at[nc++] = i;
+        hc[nc] = t;
+        ha[nc++] = i;
       }
     }
+    nch[h] = nc;
+    base[h] = n_cold;
+    n_cold += nc;
+  }
+  if (n_cold > 0 && ((kb = malloc(n_cold * s->row)) == NULL || (vb = malloc(n_cold * s->row)) == NULL)) {
+    rc = kv_fail(KVDB_NOMEM, "fetch of %zu cold rows", n_cold);
+    goto out;
+  }
+  for (uint32_t h = 0; h < H; h++)
+    if (nch[h] > 0) {
+      heads[n_heads] = h;
+      cp[n_heads] = cold + (size_t)h * k;
+      np[n_heads] = nch[h];
+      ko[n_heads] = kb + base[h] * s->row;
+      vo[n_heads] = vb + base[h] * s->row;
+      n_heads++;
+    }
+  if (n_heads > 0)
+    KV_ERR(kv_get_heads_tokens_cc(s->db, m, &key, layer, n_heads, heads, cp, np, ko, vo, &s->fso,
+                                  fs, &s->ck));
+  for (uint32_t j = 0; j < n_heads; j++) {
+    s->st.ssd_bytes += fs[j].host_bytes + fs[j].device_bytes;
+    s->st.host_bytes += fs[j].host_bytes + fs[j].device_to_host_bytes;
+  }
+  for (uint32_t h = 0; h < H; h++) {
+    dec_hot *hp = &c->hot[(size_t)layer * H + h];
+    uint32_t nc = nch[h];
+    const uint32_t *hc = cold + (size_t)h * k, *ha = at + (size_t)h * k;
+    const uint8_t *hk = kb + base[h] * s->row, *hv = vb + base[h] * s->row;
     if (nc == 0)
       continue;
-    kvdb_fetch_stats fs;
-    KV_ERR(kv_get_head_tokens_cc(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs,
-                                 &s->ck));
-    s->st.ssd_bytes += fs.host_bytes + fs.device_bytes;
-    s->st.host_bytes += fs.host_bytes + fs.device_to_host_bytes;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;
     colds += nc;
     if (s->o.hot_tokens > 0)
       KV_ERR(cand_reserve(s, hp, nc));
     for (uint32_t j = 0; j < nc; j++) {
-      row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
-      row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
+      row_out(s, &out->k, ha[j], h, hk + (size_t)j * s->row);
+      row_out(s, &out->v, ha[j], h, hv + (size_t)j * s->row);
       /* candidates: every row of the groups read (the bytes came anyway; without hits they
        * take free slots and lose to picks in hot_update); with KVDB_DECODE_PROMOTE_PICKS and
        * no cold budget only the picks */
       if (s->o.hot_tokens > 0 &&
-          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0 ||
+          (hp->pick == NULL || hp->pick[hc[j]] || s->o.cold_share_permille != 0 ||
            !(s->o.flags & KVDB_DECODE_PROMOTE_PICKS))) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
-        memcpy(r, kb + (size_t)j * s->row, s->row);
-        memcpy(r + s->row, vb + (size_t)j * s->row, s->row);
-        hp->cand_pos[hp->n_cand++] = cold[j];
+        memcpy(r, hk + (size_t)j * s->row, s->row);
+        memcpy(r + s->row, hv + (size_t)j * s->row, s->row);
+        hp->cand_pos[hp->n_cand++] = hc[j];
       }
     }
   }
@@ -1219,5 +1254,13 @@ out:
   free(at);
   free(kb);
   free(vb);
+  free(heads);
+  free(nch);
+  free(base);
+  free(cp);
+  free(np);
+  free(ko);
+  free(vo);
+  free(fs);
   return rc;
 }
