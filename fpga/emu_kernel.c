@@ -50,7 +50,10 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
                          uint32_t t0, uint32_t n, uint32_t pos_base, uint32_t row_bytes,
                          uint32_t bits, uint32_t k)
 {
-  const uint8_t *qb = query[0].b;
+  /* byte views of the buffers (word arrays: a row, a vector or the scales span many words) */
+  const uint8_t *kbytes = (const uint8_t *)(const void *)keys;
+  const uint8_t *mbytes = (const uint8_t *)(const void *)meta;
+  const uint8_t *qb = (const uint8_t *)(const void *)query;
   uint32_t n_vec = rd32(qb);
   if (n_vec < 1)
     n_vec = 1;
@@ -64,7 +67,7 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
   const uint32_t m = row_bytes;
   _Alignas(64) int16_t q[KVK_MAX_VEC][2 * KVK_MAX_ROW];
   for (uint32_t v = 0; v < n_vec; v++) {
-    const int8_t *c = (const int8_t *)(const void *)query[1 + v * (KVK_MAX_D / 64u)].b;
+    const int8_t *c = (const int8_t *)(const void *)(qb + 64 * (1 + v * (KVK_MAX_D / 64u)));
     for (uint32_t i = 0; i < m; i++) {
       if (bits == 8) {
         q[v][i] = c[i];
@@ -79,8 +82,8 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
   uint32_t tk_n = 0;
   if (k > KVK_MAX_TOPK)
     k = KVK_MAX_TOPK;
-  const uint8_t *codes = keys[0].b + ((uint64_t)code_word * 64 + (uint64_t)t0 * row_bytes);
-  const uint8_t *scales = meta[0].b + (uint64_t)scale_word * 64;
+  const uint8_t *codes = kbytes + ((uint64_t)code_word * 64 + (uint64_t)t0 * row_bytes);
+  const uint8_t *scales = mbytes + (uint64_t)scale_word * 64;
   _Alignas(64) int16_t e[2 * KVK_MAX_ROW];
   for (uint32_t i = 0; i < n; i++) {
     const uint8_t *row = codes + (uint64_t)i * row_bytes;

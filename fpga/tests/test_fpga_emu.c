@@ -423,7 +423,7 @@ static void test_emu_equals_hls(void)
         f = t_below(&r, 2) ? INFINITY : -INFINITY;
       else if (u == 2)
         f = t_below(&r, 2) ? 0.0f : -0.0f;
-      memcpy(sect[scale_word].b + 4 * t, &f, 4);
+      memcpy((uint8_t *)(sect + scale_word) + 4 * t, &f, 4);
     }
     for (uint32_t v = 0; v < KVK_MAX_VEC; v++) {
       float f = t_below(&r, 12) == 0 ? NAN : (float)t_gauss(&r);
