@@ -1217,9 +1217,9 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     dec_hot *hp = &c->hot[(size_t)layer * H + h];
     uint32_t nc = nch[h];
     const uint32_t *hc = cold + (size_t)h * k, *ha = at + (size_t)h * k;
-    const uint8_t *hk = kb + base[h] * s->row, *hv = vb + base[h] * s->row;
     if (nc == 0)
       continue;
+    const uint8_t *hk = kb + base[h] * s->row, *hv = vb + base[h] * s->row;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;
     colds += nc;
     if (s->o.hot_tokens > 0)
