@@ -227,7 +227,8 @@ void kv_fpga_close(kv_fpga_dev *dev)
 {
   if (dev == NULL)
     return;
-  kv_hie_pool_free(dev->hie_pool); /* idle: no job runs while the device is closed */
+  if (dev->hie_pool != NULL) /* idle: no job runs while the device is closed */
+    dev->hie_pool_free(dev->hie_pool);
   dev->hie_pool = NULL;
   kv_fpga_buf_free(dev->hie_sect);
   dev->hie_sect = NULL;

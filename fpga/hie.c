@@ -186,7 +186,7 @@ static void *pool_main(void *arg)
   return NULL;
 }
 
-void kv_hie_pool_free(struct kv_hie_pool *p)
+static void hie_pool_free(struct kv_hie_pool *p)
 {
   if (p == NULL)
     return;
@@ -217,10 +217,11 @@ static kv_fpga_status pool_get(kv_fpga_dev *dev, struct kv_hie_pool **out, kv_fp
     if (pthread_create(&p->th[p->n_th], NULL, pool_main, p) != 0)
       break;
   if (p->n_th == 0) {
-    kv_hie_pool_free(p);
+    hie_pool_free(p);
     return FAIL(err, KV_FPGA_ENOMEM, "cannot start a section reader thread", 0, 0);
   }
   dev->hie_pool = *out = p;
+  dev->hie_pool_free = hie_pool_free;
   return KV_FPGA_OK;
 }
 
