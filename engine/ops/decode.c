@@ -636,7 +636,6 @@ static int hot_ent_cmp(const void *a, const void *b)
 
 static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
 {
-  c->pending[layer] = 0;
   uint32_t cap = s->o.hot_tokens;
   for (uint32_t hd = 0; hd < s->m.n_kv_heads; hd++) {
     dec_hot *h = &c->hot[(size_t)layer * s->m.n_kv_heads + hd];
@@ -751,7 +750,9 @@ static kvdb_status bg_report(kvdb_decode *s)
   return rc == KVDB_OK ? KVDB_OK : kv_fail(rc, "hot-pool update (background): %s", s->bg_msg);
 }
 
-/* Wait for (c, layer)'s hot-pool work (c NULL: for all of it); run it here if it waits inline. */
+/* Wait for (c, layer)'s hot-pool work (c NULL: for all of it). With the worker, pending is read
+ * and cleared under bg_mu only (2: queued or running); without it (it could not start), the work
+ * waits inline (1) and runs here. */
 static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer)
 {
   kvdb_status rc = KVDB_OK;
@@ -761,12 +762,15 @@ static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer)
       pthread_cond_wait(&s->bg_cv, &s->bg_mu);
     rc = bg_report(s);
     pthread_mutex_unlock(&s->bg_mu);
+    return rc;
   }
   for (size_t i = 0; i < s->n_c && rc == KVDB_OK; i++)
     for (uint32_t l = 0; l < s->m.n_layers && rc == KVDB_OK; l++)
       if ((c == NULL || (&s->c[i] == c && l == layer)) && s->c[i].pending != NULL &&
-          s->c[i].pending[l] == 1)
+          s->c[i].pending[l] == 1) {
+        s->c[i].pending[l] = 0;
         rc = hot_update(s, &s->c[i], l);
+      }
   return rc;
 }
 
@@ -983,8 +987,7 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
                    c->n_tok);
   if (q_dtype != KVDB_F16 && q_dtype != KVDB_BF16 && q_dtype != KVDB_F32)
     return kv_fail(KVDB_INVALID, "q_dtype %d is not KVDB_F16, KVDB_BF16 or KVDB_F32", (int)q_dtype);
-  if (c->pending[layer])
-    KV_RET(bg_wait(s, c, layer));
+  KV_RET(bg_wait(s, c, layer)); /* its last fetch's hot-pool work */
   uint32_t G = n_q_heads / m->n_kv_heads, H = m->n_kv_heads;
   size_t qrow = (size_t)m->head_dim * dtype_bytes(q_dtype);
   int grp = (s->o.flags & KVDB_DECODE_PAGE_GROUPS) != 0;
@@ -1138,8 +1141,7 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     return kv_fail(KVDB_INVALID, "k is 0");
   KV_RET(kv_check_view(out, m, "out"));
   KV_RET(kv_check_view_extent(out, m, k, "out"));
-  if (c->pending[layer]) /* its last fetch's hot-pool work (the hit counts change) */
-    KV_RET(bg_wait(s, c, layer));
+  KV_RET(bg_wait(s, c, layer)); /* its last fetch's hot-pool work (the hit counts change) */
   uint32_t H = m->n_kv_heads;
   for (size_t i = 0; i < (size_t)H * k; i++)
     if (positions[i] >= c->n_tok)
