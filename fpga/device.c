@@ -4,8 +4,9 @@
  * opening (loading the xclbin for either backend), the buffer / P2P / run API that calls the
  * chosen backend's ops, query packing, argument checks, and the EMULATED backend: 4 KiB-aligned
  * host buffers, P2P = pread from the caller's O_DIRECT fd into them (the syscall the SmartSSD
- * path uses, with another destination), runs = the HLS kernel file compiled by gcc, called on
- * those buffers. Status and errors, the XRT environment check and the kernel's scalar
+ * path uses, with another destination), runs = the kernel's function on those buffers:
+ * emu_kernel.c's CPU version by default (the same outputs bit for bit), the HLS kernel file
+ * compiled by gcc with KVDB_FPGA_EMU_KERNEL=hls. Status and errors, the XRT environment check and the kernel's scalar
  * arguments are fpga_base.c's, below xrt.c and this file.
  */
 #define _GNU_SOURCE
@@ -78,8 +79,10 @@ static kv_fpga_status emu_run_start(kv_fpga_dev *dev, const kv_fpga_run_args *a,
   const kvk_word *sect = (const kvk_word *)(const void *)a->sect->host;
   kvk_pair *blocks = (kvk_pair *)(void *)(a->blocks->host + a->blocks_off);
   kvk_pair *tk = a->topk ? (kvk_pair *)(void *)a->topk->host : blocks;
-  kv_score_kernel(sect, sect, (const kvk_word *)(const void *)a->query->host, blocks, tk, k.scale_word, k.code_word, k.t0, k.n,
-                  k.pos_base, k.row_bytes, k.bits, k.k);
+  const char *which = getenv("KVDB_FPGA_EMU_KERNEL"); /* "hls": the HLS C file itself */
+  (which != NULL && strcmp(which, "hls") == 0 ? kv_score_kernel : kv_score_kernel_emu)(
+      sect, sect, (const kvk_word *)(const void *)a->query->host, blocks, tk, k.scale_word,
+      k.code_word, k.t0, k.n, k.pos_base, k.row_bytes, k.bits, k.k);
   return KV_FPGA_OK;
 }
 
@@ -224,6 +227,9 @@ void kv_fpga_close(kv_fpga_dev *dev)
 {
   if (dev == NULL)
     return;
+  if (dev->hie_pool != NULL) /* idle: no job runs while the device is closed */
+    dev->hie_pool_free(dev->hie_pool);
+  dev->hie_pool = NULL;
   kv_fpga_buf_free(dev->hie_sect);
   dev->hie_sect = NULL;
   dev->ops->close(dev);

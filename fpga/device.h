@@ -286,17 +286,40 @@ typedef struct kv_hie_stats {
 
 /**
  * @brief Global top k of host and device tokens (score.h ORDER), equal to kv_score_topk over all
- * of them. The device part runs on its own thread; chunks whose top k fits on chip
+ * of them. Chunks whose top k fits on chip
  * (k <= KV_FPGA_MAX_TOPK) return only that list; with a larger k every chunk's score block stays
  * in device memory (side by side, blocks_off) and one kv_fpga_select returns the device's top
  * min(k, device tokens), so 8 bytes per selected token cross instead of 8 per token (beyond
  * KV_HIE_SELECT_MAX_TOKENS device tokens the whole blocks return and are merged as they come).
- * dev may be NULL when n_dev = 0.
+ * dev may be NULL when n_dev = 0. The device part runs on its own thread while the calling
+ * thread scores the host part (on the calling thread when there is no host part); the section
+ * reads are done by the device's reader pool (kv_hie_topk_batch).
  * @return KV_FPGA_OK or the first error of either side (k = 0 or k > all tokens: EINVAL).
  */
 kv_fpga_status kv_hie_topk(kv_fpga_dev *dev, const kv_hie_job *job, uint32_t k, uint32_t *out_pos,
                            float *out_scores, uint32_t *n_out, kv_hie_stats *stats,
                            kv_fpga_err *err);
+
+/** One job's k, outputs and figures in kv_hie_topk_batch(). */
+typedef struct kv_hie_result {
+  uint32_t k;          /**< in: the job's k */
+  uint32_t *pos;       /**< in: room for k positions (or NULL when scores is not) */
+  float *scores;       /**< in: room for k scores (or NULL when pos is not) */
+  uint32_t n;          /**< out: entries written */
+  kv_hie_stats stats;  /**< out: the job's figures (total_ns: the whole call's) */
+} kv_hie_result;
+
+/**
+ * @brief kv_hie_topk() of several jobs in one call: each job's result equals kv_hie_topk of it
+ * alone. The device runs the jobs one after another and the section reads of all of them form
+ * one queue, so that the next job's sections are read while this one is scored (a decode step's
+ * per-head jobs of a layer); the host parts are scored on the calling thread meanwhile (with no
+ * host part the device part runs on the calling thread). The reader threads are the device's
+ * (started at its first job, joined by kv_fpga_close). One call at a time per device.
+ * @return KV_FPGA_OK or the first error (then no result is valid).
+ */
+kv_fpga_status kv_hie_topk_batch(kv_fpga_dev *dev, const kv_hie_job *jobs, size_t n_jobs,
+                                 kv_hie_result *res, kv_fpga_err *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* APP: the CPU/SmartSSD split (HillInfer §4.3, Eq. 2-4)                                      */

@@ -60,6 +60,10 @@ struct kv_fpga_dev {
   void *impl; /* backend state */
   kv_fpga_buf *hie_sect; /* hie.c: the section slots' P2P buffer, kept for the next job (its
                             allocation, zeroed, cost more than the reads); freed at close */
+  struct kv_hie_pool *hie_pool; /* hie.c: the section reader threads, started at the first job,
+                                   waiting between jobs; joined at close by hie_pool_free */
+  void (*hie_pool_free)(struct kv_hie_pool *); /* set by hie.c with hie_pool (a call up the
+                                                  floors would be a cycle: device.c <- hie.c) */
 };
 
 kv_fpga_status kv_fpga_fail_at(kv_fpga_err *err, kv_fpga_status code, const char *what,
@@ -77,6 +81,13 @@ typedef struct kv_fpga_kargs {
   uint32_t scale_word, code_word, t0, n, pos_base, row_bytes, bits, k;
 } kv_fpga_kargs;
 void kv_fpga_kargs_of(const kv_fpga_run_args *a, kv_fpga_kargs *out);
+
+/* emu_kernel.c: kv_score_kernel's function for the CPU (same arguments, same outputs bit for
+ * bit), what the emulated device runs unless KVDB_FPGA_EMU_KERNEL=hls. */
+void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_word *query,
+                         kvk_pair *blocks, kvk_pair *topk, uint32_t scale_word, uint32_t code_word,
+                         uint32_t t0, uint32_t n, uint32_t pos_base, uint32_t row_bytes,
+                         uint32_t bits, uint32_t k);
 
 /* xrt.c: open the XRT backend into dev (env checks, dlopen, device); kv_fpga_open() then loads
  * the xclbin, if one is named, through dev->ops. */

@@ -1974,8 +1974,8 @@ KVDB_API kvdb_status kvdb_decode_context(kvdb_decode *s, uint32_t ctx, kvdb_key 
  * head: q holds n_q_heads query vectors of head_dim elements of q_dtype (head j belongs to KV
  * head j / (n_q_heads / n_kv_heads)); positions[h * k + i] (and scores[h * k + i], optional)
  * receive KV head h's i-th best, as kvdb_score_batch orders them (published and unpublished
- * tokens alike, the same scores for both). Runs the deferred hot-pool work of the context and
- * layer first.
+ * tokens alike, the same scores for both). Waits for the hot-pool work of the context and
+ * layer's last fetch first (it runs in the background: see kvdb_decode_fetch).
  * @return KVDB_OK; KVDB_INVALID (NULL, ctx or layer out of range, n_q_heads 0 or not a multiple
  *   of n_kv_heads, k 0 or above the context's tokens, a bad q_dtype or non-finite element: the
  *   message names it); KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM.
@@ -1989,7 +1989,11 @@ KVDB_API kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t l
  * context `ctx` at `layer` into `out`: token index i, head h (the layer coordinate is not used,
  * as in kvdb_get_tokens). Rows held in DRAM are copied; the others are read from the store, only
  * their page groups, verified, on the near-data device when the session's options say so.
- * Counts each position in the hit-rate table and keeps the rows read as promotion candidates.
+ * Counts each position in the hit-rate table and keeps the rows read as promotion candidates;
+ * the promotion and demotion (BKP) then run on a worker thread of the session, in the
+ * background of the caller's next layers (the next select or fetch of this context and layer
+ * waits for them, an append, flush, stat or close for all of it; a failure there is returned
+ * by the call that waits).
  * @return KVDB_OK; KVDB_INVALID (NULL, ctx or layer out of range, k 0, a position past the
  *   context: names it, a bad view); KVDB_CORRUPT; KVDB_IOERR; KVDB_NOMEM.
  */

@@ -15,6 +15,10 @@
  *   hot[l][h]  the hot pool of layer l, KV head h: a hit-rate table of 2 bytes per token, a
  *              token -> slot map, `hot_tokens` slots of a K and a V row, and the candidates
  *              (rows the last fetch read from the store) that the deferred work promotes.
+ * BKP's WORK after a fetch of (context, layer) (hot_update: ageing, demotion, promotion) runs on
+ * the session's worker thread (bg_*) while the caller goes on with the next layers; a select or
+ * fetch of that (context, layer) waits for it, an append, flush, stat or close for all of it.
+ * The same work in the same order per (context, layer) as when it ran inline: the same pools.
  * APPEND: rows are copied into the window; when the last block fills, the published part grows
  * to the last full block through kv_put_append (one catalog transaction that also retires the
  * previous record), and the window drops what it no longer needs.
@@ -22,6 +26,7 @@
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +63,8 @@ typedef struct dec_ctx {
   uint8_t *win;
   uint64_t tab_cap;    /* entries of each hit table and slot map */
   dec_hot *hot;        /* n_layers * n_kv_heads */
-  uint8_t *pending;    /* per layer: deferred hot-pool work waits */
+  uint8_t *pending;    /* per layer: hot-pool work after a fetch waits (1), or is queued for the
+                          session's worker or running there (2) */
 } dec_ctx;
 
 struct kvdb_decode {
@@ -76,6 +82,18 @@ struct kvdb_decode {
   size_t n_c;
   kvdb_decode_stats st;
   double alpha_c, alpha_s; /* selected fractions of the hot and cold pools, last fetch */
+  /* BKP's promotion and demotion after a fetch run on a worker thread of the session (started
+   * at the first fetch), in the background of the caller's next layers: a select or fetch of
+   * that (context, layer) waits for it, an append, flush, stat or close for all of it */
+  pthread_mutex_t bg_mu;
+  pthread_cond_t bg_cv;
+  pthread_t bg_th;
+  int bg_state;        /* 0 not started, 1 running, -1 could not start (work done inline) */
+  int bg_stop;
+  uint32_t *bg_q;      /* ring of context * n_layers + layer */
+  size_t bg_head, bg_n, bg_cap;
+  kvdb_status bg_rc;   /* the first failure of the worker, reported by the next wait */
+  char bg_msg[256];
 };
 
 static size_t dtype_bytes(kvdb_dtype d)
@@ -198,6 +216,8 @@ static void ctx_free(kvdb_decode *s, dec_ctx *c)
   free(c->tokens);
   free(c->win);
 }
+
+static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer);
 
 /* ---- open ---- */
 
@@ -384,6 +404,8 @@ kvdb_status kvdb_decode_open(kvdb *db, const kvdb_model *m, const kvdb_key *cont
   s->o = o;
   s->so = so;
   s->fso = so;
+  pthread_mutex_init(&s->bg_mu, NULL);
+  pthread_cond_init(&s->bg_cv, NULL);
   if (o.fetch_device >= 0)
     s->fso.device = (kvdb_score_device)o.fetch_device;
   s->st.beta = o.device == KVDB_SCORE_CPU ? 1.0 : 0.5;
@@ -410,6 +432,16 @@ void kvdb_decode_close(kvdb_decode *s)
 {
   if (s == NULL)
     return;
+  if (s->bg_state > 0) { /* the queued work is done, then the worker stops */
+    pthread_mutex_lock(&s->bg_mu);
+    s->bg_stop = 1;
+    pthread_cond_broadcast(&s->bg_cv);
+    pthread_mutex_unlock(&s->bg_mu);
+    pthread_join(s->bg_th, NULL);
+  }
+  pthread_mutex_destroy(&s->bg_mu);
+  pthread_cond_destroy(&s->bg_cv);
+  free(s->bg_q);
   for (size_t i = 0; i < s->n_c; i++)
     ctx_free(s, &s->c[i]);
   free(s->c);
@@ -482,6 +514,7 @@ kvdb_status kvdb_decode_append(kvdb_decode *s, uint32_t ctx, const uint32_t *tok
   if (n == 0)
     return kv_fail(KVDB_INVALID, "n is 0");
   dec_ctx *c = &s->c[ctx];
+  KV_RET(bg_wait(s, NULL, 0)); /* the hot pools' work reads the tables and the window */
   if (n > UINT32_MAX - c->n_tok)
     return kv_fail(KVDB_INVALID, "context %u would exceed 2^32 - 1 tokens (%" PRIu64 " + %zu)", ctx,
                    c->n_tok, n);
@@ -521,6 +554,7 @@ kvdb_status kvdb_decode_flush(kvdb_decode *s)
 {
   if (s == NULL)
     return kv_fail(KVDB_INVALID, "s is NULL");
+  KV_RET(bg_wait(s, NULL, 0));
   for (size_t i = 0; i < s->n_c; i++)
     if (s->c[i].n_tok > s->c[i].n_pub)
       KV_RET(publish(s, &s->c[i], s->c[i].n_tok));
@@ -547,6 +581,7 @@ kvdb_status kvdb_decode_stat(kvdb_decode *s, kvdb_decode_stats *out)
 {
   if (s == NULL || out == NULL)
     return kv_fail(KVDB_INVALID, "%s is NULL", s == NULL ? "s" : "out");
+  KV_RET(bg_wait(s, NULL, 0)); /* its promotion counts */
   *out = s->st;
   uint64_t b = 0;
   for (size_t i = 0; i < s->n_c; i++) {
@@ -601,7 +636,6 @@ static int hot_ent_cmp(const void *a, const void *b)
 
 static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
 {
-  c->pending[layer] = 0;
   uint32_t cap = s->o.hot_tokens;
   for (uint32_t hd = 0; hd < s->m.n_kv_heads; hd++) {
     dec_hot *h = &c->hot[(size_t)layer * s->m.n_kv_heads + hd];
@@ -657,6 +691,87 @@ static kvdb_status hot_update(kvdb_decode *s, dec_ctx *c, uint32_t layer)
     h->n_cand = 0;
   }
   return KVDB_OK;
+}
+
+/* ---- BKP's background work ---- */
+
+static void *bg_main(void *arg)
+{
+  kvdb_decode *s = arg;
+  pthread_mutex_lock(&s->bg_mu);
+  for (;;) {
+    while (!s->bg_stop && s->bg_n == 0)
+      pthread_cond_wait(&s->bg_cv, &s->bg_mu);
+    if (s->bg_n == 0) /* stop, and nothing left */
+      break;
+    uint32_t it = s->bg_q[s->bg_head];
+    pthread_mutex_unlock(&s->bg_mu);
+    dec_ctx *c = &s->c[it / s->m.n_layers];
+    kvdb_status rc = hot_update(s, c, it % s->m.n_layers);
+    pthread_mutex_lock(&s->bg_mu);
+    if (rc != KVDB_OK && s->bg_rc == KVDB_OK) {
+      s->bg_rc = rc;
+      snprintf(s->bg_msg, sizeof s->bg_msg, "%s", kvdb_errmsg());
+    }
+    c->pending[it % s->m.n_layers] = 0;
+    s->bg_head = (s->bg_head + 1) % s->bg_cap;
+    s->bg_n--;
+    pthread_cond_broadcast(&s->bg_cv);
+  }
+  pthread_mutex_unlock(&s->bg_mu);
+  return NULL;
+}
+
+/* After a fetch of (c, layer): its hot-pool work, on the worker (inline at the next select when
+ * the worker cannot start). */
+static void bg_post(kvdb_decode *s, dec_ctx *c, uint32_t layer)
+{
+  if (s->bg_state == 0) {
+    s->bg_cap = s->n_c * s->m.n_layers;
+    s->bg_q = malloc(s->bg_cap * sizeof *s->bg_q);
+    s->bg_state = s->bg_q != NULL && pthread_create(&s->bg_th, NULL, bg_main, s) == 0 ? 1 : -1;
+  }
+  if (s->bg_state < 0) {
+    c->pending[layer] = 1;
+    return;
+  }
+  pthread_mutex_lock(&s->bg_mu);
+  c->pending[layer] = 2;
+  s->bg_q[(s->bg_head + s->bg_n++) % s->bg_cap] = (uint32_t)(c - s->c) * s->m.n_layers + layer;
+  pthread_cond_broadcast(&s->bg_cv);
+  pthread_mutex_unlock(&s->bg_mu);
+}
+
+/* The worker's first failure since the last report, as this thread's error. */
+static kvdb_status bg_report(kvdb_decode *s)
+{
+  kvdb_status rc = s->bg_rc;
+  s->bg_rc = KVDB_OK;
+  return rc == KVDB_OK ? KVDB_OK : kv_fail(rc, "hot-pool update (background): %s", s->bg_msg);
+}
+
+/* Wait for (c, layer)'s hot-pool work (c NULL: for all of it). With the worker, pending is read
+ * and cleared under bg_mu only (2: queued or running); without it (it could not start), the work
+ * waits inline (1) and runs here. */
+static kvdb_status bg_wait(kvdb_decode *s, dec_ctx *c, uint32_t layer)
+{
+  kvdb_status rc = KVDB_OK;
+  if (s->bg_state > 0) {
+    pthread_mutex_lock(&s->bg_mu);
+    while (c != NULL ? c->pending[layer] == 2 : s->bg_n > 0)
+      pthread_cond_wait(&s->bg_cv, &s->bg_mu);
+    rc = bg_report(s);
+    pthread_mutex_unlock(&s->bg_mu);
+    return rc;
+  }
+  for (size_t i = 0; i < s->n_c && rc == KVDB_OK; i++)
+    for (uint32_t l = 0; l < s->m.n_layers && rc == KVDB_OK; l++)
+      if ((c == NULL || (&s->c[i] == c && l == layer)) && s->c[i].pending != NULL &&
+          s->c[i].pending[l] == 1) {
+        s->c[i].pending[l] = 0;
+        rc = hot_update(s, &s->c[i], l);
+      }
+  return rc;
 }
 
 /* ---- select ---- */
@@ -783,7 +898,9 @@ static kvdb_status page_groups(kvdb_decode *s, dec_ctx *c, uint32_t layer, uint3
       if (!in[x] && hp->slot[x] < 0) {
         in[x] = 1;
         osc[n] = NAN;
-        for (uint32_t j = ord[gi].rank; j < k && rsc != NULL; j++) /* a pick keeps its score */
+        /* a pick keeps its score (looked for only when scores are wanted and x is a pick: the
+         * group's picks rank at or after its best) */
+        for (uint32_t j = ord[gi].rank; j < k && sc != NULL && rsc != NULL && hp->pick[x]; j++)
           if (rp[j] == x) {
             osc[n] = rsc[j];
             break;
@@ -833,6 +950,21 @@ done:
   return rc;
 }
 
+/* The unpublished tokens' scores in score.h ORDER (a total order: best first). */
+typedef struct unpub_order {
+  const float *sc;
+  uint32_t pos0;
+} unpub_order;
+
+static int unpub_cmp(const void *a, const void *b, void *ctx)
+{
+  const unpub_order *o = ctx;
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  if (x == y)
+    return 0;
+  return kv_score_better(o->pos0 + x, o->sc[x], o->pos0 + y, o->sc[y]) ? -1 : 1;
+}
+
 kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, const void *q,
                                kvdb_dtype q_dtype, uint32_t n_q_heads, uint32_t k,
                                uint32_t *positions, float *scores)
@@ -855,8 +987,7 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
                    c->n_tok);
   if (q_dtype != KVDB_F16 && q_dtype != KVDB_BF16 && q_dtype != KVDB_F32)
     return kv_fail(KVDB_INVALID, "q_dtype %d is not KVDB_F16, KVDB_BF16 or KVDB_F32", (int)q_dtype);
-  if (c->pending[layer])
-    KV_RET(hot_update(s, c, layer));
+  KV_RET(bg_wait(s, c, layer)); /* its last fetch's hot-pool work */
   uint32_t G = n_q_heads / m->n_kv_heads, H = m->n_kv_heads;
   size_t qrow = (size_t)m->head_dim * dtype_bytes(q_dtype);
   int grp = (s->o.flags & KVDB_DECODE_PAGE_GROUPS) != 0;
@@ -919,28 +1050,27 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
       if (rc != KVDB_OK)
         goto out;
     }
-    /* merge the stored top k1 (best first) with the unpublished scores: both in ORDER */
+    /* merge the stored top k1 (best first) with the unpublished scores, sorted: both in ORDER */
     uint32_t i = 0, j = 0;
-    uint8_t *taken = NULL;
-    if (nu > 0 && (taken = calloc(nu, 1)) == NULL) {
+    uint32_t *ui = NULL;
+    if (nu > 0 && (ui = malloc((size_t)nu * sizeof *ui)) == NULL) {
       rc = kv_fail(KVDB_NOMEM, "select merge");
       goto out;
     }
+    for (uint32_t u = 0; u < nu; u++)
+      ui[u] = u;
+    unpub_order uo = {scu, (uint32_t)c->n_pub};
+    if (nu > 1)
+      qsort_r(ui, nu, sizeof *ui, unpub_cmp, &uo);
     uint32_t *op = grp ? rp : positions + (size_t)h * k;
     float *os = grp ? rsc : scores != NULL ? scores + (size_t)h * k : NULL;
     for (uint32_t r = 0; r < (grp ? kx : k); r++) {
-      uint32_t bu = UINT32_MAX; /* the best unpublished not taken */
-      for (uint32_t u = 0; u < nu; u++)
-        if (!taken[u] && (bu == UINT32_MAX ||
-                          kv_score_better((uint32_t)c->n_pub + u, scu[u],
-                                          (uint32_t)c->n_pub + bu, scu[bu])))
-          bu = u;
+      uint32_t bu = j < nu ? ui[j] : UINT32_MAX; /* the best unpublished not taken */
       int use_u = bu != UINT32_MAX &&
                   (i >= k1 || kv_score_better((uint32_t)c->n_pub + bu, scu[bu], p1[i], s1[i]));
       uint32_t p;
       float sc;
       if (use_u) {
-        taken[bu] = 1;
         p = (uint32_t)c->n_pub + bu;
         sc = scu[bu];
         j++;
@@ -953,7 +1083,7 @@ kvdb_status kvdb_decode_select(kvdb_decode *s, uint32_t ctx, uint32_t layer, con
       if (os != NULL)
         os[r] = sc;
     }
-    free(taken);
+    free(ui);
     if (grp) {
       KV_ERR(page_groups(s, c, layer, h, k, kx, rp, rsc, positions + (size_t)h * k,
                          scores != NULL ? scores + (size_t)h * k : NULL));
@@ -1011,25 +1141,37 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
     return kv_fail(KVDB_INVALID, "k is 0");
   KV_RET(kv_check_view(out, m, "out"));
   KV_RET(kv_check_view_extent(out, m, k, "out"));
+  KV_RET(bg_wait(s, c, layer)); /* its last fetch's hot-pool work (the hit counts change) */
   uint32_t H = m->n_kv_heads;
   for (size_t i = 0; i < (size_t)H * k; i++)
     if (positions[i] >= c->n_tok)
       return kv_fail(KVDB_INVALID, "positions[%zu] = %u is past the context's %" PRIu64 " tokens",
                      i, positions[i], c->n_tok);
-  uint32_t *cold = malloc((size_t)k * sizeof *cold);
-  uint32_t *at = malloc((size_t)k * sizeof *at);
-  uint8_t *kb = malloc((size_t)k * s->row), *vb = malloc((size_t)k * s->row);
+  /* every head's DRAM rows copied, its cold positions listed; then the cold rows of all heads
+   * read at once (kv_get_heads_tokens_cc: one batch of page-group reads for the layer) */
+  uint32_t *cold = malloc((size_t)H * k * sizeof *cold);
+  uint32_t *at = malloc((size_t)H * k * sizeof *at);
+  uint8_t *kb = NULL, *vb = NULL; /* the cold rows, head after head */
+  uint32_t *heads = malloc((size_t)H * sizeof *heads), *nch = calloc(H, sizeof *nch);
+  size_t *base = malloc((size_t)H * sizeof *base), n_cold = 0;
+  const uint32_t **cp = malloc((size_t)H * sizeof *cp);
+  size_t *np = malloc((size_t)H * sizeof *np);
+  void **ko = malloc((size_t)H * sizeof *ko), **vo = malloc((size_t)H * sizeof *vo);
+  kvdb_fetch_stats *fs = calloc(H, sizeof *fs);
   kvdb_status rc = KVDB_OK;
-  if (cold == NULL || at == NULL || kb == NULL || vb == NULL) {
+  if (cold == NULL || at == NULL || heads == NULL || nch == NULL || base == NULL || cp == NULL ||
+      np == NULL || ko == NULL || vo == NULL || fs == NULL) {
     rc = kv_fail(KVDB_NOMEM, "fetch of %u rows", k);
     goto out;
   }
   kvdb_key key;
   memcpy(key.b, c->key, 16);
   uint64_t hot_hits = 0, colds = 0;
+  uint32_t n_heads = 0;
   for (uint32_t h = 0; h < H; h++) {
     dec_hot *hp = &c->hot[(size_t)layer * H + h];
     const uint32_t *p = positions + (size_t)h * k;
+    uint32_t *hc = cold + (size_t)h * k, *ha = at + (size_t)h * k;
     uint32_t nc = 0;
     for (uint32_t i = 0; i < k; i++) {
       uint32_t t = p[i];
@@ -1045,38 +1187,62 @@ kvdb_status kvdb_decode_fetch(kvdb_decode *s, uint32_t ctx, uint32_t layer,
         row_out(s, &out->v, i, h, r + s->row);
         hot_hits++;
       } else {
-        cold[nc] = t;
-        at[nc++] = i;
+        hc[nc] = t;
+        ha[nc++] = i;
       }
     }
+    nch[h] = nc;
+    base[h] = n_cold;
+    n_cold += nc;
+  }
+  if (n_cold > 0 && ((kb = malloc(n_cold * s->row)) == NULL || (vb = malloc(n_cold * s->row)) == NULL)) {
+    rc = kv_fail(KVDB_NOMEM, "fetch of %zu cold rows", n_cold);
+    goto out;
+  }
+  for (uint32_t h = 0; h < H; h++)
+    if (nch[h] > 0) {
+      heads[n_heads] = h;
+      cp[n_heads] = cold + (size_t)h * k;
+      np[n_heads] = nch[h];
+      ko[n_heads] = kb + base[h] * s->row;
+      vo[n_heads] = vb + base[h] * s->row;
+      n_heads++;
+    }
+  if (n_heads > 0)
+    KV_ERR(kv_get_heads_tokens_cc(s->db, m, &key, layer, n_heads, heads, cp, np, ko, vo, &s->fso,
+                                  fs, &s->ck));
+  for (uint32_t j = 0; j < n_heads; j++) {
+    s->st.ssd_bytes += fs[j].host_bytes + fs[j].device_bytes;
+    s->st.host_bytes += fs[j].host_bytes + fs[j].device_to_host_bytes;
+  }
+  for (uint32_t h = 0; h < H; h++) {
+    dec_hot *hp = &c->hot[(size_t)layer * H + h];
+    uint32_t nc = nch[h];
+    const uint32_t *hc = cold + (size_t)h * k, *ha = at + (size_t)h * k;
     if (nc == 0)
       continue;
-    kvdb_fetch_stats fs;
-    KV_ERR(kv_get_head_tokens_cc(s->db, m, &key, layer, h, cold, nc, kb, vb, &s->fso, &fs,
-                                 &s->ck));
-    s->st.ssd_bytes += fs.host_bytes + fs.device_bytes;
-    s->st.host_bytes += fs.host_bytes + fs.device_to_host_bytes;
+    const uint8_t *hk = kb + base[h] * s->row, *hv = vb + base[h] * s->row;
     s->st.cold_row_bytes += (uint64_t)nc * 2 * s->row;
     colds += nc;
     if (s->o.hot_tokens > 0)
       KV_ERR(cand_reserve(s, hp, nc));
     for (uint32_t j = 0; j < nc; j++) {
-      row_out(s, &out->k, at[j], h, kb + (size_t)j * s->row);
-      row_out(s, &out->v, at[j], h, vb + (size_t)j * s->row);
+      row_out(s, &out->k, ha[j], h, hk + (size_t)j * s->row);
+      row_out(s, &out->v, ha[j], h, hv + (size_t)j * s->row);
       /* candidates: every row of the groups read (the bytes came anyway; without hits they
        * take free slots and lose to picks in hot_update); with KVDB_DECODE_PROMOTE_PICKS and
        * no cold budget only the picks */
       if (s->o.hot_tokens > 0 &&
-          (hp->pick == NULL || hp->pick[cold[j]] || s->o.cold_share_permille != 0 ||
+          (hp->pick == NULL || hp->pick[hc[j]] || s->o.cold_share_permille != 0 ||
            !(s->o.flags & KVDB_DECODE_PROMOTE_PICKS))) {
         uint8_t *r = hp->cand_rows + (size_t)hp->n_cand * 2 * s->row;
-        memcpy(r, kb + (size_t)j * s->row, s->row);
-        memcpy(r + s->row, vb + (size_t)j * s->row, s->row);
-        hp->cand_pos[hp->n_cand++] = cold[j];
+        memcpy(r, hk + (size_t)j * s->row, s->row);
+        memcpy(r + s->row, hv + (size_t)j * s->row, s->row);
+        hp->cand_pos[hp->n_cand++] = hc[j];
       }
     }
   }
-  c->pending[layer] = 1;
+  bg_post(s, c, layer);
   s->st.selected += (uint64_t)H * k;
   s->st.hot_hits += hot_hits;
   s->st.cold_reads += colds;
@@ -1090,5 +1256,13 @@ out:
   free(at);
   free(kb);
   free(vb);
+  free(heads);
+  free(nch);
+  free(base);
+  free(cp);
+  free(np);
+  free(ko);
+  free(vo);
+  free(fs);
   return rc;
 }

@@ -40,10 +40,11 @@
 #define MAX_POS (1u << 23)           /* positions per call (two gathered rows each) */
 #define WAVE_ROWS (1u << 16)         /* rows gathered at once at most */
 
-typedef struct frange {
+typedef struct frange frange;
+struct frange {
   uint64_t off, len; /* in the block object */
   uint64_t at;       /* device: where it lies in the P2P buffer */
-} frange;
+};
 
 typedef struct fblk {
   uint8_t hash[16];
@@ -70,6 +71,10 @@ typedef struct fctx {
   uint8_t *need;   /* per group of the current block */
   kvdb_fetch_stats st;
   kv_ckcache **cc; /* checksum tables kept (kv_get_head_tokens_cc), or NULL */
+  int defer;       /* attempt leaves its host blocks (hb, n_hb, hrg) to the caller's batch */
+  struct hblk *hb;
+  size_t n_hb;
+  struct frange *hrg;
 } fctx;
 
 /* ---- checksum tables kept (kv_ckcache) ---- */
@@ -252,23 +257,34 @@ static uint64_t at_of(const frange *rg, size_t nr, uint64_t off);
 
 /* A block the host reads: positions order[i0, i1), its ranges rg[r0, r0 + nr) of the call's
  * list (their `at`: where they lie in the call's buffer). */
-typedef struct hblk {
+typedef struct hblk hblk;
+struct hblk {
   uint32_t bi;
   size_t i0, i1, r0, nr;
   kv_segfile *sf;
   const uint64_t *ck[2]; /* its sections' checksum tables kept (x->cc), or NULL: read */
-} hblk;
+};
 
-/* The host blocks of a call, read in ONE batch (every block's page groups and checksum pages
- * in flight at once, into one buffer), then each group verified with its checksum and the
- * rows copied. rg has room for n * (1 + 2 * max_groups) ranges. */
-static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
+/* The host blocks of one or more calls (heads of a layer: kv_get_heads_tokens_cc), read in ONE
+ * batch (every block's page groups and checksum pages in flight at once, into one buffer), then
+ * each group verified with its checksum and the rows copied. Call i's blocks are hbs[i][0,
+ * ns[i]), its ranges go to rgs[i] (room for ns[i] * (1 + 2 * max_groups)). */
+static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frange **rgs,
+                                  size_t n_calls)
 {
-  if (n == 0)
+  size_t n_all = 0;
+  for (size_t c = 0; c < n_calls; c++)
+    n_all += ns[c];
+  if (n_all == 0)
     return KVDB_OK;
-  kvdb *db = x->db;
-  size_t nr = 0;
+  kvdb *db = xs[0]->db;
   uint64_t total = 0;
+  for (size_t c = 0; c < n_calls; c++) {
+  fctx *x = xs[c];
+  hblk *hb = hbs[c];
+  size_t n = ns[c], nr = 0;
+  frange *rg = rgs[c];
+  uint64_t mine = total;
   for (size_t j = 0; j < n; j++) {
     const fblk *b = &x->b[hb[j].bi];
     mark_groups(x, b, hb[j].i0, hb[j].i1);
@@ -287,6 +303,8 @@ static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
     nr += hb[j].nr;
     hb[j].sf = NULL;
   }
+  x->st.host_bytes += total - mine; /* (the figures are reported on success only) */
+  }
   kv_rbuf *rb = kv_rbuf_acquire(db, total);
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
@@ -298,25 +316,31 @@ static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
     rc = kv_fail(KVDB_NOMEM, "get_head_tokens batch");
     goto out;
   }
-  for (size_t j = 0; j < n; j++) {
-    const fblk *b = &x->b[hb[j].bi];
-    KV_ERR(kv_segfile_get(db, b->rec.segment, &hb[j].sf));
-    for (size_t i = hb[j].r0; i < hb[j].r0 + hb[j].nr; i++)
-      kv_batch_read(db->io, bat, hb[j].sf->f, rb->p + rg[i].at, rg[i].len,
-                    b->rec.offset + rg[i].off);
-  }
+  for (size_t c = 0; c < n_calls; c++)
+    for (size_t j = 0; j < ns[c]; j++) {
+      const fblk *b = &xs[c]->b[hbs[c][j].bi];
+      KV_ERR(kv_segfile_get(db, b->rec.segment, &hbs[c][j].sf));
+      for (size_t i = hbs[c][j].r0; i < hbs[c][j].r0 + hbs[c][j].nr; i++)
+        kv_batch_read(db->io, bat, hbs[c][j].sf->f, rb->p + rgs[c][i].at, rgs[c][i].len,
+                      b->rec.offset + rgs[c][i].off);
+    }
   int e = kv_batch_wait(db->io, bat);
   if (e != 0) { /* the first block whose file is missing or short, if any */
-    for (size_t j = 0; j < n; j++) {
-      const fblk *b = &x->b[hb[j].bi];
-      rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
-      if (rc == KVDB_CORRUPT)
-        break;
-    }
+    for (size_t c = 0; c < n_calls && rc != KVDB_CORRUPT; c++)
+      for (size_t j = 0; j < ns[c]; j++) {
+        const fblk *b = &xs[c]->b[hbs[c][j].bi];
+        rc = kv_seg_read_fail(db, -e, b->rec.segment, b->rec.offset, b->rec.bytes, b->hash);
+        if (rc == KVDB_CORRUPT)
+          break;
+      }
     goto out;
   }
   db->bytes_read += total;
-  x->st.host_bytes += total;
+  for (size_t c = 0; c < n_calls; c++) {
+  fctx *x = xs[c];
+  hblk *hb = hbs[c];
+  size_t n = ns[c];
+  frange *rg = rgs[c];
   for (size_t j = 0; j < n; j++) {
     const fblk *b = &x->b[hb[j].bi];
     const kv_block_geom *g = &b->g;
@@ -356,12 +380,19 @@ static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
              x->row);
     }
   }
+  }
 out:
   kv_batch_end(db->io, bat); /* waits for reads still in flight */
-  for (size_t j = 0; j < n; j++)
-    kv_segfile_put(db, hb[j].sf);
+  for (size_t c = 0; c < n_calls; c++)
+    for (size_t j = 0; j < ns[c]; j++)
+      kv_segfile_put(db, hbs[c][j].sf);
   kv_rbuf_release(db, rb);
   return rc;
+}
+
+static kvdb_status from_host_all(fctx *x, hblk *hb, size_t n, frange *rg)
+{
+  return from_host_many(&x, &hb, &n, &rg, 1);
 }
 
 /* ---- the near-data device ---- */
@@ -657,7 +688,15 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
   }
   if (dev != NULL)
     KV_ERR(wave_flush(x, &w));
-  KV_ERR(from_host_all(x, hb, n_hb, hrg));
+  if (x->defer) { /* the caller reads them with other calls' (kv_get_heads_tokens_cc) */
+    x->hb = hb;
+    x->n_hb = n_hb;
+    x->hrg = hrg;
+    hb = NULL;
+    hrg = NULL;
+  } else {
+    KV_ERR(from_host_all(x, hb, n_hb, hrg));
+  }
 out:
   if (dev != NULL) {
     wave_free(&w);
@@ -666,8 +705,10 @@ out:
   free(rg);
   free(hrg);
   free(hb);
-  free(x->need);
-  x->need = NULL;
+  if (!x->defer || rc != KVDB_OK) {
+    free(x->need);
+    x->need = NULL;
+  }
   return rc;
 }
 
@@ -781,5 +822,120 @@ kvdb_status kv_get_head_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key 
   free(x.order);
   free(x.blk);
   free(x.dec);
+  return rc;
+}
+
+/*
+ * kv_get_head_tokens_cc for several KV heads of one layer (a decode step's fetch): each head's
+ * blocks are planned as one call plans them (DRAM, device, compressed: as there), and the host
+ * blocks of every head are read in one batch. If that try fails while a compaction moved blocks,
+ * every head is fetched again on its own (kv_get_head_tokens_cc, which retries).
+ */
+kvdb_status kv_get_heads_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                   uint32_t layer, uint32_t n_heads, const uint32_t *heads,
+                                   const uint32_t *const *positions, const size_t *n_pos,
+                                   void *const *k_out, void *const *v_out,
+                                   const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
+                                   kv_ckcache **cc)
+{
+  uint32_t bt;
+  KV_RET(kv_check_db(db));
+  KV_RET(kv_check_model(m, &bt));
+  if (context == NULL || heads == NULL || positions == NULL || n_pos == NULL || k_out == NULL ||
+      v_out == NULL || stats == NULL)
+    return kv_fail(KVDB_INVALID, "NULL argument to kv_get_heads_tokens_cc");
+  for (uint32_t i = 0; i < n_heads; i++) {
+    memset(&stats[i], 0, sizeof stats[i]);
+    if (positions[i] == NULL || k_out[i] == NULL || v_out[i] == NULL)
+      return kv_fail(KVDB_INVALID, "head %u: NULL positions or outputs", i);
+    if (n_pos[i] == 0 || n_pos[i] > MAX_POS)
+      return kv_fail(KVDB_INVALID, "head %u: n_pos %zu is 0 or more than 2^23", i, n_pos[i]);
+    if (layer >= m->n_layers || heads[i] >= m->n_kv_heads)
+      return kv_fail(KVDB_INVALID, "layer %u / kv_head %u out of range (model '%s' has %u "
+                     "layers, %u KV heads)", layer, heads[i], m->id, m->n_layers, m->n_kv_heads);
+  }
+  if (n_heads == 1)
+    return kv_get_head_tokens_cc(db, m, context, layer, heads[0], positions[0], n_pos[0],
+                                 k_out[0], v_out[0], opts, &stats[0], cc);
+  fctx *x = calloc(n_heads ? n_heads : 1, sizeof *x);
+  fctx **xp = calloc(n_heads ? n_heads : 1, sizeof *xp);
+  hblk **hbs = calloc(n_heads ? n_heads : 1, sizeof *hbs);
+  frange **rgs = calloc(n_heads ? n_heads : 1, sizeof *rgs);
+  size_t *ns = calloc(n_heads ? n_heads : 1, sizeof *ns);
+  kv_read_snap *snap = calloc(n_heads ? n_heads : 1, sizeof *snap);
+  kvdb_status rc = KVDB_OK;
+  uint32_t planned = 0;
+  if (x == NULL || xp == NULL || hbs == NULL || rgs == NULL || ns == NULL || snap == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "fetch of %u heads", n_heads);
+    goto out;
+  }
+  for (uint32_t i = 0; i < n_heads && rc == KVDB_OK; i++) {
+    fctx *y = &x[i];
+    xp[i] = y;
+    KV_ERR(kv_score_opts_get(opts, &y->o));
+    y->db = db;
+    y->m = m;
+    y->cc = cc;
+    y->defer = 1;
+    y->sk = (layer * m->n_kv_heads + heads[i]) * 2;
+    y->pos = positions[i];
+    y->n_pos = n_pos[i];
+    y->k_out = k_out[i];
+    y->v_out = v_out[i];
+    y->row = m->head_dim * kv_dtype_bytes(m->dtype);
+    y->order = malloc(n_pos[i] * sizeof *y->order);
+    y->blk = malloc(n_pos[i] * sizeof *y->blk);
+    y->dec = malloc(n_pos[i] * sizeof *y->dec);
+    if (y->order == NULL || y->blk == NULL || y->dec == NULL) {
+      rc = kv_fail(KVDB_NOMEM, "%zu positions", n_pos[i]);
+      goto out;
+    }
+    rc = attempt(y, context, &snap[i]);
+    planned = i + 1;
+    hbs[i] = y->hb;
+    rgs[i] = y->hrg;
+    ns[i] = y->n_hb;
+  }
+  if (rc == KVDB_OK)
+    rc = from_host_many(xp, hbs, ns, rgs, n_heads);
+  if (rc != KVDB_OK && rc != KVDB_INVALID) {
+    int again = 0;
+    for (uint32_t i = 0; i < planned; i++)
+      again |= kv_read_again(db, &snap[i], 1);
+    if (again) { /* blocks moved meanwhile: each head on its own, with its retries */
+      rc = KVDB_OK;
+      for (uint32_t i = 0; i < n_heads && rc == KVDB_OK; i++)
+        rc = kv_get_head_tokens_cc(db, m, context, layer, heads[i], positions[i], n_pos[i],
+                                   k_out[i], v_out[i], opts, &stats[i], cc);
+      goto out;
+    }
+  }
+  for (uint32_t i = 0; i < n_heads && rc == KVDB_OK; i++) {
+    free(x[i].b); /* decode_rest reads through kvdb_get_tokens, not the snapshot */
+    x[i].b = NULL;
+    rc = decode_rest(&x[i], context, layer);
+    if (rc == KVDB_OK) {
+      x[i].st.rows = n_pos[i];
+      stats[i] = x[i].st;
+    }
+  }
+  if (rc == KVDB_OK)
+    kv_note_access(db, context->b);
+out:
+  for (uint32_t i = 0; x != NULL && i < n_heads; i++) {
+    free(x[i].b);
+    free(x[i].hb);
+    free(x[i].hrg);
+    free(x[i].need);
+    free(x[i].order);
+    free(x[i].blk);
+    free(x[i].dec);
+  }
+  free(x);
+  free(xp);
+  free(hbs);
+  free(rgs);
+  free(ns);
+  free(snap);
   return rc;
 }

@@ -180,4 +180,12 @@ kvdb_status kv_get_head_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key 
                                   size_t n_pos, void *k_out, void *v_out,
                                   const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
                                   kv_ckcache **cc);
+/* The same for several KV heads of one layer, their host reads in one batch (fetch.c). stats:
+ * one per head. */
+kvdb_status kv_get_heads_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key *context,
+                                   uint32_t layer, uint32_t n_heads, const uint32_t *heads,
+                                   const uint32_t *const *positions, const size_t *n_pos,
+                                   void *const *k_out, void *const *v_out,
+                                   const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
+                                   kv_ckcache **cc);
 #endif

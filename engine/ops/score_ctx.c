@@ -450,7 +450,8 @@ static int by_segment(const void *a, const void *b, void *ctx)
 /*
  * The device blocks (idx, sorted here by segment): one HIE job per request and segment file;
  * the DRAM-resident views ride along as the host part of each request's first job, so the host
- * scores them while the device works.
+ * scores them while the device works. Every job goes to the device in one kv_hie_topk_batch
+ * call, so that the device reads the next job's sections while it scores this one's.
  */
 static kvdb_status device_jobs(sctx *x, dev_task *t)
 {
@@ -462,26 +463,40 @@ static kvdb_status device_jobs(sctx *x, dev_task *t)
   size_t n_d = t->n_d;
   qsort_r(idx, n_idx, sizeof *idx, by_segment, x->b);
   kvdb_status rc = KVDB_OK;
-  kv_hie_dev_span *ds = malloc((n_idx ? n_idx : 1) * sizeof *ds);
-  kv_score_span *hs = malloc((n_d ? n_d : 1) * sizeof *hs);
   int *fds = malloc((n_idx ? n_idx : 1) * sizeof *fds);
   uint32_t n_seg = 0;
-  if (ds == NULL || hs == NULL || fds == NULL) {
-    rc = kv_fail(KVDB_NOMEM, "score device jobs");
-    goto out;
-  }
+  if (fds == NULL)
+    return kv_fail(KVDB_NOMEM, "score device jobs");
   /* one fd per segment */
   for (uint32_t i = 0; i < n_idx; i++)
     if (i == 0 || x->b[idx[i]].rec.segment != x->b[idx[i - 1]].rec.segment) {
-      KV_ERR(kv_score_open_direct(db, x->b[idx[i]].rec.segment, &fds[n_seg]));
+      rc = kv_score_open_direct(db, x->b[idx[i]].rec.segment, &fds[n_seg]);
+      if (rc != KVDB_OK)
+        goto out0;
       n_seg++;
     }
+  size_t n_jobs = x->n_rq * (n_seg ? n_seg : 1);
+  kv_hie_dev_span *ds = malloc((x->n_rq * (size_t)n_idx + 1) * sizeof *ds);
+  kv_score_span *hs = malloc((x->n_rq * n_d + 1) * sizeof *hs);
+  kv_hie_job *jobs = calloc(n_jobs, sizeof *jobs);
+  kv_hie_result *res = calloc(n_jobs, sizeof *res);
+  uint32_t *tpos = malloc(n_jobs * (size_t)x->max_k * sizeof *tpos);
+  float *tsc = malloc(n_jobs * (size_t)x->max_k * sizeof *tsc);
+  size_t *job_rq = malloc(n_jobs * sizeof *job_rq);
+  if (ds == NULL || hs == NULL || jobs == NULL || res == NULL || tpos == NULL || tsc == NULL ||
+      job_rq == NULL) {
+    rc = kv_fail(KVDB_NOMEM, "score device jobs");
+    goto out;
+  }
+  size_t nj = 0;
   for (size_t r = 0; r < x->n_rq; r++) {
     sreq *q = &x->rq[r];
+    kv_score_span *qhs = hs + r * n_d;
+    kv_hie_dev_span *qds = ds + r * (size_t)n_idx;
     uint64_t host_tokens = 0;
     for (size_t i = 0; i < n_d; i++) {
-      hs[i] = (kv_score_span){&dviews[i * x->n_copies + q->slot], 0, dblk[i]->g.n_tokens,
-                              dblk[i]->pos0};
+      qhs[i] = (kv_score_span){&dviews[i * x->n_copies + q->slot], 0, dblk[i]->g.n_tokens,
+                               dblk[i]->pos0};
       host_tokens += dblk[i]->g.n_tokens;
     }
     uint32_t seg = 0;
@@ -490,37 +505,48 @@ static kvdb_status device_jobs(sctx *x, dev_task *t)
       uint64_t tokens = seg == 0 ? host_tokens : 0;
       while (i1 < n_idx && x->b[idx[i1]].rec.segment == x->b[idx[i0]].rec.segment) {
         const sblk *b = &x->b[idx[i1]];
-        ds[i1 - i0] = (kv_hie_dev_span){b->rec.offset + b->score_off +
-                                            kv_sregion_copy_off(&b->r, q->c),
-                                        b->r.layout, b->pos0};
+        qds[i1] = (kv_hie_dev_span){b->rec.offset + b->score_off +
+                                        kv_sregion_copy_off(&b->r, q->c),
+                                    b->r.layout, b->pos0};
         tokens += b->g.n_tokens;
         i1++;
       }
-      kv_hie_job job = {.q = q->q, .host = seg == 0 ? hs : NULL, .n_host = seg == 0 ? n_d : 0,
-                        .fd = fds[seg], .dev = ds, .n_dev = i1 - i0,
-                        .chunk_tokens = x->o->chunk_tokens, .host_opts = x->so};
-      uint32_t kk = q->k < tokens ? q->k : (uint32_t)tokens, n = 0;
-      kv_hie_stats hst;
-      kv_fpga_err err;
-      kv_fpga_status st = kv_hie_topk(dev, &job, kk, t->tpos, t->tscore, &n, &hst, &err);
-      if (st != KV_FPGA_OK) {
-        rc = kv_score_fpga_fail(st, &err, "near-data scoring");
-        goto out;
-      }
-      for (uint32_t j = 0; j < n; j++)
-        kv_score_acc_push(&t->accs[r], t->tpos[j], t->tscore[j]);
-      t->st.tokens += tokens;
-      t->st.device_bytes += hst.p2p_bytes;
-      t->st.device_to_host_bytes += hst.to_host_bytes;
+      jobs[nj] = (kv_hie_job){.q = q->q, .host = seg == 0 ? qhs : NULL,
+                              .n_host = seg == 0 ? n_d : 0, .fd = fds[seg], .dev = qds + i0,
+                              .n_dev = i1 - i0, .chunk_tokens = x->o->chunk_tokens,
+                              .host_opts = x->so};
+      res[nj] = (kv_hie_result){.k = q->k < tokens ? q->k : (uint32_t)tokens,
+                                .pos = tpos + nj * (size_t)x->max_k,
+                                .scores = tsc + nj * (size_t)x->max_k};
+      job_rq[nj++] = r;
       i0 = i1;
     }
   }
+  kv_fpga_err err;
+  kv_fpga_status st = kv_hie_topk_batch(dev, jobs, nj, res, &err);
+  if (st != KV_FPGA_OK) {
+    rc = kv_score_fpga_fail(st, &err, "near-data scoring");
+    goto out;
+  }
+  for (size_t j = 0; j < nj; j++) {
+    for (uint32_t i = 0; i < res[j].n; i++)
+      kv_score_acc_push(&t->accs[job_rq[j]], res[j].pos[i], res[j].scores[i]);
+    t->st.tokens += res[j].stats.host_tokens + res[j].stats.dev_tokens;
+    t->st.device_bytes += res[j].stats.p2p_bytes;
+    t->st.device_to_host_bytes += res[j].stats.to_host_bytes;
+  }
   t->st.device_copies += (uint64_t)n_idx * x->n_copies;
 out:
-  for (uint32_t s = 0; fds != NULL && s < n_seg; s++)
-    close(fds[s]);
   free(ds);
   free(hs);
+  free(jobs);
+  free(res);
+  free(tpos);
+  free(tsc);
+  free(job_rq);
+out0:
+  for (uint32_t s = 0; s < n_seg; s++)
+    close(fds[s]);
   free(fds);
   return rc;
 }

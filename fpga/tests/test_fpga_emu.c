@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * fpga/tests/test_fpga_emu.c — the emulated device through the device seam: score copies written
- * to a file, P2P-read (O_DIRECT pread) into device buffers, scored by the HLS kernel file
- * compiled with gcc; the score blocks and on-chip top k equal the CPU scorer's bit for bit. Then
+ * to a file, P2P-read (O_DIRECT pread) into device buffers, scored by the emulated device's
+ * kernel (emu_kernel.c; the HLS kernel file compiled with gcc under KVDB_FPGA_EMU_KERNEL=hls,
+ * test fpga-emu-hls; the two equal bit for bit on arbitrary bytes, test_emu_equals_hls); the
+ * score blocks and on-chip top k equal the CPU scorer's bit for bit. Then
  * every misuse gets a clear error: misaligned P2P reads, host access to P2P buffers, a short
  * file, shapes the kernel cannot take, chunks off a word, k > 64, small buffers, XRT asked for
  * without its environment.
@@ -10,6 +12,8 @@
 #include "fpga_test.h"
 
 #include <math.h>
+
+#include "fpga_int.h" /* kv_score_kernel_emu */
 
 static void test_equal_cpu(void)
 {
@@ -387,8 +391,74 @@ static void test_select(void)
   free(mem);
 }
 
+/* The emulated device's kernel (emu_kernel.c, the default) equals the HLS C kernel bit for bit,
+ * on arbitrary bytes: every row size from 1 to 512 bytes, int8 and int4, 1 to 8 query vectors,
+ * scales that are NaN, infinite, negative or zero, chunks at word offsets, k 0 to 64. */
+static void test_emu_equals_hls(void)
+{
+  t_rng r = {43};
+  const uint32_t rows[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  enum { SECT_WORDS = 4096 };
+  kvk_word *sect = malloc(SECT_WORDS * sizeof *sect);
+  kvk_word *query = malloc(KVK_QUERY_WORDS * sizeof *query);
+  kvk_pair *b1 = malloc(1024 * sizeof *b1), *b2 = malloc(1024 * sizeof *b2);
+  kvk_pair t1[KVK_MAX_TOPK], t2[KVK_MAX_TOPK];
+  REQUIRE(sect != NULL && query != NULL && b1 != NULL && b2 != NULL, "oom");
+  int bad = 0, cases = 0;
+  for (int rep = 0; rep < 400; rep++) {
+    uint32_t rb = rows[t_below(&r, 10)], bits = t_below(&r, 2) ? 8 : 4;
+    for (size_t i = 0; i < SECT_WORDS * sizeof *sect; i++)
+      ((uint8_t *)sect)[i] = (uint8_t)t_next(&r);
+    for (size_t i = 0; i < KVK_QUERY_WORDS * sizeof *query; i++)
+      ((uint8_t *)query)[i] = (uint8_t)t_next(&r);
+    uint32_t n_vec = t_below(&r, 10); /* 0 and 9 are clamped by both */
+    memcpy(query[0].b, &n_vec, 4);
+    const uint32_t scale_word = 1, code_word = 64; /* scales: words 1..63 (1008 tokens) */
+    for (uint32_t t = 0; t < 1008; t++) { /* mostly ordinary scales, some special ones */
+      float f = (float)t_gauss(&r);
+      uint32_t u = t_below(&r, 16);
+      if (u == 0)
+        f = NAN;
+      else if (u == 1)
+        f = t_below(&r, 2) ? INFINITY : -INFINITY;
+      else if (u == 2)
+        f = t_below(&r, 2) ? 0.0f : -0.0f;
+      memcpy((uint8_t *)(sect + scale_word) + 4 * t, &f, 4);
+    }
+    for (uint32_t v = 0; v < KVK_MAX_VEC; v++) {
+      float f = t_below(&r, 12) == 0 ? NAN : (float)t_gauss(&r);
+      memcpy(query[0].b + 8 + 4 * v, &f, 4);
+    }
+    uint32_t per_word = rb >= 64 ? 1 : 64 / rb, max_t = (SECT_WORDS - code_word) * 64 / rb;
+    if (max_t > 1008)
+      max_t = 1008;
+    uint32_t t0 = t_below(&r, max_t / 2) / per_word * per_word;
+    uint32_t n = 1 + t_below(&r, max_t - t0);
+    uint32_t k = t_below(&r, 4) == 0 ? 0 : 1 + t_below(&r, KVK_MAX_TOPK);
+    memset(b1, 0xa5, 1024 * sizeof *b1);
+    memset(b2, 0xa5, 1024 * sizeof *b2);
+    memset(t1, 0x5a, sizeof t1);
+    memset(t2, 0x5a, sizeof t2);
+    kv_score_kernel(sect, sect, query, b1, t1, scale_word, code_word, t0, n, 1000, rb, bits, k);
+    kv_score_kernel_emu(sect, sect, query, b2, t2, scale_word, code_word, t0, n, 1000, rb, bits,
+                        k);
+    uint32_t m = k < n ? k : n;
+    if (memcmp(b1, b2, (size_t)n * sizeof *b1) != 0 || memcmp(t1, t2, m * sizeof *t1) != 0) {
+      if (bad++ < 5)
+        printf("differs: row %u bits %u n_vec %u t0 %u n %u k %u\n", rb, bits, n_vec, t0, n, k);
+    }
+    cases++;
+  }
+  CHECK(bad == 0, "%d of %d runs: the emulated kernel differs from the HLS C kernel", bad, cases);
+  free(sect);
+  free(query);
+  free(b1);
+  free(b2);
+}
+
 int main(void)
 {
+  test_emu_equals_hls();
   test_equal_cpu();
   test_errors();
   test_gather();

@@ -224,6 +224,129 @@ static void test_hie_read_ahead(void)
   kv_fpga_close(dev);
 }
 
+/* Threads of this process (/proc/self/status), or -1. */
+static int n_threads(void)
+{
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  int n = -1;
+  while (f != NULL && fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "Threads: %d", &n) == 1)
+      break;
+  if (f != NULL)
+    fclose(f);
+  return n;
+}
+
+/* The device's reader pool (kv_hie_topk_batch): many jobs on one device, one call after another
+ * and many in one call (host parts, device parts, both; k on chip and selected), each equal to
+ * kv_score_topk over its tokens; a read failing in the middle of a call (a section of its fourth
+ * job past the end of the file) fails the call with KV_FPGA_EIO and the next call works; the
+ * pool's threads start with the first job, stay while the device is idle and are gone after
+ * kv_fpga_close (closing a device that never ran a job too). */
+static void test_hie_pool(void)
+{
+  t_rng r = {71};
+  kv_fpga_err e;
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  int th0 = n_threads();
+  kv_fpga_dev *dev;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  kv_fpga_close(dev); /* idle, never ran a job */
+  CHECK(n_threads() == th0, "no thread left by a device that never ran a job");
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
+  t_ctx c;
+  t_ctx_make(&c, &r, 24 * 256, 128, 4, 256); /* 24 sections */
+  uint32_t d = c.head_dim;
+  enum { NJ = 12 };
+  kv_score_query *qq[NJ];
+  for (int j = 0; j < NJ; j++) {
+    float q[4 * 128];
+    for (uint32_t i = 0; i < 4 * d; i++)
+      q[i] = t_gauss(&r);
+    REQUIRE(kv_score_query_create(KV_SCORE_F32, q, 4, d, (size_t)d * 4,
+                                  j % 2 ? KV_SCORE_MAX : KV_SCORE_SUM, &qq[j], NULL) == KV_SCORE_OK,
+            "query");
+  }
+  kv_hie_dev_span *ds = malloc(c.n_blocks * sizeof *ds);
+  kv_score_span *hs = malloc(c.n_blocks * sizeof *hs);
+  for (uint32_t b = 0; b < c.n_blocks; b++) {
+    ds[b] = (kv_hie_dev_span){c.file_off[b], c.views[b].layout, b * c.block_tokens};
+    hs[b] = (kv_score_span){&c.views[b], 0, c.views[b].layout.n_tokens, b * c.block_tokens};
+  }
+  /* job j: blocks [a_j, b_j), the first h_j of them on the host, the rest on the device */
+  kv_hie_job jobs[NJ];
+  kv_hie_result res[NJ];
+  uint32_t *pos = malloc((size_t)NJ * 500 * 4), *rpos = malloc(500 * 4), got = 0;
+  float *sc = malloc((size_t)NJ * 500 * 4), *rsc = malloc(500 * 4);
+  int th_run = -1, bad = 0;
+  for (int call = 0; call < 40; call++) {
+    size_t nj = call < 20 ? 1 : 1 + t_below(&r, NJ); /* 20 calls of one job, then batches */
+    uint32_t span[NJ][3];
+    for (size_t j = 0; j < nj; j++) {
+      uint32_t a = t_below(&r, c.n_blocks - 1), b = a + 1 + t_below(&r, c.n_blocks - a);
+      uint32_t h = t_below(&r, 3) == 0 ? t_below(&r, b - a + 1) : 0; /* mostly device-only */
+      span[j][0] = a, span[j][1] = b, span[j][2] = h;
+      jobs[j] = (kv_hie_job){.q = qq[j], .host = hs + a, .n_host = h, .fd = c.fd,
+                             .dev = ds + a + h, .n_dev = b - a - h, .chunk_tokens = 64 * (1 + j % 4)};
+      kv_score_opts_init(&jobs[j].host_opts);
+      uint32_t toks = (b - a) * c.block_tokens, k = t_below(&r, 2) ? 1 + t_below(&r, 64)
+                                                                    : 65 + t_below(&r, 435);
+      res[j] = (kv_hie_result){.k = k < toks ? k : toks, .pos = pos + j * 500, .scores = sc + j * 500};
+    }
+    REQUIRE(kv_hie_topk_batch(dev, jobs, nj, res, &e) == KV_FPGA_OK, "call %d: %s", call,
+            t_fpga_errtext(&e));
+    if (call == 0)
+      th_run = n_threads();
+    for (size_t j = 0; j < nj; j++) {
+      REQUIRE(kv_score_topk(qq[j], hs + span[j][0], span[j][1] - span[j][0], res[j].k, NULL, NULL,
+                            0, rpos, rsc, &got, NULL) == KV_SCORE_OK,
+              "reference");
+      if (res[j].n != got || memcmp(res[j].pos, rpos, got * 4) || memcmp(res[j].scores, rsc, got * 4))
+        bad++;
+      if (res[j].stats.dev_tokens != (uint64_t)(span[j][1] - span[j][0] - span[j][2]) * c.block_tokens)
+        bad++;
+    }
+  }
+  CHECK(bad == 0, "%d jobs differ from kv_score_topk (or their device token counts)", bad);
+  CHECK(th_run > th0 && th_run <= th0 + 8, "the pool's threads started (%d -> %d)", th0, th_run);
+  CHECK(n_threads() == th_run, "no thread started or left per call (%d, %d)", th_run, n_threads());
+  /* a failing read in the middle of a call: the fourth job's third section */
+  for (int j = 0; j < 6; j++) {
+    jobs[j] = (kv_hie_job){.q = qq[j], .fd = c.fd, .dev = ds + 4 * j, .n_dev = 4, .chunk_tokens = 64};
+    res[j] = (kv_hie_result){.k = 30, .pos = pos + j * 500, .scores = sc + j * 500};
+  }
+  kv_hie_dev_span keep = ds[14];
+  ds[14].file_off = (uint64_t)1 << 40;
+  CHECK(kv_hie_topk_batch(dev, jobs, 6, res, &e) == KV_FPGA_EIO,
+        "a failed section read fails the call: %s", t_fpga_errtext(&e));
+  ds[14] = keep;
+  CHECK(kv_hie_topk_batch(dev, jobs, 6, res, &e) == KV_FPGA_OK, "the next call works: %s",
+        t_fpga_errtext(&e));
+  for (int j = 0; j < 6; j++) {
+    REQUIRE(kv_score_topk(qq[j], hs + 4 * j, 4, 30, NULL, NULL, 0, rpos, rsc, &got, NULL) ==
+                KV_SCORE_OK,
+            "reference");
+    CHECK(res[j].n == 30 && memcmp(res[j].pos, rpos, 30 * 4) == 0 &&
+              memcmp(res[j].scores, rsc, 30 * 4) == 0,
+          "after the failure, job %d equal to kv_score_topk", j);
+  }
+  CHECK(n_threads() == th_run, "the pool is intact after a failed call (%d)", n_threads());
+  kv_fpga_close(dev); /* idle: its pool is joined */
+  CHECK(n_threads() == th0, "close joined the pool (%d threads, %d before open)", n_threads(), th0);
+  for (int j = 0; j < NJ; j++)
+    kv_score_query_free(qq[j]);
+  free(ds);
+  free(hs);
+  free(pos);
+  free(rpos);
+  free(sc);
+  free(rsc);
+  t_ctx_free(&c);
+}
+
 static int near(double a, double b)
 {
   return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b)));
@@ -289,6 +412,7 @@ int main(void)
 {
   test_hie_random_splits();
   test_hie_read_ahead();
+  test_hie_pool();
   test_app();
   return t_finish("test_fpga_hie");
 }

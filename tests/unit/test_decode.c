@@ -445,9 +445,52 @@ static void test_bad_input(void)
   t_rmdir(dir);
 }
 
+/* BKP's work after a fetch runs on the session's worker: a stat right after the fetches sees
+ * every promotion (it waits), a second fetch of a layer waits for the first one's work, and a
+ * close with work still queued finishes it and ends the worker (ASan/TSan: no leak, no race). */
+static void test_background_bkp(void)
+{
+  char *dir = t_tmpdir("decode-bg");
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, NULL, &db));
+  uint32_t tok[250];
+  make_tokens(tok, 250, 5);
+  kvdb_put_info pi;
+  t_put_kv(db, &M, tok, 250, &pi);
+  kvdb_decode_opts o;
+  kvdb_decode_opts_init(&o);
+  o.recent_tokens = 8;
+  o.hot_tokens = 64;
+  float q[NQ * 32];
+  make_query(q, 23);
+  uint32_t pos[2 * 2 * K];
+  for (int rep = 0; rep < 20; rep++) {
+    kvdb_decode *s;
+    ASSERT_OK(kvdb_decode_open(db, &M, &pi.context, 1, &o, &s));
+    for (uint32_t l = 0; l < M.n_layers; l++)
+      ASSERT_OK(kvdb_decode_select(s, 0, l, q, KVDB_F32, NQ, K, pos + l * 2 * K, NULL));
+    check_fetch(s, 0, tok, pos);
+    if (rep % 2 == 0) {
+      kvdb_decode_stats st;
+      ASSERT_OK(kvdb_decode_stat(s, &st));
+      ASSERT(st.cold_reads > 0);
+      ASSERT_EQ(st.promoted, st.cold_reads); /* all of it done before stat returned */
+      check_fetch(s, 0, tok, pos);             /* fetch again: now every row is hot */
+      kvdb_decode_stats st2;
+      ASSERT_OK(kvdb_decode_stat(s, &st2));
+      ASSERT_EQ(st2.cold_reads, st.cold_reads);
+      ASSERT_EQ(st2.hot_hits, st.hot_hits + 2 * K * M.n_layers);
+    }
+    kvdb_decode_close(s); /* odd reps: the promotions may still be queued */
+  }
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
 int main(void)
 {
   test_select_fetch();
+  test_background_bkp();
   test_two_contexts_device();
   test_page_groups();
   test_cold_budget();

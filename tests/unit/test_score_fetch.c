@@ -366,6 +366,51 @@ static void test_checksum_cache(void)
   t_rmdir(dir);
 }
 
+/* kv_get_heads_tokens_cc (a decode step's fetch of a layer): the host reads of several KV heads
+ * in one batch give each head's rows and figures as kv_get_head_tokens_cc alone does (heads in
+ * any order, different positions each, a head with one position); a group damaged in one head
+ * fails the call with KVDB_CORRUPT, and the call without that group works. */
+static void test_heads_batch(void)
+{
+  const kvdb_model *m = &MP;
+  char *dir = t_tmpdir("fetch-heads");
+  kvdb *db = open_db(dir, 0);
+  ctx c;
+  put_ctx(db, m, &c, 43, NULL);
+  kvdb_score_opts o;
+  kvdb_score_opts_init(&o);
+  o.device = KVDB_SCORE_CPU;
+  uint32_t heads[3] = {2, 0, 1};
+  uint32_t p0[4] = {5, 70, 290, 71}, p1[1] = {130}, p2[3] = {299, 0, 64};
+  const uint32_t *pp[3] = {p0, p1, p2};
+  size_t np[3] = {4, 1, 3};
+  uint8_t kb[3][4 * 256], vb[3][4 * 256], k1[4 * 256], v1[4 * 256];
+  void *ko[3] = {kb[0], kb[1], kb[2]}, *vo[3] = {vb[0], vb[1], vb[2]};
+  kvdb_fetch_stats fs[3], f1;
+  ASSERT_OK(kv_get_heads_tokens_cc(db, m, &c.key, 1, 3, heads, pp, np, ko, vo, &o, fs, NULL));
+  for (int i = 0; i < 3; i++) {
+    ASSERT_OK(kv_get_head_tokens_cc(db, m, &c.key, 1, heads[i], pp[i], np[i], k1, v1, &o, &f1,
+                                    NULL));
+    ASSERT(memcmp(kb[i], k1, np[i] * 256) == 0 && memcmp(vb[i], v1, np[i] * 256) == 0);
+    ASSERT_EQ(fs[i].host_bytes, f1.host_bytes);
+    ASSERT_EQ(fs[i].host_blocks, f1.host_blocks);
+    ASSERT_EQ(fs[i].rows, np[i]);
+  }
+  kvdb_close(db);
+  damage(dir, m, &c, 1, 1, 2, 70); /* head 2's group of token 70 */
+  db = open_db(dir, 0);
+  ASSERT_STATUS(KVDB_CORRUPT,
+                kv_get_heads_tokens_cc(db, m, &c.key, 1, 3, heads, pp, np, ko, vo, &o, fs, NULL));
+  ASSERT_MSG_HAS("checksum mismatch");
+  uint32_t far[2] = {5, 290};
+  pp[0] = far;
+  np[0] = 2;
+  ASSERT_OK(kv_get_heads_tokens_cc(db, m, &c.key, 1, 3, heads, pp, np, ko, vo, &o, fs, NULL));
+  kvdb_close(db);
+  free(c.kv);
+  t_rmdir(dir);
+}
+
 static void test_bad_input(void)
 {
   const kvdb_model *m = &MP;
@@ -420,6 +465,7 @@ int main(void)
   test_tiers(&M0);
   test_compressed();
   test_corrupt();
+  test_heads_batch();
   test_checksum_cache();
   test_bad_input();
   printf("test_score_fetch: ok\n");
