@@ -211,7 +211,6 @@ static kvdb_status stage_reserve(kvdb_gpu *g, size_t bytes)
 
 typedef struct pipe {
   kvdb_gpu *g;
-  kvdb *db;
   const kvdb_model *m;
   kvdb_layout layout;
   size_t n;
@@ -328,7 +327,7 @@ kvdb_status kvdb_gpu_get(kvdb_gpu *g, kvdb *db, const kvdb_model *m, const uint3
   kvdb_kv_view v;
   if ((rc = kvdb_kv_view_packed(&v, g->stage, m, n, layout)) != KVDB_OK)
     return kvdb_fail_through(rc);
-  pipe p = {g, db, m, layout, n, dev, 0, KVDB_OK};
+  pipe p = {g, m, layout, n, dev, 0, KVDB_OK};
   g->n_lent = 0;
   rc = kvdb_get_lend(db, m, tokens, n, &v, hit_tokens, on_block,
                      attached(g, db) ? on_lend : NULL, &p);

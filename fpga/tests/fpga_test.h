@@ -21,6 +21,19 @@ static inline const char *t_fpga_errtext(const kv_fpga_err *e)
   return buf;
 }
 
+/* The emulated device (KV_FPGA_EMULATED), opened or the test fails. */
+static inline kv_fpga_dev *t_emu_open(void)
+{
+  kv_fpga_opts o;
+  kv_fpga_opts_init(&o);
+  o.backend = KV_FPGA_EMULATED;
+  kv_fpga_dev *dev;
+  kv_fpga_err e;
+  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open the emulated device: %s",
+          t_fpga_errtext(&e));
+  return dev;
+}
+
 /* A context of n_blocks sections of block_tokens tokens (the last may be shorter). */
 typedef struct t_ctx {
   uint32_t n_tokens, head_dim, bits, block_tokens, n_blocks;

@@ -252,12 +252,8 @@ static void test_errors(void)
 static void test_gather(void)
 {
   t_rng r = {77};
-  kv_fpga_opts o;
-  kv_fpga_opts_init(&o);
-  o.backend = KV_FPGA_EMULATED;
-  kv_fpga_dev *dev;
+  kv_fpga_dev *dev = t_emu_open();
   kv_fpga_err e;
-  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
   int verified = -1;
   for (int round = 0; round < 3; round++)
     CHECK(t_gather_run(dev, &r, 0, &verified, &e) == KV_FPGA_OK, "gather: %s", t_fpga_errtext(&e));
@@ -309,12 +305,8 @@ static void test_gather(void)
 static void test_select(void)
 {
   t_rng r = {91};
-  kv_fpga_opts o;
-  kv_fpga_opts_init(&o);
-  o.backend = KV_FPGA_EMULATED;
-  kv_fpga_dev *dev;
+  kv_fpga_dev *dev = t_emu_open();
   kv_fpga_err e;
-  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
   enum { SLOTS = 3000 };
   kv_score_pair *in = malloc(SLOTS * sizeof *in), *all = malloc(SLOTS * sizeof *all);
   kv_score_pair *got = malloc(SLOTS * sizeof *got);

@@ -14,12 +14,8 @@
 static void test_hie_random_splits(void)
 {
   t_rng r = {17};
-  kv_fpga_dev *dev;
+  kv_fpga_dev *dev = t_emu_open();
   kv_fpga_err e;
-  kv_fpga_opts o;
-  kv_fpga_opts_init(&o);
-  o.backend = KV_FPGA_EMULATED;
-  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
   const uint32_t shapes[][4] = {{6000, 128, 8, 256}, {5000, 128, 4, 512}, {3000, 64, 8, 1000},
                                 {2000, 8, 4, 300}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -161,12 +157,8 @@ static void test_hie_random_splits(void)
 static void test_hie_read_ahead(void)
 {
   t_rng r = {29};
-  kv_fpga_dev *dev;
+  kv_fpga_dev *dev = t_emu_open();
   kv_fpga_err e;
-  kv_fpga_opts o;
-  kv_fpga_opts_init(&o);
-  o.backend = KV_FPGA_EMULATED;
-  REQUIRE(kv_fpga_open(&o, &dev, &e) == KV_FPGA_OK, "open");
   t_ctx c;
   t_ctx_make(&c, &r, 40 * 64, 128, 4, 64); /* 40 sections */
   uint32_t d = c.head_dim, N = c.n_tokens;

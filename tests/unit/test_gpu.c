@@ -38,6 +38,7 @@ typedef struct emu {
   int registers, unregisters;
   int from_reg;     /* copies whose source lies in the page-locked range */
   int scatters;
+  int fail_register, fail_dev_alloc; /* injected failures */
 } emu;
 
 static int e_host_alloc(kv_gpu_backend *b, size_t bytes, void **p)
@@ -47,6 +48,15 @@ static int e_host_alloc(kv_gpu_backend *b, size_t bytes, void **p)
   if (*p != NULL)
     memset(*p, 0xA5, bytes); /* garbage */
   return *p ? 0 : -1;
+}
+static int e_dev_alloc(kv_gpu_backend *b, size_t bytes, void **p)
+{
+  if (((emu *)b)->fail_dev_alloc) {
+    *p = NULL;
+    snprintf(b->err, sizeof b->err, "injected failure of a device allocation");
+    return -1;
+  }
+  return e_host_alloc(b, bytes, p);
 }
 static void e_free(kv_gpu_backend *b, void *p)
 {
@@ -77,6 +87,10 @@ static int e_copy2d(kv_gpu_backend *b, int s, void *dst, const void *src, size_t
 static int e_register(kv_gpu_backend *b, void *p, size_t bytes)
 {
   emu *e = (emu *)b;
+  if (e->fail_register) {
+    snprintf(b->err, sizeof b->err, "injected failure of cudaHostRegister");
+    return -1;
+  }
   ASSERT(e->reg == NULL);
   e->reg = p;
   e->reg_bytes = bytes;
@@ -124,7 +138,7 @@ static emu *emu_open(kvdb_gpu **g)
   e->b.name = "emulated";
   e->b.host_alloc = e_host_alloc;
   e->b.host_free = e_free;
-  e->b.dev_alloc = e_host_alloc;
+  e->b.dev_alloc = e_dev_alloc;
   e->b.dev_free = e_free;
   e->b.copy2d = e_copy2d;
   e->b.host_register = e_register;
@@ -227,23 +241,50 @@ static void failed_get(kvdb_gpu *g, kvdb *db, const uint32_t *tok, void *dev, em
     ASSERT_EQ(e->nq[s], 0);
 }
 
+/* What round_trips and attached_trips start from: the options (a 64 MiB DRAM tier), the
+ * prompt, host buffers for its KV and device memory for it. */
+typedef struct trip {
+  kvdb_options o;
+  uint32_t tok[N_TOK];
+  size_t bytes;
+  uint16_t *host, *back;
+  void *dev;
+} trip;
+
+static void trip_init(kvdb_gpu *g, trip *t)
+{
+  kvdb_options_init(&t->o);
+  t->o.sync_mode = KVDB_SYNC_NONE;
+  t->o.dram_bytes = 64u << 20;
+  t_family_tokens(7, 7, 0, t->tok, N_TOK);
+  t->bytes = N_TOK * kvdb_model_token_bytes(&M);
+  t->host = malloc(t->bytes);
+  t->back = malloc(t->bytes);
+  ASSERT(t->host && t->back);
+  t->dev = NULL;
+  ASSERT_OK(kvdb_gpu_alloc(g, t->bytes, &t->dev));
+}
+
+static void trip_free(kvdb_gpu *g, trip *t)
+{
+  kvdb_gpu_free(g, t->dev);
+  free(t->host);
+  free(t->back);
+}
+
 /* Round trips through g: put from "device" memory, gets into it (cold, then from the DRAM
  * tier, both layouts), a partial hit. */
 static void round_trips(kvdb_gpu *g, const char *dir, emu *e)
 {
-  kvdb_options o;
-  kvdb_options_init(&o);
-  o.sync_mode = KVDB_SYNC_NONE;
-  o.dram_bytes = 64u << 20;
+  trip t;
+  trip_init(g, &t);
+  kvdb_options o = t.o;
+  const uint32_t *tok = t.tok;
+  size_t bytes = t.bytes;
+  uint16_t *host = t.host, *back = t.back;
+  void *dev = t.dev;
   kvdb *db;
   ASSERT_OK(kvdb_open(dir, &o, &db));
-  uint32_t tok[N_TOK];
-  t_family_tokens(7, 7, 0, tok, N_TOK);
-  size_t bytes = N_TOK * kvdb_model_token_bytes(&M);
-  uint16_t *host = malloc(bytes), *back = malloc(bytes);
-  ASSERT(host && back);
-  void *dev = NULL;
-  ASSERT_OK(kvdb_gpu_alloc(g, bytes, &dev));
 
   /* put from the device: the KV goes host -> device, then kvdb_gpu_put */
   t_fill_kv(&M, tok, N_TOK, host);
@@ -318,9 +359,7 @@ static void round_trips(kvdb_gpu *g, const char *dir, emu *e)
     e->fail_copy_at = 0;
   }
   kvdb_close(db);
-  kvdb_gpu_free(g, dev);
-  free(host);
-  free(back);
+  trip_free(g, &t);
 }
 
 /* Gets from an ATTACHED database: blocks the DRAM tier holds go to the device straight from
@@ -329,17 +368,13 @@ static void round_trips(kvdb_gpu *g, const char *dir, emu *e)
  * tokens); a failing copy of a lent block. Run after round_trips (the context is stored). */
 static void attached_trips(kvdb_gpu *g, const char *dir, emu *e)
 {
-  kvdb_options o;
-  kvdb_options_init(&o);
-  o.sync_mode = KVDB_SYNC_NONE;
-  o.dram_bytes = 64u << 20;
-  uint32_t tok[N_TOK];
-  t_family_tokens(7, 7, 0, tok, N_TOK);
-  size_t bytes = N_TOK * kvdb_model_token_bytes(&M);
-  uint16_t *host = malloc(bytes), *back = malloc(bytes);
-  ASSERT(host && back);
-  void *dev = NULL;
-  ASSERT_OK(kvdb_gpu_alloc(g, bytes, &dev));
+  trip t;
+  trip_init(g, &t);
+  kvdb_options o = t.o;
+  const uint32_t *tok = t.tok;
+  size_t bytes = t.bytes;
+  uint16_t *host = t.host, *back = t.back;
+  void *dev = t.dev;
   kvdb *db = NULL;
   size_t hit = 0;
   for (int pass = 0; pass < 4; pass++) {
@@ -420,6 +455,36 @@ static void attached_trips(kvdb_gpu *g, const char *dir, emu *e)
   ASSERT_OK(kvdb_gpu_copy(g, back, dev, bytes, 0));
   ASSERT_EQ(check(back, KVDB_LAYOUT_LKTHD, N_TOK, tok, N_TOK), N_TOK);
   kvdb_gpu_detach(g, db);
+
+  /* a fresh kvdb_gpu (no scratch buffers yet): the tier cannot be page-locked (KVDB_IOERR
+   * naming it, nothing attached: gets take the staging path), then the scratch buffer cannot
+   * be had (KVDB_NOMEM naming it, hit 0, every lent block given back: the next get is exact) */
+  if (e != NULL) {
+    kvdb_gpu *g2;
+    emu *e2 = emu_open(&g2);
+    e2->fail_register = 1;
+    ASSERT_STATUS(KVDB_IOERR, kvdb_gpu_attach(g2, db));
+    ASSERT(strstr(kvdb_gpu_errmsg(), "page-locking the DRAM tier") != NULL);
+    ASSERT(strstr(kvdb_gpu_errmsg(), "injected failure of cudaHostRegister") != NULL);
+    int fr = e2->from_reg;
+    ASSERT_OK(kvdb_gpu_get(g2, db, &M, tok, N_TOK, dev, KVDB_LAYOUT_LKTHD, &hit));
+    ASSERT_EQ(hit, N_TOK);
+    ASSERT_EQ(e2->from_reg, fr); /* nothing lent */
+    e2->fail_register = 0;
+    ASSERT_OK(kvdb_gpu_attach(g2, db));
+    e2->fail_dev_alloc = 1;
+    ASSERT_STATUS(KVDB_NOMEM, kvdb_gpu_get(g2, db, &M, tok, N_TOK, dev, KVDB_LAYOUT_LKTHD, &hit));
+    ASSERT_EQ(hit, 0);
+    ASSERT(strstr(kvdb_gpu_errmsg(), "device scratch buffer") != NULL);
+    for (int s = 0; s < KV_GPU_STREAMS; s++)
+      ASSERT_EQ(e2->nq[s], 0);
+    e2->fail_dev_alloc = 0;
+    ASSERT_OK(kvdb_gpu_get(g2, db, &M, tok, N_TOK, dev, KVDB_LAYOUT_LKHTD, &hit));
+    ASSERT_EQ(hit, N_TOK);
+    ASSERT_OK(kvdb_gpu_copy(g2, back, dev, bytes, 0));
+    ASSERT_EQ(check(back, KVDB_LAYOUT_LKHTD, N_TOK, tok, N_TOK), N_TOK);
+    kvdb_gpu_close(g2); /* detaches */
+  }
   kvdb_close(db);
 
   /* no DRAM tier: nothing to attach */
@@ -431,9 +496,7 @@ static void attached_trips(kvdb_gpu *g, const char *dir, emu *e)
   ASSERT_OK(kvdb_gpu_get(g, db, &M, tok, N_TOK, dev, KVDB_LAYOUT_LKHTD, &hit));
   ASSERT_EQ(hit, N_TOK);
   kvdb_close(db);
-  kvdb_gpu_free(g, dev);
-  free(host);
-  free(back);
+  trip_free(g, &t);
 }
 
 int main(int argc, char **argv)
