@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "place.h"
 
@@ -74,29 +75,18 @@ static void prior_free(void *p)
   free(s);
 }
 
-static uint64_t mix(uint64_t h, const void *p, size_t n)
-{
-  const uint8_t *b = p;
-  for (size_t i = 0; i < n; i++) { /* FNV-1a */
-    h ^= b[i];
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
 uint64_t kv_place_prior_key(const uint8_t model_hash[16], const char *space, uint32_t heads,
                             int have_q, int have_pq, uint64_t n_tokens)
 {
-  uint64_t h = 0xcbf29ce484222325ull;
-  h = mix(h, model_hash, 16);
-  if (space != NULL)
-    h = mix(h, space, strlen(space) + 1);
   uint32_t lg = 0;
   while (lg < 63 && (n_tokens >> (lg + 1)) != 0)
     lg++;
   uint32_t w[4] = {heads, (uint32_t)(have_q != 0), (uint32_t)(have_pq != 0), lg};
-  h = mix(h, w, sizeof w);
-  return h;
+  uint8_t k[16 + sizeof w];
+  memcpy(k, model_hash, 16);
+  memcpy(k + 16, w, sizeof w);
+  uint64_t h = XXH3_64bits(k, sizeof k);
+  return space != NULL ? XXH3_64bits_withSeed(space, strlen(space) + 1, h) : h;
 }
 
 /* The group of `key` (created when `create`); the slot's lock held. */
