@@ -182,7 +182,7 @@ int main(void)
   static const char *loss_name[3] = {"drop", "keep", "garble"};
   char *base = t_tmpdir("crash-reb-base");
   build(base);
-  long syncs = -1, points = 0;
+  long syncs = -1, points = 0, ran_out = 0;
   for (long at = 0; syncs < 0 || at <= syncs; at++) {
     for (int loss = 0; loss < 3; loss++) {
       if (at == 0 && loss > 0)
@@ -225,6 +225,11 @@ int main(void)
           return T_EXIT_FAIL;
         }
         syncs = n_syncs;
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && n_syncs >= 0 && n_syncs < at) {
+        /* This round's plan made fewer syncs than round 0's and ran to its end before sync
+         * point `at` (a plan depends on the tier figures, and the DRAM tier's is measured at
+         * every open): no crash to test here, but the finished rebalance is checked below. */
+        ran_out++;
       } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == IOT_CRASH_EXIT)) {
         fprintf(stderr, "sync point %ld (%s): the child did not crash (status %d)\n", at,
                 loss_name[loss], status);
@@ -235,12 +240,17 @@ int main(void)
       if (!check(dir, may_go, what))
         return T_EXIT_FAIL;
       t_rmdir(dir);
-      points += at > 0;
+      points += at > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     }
   }
   t_rmdir(base);
   printf("test_crash_rebalance: the rebalance makes %ld segment syncs; a power loss at each, "
-         "dropping, keeping or garbling the unsynced writes: %ld crash points, nothing lost\n",
-         syncs, points);
+         "dropping, keeping or garbling the unsynced writes: %ld crash points, nothing lost "
+         "(%ld rounds whose plan ended before their sync point)\n",
+         syncs, points, ran_out);
+  if (points == 0) {
+    fprintf(stderr, "no round crashed: nothing was tested\n");
+    return T_EXIT_FAIL;
+  }
   return T_EXIT_PASS;
 }
