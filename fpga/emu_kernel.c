@@ -19,21 +19,11 @@
 
 #include <string.h>
 
-static uint32_t rd32(const uint8_t *p)
-{
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 static float f32_of(uint32_t u)
 {
   float f;
   memcpy(&f, &u, 4);
   return f;
-}
-
-static float key_score(uint32_t key)
-{
-  return f32_of(key == 0 ? 0x7fc00000u : (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
 /* sum over i < n of a[i] * b[i], exact */
@@ -54,14 +44,14 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
   const uint8_t *kbytes = (const uint8_t *)(const void *)keys;
   const uint8_t *mbytes = (const uint8_t *)(const void *)meta;
   const uint8_t *qb = (const uint8_t *)(const void *)query;
-  uint32_t n_vec = rd32(qb);
+  uint32_t n_vec = kvk_rd32(qb);
   if (n_vec < 1)
     n_vec = 1;
   if (n_vec > KVK_MAX_VEC)
     n_vec = KVK_MAX_VEC;
   float qs[KVK_MAX_VEC];
   for (uint32_t v = 0; v < KVK_MAX_VEC; v++)
-    qs[v] = f32_of(rd32(qb + 8 + 4 * v));
+    qs[v] = f32_of(kvk_rd32(qb + 8 + 4 * v));
   /* lanes per token: int8 one per byte; int4 two per byte, kept as the low and the high nibbles'
    * halves (m = row_bytes each) */
   const uint32_t m = row_bytes;
@@ -102,7 +92,7 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
       best = part > best ? part : best;
     }
     uint32_t tg = t0 + i;
-    float score = best * f32_of(rd32(scales + 4 * (uint64_t)tg));
+    float score = best * f32_of(kvk_rd32(scales + 4 * (uint64_t)tg));
     uint32_t pos = pos_base + tg;
     blocks[i].pos = pos;
     blocks[i].score = score;
@@ -123,6 +113,6 @@ void kv_score_kernel_emu(const kvk_word *keys, const kvk_word *meta, const kvk_w
   }
   for (uint32_t j = 0; j < tk_n; j++) {
     topk[j].pos = ~(uint32_t)tk[j];
-    topk[j].score = key_score((uint32_t)(tk[j] >> 32));
+    topk[j].score = kvk_key_score((uint32_t)(tk[j] >> 32));
   }
 }

@@ -24,18 +24,6 @@ typedef union kvk_bits {
   float f;
 } kvk_bits;
 
-static uint32_t rd32(const uint8_t *p)
-{
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
-static float key_score(uint32_t key)
-{
-  kvk_bits b;
-  b.u = key == 0 ? 0x7fc00000u : (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
-  return b.f;
-}
-
 void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word *query,
                      kvk_pair *blocks, kvk_pair *topk, uint32_t scale_word, uint32_t code_word,
                      uint32_t t0, uint32_t n, uint32_t pos_base, uint32_t row_bytes,
@@ -54,7 +42,7 @@ void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word 
   float qs[KVK_MAX_VEC];
 #pragma HLS ARRAY_PARTITION variable = qs complete
   kvk_word hdr = query[0];
-  uint32_t n_vec = rd32(hdr.b);
+  uint32_t n_vec = kvk_rd32(hdr.b);
   if (n_vec < 1)
     n_vec = 1;
   if (n_vec > KVK_MAX_VEC)
@@ -62,7 +50,7 @@ void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word 
   for (uint32_t v = 0; v < KVK_MAX_VEC; v++) {
 #pragma HLS UNROLL
     kvk_bits s;
-    s.u = rd32(hdr.b + 8 + 4 * v);
+    s.u = kvk_rd32(hdr.b + 8 + 4 * v);
     qs[v] = s.f;
   }
 
@@ -172,7 +160,7 @@ void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word 
         sw = meta[scale_word + tg / 16];
       }
       kvk_bits sc;
-      sc.u = rd32(sw.b + 4 * (tg % 16));
+      sc.u = kvk_rd32(sw.b + 4 * (tg % 16));
       float m = (float)seg[0][i] * qs[0];
       for (uint32_t v = 1; v < KVK_MAX_VEC; v++) {
 #pragma HLS UNROLL
@@ -210,6 +198,6 @@ void kv_score_kernel(const kvk_word *keys, const kvk_word *meta, const kvk_word 
   for (uint32_t j = 0; j < tk_n; j++) {
 #pragma HLS PIPELINE II = 1
     topk[j].pos = ~(uint32_t)tk[j];
-    topk[j].score = key_score((uint32_t)(tk[j] >> 32));
+    topk[j].score = kvk_key_score((uint32_t)(tk[j] >> 32));
   }
 }

@@ -63,6 +63,23 @@ static inline uint32_t kvk_sort_key(float s)
   return (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
 }
 
+/** The score of a kvk_sort_key (its inverse; key 0 gives a NaN). */
+static inline float kvk_key_score(uint32_t key)
+{
+  union {
+    uint32_t u;
+    float f;
+  } b;
+  b.u = key == 0 ? 0x7fc00000u : (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  return b.f;
+}
+
+/** A little-endian u32 from bytes (the kernels' and the emulation's reads of words). */
+static inline uint32_t kvk_rd32(const uint8_t *p)
+{
+  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
 /**
  * Score tokens [t0, t0 + n) of the section whose scales start at word scale_word and whose code
  * pages start at word code_word; token t gets position pos_base + t. Writes blocks[0..n) and

@@ -16,11 +16,6 @@
  */
 #include "select_kernel.h"
 
-static uint32_t rd32(const uint8_t *p)
-{
-  return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-
 static uint64_t pair_key(kvk_pair p)
 {
   return ((uint64_t)kvk_sort_key(p.score) << 32) | (uint32_t)~p.pos;
@@ -46,7 +41,7 @@ void kv_select_kernel(const kvk_pair *in, const kvk_word *segs, kvk_pair *out, u
     for (uint32_t s = 0; s < n_segs; s++) {
       if (s % 8 == 0)
         sw = segs[s / 8];
-      uint32_t first = rd32(sw.b + 8 * (s % 8)), count = rd32(sw.b + 8 * (s % 8) + 4);
+      uint32_t first = kvk_rd32(sw.b + 8 * (s % 8)), count = kvk_rd32(sw.b + 8 * (s % 8) + 4);
       for (uint32_t i = 0; i < count; i++) {
 #pragma HLS PIPELINE II = 1
         uint64_t key = pair_key(in[first + i]);
@@ -68,7 +63,7 @@ void kv_select_kernel(const kvk_pair *in, const kvk_word *segs, kvk_pair *out, u
   for (uint32_t s = 0; s < n_segs; s++) {
     if (s % 8 == 0)
       sw = segs[s / 8];
-    uint32_t first = rd32(sw.b + 8 * (s % 8)), count = rd32(sw.b + 8 * (s % 8) + 4);
+    uint32_t first = kvk_rd32(sw.b + 8 * (s % 8)), count = kvk_rd32(sw.b + 8 * (s % 8) + 4);
     for (uint32_t i = 0; i < count; i++) {
 #pragma HLS PIPELINE II = 1
       kvk_pair p = in[first + i];
