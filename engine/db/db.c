@@ -245,6 +245,10 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
     return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
                    (int)opt.sync_mode);
+  if (opt.packed_block_bytes > 1 &&
+      (opt.packed_block_bytes < 4096 || opt.packed_block_bytes > (16u << 20)))
+    return kv_fail(KVDB_INVALID, "options.packed_block_bytes %u is not 0 (default), 1 (never) "
+                   "or 4096 .. 16 MiB", opt.packed_block_bytes);
   if (opt.lossless_frame_bytes != 0 &&
       (opt.lossless_frame_bytes < 4096 || opt.lossless_frame_bytes > (16u << 20)))
     return kv_fail(KVDB_INVALID, "options.lossless_frame_bytes %u is not 0 (default) or "

@@ -169,9 +169,37 @@ static uint64_t group_seed(const uint8_t hash[16], uint32_t s, uint32_t grp)
  * checksums, page aligned, sorted, merged when at most `gap` bytes apart. rg has room for
  * 1 + 2 * n_groups. Returns the count. */
 static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg,
-                              int with_ck)
+                              int with_ck, uint64_t obj_off)
 {
   size_t nr = 0;
+  if (g->packed) {
+    /* a packed object (FORMAT.md §3e) at obj_off, a multiple of 64 in its segment: the exact
+     * bytes of the groups and checksums (the I/O layer reads the pages that cover each), a
+     * range merged with the next when they share a page */
+    if (with_ck)
+      rg[nr++] = (frange){kv_block_cksum_off(g, x->sk, 0),
+                          8ull * 2 * g->n_groups, 0};
+    for (uint32_t s = x->sk; s <= x->sk + 1; s++)
+      for (uint32_t grp = 0; grp < g->n_groups; grp++)
+        if (x->need[grp])
+          rg[nr++] = (frange){kv_block_group_off(g, s, grp), g->group_stride, 0};
+    if (nr == 0)
+      return 0;
+    qsort(rg, nr, sizeof *rg, cmp_range);
+    size_t m = 0;
+    for (size_t i = 1; i < nr; i++) {
+      uint64_t end_pg = KV_ALIGN_UP(obj_off + rg[m].off + rg[m].len, (uint64_t)KV_PAGE);
+      if (obj_off + rg[i].off <= end_pg + gap) {
+        uint64_t end = rg[i].off + rg[i].len;
+        if (end > rg[m].off + rg[m].len)
+          rg[m].len = end - rg[m].off;
+      } else {
+        rg[++m] = rg[i];
+      }
+    }
+    return m + 1;
+  }
+  (void)obj_off;
   uint64_t c0 = kv_block_cksum_off(g, x->sk, 0) / KV_PAGE * KV_PAGE;
   uint64_t c1 = KV_ALIGN_UP((uint64_t)kv_block_cksum_off(g, x->sk + 1, g->n_groups), KV_PAGE);
   if (with_ck)
@@ -201,7 +229,7 @@ static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t ga
 
 static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
 {
-  return block_ranges_ck(x, g, gap, rg, 1);
+  return block_ranges_ck(x, g, gap, rg, 1, 0); /* (the device's: never packed objects) */
 }
 
 /* Mark the groups of block b that hold positions order[i0, i1). */
@@ -295,10 +323,14 @@ static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frang
     int with_ck = hb[j].ck[0] == NULL || hb[j].ck[1] == NULL;
     if (with_ck)
       hb[j].ck[0] = hb[j].ck[1] = NULL;
-    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck);
+    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck, b->rec.offset);
     for (size_t i = nr; i < nr + hb[j].nr; i++) {
       rg[i].at = total;
       total += rg[i].len;
+      if (b->g.packed) /* what the disk reads: the pages that cover it */
+        x->st.host_bytes += KV_ALIGN_UP(b->rec.offset + rg[i].off + rg[i].len,
+                                        (uint64_t)KV_PAGE) -
+                            (b->rec.offset + rg[i].off) / KV_PAGE * KV_PAGE - rg[i].len;
     }
     nr += hb[j].nr;
     hb[j].sf = NULL;
@@ -601,6 +633,7 @@ static kvdb_status snapshot(fctx *x, const kvdb_key *context, kv_read_snap *s)
     x->n_b = i + 1;
     KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                               b->rec.n_tokens));
+    kv_rec_geom(&b->g, &b->rec);
     pos += b->rec.n_tokens;
   }
   if (pos != cr.n_tokens)
@@ -675,7 +708,7 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
       continue;
     }
     if (x->o.device != KVDB_SCORE_CPU && b->rec.tier < 32 && (tiers >> b->rec.tier & 1) &&
-        b->rec.offset % KV_PAGE == 0) {
+        b->rec.offset % KV_PAGE == 0 && !b->g.packed) {
       if (dev == NULL) {
         KV_ERR(kv_score_dev_acquire(db, &x->o, &dev, &slot, &kept));
         KV_ERR(wave_init(x, &w, dev, biggest));
