@@ -345,7 +345,14 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
     ctl->stopped = 1;
     return -1;
   }
-  s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
+  if (g->packed) { /* one wave: the pages that cover the object (FORMAT.md §3e), which then
+                     * starts at s->buf->p + its offset in its first page (packed_lead) */
+    uint64_t lead = x->rec.offset % KV_PAGE;
+    s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p, KV_ALIGN_UP(lead + len, KV_PAGE),
+                           x->rec.offset - lead);
+  } else {
+    s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
+  }
   s->idx = idx;
   s->wave = k;
   return 0;
@@ -424,8 +431,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       w->n = i; /* deliver the hits before it */
       break;
     }
-    if (w->h[i].rec.bytes > biggest)
-      biggest = w->h[i].rec.bytes;
+    if (w->h[i].rec.bytes + 2 * KV_PAGE > biggest) /* (a packed object's covering pages) */
+      biggest = w->h[i].rec.bytes + 2 * KV_PAGE;
   }
   rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0, 0}, {NULL, NULL, SIZE_MAX, 0, 0}};
   kv_batch *bat = NULL;
@@ -485,7 +492,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       db->smart_hits++;
     else
       db->ssd_hits++;
-    const uint8_t *buf = sl[s].buf->p;
+    /* the object (a packed one after the bytes of its first page before it) */
+    const uint8_t *buf = sl[s].buf->p + (g.packed ? x->rec.offset % KV_PAGE : 0);
     waves wv;
     plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
@@ -724,8 +732,12 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   uint8_t *need = calloc(g->n_groups, 1);
   size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
   range *rg = malloc(cap * sizeof *rg);
-  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes);
-  uint8_t *buf = rb != NULL ? rb->p : NULL;
+  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes + 2 * KV_PAGE);
+  /* a packed object (FORMAT.md §3e) lies at a 64-byte offset: the buffer holds the pages from
+   * the one it starts in, so that every read is of whole pages, and the object starts `lead`
+   * bytes in (0 for any other object) */
+  uint64_t lead = g->packed ? rec->offset % KV_PAGE : 0;
+  uint8_t *buf = rb != NULL ? rb->p + lead : NULL;
   kv_segfile *sf = NULL;
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
@@ -738,25 +750,22 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
     if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
       need[(positions[i] - pos0) / g->group_tokens] = 1;
   size_t nr = 0;
-  /* ranges of the object: whole pages of it; a packed object's (FORMAT.md §3e: at a 64-byte
-   * offset of its segment) are the exact bytes, which the I/O layer reads as the pages that
-   * cover them, merged when they share a page */
-  uint64_t A = g->packed ? 1 : KV_PAGE, base = g->packed ? rec->offset : 0;
-  rg[nr++] = (range){0, g->packed ? KV_BLOCK_HDR_BYTES : KV_PAGE}; /* the fixed header */
-  uint64_t c0 = kv_block_cksum_off(g, s0, 0), c1 = kv_block_cksum_off(g, s1 - 1, g->n_groups);
-  c0 = c0 / A * A;
-  rg[nr++] = (range){c0, KV_ALIGN_UP(c1, A) - c0};
+  /* ranges in pages of the segment (offsets from the object's first page: + lead) */
+  rg[nr++] = (range){0, KV_PAGE}; /* the fixed header */
+  uint64_t c0 = lead + kv_block_cksum_off(g, s0, 0), c1 = lead + kv_block_cksum_off(g, s1 - 1, g->n_groups);
+  c0 = c0 / KV_PAGE * KV_PAGE;
+  rg[nr++] = (range){c0, KV_ALIGN_UP(c1, KV_PAGE) - c0};
   for (uint32_t s = s0; s < s1; s++)
     for (uint32_t grp = 0; grp < g->n_groups; grp++)
       if (need[grp]) {
-        uint64_t a = kv_block_group_off(g, s, grp) / A * A;
-        uint64_t b = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, A);
+        uint64_t a = (lead + kv_block_group_off(g, s, grp)) / KV_PAGE * KV_PAGE;
+        uint64_t b = KV_ALIGN_UP(lead + kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
         rg[nr++] = (range){a, b - a};
       }
   qsort(rg, nr, sizeof *rg, cmp_range);
   size_t m = 0;
   for (size_t i = 1; i < nr; i++) {
-    if (base + rg[i].off <= KV_ALIGN_UP(base + rg[m].off + rg[m].len, A)) {
+    if (rg[i].off <= rg[m].off + rg[m].len) {
       uint64_t end = rg[i].off + rg[i].len;
       if (end > rg[m].off + rg[m].len)
         rg[m].len = end - rg[m].off;
@@ -773,9 +782,9 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   }
   uint64_t bytes = 0;
   for (size_t i = 0; i < nr; i++) {
-    kv_batch_read(db->io, bat, sf->f, buf + rg[i].off, rg[i].len, rec->offset + rg[i].off);
-    bytes += KV_ALIGN_UP(rec->offset + rg[i].off + rg[i].len, (uint64_t)KV_PAGE) -
-             (rec->offset + rg[i].off) / KV_PAGE * KV_PAGE; /* the pages read */
+    kv_batch_read(db->io, bat, sf->f, rb->p + rg[i].off, rg[i].len,
+                  rec->offset - lead + rg[i].off);
+    bytes += rg[i].len;
   }
   int e = kv_batch_wait(db->io, bat);
   if (e != 0) {
