@@ -289,4 +289,20 @@ expect 3 -q verify "$DB2"
 has '^KVDB_CORRUPT: '
 expect 0 ls "$DB2"
 
+# ---- packed raw blocks (format 7, FORMAT.md §3e): info, verify, a flipped byte, compact
+DBP=$T/dbp
+KVDB_ADMIN_FIXTURE_PACKED=1 "$FIX" create "$DBP" >"$T/pkeys" || fail "admin_fixture create (packed)"
+expect 0 info "$DBP"
+has '^format version +7$'
+expect 0 verify "$DBP"
+has '^problems +0$'
+cp -R "$DBP" "$T/dbp2"
+"$FIX" corrupt "$T/dbp2" 5000 || fail "admin_fixture corrupt (packed)"
+expect 3 verify "$T/dbp2"
+has '^KVDB_CORRUPT: '
+"$FIX" delete "$DBP" "$(awk '/^long /{print $2}' "$T/pkeys")" || fail "admin_fixture delete (packed)"
+expect 0 compact --json "$DBP"
+expect 0 verify "$DBP"
+has '^problems +0$'
+
 echo "PASS: kvdb-admin"
