@@ -164,7 +164,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
       KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
       kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
                            .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
-                           .heads = o.profile_heads};
+                           .heads = o.profile_heads,
+                           .packed_block_bytes = db->opt.packed_block_bytes};
       KV_ERR(kv_profile_measure(&ps, profile));
       kv_place_prior_note(db, pkey, n, profile);
     }

@@ -348,7 +348,8 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
   if (rc == KVDB_OK) {
     kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
                          .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
-                         .heads = o.profile_heads, .not_below = &ci.config};
+                         .heads = o.profile_heads, .not_below = &ci.config,
+                         .packed_block_bytes = db->opt.packed_block_bytes};
     rc = kv_profile_measure(&ps, p);
   }
   if (rc == KVDB_OK)

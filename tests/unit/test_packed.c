@@ -132,6 +132,34 @@ static void test_round_trip(void)
   }
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT_EQ(st.format_version, 7);
+  /* a profiled put: the profile's raw bytes are the packed bytes a raw put stores */
+  {
+    uint32_t t3[N];
+    tokens(50, t3, N);
+    uint16_t *kv = malloc(N * kvdb_model_token_bytes(&M));
+    ASSERT(kv != NULL);
+    t_fill_kv(&M, t3, N, kv);
+    kvdb_kv_view v;
+    ASSERT_OK(kvdb_kv_view_packed(&v, kv, &M, N, KVDB_LAYOUT_LKTHD));
+    kvdb_put_opts po;
+    kvdb_put_opts_init(&po);
+    po.flags = KVDB_PUT_PROFILE;
+    kvdb_put_info info;
+    ASSERT_OK(kvdb_put_ex(db, &M, t3, N, &v, &po, &info));
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
+    kvdb_profile_entry e[64];
+    size_t ne = 0;
+    ASSERT_OK(kvdb_profile_get(db, &info.context, e, 64, &ne));
+    int seen = 0;
+    for (size_t i = 0; i < ne; i++)
+      if (e[i].config.method == KVDB_METHOD_RAW) {
+        ASSERT_EQ(e[i].bytes, ci.bytes);
+        seen = 1;
+      }
+    ASSERT(seen);
+    free(kv);
+  }
   /* objects share pages: some block starts inside a page */
   tokens(1, tok, N);
   kvdb_key keys[32];
