@@ -324,6 +324,40 @@ static void test_compact_and_move(void)
   ASSERT(block_rec(db, &info.context).bflags == 0);
   check_all_readers(db, t2, 32);
   kvdb_close(db);
+  /* one put of both kinds: full blocks above the threshold in whole pages, the partial last
+   * one (5 tokens) packed after them, then the next put's first block on a page again */
+  o.packed_block_bytes = 12288;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  tokens(79, t2, 3 * 16 + 5);
+  t_put_kv(db, &M, t2, 3 * 16 + 5, &info);
+  kvdb_key ks[4];
+  ASSERT_OK(kvdb_chain_hashes(&M, t2, 3 * 16 + 5, ks, 4));
+  for (int i = 0; i < 3; i++) {
+    kv_block_rec r = block_rec(db, &ks[i]);
+    ASSERT(r.bflags == 0 && r.offset % KV_PAGE == 0);
+  }
+  kv_block_rec last = block_rec(db, &ks[3]);
+  ASSERT(last.bflags == KV_BLK_PACKED && last.bytes < 12288);
+  check_all_readers(db, t2, 3 * 16 + 5);
+  /* a lossy block rewritten exactly by a raw put of the same tokens: packed now */
+  uint32_t t4[N];
+  tokens(80, t4, 64);
+  kvdb_key k4;
+  ASSERT_OK(t_put_config(db, &M, t4, 64, "int8", &k4));
+  ASSERT(block_rec(db, &k4).bflags & KV_BLK_COMPRESSED);
+  o.packed_block_bytes = 0;
+  kvdb_close(db);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  uint32_t t5[N];
+  memcpy(t5, t4, 64 * sizeof *t5);
+  for (int i = 64; i < 80; i++)
+    t5[i] = 999000u + (uint32_t)i;
+  t_put_kv(db, &M, t5, 80, &info); /* shares t4's 4 blocks: rewritten raw */
+  ASSERT(block_rec(db, &k4).bflags == KV_BLK_PACKED);
+  check_all_readers(db, t5, 80);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &rep));
+  ASSERT_EQ(rep.problems, 0);
+  kvdb_close(db);
   t_rmdir(dir);
 }
 
