@@ -23,6 +23,8 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
  * logical bytes (issue 16, must-have 3), JSON raw_bytes_vs_logical and layout_*. 0, or -1
  * logged. */
 int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s);
+/* `kvdb-bench layout`: bench_layout_set alone on the real set. */
+int bench_layout(const bench_env *env, bench_json *j);
 /* bench_layout.c: a cold kvdb_get of one context of set s (int4, raw, lossless) in logical
  * bytes per second over the O_DIRECT read bandwidth of a plain file of its stored size (JSON
  * int4_logical_get_vs_raw_read, ...). 0, or -1 logged. */

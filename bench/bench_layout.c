@@ -10,7 +10,16 @@
  *
  * JSON: raw_bytes_vs_logical (f32, 16-token blocks: the issue's figure), and
  * layout_<f32|f16>_bt<16|256>_<config>_vs_logical for config raw, lossless, int8, int4, int2,
- * and layout_<...>_<config>_vs_raw (stored bytes over the raw context's stored bytes).
+ * and layout_<...>_<config>_vs_raw (stored bytes over the raw context's stored bytes);
+ * layout_<...>_raw_pages_vs_logical: raw in whole-page objects (packed_block_bytes = 1, the
+ * layout before format 7) beside the packed default.
+ *
+ * layout_speed() (issue 16, packed objects): at f32 and 16-token blocks, the same contexts put
+ * raw into two databases, packed (the default) and in whole pages; cold kvdb_get of all of
+ * them (no DRAM tier), alternated, median of 5: layout_get_<packed|pages>_gbps (logical
+ * bytes) and layout_get_packed_vs_pages; kvdb_get_tokens of 16 positions of one layer per
+ * context: layout_tokens_<packed|pages>_bytes (bytes read per call, kvdb_stat) and
+ * layout_tokens_<packed|pages>_us (median per call).
  *
  * bench_get_vs_read(): a cold get of a whole context through kvdb (no DRAM tier: every block
  * read from its segment file with O_DIRECT, decoded, scattered into the caller's buffer) in
@@ -56,6 +65,145 @@ static void fill_ctx(const bench_kvset *s, uint32_t c, kvdb_dtype dt, void *out)
         }
 }
 
+/* A fresh database at dir with raw contexts 0..n_ctx-1 of s (tokens 9000000 + 1000 c + t),
+ * packed or in whole pages; NULL logged on failure. */
+static kvdb *speed_db(const char *dir, const bench_kvset *s, const kvdb_model *m, uint32_t n_ctx,
+                      int pages, void *buf, uint32_t *tok)
+{
+  kvdb_options opt;
+  kvdb_options_init(&opt);
+  opt.dram_bytes = 0;
+  opt.log_level = -1;
+  opt.packed_block_bytes = pages ? 1 : 0;
+  bench_rmtree(dir);
+  kvdb *db = NULL;
+  if (kvdb_open(dir, &opt, &db) != KVDB_OK)
+    goto fail;
+  for (uint32_t c = 0; c < n_ctx; c++) {
+    fill_ctx(s, c, m->dtype, buf);
+    for (uint32_t t = 0; t < s->n_tokens; t++)
+      tok[t] = 9000000u + 1000u * c + t;
+    kvdb_kv_view v;
+    if (kvdb_kv_view_packed(&v, buf, m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+        kvdb_put(db, m, tok, s->n_tokens, &v, NULL) != KVDB_OK)
+      goto fail;
+  }
+  kvdb_close(db); /* reopened cold by the caller */
+  if (kvdb_open(dir, &opt, &db) == KVDB_OK)
+    return db;
+fail:
+  bench_log("layout speed: %s: %s", dir, kvdb_errmsg());
+  kvdb_close(db);
+  return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b);
+
+/* Get and get_tokens speed, packed objects against whole pages (see the head comment). */
+static int layout_speed(const bench_env *env, bench_json *j, const bench_kvset *s,
+                        const kvdb_model *m, uint32_t n_ctx)
+{
+  FILE *o = env->out;
+  enum { REPS = 5, NPOS = 16 };
+  size_t tb = kvdb_model_token_bytes(m), logical = (size_t)n_ctx * s->n_tokens * tb;
+  void *buf = malloc((size_t)s->n_tokens * tb), *out = malloc((size_t)s->n_tokens * tb);
+  void *tout = malloc(NPOS * tb);
+  uint32_t *tok = malloc(s->n_tokens * sizeof *tok);
+  kvdb *db[2] = {NULL, NULL};
+  char dir[2][4200];
+  int rc = -1;
+  if (buf == NULL || out == NULL || tok == NULL || tout == NULL)
+    goto out;
+  for (int k = 0; k < 2; k++) {
+    snprintf(dir[k], sizeof dir[k], "%s/layout-speed-%d", env->dir, k);
+    if ((db[k] = speed_db(dir[k], s, m, n_ctx, k, buf, tok)) == NULL)
+      goto out;
+  }
+  uint64_t gns[2][REPS], tns[2][REPS], tbytes[2] = {0, 0};
+  uint32_t pos[NPOS];
+  for (int i = 0; i < NPOS; i++) /* spread over the context: one per block at 512 tokens */
+    pos[i] = (uint32_t)(((uint64_t)i * s->n_tokens) / NPOS + (uint32_t)i % 7);
+  for (int r = 0; r < REPS; r++)
+    for (int k = 0; k < 2; k++) {
+      uint64_t t0 = bench_now_ns();
+      for (uint32_t c = 0; c < n_ctx; c++) {
+        for (uint32_t t = 0; t < s->n_tokens; t++)
+          tok[t] = 9000000u + 1000u * c + t;
+        kvdb_kv_view ov;
+        size_t hit = 0;
+        if (kvdb_kv_view_packed(&ov, out, m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+            kvdb_get(db[k], m, tok, s->n_tokens, &ov, &hit) != KVDB_OK || hit != s->n_tokens) {
+          bench_log("layout speed: get: %s", kvdb_errmsg());
+          goto out;
+        }
+        if (r == 0 && c == 0) { /* what was put comes back */
+          fill_ctx(s, c, m->dtype, buf);
+          if (memcmp(buf, out, (size_t)s->n_tokens * tb) != 0) {
+            bench_log("layout speed: the get is not the KV put");
+            goto out;
+          }
+        }
+      }
+      gns[k][r] = bench_now_ns() - t0;
+      kvdb_stats s0, s1;
+      if (kvdb_stat(db[k], &s0) != KVDB_OK)
+        goto out;
+      t0 = bench_now_ns();
+      for (uint32_t c = 0; c < n_ctx; c++) {
+        kvdb_key keys[256];
+        for (uint32_t t = 0; t < s->n_tokens; t++)
+          tok[t] = 9000000u + 1000u * c + t;
+        size_t nb = (s->n_tokens + m->block_tokens - 1) / m->block_tokens;
+        kvdb_kv_view tv;
+        if (nb > 256 || kvdb_chain_hashes(m, tok, s->n_tokens, keys, 256) != KVDB_OK ||
+            kvdb_kv_view_packed(&tv, tout, m, NPOS, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+            kvdb_get_tokens(db[k], m, &keys[nb - 1], 1, pos, NPOS, &tv) != KVDB_OK) {
+          bench_log("layout speed: get_tokens: %s", kvdb_errmsg());
+          goto out;
+        }
+      }
+      tns[k][r] = (bench_now_ns() - t0) / n_ctx;
+      if (kvdb_stat(db[k], &s1) != KVDB_OK)
+        goto out;
+      tbytes[k] = (s1.bytes_read - s0.bytes_read) / n_ctx;
+    }
+  static const char *const NM[2] = {"packed", "pages"};
+  double g[2];
+  fprintf(o, "  get at f32, 16-token blocks (%u contexts, %.1f MB logical, cold, no DRAM tier; "
+             "median of %d, alternated):\n",
+          n_ctx, (double)logical / 1e6, REPS);
+  for (int k = 0; k < 2; k++) {
+    qsort(gns[k], REPS, sizeof gns[k][0], cmp_u64);
+    qsort(tns[k], REPS, sizeof tns[k][0], cmp_u64);
+    g[k] = bench_gbps(logical, gns[k][REPS / 2]);
+    fprintf(o, "    %-6s get %.3f GB/s logical; get_tokens of %d positions of one layer: %llu "
+               "bytes read, %.1f us per context\n",
+            NM[k], g[k], NPOS, (unsigned long long)tbytes[k], (double)tns[k][REPS / 2] / 1e3);
+    char key[96];
+    snprintf(key, sizeof key, "layout_get_%s_gbps", NM[k]);
+    bench_json_num(j, key, g[k]);
+    snprintf(key, sizeof key, "layout_tokens_%s_bytes", NM[k]);
+    bench_json_num(j, key, (double)tbytes[k]);
+    snprintf(key, sizeof key, "layout_tokens_%s_us", NM[k]);
+    bench_json_num(j, key, (double)tns[k][REPS / 2] / 1e3);
+  }
+  fprintf(o, "    packed / pages: get %.3fx, get_tokens bytes %.3fx\n", g[0] / g[1],
+          (double)tbytes[0] / (double)tbytes[1]);
+  bench_json_num(j, "layout_get_packed_vs_pages", g[0] / g[1]);
+  rc = 0;
+out:
+  for (int k = 0; k < 2; k++) {
+    kvdb_close(db[k]);
+    if (!env->keep && db[k] != NULL)
+      bench_rmtree(dir[k]);
+  }
+  free(buf);
+  free(out);
+  free(tout);
+  free(tok);
+  return rc;
+}
+
 int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
 {
   FILE *o = env->out;
@@ -71,7 +219,8 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
   fprintf(o, "  %-10s %6s", "storage", "block");
   for (int c = 0; c < BL_CONFIGS; c++)
     fprintf(o, " %10s", BL_CFG[c]);
-  fprintf(o, "   (stored / logical)\n");
+  fprintf(o, " %10s   (stored / logical; raw(pages): whole-page objects, the layout before "
+             "format 7)\n", "raw(pages)");
   for (int di = 0; di < 2; di++)
     for (int bi = 0; bi < 2; bi++) {
       kvdb_model m = {"bench-layout-stories260K", s->n_layers, s->n_kv_heads, s->head_dim,
@@ -115,10 +264,44 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
         }
         ratio[ci] = (double)stored / ((double)n_ctx * s->n_tokens * tb);
       }
+      /* raw again in whole-page objects (packed_block_bytes = 1) */
+      double pages = 0;
+      {
+        char pdir[4300];
+        snprintf(pdir, sizeof pdir, "%s-pages", dir);
+        kvdb_options popt = opt;
+        popt.packed_block_bytes = 1;
+        kvdb *pdb = NULL;
+        uint64_t stored = 0;
+        if (kvdb_open(pdir, &popt, &pdb) != KVDB_OK)
+          goto fail;
+        for (uint32_t c = 0; c < n_ctx; c++) {
+          fill_ctx(s, c, DT[di], buf);
+          for (uint32_t t = 0; t < s->n_tokens; t++)
+            tok[t] = 1000u * c + t;
+          kvdb_kv_view v;
+          kvdb_put_info info;
+          kvdb_context_info ci_;
+          if (kvdb_kv_view_packed(&v, buf, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+              kvdb_put_ex(pdb, &m, tok, s->n_tokens, &v, NULL, &info) != KVDB_OK ||
+              kvdb_context_stat(pdb, &info.context, &ci_) != KVDB_OK) {
+            kvdb_close(pdb);
+            goto fail;
+          }
+          stored += ci_.bytes;
+        }
+        kvdb_close(pdb);
+        if (!env->keep)
+          bench_rmtree(pdir);
+        pages = (double)stored / ((double)n_ctx * s->n_tokens * tb);
+      }
       fprintf(o, "  %-10s %6u", DT[di] == KVDB_F32 ? "f32" : "f16", BT[bi]);
       for (int ci = 0; ci < BL_CONFIGS; ci++)
         fprintf(o, " %10.4f", ratio[ci]);
-      fprintf(o, "\n");
+      fprintf(o, " %10.4f\n", pages);
+      snprintf(k, sizeof k, "layout_%s_bt%u_raw_pages_vs_logical", DT[di] == KVDB_F32 ? "f32" : "f16",
+               BT[bi]);
+      bench_json_num(j, k, pages);
       for (int ci = 0; ci < BL_CONFIGS; ci++) {
         snprintf(k, sizeof k, "layout_%s_bt%u_%s_vs_logical", DT[di] == KVDB_F32 ? "f32" : "f16",
                  BT[bi], BL_CFG[ci]);
@@ -142,7 +325,24 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
       free(tok);
       return -1;
     }
-  rc = 0;
+  kvdb_model sm = {"bench-layout-speed", s->n_layers, s->n_kv_heads, s->head_dim, KVDB_F32, 16, 0};
+  return layout_speed(env, j, s, &sm, n_ctx);
+}
+
+/* `kvdb-bench layout`: the bytes table and the packed-vs-pages speeds alone (stories260K; the
+ * same figures `compress` reports), then the cold get vs raw read on synthetic KV. */
+int bench_layout(const bench_env *env, bench_json *j)
+{
+  bench_kvset real, syn;
+  char why[8192] = "";
+  memset(&syn, 0, sizeof syn);
+  int rr = bench_kvset_real(&real, env, env->quick ? 8u : 64u, why, sizeof why);
+  if (rr != 0) {
+    bench_log("layout: the real set (stories260K) is needed: %s", why);
+    return -1;
+  }
+  int rc = bench_layout_set(env, j, &real);
+  bench_kvset_free(&real);
   return rc;
 }
 

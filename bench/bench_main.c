@@ -20,6 +20,7 @@
 
 #include "bench.h"
 #include "bench_decode.h"
+#include "bench_frames.h"
 #include "bench_rev.h"
 #include "kvdb.h"
 
@@ -37,6 +38,8 @@ static const bench_cmd CMDS[] = {
    bench_compact},
   {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
    bench_compress},
+  {"layout", "compress's stored bytes over logical bytes per config alone (stories260K), packed "
+   "objects against whole pages, and their get / get_tokens speeds", bench_layout},
   {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
    "stories260K's next-token agreement and KL", bench_truth},
   {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "

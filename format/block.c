@@ -153,6 +153,17 @@ kvdb_status kv_block_geom_init(kv_block_geom *g, uint32_t n_layers, uint32_t n_k
   return KVDB_OK;
 }
 
+void kv_block_geom_pack(kv_block_geom *g)
+{
+  g->packed = 1;
+  g->sectab_off = g->tokens_off + KV_ALIGN_UP(4u * g->n_tokens, 8u);
+  g->cksum_off = g->sectab_off; /* no section table */
+  uint64_t meta = (uint64_t)g->cksum_off + 8ull * g->n_sections * g->n_groups;
+  g->meta_bytes = (uint32_t)KV_ALIGN_UP(meta, KV_BLOCK_PACK_ALIGN);
+  g->data_bytes = (uint64_t)g->n_sections * g->section_bytes; /* strides are 64-aligned */
+  g->total_bytes = g->meta_bytes + g->data_bytes;
+}
+
 static uint64_t group_seed(const uint8_t *block_hash, uint32_t s, uint32_t grp)
 {
   return kv_get_le64(block_hash) ^ (((uint64_t)s << 32) | grp);
@@ -215,16 +226,20 @@ void kv_block_seal_meta(const kv_block_geom *g, const uint8_t block_hash[16],
   uint32_t cks_end = kv_block_cksum_off(g, g->n_sections, 0);
   memset(buf, 0, g->cksum_off);
   memset(buf + cks_end, 0, g->meta_bytes - cks_end);
-  put_fixed(buf, g, KV_BLOCK_VERSION, KV_CODEC_RAW, g->meta_bytes, g->group_tokens, g->n_groups,
-            g->data_bytes, block_hash, parent_hash, model_hash, tokens);
-  for (uint32_t s = 0; s < g->n_sections; s++) {
+  put_fixed(buf, g, g->packed ? KV_BLOCK_VERSION_PACKED : KV_BLOCK_VERSION, KV_CODEC_RAW,
+            g->meta_bytes, g->group_tokens, g->n_groups, g->data_bytes, block_hash, parent_hash,
+            model_hash, tokens);
+  for (uint32_t s = 0; s < g->n_sections && !g->packed; s++) {
     uint8_t *ent = buf + g->sectab_off + KV_BLOCK_SECT_ENTRY * s;
     kv_put_le64(ent, g->meta_bytes + (uint64_t)s * g->section_bytes);
     kv_put_le32(ent + 8, (uint32_t)g->section_bytes);
     kv_put_le32(ent + 12, g->n_groups);
     kv_put_le64(ent + 16, xxh64(buf + kv_block_cksum_off(g, s, 0), 8u * g->n_groups));
   }
-  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, g->cksum_off - g->tokens_off));
+  /* format 4 (packed): the meta checksum also covers the group checksums (no section table
+   * holds their digests) */
+  uint32_t mck_end = g->packed ? cks_end : g->cksum_off;
+  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, mck_end - g->tokens_off));
   kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
 
@@ -299,7 +314,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   out->version = version;
   out->flags = flags;
   out->codec = buf[OFF_CODEC];
-  uint32_t want_codec = version == 1   ? KV_CODEC_RAW
+  uint32_t want_codec = version == 1 || version == KV_BLOCK_VERSION_PACKED ? KV_CODEC_RAW
                         : version == 2 ? KV_CODEC_SECTIONS
                                        : KV_CODEC_FRAMES;
   if (out->codec != want_codec)
@@ -316,7 +331,12 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   const kv_block_geom *g = &out->g;
   if (kv_get_le32(buf + OFF_NSECT) != g->n_sections)
     return kv_fail(KVDB_CORRUPT, "block header geometry does not match its dimensions");
-  if (version == 1) {
+  if (version == KV_BLOCK_VERSION_PACKED) {
+    kv_block_geom_pack(&out->g);
+    if (flags & KV_BLOCK_F_SCORE)
+      return kv_fail(KVDB_CORRUPT, "packed block object announces a score region");
+  }
+  if (version == 1 || version == KV_BLOCK_VERSION_PACKED) {
     if (kv_get_le32(buf + OFF_META) != g->meta_bytes ||
         kv_get_le32(buf + OFF_GT) != g->group_tokens || kv_get_le32(buf + OFF_NG) != g->n_groups ||
         kv_get_le64(buf + OFF_DATA) != g->data_bytes)
@@ -341,7 +361,7 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
 kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
 {
   const kv_block_geom *g = &h->g;
-  if (h->version >= 2) {
+  if (KV_HDR_CPR(h)) {
     const kv_cblock_layout *l = &h->cl;
     if (xxh64(meta + g->tokens_off, l->pcks_end - g->tokens_off) != h->meta_checksum)
       return kv_fail(KVDB_CORRUPT,
@@ -352,7 +372,7 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
       const uint8_t *ent = meta + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
       uint64_t off = kv_get_le64(ent);
       uint32_t len = kv_get_le32(ent + 8);
-      if (h->version >= 3) {
+      if (KV_HDR_FRAMES(h)) {
         /* format 3: a frame's first section starts where the previous frame ends; the others
          * repeat its offset and length with the next index */
         uint32_t idx = kv_get_le16(ent + 13);
@@ -381,6 +401,12 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
     if (end - at >= KV_PAGE) /* data_bytes is the sections rounded up to a page */
       return kv_fail(KVDB_CORRUPT, "compressed block has %llu unused data bytes",
                      (unsigned long long)(end - at));
+    return KVDB_OK;
+  }
+  if (g->packed) { /* format 4: tokens and group checksums, no section table */
+    if (xxh64(meta + g->tokens_off, kv_block_cksum_off(g, g->n_sections, 0) - g->tokens_off) !=
+        h->meta_checksum)
+      return kv_fail(KVDB_CORRUPT, "block meta checksum mismatch (tokens or group checksums)");
     return KVDB_OK;
   }
   if (xxh64(meta + g->tokens_off, g->cksum_off - g->tokens_off) != h->meta_checksum)
@@ -471,7 +497,7 @@ void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, ui
 
 uint32_t kv_cblock_frame_index(const kv_block_hdr *h, const uint8_t *meta, uint32_t s)
 {
-  if (h->version < 3)
+  if (!KV_HDR_FRAMES(h))
     return 0;
   return kv_get_le16(meta + h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 13);
 }
@@ -508,7 +534,7 @@ kvdb_status kv_block_verify_sections(const kv_block_hdr *h, const uint8_t *buf, 
     s1 = g->n_sections;
   if (s0 >= s1)
     return KVDB_OK;
-  if (h->version >= 2) { /* the pages covering the sections' bytes */
+  if (KV_HDR_CPR(h)) { /* the pages covering the sections' bytes */
     uint64_t a, b;
     uint32_t la, lb;
     kv_cblock_section(h, buf, s0, &a, &la);

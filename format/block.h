@@ -27,8 +27,11 @@
 
 #define KV_BLOCK_MAGIC 0xB10CDB4Bu /* bytes 4B DB 0C B1: not ASCII, no trivial pattern */
 #define KV_BLOCK_VERSION 1u      /* raw, page-grouped sections */
-#define KV_BLOCK_VERSION_MAX 3u  /* 2: compressed sections (codec KV_CODEC_SECTIONS);
-                                    3: lossless frames (codec KV_CODEC_FRAMES) */
+#define KV_BLOCK_VERSION_MAX 4u  /* 2: compressed sections (codec KV_CODEC_SECTIONS);
+                                    3: lossless frames (codec KV_CODEC_FRAMES);
+                                    4: packed raw (codec KV_CODEC_RAW), FORMAT.md §3e */
+#define KV_BLOCK_VERSION_PACKED 4u
+#define KV_BLOCK_PACK_ALIGN 64u  /* a packed object's start, meta and data sizes */
 #define KV_BLOCK_HDR_BYTES 128u
 #define KV_BLOCK_SECT_ENTRY 24u
 #define KV_CODEC_RAW 0u
@@ -53,6 +56,7 @@ typedef struct kv_block_geom {
   uint32_t meta_bytes;    /* meta region size, multiple of 4096 */
   uint64_t data_bytes;    /* data region size, multiple of 4096 */
   uint64_t total_bytes;   /* meta_bytes + data_bytes */
+  uint32_t packed;        /* 1: the packed layout (block format 4, kv_block_geom_pack) */
 } kv_block_geom;
 
 /* Sizes of a block object as stored (raw: the geometry's; compressed: its layout's). */
@@ -93,6 +97,11 @@ typedef struct kv_block_hdr {
   uint64_t score_off, score_bytes;
 } kv_block_hdr;
 
+/* What a parsed header's object holds: compressed sections or frames (formats 2 and 3), or
+ * lossless frames (format 3); raw objects are formats 1 and 4 (packed). */
+#define KV_HDR_CPR(h) ((h)->codec != KV_CODEC_RAW)
+#define KV_HDR_FRAMES(h) ((h)->codec == KV_CODEC_FRAMES)
+
 /* Header flags (byte 6). Bit 0: the object ends with a score region (FORMAT.md §3c). */
 #define KV_BLOCK_F_SCORE 1u
 
@@ -104,6 +113,15 @@ uint32_t kv_dtype_bytes(uint32_t dtype);
 kvdb_status kv_block_geom_init(kv_block_geom *g, uint32_t n_layers, uint32_t n_kv_heads,
                                uint32_t head_dim, uint32_t dtype, uint32_t block_tokens,
                                uint32_t n_tokens);
+
+/*
+ * kv_block_geom_pack() - turn a raw geometry into that of a packed raw object (block format
+ * version 4, FORMAT.md §3e): the same sections and groups, but no section table (every entry
+ * is implied by the geometry), the meta region = header, tokens, group checksums, padded to
+ * 64 bytes (not a page), and the data region the sections without page padding. Such objects
+ * are written back to back at 64-byte offsets in a segment (a put's run padded to a page).
+ */
+void kv_block_geom_pack(kv_block_geom *g);
 
 /* Byte offset, from the block's start, of group `grp` of section `s`. */
 static inline uint64_t kv_block_group_off(const kv_block_geom *g, uint32_t s, uint32_t grp)

@@ -557,7 +557,7 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
                                      kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
                                      uint32_t *positions)
 {
-  if (h->version >= 3) {
+  if (KV_HDR_FRAMES(h)) {
     KV_RET(kv_cblock_frame_rows(h, buf, s, d, rows));
     *n_rows = h->g.n_tokens;
     if (positions != NULL)
@@ -598,7 +598,7 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data)
 {
-  if (h->version >= 3 && s1 > s0) { /* many frames: on every core */
+  if (KV_HDR_FRAMES(h) && s1 > s0) { /* many frames: on every core */
     int done;
     KV_RET(decode_frames_mt(h, buf, s0, s1, d, data, &done));
     if (done)
@@ -607,7 +607,7 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
   for (uint32_t s = s0; s < s1; s++) {
     const uint8_t *rows = NULL;
     uint32_t n_rows = 0;
-    if (h->version >= 3) { /* a frame is decoded once for its sections */
+    if (KV_HDR_FRAMES(h)) { /* a frame is decoded once for its sections */
       KV_RET(kv_cblock_frame_rows(h, buf, s, d, &rows));
       kv_rows_to_section(&h->g, rows, s, data);
       continue;

@@ -177,6 +177,17 @@ static inline uint32_t kv_score_rec_flags(unsigned bits, unsigned variant)
   uint32_t f = bits == 8 ? KV_BLK_SCORE8 : bits == 4 ? KV_BLK_SCORE4 : 0;
   return f != 0 && variant != 0 ? f | KV_BLK_SCOREV2 : f;
 }
+/* The largest packed raw object a put writes by default (kvdb_options.packed_block_bytes 0). */
+#define KV_PACK_MAX_DEFAULT (128u << 10)
+
+/* The geometry of record rec's object, from g (kv_block_geom_init of the model's shape and the
+ * record's tokens): packed (block format 4, FORMAT.md §3e) when the record says so. */
+static inline void kv_rec_geom(kv_block_geom *g, const kv_block_rec *rec)
+{
+  if (rec->bflags & KV_BLK_PACKED)
+    kv_block_geom_pack(g);
+}
+
 /* The bits of a block record's score copies (0: none). */
 static inline unsigned kv_rec_score_bits(const kv_block_rec *rec)
 {

@@ -131,14 +131,17 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
   r->tokens = src + 72;
   if (r->n_tokens == 0 || r->n_tokens > 4096 || len != kv_block_rec_size(r->n_tokens))
     return kv_fail(KVDB_CORRUPT, "block record of %zu bytes claims %u tokens", len, r->n_tokens);
+  /* a packed object (flag bit 5, format 7) is 64-byte aligned; every other one whole pages */
+  uint64_t align = (r->bflags & KV_BLK_PACKED) ? 64u : KV_PAGE;
   if (r->tier >= KVDB_TIER_COUNT || r->refcount == 0 || r->bytes == 0 ||
-      r->offset % KV_PAGE != 0 || r->bytes % KV_PAGE != 0)
+      r->offset % align != 0 || r->bytes % align != 0)
     return kv_fail(KVDB_CORRUPT, "block record has tier %u, refcount %u, offset %llu, bytes %llu",
                    r->tier, r->refcount, (unsigned long long)r->offset,
                    (unsigned long long)r->bytes);
   /* bytes 2, 3, 12..15 were reserved (0 = raw) in format 1: how the block is stored */
   int compressed = (r->bflags & KV_BLK_COMPRESSED) != 0, drops = (r->bflags & KV_BLK_DROPS) != 0;
-  if ((r->bflags & ~31u) != 0 || (r->bflags & 12u) == 12u ||
+  if ((r->bflags & ~63u) != 0 || (r->bflags & 12u) == 12u ||
+      ((r->bflags & KV_BLK_PACKED) && (r->bflags & ~(uint32_t)KV_BLK_PACKED) != 0) ||
       ((r->bflags & KV_BLK_SCOREV2) && !(r->bflags & 12u)) || r->method > KVDB_METHOD_DROP ||
       compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
       (r->method == KVDB_METHOD_RAW && (r->bits || r->drop || r->keep_permille)))

@@ -108,7 +108,9 @@ typedef struct kv_txn kv_txn;
  * copies (FORMAT.md §3c; the model's score_bits); SCOREV2 (with one of them): those copies are
  * version 2 (score.h THE CENTERED, ROTATED COPY), else version 1 */
 enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4 = 8,
-       KV_BLK_SCOREV2 = 16 };
+       KV_BLK_SCOREV2 = 16, KV_BLK_PACKED = 32 };
+/* KV_BLK_PACKED (format 7): a packed raw object (block format 4, FORMAT.md §3e) at a 64-byte
+ * offset, its bytes a multiple of 64 (not of 4096); never compressed, never with score copies */
 
 typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
@@ -470,6 +472,7 @@ void kv_counts_open(kv_catalog *c);
 #define KV_FORMAT_INDEXES 4u
 #define KV_FORMAT_FRAMES 5u /* lossless frames: block format 3 (FORMAT.md §3d) */
 #define KV_FORMAT_SCOREV2 6u /* version-2 score copies (FORMAT.md §3c): block flag bit 4 */
+#define KV_FORMAT_PACKED 7u  /* packed raw objects (FORMAT.md §3e): block flag bit 5 */
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
 kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],

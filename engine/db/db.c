@@ -164,7 +164,8 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
       KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
       kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
                            .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
-                           .heads = o.profile_heads};
+                           .heads = o.profile_heads,
+                           .packed_block_bytes = db->opt.packed_block_bytes};
       KV_ERR(kv_profile_measure(&ps, profile));
       kv_place_prior_note(db, pkey, n, profile);
     }
@@ -245,6 +246,10 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
     return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
                    (int)opt.sync_mode);
+  if (opt.packed_block_bytes > 1 &&
+      (opt.packed_block_bytes < 4096 || opt.packed_block_bytes > (16u << 20)))
+    return kv_fail(KVDB_INVALID, "options.packed_block_bytes %u is not 0 (default), 1 (never) "
+                   "or 4096 .. 16 MiB", opt.packed_block_bytes);
   if (opt.lossless_frame_bytes != 0 &&
       (opt.lossless_frame_bytes < 4096 || opt.lossless_frame_bytes > (16u << 20)))
     return kv_fail(KVDB_INVALID, "options.lossless_frame_bytes %u is not 0 (default) or "

@@ -96,10 +96,11 @@ KVDB_API unsigned kvdb_version_number(void);
  * version 1-3 written by an earlier build opens: read-write, the open upgrades it to version 4
  * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
  * all the children of its last matched block). A database becomes version 5 with its first
- * block of lossless frames and version 6 with its first block carrying version-2 score copies
- * (format/FORMAT.md): builds that know less refuse it with KVDB_VERSION.
+ * block of lossless frames, version 6 with its first block carrying version-2 score copies and
+ * version 7 with its first packed raw block (objects at 64-byte offsets, format/FORMAT.md §3e):
+ * builds that know less refuse it with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 6
+#define KVDB_FORMAT_VERSION 7
 
 /* =================================== Part I: the core ===================================== */
 
@@ -508,6 +509,17 @@ typedef struct kvdb_options {
    * values: KVDB_INVALID.
    */
   uint32_t placement_profile;
+  /**
+   * Packed raw blocks (format 7, format/FORMAT.md §3e): a block a put stores raw on the SSD
+   * tier, without score copies, whose packed object takes at most this many bytes is written
+   * as a compact object (header, tokens, checksums, data: no section table, no page padding)
+   * at a 64-byte offset, back to back with the put's other such blocks, the run padded to a
+   * page; stored bytes then follow the logical bytes at small blocks (stories260K's 16-token
+   * blocks: 1.025x instead of 1.2x). 0 = the default, 131072; 1 = never (every object whole
+   * 4 KiB pages, the layout of formats 1-6); else 4096 .. 16 MiB (KVDB_INVALID otherwise).
+   * Only new writes use it; both layouts read.
+   */
+  uint32_t packed_block_bytes;
 } kvdb_options;
 
 /** kvdb_options.placement_profile: which puts measure their quality profile (placement on). */

@@ -64,6 +64,7 @@ static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint
   kv_block_geom g;
   KV_RET(kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                             rec->n_tokens));
+  kv_rec_geom(&g, rec);
   uint32_t H = m->n_kv_heads;
   const uint8_t *data = NULL;
   kv_dram_entry *pin = NULL;
@@ -104,17 +105,17 @@ static kvdb_status block_out(kvdb *db, ctx_reader *cr, const kvdb_model *m, uint
                                      ": its token %u is not the one its catalog record lists",
                        rec->offset, rec->segment, i);
       }
-    if (hdr.version == 1)
+    if (!KV_HDR_CPR(&hdr))
       data = cr->buf->p + g.meta_bytes;
   }
-  if (hdr.version >= 2 && cr->dec.ctx == NULL)
+  if (KV_HDR_CPR(&hdr) && cr->dec.ctx == NULL)
     KV_RET(kv_cdec_init(&cr->dec));
   for (uint32_t s = 0; rc == KVDB_OK && s < g.n_sections; s += 2) {
     uint32_t lh = s / 2, nr = 0;
     for (uint32_t kv = 0; rc == KVDB_OK && kv < 2; kv++) {
       const uint8_t *rows;
       uint32_t n_rows;
-      if (hdr.version >= 2) {
+      if (KV_HDR_CPR(&hdr)) {
         rc = kv_cblock_decode_section(&hdr, cr->buf->p, s + kv, &cr->dec, &rows, &n_rows,
                                       kv == 0 ? cr->pos : NULL);
       } else {
@@ -347,7 +348,8 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
   if (rc == KVDB_OK) {
     kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
                          .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
-                         .heads = o.profile_heads, .not_below = &ci.config};
+                         .heads = o.profile_heads, .not_below = &ci.config,
+                         .packed_block_bytes = db->opt.packed_block_bytes};
     rc = kv_profile_measure(&ps, p);
   }
   if (rc == KVDB_OK)

@@ -167,20 +167,27 @@ static uint64_t group_seed(const uint8_t hash[16], uint32_t s, uint32_t grp)
 
 /* The object ranges holding the wanted groups of sections sk, sk + 1 (x->need) and their
  * checksums, page aligned, sorted, merged when at most `gap` bytes apart. rg has room for
- * 1 + 2 * n_groups. Returns the count. */
+ * 1 + 2 * n_groups. Returns the count. Offsets are from the object's start, or for a packed
+ * object (FORMAT.md §3e, at obj_off: 64-byte aligned) from the start of its first page (the
+ * object's own offsets + lead, lead = obj_off % 4096), so that every range is whole pages. */
 static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg,
-                              int with_ck)
+                              int with_ck, uint64_t obj_off)
 {
   size_t nr = 0;
-  uint64_t c0 = kv_block_cksum_off(g, x->sk, 0) / KV_PAGE * KV_PAGE;
-  uint64_t c1 = KV_ALIGN_UP((uint64_t)kv_block_cksum_off(g, x->sk + 1, g->n_groups), KV_PAGE);
+  /* a packed object (FORMAT.md §3e) at obj_off, 64-byte aligned: offsets from the start of
+   * its first page (+ lead), so that every range is whole pages of the segment */
+  uint64_t lead = g->packed ? obj_off % KV_PAGE : 0;
+  uint64_t c0 = (lead + kv_block_cksum_off(g, x->sk, 0)) / KV_PAGE * KV_PAGE;
+  uint64_t c1 = KV_ALIGN_UP(lead + kv_block_cksum_off(g, x->sk + 1, g->n_groups),
+                            (uint64_t)KV_PAGE);
   if (with_ck)
     rg[nr++] = (frange){c0, c1 - c0, 0};
   for (uint32_t s = x->sk; s <= x->sk + 1; s++)
     for (uint32_t grp = 0; grp < g->n_groups; grp++)
       if (x->need[grp]) {
-        uint64_t a = kv_block_group_off(g, s, grp) / KV_PAGE * KV_PAGE;
-        uint64_t e = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
+        uint64_t a = (lead + kv_block_group_off(g, s, grp)) / KV_PAGE * KV_PAGE;
+        uint64_t e = KV_ALIGN_UP(lead + kv_block_group_off(g, s, grp) + g->group_stride,
+                                 (uint64_t)KV_PAGE);
         rg[nr++] = (frange){a, e - a, 0};
       }
   if (nr == 0)
@@ -201,7 +208,7 @@ static size_t block_ranges_ck(const fctx *x, const kv_block_geom *g, uint64_t ga
 
 static size_t block_ranges(const fctx *x, const kv_block_geom *g, uint64_t gap, frange *rg)
 {
-  return block_ranges_ck(x, g, gap, rg, 1);
+  return block_ranges_ck(x, g, gap, rg, 1, 0); /* (the device's: never packed objects) */
 }
 
 /* Mark the groups of block b that hold positions order[i0, i1). */
@@ -263,6 +270,7 @@ struct hblk {
   size_t i0, i1, r0, nr;
   kv_segfile *sf;
   const uint64_t *ck[2]; /* its sections' checksum tables kept (x->cc), or NULL: read */
+  uint64_t lead;         /* its ranges' offsets are the object's + lead (block_ranges_ck) */
 };
 
 /* The host blocks of one or more calls (heads of a layer: kv_get_heads_tokens_cc), read in ONE
@@ -295,7 +303,8 @@ static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frang
     int with_ck = hb[j].ck[0] == NULL || hb[j].ck[1] == NULL;
     if (with_ck)
       hb[j].ck[0] = hb[j].ck[1] = NULL;
-    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck);
+    hb[j].nr = block_ranges_ck(x, &b->g, 0, rg + nr, with_ck, b->rec.offset);
+    hb[j].lead = b->g.packed ? b->rec.offset % KV_PAGE : 0;
     for (size_t i = nr; i < nr + hb[j].nr; i++) {
       rg[i].at = total;
       total += rg[i].len;
@@ -322,7 +331,7 @@ static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frang
       KV_ERR(kv_segfile_get(db, b->rec.segment, &hbs[c][j].sf));
       for (size_t i = hbs[c][j].r0; i < hbs[c][j].r0 + hbs[c][j].nr; i++)
         kv_batch_read(db->io, bat, hbs[c][j].sf->f, rb->p + rgs[c][i].at, rgs[c][i].len,
-                      b->rec.offset + rgs[c][i].off);
+                      b->rec.offset - hbs[c][j].lead + rgs[c][i].off);
     }
   int e = kv_batch_wait(db->io, bat);
   if (e != 0) { /* the first block whose file is missing or short, if any */
@@ -357,8 +366,8 @@ static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frang
         uint64_t off = kv_block_group_off(g, s, grp);
         const uint64_t *kept = hb[j].ck[s - x->sk];
         uint64_t want = kept != NULL ? kept[grp]
-                                     : kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
-        if (kv_block_group_checksum(&hdr, s, grp, rb->p + at_of(br, bn, off), g->group_stride) !=
+                                     : kv_get_le64(rb->p + at_of(br, bn, hb[j].lead + kv_block_cksum_off(g, s, grp)));
+        if (kv_block_group_checksum(&hdr, s, grp, rb->p + at_of(br, bn, hb[j].lead + off), g->group_stride) !=
             want) {
           rc = corrupt_at(x, b, off, s, "");
           goto out;
@@ -368,15 +377,15 @@ static kvdb_status from_host_many(fctx **xs, hblk **hbs, const size_t *ns, frang
       uint64_t *sums = malloc((size_t)g->n_groups * sizeof *sums);
       for (uint32_t s = x->sk; sums != NULL && s <= x->sk + 1; s++) {
         for (uint32_t grp = 0; grp < g->n_groups; grp++)
-          sums[grp] = kv_get_le64(rb->p + at_of(br, bn, kv_block_cksum_off(g, s, grp)));
+          sums[grp] = kv_get_le64(rb->p + at_of(br, bn, hb[j].lead + kv_block_cksum_off(g, s, grp)));
         ck_add(x->cc, b->hash, s, g->n_groups, sums);
       }
       free(sums);
     }
     for (size_t i = hb[j].i0; i < hb[j].i1; i++) {
       uint32_t p = x->order[i], t = (uint32_t)(x->pos[p] - b->pos0);
-      memcpy(x->k_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk, t)), x->row);
-      memcpy(x->v_out + (size_t)p * x->row, rb->p + at_of(br, bn, row_off(g, x->sk + 1, t)),
+      memcpy(x->k_out + (size_t)p * x->row, rb->p + at_of(br, bn, hb[j].lead + row_off(g, x->sk, t)), x->row);
+      memcpy(x->v_out + (size_t)p * x->row, rb->p + at_of(br, bn, hb[j].lead + row_off(g, x->sk + 1, t)),
              x->row);
     }
   }
@@ -601,6 +610,7 @@ static kvdb_status snapshot(fctx *x, const kvdb_key *context, kv_read_snap *s)
     x->n_b = i + 1;
     KV_ERR(kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                               b->rec.n_tokens));
+    kv_rec_geom(&b->g, &b->rec);
     pos += b->rec.n_tokens;
   }
   if (pos != cr.n_tokens)
@@ -675,7 +685,7 @@ static kvdb_status attempt(fctx *x, const kvdb_key *context, kv_read_snap *s)
       continue;
     }
     if (x->o.device != KVDB_SCORE_CPU && b->rec.tier < 32 && (tiers >> b->rec.tier & 1) &&
-        b->rec.offset % KV_PAGE == 0) {
+        b->rec.offset % KV_PAGE == 0 && !b->g.packed) {
       if (dev == NULL) {
         KV_ERR(kv_score_dev_acquire(db, &x->o, &dev, &slot, &kept));
         KV_ERR(wave_init(x, &w, dev, biggest));

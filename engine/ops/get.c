@@ -280,7 +280,7 @@ static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, uint64_t
 {
   wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
   wv->total = kv_rec_body_bytes(g, rec); /* a score region after the data is not read */
-  if ((rec->bflags & KV_BLK_COMPRESSED) || wv->layer_bytes % KV_PAGE != 0 ||
+  if ((rec->bflags & KV_BLK_COMPRESSED) || g->packed || wv->layer_bytes % KV_PAGE != 0 ||
       g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
     wv->n = 1;
     wv->layers_per = g->n_layers;
@@ -345,7 +345,14 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
     ctl->stopped = 1;
     return -1;
   }
-  s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
+  if (g->packed) { /* one wave: the pages that cover the object (FORMAT.md §3e), which then
+                     * starts at s->buf->p + its offset in its first page (packed_lead) */
+    uint64_t lead = x->rec.offset % KV_PAGE;
+    s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p, KV_ALIGN_UP(lead + len, KV_PAGE),
+                           x->rec.offset - lead);
+  } else {
+    s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p + off, len, x->rec.offset + off);
+  }
   s->idx = idx;
   s->wave = k;
   return 0;
@@ -378,6 +385,8 @@ static int rec_bytes_plausible(const kv_block_geom *g, const kv_block_rec *rec)
 {
   uint64_t raw = (uint64_t)g->meta_bytes + g->data_bytes;
   uint64_t score = kv_score_region_bytes(g, kv_rec_score_bits(rec), kv_rec_score_variant(rec)); /* after the object */
+  if (g->packed) /* a packed raw object (FORMAT.md §3e): exactly meta + data, no score copies */
+    return rec->bytes == raw && !(rec->bflags & ~(uint32_t)KV_BLK_PACKED);
   if (rec->bytes == 0 || rec->bytes % KV_PAGE != 0)
     return 0;
   if (!(rec->bflags & KV_BLK_COMPRESSED))
@@ -413,7 +422,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     kv_block_geom gi;
     if (kv_block_geom_init(&gi, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                            w->h[i].rec.n_tokens) != KVDB_OK ||
-        !rec_bytes_plausible(&gi, &w->h[i].rec)) {
+        (kv_rec_geom(&gi, &w->h[i].rec), !rec_bytes_plausible(&gi, &w->h[i].rec))) {
       char hx[33];
       db->corrupt_blocks++;
       kv_fail(KVDB_CORRUPT, "block %s: its catalog record gives %" PRIu64 " bytes for %u tokens",
@@ -422,8 +431,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       w->n = i; /* deliver the hits before it */
       break;
     }
-    if (w->h[i].rec.bytes > biggest)
-      biggest = w->h[i].rec.bytes;
+    if (w->h[i].rec.bytes + 2 * KV_PAGE > biggest) /* (a packed object's covering pages) */
+      biggest = w->h[i].rec.bytes + 2 * KV_PAGE;
   }
   rslot sl[2] = {{NULL, NULL, SIZE_MAX, 0, 0}, {NULL, NULL, SIZE_MAX, 0, 0}};
   kv_batch *bat = NULL;
@@ -444,6 +453,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                            x->rec.n_tokens) != KVDB_OK)
       break;
+    kv_rec_geom(&g, &x->rec);
     int s = sl[0].idx == i ? 0 : sl[1].idx == i ? 1 : -1;
     if (s < 0 && out != NULL &&
         from_dram(db, &g, x->hash, x->n_copy, out, x->t0, ctl->on_lend, ctl->on_block,
@@ -482,7 +492,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       db->smart_hits++;
     else
       db->ssd_hits++;
-    const uint8_t *buf = sl[s].buf->p;
+    /* the object (a packed one after the bytes of its first page before it) */
+    const uint8_t *buf = sl[s].buf->p + (g.packed ? x->rec.offset % KV_PAGE : 0);
     waves wv;
     plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
@@ -523,7 +534,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         kv_block_geom gj;
         if (j < w->n &&
             kv_block_geom_init(&gj, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
-                               w->h[j].rec.n_tokens) == KVDB_OK)
+                               w->h[j].rec.n_tokens) == KVDB_OK &&
+            (kv_rec_geom(&gj, &w->h[j].rec), 1))
           issue(db, bat, &sl[s ^ 1], &w->h[j], &gj, j, 0, ctl); /* a failure shows when
                                                                      needed */
       }
@@ -537,16 +549,16 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
         uint32_t s0 = l * per_layer;
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
-        if (hdr.version >= 3) /* lossless frames: decoded together once all are verified */
+        if (KV_HDR_FRAMES(&hdr)) /* lossless frames: decoded together once all are verified */
           continue;
-        if (rr == KVDB_OK && hdr.version >= 2)
+        if (rr == KVDB_OK && KV_HDR_CPR(&hdr))
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK && out != NULL)
           kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, x->n_copy, out, x->t0, stream);
       }
       /* format 3: the block's frames decoded on every core (kv_cblock_decode_data), then
        * scattered, after its last wave */
-      if (rr == KVDB_OK && hdr.version >= 3 && k + 1 == wv.n) {
+      if (rr == KVDB_OK && KV_HDR_FRAMES(&hdr) && k + 1 == wv.n) {
         rr = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, (uint8_t *)data);
         if (rr == KVDB_OK)
           kv_scatter_sections(&g, data, 0, g.n_sections, 0, x->n_copy, out, x->t0, stream);
@@ -720,8 +732,12 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   uint8_t *need = calloc(g->n_groups, 1);
   size_t cap = 2 + (size_t)g->n_groups * (s1 - s0);
   range *rg = malloc(cap * sizeof *rg);
-  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes);
-  uint8_t *buf = rb != NULL ? rb->p : NULL;
+  kv_rbuf *rb = kv_rbuf_acquire(db, g->total_bytes + 2 * KV_PAGE);
+  /* a packed object (FORMAT.md §3e) lies at a 64-byte offset: the buffer holds the pages from
+   * the one it starts in, so that every read is of whole pages, and the object starts `lead`
+   * bytes in (0 for any other object) */
+  uint64_t lead = g->packed ? rec->offset % KV_PAGE : 0;
+  uint8_t *buf = rb != NULL ? rb->p + lead : NULL;
   kv_segfile *sf = NULL;
   kv_batch *bat = NULL;
   kvdb_status rc = KVDB_OK;
@@ -734,15 +750,16 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
     if (positions[i] >= pos0 && positions[i] < pos0 + g->n_tokens)
       need[(positions[i] - pos0) / g->group_tokens] = 1;
   size_t nr = 0;
+  /* ranges in pages of the segment (offsets from the object's first page: + lead) */
   rg[nr++] = (range){0, KV_PAGE}; /* the fixed header */
-  uint64_t c0 = kv_block_cksum_off(g, s0, 0), c1 = kv_block_cksum_off(g, s1 - 1, g->n_groups);
+  uint64_t c0 = lead + kv_block_cksum_off(g, s0, 0), c1 = lead + kv_block_cksum_off(g, s1 - 1, g->n_groups);
   c0 = c0 / KV_PAGE * KV_PAGE;
   rg[nr++] = (range){c0, KV_ALIGN_UP(c1, KV_PAGE) - c0};
   for (uint32_t s = s0; s < s1; s++)
     for (uint32_t grp = 0; grp < g->n_groups; grp++)
       if (need[grp]) {
-        uint64_t a = kv_block_group_off(g, s, grp) / KV_PAGE * KV_PAGE;
-        uint64_t b = KV_ALIGN_UP(kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
+        uint64_t a = (lead + kv_block_group_off(g, s, grp)) / KV_PAGE * KV_PAGE;
+        uint64_t b = KV_ALIGN_UP(lead + kv_block_group_off(g, s, grp) + g->group_stride, (uint64_t)KV_PAGE);
         rg[nr++] = (range){a, b - a};
       }
   qsort(rg, nr, sizeof *rg, cmp_range);
@@ -765,7 +782,8 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   }
   uint64_t bytes = 0;
   for (size_t i = 0; i < nr; i++) {
-    kv_batch_read(db->io, bat, sf->f, buf + rg[i].off, rg[i].len, rec->offset + rg[i].off);
+    kv_batch_read(db->io, bat, sf->f, rb->p + rg[i].off, rg[i].len,
+                  rec->offset - lead + rg[i].off);
     bytes += rg[i].len;
   }
   int e = kv_batch_wait(db->io, bat);
@@ -775,8 +793,9 @@ static kvdb_status tokens_from_block(kvdb *db, const kv_block_rec *rec, const ui
   }
   db->bytes_read += bytes;
   kv_block_hdr hdr;
-  rc = kv_block_parse_header(buf, KV_PAGE, &hdr);
-  if (rc == KVDB_OK && (memcmp(hdr.block_hash, hash, 16) != 0 || hdr.g.n_tokens != rec->n_tokens))
+  rc = kv_block_parse_header(buf, KV_BLOCK_HDR_BYTES, &hdr);
+  if (rc == KVDB_OK && (memcmp(hdr.block_hash, hash, 16) != 0 || hdr.g.n_tokens != rec->n_tokens ||
+                        hdr.g.packed != g->packed))
     rc = kv_fail(KVDB_CORRUPT, "the object is another block (stale location)");
   if (rc != KVDB_OK) {
     rc = kv_fail(rc, "block %s in segment %" PRIu64 " at offset %" PRIu64 ": %s",
@@ -852,6 +871,7 @@ again:;
     if (wanted) {
       kv_block_geom g;
       rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
+      kv_rec_geom(&g, &br);
       if (rc == KVDB_OK)
         rc = tokens_from_block(db, &br, h, &g, layer, positions, n_pos, pos0, out);
     }
@@ -904,6 +924,8 @@ again:;
   kv_block_geom g;
   if (rc == KVDB_OK)
     rc = kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, br.n_tokens);
+  if (rc == KVDB_OK)
+    kv_rec_geom(&g, &br);
   if (rc == KVDB_OK && !from_dram(db, &g, ck.b, br.n_tokens, out, 0, NULL, NULL, NULL)) {
     int comp = (br.bflags & KV_BLK_COMPRESSED) != 0;
     kv_rbuf *rb = kv_rbuf_acquire(db, br.bytes);

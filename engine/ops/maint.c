@@ -138,16 +138,20 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
   uint64_t written = 0;
   uint8_t *buf = NULL;
   size_t buf_cap = 0;
+  kv_run pk = {NULL, 0, 0, 0};
   if (rc == KVDB_OK && n > 0)
     rc = kv_writer_acquire_tier(db, kv_seg_tier(id), &w); /* a tier's blocks stay on it */
+  if (rc == KVDB_OK && n > 0) /* packed objects (FORMAT.md §3e) stay packed, back to back */
+    rc = kv_run_open(&pk, w->end);
   for (size_t i = 0; rc == KVDB_OK && i < n; i++) {
     kv_block_rec br;
     if (kv_cat_get_block(&db->cat, txn, list[i].hash, &br) != KVDB_OK)
       continue;
-    if (br.bytes > buf_cap) {
+    if (KV_ALIGN_UP(br.bytes, (uint64_t)KV_PAGE) > buf_cap) {
       kv_free_aligned(buf);
-      buf = kv_alloc_aligned(br.bytes);
-      buf_cap = buf ? br.bytes : 0;
+      buf_cap = KV_ALIGN_UP(br.bytes, (uint64_t)KV_PAGE);
+      buf = kv_alloc_aligned(buf_cap);
+      buf_cap = buf ? buf_cap : 0;
       if (buf == NULL) {
         rc = kv_fail(KVDB_NOMEM, "compaction buffer");
         break;
@@ -164,15 +168,19 @@ static kvdb_status compact_segment(kvdb *db, uint64_t id, kvdb_compact_report *r
         snprintf(dmg->first, sizeof dmg->first, "%s", kvdb_errmsg());
       continue;
     }
-    int e = db->io->ops->pwrite(db->io, kv_writer_file(w), buf, br.bytes, w->end + written);
-    if (e != 0) {
-      rc = kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+    rc = kv_run_put(db, w, &pk, buf, br.bytes, (br.bflags & KV_BLK_PACKED) != 0,
+                    &list[i].new_off);
+    if (rc != KVDB_OK)
       break;
-    }
-    list[i].new_off = w->end + written;
     list[i].moved = 1;
-    written += br.bytes;
   }
+  if (pk.p != NULL) {
+    kvdb_status cr = kv_run_close(db, w, &pk, rc == KVDB_OK);
+    if (rc == KVDB_OK)
+      rc = cr;
+  }
+  if (w != NULL)
+    written = pk.base - w->end;
   kv_free_aligned(buf);
   kv_txn_abort(txn);
   txn = NULL;
@@ -333,12 +341,14 @@ static kvdb_status punch_dead(kvdb *db, const uint64_t *ids, size_t n, uint64_t 
     uint64_t at = 0;
     for (size_t j = 0; j <= nl && rc == KVDB_OK; j++) {
       uint64_t upto = j < nl ? list[j].off : sr.end;
-      if (upto > at) {
+      /* whole pages only: a page that a packed object (FORMAT.md §3e) shares stays */
+      uint64_t a0 = KV_ALIGN_UP(at, (uint64_t)KV_PAGE), u0 = upto / KV_PAGE * KV_PAGE;
+      if (u0 > a0) {
         if (kv_grow((void **)&r, nr, &cap, sizeof *r, 64) != 0) {
           rc = kv_fail(KVDB_NOMEM, "compaction: dead ranges");
           break;
         }
-        r[nr++] = (range){ids[i], at, upto - at};
+        r[nr++] = (range){ids[i], a0, u0 - a0};
       }
       if (j < nl && list[j].off + list[j].bytes > at)
         at = list[j].off + list[j].bytes;

@@ -143,6 +143,8 @@ typedef struct kv_profile_src {
   uint32_t heads;         /* sampled (layer, KV head) pairs; 0 = KV_PROFILE_HEADS_DEFAULT */
   const kvdb_config *not_below; /* NULL, or the config the KV already went through: configs
                                    that would need what it lost are recorded unmeasured */
+  uint32_t packed_block_bytes;  /* the handle's kvdb_options.packed_block_bytes: raw bytes as a
+                                   put writes them (packed objects, FORMAT.md §3e) */
 } kv_profile_src;
 
 kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out);

@@ -296,9 +296,15 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       rsum[c] += qy.rel_l2;
     }
   }
+  /* raw blocks as a put writes them: packed (64-byte units, the run padded to a page) when
+   * small and without score copies (FORMAT.md §3e), else whole pages */
+  uint64_t pack_max = src->packed_block_bytes == 1 ? 0
+                      : src->packed_block_bytes > 1 ? src->packed_block_bytes
+                                                    : KV_PACK_MAX_DEFAULT;
   for (uint32_t c = 0; rc == KVDB_OK && c < n_cfg; c++) {
     kvdb_profile_entry *pe = &out->e[c];
     memset(pe, 0, sizeof *pe);
+    uint64_t packed_run = 0;
     pe->config = cfgs[c];
     pe->reported_quality = NAN;
     pe->n_probes = out->n_probes;
@@ -309,7 +315,12 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       kv_block_geom g;
       kv_block_geom_init(&g, L, H, d, m->dtype, bt, nt);
       if (cfgs[c].method == KVDB_METHOD_RAW) {
-        bytes += g.total_bytes;
+        kv_block_geom pg = g;
+        kv_block_geom_pack(&pg);
+        if (m->score_bits == 0 && pg.total_bytes <= pack_max)
+          packed_run += KV_ALIGN_UP(pg.total_bytes, (uint64_t)KV_BLOCK_PACK_ALIGN);
+        else
+          bytes += g.total_bytes;
         continue;
       }
       kv_cblock_layout lay;
@@ -317,7 +328,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       kv_cblock_layout_init(&g, scaled, &lay);
       bytes += lay.total_bytes;
     }
-    pe->bytes = bytes;
+    pe->bytes = bytes + KV_ALIGN_UP(packed_run, (uint64_t)KV_PAGE);
     if (cfgs[c].method == KVDB_METHOD_RAW) {
       pe->quality = 1.0;
       pe->flags = KVDB_PROFILE_EXACT;

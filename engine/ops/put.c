@@ -40,6 +40,7 @@ typedef struct put_blk {
   const uint8_t *obj;   /* kv_put_objects: the block's object, verified, written as it is
                            (obj_bytes), or NULL for a block that must be stored already */
   kv_block_rec orec;    /* kv_put_objects: its bflags, method, bits, drop, keep_permille */
+  int packed;           /* written as a packed raw object (block format 4, FORMAT.md §3e) */
 } put_blk;
 
 typedef struct put_req {
@@ -272,31 +273,57 @@ typedef struct stager {
   int busy[2];
   int cur;
   size_t fill;
-  uint64_t base; /* segment offset of stage[cur][0] */
+  size_t flushed; /* bytes of stage[cur] queued for writing (whole pages) */
+  uint64_t base;  /* segment offset of stage[cur][0] (a page boundary) */
 } stager;
 
-/* Room for an object of at most `bytes` at fill: else the other buffer, once its writes are
- * done. */
-static kvdb_status stage_room(stager *st, uint64_t bytes)
+static void stage_write(stager *st, const uint8_t *p, uint64_t len, uint64_t off)
 {
-  if (st->fill + bytes <= st->w->stage_cap)
+  kv_batch_write(st->db->io, st->bt[st->cur], kv_writer_file(st->w), p, len, off);
+  st->busy[st->cur] = 1;
+}
+
+/* Queue stage[cur]'s bytes [flushed, upto) (upto a page boundary, or fill padded to one):
+ * packed objects (FORMAT.md §3e) are written as the pages that hold them, never alone. */
+static void stage_flush(stager *st, size_t upto)
+{
+  if (upto > st->flushed)
+    stage_write(st, st->w->stage[st->cur] + st->flushed, upto - st->flushed,
+                st->base + st->flushed);
+  st->flushed = upto;
+}
+
+/* Move fill up to a multiple of `align`, zeroing the gap (room was made by stage_room). */
+static void stage_align(stager *st, size_t align)
+{
+  size_t at = KV_ALIGN_UP(st->fill, align);
+  memset(st->w->stage[st->cur] + st->fill, 0, at - st->fill);
+  st->fill = at;
+}
+
+/* Room for an object of at most `bytes` at fill aligned to `align` (64 for a packed object,
+ * else a page; a page more for the run's final padding): else the other buffer, once its
+ * writes are done. The whole pages of this buffer are queued first; a partial last page
+ * (packed objects) moves to the start of the other buffer, written with what follows it. */
+static kvdb_status stage_room(stager *st, uint64_t bytes, size_t align)
+{
+  if (KV_ALIGN_UP(st->fill, align) + bytes + KV_PAGE <= st->w->stage_cap)
     return KVDB_OK;
-  st->base += st->fill;
+  size_t whole = st->fill / KV_PAGE * KV_PAGE, tail = st->fill - whole;
+  stage_flush(st, whole);
+  const uint8_t *old = st->w->stage[st->cur];
+  st->base += whole;
   st->cur ^= 1;
-  st->fill = 0;
+  st->fill = tail;
+  st->flushed = 0;
   if (st->busy[st->cur]) {
     int e = kv_batch_wait(st->db->io, st->bt[st->cur]);
     st->busy[st->cur] = 0;
     if (e != 0)
       return kv_fail_errno(-e, "cannot write segment %" PRIu64, st->w->seg_id);
   }
+  memcpy(st->w->stage[st->cur], old + whole, tail);
   return KVDB_OK;
-}
-
-static void stage_write(stager *st, const uint8_t *p, uint64_t len, uint64_t off)
-{
-  kv_batch_write(st->db->io, st->bt[st->cur], kv_writer_file(st->w), p, len, off);
-  st->busy[st->cur] = 1;
 }
 
 /* Block i of a put stored with a compressed config: encoded into obj (room: b->bound) and its
@@ -323,6 +350,7 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
 static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, uint8_t *obj,
                              uint64_t at)
 {
+  int queue = !b->packed; /* a packed object is written with its run's pages (stage_flush) */
   const kv_block_geom *g = &b->g;
   kv_sregion sr; /* the score region after the object, for a model with score_bits */
   if (sb != 0)
@@ -345,7 +373,7 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
     uint64_t ready = last ? g->total_bytes
                           : (g->meta_bytes + (uint64_t)(s + 1) * g->section_bytes) / KV_PAGE *
                                 KV_PAGE;
-    if (ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
+    if (queue && ready > sent && (last || ready - sent >= KV_PUT_CHUNK)) {
       stage_write(st, obj + sent, ready - sent, at + sent);
       sent = ready;
     }
@@ -356,7 +384,8 @@ static kvdb_status stage_raw(stager *st, put_req *r, put_blk *b, uint64_t sb, ui
     kv_block_mark_score(obj, r->m->score_bits, r->sv, g->total_bytes);
     stage_write(st, obj + g->total_bytes, sb, at + g->total_bytes);
   }
-  stage_write(st, obj, g->meta_bytes, at);
+  if (queue)
+    stage_write(st, obj, g->meta_bytes, at);
   b->obj_bytes = g->total_bytes + sb;
   return KVDB_OK;
 }
@@ -372,18 +401,32 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   int raw = r->cfg.method == KVDB_METHOD_RAW && !r->objects;
   unsigned bits = r->m->score_bits;
   uint64_t biggest = 0, total = 0;
+  /* small raw blocks without score copies are packed (FORMAT.md §3e) on the SSD tier */
+  int pack = raw && bits == 0 && w->tier == KVDB_TIER_SSD && db->opt.packed_block_bytes != 1;
+  uint64_t pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
+                                                     : KV_PACK_MAX_DEFAULT;
   for (uint32_t i = 0; i < r->n; i++) {
-    if (!r->b[i].write)
+    put_blk *b = &r->b[i];
+    if (!b->write)
       continue;
-    uint64_t obj = raw ? r->b[i].g.total_bytes + kv_score_region_bytes(&r->b[i].g, bits, r->sv)
-                       : r->b[i].bound;
-    total += obj;
+    if (pack && !b->g.packed) {
+      kv_block_geom pg = b->g;
+      kv_block_geom_pack(&pg);
+      if (pg.total_bytes <= pack_max)
+        b->g = pg;
+    }
+    b->packed = b->g.packed;
+    uint64_t obj = raw ? b->g.total_bytes + kv_score_region_bytes(&b->g, bits, r->sv) : b->bound;
+    /* where it goes in the run: a packed object at 64 bytes, any other one at a page */
+    total = KV_ALIGN_UP(total, b->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE) + obj;
     if (obj > biggest)
       biggest = obj;
   }
+  total = KV_ALIGN_UP(total, KV_PAGE); /* the run ends on a page */
   *written = 0;
   if (biggest == 0)
     return KVDB_OK;
+  biggest += 2 * KV_PAGE; /* a packed run's partial page carried over, the final padding */
   KV_RET(kv_writer_stage(w, biggest > (8u << 20) ? biggest : (8u << 20)));
   if (raw && db->io->ops->alloc != NULL && !w->no_alloc) {
     int e = db->io->ops->alloc(db->io, kv_writer_file(w), w->end, total);
@@ -401,6 +444,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     *written = total;
   stager st = {.db = db, .w = w, .bt = {kv_batch_begin(db->io), kv_batch_begin(db->io)},
                .base = w->end};
+
   kv_cenc enc;
   memset(&enc, 0, sizeof enc);
   kvdb_status rc = KVDB_OK;
@@ -413,19 +457,40 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     if (!b->write)
       continue;
     uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits, r->sv) : 0;
-    KV_ERR(stage_room(&st, raw ? b->g.total_bytes + sb : b->bound));
+    size_t align = b->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+    uint64_t room = raw ? b->g.total_bytes + sb
+                        : KV_ALIGN_UP(r->objects ? b->obj_bytes : b->bound, KV_PAGE);
+    KV_ERR(stage_room(&st, room, align));
+    if (!b->packed) /* whole pages from a page boundary: what packed objects left first */
+      stage_align(&st, KV_PAGE);
+    else
+      stage_align(&st, KV_BLOCK_PACK_ALIGN);
+    if (!b->packed)
+      stage_flush(&st, st.fill);
     uint8_t *obj = w->stage[st.cur] + st.fill;
     uint64_t at = st.base + st.fill; /* segment offset of this block object */
-    if (r->objects) { /* the verified object as it is (whole pages) */
+    if (r->objects) { /* the verified object as it is, then zeros to a page (an object a packed
+                         store wrote is a multiple of 64 bytes: written at a page here) */
       memcpy(obj, b->obj, b->obj_bytes);
-      stage_write(&st, obj, b->obj_bytes, at);
+      uint64_t len = KV_ALIGN_UP(b->obj_bytes, KV_PAGE);
+      memset(obj + b->obj_bytes, 0, len - b->obj_bytes);
+      stage_write(&st, obj, len, at);
     } else {
       KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
     }
     b->off = at;
-    st.fill += b->obj_bytes;
+    st.fill += b->packed ? b->obj_bytes : KV_ALIGN_UP(b->obj_bytes, KV_PAGE);
+    if (!b->packed)
+      st.flushed = st.fill; /* queued by its own writes */
     if (!raw)
-      *written = at + b->obj_bytes - w->end;
+      *written = st.base + st.fill - w->end;
+  }
+  if (rc == KVDB_OK) { /* the run's last packed objects: their pages, zero-padded */
+    stage_align(&st, KV_PAGE);
+    stage_flush(&st, st.fill);
+    if (raw && st.base + st.fill - w->end != total)
+      rc = kv_fail(KVDB_PANIC, "put wrote %" PRIu64 " bytes of the %" PRIu64 " it reserved",
+                   st.base + st.fill - w->end, total);
   }
   rc = drain_and_sync(db, w, st.bt, st.busy, rc);
 out:
@@ -464,6 +529,8 @@ static kvdb_status block_format(kvdb *db, kv_txn *txn, const kv_block_rec *br)
     KV_RET(kv_cat_require_format(&db->cat, txn, 3)); /* score regions */
   if (br->bflags & (uint32_t)KV_BLK_SCOREV2)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2));
+  if (br->bflags & (uint32_t)KV_BLK_PACKED)
+    KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));
   return KVDB_OK;
 }
 
@@ -524,6 +591,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         br.bytes = b->obj_bytes;
         kv_block_rec_set_config(&br, &r->cfg);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
+        if (b->packed)
+          br.bflags |= KV_BLK_PACKED;
         new_bytes += br.bytes;
         new_blocks++;
         info->blocks_written++;
@@ -549,6 +618,8 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
       } else {
         kv_block_rec_set_config(&br, &r->cfg);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
+        if (b->packed)
+          br.bflags |= KV_BLK_PACKED;
       }
       memcpy(br.parent, b->parent, 16);
       memcpy(br.model, r->mh, 16);
@@ -589,6 +660,11 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
   if (r->cfg.method == KVDB_METHOD_LOSSLESS)
     KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
+  for (uint32_t i = 0; i < r->n; i++)
+    if (r->b[i].write && r->b[i].packed) { /* packed raw objects (FORMAT.md §3e) */
+      KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));
+      break;
+    }
   if (r->m->score_bits != 0)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 3)); /* blocks with score regions */
   if (!r->objects && (kv_score_rec_flags(r->m->score_bits, r->sv) & KV_BLK_SCOREV2))
@@ -876,8 +952,11 @@ kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
     KV_ERR(chain_block(b, m, bt, tokens, n, i, &prev));
     if (objs[i] != NULL) {
       const kv_block_rec *o = &recs[i];
-      if (o->bytes == 0 || o->bytes % KV_PAGE != 0 || o->method > KVDB_METHOD_DROP ||
-          (o->bflags & ~(uint32_t)(KV_BLK_COMPRESSED | KV_BLK_SCORE8 | KV_BLK_SCORE4)) != 0) {
+      uint64_t al = (o->bflags & KV_BLK_PACKED) ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+      if (o->bytes == 0 || o->bytes % al != 0 || o->method > KVDB_METHOD_DROP ||
+          (o->bflags & ~(uint32_t)(KV_BLK_COMPRESSED | KV_BLK_SCORE8 | KV_BLK_SCORE4 |
+                                   KV_BLK_PACKED)) != 0 ||
+          ((o->bflags & KV_BLK_PACKED) && o->bflags != KV_BLK_PACKED)) {
         rc = kv_fail(KVDB_INVALID, "block %u: object of %" PRIu64 " bytes, method %u, flags "
                      "%#x cannot be stored as it is", i, o->bytes, o->method, o->bflags);
         goto out;

@@ -345,8 +345,11 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
   if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, n_tok) !=
       KVDB_OK)
     return -1;
+  kv_rec_geom(&g, &rec); /* a packed raw object (FORMAT.md §3e) */
   uint64_t raw = (uint64_t)g.meta_bytes + g.data_bytes;
-  if (rec.bytes == 0 || rec.bytes % KV_PAGE != 0 ||
+  if (g.packed && (rec.bytes != raw || rec.bflags != KV_BLK_PACKED))
+    return -1;
+  if (rec.bytes == 0 || (!g.packed && rec.bytes % KV_PAGE != 0) ||
       rec.bytes > 2 * raw + (uint64_t)g.n_sections * KV_PAGE +
                       kv_score_region_bytes(&g, kv_rec_score_bits(&rec), kv_rec_score_variant(&rec)))
     return -1;
@@ -373,7 +376,7 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
     if (kv_get_le32(obj + KV_BLOCK_HDR_BYTES + 4 * i) != tok[i])
       return -1;
   const uint8_t *data = obj + g.meta_bytes;
-  if (hdr.version >= 2) {
+  if (KV_HDR_CPR(&hdr)) {
     if (*dbuf == NULL && (*dbuf = kv_rbuf_acquire(db, g.data_bytes)) == NULL)
       return -1;
     if ((*dbuf)->cap < g.data_bytes) {
@@ -391,14 +394,14 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
     uint32_t s0 = l * per_layer;
     if (kv_block_check_sections(&rec, hash, &hdr, obj, s0, s0 + per_layer) != KVDB_OK)
       return -1;
-    if (hdr.version >= 3) /* lossless frames: decoded together once all are verified */
+    if (KV_HDR_FRAMES(&hdr)) /* lossless frames: decoded together once all are verified */
       continue;
-    if (hdr.version == 2 &&
+    if ((hdr.codec == KV_CODEC_SECTIONS) &&
         kv_cblock_decode_data(&hdr, obj, s0, s0 + per_layer, dec, (uint8_t *)data) != KVDB_OK)
       return -1;
     kv_scatter_sections(&g, data, s0, s0 + per_layer, 0, n_tok, out, t0, stream);
   }
-  if (hdr.version >= 3) {
+  if (KV_HDR_FRAMES(&hdr)) {
     if (kv_cblock_decode_data(&hdr, obj, 0, g.n_sections, dec, (uint8_t *)data) != KVDB_OK)
       return -1;
     kv_scatter_sections(&g, data, 0, g.n_sections, 0, n_tok, out, t0, stream);

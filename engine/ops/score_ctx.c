@@ -854,6 +854,8 @@ static kvdb_status snapshot(sctx *x, const kvdb_key *context, kv_read_snap *s)
     rc = kv_block_geom_init(&b->g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
                             b->rec.n_tokens);
     if (rc == KVDB_OK)
+      kv_rec_geom(&b->g, &b->rec);
+    if (rc == KVDB_OK)
       rc = kv_sregion_init(&b->r, &b->g, m->score_bits, kv_rec_score_variant(&b->rec));
     if (rc != KVDB_OK || kv_rec_score_bits(&b->rec) != m->score_bits ||
         b->rec.bytes <= b->r.bytes) {

@@ -285,11 +285,16 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   kvdb *db = v->db;
   char hx[33], hy[33];
   *misplaced = 1; /* until the object there proves to be this block */
-  if (off % KV_PAGE != 0 || off >= end || end - off < KV_PAGE)
+  /* objects start on pages, packed ones (FORMAT.md §3e) at 64 bytes */
+  if (off % KV_BLOCK_PACK_ALIGN != 0 || off >= end || end - off < KV_BLOCK_HDR_BYTES)
     return kv_fail(KVDB_CORRUPT, "field segment/offset: offset %" PRIu64
                    " is not a block's place in segment %" PRIu64 " (committed end %" PRIu64 ")",
                    off, seg, end);
-  uint64_t want = bytes >= KV_PAGE && bytes % KV_PAGE == 0 && bytes <= end - off ? bytes : KV_PAGE;
+  uint64_t want = bytes >= KV_BLOCK_HDR_BYTES && bytes % KV_BLOCK_PACK_ALIGN == 0 &&
+                         bytes <= end - off
+                     ? bytes
+                 : end - off < KV_PAGE ? end - off
+                                       : KV_PAGE;
   KV_RET(grow_buf(v, want));
   kv_segfile *sf;
   kvdb_status rc = kv_segfile_get(db, seg, &sf);
@@ -330,7 +335,8 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   /* the object proves itself: its header as the record it implies, every checksum */
   kv_block_rec or = {.n_tokens = hdr->g.n_tokens, .segment = seg, .offset = off,
                      .bytes = hdr->obj.total_bytes};
-  or.bflags = (hdr->version >= 2 ? KV_BLK_COMPRESSED : 0) |
+  or.bflags = (KV_HDR_CPR(hdr) ? KV_BLK_COMPRESSED : 0) |
+              (hdr->version == KV_BLOCK_VERSION_PACKED ? KV_BLK_PACKED : 0) |
               kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
   return kv_block_check(&or, hash, v->buf, hdr);
 }
@@ -354,17 +360,20 @@ static kvdb_status scan_segment(vctx *v, uint64_t seg, uint64_t end)
   KV_RET(kv_segfile_get(db, seg, &sf));
   uint8_t *chunk = kv_alloc_aligned(SCAN_CHUNK);
   kvdb_status rc = chunk ? KVDB_OK : kv_fail(KVDB_NOMEM, "segment scan buffer");
-  for (uint64_t at = 0; rc == KVDB_OK && at < end; at += SCAN_CHUNK) {
+  /* headers at every 64 bytes (packed objects, FORMAT.md §3e; others start on pages); chunks
+   * overlap by a page so that a header across a chunk's end is seen whole in the next */
+  const uint64_t step = SCAN_CHUNK - KV_PAGE;
+  for (uint64_t at = 0; rc == KVDB_OK && at < end; at += step) {
     uint64_t len = end - at < SCAN_CHUNK ? end - at : SCAN_CHUNK;
     int e = db->io->ops->pread(db->io, sf->f, chunk, len, at);
     if (e != 0) {
       rc = kv_fail_errno(-e, "cannot read segment %" PRIu64 " at offset %" PRIu64, seg, at);
       break;
     }
-    for (uint64_t p = 0; p + KV_PAGE <= len; p += KV_PAGE) {
+    for (uint64_t p = 0; p + KV_BLOCK_HDR_BYTES <= len && p < step; p += KV_BLOCK_PACK_ALIGN) {
       kv_block_hdr h;
       if (kv_get_le32(chunk + p) != KV_BLOCK_MAGIC ||
-          kv_block_parse_header(chunk + p, KV_PAGE, &h) != KVDB_OK)
+          kv_block_parse_header(chunk + p, KV_BLOCK_HDR_BYTES, &h) != KVDB_OK)
         continue;
       uint8_t k[16];
       obj_key(k, h.block_hash, seg);
@@ -430,13 +439,15 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
     nr.drop = raw[13];
     nr.keep_permille = kv_get_le16(raw + 14);
   }
-  if (hdr->version < 2) { /* a raw object: its config is raw whatever the record said */
+  if (!KV_HDR_CPR(hdr)) { /* a raw object: its config is raw whatever the record said */
     nr.bflags = 0;
     nr.method = KVDB_METHOD_RAW;
     nr.bits = nr.drop = 0;
     nr.keep_permille = 0;
   }
   nr.bflags |= kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
+  if (hdr->version == KV_BLOCK_VERSION_PACKED)
+    nr.bflags |= KV_BLK_PACKED;
   nr.refcount = refcount ? refcount : 1;
   nr.tier = kv_seg_tier(seg);
   nr.n_tokens = hdr->g.n_tokens;
@@ -459,7 +470,7 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
   free(tok);
   kv_block_rec chk;
   if (kv_block_rec_decode(out, *len, &chk) != KVDB_OK ||
-      ((chk.bflags & KV_BLK_COMPRESSED) != 0) != (hdr->version >= 2)) {
+      ((chk.bflags & KV_BLK_COMPRESSED) != 0) != (KV_HDR_CPR(hdr))) {
     free(out);
     return NULL;
   }
@@ -614,13 +625,17 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const kv_cat_bytes 
     FIELD(memcmp(br.model, hdr.model_hash, 16) != 0,
           "%s %s of %s: field model: the record says %s, the block %s", pre, hexs(hash, hx), who,
           hexs(br.model, ha), hexs(hdr.model_hash, hb));
-    FIELD(((br.bflags & KV_BLK_COMPRESSED) != 0) != (hdr.version >= 2) ||
+    FIELD(((br.bflags & KV_BLK_PACKED) != 0) != (hdr.version == KV_BLOCK_VERSION_PACKED),
+          "%s %s of %s: field flags: the record says %s, the object is %s", pre, hexs(hash, hx),
+          who, (br.bflags & KV_BLK_PACKED) ? "packed" : "not packed",
+          hdr.version == KV_BLOCK_VERSION_PACKED ? "packed (block format 4)" : "not packed");
+    FIELD(((br.bflags & KV_BLK_COMPRESSED) != 0) != (KV_HDR_CPR(&hdr)) ||
               kv_rec_score_bits(&br) != hdr.score_bits ||
               kv_rec_score_variant(&br) != hdr.score_variant,
           "%s %s of %s: field flags: the record says %s with %u score bits (copies of version "
           "%u), the block is %s with %u (version %u)", pre, hexs(hash, hx), who,
           (br.bflags & KV_BLK_COMPRESSED) ? "compressed" : "raw", kv_rec_score_bits(&br),
-          kv_rec_score_variant(&br) ? 2u : 1u, hdr.version >= 2 ? "compressed" : "raw",
+          kv_rec_score_variant(&br) ? 2u : 1u, KV_HDR_CPR(&hdr) ? "compressed" : "raw",
           hdr.score_bits, hdr.score_variant ? 2u : 1u);
     FIELD(br.tier != kv_seg_tier(br.segment),
           "%s %s of %s: field tier: the record says %u, segment %" PRIu64 " is on tier %u", pre,

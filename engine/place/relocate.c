@@ -117,6 +117,8 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
   kvdb_kv_view v;
   kv_cenc enc;
   memset(&enc, 0, sizeof enc);
+  kv_run run;
+  KV_RET(kv_run_open(&run, w->end));
   if (r->reencode) { /* the context as stored, decoded, in vLLM's layout */
     size_t tb = kvdb_model_token_bytes(r->m);
     kvbuf = kv_alloc_aligned(r->n_tokens * tb);
@@ -148,6 +150,9 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                    kvdb_config_name(&r->cfg, nm, sizeof nm), i);
       goto out;
     }
+    /* a packed object (FORMAT.md §3e) moved as it is stays packed (on any tier: the bytes the
+     * placement counted), in a run of its own padded to a page below */
+    need = KV_ALIGN_UP(need, (uint64_t)KV_PAGE);
     if (need > obj_cap) {
       kv_free_aligned(obj);
       obj = kv_alloc_aligned(need);
@@ -176,20 +181,24 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
     }
     if (r->reencode)
       KV_ERR(kv_score_block_append(r->m, r->sv, &g, &v, b->t0, b->hash, obj, &b->obj_bytes));
-    b->off = w->end + *written;
-    int e = db->io->ops->pwrite(db->io, kv_writer_file(w), obj, b->obj_bytes, b->off);
-    *written += b->obj_bytes;
-    if (e != 0) {
-      rc = kv_fail_errno(-e, "cannot write segment %" PRIx64, w->seg_id);
+    /* packed objects moved as they are stay packed, back to back (FORMAT.md §3e) */
+    rc = kv_run_put(db, w, &run, obj, b->obj_bytes,
+                    !r->reencode && (b->old.bflags & KV_BLK_PACKED), &b->off);
+    *written = run.base - w->end;
+    if (rc != KVDB_OK)
       goto out;
-    }
   }
+  rc = kv_run_close(db, w, &run, 1);
+  *written = run.base - w->end;
+  if (rc != KVDB_OK)
+    goto out;
   if (*written > 0 && db->opt.sync_mode == KVDB_SYNC_FULL) {
     int e = db->io->ops->sync(db->io, kv_writer_file(w));
     if (e != 0)
       rc = kv_fail_errno(-e, "cannot fdatasync segment %" PRIx64, w->seg_id);
   }
 out:
+  kv_run_close(db, w, &run, 0); /* (closed above on success: nothing left) */
   kv_cenc_free(&enc);
   kv_free_aligned(obj);
   kv_free_aligned(kvbuf);

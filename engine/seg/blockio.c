@@ -22,7 +22,8 @@ kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
                    kv_hex16(hash, hx), rec->segment, rec->offset, kvdb_errmsg());
   if (memcmp(hdr->block_hash, hash, 16) != 0 || hdr->g.n_tokens != rec->n_tokens ||
       hdr->obj.total_bytes != rec->bytes ||
-      (hdr->version >= 2) != ((rec->bflags & KV_BLK_COMPRESSED) != 0) ||
+      (KV_HDR_CPR(hdr)) != ((rec->bflags & KV_BLK_COMPRESSED) != 0) ||
+      (hdr->version == KV_BLOCK_VERSION_PACKED) != ((rec->bflags & KV_BLK_PACKED) != 0) ||
       hdr->score_bits != kv_rec_score_bits(rec) ||
       hdr->score_variant != kv_rec_score_variant(rec))
     return kv_fail(KVDB_CORRUPT,
@@ -266,7 +267,7 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
     cp.have[p] = 2;
   }
   uint32_t s0 = layer * g->n_kv_heads * 2, s1 = s0 + g->n_kv_heads * 2;
-  if (hdr.version >= 3) {
+  if (KV_HDR_FRAMES(&hdr)) {
     /* lossless frames (format 3): the pages of the frames holding the layer's sections, each
      * frame decoded once (kv_cblock_frame_rows keeps the last one), the wanted rows copied */
     for (uint32_t s = s0; s < s1; s++) {

@@ -162,6 +162,26 @@ static inline kv_file *kv_writer_file(kv_writer *w)
 /* Make sure both staging buffers hold at least `bytes`. */
 kvdb_status kv_writer_stage(kv_writer *w, size_t bytes);
 void kv_writers_free(kvdb *db);
+/*
+ * A run of block objects appended to w's segment from `base` (a page boundary) by a copy
+ * (compaction, a move between tiers): packed objects (FORMAT.md §3e) go back to back at
+ * 64-byte offsets through a buffer whose whole pages are written as it fills; any other
+ * object (or a packed one too big for the buffer) is written in whole pages from a page
+ * boundary, after the run so far. kv_run_close pads the run to a page; the bytes written past
+ * the start are then base - start.
+ */
+typedef struct kv_run {
+  uint8_t *p;
+  size_t cap, fill;
+  uint64_t base; /* segment offset of p[0] */
+} kv_run;
+kvdb_status kv_run_open(kv_run *r, uint64_t base);
+/* Append obj (bytes; a buffer with room for it rounded up to a page, when not packed): *off its
+ * segment offset. */
+kvdb_status kv_run_put(kvdb *db, kv_writer *w, kv_run *r, uint8_t *obj, uint64_t bytes,
+                       int packed, uint64_t *off);
+/* Write what is left (zero-padded to a page) and free the buffer (also after a failure). */
+kvdb_status kv_run_close(kvdb *db, kv_writer *w, kv_run *r, int write);
 /* The cached read handle of segment `id`, referenced until kv_segfile_put. */
 kvdb_status kv_segfile_get(kvdb *db, uint64_t id, kv_segfile **out);
 void kv_segfile_put(kvdb *db, kv_segfile *sf);

@@ -515,3 +515,73 @@ kvdb_status kv_check_db(kvdb *db)
   return KVDB_OK;
 }
 
+
+/* ---- runs of copied objects (seg.h kv_run) ---- */
+
+#define KV_RUN_BYTES (4u << 20)
+
+kvdb_status kv_run_open(kv_run *r, uint64_t base)
+{
+  r->fill = 0;
+  r->base = base;
+  r->cap = KV_RUN_BYTES;
+  r->p = kv_alloc_aligned(r->cap);
+  return r->p != NULL ? KVDB_OK : kv_fail(KVDB_NOMEM, "a run buffer of %zu bytes", r->cap);
+}
+
+/* Write the run's whole pages (all of it, zero-padded to a page, with `all`). */
+static kvdb_status run_flush(kvdb *db, kv_writer *w, kv_run *r, int all)
+{
+  if (all) {
+    size_t end = KV_ALIGN_UP(r->fill, (size_t)KV_PAGE);
+    memset(r->p + r->fill, 0, end - r->fill);
+    r->fill = end;
+  }
+  size_t whole = r->fill / KV_PAGE * KV_PAGE, tail = r->fill - whole;
+  if (whole == 0)
+    return KVDB_OK;
+  int e = db->io->ops->pwrite(db->io, kv_writer_file(w), r->p, whole, r->base);
+  if (e != 0)
+    return kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+  memmove(r->p, r->p + whole, tail);
+  r->base += whole;
+  r->fill = tail;
+  return KVDB_OK;
+}
+
+kvdb_status kv_run_put(kvdb *db, kv_writer *w, kv_run *r, uint8_t *obj, uint64_t bytes,
+                       int packed, uint64_t *off)
+{
+  if (packed && bytes <= r->cap - KV_PAGE) {
+    size_t at = KV_ALIGN_UP(r->fill, (size_t)KV_BLOCK_PACK_ALIGN);
+    if (at + bytes > r->cap) {
+      KV_RET(run_flush(db, w, r, 0));
+      at = KV_ALIGN_UP(r->fill, (size_t)KV_BLOCK_PACK_ALIGN);
+    }
+    memset(r->p + r->fill, 0, at - r->fill);
+    memcpy(r->p + at, obj, bytes);
+    r->fill = at + bytes;
+    *off = r->base + at;
+    return KVDB_OK;
+  }
+  if (r->fill > 0)
+    KV_RET(run_flush(db, w, r, 1));
+  uint64_t len = KV_ALIGN_UP(bytes, (uint64_t)KV_PAGE);
+  memset(obj + bytes, 0, len - bytes);
+  int e = db->io->ops->pwrite(db->io, kv_writer_file(w), obj, len, r->base);
+  if (e != 0)
+    return kv_fail_errno(-e, "cannot write segment %" PRIu64, w->seg_id);
+  *off = r->base;
+  r->base += len;
+  return KVDB_OK;
+}
+
+kvdb_status kv_run_close(kvdb *db, kv_writer *w, kv_run *r, int write)
+{
+  kvdb_status rc = KVDB_OK;
+  if (write && r->fill > 0)
+    rc = run_flush(db, w, r, 1);
+  kv_free_aligned(r->p);
+  r->p = NULL;
+  return rc;
+}

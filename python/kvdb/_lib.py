@@ -68,7 +68,7 @@ class Options(Structure):
                 ("prefetch_bps", c_double), ("remote_write", c_uint32),
                 ("remote_copy_hits", c_uint32), ("remote_hash_tag", c_uint32),
                 ("remote_bytes", c_uint64), ("remote_poll_us", c_uint32),
-                ("placement_profile", c_uint32)]
+                ("placement_profile", c_uint32), ("packed_block_bytes", c_uint32)]
 
 
 class PutInfo(Structure):

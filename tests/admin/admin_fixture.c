@@ -89,6 +89,10 @@ static kvdb_status open_db(const char *dir, uint32_t flags, kvdb **db)
   kvdb_options_init(&opt);
   opt.flags = flags;
   opt.dram_bytes = 0;
+  opt.packed_block_bytes = 1; /* whole pages (the figures test_admin.sh checks; packed blocks:
+                                 KVDB_ADMIN_FIXTURE_PACKED) */
+  if (getenv("KVDB_ADMIN_FIXTURE_PACKED") != NULL)
+    opt.packed_block_bytes = 0;
   return kvdb_open(dir, &opt, db);
 }
 

@@ -36,6 +36,7 @@ int main(int argc, char **argv)
   kvdb_options_init(&o);
   o.segment_bytes = 1 << 20;
   o.dram_bytes = 0;
+  o.packed_block_bytes = 1; /* whole-page objects: the live fractions test_admin_space.sh checks */
   o.sync_mode = KVDB_SYNC_NONE;
   kvdb *db;
   check(kvdb_open(argv[2], &o, &db), "open");

@@ -222,9 +222,9 @@ for c in info ls show verify compact; do
 done
 expect 0 verify --help "$DB"
 expect 0 --version
-has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 6\)$'
+has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 7\)$'
 expect 0 --version --json
-pyjson 'd["command"] == "version" and d["format_version"] == 6 and "libkvdb" in d'
+pyjson 'd["command"] == "version" and d["format_version"] == 7 and "libkvdb" in d'
 
 # ---- errors: exit 1, "kvdb-admin: STATUS: message"; nothing is ever created
 expect 1 info "$T/nope"
@@ -288,5 +288,21 @@ expect 3 -q verify "$DB2"
 [ "$(lines)" -eq 1 ] || fail "verify -q printed more than the problem line"
 has '^KVDB_CORRUPT: '
 expect 0 ls "$DB2"
+
+# ---- packed raw blocks (format 7, FORMAT.md §3e): info, verify, a flipped byte, compact
+DBP=$T/dbp
+KVDB_ADMIN_FIXTURE_PACKED=1 "$FIX" create "$DBP" >"$T/pkeys" || fail "admin_fixture create (packed)"
+expect 0 info "$DBP"
+has '^format version +7$'
+expect 0 verify "$DBP"
+has '^problems +0$'
+cp -R "$DBP" "$T/dbp2"
+"$FIX" corrupt "$T/dbp2" 5000 || fail "admin_fixture corrupt (packed)"
+expect 3 verify "$T/dbp2"
+has '^KVDB_CORRUPT: '
+"$FIX" delete "$DBP" "$(awk '/^long /{print $2}' "$T/pkeys")" || fail "admin_fixture delete (packed)"
+expect 0 compact --json "$DBP"
+expect 0 verify "$DBP"
+has '^problems +0$'
 
 echo "PASS: kvdb-admin"

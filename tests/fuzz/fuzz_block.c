@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/fuzz/fuzz_block.c — raw (format 1) block objects read from a segment file
+ * tests/fuzz/fuzz_block.c — raw (format 1) and packed raw (format 4, FORMAT.md §3e: no section
+ * table, 64-byte sizes) block objects read from a segment file
  * (format/block.c): the fixed header, the meta region (tokens, section table, checksum table)
  * and the group checksums. Compressed (format 2) objects, which share the header, are
  * fuzz_cblock.c's: here a header that parses as one only has its sizes checked.
@@ -53,11 +54,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check_geometry(const kv_block_geom *g)
 {
-  if (g->meta_bytes % KV_PAGE != 0 || g->data_bytes % KV_PAGE != 0 ||
+  uint32_t unit = g->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE; /* format 4: 64-byte sizes */
+  if (g->meta_bytes % unit != 0 || g->data_bytes % unit != 0 ||
       g->total_bytes != (uint64_t)g->meta_bytes + g->data_bytes)
     abort();
   if (g->tokens_off < KV_BLOCK_HDR_BYTES || g->sectab_off < g->tokens_off + 4ull * g->n_tokens ||
-      g->cksum_off < g->sectab_off + (uint64_t)KV_BLOCK_SECT_ENTRY * g->n_sections ||
+      g->cksum_off < g->sectab_off + (g->packed ? 0ull : (uint64_t)KV_BLOCK_SECT_ENTRY *
+                                                             g->n_sections) ||
       (uint64_t)g->cksum_off + 8ull * g->n_sections * g->n_groups > g->meta_bytes)
     abort(); /* the tables lie inside the meta region, in order */
   if (g->n_groups == 0 || (uint64_t)g->n_groups * g->group_tokens < g->n_tokens ||
@@ -77,6 +80,13 @@ static uint32_t sections_present(const kv_block_geom *g, size_t len)
   while (n < g->n_sections && kv_block_group_off(g, n, g->n_groups - 1) + g->group_stride <= len)
     n++;
   return n;
+}
+
+/* Where the meta checksum's bytes end: the section table (format 1), the group checksums
+ * (format 4, which has no table). */
+static uint32_t meta_ck_end(const kv_block_geom *g)
+{
+  return g->packed ? kv_block_cksum_off(g, g->n_sections, 0) : g->cksum_off;
 }
 
 static void fix_header_checksum(uint8_t *buf)
@@ -191,7 +201,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
       abort();
     goto done;
   }
-  if (h.version != 1 || h.obj.meta_bytes != g->meta_bytes || h.obj.data_bytes != g->data_bytes ||
+  if ((h.version != 1 && h.version != KV_BLOCK_VERSION_PACKED) ||
+      (h.version == KV_BLOCK_VERSION_PACKED) != (g->packed != 0) ||
+      (g->packed && h.score_bits != 0) || h.obj.meta_bytes != g->meta_bytes ||
+      h.obj.data_bytes != g->data_bytes ||
       h.obj.total_bytes != g->total_bytes + h.score_bytes)
     abort(); /* a raw object is stored exactly as its geometry says (and its score region) */
   if (len < g->meta_bytes)
@@ -201,12 +214,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   if (flags & (FIX_GROUPS | FIX_DIGESTS | FIX_META)) {
     if (flags & FIX_GROUPS)
       kv_block_checksum_sections(g, h.block_hash, 0, present, buf);
-    if (flags & FIX_DIGESTS)
+    if ((flags & FIX_DIGESTS) && !g->packed)
       for (uint32_t s = 0; s < g->n_sections; s++)
         kv_put_le64(buf + g->sectab_off + KV_BLOCK_SECT_ENTRY * s + 16,
                     XXH3_64bits(buf + kv_block_cksum_off(g, s, 0), 8u * g->n_groups));
     if (flags & FIX_META) {
-      kv_put_le64(buf + 104, XXH3_64bits(buf + g->tokens_off, g->cksum_off - g->tokens_off));
+      kv_put_le64(buf + 104, XXH3_64bits(buf + g->tokens_off, meta_ck_end(g) - g->tokens_off));
       fix_header_checksum(buf);
     }
     /* the repaired header must parse to the same geometry */
@@ -260,7 +273,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   memcpy(again + tok_end, buf + tok_end, g->sectab_off - tok_end);
   if (h.score_bits != 0)
     kv_block_mark_score(again, h.score_bits, h.score_variant, h.score_off);
-  kv_put_le64(again + 104, XXH3_64bits(again + g->tokens_off, g->cksum_off - g->tokens_off));
+  kv_put_le64(again + 104, XXH3_64bits(again + g->tokens_off, meta_ck_end(g) - g->tokens_off));
   fix_header_checksum(again);
   if (memcmp(again, buf, kv_block_cksum_off(g, g->n_sections, 0)) != 0)
     abort();

@@ -60,8 +60,10 @@ static void block(const uint8_t *data, size_t size)
   if (r.n_tokens < 1 || r.n_tokens > 4096 || r.tokens < data ||
       r.tokens + 4 * (size_t)r.n_tokens != data + size || size != kv_block_rec_size(r.n_tokens))
     abort();
-  if (r.tier >= KVDB_TIER_COUNT || r.refcount == 0 || r.bytes == 0 || r.offset % KV_PAGE != 0 ||
-      r.bytes % KV_PAGE != 0)
+  /* whole pages, or (a packed raw object, format 7, alone among the flags) 64-byte units */
+  uint64_t unit = (r.bflags & KV_BLK_PACKED) ? 64u : KV_PAGE;
+  if (r.tier >= KVDB_TIER_COUNT || r.refcount == 0 || r.bytes == 0 || r.offset % unit != 0 ||
+      r.bytes % unit != 0 || ((r.bflags & KV_BLK_PACKED) && r.bflags != KV_BLK_PACKED))
     abort();
   uint32_t sum = 0;
   for (uint32_t i = 0; i < r.n_tokens; i++)

@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   kvdb_status rc = kv_block_parse_header(buf, len, &h);
   if (!disk_status(rc))
     abort();
-  if (rc != KVDB_OK || h.version < 2 || len < h.obj.meta_bytes)
+  if (rc != KVDB_OK || !KV_HDR_CPR(&h) || len < h.obj.meta_bytes)
     goto done; /* raw objects are fuzz_block's; the engine reads a meta region whole */
   const kv_block_geom *g = &h.g;
   const kv_cblock_layout *l = &h.cl;
@@ -133,7 +133,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     codec[s] = buf[l->sectab_off + KV_BLOCK_SECT_ENTRY * s + 12];
   }
   memcpy(again, buf, l->total_bytes);
-  if (h.version >= 3) { /* lossless frames: a frame starts at each index-0 entry */
+  if (KV_HDR_FRAMES(&h)) { /* lossless frames: a frame starts at each index-0 entry */
     uint32_t *ff = malloc(4u * g->n_sections + 4), *fl = malloc(4u * g->n_sections + 4), nf = 0;
     if (ff == NULL || fl == NULL)
       abort();

@@ -48,6 +48,8 @@ static void put_file(const char *dir, const char *name, const uint8_t *a, size_t
   }
 }
 
+static int g_pack; /* make_block: a packed object (block format 4, FORMAT.md §3e) */
+
 /* A sealed block object (caller frees); data bytes are a pattern, padding zero. */
 static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, uint32_t bt,
                            uint32_t n, kv_block_geom *g)
@@ -56,6 +58,8 @@ static uint8_t *make_block(uint32_t nl, uint32_t nh, uint32_t hd, uint32_t dt, u
     fprintf(stderr, "make_seeds: %s\n", kvdb_errmsg());
     exit(1);
   }
+  if (g_pack)
+    kv_block_geom_pack(g);
   uint8_t *buf = calloc(1, g->total_bytes);
   uint32_t tok[4096];
   for (uint32_t i = 0; i < n; i++)
@@ -160,6 +164,23 @@ static void block_seeds(void)
   b[4] = 2; /* format version 2: KVDB_VERSION */
   put_file("block", "version2_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
   free(b);
+  /* packed raw objects (block format 4) */
+  g_pack = 1;
+  b = make_block(5, 4, 8, KVDB_F32, 16, 16, &g); /* stories260K's block */
+  put_file("block", "v4_stories_f32.bin", &f0, 1, b, g.total_bytes);
+  put_file("block", "v4_stories_f32_meta_only.bin", &f0, 1, b, g.meta_bytes);
+  b[g.meta_bytes + 700] ^= 0x10;
+  put_file("block", "v4_stories_f32_bad_data.bin", &f0, 1, b, g.total_bytes);
+  put_file("block", "v4_stories_f32_bad_data_repair.bin", &fall, 1, b, g.total_bytes);
+  free(b);
+  b = make_block(1, 1, 128, KVDB_F16, 32, 20, &g); /* paged sections in a packed object */
+  put_file("block", "v4_paged_f16.bin", &f0, 1, b, g.total_bytes);
+  free(b);
+  b = make_block(2, 1, 16, KVDB_F16, 16, 5, &g);
+  b[4] = 5; /* format version 5: KVDB_VERSION */
+  put_file("block", "v5_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
+  free(b);
+  g_pack = 0;
   score_seeds();
 }
 
@@ -184,6 +205,20 @@ static void catalog_seeds(void)
   put_file("catalog", "block1.bin", buf, kv_block_rec_size(1), NULL, 0);
   buf[0] = 2; /* a newer record version */
   put_file("catalog", "block1_version2.bin", buf, kv_block_rec_size(1), NULL, 0);
+  br.n_tokens = 16; /* a packed raw object (format 7): 64-byte offset and size */
+  br.bflags = KV_BLK_PACKED;
+  br.offset = 8192 + 20736;
+  br.bytes = 20736;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED; /* never together */
+  br.method = KVDB_METHOD_LOSSLESS;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed_compressed.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = 0;
+  br.method = KVDB_METHOD_RAW;
+  br.offset = 8192;
+  br.bytes = 20480;
   uint8_t blocks[3 * 16];
   for (int i = 0; i < 48; i++)
     blocks[i] = (uint8_t)(i * 5);

@@ -807,7 +807,7 @@ static void write_corpus(const char *golden, const char *out)
   unsigned n = 0, found = 0;
   for (long off = 0; off + 4096 <= size; off += 4096) {
     kv_block_hdr h;
-    if (kv_block_parse_header(seg + off, (size_t)(size - off), &h) != KVDB_OK || h.version < 2 ||
+    if (kv_block_parse_header(seg + off, (size_t)(size - off), &h) != KVDB_OK || !KV_HDR_CPR(&h) ||
         off + (long)h.obj.total_bytes > size)
       continue;
     unsigned idx = found++;

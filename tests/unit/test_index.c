@@ -422,7 +422,7 @@ static void test_compact_linear(void)
   ASSERT_OK(kv_cat_get_block(&db->cat, txn, info.context.b, &br));
   mdb_txn_abort(kv_mtxn(txn));
   kvdb_close(db);
-  o.segment_bytes = 64 * br.bytes;
+  o.segment_bytes = 64 * KV_ALIGN_UP(br.bytes, KV_PAGE); /* a packed block's put: its pages */
   ASSERT_OK(kvdb_open(dir, &o, &db));
   enum { N = 20000 };
   kvdb_key *keys = malloc(N * sizeof *keys);

@@ -172,8 +172,9 @@ static void test_relocate_tiers(void)
 
   kvdb_stats s1;
   ASSERT_OK(kvdb_stat(db, &s1));
-  ASSERT_EQ(s1.format_version, 5); /* created at 4 (SmartSSD segments are format 3); its lossless
-                                    * context brings lossless frames: 5 */
+  ASSERT_EQ(s1.format_version, 7); /* created at 4 (SmartSSD segments are format 3); its lossless
+                                    * context brings lossless frames (5), its raw one packed
+                                    * blocks (7, FORMAT.md §3e: unpacked on the SmartSSD tier) */
   ASSERT_EQ(s1.tier[KVDB_TIER_SMARTSSD].contexts, 3);
   ASSERT_EQ(s1.tier[KVDB_TIER_SSD].contexts, 0);
   ASSERT(s1.tier[KVDB_TIER_SMARTSSD].bytes > 0);
@@ -977,6 +978,7 @@ static void test_reprofile(void)
   o.placement = KVDB_PLACEMENT_EVICPRESS;
   o.dram_bytes = 0;
   o.ssd_bytes = 8 << 20; /* room for everything: only the quality decides */
+  o.packed_block_bytes = 1; /* whole-page raw blocks: the format below is 4 (packed ones: 7) */
   kvdb *db;
   ASSERT_OK(kvdb_open(dir, &o, &db));
   kvdb_key a = put_ctx(db, 2000, 120, "int8");

@@ -42,6 +42,7 @@ static const kvdb_model M0 = {"score0-plain", 2, 2, 64, KVDB_F16, 16, 0};  /* no
 /* smartssd_bytes of the databases t_open opens: with a SmartSSD tier the engine writes
  * version-1 score copies (the near-data device's), without one version 2 */
 static uint64_t g_smart_bytes;
+static uint32_t g_packed; /* kvdb_options.packed_block_bytes of t_open */
 
 static kvdb *t_open(const char *dir, uint64_t dram, uint32_t flags)
 {
@@ -49,6 +50,7 @@ static kvdb *t_open(const char *dir, uint64_t dram, uint32_t flags)
   kvdb_options_init(&o);
   o.dram_bytes = dram;
   o.smartssd_bytes = g_smart_bytes;
+  o.packed_block_bytes = g_packed;
   o.log_level = -1;
   o.flags |= flags;
   kvdb *db;
@@ -850,9 +852,11 @@ static void test_bad_input(void)
   ASSERT_STATUS(KVDB_INVALID, kvdb_score_batch(db, &M4, &c.key, KVDB_F32, &r, 1, NULL, NULL));
   ASSERT_STATUS(KVDB_INVALID, kvdb_score_batch(db, &M4, &c.key, KVDB_F32, &r, 0, NULL, NULL));
   /* a database with only contexts of models without copies: format 4 as created (its block
-   * indexes), nothing raised */
+   * indexes), nothing raised (its raw blocks in whole pages: packed ones would raise 7) */
   char *dir2 = t_tmpdir("score");
+  g_packed = 1;
   kvdb *db2 = t_open(dir2, 0, 0);
+  g_packed = 0;
   put_ctx(db2, &M0, &c0, NULL);
   kvdb_stats s;
   ASSERT_OK(kvdb_stat(db2, &s));

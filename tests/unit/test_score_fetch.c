@@ -142,6 +142,9 @@ static kvdb *open_db(const char *dir, uint64_t dram)
   opt.dram_bytes = dram;
   opt.log_level = -1;
   opt.smartssd_bytes = 256 << 20;
+  /* whole-page objects: the device reads page groups at page offsets (packed raw objects,
+   * FORMAT.md §3e, are served by the host on every tier: test_packed.c) */
+  opt.packed_block_bytes = 1;
   kvdb *db;
   ASSERT_OK(kvdb_open(dir, &opt, &db));
   return db;
