@@ -77,6 +77,8 @@ static kv_codec_params section_params(const kv_section_codec *sc, uint32_t s)
   kv_codec_params p = sc->params;
   if (p.bits)
     p.group = (s & 1) ? sc->group_v : sc->group_k;
+  if (s & 1) /* pre-RoPE applies to K only */
+    p.rope_base = 0.0f, p.rope_style = 0, p.rope_pos0 = 0;
   return p;
 }
 
@@ -288,7 +290,7 @@ kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, 
 {
   const kv_block_geom *g = src->g;
   kv_section_codec sc;
-  KV_RET(kv_config_section(src->cfg, g, src->ctx_tokens, src->t0, &sc));
+  KV_RET(kv_config_section_rope(src->cfg, g, src->ctx_tokens, src->t0, &src->rope, &sc));
   if (sc.codec->id == KV_CODEC_ID_ZSTD_PLANES)
     return build_frames(src, e, dst, dst_cap, obj_bytes);
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;

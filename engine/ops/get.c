@@ -1032,6 +1032,8 @@ kvdb_status kvdb_model_get(kvdb *db, const char *id, kvdb_model *out)
   out->dtype = (kvdb_dtype)mr.dtype;
   out->block_tokens = mr.block_tokens;
   out->score_bits = mr.score_bits;
+  out->rope_base = mr.rope_base;
+  out->rope_style = mr.rope_style;
   return KVDB_OK;
 }
 
