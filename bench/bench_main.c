@@ -37,6 +37,8 @@ static const bench_cmd CMDS[] = {
    bench_compact},
   {"compress", "section codecs: ratio, encode/decode GB/s and quality on real and synthetic KV",
    bench_compress},
+  {"getspeed", "compress's cold get vs raw O_DIRECT read alone (int4_logical_get_vs_raw_read, "
+   "synthetic Llama-3-8B-shaped context)", bench_getspeed},
   {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
    "stories260K's next-token agreement and KL", bench_truth},
   {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "
