@@ -784,8 +784,73 @@ static void test_corrupt_compressed(void)
   (void)st;
 }
 
+/* A get of int4 blocks of >= 4 MiB of KV runs each block's layers on every core (get.c
+ * layers_mt): it returns what kvdb_get_context (one section at a time, one thread) returns,
+ * and a damaged section in the layers of another thread than the caller's is caught there: the
+ * block is not delivered, counted corrupt. */
+static void test_mt_get(void)
+{
+  static const kvdb_model MT = {"test-compress-mt", 8, 8, 128, KVDB_F16, 256};
+  enum { NT = 512 };
+  char *dir = t_tmpdir("mtget");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  size_t tb = kvdb_model_token_bytes(&MT);
+  uint16_t *src = malloc(NT * tb), *a = malloc(NT * tb), *b = malloc(NT * tb);
+  ASSERT(src != NULL && a != NULL && b != NULL);
+  uint32_t tok[NT];
+  tokens(tok, NT, 77);
+  t_fill_kv(&MT, tok, NT, src);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  ASSERT_OK(kvdb_config_parse("int4", &po.config));
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, src, &MT, NT, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &MT, tok, NT, &v, &po, &info));
+  ASSERT_OK(kvdb_kv_view_packed(&v, a, &MT, NT, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, &MT, tok, NT, &v, &hit));
+  ASSERT_EQ(hit, NT);
+  kvdb_kv_view vb;
+  ASSERT_OK(kvdb_kv_view_packed(&vb, b, &MT, NT, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get_context(db, &MT, &info.context, &vb, NULL, NULL));
+  ASSERT(memcmp(a, b, NT * tb) == 0);
+  ASSERT(memcmp(a, src, NT * tb) != 0); /* lossy */
+  kvdb_close(db);
+  /* a byte three quarters into block 0's object: a section of layer 5 or 6 of 8 */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  uint8_t hdr[128];
+  ASSERT(pread(fd, hdr, 128, 0) == 128);
+  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
+                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
+                 (uint64_t)hdr[99] << 24);
+  off_t off = (off_t)(b0 / 4 * 3);
+  uint8_t byte;
+  ASSERT(pread(fd, &byte, 1, off) == 1);
+  byte ^= 0x01;
+  ASSERT(pwrite(fd, &byte, 1, off) == 1);
+  close(fd);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_get(db, &MT, tok, NT, &v, &hit));
+  ASSERT_EQ(hit, 0);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.corrupt_blocks, 1);
+  kvdb_close(db);
+  free(src);
+  free(a);
+  free(b);
+  t_rmdir(dir);
+}
+
 int main(void)
 {
+  test_mt_get();
   test_config_names();
   test_rope_model();
   test_methods_round_trip();
