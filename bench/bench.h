@@ -123,6 +123,7 @@ int bench_store(const bench_env *env, bench_json *j);
 int bench_compact(const bench_env *env, bench_json *j);
 int bench_compress(const bench_env *env, bench_json *j);
 int bench_truth(const bench_env *env, bench_json *j); /* part of compress (issue 16) */
+int bench_getspeed(const bench_env *env, bench_json *j); /* part of compress (issue 16) */
 int bench_score(const bench_env *env, bench_json *j);
 int bench_prefix(const bench_env *env, bench_json *j);
 int bench_policy(const bench_env *env, bench_json *j);

@@ -885,3 +885,16 @@ out:
   bench_kvset_free(&syn);
   return rc;
 }
+
+/* `kvdb-bench getspeed`: compress's cold get vs raw read (bench_get_vs_read) alone, on the same
+ * synthetic set (--quick: its quick size). */
+int bench_getspeed(const bench_env *env, bench_json *j)
+{
+  bench_kvset syn;
+  memset(&syn, 0, sizeof syn);
+  int rc = -1;
+  if (bench_kvset_synthetic(&syn, env, env->quick ? CB_SYN_LAYERS_QUICK : CB_SYN_LAYERS_FULL) == 0)
+    rc = bench_get_vs_read(env, j, &syn);
+  bench_kvset_free(&syn);
+  return rc;
+}

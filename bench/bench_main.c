@@ -40,6 +40,8 @@ static const bench_cmd CMDS[] = {
    bench_compress},
   {"layout", "compress's stored bytes over logical bytes per config alone (stories260K), packed "
    "objects against whole pages, and their get / get_tokens speeds", bench_layout},
+  {"getspeed", "compress's cold get vs raw O_DIRECT read alone (int4_logical_get_vs_raw_read, "
+   "synthetic Llama-3-8B-shaped context)", bench_getspeed},
   {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
    "stories260K's next-token agreement and KL", bench_truth},
   {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "

@@ -127,6 +127,18 @@ static const tcfg CFGS[] = {
 #define N_CFG (sizeof CFGS / sizeof CFGS[0])
 #define INT4_CFG 4 /* the int4 of the targets in CFGS: kvquant, pre-RoPE K, widths per channel,
                       bits per head, g256, no residual */
+/* What the engine's "int4" config writes (engine/model/config.c kv_config_section_rope): kvquant
+ * at 4 bits, K and V per channel in groups of 128 tokens (V clipped by the encoder's rule), no
+ * residual, no widths or calibration (a put has no other contexts' queries); K before RoPE when
+ * the model gives its RoPE (stories260K's: adjacent pairs, base 10000), else after. On a
+ * 512-token section these are the bytes and values of a context put at block_tokens >= 128
+ * (its K and V chunks of 128 tokens are the same), less one section header per extra block.
+ * Reported beside the int4 of the targets (JSON engine_int4_*, engine_int4_postrope_*); not
+ * among the truth's configs, so the Spearman figures are those of CFGS alone. */
+static const tcfg ENGINE_INT4 = {"engine int4", KV_CODEC_ID_KVQUANT, 4, 128, 0, KV_DROP_NONE,
+                                 0, 0, 1, 0, 0, 0, 0};
+static const tcfg ENGINE_INT4_POST = {"engine int4 post-RoPE", KV_CODEC_ID_KVQUANT, 4, 128, 0,
+                                      KV_DROP_NONE, 0, 0, 0, 0, 0, 0, 0};
 
 /* One context: tokens, the queries of every position, the f16 KV of every position. */
 typedef struct tctx {
@@ -808,7 +820,7 @@ out:
   return rc;
 }
 
-static int int4_targets(truth *t, int4_fig *f)
+static int int4_targets(truth *t, const tcfg *cf, int4_fig *f)
 {
   uint32_t d = t->d, heads = t->L * t->H;
   size_t n_sec = (size_t)t->n_ctx * heads * 2, sec_bytes = (size_t)TR_TOKENS * d * 2;
@@ -827,7 +839,7 @@ static int int4_targets(truth *t, int4_fig *f)
   }
   size_t pos = 0, bytes = 0, s = 0;
   f->worst_any = 1;
-  if (CFGS[INT4_CFG].perhead && head_plan(t, &CFGS[INT4_CFG]) != 0)
+  if (cf->perhead && t->plan == NULL && head_plan(t, cf) != 0)
     goto out;
   for (uint32_t ci = 0; ci < t->n_ctx; ci++)
     for (uint32_t l = 0; l < t->L; l++)
@@ -835,7 +847,7 @@ static int int4_targets(truth *t, int4_fig *f)
         uint32_t rows;
         size_t b, el;
         double q;
-        if (codec_head(t, &t->ctx[ci], l, h, TR_TOKENS, &CFGS[INT4_CFG], kd, vd, rpos, &rows, &b,
+        if (codec_head(t, &t->ctx[ci], l, h, TR_TOKENS, cf, kd, vd, rpos, &rows, &b,
                        arena + pos, cap - pos, &el) != 0 ||
             head_quality(t, &t->ctx[ci], l, h, TR_TOKENS, kd, vd, rpos, rows, &q, NULL, NULL) != 0)
           goto out;
@@ -983,9 +995,12 @@ int bench_truth(const bench_env *env, bench_json *j)
       goto out;
   }
 
-  int4_fig f4;
+  int4_fig f4, fe, fp;
   bench_log("int4 targets ...");
-  if (int4_targets(&t, &f4) != 0)
+  if (int4_targets(&t, &CFGS[INT4_CFG], &f4) != 0)
+    goto out;
+  bench_log("the engine's int4 ...");
+  if (int4_targets(&t, &ENGINE_INT4, &fe) != 0 || int4_targets(&t, &ENGINE_INT4_POST, &fp) != 0)
     goto out;
   bench_log("truth runs: %zu configs x %u contexts ...", N_CFG, t.n_ctx);
   for (uint32_t c = 0; c < t.n_ctx; c++)
@@ -1090,6 +1105,14 @@ int bench_truth(const bench_env *env, bench_json *j)
              "bytes %.3f (decode / memcpy %.3f); medians of 3 interleaved rounds\n",
           f4.dec_gbps, T_INT4_DEC, bench_met(f4.dec_gbps >= T_INT4_DEC), f4.dec_unfused_gbps,
           f4.memcpy_gbps, bench_ratio(f4.dec_gbps, f4.memcpy_gbps));
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &fp : &fe;
+    fprintf(o, "  the engine's int4 (kvquant g128, no residual, no calibration; K %s RoPE): bits "
+               "per element %.4f, quality %.5f, worst head (layer %u, KV head %u) %.5f, worst "
+               "(context, head) %.5f, decode %.3f GB/s (memcpy %.3f)\n",
+            e ? "after" : "before", ef->bpe, ef->q, ef->worst_l, ef->worst_h, ef->worst_head,
+            ef->worst_any, ef->dec_gbps, ef->memcpy_gbps);
+  }
   fprintf(o, "\nquality truth: each context stores its first %u tokens in a config, the model "
              "continues over the next %u (teacher-forced), against the same on raw f16 KV; %u "
              "contexts, %.1f s\n",
@@ -1118,6 +1141,19 @@ int bench_truth(const bench_env *env, bench_json *j)
   bench_json_num(j, "int4_decode_gbps", f4.dec_gbps);
   bench_json_num(j, "int4_decode_unfused_gbps", f4.dec_unfused_gbps);
   bench_json_num(j, "int4_decode_memcpy_gbps", f4.memcpy_gbps);
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &fp : &fe;
+    const char *pre = e ? "engine_int4_postrope_" : "engine_int4_";
+    char k[96];
+    snprintf(k, sizeof k, "%sbits_per_element", pre);
+    bench_json_num(j, k, ef->bpe);
+    snprintf(k, sizeof k, "%squality", pre);
+    bench_json_num(j, k, ef->q);
+    snprintf(k, sizeof k, "%squality_worst_head", pre);
+    bench_json_num(j, k, ef->worst_head);
+    snprintf(k, sizeof k, "%sdecode_gbps", pre);
+    bench_json_num(j, k, ef->dec_gbps);
+  }
   bench_json_num(j, "quality_spearman_vs_model", sp_cut_model);
   bench_json_num(j, "quality_spearman_per_context", sp_cut_ctx);
   bench_json_num(j, "quality_spearman_vs_model_old_metric", sp_cut_model_old);

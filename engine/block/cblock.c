@@ -77,6 +77,8 @@ static kv_codec_params section_params(const kv_section_codec *sc, uint32_t s)
   kv_codec_params p = sc->params;
   if (p.bits)
     p.group = (s & 1) ? sc->group_v : sc->group_k;
+  if (s & 1) /* pre-RoPE applies to K only */
+    p.rope_base = 0.0f, p.rope_style = 0, p.rope_pos0 = 0;
   return p;
 }
 
@@ -288,7 +290,7 @@ kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, 
 {
   const kv_block_geom *g = src->g;
   kv_section_codec sc;
-  KV_RET(kv_config_section(src->cfg, g, src->ctx_tokens, src->t0, &sc));
+  KV_RET(kv_config_section_rope(src->cfg, g, src->ctx_tokens, src->t0, &src->rope, &sc));
   if (sc.codec->id == KV_CODEC_ID_ZSTD_PLANES)
     return build_frames(src, e, dst, dst_cap, obj_bytes);
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
@@ -595,6 +597,42 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
   return KVDB_OK;
 }
 
+/* Section s (format 2, every token kept) decoded straight into dst, its n_tokens rows. */
+static kvdb_status decode_section_into(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                                       kv_cdec *d, uint8_t *dst)
+{
+  uint64_t off;
+  uint32_t len;
+  kv_cblock_section(h, buf, s, &off, &len);
+  const uint8_t *sec = buf + off;
+  kv_section_info info;
+  KV_RET(kv_cblock_section_info(h, sec, len, s, buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12],
+                                &info));
+  if (info.section_bytes != len)
+    return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
+                   s, info.section_bytes, len);
+  if (info.n_rows != h->g.n_tokens)
+    return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
+                                 "stored without dropping has them all", s, info.n_rows,
+                   h->g.n_tokens);
+  size_t out_bytes = (size_t)h->g.n_tokens * h->g.row_bytes;
+  size_t scratch = kv_section_scratch_bytes(&info);
+  if (kv_section_rows_bytes(&info, 0, info.n_groups) != out_bytes)
+    return kv_fail(KVDB_CORRUPT, "section %u decodes to %zu bytes, not the block's %zu", s,
+                   kv_section_rows_bytes(&info, 0, info.n_groups), out_bytes);
+  if (grow(&d->scratch, &d->scratch_cap, scratch ? scratch : 1) == NULL)
+    return kv_fail(KVDB_NOMEM, "decoding buffers");
+  kv_codec_err err;
+  kv_codec_status st = kv_section_decode_dctx(d->ctx, sec, len, d->scratch, d->scratch_cap, dst,
+                                              out_bytes, NULL, &err);
+  if (st != KV_CODEC_OK) {
+    char what[64];
+    snprintf(what, sizeof what, "decoding section %u", s);
+    return kv_codec_fail(st, &err, what);
+  }
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
                                   uint32_t s1, kv_cdec *d, uint8_t *data)
 {
@@ -610,6 +648,12 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
     if (KV_HDR_FRAMES(h)) { /* a frame is decoded once for its sections */
       KV_RET(kv_cblock_frame_rows(h, buf, s, d, &rows));
       kv_rows_to_section(&h->g, rows, s, data);
+      continue;
+    }
+    if (h->g.group_stride == (uint64_t)h->g.group_tokens * h->g.row_bytes) {
+      /* the section's rows lie back to back in the data region: decoded in place, not
+       * through d->rows and a copy (issue 16: the copy was a third of an int4 get's CPU) */
+      KV_RET(decode_section_into(h, buf, s, d, data + (uint64_t)s * h->g.section_bytes));
       continue;
     }
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));

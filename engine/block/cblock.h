@@ -55,6 +55,7 @@ typedef struct kv_cblock_src {
   const uint32_t *tokens; /* g->n_tokens */
   uint32_t frame_bytes;   /* lossless: raw bytes per frame (kvdb_options.lossless_frame_bytes;
                              0 = KV_FRAME_BYTES_DEFAULT) */
+  kv_model_rope rope;     /* the model's RoPE (style 0: none): kvquant's pre-RoPE K */
 } kv_cblock_src;
 
 /* An upper bound of the object bytes of a block of geometry g stored with cfg; 0 when cfg

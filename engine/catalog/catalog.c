@@ -20,15 +20,28 @@
 
 /* ---- record codecs ---------------------------------------------------------------------- */
 
-size_t kv_model_rec_size(void)
+#define KV_MODEL_REC_VERSION 2u /* version 2: the model's RoPE (byte 3, bytes 36..39) */
+
+static int model_rec_v2(const kv_model_rec *r)
 {
-  return 36;
+  return r->rope_style != 0 || r->rope_base != 0.0f;
+}
+
+size_t kv_model_rec_size(const kv_model_rec *r)
+{
+  return model_rec_v2(r) ? 40 : 36;
 }
 
 void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst)
 {
-  memset(dst, 0, 36);
-  dst[0] = KV_REC_VERSION;
+  memset(dst, 0, kv_model_rec_size(r));
+  dst[0] = model_rec_v2(r) ? 2 : 1; /* a model without RoPE stays readable by format 3 */
+  if (model_rec_v2(r)) {
+    uint32_t b;
+    memcpy(&b, &r->rope_base, 4);
+    dst[3] = (uint8_t)r->rope_style;
+    kv_put_le32(dst + 36, b);
+  }
   dst[1] = (uint8_t)r->dtype;
   dst[2] = (uint8_t)r->score_bits;
   kv_put_le32(dst + 4, r->n_layers);
@@ -66,14 +79,26 @@ static kvdb_status rec_version(const uint8_t *src, size_t len, size_t min, const
 
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
 {
-  KV_RET(rec_version(src, len, 36, "model"));
-  if (len != 36)
-    return kv_fail(KVDB_CORRUPT, "model record is %zu bytes, not 36", len);
+  KV_RET(rec_version_max(src, len, 36, "model", KV_MODEL_REC_VERSION));
+  size_t want = src[0] == 2 ? 40 : 36;
+  if (len != want)
+    return kv_fail(KVDB_CORRUPT, "model record version %u is %zu bytes, not %zu", src[0], len,
+                   want);
   r->dtype = src[1];
   r->score_bits = src[2]; /* reserved (0) before format 3 */
-  if ((r->score_bits != 0 && r->score_bits != 8 && r->score_bits != 4) || src[3] != 0)
-    return kv_fail(KVDB_CORRUPT, "model record has score bits %u and reserved byte %u",
-                   src[2], src[3]);
+  r->rope_style = src[3]; /* version 2; reserved (0) in version 1 */
+  r->rope_base = 0.0f;
+  if (src[0] == 2) {
+    uint32_t b = kv_get_le32(src + 36);
+    memcpy(&r->rope_base, &b, 4);
+  }
+  if ((r->score_bits != 0 && r->score_bits != 8 && r->score_bits != 4) ||
+      (src[0] == 1 && src[3] != 0) ||
+      (src[0] == 2 && !((r->rope_style == 1 || r->rope_style == 2) && r->rope_base > 1.0f &&
+                        r->rope_base <= 1e9f)))
+    return kv_fail(KVDB_CORRUPT, "model record (version %u) has score bits %u, RoPE style %u "
+                                 "and base %g",
+                   src[0], src[2], src[3], (double)r->rope_base);
   r->n_layers = kv_get_le32(src + 4);
   r->n_kv_heads = kv_get_le32(src + 8);
   r->head_dim = kv_get_le32(src + 12);

@@ -116,6 +116,8 @@ typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
   uint32_t n_layers, n_kv_heads, head_dim, dtype, block_tokens;
   uint32_t score_bits; /* 0, 8 or 4 (kvdb_model.score_bits) */
+  float rope_base;     /* kvdb_model.rope_base / rope_style; 0 / 0 when not given (record */
+  uint32_t rope_style; /* version 1); version 2 records carry them */
 } kv_model_rec;
 
 typedef struct kv_block_rec {
@@ -160,7 +162,8 @@ typedef struct kv_seg_rec {
 } kv_seg_rec;
 
 /* Sizes and encoders: dst must hold kv_*_rec_size() bytes. */
-size_t kv_model_rec_size(void);
+/* 36 bytes (version 1), or 40 with a RoPE (version 2, written only then). */
+size_t kv_model_rec_size(const kv_model_rec *r);
 void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst);
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r);
 

@@ -29,7 +29,7 @@ kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const k
 {
   uint8_t buf[64];
   kv_model_rec_encode(r, buf);
-  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v = {kv_model_rec_size(), buf};
+  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v = {kv_model_rec_size(r), buf};
   int mrc = mdb_put(kv_mtxn(txn), c->models, &k, &v, 0);
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
 }

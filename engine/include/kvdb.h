@@ -164,7 +164,23 @@ typedef struct kvdb_model {
    * id keeps one value (else KVDB_MISMATCH).
    */
   uint32_t score_bits;
+  /**
+   * Optional, 0 = not given: the model's RoPE, which lets int4 and int2 quantize K before
+   * RoPE (KVQuant's pre-RoPE keys: the keys are un-rotated at put and re-rotated at get, so
+   * each channel keeps its range instead of spinning through it; token i of a context is taken
+   * to sit at position i). rope_base: the base (theta, e.g. 10000 or 500000), 1 < base <= 1e9;
+   * rope_style: KVDB_ROPE_ADJACENT (channel pairs 2i, 2i+1: llama2.c, GPT-J) or KVDB_ROPE_HALF
+   * (pairs i, i + head_dim/2: NeoX, Hugging Face Llama); both 0 or both set, head_dim even.
+   * Without them K is quantized as stored (after RoPE). Not part of the fingerprint: the KV is
+   * the same either way, and every stored section records how it was coded. The first put of a
+   * model id records them with its model (kvdb_model_get; re-encoding uses them).
+   */
+  float rope_base;
+  uint32_t rope_style;
 } kvdb_model;
+
+/** kvdb_model.rope_style. Values are pinned (stored in the model record). */
+enum { KVDB_ROPE_NONE = 0, KVDB_ROPE_ADJACENT = 1, KVDB_ROPE_HALF = 2 };
 
 /** @brief Bytes of K and V of one token for all layers and heads. Cannot fail (0 if m is bad). */
 KVDB_API size_t kvdb_model_token_bytes(const kvdb_model *m);
@@ -668,23 +684,31 @@ KVDB_API kvdb_status kvdb_delete(kvdb *db, const kvdb_key *context);
  *   method    what is stored                                   get returns
  *   RAW       the elements (page-grouped; the default)          exactly what was put
  *   LOSSLESS  byte planes, each compressed with zstd            exactly what was put
- *   QUANT     KIVI (Liu et al. 2024): K quantized per channel   an approximation, elementwise
- *             over groups of tokens, V per token over groups    error at most half a step of
- *             of channels, min/max with f16 scale and zero      its group's scale
+ *   QUANT     int4, int2: KVQuant (Hooper et al. 2024): K and   an approximation (clipped
+ *             V quantized per channel over groups of 128        ranges saturate values beyond
+ *             tokens, ranges clipped to least squared error, K  them)
+ *             before RoPE when the model gives its RoPE
+ *             (kvdb_model.rope_base), else after it
+ *             int8, kivi4, kivi2: KIVI (Liu et al. 2024): K     an approximation, elementwise
+ *             per channel over groups of tokens, V per token    error at most half a step of
+ *             over groups of channels, min/max with f16 scale   its group's scale
+ *             and zero
  *   DROP      the tokens a method keeps (per block and KV head: kvdb_get stops before such
  *             knorm, keydiff or snapkv), exact or quantized    a block; kvdb_get_context
  *                                                              returns the kept rows and positions,
  *                                                              kvdb_get_kept a prefix's kept rows
  *                                                              at their positions with a mask
  * Names (kvdb_config_parse / kvdb_config_name): "raw", "lossless", "lossless:z9", "int8",
- * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "knorm50" (keep 0.50),
+ * "int4", "int2", "int4:g64" (group), "int4:r128" (residual), "kivi4", "kivi2" (KIVI at 4 or
+ * 2 bits: the int4 and int2 of databases before issue 16; "kivi8" is "int8"), "kvquant8"
+ * (KVQuant at 8 bits), "knorm50" (keep 0.50),
  * "knorm12.5" (keep 0.125), "keydiff30", "snapkv70", "snapkv50+int4".
  */
 
 typedef enum kvdb_method {
   KVDB_METHOD_RAW = 0,      /**< page-grouped elements as given (the default) */
   KVDB_METHOD_LOSSLESS = 1, /**< byte planes + zstd: bit-exact */
-  KVDB_METHOD_QUANT = 2,    /**< KIVI quantization to `bits` bits */
+  KVDB_METHOD_QUANT = 2,    /**< quantization to `bits` bits by `drop`'s quantizer */
   KVDB_METHOD_DROP = 3,     /**< token dropping by `drop` at `keep_permille`; rows exact or quantized */
 } kvdb_method;
 
@@ -697,17 +721,27 @@ typedef enum kvdb_drop_method {
                               queries (kvdb_put_opts.queries) */
 } kvdb_drop_method;
 
+/** QUANT's quantizer, in kvdb_config.drop. Values are pinned (stored on disk); 0 is what every
+ * quantized context of a database before issue 16 was stored with. */
+typedef enum kvdb_quantizer {
+  KVDB_QUANT_KIVI = 0,    /**< KIVI: "int8", "kivi4", "kivi2" */
+  KVDB_QUANT_KVQUANT = 1, /**< KVQuant (pre-RoPE K when the model gives its RoPE): "int4",
+                               "int2", "kvquant8" */
+} kvdb_quantizer;
+
 /** A storage config. Zero-initialized = raw. 12 bytes, stored in the catalog field by field. */
 typedef struct kvdb_config {
   uint8_t method;         /**< kvdb_method */
   uint8_t bits;           /**< QUANT: 8, 4 or 2; DROP: 0 (kept rows exact) or 8, 4, 2 */
-  uint8_t drop;           /**< DROP: kvdb_drop_method */
+  uint8_t drop;           /**< DROP: kvdb_drop_method; QUANT: kvdb_quantizer */
   int8_t zstd_level;      /**< LOSSLESS: -7..22 (not 0 once resolved); 0 = 3 */
   uint16_t keep_permille; /**< DROP: tokens kept per 1000, of each block and KV head, 1..999 */
   uint16_t group;         /**< QUANT, DROP with bits: tokens (K) or channels (V) per scale and
-                               zero; 0 = 32; at most block_tokens */
+                               zero (kvquant: tokens for K and V); 0 = 32 (kvquant 128,
+                               or the block's tokens when fewer); at most block_tokens */
   uint32_t residual;      /**< QUANT, DROP with bits: the context's last `residual` tokens are
-                               kept in full precision (KIVI's residual); 0 = none */
+                               kept in full precision (KIVI's residual; kvquant: at 8 bits);
+                               0 = none */
 } kvdb_config;
 
 /** @brief Parse a config name (see above). @return KVDB_OK; KVDB_INVALID naming the part. */

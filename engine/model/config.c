@@ -4,8 +4,14 @@
  * the codec parameters of one section of a block stored with a config.
  *
  * NAMES    base [ "+int" bits ] { ":" option }
- *   base    raw | lossless | int8 | int4 | int2 | knorm<P> | keydiff<P> | snapkv<P>
+ *   base    raw | lossless | int8 | int4 | int2 | kivi<B> | kvquant<B> | knorm<P> | keydiff<P>
+ *           | snapkv<P>
  *           (P = kept percent, 1..99 with an optional decimal: knorm12.5 keeps 0.125)
+ *           int4 and int2 are KVQuant (kvdb_quantizer KVDB_QUANT_KVQUANT: codec 5, K and V per
+ *           channel in groups of 128 tokens, K before RoPE when the model gives its RoPE), int8
+ *           is KIVI (codec 3); kivi<B> (B = 8, 4, 2) and kvquant<B> name the quantizer: kivi4
+ *           and kivi2 are the int4 and int2 of databases before issue 16, kivi8 = int8,
+ *           kvquant4 = int4, kvquant8 is KVQuant at 8 bits.
  *   +intN   drop methods only: quantize the kept rows to N bits
  *   :gG     quantization group (tokens for K, channels for V)
  *   :rR     residual: the context's last R tokens in full precision
@@ -56,13 +62,17 @@ kvdb_status kvdb_config_parse(const char *name, kvdb_config *out)
   } else if (strncmp(p, "lossless", 8) == 0) {
     c.method = KVDB_METHOD_LOSSLESS;
     p += 8;
-  } else if (strncmp(p, "int", 3) == 0) {
-    p += 3;
+  } else if (strncmp(p, "int", 3) == 0 || strncmp(p, "kivi", 4) == 0 ||
+             strncmp(p, "kvquant", 7) == 0) {
+    int q = p[0] == 'i' ? -1 : p[1] == 'i' ? KVDB_QUANT_KIVI : KVDB_QUANT_KVQUANT;
+    p += q < 0 ? 3 : q == KVDB_QUANT_KIVI ? 4 : 7;
     long b = num(&p, 8);
     if (b != 8 && b != 4 && b != 2)
-      return bad(name, "quantization is int8, int4 or int2");
+      return bad(name, "quantization is int8, int4 or int2 (kivi8/4/2, kvquant8/4/2)");
     c.method = KVDB_METHOD_QUANT;
     c.bits = (uint8_t)b;
+    /* int4 and int2 are KVQuant, int8 KIVI (KIVI's per-token V costs little at 8 bits) */
+    c.drop = (uint8_t)(q >= 0 ? q : b == 8 ? KVDB_QUANT_KIVI : KVDB_QUANT_KVQUANT);
   } else {
     int d = 0;
     for (int i = 1; i <= 3 && d == 0; i++)
@@ -141,8 +151,10 @@ static const char *config_problem(const kvdb_config *c)
   case KVDB_METHOD_QUANT:
     if (c->bits != 8 && c->bits != 4 && c->bits != 2)
       return "bits must be 8, 4 or 2";
-    if (c->drop || c->keep_permille)
-      return "quantization takes no drop method or keep share";
+    if (c->drop != KVDB_QUANT_KIVI && c->drop != KVDB_QUANT_KVQUANT)
+      return "quantizer must be 0 (kivi) or 1 (kvquant)";
+    if (c->keep_permille)
+      return "quantization takes no keep share";
     break;
   case KVDB_METHOD_DROP:
     if (c->drop < KVDB_DROP_KNORM || c->drop > KVDB_DROP_SNAPKV)
@@ -215,7 +227,10 @@ char *kvdb_config_name(const kvdb_config *c, char *buf, size_t cap)
     n = snprintf(buf, cap, "lossless");
     break;
   case KVDB_METHOD_QUANT:
-    n = snprintf(buf, cap, "int%u", c->bits);
+    if (c->drop == KVDB_QUANT_KVQUANT)
+      n = snprintf(buf, cap, c->bits == 8 ? "kvquant%u" : "int%u", c->bits);
+    else
+      n = snprintf(buf, cap, c->bits == 8 ? "int%u" : "kivi%u", c->bits);
     break;
   default:
     if (c->keep_permille % 10 == 0)
@@ -274,16 +289,32 @@ kvdb_status kv_config_decode(const uint8_t *p, kvdb_config *c)
 kvdb_status kv_config_section(const kvdb_config *c, const kv_block_geom *g, uint64_t ctx_tokens,
                               uint64_t t0, kv_section_codec *out)
 {
+  return kv_config_section_rope(c, g, ctx_tokens, t0, NULL, out);
+}
+
+kvdb_status kv_config_section_rope(const kvdb_config *c, const kv_block_geom *g,
+                                   uint64_t ctx_tokens, uint64_t t0, const kv_model_rope *rope,
+                                   kv_section_codec *out)
+{
   memset(out, 0, sizeof *out);
   kv_codec_params_init(&out->params);
+  int kvq = c->method == KVDB_METHOD_QUANT && c->drop == KVDB_QUANT_KVQUANT;
   switch (c->method) {
   case KVDB_METHOD_LOSSLESS:
     out->codec = kv_codec_by_id(KV_CODEC_ID_ZSTD_PLANES);
     out->params.zstd_level = c->zstd_level;
     break;
   case KVDB_METHOD_QUANT:
-    out->codec = kv_codec_by_id(KV_CODEC_ID_KIVI);
+    out->codec = kv_codec_by_id(kvq ? KV_CODEC_ID_KVQUANT : KV_CODEC_ID_KIVI);
     out->params.bits = c->bits;
+    if (kvq && rope != NULL && rope->style != KVDB_ROPE_NONE && g->head_dim % 2 == 0 &&
+        t0 + g->n_tokens <= (1ull << 31)) {
+      /* K before RoPE: token t of the context at position t (K sections only: cblock.c's
+       * section_params clears these for V) */
+      out->params.rope_base = rope->base;
+      out->params.rope_style = rope->style == KVDB_ROPE_HALF ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+      out->params.rope_pos0 = (uint32_t)t0;
+    }
     break;
   case KVDB_METHOD_DROP:
     out->codec = kv_codec_by_id(KV_CODEC_ID_DROP);
@@ -299,14 +330,16 @@ kvdb_status kv_config_section(const kvdb_config *c, const kv_block_geom *g, uint
   if (out->params.bits) {
     /* a trailing partial block may hold fewer tokens than the group: its K groups shrink to
      * the block (each section header records the group it was coded with) */
-    uint32_t grp = c->group ? c->group : KV_CODEC_GROUP_DEFAULT;
+    uint32_t grp = c->group ? c->group : kvq ? KV_CODEC_KVQ_GROUP_DEFAULT : KV_CODEC_GROUP_DEFAULT;
     /* dropping quantizes only the kept rows: K groups run along those (knorm50+int8 on a
      * 32-token block keeps 16 rows per head, so the default group of 32 becomes 16) */
     uint32_t rows = c->method == KVDB_METHOD_DROP
                         ? kv_drop_keep_count(g->n_tokens, c->keep_permille)
                         : g->n_tokens;
     out->group_k = grp < rows ? grp : rows;
-    out->group_v = grp < g->head_dim ? grp : g->head_dim;
+    /* kivi's V groups run along channels, kvquant's along tokens like K's */
+    uint32_t vlim = kvq ? rows : g->head_dim;
+    out->group_v = grp < vlim ? grp : vlim;
   }
   if (c->method == KVDB_METHOD_QUANT && c->residual > 0) {
     /* the context's last `residual` tokens, as far as they fall in this block */

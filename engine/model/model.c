@@ -38,6 +38,24 @@ kvdb_status kv_check_model(const kvdb_model *m, uint32_t *bt)
   if (m->score_bits == 4 && m->head_dim % 2 != 0)
     return kv_fail(KVDB_INVALID, "model '%s': int4 score copies need an even head_dim, not %u",
                    m->id, m->head_dim);
+  return kv_check_rope(m);
+}
+
+kvdb_status kv_check_rope(const kvdb_model *m)
+{
+  if (m->rope_style == KVDB_ROPE_NONE && m->rope_base == 0.0f)
+    return KVDB_OK;
+  if (m->rope_style != KVDB_ROPE_ADJACENT && m->rope_style != KVDB_ROPE_HALF)
+    return kv_fail(KVDB_INVALID,
+                   "model '%s': rope_style %u is not 0 (none), 1 (adjacent pairs) or 2 (half "
+                   "pairs), or rope_base is set without a style",
+                   m->id, m->rope_style);
+  if (!(m->rope_base > 1.0f && m->rope_base <= 1e9f))
+    return kv_fail(KVDB_INVALID, "model '%s': rope_base %g is not in (1, 1e9]", m->id,
+                   (double)m->rope_base);
+  if (m->head_dim % 2 != 0)
+    return kv_fail(KVDB_INVALID, "model '%s': RoPE needs an even head_dim, not %u", m->id,
+                   m->head_dim);
   return KVDB_OK;
 }
 

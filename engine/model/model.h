@@ -51,12 +51,28 @@ typedef struct kv_section_codec {
   uint32_t group_k, group_v;
 } kv_section_codec;
 
+/* A model's RoPE (kvdb_model.rope_base / rope_style; style KVDB_ROPE_NONE = not given). */
+typedef struct kv_model_rope {
+  float base;
+  uint32_t style;
+} kv_model_rope;
+
+/* KVDB_OK when (base, style) is a valid optional RoPE for head_dim (both 0, or style 1 or 2
+ * with 1 < base <= 1e9 and head_dim even); else KVDB_INVALID naming the model. */
+kvdb_status kv_check_rope(const kvdb_model *m);
+
 /*
  * kv_config_section() - the codec of the sections of a block of geometry g whose first token
  * is token t0 of a context of ctx_tokens tokens, stored with config c (not RAW). The caller
  * sets params.group from group_k / group_v per section and, for DROP, keep_pos/n_keep.
+ * kv_config_section_rope(): the same with the model's RoPE (NULL or style 0: none): a kvquant
+ * config (int4, int2) then quantizes K before RoPE (params.rope_*, set for K: the caller clears
+ * them for V sections).
  */
 kvdb_status kv_config_section(const kvdb_config *c, const kv_block_geom *g, uint64_t ctx_tokens,
                               uint64_t t0, kv_section_codec *out);
+kvdb_status kv_config_section_rope(const kvdb_config *c, const kv_block_geom *g,
+                                   uint64_t ctx_tokens, uint64_t t0, const kv_model_rope *rope,
+                                   kv_section_codec *out);
 
 #endif

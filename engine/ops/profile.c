@@ -148,7 +148,7 @@ static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, p
         return kv_fail(KVDB_NOMEM, "profile decoding scratch");
     }
     /* the decoding context (its zstd set-up is a large share of a small context's profile)
-     * only where it is used: kivi sections (the engine's int8/int4/int2) decode the same
+     * only where it is used: kivi sections (the engine's int8, kivi4, kivi2) decode the same
      * values without one (it only enables streaming stores there) */
     kv_codec_dctx *ctx = NULL;
     if (info.codec_id != KV_CODEC_ID_KIVI) {
@@ -174,6 +174,7 @@ static kvdb_status decode_append(const uint8_t *src, uint32_t len, kv_cdec *d, p
 kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
 {
   const kvdb_model *m = src->m;
+  const kv_model_rope rope = {m->rope_base, m->rope_style};
   kvdb_config cfgs[KV_PROFILE_MAX_CONFIGS];
   uint32_t n_cfg = 0;
   KV_RET(kv_profile_space(src->space, src->q != NULL, m, cfgs, KV_PROFILE_MAX_CONFIGS, &n_cfg));
@@ -263,11 +264,11 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         rc = kv_block_geom_init(&g, L, H, d, m->dtype, bt, nt);
         kv_section_codec sc;
         if (rc == KVDB_OK)
-          rc = kv_config_section(cfg, &g, n, t0, &sc);
+          rc = kv_config_section_rope(cfg, &g, n, t0, &rope, &sc);
         if (rc != KVDB_OK)
           break;
         kv_cblock_src bs = {.cfg = cfg, .g = &g, .t0 = t0, .ctx_tokens = n, .q = src->q,
-                            .last_block = b + 1 == n_blocks, .index = b};
+                            .last_block = b + 1 == n_blocks, .index = b, .rope = rope};
         uint32_t len[2];
         uint32_t s = (layer * H + head) * 2;
         rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);

@@ -75,7 +75,8 @@ static kvdb_status model_txn(kvdb *db, kv_txn *txn, const put_req *r, int insert
     return rc == KVDB_NOTFOUND ? KVDB_OK : rc;
   kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
                      .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt,
-                     .score_bits = r->m->score_bits};
+                     .score_bits = r->m->score_bits, .rope_base = r->m->rope_base,
+                     .rope_style = r->m->rope_style};
   memcpy(mr.hash, r->mh, 16);
   return kv_cat_put_model(&db->cat, txn, r->m->id, &mr);
 }
@@ -336,7 +337,8 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
                        .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
                        .index = i, .hash = b->hash, .parent = b->parent,
                        .model_hash = r->mh, .tokens = b->tokens,
-                       .frame_bytes = st->db->opt.lossless_frame_bytes};
+                       .frame_bytes = st->db->opt.lossless_frame_bytes,
+                       .rope = {r->m->rope_base, r->m->rope_style}};
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
   KV_RET(kv_score_block_append(r->m, r->sv, &b->g, r->kv, b->t0 - r->kv_t0, b->hash, obj,
                                &b->obj_bytes));

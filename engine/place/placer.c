@@ -132,7 +132,8 @@ static kvdb_model model_of(const pmodel *pm)
 {
   kvdb_model m = {.id = pm->id, .n_layers = pm->rec.n_layers, .n_kv_heads = pm->rec.n_kv_heads,
                   .head_dim = pm->rec.head_dim, .dtype = (kvdb_dtype)pm->rec.dtype,
-                  .block_tokens = pm->rec.block_tokens, .score_bits = pm->rec.score_bits};
+                  .block_tokens = pm->rec.block_tokens, .score_bits = pm->rec.score_bits,
+                  .rope_base = pm->rec.rope_base, .rope_style = pm->rec.rope_style};
   return m;
 }
 
@@ -1789,7 +1790,8 @@ kvdb_status kv_place_put_config(kvdb *db, const kvdb_model *m, uint32_t block_to
     pm->rec = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
                              .head_dim = m->head_dim, .dtype = (uint32_t)m->dtype,
                              .block_tokens = block_tokens,
-                             .score_bits = m->score_bits};
+                             .score_bits = m->score_bits, .rope_base = m->rope_base,
+                             .rope_style = m->rope_style};
     memcpy(pm->rec.hash, model_hash, 16);
     if (cr.bytes == 0) /* the asked config is not profiled (raw, usually): its data regions */
       cr.bytes = decoded_bytes(&pm->rec, n_tokens);

@@ -176,7 +176,8 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                            .ctx_tokens = r->n_tokens, .q = q, .last_block = i + 1 == r->n,
                            .index = i, .hash = b->hash, .parent = b->parent,
                            .model_hash = r->mh, .tokens = b->tokens,
-                           .frame_bytes = db->opt.lossless_frame_bytes};
+                           .frame_bytes = db->opt.lossless_frame_bytes,
+                           .rope = {r->m->rope_base, r->m->rope_style}};
       KV_ERR(kv_cblock_build(&src, &enc, obj, obj_cap, &b->obj_bytes));
     }
     if (r->reencode)

@@ -136,6 +136,7 @@ def library_path() -> Optional[str]:
 # ---- models ---------------------------------------------------------------------------------
 
 _DTYPES = {"f16": 1, "bf16": 2, "f32": 3}
+_ROPE_STYLES = {"": 0, "adjacent": 1, "half": 2}
 _DTYPE_SIZE = {1: 2, 2: 2, 3: 4}
 
 
@@ -143,7 +144,10 @@ _DTYPE_SIZE = {1: 2, 2: 2, 3: 4}
 class Model:
     """The shape of a model's KV cache (kvdb_model). Everything stored belongs to one
     fingerprint: id, n_layers, n_kv_heads, head_dim, dtype ("f16", "bf16", "f32"),
-    block_tokens (0 = 256) and score_bits (0, 8 or 4)."""
+    block_tokens (0 = 256) and score_bits (0, 8 or 4). Optional, not part of the fingerprint:
+    the model's RoPE, rope_base (e.g. 10000.0) and rope_style ("adjacent": pairs 2i, 2i+1 as
+    llama2.c; "half": pairs i, i + head_dim/2 as Hugging Face Llama), with which int4 and int2
+    quantize K before RoPE."""
     id: str
     n_layers: int
     n_kv_heads: int
@@ -151,12 +155,18 @@ class Model:
     dtype: str = "f16"
     block_tokens: int = 0
     score_bits: int = 0
+    rope_base: float = 0.0
+    rope_style: str = ""
 
     def _c(self) -> _lib.Model:
         if self.dtype not in _DTYPES:
             _invalid(f"Model.dtype {self.dtype!r}: expected one of {sorted(_DTYPES)}")
+        if self.rope_style not in _ROPE_STYLES:
+            _invalid(f"Model.rope_style {self.rope_style!r}: expected one of "
+                     f"{sorted(_ROPE_STYLES)}")
         c = _lib.Model(self.id.encode(), self.n_layers, self.n_kv_heads, self.head_dim,
-                       _DTYPES[self.dtype], self.block_tokens, self.score_bits)
+                       _DTYPES[self.dtype], self.block_tokens, self.score_bits,
+                       float(self.rope_base), _ROPE_STYLES[self.rope_style])
         return c
 
     @property

@@ -32,7 +32,7 @@ class Key(Structure):
 class Model(Structure):
     _fields_ = [("id", c_char_p), ("n_layers", c_uint32), ("n_kv_heads", c_uint32),
                 ("head_dim", c_uint32), ("dtype", c_int), ("block_tokens", c_uint32),
-                ("score_bits", c_uint32)]
+                ("score_bits", c_uint32), ("rope_base", c_float), ("rope_style", c_uint32)]
 
 
 class TensorView(Structure):

@@ -166,6 +166,32 @@ def test_lossless_config_and_persistence(tmp_path):
         assert e.value.status == kvdb.Status.READONLY and e.value.message
 
 
+def test_int4_with_rope_model(tmp_path):
+    """int4 is KVQuant: with the model's RoPE it quantizes K before RoPE (the struct mirror
+    carries rope_base/rope_style); kivi4 stays reachable; a bad rope_style is refused."""
+    n = 48
+    k, v = logical(n, seed=9)
+    _, sk, sv = lkthd(n)
+    fill(sk, sv, k, v)
+    mr = kvdb.Model("py-rope", n_layers=3, n_kv_heads=2, head_dim=8, dtype="f16",
+                    block_tokens=16, rope_base=10000.0, rope_style="adjacent")
+    with kvdb.open(tmp_path / "db") as d:
+        d.put(mr, toks(n), sk, sv, config="int4")
+        d.put(mr, toks(n, 5000), sk, sv, config="kivi4")
+        _, dk, dv = lkthd(n)
+        assert d.get(mr, toks(n), dk, dv) == n
+        ko = as_logical(dk).astype(np.float32)
+        rel = np.linalg.norm(ko - k.astype(np.float32)) / np.linalg.norm(k.astype(np.float32))
+        assert 0 < rel < 0.2  # lossy, close
+        names = sorted(c.config for c in d.iterate())
+        assert names == ["int4", "kivi4"]
+        with pytest.raises(kvdb.InvalidError):
+            d.put(kvdb.Model("py-rope2", 3, 2, 8, rope_base=10000.0, rope_style="spiral"),
+                  toks(n), sk, sv)
+        with pytest.raises(kvdb.InvalidError):  # a base without a style (C's check)
+            d.put(kvdb.Model("py-rope3", 3, 2, 8, rope_base=10000.0), toks(n), sk, sv)
+
+
 def test_score(db):
     ms = kvdb.Model("py-score", 2, 2, 16, "f16", block_tokens=16, score_bits=8)
     n = 48

@@ -39,10 +39,11 @@ static void model(const uint8_t *data, size_t size)
     return;
   }
   uint8_t buf[64];
-  if (size != kv_model_rec_size())
+  if (size != kv_model_rec_size(&r))
     abort();
   kv_model_rec_encode(&r, buf);
-  if (kv_model_rec_decode(buf, kv_model_rec_size(), &r2) != KVDB_OK ||
+  if (kv_model_rec_decode(buf, kv_model_rec_size(&r), &r2) != KVDB_OK ||
+      r.rope_style != r2.rope_style || memcmp(&r.rope_base, &r2.rope_base, 4) != 0 ||
       memcmp(r.hash, r2.hash, 16) != 0 || r.n_layers != r2.n_layers ||
       r.n_kv_heads != r2.n_kv_heads || r.head_dim != r2.head_dim || r.dtype != r2.dtype ||
       r.block_tokens != r2.block_tokens)

@@ -190,7 +190,7 @@ static void catalog_seeds(void)
   kv_model_rec mr = {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, 32, 8, 128,
                      KVDB_F16, 256};
   kv_model_rec_encode(&mr, buf);
-  put_file("catalog", "model.bin", buf, kv_model_rec_size(), NULL, 0);
+  put_file("catalog", "model.bin", buf, kv_model_rec_size(&mr), NULL, 0);
   kv_block_rec br = {.refcount = 2, .tier = KVDB_TIER_SSD, .n_tokens = 16, .segment = 3,
                      .offset = 8192, .bytes = 20480};
   memset(br.parent, 0x11, 16);
@@ -252,7 +252,11 @@ static void catalog_seeds(void)
   put_file("catalog", "block16_int4_score8.bin", buf, kv_block_rec_size(16), NULL, 0);
   mr.score_bits = 4;
   kv_model_rec_encode(&mr, buf);
-  put_file("catalog", "model_score4.bin", buf, kv_model_rec_size(), NULL, 0);
+  put_file("catalog", "model_score4.bin", buf, kv_model_rec_size(&mr), NULL, 0);
+  mr.rope_base = 500000.0f; /* version 2: the model's RoPE */
+  mr.rope_style = 2;
+  kv_model_rec_encode(&mr, buf);
+  put_file("catalog", "model_rope.bin", buf, kv_model_rec_size(&mr), NULL, 0);
   static kv_profile_rec pr;
   pr.n_probes = 8;
   pr.measured_ms = 1700000000000ull;

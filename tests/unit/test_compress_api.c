@@ -79,10 +79,14 @@ static kvdb_status put_cfg(kvdb *db, const uint32_t *tok, size_t n, const uint16
  * by the codec with the engine's rules (K group = min(group, block tokens), V group =
  * min(group, head_dim), the context's last `residual` tokens exact), then decoded.
  */
-static void expected_quant(const uint16_t *src, size_t n, unsigned bits, unsigned group,
-                           unsigned residual, uint16_t *exp)
+/* What a get returns for src stored with quantized config cf by model m (M's shape): each
+ * section encoded and decoded by the codec the config names (kivi: K groups of tokens, V of
+ * channels; kvquant: both of tokens, default 128, K before RoPE when m gives its RoPE). */
+static void expected_quant_m(const kvdb_model *m, const uint16_t *src, size_t n,
+                             const kvdb_config *cf, uint16_t *exp)
 {
-  const kv_codec *c = kv_codec_by_id(KV_CODEC_ID_KIVI);
+  int kvq = cf->drop == KVDB_QUANT_KVQUANT;
+  const kv_codec *c = kv_codec_by_id(kvq ? KV_CODEC_ID_KVQUANT : KV_CODEC_ID_KIVI);
   uint16_t rows[32 * 64], dec[32 * 64];
   static uint8_t enc[1 << 16], scratch[1 << 20];
   for (size_t b0 = 0; b0 < n; b0 += M.block_tokens) {
@@ -95,11 +99,16 @@ static void expected_quant(const uint16_t *src, size_t n, unsigned bits, unsigne
           kv_section_shape sh = {KV_CODEC_F16, kv ? KV_SECTION_V : KV_SECTION_K, nt, M.head_dim};
           kv_codec_params p;
           kv_codec_params_init(&p);
-          p.bits = bits;
-          unsigned g = group ? group : 32;
-          p.group = kv ? (g < M.head_dim ? g : M.head_dim) : (g < nt ? g : nt);
-          size_t first_res = residual >= n ? 0 : n - residual;
+          p.bits = cf->bits;
+          unsigned g = cf->group ? cf->group : kvq ? 128 : 32;
+          p.group = kv && !kvq ? (g < M.head_dim ? g : M.head_dim) : (g < nt ? g : nt);
+          size_t first_res = cf->residual >= n ? 0 : n - cf->residual;
           p.residual = b0 + nt > first_res ? (unsigned)(b0 + nt - (first_res > b0 ? first_res : b0)) : 0;
+          if (kvq && !kv && m->rope_style != 0) {
+            p.rope_base = m->rope_base;
+            p.rope_style = m->rope_style == KVDB_ROPE_HALF ? KV_ROPE_HALF : KV_ROPE_ADJACENT;
+            p.rope_pos0 = (uint32_t)b0;
+          }
           size_t out = 0;
           ASSERT(kv_codec_encode(c, &sh, rows, (size_t)nt * M.head_dim * 2, &p, scratch,
                                  sizeof scratch, enc, sizeof enc, &out, NULL) == KV_CODEC_OK);
@@ -111,11 +120,17 @@ static void expected_quant(const uint16_t *src, size_t n, unsigned bits, unsigne
   }
 }
 
+static void expected_quant(const uint16_t *src, size_t n, const kvdb_config *cf, uint16_t *exp)
+{
+  expected_quant_m(&M, src, n, cf, exp);
+}
+
 static void test_config_names(void)
 {
   const char *ok[] = {"raw",       "lossless",  "lossless:z9",    "lossless:z-3", "int8",
                       "int4",      "int2",      "int4:g64",       "int4:r128",    "knorm50",
-                      "keydiff30", "snapkv70",  "snapkv50+int4",  "knorm12.5",    "int2:g16:r8"};
+                      "keydiff30", "snapkv70",  "snapkv50+int4",  "knorm12.5",    "int2:g16:r8",
+                      "kivi4",     "kivi2",     "kvquant8",       "kivi4:g64:r8"};
   for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
     kvdb_config c, c2;
     ASSERT_OK(kvdb_config_parse(ok[i], &c));
@@ -142,6 +157,112 @@ static void test_config_names(void)
   ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&M, &c));
   ASSERT_MSG_HAS("group 64");
   ASSERT(strcmp(kvdb_config_name(&(kvdb_config){.method = 9}, nm, sizeof nm), "?") == 0);
+  /* the quantizer: int4/int2 KVQuant, int8 KIVI; kivi<B>/kvquant<B> name it; a config of
+   * method QUANT written before issue 16 (drop 0) is KIVI, named kivi4 / kivi2 */
+  static const struct {
+    const char *name, *canon;
+    uint8_t bits, quant;
+  } AL[] = {{"int4", "int4", 4, KVDB_QUANT_KVQUANT},    {"int2", "int2", 2, KVDB_QUANT_KVQUANT},
+            {"int8", "int8", 8, KVDB_QUANT_KIVI},       {"kivi8", "int8", 8, KVDB_QUANT_KIVI},
+            {"kvquant4", "int4", 4, KVDB_QUANT_KVQUANT}, {"kvquant2", "int2", 2, KVDB_QUANT_KVQUANT},
+            {"kivi4", "kivi4", 4, KVDB_QUANT_KIVI},     {"kivi2", "kivi2", 2, KVDB_QUANT_KIVI},
+            {"kvquant8", "kvquant8", 8, KVDB_QUANT_KVQUANT}};
+  for (size_t i = 0; i < sizeof AL / sizeof AL[0]; i++) {
+    ASSERT_OK(kvdb_config_parse(AL[i].name, &c));
+    ASSERT(c.method == KVDB_METHOD_QUANT && c.bits == AL[i].bits && c.drop == AL[i].quant);
+    ASSERT(strcmp(kvdb_config_name(&c, nm, sizeof nm), AL[i].canon) == 0);
+  }
+  kvdb_config old4 = {KVDB_METHOD_QUANT, 4, 0, 0, 0, 0, 0};
+  ASSERT(strcmp(kvdb_config_name(&old4, nm, sizeof nm), "kivi4") == 0);
+  kvdb_config q2 = {KVDB_METHOD_QUANT, 4, 2, 0, 0, 0, 0};
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&M, &q2));
+  ASSERT_MSG_HAS("quantizer");
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_parse("kivi3", &c));
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_parse("kvquant", &c));
+  /* the model's optional RoPE: both or neither, a known style, a base in (1, 1e9], even dims */
+  kvdb_model mr = M;
+  mr.rope_base = 10000.0f;
+  mr.rope_style = KVDB_ROPE_ADJACENT;
+  ASSERT_OK(kvdb_config_check(&mr, &c));
+  mr.rope_style = 3;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&mr, &c));
+  ASSERT_MSG_HAS("rope_style");
+  mr.rope_style = KVDB_ROPE_NONE; /* a base without a style */
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&mr, &c));
+  mr.rope_style = KVDB_ROPE_HALF;
+  mr.rope_base = 1.0f;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&mr, &c));
+  ASSERT_MSG_HAS("rope_base");
+  mr.rope_base = 500000.0f;
+  mr.head_dim = 63;
+  ASSERT_STATUS(KVDB_INVALID, kvdb_config_check(&mr, &c));
+  ASSERT_MSG_HAS("even head_dim");
+}
+
+/* int4 with the model's RoPE quantizes K before RoPE: a get returns what the kvquant codec
+ * decodes with the model's RoPE (pre-RoPE K) — not what it decodes without — and the model
+ * record keeps the RoPE (kvdb_model_get, re-encoding); without RoPE the same data is coded
+ * post-RoPE. The model record of a RoPE model is version 2; reopened, it reads back. */
+static void test_rope_model(void)
+{
+  char *dir = t_tmpdir("rope");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_model mr = M;
+  mr.id = "test-compress-rope";
+  mr.rope_base = 10000.0f;
+  mr.rope_style = KVDB_ROPE_HALF;
+  size_t tb = kvdb_model_token_bytes(&M);
+  uint16_t *src = alloc_kv(N), *out = alloc_kv(N), *pre = alloc_kv(N), *post = alloc_kv(N);
+  uint32_t tok[N];
+  tokens(tok, N, 4242);
+  fill(tok, N, src);
+  kvdb_config c4;
+  ASSERT_OK(kvdb_config_parse("int4", &c4));
+  expected_quant_m(&mr, src, N, &c4, pre);
+  expected_quant_m(&M, src, N, &c4, post);
+  ASSERT(memcmp(pre, post, N * tb) != 0);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  po.config = c4;
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, src, &mr, N, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &mr, tok, N, &v, &po, &info));
+  ASSERT_OK(kvdb_kv_view_packed(&v, out, &mr, N, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, &mr, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  ASSERT(memcmp(out, pre, N * tb) == 0);
+  /* the RoPE is not part of the fingerprint: the same shape without it reads the same blocks */
+  kvdb_model plain = mr;
+  plain.rope_base = 0.0f;
+  plain.rope_style = KVDB_ROPE_NONE;
+  memset(out, 0, N * tb);
+  ASSERT_OK(kvdb_get(db, &plain, tok, N, &v, &hit));
+  ASSERT_EQ(hit, N);
+  ASSERT(memcmp(out, pre, N * tb) == 0);
+  kvdb_close(db);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_model got;
+  ASSERT_OK(kvdb_model_get(db, mr.id, &got));
+  ASSERT(got.rope_base == 10000.0f && got.rope_style == KVDB_ROPE_HALF);
+  /* re-encoding with the model as stored keeps pre-RoPE K: back to int4 from int4:g16 */
+  kvdb_config g16;
+  ASSERT_OK(kvdb_config_parse("int4:g16", &g16));
+  ASSERT_OK(kvdb_put_ex(db, &got, tok, N, &v, &po, NULL)); /* already there: nothing new */
+  ASSERT_OK(kvdb_recompress(db, &got, &info.context, &g16, NULL));
+  expected_quant_m(&mr, pre, N, &g16, post); /* re-encoded from what was stored */
+  ASSERT_OK(kvdb_get(db, &got, tok, N, &v, &hit));
+  ASSERT(memcmp(out, post, N * tb) == 0);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  free(src);
+  free(out);
+  free(pre);
+  free(post);
+  t_rmdir(dir);
 }
 
 static void test_methods_round_trip(void)
@@ -154,9 +275,10 @@ static void test_methods_round_trip(void)
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT_EQ(st.format_version, 4); /* a new database: format 4 (its block indexes) */
   uint16_t *src = alloc_kv(N), *out = alloc_kv(N), *exp = alloc_kv(N);
-  const char *cfgs[] = {"lossless", "int8", "int4", "int2", "int4:g16", "int4:r40"};
-  uint64_t bytes[6];
-  for (int c = 0; c < 6; c++) {
+  const char *cfgs[] = {"lossless", "int8",  "int4",  "int2",  "int4:g16",
+                        "int4:r40", "kivi4", "kivi2", "kvquant8"};
+  uint64_t bytes[9];
+  for (int c = 0; c < 9; c++) {
     uint32_t tok[N];
     tokens(tok, N, 100 + (uint64_t)c);
     fill(tok, N, src);
@@ -176,7 +298,7 @@ static void test_methods_round_trip(void)
     } else {
       kvdb_config cf;
       ASSERT_OK(kvdb_config_parse(cfgs[c], &cf));
-      expected_quant(src, N, cf.bits, cf.group, cf.residual, exp);
+      expected_quant(src, N, &cf, exp);
       ASSERT(memcmp(exp, src, N * kvdb_model_token_bytes(&M)) != 0); /* it is lossy */
     }
     ASSERT(memcmp(out, exp, N * kvdb_model_token_bytes(&M)) == 0);
@@ -196,8 +318,12 @@ static void test_methods_round_trip(void)
         ASSERT_EQ(pos[lh * N + r], r);
     }
   }
-  /* sizes follow the bits (lossless of this noise-like data is near raw) */
+  /* sizes follow the bits (lossless of this noise-like data is near raw); kvquant's
+   * scales cost what kivi's do at 32-token groups (one scale pair per 32 elements for K and
+   * V alike): the two are at most a page per block apart */
   ASSERT(bytes[3] < bytes[2] && bytes[2] < bytes[1] && bytes[1] < bytes[0]);
+  ASSERT(bytes[7] < bytes[6] && bytes[6] < bytes[1]);
+  ASSERT(bytes[2] <= bytes[6] + 4 * 4096 && bytes[8] <= bytes[1] + 4 * 4096);
   ASSERT_OK(kvdb_stat(db, &st));
   ASSERT_EQ(st.format_version, 5); /* created at 4: lossless frames (block format 3) raise it */
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
@@ -207,7 +333,9 @@ static void test_methods_round_trip(void)
   uint32_t tok[N];
   tokens(tok, N, 102);
   fill(tok, N, src);
-  expected_quant(src, N, 4, 0, 0, exp);
+  kvdb_config c4;
+  ASSERT_OK(kvdb_config_parse("int4", &c4));
+  expected_quant(src, N, &c4, exp);
   kvdb_kv_view v;
   ASSERT_OK(kvdb_kv_view_packed(&v, out, &M, N, KVDB_LAYOUT_LKTHD));
   size_t hit;
@@ -533,7 +661,7 @@ static void test_recompress_and_sharing(void)
   ASSERT_EQ(ci.config.method, KVDB_METHOD_QUANT);
   ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
   ASSERT_EQ(hit, N);
-  expected_quant(src, N, 4, 0, 0, exp);
+  expected_quant(src, N, &to, exp);
   ASSERT(memcmp(out, exp, N * tb) == 0); /* the re-encoded blocks, not the cached exact ones */
   kvdb_profile_entry e[64];
   size_t n;
@@ -656,9 +784,75 @@ static void test_corrupt_compressed(void)
   (void)st;
 }
 
+/* A get of int4 blocks of >= 4 MiB of KV runs each block's layers on every core (get.c
+ * layers_mt): it returns what kvdb_get_context (one section at a time, one thread) returns,
+ * and a damaged section in the layers of another thread than the caller's is caught there: the
+ * block is not delivered, counted corrupt. */
+static void test_mt_get(void)
+{
+  static const kvdb_model MT = {"test-compress-mt", 8, 8, 128, KVDB_F16, 256};
+  enum { NT = 512 };
+  char *dir = t_tmpdir("mtget");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  size_t tb = kvdb_model_token_bytes(&MT);
+  uint16_t *src = malloc(NT * tb), *a = malloc(NT * tb), *b = malloc(NT * tb);
+  ASSERT(src != NULL && a != NULL && b != NULL);
+  uint32_t tok[NT];
+  tokens(tok, NT, 77);
+  t_fill_kv(&MT, tok, NT, src);
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  ASSERT_OK(kvdb_config_parse("int4", &po.config));
+  kvdb_kv_view v;
+  ASSERT_OK(kvdb_kv_view_packed(&v, src, &MT, NT, KVDB_LAYOUT_LKTHD));
+  kvdb_put_info info;
+  ASSERT_OK(kvdb_put_ex(db, &MT, tok, NT, &v, &po, &info));
+  ASSERT_OK(kvdb_kv_view_packed(&v, a, &MT, NT, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(db, &MT, tok, NT, &v, &hit));
+  ASSERT_EQ(hit, NT);
+  kvdb_kv_view vb;
+  ASSERT_OK(kvdb_kv_view_packed(&vb, b, &MT, NT, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_get_context(db, &MT, &info.context, &vb, NULL, NULL));
+  ASSERT(memcmp(a, b, NT * tb) == 0);
+  ASSERT(memcmp(a, src, NT * tb) != 0); /* lossy */
+  kvdb_close(db);
+  /* a byte three quarters into block 0's object: a section of layer 5 or 6 of 8 */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
+  int fd = open(path, O_RDWR);
+  ASSERT(fd >= 0);
+  uint8_t hdr[128];
+  ASSERT(pread(fd, hdr, 128, 0) == 128);
+  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
+                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
+                 (uint64_t)hdr[99] << 24);
+  off_t off = (off_t)(b0 / 4 * 3);
+  uint8_t byte;
+  ASSERT(pread(fd, &byte, 1, off) == 1);
+  byte ^= 0x01;
+  ASSERT(pwrite(fd, &byte, 1, off) == 1);
+  close(fd);
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_get(db, &MT, tok, NT, &v, &hit));
+  ASSERT_EQ(hit, 0);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.corrupt_blocks, 1);
+  kvdb_close(db);
+  free(src);
+  free(a);
+  free(b);
+  t_rmdir(dir);
+}
+
 int main(void)
 {
+  test_mt_get();
   test_config_names();
+  test_rope_model();
   test_methods_round_trip();
   test_drop();
   test_get_tokens_partial();

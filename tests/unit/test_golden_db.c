@@ -539,6 +539,20 @@ static size_t parse_tokens(char **save, uint32_t **tok, size_t n)
   return n;
 }
 
+/* A config name as a manifest of formats 1 to 4 writes it, in today's names: those formats
+ * were written before issue 16, when "int4" and "int2" were KIVI, which is named "kivi4" and
+ * "kivi2" since int4 and int2 became KVQuant (the stored config is the same 12 bytes; only its
+ * name changed). Dropping with quantized rows ("keydiff50+int4") kept its name. */
+static const char *today_name(const char *want, char *buf, size_t cap)
+{
+  if ((strncmp(want, "int4", 4) == 0 || strncmp(want, "int2", 4) == 0) &&
+      (want[4] == 0 || want[4] == ':')) {
+    snprintf(buf, cap, "kivi%s", want + 3);
+    return buf;
+  }
+  return want;
+}
+
 /* Checks every manifest line against an open handle. `written`: 0 as written; 2 opened
  * read-write (upgraded to KVDB_FORMAT_VERSION, same contents); 1 this build wrote to it
  * (lifted to a later format, more contexts: stats lines then check >=). */
@@ -584,7 +598,8 @@ static void check_all(kvdb *db, const manifest *mf, int written)
     } else if (strcmp(op, "context") == 0) {
       kvdb_key key;
       ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
-      const char *want_cfg = strtok_r(NULL, " ", &save);
+      char today[48];
+      const char *want_cfg = today_name(strtok_r(NULL, " ", &save), today, sizeof today);
       uint64_t want_n = strtoull(strtok_r(NULL, " ", &save), NULL, 10);
       uint64_t want = strtoull(strtok_r(NULL, " ", &save), NULL, 16);
       char cfg[48];
@@ -641,7 +656,8 @@ static void check_all(kvdb *db, const manifest *mf, int written)
     } else if (strcmp(op, "profile") == 0) {
       kvdb_key key;
       ASSERT_OK(kvdb_key_parse(strtok_r(NULL, " ", &save), &key));
-      const char *want_cfg = strtok_r(NULL, " ", &save);
+      char today[48];
+      const char *want_cfg = today_name(strtok_r(NULL, " ", &save), today, sizeof today);
       uint64_t bytes = strtoull(strtok_r(NULL, " ", &save), NULL, 10);
       double q = strtod(strtok_r(NULL, " ", &save), NULL);
       double l2 = strtod(strtok_r(NULL, " ", &save), NULL);
