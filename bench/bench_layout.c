@@ -215,7 +215,6 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
   static const kvdb_dtype DT[2] = {KVDB_F32, KVDB_F16};
   static const uint32_t BT[2] = {16, 256};
   char k[128];
-  int rc = -1;
   fprintf(o, "\nbytes that follow the config (issue 16): %u stories260K contexts of %u tokens "
              "put through kvdb; stored = kvdb_context_stat bytes (block objects, 4 KiB pages), "
              "logical = tokens x %u layers x %u KV heads x 2 x head_dim %u x element bytes\n",
