@@ -282,6 +282,10 @@ out:
 typedef struct skeptic_m {
   double gain[3], geo[3], vs_lru3[3];
   char worst[3][48];
+  /* 5c: the oracle (bench_policy_oracle.c) at the same front points: the smallest gain of the
+   * default rule's placement on the true counts, and the LP's upper bound on any placement's */
+  double oracle[3], oracle_lp[3];
+  char oracle_worst[3][48], oracle_lp_worst[3][48];
   double base_ttft[3][PB_BASES], base_q[3][PB_BASES]; /* raw + each baseline */
   double raw3[3][PB_BASES]; /* gain vs raw + each eviction within 3% of its quality */
 } skeptic_m;
@@ -300,7 +304,13 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
     goto out;
   fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO, ARC} at equal "
              "quality (DRAM tier as kvdb has it)\n");
+  /* KVDB_BENCH_POLICY_TRACES: a mask of the traces to run (1 stationary, 2 drift, 4 one-shot;
+   * quick loops over one of them; the others report 0) */
+  const char *tmask = getenv("KVDB_BENCH_POLICY_TRACES");
+  int mask = tmask != NULL ? atoi(tmask) : 7;
   for (int mode = 0; mode < 3; mode++) {
+    if (!(mask & (1 << mode)))
+      continue;
     trace trm;
     memset(&trm, 0, sizeof trm);
     const trace *tr = tr0;
@@ -330,11 +340,33 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
       ok = pb_sim_evicpress(tr, &md, cm, PB_ALPHA[a], PB_HEAD, &ev[a]) == 0;
       ev[a].alpha = PB_ALPHA[a];
     }
-    pb_model_free(&md);
-    if (mode > 0)
-      pb_trace_free(&trm);
-    if (!ok)
+    /* 5c. the oracle: the sweep (placed on the true counts) and the LP bound on a finer grid
+     * of alpha (any alpha gives a valid bound; more of them a tighter one) */
+    pb_oracle orc;
+    memset(&orc, 0, sizeof orc);
+    result osw[N_ALPHA];
+    double la[N_ALPHA + PB_LP_GRID], lub[N_ALPHA + PB_LP_GRID];
+    size_t nl = 0;
+    ok = ok && pb_oracle_init(&orc, tr, &md, mode == PB_TRACE_DRIFT ? PB_DRIFT_PHASES : 1) == 0;
+    if (ok)
+      bench_log("policy (issue 17, %s): the oracle", mname[mode]);
+    for (size_t a = 0; ok && a < N_ALPHA; a++) {
+      ok = pb_oracle_run(&orc, PB_ALPHA[a], 1, &osw[a], &lub[nl]) == 0;
+      la[nl++] = PB_ALPHA[a];
+    }
+    for (size_t a = 0; ok && a < PB_LP_GRID; a++) { /* 0.01 .. 10^5.5, log-spaced */
+      result tmp;
+      la[nl] = pow(10.0, -2.0 + 7.5 * (double)a / (PB_LP_GRID - 1));
+      ok = pb_oracle_run(&orc, la[nl], 1, &tmp, &lub[nl]) == 0;
+      nl++;
+    }
+    if (!ok) {
+      pb_oracle_free(&orc);
+      pb_model_free(&md);
+      if (mode > 0)
+        pb_trace_free(&trm);
       goto out;
+    }
     gains g;
     pb_compare(base, nb, ev, N_ALPHA, 0.9, front, pg, pq, &g);
     /* the exact (raw) baselines are compared as LRU is, within 3% of their quality (no lossy
@@ -351,6 +383,47 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
     }
     sk->gain[mode] = np ? mn : 0;
     sk->geo[mode] = np ? exp(lsum / (double)np) : 0;
+    /* the oracle at the same points, the same rule (lowest TTFT at >= the point's quality) */
+    double omn = INFINITY, lmn = INFINITY;
+    fprintf(o, "%s: the oracle (true request counts%s; the default rule places on them) and "
+               "the LP bound on any placement, at the baselines' front points:\n",
+            mname[mode], mode == PB_TRACE_DRIFT ? ", re-placed for free at each of the phases"
+                                                : "");
+    for (size_t k = 1; k < nb; k++) {
+      if (!front[k] || isnan(pg[k]) || (k - 1) % NCFG == CFG_RAW)
+        continue;
+      double te = pb_oracle_ttft_at(&orc, osw, N_ALPHA, base[k].quality);
+      double tl = pb_oracle_lp_ttft_at(la, lub, nl, base[k].quality);
+      double og = te > 0 ? base[k].ttft / te : 0, lg = tl > 0 ? base[k].ttft / tl : INFINITY;
+      fprintf(o, "  %-18s TTFT %.4f s q %.4f: default %.3fx, oracle %.3fx (%.4f s), LP bound "
+                 "%.3fx (>= %.4f s)\n",
+              base[k].name, base[k].ttft, base[k].quality, pg[k], og, te, lg, tl);
+      if (og < omn) {
+        omn = og;
+        snprintf(sk->oracle_worst[mode], sizeof sk->oracle_worst[mode], "%s", base[k].name);
+      }
+      if (lg < lmn) {
+        lmn = lg;
+        snprintf(sk->oracle_lp_worst[mode], sizeof sk->oracle_lp_worst[mode], "%s",
+                 base[k].name);
+      }
+    }
+    sk->oracle[mode] = np ? omn : 0;
+    sk->oracle_lp[mode] = np ? lmn : 0;
+    fprintf(o, "  oracle sweep (alpha: TTFT s, quality, DRAM/SSD/miss):");
+    for (size_t a = 0; a < N_ALPHA; a++)
+      fprintf(o, " %g: %.4f %.4f %.2f/%.2f/%.2f;", osw[a].alpha, osw[a].ttft, osw[a].quality,
+              osw[a].hit_dram, osw[a].hit_ssd, osw[a].miss);
+    fprintf(o, "\n  default sweep (alpha: TTFT s, quality, DRAM/SSD/miss):");
+    for (size_t a = 0; a < N_ALPHA; a++)
+      fprintf(o, " %g: %.4f %.4f %.2f/%.2f/%.2f;", ev[a].alpha, ev[a].ttft, ev[a].quality,
+              ev[a].hit_dram, ev[a].hit_ssd, ev[a].miss);
+    fprintf(o, "\n  oracle min %.3fx (vs %s), LP bound min %.3fx (vs %s)\n", sk->oracle[mode],
+            sk->oracle_worst[mode], sk->oracle_lp[mode], sk->oracle_lp_worst[mode]);
+    pb_oracle_free(&orc);
+    pb_model_free(&md);
+    if (mode > 0)
+      pb_trace_free(&trm);
     sk->vs_lru3[mode] = g.vs_lru_3pct;
     snprintf(sk->worst[mode], sizeof sk->worst[mode], "%s", np ? base[worst].name : "-");
     for (int b = 1; b < PB_BASES; b++) { /* raw + LFU / S3-FIFO / ARC within 3% of their quality */
@@ -384,6 +457,41 @@ out:
   free(pg);
   free(pq);
   return rc;
+}
+
+/* Part 5b/5c's JSON fields. */
+static void skeptic_json(bench_json *j, const skeptic_m *sk)
+{
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk->gain[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk->gain[1]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk->gain[2]);
+  bench_json_str(j, "best_fixed_config_worst_baseline", sk->worst[0]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk->worst[1]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk->worst[2]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk->geo[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk->geo[1]);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk->vs_lru3[1]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct", sk->raw3[0][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk->raw3[0][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk->raw3[1][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk->raw3[1][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct", sk->raw3[0][PB_BASE_ARC]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct_drift", sk->raw3[1][PB_BASE_ARC]);
+  for (int b = 0; b < PB_BASES; b++) {
+    char k[64];
+    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk->base_ttft[0][b]);
+    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk->base_ttft[1][b]);
+  }
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config", sk->oracle[0]);
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config_drift", sk->oracle[1]);
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config_oneshot", sk->oracle[2]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config", sk->oracle_lp[0]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config_drift", sk->oracle_lp[1]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config_oneshot", sk->oracle_lp[2]);
+  bench_json_str(j, "oracle_worst_baseline", sk->oracle_worst[0]);
+  bench_json_str(j, "oracle_worst_baseline_drift", sk->oracle_worst[1]);
 }
 
 /* Part 7: the share of the exact optimum per rule, printed and into the JSON. */
@@ -451,7 +559,9 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds);
    * =puts: part 6's puts through the engine alone (put_overhead_of_placement);
    * =place100k: parts 1-3 (tiers, configs, trace) and then only the 100k-context placement
-   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line) */
+   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line);
+   * =skeptic: parts 1-3 and then parts 5b and 5c (the strongest baselines on the three traces
+   * and the oracle; their JSON fields) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
     return report_optimality(env, o, j, NULL);
@@ -461,9 +571,26 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* 1. tiers */
   tiers_m tm;
   memset(&tm, 0, sizeof tm);
-  bench_log("policy: probing DRAM and the SSD (%s)", env->dir);
-  if (pb_probe_dram(env, &tm) != 0 || pb_probe_ssd(env, &tm) != 0)
-    goto out;
+  /* KVDB_BENCH_POLICY_TIERS="DRAM_GBPS,DRAM_LAT_US,SSD_GBPS,SSD_LAT_US": these figures instead
+   * of the probes (comparisons between runs on a loaded machine, where a probe moves 4x) */
+  const char *tfix = getenv("KVDB_BENCH_POLICY_TIERS");
+  if (tfix != NULL) {
+    double dg, dl, sg, sl;
+    if (sscanf(tfix, "%lf,%lf,%lf,%lf", &dg, &dl, &sg, &sl) != 4 || !(dg > 0) || !(dl >= 0) ||
+        !(sg > 0) || !(sl >= 0)) {
+      bench_log("KVDB_BENCH_POLICY_TIERS='%s': want DRAM_GBPS,DRAM_LAT_US,SSD_GBPS,SSD_LAT_US",
+                tfix);
+      goto out;
+    }
+    tm.dram_bps = dg * 1e9, tm.dram_lat_s = dl * 1e-6;
+    tm.ssd_bps = sg * 1e9, tm.ssd_lat_s = sl * 1e-6;
+    tm.direct = 1;
+    tm.cache_drop = "fixed by KVDB_BENCH_POLICY_TIERS";
+  } else {
+    bench_log("policy: probing DRAM and the SSD (%s)", env->dir);
+    if (pb_probe_dram(env, &tm) != 0 || pb_probe_ssd(env, &tm) != 0)
+      goto out;
+  }
   fprintf(o, "tiers (measured now): DRAM memcpy %.2f GB/s, 4 KiB copy %.2f us | SSD O_DIRECT "
              "read %.2f GB/s (direct_io %d, %s), 4 KiB read %.1f us | SmartSSD (100k test "
              "only) = SSD\n",
@@ -504,6 +631,30 @@ int bench_policy(const bench_env *env, bench_json *j)
     if (pb_set_quality(&run, qs) != 0)
       goto out;
     cm[k].q_syn = qs[0];
+  }
+  /* KVDB_BENCH_POLICY_DECODE=FILE: the decode speeds of FILE when it exists (one "name GB/s"
+   * line per config), else this run's written there: runs compared on a loaded machine keep
+   * one set (the measured speeds move with the load) */
+  const char *dfile = getenv("KVDB_BENCH_POLICY_DECODE");
+  if (dfile != NULL) {
+    FILE *df = fopen(dfile, "r");
+    if (df != NULL) {
+      char nm[64];
+      double gb;
+      size_t got = 0;
+      while (fscanf(df, "%63s %lf", nm, &gb) == 2)
+        for (size_t k = 0; k < NCFG; k++)
+          if (strcmp(nm, cm[k].name) == 0 && cm[k].cfg.method != KVDB_METHOD_RAW) {
+            cm[k].decode_bps = gb * 1e9;
+            got++;
+          }
+      fclose(df);
+      bench_log("policy: %zu decode speeds from %s", got, dfile);
+    } else if ((df = fopen(dfile, "w")) != NULL) {
+      for (size_t k = 0; k < NCFG; k++)
+        fprintf(df, "%s %.6f\n", cm[k].name, cm[k].decode_bps / 1e9);
+      fclose(df);
+    }
   }
   kvdb_config sens_cfg;
   if (kvdb_config_parse(PB_SENS_CFG, &sens_cfg) != KVDB_OK) {
@@ -607,6 +758,19 @@ int bench_policy(const bench_env *env, bench_json *j)
           PB_DRAM_FRAC * 100, (double)tr.raw_total * PB_DRAM_FRAC / 1e9, PB_SSD_FRAC * 100,
           (double)tr.raw_total * PB_SSD_FRAC / 1e9, PB_PREFILL_TPS, PB_HALF_LIFE_PER_CTX * tr.n);
 
+  if (only != NULL && strcmp(only, "skeptic") == 0) { /* parts 5b and 5c alone */
+    skeptic_m sk;
+    memset(&sk, 0, sizeof sk);
+    if (run_skeptic(env, o, &tr, &tm, cm, q_real, n_real, &sk) != 0)
+      goto out;
+    fprintf(o, "\nttft_gain_vs_best_fixed_config %.3f (oracle %.3f, LP bound %.3f), _drift %.3f "
+               "(oracle %.3f, LP bound %.3f), _oneshot %.3f (oracle %.3f, LP bound %.3f)\n",
+            sk.gain[0], sk.oracle[0], sk.oracle_lp[0], sk.gain[1], sk.oracle[1],
+            sk.oracle_lp[1], sk.gain[2], sk.oracle[2], sk.oracle_lp[2]);
+    skeptic_json(j, &sk);
+    rc = 0;
+    goto out;
+  }
   if (only != NULL && strcmp(only, "place100k") == 0) {
     for (int d = 0; d < 2; d++) {
       big_m big;
@@ -675,28 +839,7 @@ int bench_policy(const bench_env *env, bench_json *j)
             om.all[PB_HEAD][1], om.all[PB_HEAD][0], T17_OPT_P5, T17_OPT_MIN,
             bench_met(t4), h->place_ms, T17_PLACE_100K_MS, bench_met(t5));
   }
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk.gain[0]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk.gain[1]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk.gain[2]);
-  bench_json_str(j, "best_fixed_config_worst_baseline", sk.worst[0]);
-  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk.worst[1]);
-  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk.worst[2]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk.geo[0]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk.geo[1]);
-  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk.vs_lru3[1]);
-  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct", sk.raw3[0][PB_BASE_LFU]);
-  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk.raw3[0][PB_BASE_S3FIFO]);
-  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk.raw3[1][PB_BASE_LFU]);
-  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk.raw3[1][PB_BASE_S3FIFO]);
-  bench_json_num(j, "ttft_gain_vs_arc_within_3pct", sk.raw3[0][PB_BASE_ARC]);
-  bench_json_num(j, "ttft_gain_vs_arc_within_3pct_drift", sk.raw3[1][PB_BASE_ARC]);
-  for (int b = 0; b < PB_BASES; b++) {
-    char k[64];
-    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
-    bench_json_num(j, k, sk.base_ttft[0][b]);
-    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
-    bench_json_num(j, k, sk.base_ttft[1][b]);
-  }
+  skeptic_json(j, &sk);
 
   /* JSON */
   bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[PB_HEAD].vs_compress);

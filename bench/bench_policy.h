@@ -9,6 +9,7 @@
  *   bench_policy_base.c     4b. the LFU and S3-FIFO baselines
  *   bench_policy_sim.c      4-5. LRU, fixed compression + LRU and EvicPress on the trace; their
  *                           comparison at equal quality
+ *   bench_policy_oracle.c   5c. the oracle: placement knowing the true request counts
  *   bench_policy_bound.c    6. the greedy against the LP bound; 100,000 contexts placed
  *   bench_policy_opt.c      7. the share of the exact optimum per rule (small instances)
  *   bench_place_put.c       placement on put through the engine (bench_policy_puts)
@@ -258,6 +259,7 @@ void pb_trace_free(trace *t);
 enum { PB_TRACE_STATIONARY = 0, PB_TRACE_DRIFT = 1, PB_TRACE_ONESHOT = 2 };
 #define PB_DRIFT_PHASES 8
 #define PB_DRIFT_SWAP 0.5
+#define PB_LP_GRID 64 /* the oracle's LP bound: alphas besides the sweep's */
 int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_real,
                         uint32_t n_real, int mode, trace *tr);
 
@@ -270,7 +272,7 @@ typedef struct result {
   double ttft, quality;
   double hit_dram, hit_ssd, miss;
   double write_gb_per_req;
-  uint64_t recompress, moves;
+  uint64_t recompress, moves, promoted;
   uint32_t hist_cached[NCFG], hist_ssd[NCFG]; /* EvicPress runs: configs in use at the end */
 } result;
 
@@ -345,6 +347,33 @@ typedef struct gains {
  * points; gains are taken at the compressed front points of quality >= floor x LRU's. */
 void pb_compare(const result *fixed, size_t n_fixed, const result *ev, size_t n_ev,
                 double floor, uint8_t *on_front, double *pt_gain, double *pt_qgain, gains *g);
+
+/* ---- 5c. the oracle: placement knowing the true request counts (bench_policy_oracle.c) --- */
+
+typedef struct pb_oracle {
+  const trace *tr;
+  const model *md;
+  int phases;            /* 1, or PB_DRIFT_PHASES: re-placed for free at each phase */
+  double *f;             /* [phases][n] request counts of the measured requests, but the first
+                            request of each context (a miss for anyone) */
+  double *comp_n, *comp_s; /* [phases] those first requests: count, prefill seconds */
+  kv_policy_context *pc; /* [n] */
+  kv_policy_ws *ws;
+} pb_oracle;
+
+int pb_oracle_init(pb_oracle *o, const trace *tr, const model *md, int phases);
+
+void pb_oracle_free(pb_oracle *o);
+
+/* The oracle at one alpha: mean TTFT and quality of the default rule's placement on the true
+ * counts (res), and with want_ub the LP bound's total utility / total count (ub_over_f). */
+int pb_oracle_run(pb_oracle *o, double alpha, int want_ub, result *res, double *ub_over_f);
+
+/* The lowest oracle TTFT at quality >= q (-1: none reaches q); bisects alpha. */
+double pb_oracle_ttft_at(pb_oracle *o, const result *sweep, size_t n_sweep, double q);
+
+/* The LP's lower bound on the mean TTFT of any placement of quality >= q. */
+double pb_oracle_lp_ttft_at(const double *alpha, const double *ub_over_f, size_t n, double q);
 
 /* ---- 6. the greedy against the bound, 100k contexts (bench_policy_bound.c) -------------- */
 
