@@ -176,6 +176,22 @@ static inline int pfail(const char *what, kvdb_status st, const kv_policy_err *e
   return -1;
 }
 
+/* Prefill cost super-linear in length (issue 17 must-have 2): Llama-3.1-8B's prefill FLOPs are
+ * 2 x 7.5e9 per token (weights, embeddings left out) plus causal attention, 2 (QK^T, AV) x 2 x
+ * 32 layers x 4096 (32 heads x 128) / 2 per token pair = 2.6e5 N^2: time = N / prefill rate x
+ * (1 + N / PB_PREFILL_N0), N0 = 1.5e10 / 2.62e5 (the rate PB_PREFILL_TPS being that of short
+ * prompts). Not measured: the reference model here (stories260K, 512 positions) is too small
+ * for its attention to show. The policy takes it through n_tokens (TTFT(none) = n_tokens /
+ * prefill rate): n_tokens = N (1 + N / N0). KVDB_BENCH_POLICY_PREFILL=linear: N. */
+#define PB_PREFILL_N0 57220.0
+static inline uint64_t pb_prefill_tokens(uint64_t n)
+{
+  const char *e = getenv("KVDB_BENCH_POLICY_PREFILL");
+  if (e != NULL && strcmp(e, "linear") == 0)
+    return n;
+  return n + (uint64_t)((double)n * (double)n / PB_PREFILL_N0);
+}
+
 /* ---- 1. tier probes (bench_policy_tiers.c) ---------------------------------------------- */
 
 typedef struct tiers_m {
@@ -238,6 +254,8 @@ typedef struct tctx {
   uint32_t base, dataset;
   double sens;
   uint64_t tokens, raw;
+  uint64_t ptok; /* prefill-equivalent tokens (pb_prefill_tokens): the policy's n_tokens */
+  double qs[NCFG]; /* quality as scored (held-out probes); opt[].quality: as decided */
   kv_policy_option opt[NCFG];
 } tctx;
 
@@ -250,8 +268,10 @@ typedef struct trace {
   double *f_end; /* decayed access counts at the end of the trace */
 } trace;
 
-int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, uint32_t n_real,
-                   trace *tr);
+/* q_real: the profiles the placement decides on, q_score those requests are scored with (held-out
+ * probe queries; NULL: q_real), both [NCFG + 1][n_real]. */
+int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real,
+                   const double *q_score, uint32_t n_real, trace *tr);
 
 void pb_trace_free(trace *t);
 
@@ -261,7 +281,7 @@ enum { PB_TRACE_STATIONARY = 0, PB_TRACE_DRIFT = 1, PB_TRACE_ONESHOT = 2 };
 #define PB_DRIFT_SWAP 0.5
 #define PB_LP_GRID 64 /* the oracle's LP bound: alphas besides the sweep's */
 int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_real,
-                        uint32_t n_real, int mode, trace *tr);
+                        const double *q_score, uint32_t n_real, int mode, trace *tr);
 
 /* ---- 4-5. simulation and comparisons (bench_policy_sim.c) ------------------------------- */
 
@@ -358,6 +378,7 @@ typedef struct pb_oracle {
                             request of each context (a miss for anyone) */
   double *comp_n, *comp_s; /* [phases] those first requests: count, prefill seconds */
   kv_policy_context *pc; /* [n] */
+  kv_policy_option *opt; /* [n][NCFG]: the options with the qualities as scored */
   kv_policy_ws *ws;
 } pb_oracle;
 

@@ -15,6 +15,9 @@
  *              the TTFT of any per-phase static placement at quality q: the gain it implies is
  *              an upper bound on any placement rule's, given the true counts.
  *
+ * The oracle places on the qualities as scored (the held-out probes' profiles), not on those
+ * the rules decide on.
+ *
  * Each context's first request of the whole trace is a miss for any online policy (there is
  * nothing stored to load): the oracle serves it by a prefill too (quality 1), and places on
  * the other requests' counts; U of those misses (alpha - prefill each) joins the LP's.
@@ -61,17 +64,23 @@ int pb_oracle_init(pb_oracle *o, const trace *tr, const model *md, int phases)
   o->comp_n = calloc((size_t)phases, sizeof *o->comp_n);
   o->comp_s = calloc((size_t)phases, sizeof *o->comp_s);
   o->pc = calloc(tr->n, sizeof *o->pc);
+  o->opt = malloc((size_t)tr->n * NCFG * sizeof *o->opt);
   o->ws = kv_policy_ws_create();
   size_t *first = malloc(tr->n * sizeof *first);
   if (o->f == NULL || o->comp_n == NULL || o->comp_s == NULL || o->pc == NULL ||
-      o->ws == NULL || first == NULL) {
+      o->opt == NULL || o->ws == NULL || first == NULL) {
     free(first);
     pb_oracle_free(o);
     bench_log("out of memory (oracle)");
     return -1;
   }
-  for (uint32_t i = 0; i < tr->n; i++)
+  for (uint32_t i = 0; i < tr->n; i++) { /* the oracle knows the qualities as scored */
     first[i] = SIZE_MAX;
+    for (uint32_t k = 0; k < NCFG; k++) {
+      o->opt[(size_t)i * NCFG + k] = tr->c[i].opt[k];
+      o->opt[(size_t)i * NCFG + k].quality = tr->c[i].qs[k];
+    }
+  }
   for (size_t r = 0; r < tr->n_req; r++)
     if (first[tr->req[r]] == SIZE_MAX)
       first[tr->req[r]] = r;
@@ -88,6 +97,7 @@ void pb_oracle_free(pb_oracle *o)
   free(o->comp_n);
   free(o->comp_s);
   free(o->pc);
+  free(o->opt);
   kv_policy_ws_free(o->ws);
   memset(o, 0, sizeof *o);
 }
@@ -112,10 +122,10 @@ int pb_oracle_run(pb_oracle *o, double alpha, int want_ub, result *res, double *
       if (f[i] <= 0) /* not requested in this phase: not stored costs nothing */
         continue;
       kv_policy_context *c = &o->pc[m++];
-      c->options = tr->c[i].opt;
+      c->options = &o->opt[(size_t)i * NCFG];
       c->n_options = NCFG;
       c->raw_bytes = tr->c[i].raw;
-      c->n_tokens = tr->c[i].tokens;
+      c->n_tokens = tr->c[i].ptok;
       c->frequency = f[i];
       c->current = kv_policy_place_none();
     }

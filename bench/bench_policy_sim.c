@@ -69,7 +69,7 @@ int pb_model_init(model *md, const trace *tr, const tiers_m *tm, int decoded)
     c.options = tr->c[i].opt;
     c.n_options = NCFG;
     c.raw_bytes = tr->c[i].raw;
-    c.n_tokens = tr->c[i].tokens;
+    c.n_tokens = tr->c[i].ptok;
     c.frequency = 1;
     c.current = kv_policy_place_none();
     for (uint32_t k = 0; k < NCFG; k++) {
@@ -121,7 +121,7 @@ int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
     double wbytes = 0;
     if (in_d[i]) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].opt[cfg].quality, 0);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].qs[cfg], 0);
       lru_unlink(&D, i);
       lru_push_front(&D, i);
       lru_unlink(&S, i);
@@ -130,7 +130,7 @@ int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
     }
     if (in_s[i]) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].opt[cfg].quality, 1);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].qs[cfg], 1);
       lru_unlink(&S, i);
       lru_push_front(&S, i);
     } else {
@@ -262,7 +262,7 @@ static size_t ev_instance(evsim *e, double now, int64_t in)
     c->options = &e->ro[(size_t)i * NCFG];
     c->n_options = e->nro[i];
     c->raw_bytes = e->tr->c[i].raw;
-    c->n_tokens = e->tr->c[i].tokens;
+    c->n_tokens = e->tr->c[i].ptok;
     c->frequency = ev_freq(e, i, now);
     int32_t sub = -1;
     for (uint32_t k = 0; k < e->nro[i]; k++)
@@ -277,7 +277,7 @@ static size_t ev_instance(evsim *e, double now, int64_t in)
     c->options = &e->ro[(size_t)i * NCFG];
     c->n_options = e->nro[i];
     c->raw_bytes = e->tr->c[i].raw;
-    c->n_tokens = e->tr->c[i].tokens;
+    c->n_tokens = e->tr->c[i].ptok;
     c->frequency = ev_freq(e, i, now);
     c->current = kv_policy_place_none();
     e->idx[m++] = i;
@@ -448,7 +448,7 @@ int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double al
       int where = e.cached[i] ? 0 : 1;
       if (meas)
         acc_add(&e.a, md->ttft[((size_t)i * NCFG + (uint32_t)e.cfg[i]) * 2 + (size_t)where],
-                tr->c[i].opt[e.cfg[i]].quality, where);
+                tr->c[i].qs[e.cfg[i]], where);
       if (where == 1 && promote)
         ev_promote(&e, i, now, &wbytes);
     } else {
