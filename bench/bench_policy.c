@@ -65,6 +65,20 @@
  *                                    can be negative, so a plain ratio means nothing), bound =
  *                                    kv_policy_upper_bound (LP relaxation); the smallest over
  *                                    the alpha sweep up to PB_ALPHA_BOUND_MAX
+ * 5b/5c. (issue 17) The default rule against every config + {LRU, LFU, S3-FIFO, ARC} at equal
+ *    quality on three traces (stationary, drifting, one-shot), beside the same with alpha refined
+ *    between the sweep's points, and the oracle (bench_policy_oracle.c): the default rule placing
+ *    on the true request counts, re-placing at each drift phase for free, each context's first
+ *    request a miss; and the LP bound on any placement at the same points.
+ *    Profiles: decided on the first half of the captured query positions (SnapKV's window and
+ *    the profile's probes, what a put gives), scored on the second half (the queries that come
+ *    after); KVDB_BENCH_POLICY_SPLIT=0 decides and scores on all of them. Prefill: super-linear
+ *    in length (bench_policy.h pb_prefill_tokens; KVDB_BENCH_POLICY_PREFILL=linear: linear).
+ *    The simulation promotes on a hit as the engine does (KVDB_BENCH_POLICY_PROMOTE=0: not).
+ *    Comparable loops on a loaded machine: KVDB_BENCH_POLICY_ONLY=skeptic (parts 1-3, 5b, 5c),
+ *    KVDB_BENCH_POLICY_TRACES (mask: 1 stationary, 2 drift, 4 one-shot),
+ *    KVDB_BENCH_POLICY_TIERS=DRAM_GBPS,DRAM_LAT_US,SSD_GBPS,SSD_LAT_US (no probes),
+ *    KVDB_BENCH_POLICY_DECODE=FILE (decode speeds kept in FILE).
  * 6. Placement on put through the engine (bench_place_put.c): a put's time as the store grows,
  *    with placement off, and on with slack 5% and 0 (JSON put_*).
  *      place_100k_ms                 kv_policy_rebalance of 100,000 contexts x every config x 3
@@ -282,12 +296,53 @@ out:
 typedef struct skeptic_m {
   double gain[3], geo[3], vs_lru3[3];
   char worst[3][48];
+  /* 5c: the oracle (bench_policy_oracle.c) at the same front points: the smallest gain of the
+   * default rule's placement on the true counts, and the LP's upper bound on any placement's */
+  double oracle[3], oracle_lp[3];
+  char oracle_worst[3][48], oracle_lp_worst[3][48];
+  double refined[3]; /* the default's gain with alpha refined between the sweep's points */
+  char refined_worst[3][48];
   double base_ttft[3][PB_BASES], base_q[3][PB_BASES]; /* raw + each baseline */
   double raw3[3][PB_BASES]; /* gain vs raw + each eviction within 3% of its quality */
 } skeptic_m;
 
+/* The default rule's lowest TTFT at quality >= q with alpha refined between the sweep's points:
+ * a bisection of alpha between the last point below q and the first at or above it (6 runs);
+ * every run that reaches q counts. The sweep's own best is the start (-1: none reaches q). */
+#define PB_REFINE_STEPS 6
+static double refine_ttft(const trace *tr, const model *md, const cfgm *cm, const result *ev,
+                          size_t n, double q)
+{
+  double best = -1, lo = -1, hi = -1;
+  for (size_t a = 0; a < n; a++) {
+    if (ev[a].quality >= q) {
+      if (best < 0 || ev[a].ttft < best)
+        best = ev[a].ttft;
+      if (hi < 0)
+        hi = ev[a].alpha;
+    } else if (hi < 0) {
+      lo = ev[a].alpha;
+    }
+  }
+  for (int it = 0; hi >= 0 && lo >= 0 && it < PB_REFINE_STEPS; it++) {
+    double mid = lo > 0 ? sqrt(lo * hi) : 0.5 * (lo + hi);
+    result r;
+    memset(&r, 0, sizeof r);
+    if (pb_sim_evicpress(tr, md, cm, mid, PB_HEAD, &r) != 0)
+      break;
+    if (r.quality >= q) {
+      hi = mid;
+      best = r.ttft < best ? r.ttft : best;
+    } else {
+      lo = mid;
+    }
+  }
+  return best;
+}
+
 static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const tiers_m *tm,
-                       const cfgm *cm, const double *q_real, uint32_t n_real, skeptic_m *sk)
+                       const cfgm *cm, const double *q_real, const double *q_sco, uint32_t n_real,
+                       skeptic_m *sk)
 {
   static const char *const mname[3] = {"stationary Zipf", "drifting popularity",
                                        "one-shot contexts mixed in"};
@@ -300,12 +355,18 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
     goto out;
   fprintf(o, "\n=== issue 17: the default rule vs every config + {LRU, LFU, S3-FIFO, ARC} at equal "
              "quality (DRAM tier as kvdb has it)\n");
+  /* KVDB_BENCH_POLICY_TRACES: a mask of the traces to run (1 stationary, 2 drift, 4 one-shot;
+   * quick loops over one of them; the others report 0) */
+  const char *tmask = getenv("KVDB_BENCH_POLICY_TRACES");
+  int mask = tmask != NULL ? atoi(tmask) : 7;
   for (int mode = 0; mode < 3; mode++) {
+    if (!(mask & (1 << mode)))
+      continue;
     trace trm;
     memset(&trm, 0, sizeof trm);
     const trace *tr = tr0;
     if (mode > 0) {
-      if (pb_build_trace_mode(env, cm, q_real, n_real, mode, &trm) != 0)
+      if (pb_build_trace_mode(env, cm, q_real, q_sco, n_real, mode, &trm) != 0)
         goto out;
       tr = &trm;
     }
@@ -330,11 +391,33 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
       ok = pb_sim_evicpress(tr, &md, cm, PB_ALPHA[a], PB_HEAD, &ev[a]) == 0;
       ev[a].alpha = PB_ALPHA[a];
     }
-    pb_model_free(&md);
-    if (mode > 0)
-      pb_trace_free(&trm);
-    if (!ok)
+    /* 5c. the oracle: the sweep (placed on the true counts) and the LP bound on a finer grid
+     * of alpha (any alpha gives a valid bound; more of them a tighter one) */
+    pb_oracle orc;
+    memset(&orc, 0, sizeof orc);
+    result osw[N_ALPHA];
+    double la[N_ALPHA + PB_LP_GRID], lub[N_ALPHA + PB_LP_GRID];
+    size_t nl = 0;
+    ok = ok && pb_oracle_init(&orc, tr, &md, mode == PB_TRACE_DRIFT ? PB_DRIFT_PHASES : 1) == 0;
+    if (ok)
+      bench_log("policy (issue 17, %s): the oracle", mname[mode]);
+    for (size_t a = 0; ok && a < N_ALPHA; a++) {
+      ok = pb_oracle_run(&orc, PB_ALPHA[a], 1, &osw[a], &lub[nl]) == 0;
+      la[nl++] = PB_ALPHA[a];
+    }
+    for (size_t a = 0; ok && a < PB_LP_GRID; a++) { /* 0.01 .. 10^5.5, log-spaced */
+      result tmp;
+      la[nl] = pow(10.0, -2.0 + 7.5 * (double)a / (PB_LP_GRID - 1));
+      ok = pb_oracle_run(&orc, la[nl], 1, &tmp, &lub[nl]) == 0;
+      nl++;
+    }
+    if (!ok) {
+      pb_oracle_free(&orc);
+      pb_model_free(&md);
+      if (mode > 0)
+        pb_trace_free(&trm);
       goto out;
+    }
     gains g;
     pb_compare(base, nb, ev, N_ALPHA, 0.9, front, pg, pq, &g);
     /* the exact (raw) baselines are compared as LRU is, within 3% of their quality (no lossy
@@ -351,6 +434,75 @@ static int run_skeptic(const bench_env *env, FILE *o, const trace *tr0, const ti
     }
     sk->gain[mode] = np ? mn : 0;
     sk->geo[mode] = np ? exp(lsum / (double)np) : 0;
+    /* the same with the default's alpha refined between the sweep's points (the baselines have
+     * no knob between their configs): points in the order of their gain on the sweep, until the
+     * next one's (a floor of its refined gain) is above the smallest refined so far */
+    {
+      double rmn = INFINITY;
+      uint8_t *done = calloc(nb, 1);
+      for (;;) {
+        size_t kk = 0;
+        double gk = INFINITY;
+        for (size_t k = 1; done != NULL && k < nb; k++)
+          if (front[k] && !isnan(pg[k]) && (k - 1) % NCFG != CFG_RAW && !done[k] && pg[k] < gk)
+            gk = pg[k], kk = k;
+        if (kk == 0 || gk >= rmn)
+          break;
+        done[kk] = 1;
+        double te = refine_ttft(tr, &md, cm, ev, N_ALPHA, base[kk].quality);
+        double rg = te > 0 ? base[kk].ttft / te : 0;
+        fprintf(o, "  %s: default with alpha refined %.3fx (sweep %.3fx)\n", base[kk].name, rg,
+                pg[kk]);
+        if (rg < rmn) {
+          rmn = rg;
+          snprintf(sk->refined_worst[mode], sizeof sk->refined_worst[mode], "%s",
+                   base[kk].name);
+        }
+      }
+      free(done);
+      sk->refined[mode] = np && isfinite(rmn) ? rmn : 0;
+    }
+    /* the oracle at the same points, the same rule (lowest TTFT at >= the point's quality) */
+    double omn = INFINITY, lmn = INFINITY;
+    fprintf(o, "%s: the oracle (true request counts%s; the default rule places on them) and "
+               "the LP bound on any placement, at the baselines' front points:\n",
+            mname[mode], mode == PB_TRACE_DRIFT ? ", re-placed for free at each of the phases"
+                                                : "");
+    for (size_t k = 1; k < nb; k++) {
+      if (!front[k] || isnan(pg[k]) || (k - 1) % NCFG == CFG_RAW)
+        continue;
+      double te = pb_oracle_ttft_at(&orc, osw, N_ALPHA, base[k].quality);
+      double tl = pb_oracle_lp_ttft_at(la, lub, nl, base[k].quality);
+      double og = te > 0 ? base[k].ttft / te : 0, lg = tl > 0 ? base[k].ttft / tl : INFINITY;
+      fprintf(o, "  %-18s TTFT %.4f s q %.4f: default %.3fx, oracle %.3fx (%.4f s), LP bound "
+                 "%.3fx (>= %.4f s)\n",
+              base[k].name, base[k].ttft, base[k].quality, pg[k], og, te, lg, tl);
+      if (og < omn) {
+        omn = og;
+        snprintf(sk->oracle_worst[mode], sizeof sk->oracle_worst[mode], "%s", base[k].name);
+      }
+      if (lg < lmn) {
+        lmn = lg;
+        snprintf(sk->oracle_lp_worst[mode], sizeof sk->oracle_lp_worst[mode], "%s",
+                 base[k].name);
+      }
+    }
+    sk->oracle[mode] = np ? omn : 0;
+    sk->oracle_lp[mode] = np ? lmn : 0;
+    fprintf(o, "  oracle sweep (alpha: TTFT s, quality, DRAM/SSD/miss):");
+    for (size_t a = 0; a < N_ALPHA; a++)
+      fprintf(o, " %g: %.4f %.4f %.2f/%.2f/%.2f;", osw[a].alpha, osw[a].ttft, osw[a].quality,
+              osw[a].hit_dram, osw[a].hit_ssd, osw[a].miss);
+    fprintf(o, "\n  default sweep (alpha: TTFT s, quality, DRAM/SSD/miss):");
+    for (size_t a = 0; a < N_ALPHA; a++)
+      fprintf(o, " %g: %.4f %.4f %.2f/%.2f/%.2f;", ev[a].alpha, ev[a].ttft, ev[a].quality,
+              ev[a].hit_dram, ev[a].hit_ssd, ev[a].miss);
+    fprintf(o, "\n  oracle min %.3fx (vs %s), LP bound min %.3fx (vs %s)\n", sk->oracle[mode],
+            sk->oracle_worst[mode], sk->oracle_lp[mode], sk->oracle_lp_worst[mode]);
+    pb_oracle_free(&orc);
+    pb_model_free(&md);
+    if (mode > 0)
+      pb_trace_free(&trm);
     sk->vs_lru3[mode] = g.vs_lru_3pct;
     snprintf(sk->worst[mode], sizeof sk->worst[mode], "%s", np ? base[worst].name : "-");
     for (int b = 1; b < PB_BASES; b++) { /* raw + LFU / S3-FIFO / ARC within 3% of their quality */
@@ -384,6 +536,44 @@ out:
   free(pg);
   free(pq);
   return rc;
+}
+
+/* Part 5b/5c's JSON fields. */
+static void skeptic_json(bench_json *j, const skeptic_m *sk)
+{
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk->gain[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk->gain[1]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk->gain[2]);
+  bench_json_str(j, "best_fixed_config_worst_baseline", sk->worst[0]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk->worst[1]);
+  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk->worst[2]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk->geo[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk->geo[1]);
+  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk->vs_lru3[1]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct", sk->raw3[0][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk->raw3[0][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk->raw3[1][PB_BASE_LFU]);
+  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk->raw3[1][PB_BASE_S3FIFO]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct", sk->raw3[0][PB_BASE_ARC]);
+  bench_json_num(j, "ttft_gain_vs_arc_within_3pct_drift", sk->raw3[1][PB_BASE_ARC]);
+  for (int b = 0; b < PB_BASES; b++) {
+    char k[64];
+    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk->base_ttft[0][b]);
+    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
+    bench_json_num(j, k, sk->base_ttft[1][b]);
+  }
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_alpha_refined", sk->refined[0]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_alpha_refined", sk->refined[1]);
+  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot_alpha_refined", sk->refined[2]);
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config", sk->oracle[0]);
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config_drift", sk->oracle[1]);
+  bench_json_num(j, "ttft_gain_oracle_vs_best_fixed_config_oneshot", sk->oracle[2]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config", sk->oracle_lp[0]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config_drift", sk->oracle_lp[1]);
+  bench_json_num(j, "ttft_gain_lp_bound_vs_best_fixed_config_oneshot", sk->oracle_lp[2]);
+  bench_json_str(j, "oracle_worst_baseline", sk->oracle_worst[0]);
+  bench_json_str(j, "oracle_worst_baseline_drift", sk->oracle_worst[1]);
 }
 
 /* Part 7: the share of the exact optimum per rule, printed and into the JSON. */
@@ -437,7 +627,7 @@ int bench_policy(const bench_env *env, bench_json *j)
   bench_kvset syn, real;
   bench_scratch ws = {NULL, 0};
   cfg_run run;
-  double *q_real = NULL, *q_der = NULL;
+  double *q_real = NULL, *q_der = NULL, *q_sco = NULL;
   trace tr, tr_d;
   scen sc[3]; /* decoded DRAM, compressed DRAM, decoded DRAM on derived-probe profiles */
   memset(sc, 0, sizeof sc);
@@ -451,7 +641,9 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* KVDB_BENCH_POLICY_ONLY=opt: part 7 alone (the optimality report, a few seconds);
    * =puts: part 6's puts through the engine alone (put_overhead_of_placement);
    * =place100k: parts 1-3 (tiers, configs, trace) and then only the 100k-context placement
-   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line) */
+   * timing of both scenarios (place_100k_ms and its per-rule figures, no JSON line);
+   * =skeptic: parts 1-3 and then parts 5b and 5c (the strongest baselines on the three traces
+   * and the oracle; their JSON fields) */
   const char *only = getenv("KVDB_BENCH_POLICY_ONLY");
   if (only != NULL && strcmp(only, "opt") == 0)
     return report_optimality(env, o, j, NULL);
@@ -461,9 +653,26 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* 1. tiers */
   tiers_m tm;
   memset(&tm, 0, sizeof tm);
-  bench_log("policy: probing DRAM and the SSD (%s)", env->dir);
-  if (pb_probe_dram(env, &tm) != 0 || pb_probe_ssd(env, &tm) != 0)
-    goto out;
+  /* KVDB_BENCH_POLICY_TIERS="DRAM_GBPS,DRAM_LAT_US,SSD_GBPS,SSD_LAT_US": these figures instead
+   * of the probes (comparisons between runs on a loaded machine, where a probe moves 4x) */
+  const char *tfix = getenv("KVDB_BENCH_POLICY_TIERS");
+  if (tfix != NULL) {
+    double dg, dl, sg, sl;
+    if (sscanf(tfix, "%lf,%lf,%lf,%lf", &dg, &dl, &sg, &sl) != 4 || !(dg > 0) || !(dl >= 0) ||
+        !(sg > 0) || !(sl >= 0)) {
+      bench_log("KVDB_BENCH_POLICY_TIERS='%s': want DRAM_GBPS,DRAM_LAT_US,SSD_GBPS,SSD_LAT_US",
+                tfix);
+      goto out;
+    }
+    tm.dram_bps = dg * 1e9, tm.dram_lat_s = dl * 1e-6;
+    tm.ssd_bps = sg * 1e9, tm.ssd_lat_s = sl * 1e-6;
+    tm.direct = 1;
+    tm.cache_drop = "fixed by KVDB_BENCH_POLICY_TIERS";
+  } else {
+    bench_log("policy: probing DRAM and the SSD (%s)", env->dir);
+    if (pb_probe_dram(env, &tm) != 0 || pb_probe_ssd(env, &tm) != 0)
+      goto out;
+  }
   fprintf(o, "tiers (measured now): DRAM memcpy %.2f GB/s, 4 KiB copy %.2f us | SSD O_DIRECT "
              "read %.2f GB/s (direct_io %d, %s), 4 KiB read %.1f us | SmartSSD (100k test "
              "only) = SSD\n",
@@ -505,6 +714,30 @@ int bench_policy(const bench_env *env, bench_json *j)
       goto out;
     cm[k].q_syn = qs[0];
   }
+  /* KVDB_BENCH_POLICY_DECODE=FILE: the decode speeds of FILE when it exists (one "name GB/s"
+   * line per config), else this run's written there: runs compared on a loaded machine keep
+   * one set (the measured speeds move with the load) */
+  const char *dfile = getenv("KVDB_BENCH_POLICY_DECODE");
+  if (dfile != NULL) {
+    FILE *df = fopen(dfile, "r");
+    if (df != NULL) {
+      char nm[64];
+      double gb;
+      size_t got = 0;
+      while (fscanf(df, "%63s %lf", nm, &gb) == 2)
+        for (size_t k = 0; k < NCFG; k++)
+          if (strcmp(nm, cm[k].name) == 0 && cm[k].cfg.method != KVDB_METHOD_RAW) {
+            cm[k].decode_bps = gb * 1e9;
+            got++;
+          }
+      fclose(df);
+      bench_log("policy: %zu decode speeds from %s", got, dfile);
+    } else if ((df = fopen(dfile, "w")) != NULL) {
+      for (size_t k = 0; k < NCFG; k++)
+        fprintf(df, "%s %.6f\n", cm[k].name, cm[k].decode_bps / 1e9);
+      fclose(df);
+    }
+  }
   kvdb_config sens_cfg;
   if (kvdb_config_parse(PB_SENS_CFG, &sens_cfg) != KVDB_OK) {
     bench_log("config '%s': %s", PB_SENS_CFG, kvdb_errmsg());
@@ -532,12 +765,97 @@ int bench_policy(const bench_env *env, bench_json *j)
               real.n_ctx);
     if (bench_kvset_prepare(&real, &ws) != 0 || pb_cfg_run_init(&run, &real, &ws) != 0)
       goto out;
+    /* profiles decided on one set of probe queries and scored on another (issue 17 must-have
+     * 2; KVDB_BENCH_POLICY_SPLIT=0: one set, as before): of the captured positions, the first
+     * half is what a put gives (SnapKV's window and the probes of the profile the placement
+     * decides on), the second half the queries that come after, which score the requests */
+    const char *se = getenv("KVDB_BENCH_POLICY_SPLIT");
+    int split = !(se != NULL && strcmp(se, "0") == 0);
+    /* =2 (a design of the profiling, measured in RESULTS): the profile the placement decides
+     * on is held out as well: SnapKV chooses with the first quarter of the positions and is
+     * probed with the second quarter (of the put's half), a pessimistic but unbiased estimate;
+     * the stored encoding (window: the whole first half) is scored as above */
+    int heldout = se != NULL && strcmp(se, "2") == 0;
+    float *win_q = NULL;
+    uint32_t q_obs = real.win_obs / 4;
+    uint32_t half_obs = real.win_obs / 2, *n_dec = NULL, *n_sco = NULL, off = 0;
+    float *win_half = NULL, *win_all = real.win;
+    uint32_t win_obs_all = real.win_obs;
+    for (uint32_t h = 0; split && h < real.n_heads; h++)
+      if (real.n_probes[h] != real.n_probes[0] || real.n_probes[0] < 2 || half_obs == 0)
+        split = 0;
+    if (split) {
+      size_t row = (size_t)real.win_qh * real.head_dim;
+      q_sco = malloc((NCFG + 1) * (size_t)n_real * sizeof *q_sco);
+      n_dec = malloc(real.n_heads * sizeof *n_dec);
+      n_sco = malloc(real.n_heads * sizeof *n_sco);
+      win_half = malloc((size_t)real.n_heads * half_obs * row * sizeof *win_half);
+      win_q = heldout ? malloc((size_t)real.n_heads * (q_obs ? q_obs : 1) * row * sizeof *win_q)
+                      : NULL;
+      if (!q_sco || !n_dec || !n_sco || !win_half || (heldout && (!win_q || q_obs == 0))) {
+        free(n_dec);
+        free(n_sco);
+        free(win_half);
+        free(win_q);
+        goto out;
+      }
+      off = real.n_probes[0] / 2; /* probes are position-major: the first positions first */
+      for (uint32_t h = 0; h < real.n_heads; h++) {
+        n_dec[h] = off;
+        n_sco[h] = real.n_probes[h] - off;
+        memcpy(win_half + (size_t)h * half_obs * row, win_all + (size_t)h * win_obs_all * row,
+               (size_t)half_obs * row * sizeof *win_half);
+        if (heldout)
+          memcpy(win_q + (size_t)h * q_obs * row, win_all + (size_t)h * win_obs_all * row,
+                 (size_t)q_obs * row * sizeof *win_q);
+      }
+    }
     for (size_t k = 0; k <= NCFG; k++) {
       run.c = k < NCFG ? &cm[k].cfg : &sens_cfg;
       run.key_window = 0;
-      if (pb_encode_set(&run) != 0 || pb_decode_pass(&run, 0) != 0 ||
-          pb_set_quality(&run, q_real + k * n_real) != 0)
+      if (split) {
+        real.win = win_half;
+        real.win_obs = half_obs;
+      }
+      int bad = pb_encode_set(&run) != 0 || pb_decode_pass(&run, 0) != 0;
+      real.win = win_all;
+      real.win_obs = win_obs_all;
+      if (!bad && !split)
+        bad = pb_set_quality(&run, q_real + k * n_real) != 0;
+      else if (!bad)
+        bad = pb_probe_quality(&run, real.probes, n_dec, real.ref, real.max_probes,
+                               q_real + k * n_real) != 0 ||
+              pb_probe_quality(&run, real.probes + (size_t)off * real.head_dim, n_sco,
+                               real.ref + (size_t)off * real.head_dim, real.max_probes,
+                               q_sco + k * n_real) != 0;
+      if (!bad && heldout) { /* the decided profile again: window quarter 1, probes quarter 2 */
+        uint32_t qoff = off / 2;
+        for (uint32_t h = 0; h < real.n_heads; h++)
+          n_dec[h] = off - qoff;
+        real.win = win_q;
+        real.win_obs = q_obs;
+        bad = pb_encode_set(&run) != 0 || pb_decode_pass(&run, 0) != 0;
+        real.win = win_all;
+        real.win_obs = win_obs_all;
+        bad = bad || pb_probe_quality(&run, real.probes + (size_t)qoff * real.head_dim, n_dec,
+                                      real.ref + (size_t)qoff * real.head_dim, real.max_probes,
+                                      q_real + k * n_real) != 0;
+        for (uint32_t h = 0; h < real.n_heads; h++)
+          n_dec[h] = off;
+        /* the derived part below reuses the decoded bytes: encode the stored form again */
+        real.win = win_half;
+        real.win_obs = half_obs;
+        bad = bad || pb_encode_set(&run) != 0 || pb_decode_pass(&run, 0) != 0;
+        real.win = win_all;
+        real.win_obs = win_obs_all;
+      }
+      if (bad) {
+        free(n_dec);
+        free(n_sco);
+        free(win_half);
+        free(win_q);
         goto out;
+      }
       /* derived: this bench before the queries were captured, probes derived from K and
        * SnapKV choosing with the last keys as queries (the engine refuses SnapKV without
        * queries); the other configs' decoded bytes do not change */
@@ -548,6 +866,10 @@ int bench_policy(const bench_env *env, bench_json *j)
                         q_der + k * n_real) != 0)
         goto out;
     }
+    free(n_dec);
+    free(n_sco);
+    free(win_half);
+    free(win_q);
     pb_cfg_run_free(&run);
     memset(&run, 0, sizeof run);
   } else {
@@ -560,10 +882,16 @@ int bench_policy(const bench_env *env, bench_json *j)
              "%u KV heads x %u tokens, one core); proxy quality on %s\n",
           NCFG, env->quick ? PB_SYN_LAYERS_QUICK : PB_SYN_LAYERS_FULL, BENCH_KVSET_SYN_HEADS,
           BENCH_KVSET_SYN_TOKENS,
-          rr == 0 ? "real KV (stories260K, mean [min .. max] over contexts), probes = the "
-                    "model's queries of the last 16 positions x the KV head's query heads "
-                    "(SnapKV's window from the same queries); derived = kvdb's fallback probes "
-                    "derived from K, on the same decoded bytes"
+          rr == 0 ? (q_sco != NULL
+                         ? "real KV (stories260K, mean [min .. max] over contexts), probes = the "
+                           "model's queries of the first 8 of the last 16 positions x the KV "
+                           "head's query heads (SnapKV's window from the same queries); scored = "
+                           "on the last 8 (what requests are scored with); derived = kvdb's "
+                           "fallback probes derived from K, on the same decoded bytes"
+                         : "real KV (stories260K, mean [min .. max] over contexts), probes = the "
+                           "model's queries of the last 16 positions x the KV head's query heads "
+                           "(SnapKV's window from the same queries); derived = kvdb's fallback "
+                           "probes derived from K, on the same decoded bytes")
                   : "synthetic KV (probes derived from K)");
   fprintf(o, "  %-16s %7s %8s   %s\n", "config", "ratio", "dec GB/s",
           rr == 0 ? "quality                      derived" : "quality");
@@ -579,9 +907,16 @@ int bench_policy(const bench_env *env, bench_json *j)
     }
     q_mean[k] = sum / n_real;
     qd_mean[k] = sum_d / n_real;
-    char dq[32] = "";
-    if (rr == 0)
-      snprintf(dq, sizeof dq, "   %.4f", qd_mean[k]);
+    char dq[48] = "";
+    if (rr == 0) {
+      double ss = 0;
+      for (uint32_t c = 0; q_sco != NULL && c < n_real; c++)
+        ss += q_sco[k * n_real + c] / n_real;
+      if (q_sco != NULL)
+        snprintf(dq, sizeof dq, "   %.4f  scored %.4f", qd_mean[k], ss);
+      else
+        snprintf(dq, sizeof dq, "   %.4f", qd_mean[k]);
+    }
     if (k < NCFG)
       fprintf(o, "  %-16s %7.3f %8.2f   %.4f [%.4f .. %.4f]%s\n", cm[k].name, cm[k].ratio,
               cm[k].decode_bps / 1e9, q_mean[k], mn, mx, dq);
@@ -593,8 +928,8 @@ int bench_policy(const bench_env *env, bench_json *j)
 
   /* 3. the trace; with real KV also the same trace on the derived-probe profiles (same seed:
    * the same contexts, lengths, sensitivities and requests; only the profiles differ) */
-  if (pb_build_trace(env, cm, q_real, n_real, &tr) != 0 ||
-      (rr == 0 && pb_build_trace(env, cm, q_der, n_real, &tr_d) != 0))
+  if (pb_build_trace(env, cm, q_real, q_sco, n_real, &tr) != 0 ||
+      (rr == 0 && pb_build_trace(env, cm, q_der, NULL, n_real, &tr_d) != 0))
     goto out;
   double sens_mean = 0;
   for (uint32_t i = 0; i < tr.n; i++)
@@ -607,6 +942,20 @@ int bench_policy(const bench_env *env, bench_json *j)
           PB_DRAM_FRAC * 100, (double)tr.raw_total * PB_DRAM_FRAC / 1e9, PB_SSD_FRAC * 100,
           (double)tr.raw_total * PB_SSD_FRAC / 1e9, PB_PREFILL_TPS, PB_HALF_LIFE_PER_CTX * tr.n);
 
+  if (only != NULL && strcmp(only, "skeptic") == 0) { /* parts 5b and 5c alone */
+    skeptic_m sk;
+    memset(&sk, 0, sizeof sk);
+    if (run_skeptic(env, o, &tr, &tm, cm, q_real, q_sco, n_real, &sk) != 0)
+      goto out;
+    fprintf(o, "\nttft_gain_vs_best_fixed_config %.3f (alpha refined %.3f, oracle %.3f, LP bound "
+               "%.3f), _drift %.3f (%.3f, %.3f, %.3f), _oneshot %.3f (%.3f, %.3f, %.3f)\n",
+            sk.gain[0], sk.refined[0], sk.oracle[0], sk.oracle_lp[0], sk.gain[1],
+            sk.refined[1], sk.oracle[1], sk.oracle_lp[1], sk.gain[2], sk.refined[2],
+            sk.oracle[2], sk.oracle_lp[2]);
+    skeptic_json(j, &sk);
+    rc = 0;
+    goto out;
+  }
   if (only != NULL && strcmp(only, "place100k") == 0) {
     for (int d = 0; d < 2; d++) {
       big_m big;
@@ -642,7 +991,7 @@ int bench_policy(const bench_env *env, bench_json *j)
   /* issue 17: the strongest baselines, three traces */
   skeptic_m sk;
   memset(&sk, 0, sizeof sk);
-  if (run_skeptic(env, o, &tr, &tm, cm, q_real, n_real, &sk) != 0)
+  if (run_skeptic(env, o, &tr, &tm, cm, q_real, q_sco, n_real, &sk) != 0)
     goto out;
   opt_m om;
   if (report_optimality(env, o, j, &om) != 0)
@@ -675,28 +1024,7 @@ int bench_policy(const bench_env *env, bench_json *j)
             om.all[PB_HEAD][1], om.all[PB_HEAD][0], T17_OPT_P5, T17_OPT_MIN,
             bench_met(t4), h->place_ms, T17_PLACE_100K_MS, bench_met(t5));
   }
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config", sk.gain[0]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift", sk.gain[1]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_oneshot", sk.gain[2]);
-  bench_json_str(j, "best_fixed_config_worst_baseline", sk.worst[0]);
-  bench_json_str(j, "best_fixed_config_worst_baseline_drift", sk.worst[1]);
-  bench_json_str(j, "best_fixed_config_worst_baseline_oneshot", sk.worst[2]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_geomean", sk.geo[0]);
-  bench_json_num(j, "ttft_gain_vs_best_fixed_config_drift_geomean", sk.geo[1]);
-  bench_json_num(j, "ttft_gain_vs_lru_within_3pct_drift", sk.vs_lru3[1]);
-  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct", sk.raw3[0][PB_BASE_LFU]);
-  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct", sk.raw3[0][PB_BASE_S3FIFO]);
-  bench_json_num(j, "ttft_gain_vs_lfu_within_3pct_drift", sk.raw3[1][PB_BASE_LFU]);
-  bench_json_num(j, "ttft_gain_vs_s3fifo_within_3pct_drift", sk.raw3[1][PB_BASE_S3FIFO]);
-  bench_json_num(j, "ttft_gain_vs_arc_within_3pct", sk.raw3[0][PB_BASE_ARC]);
-  bench_json_num(j, "ttft_gain_vs_arc_within_3pct_drift", sk.raw3[1][PB_BASE_ARC]);
-  for (int b = 0; b < PB_BASES; b++) {
-    char k[64];
-    snprintf(k, sizeof k, "raw_%s_ttft_s", PB_BASE_NAME[b]);
-    bench_json_num(j, k, sk.base_ttft[0][b]);
-    snprintf(k, sizeof k, "raw_%s_ttft_s_drift", PB_BASE_NAME[b]);
-    bench_json_num(j, k, sk.base_ttft[1][b]);
-  }
+  skeptic_json(j, &sk);
 
   /* JSON */
   bench_json_num(j, "ttft_gain_vs_compress_lru", h->g[PB_HEAD].vs_compress);
@@ -831,6 +1159,7 @@ out:
   bench_kvset_free(&real);
   free(q_real);
   free(q_der);
+  free(q_sco);
   pb_trace_free(&tr);
   pb_trace_free(&tr_d);
   return rc;

@@ -9,6 +9,7 @@
  *   bench_policy_base.c     4b. the LFU and S3-FIFO baselines
  *   bench_policy_sim.c      4-5. LRU, fixed compression + LRU and EvicPress on the trace; their
  *                           comparison at equal quality
+ *   bench_policy_oracle.c   5c. the oracle: placement knowing the true request counts
  *   bench_policy_bound.c    6. the greedy against the LP bound; 100,000 contexts placed
  *   bench_policy_opt.c      7. the share of the exact optimum per rule (small instances)
  *   bench_place_put.c       placement on put through the engine (bench_policy_puts)
@@ -175,6 +176,22 @@ static inline int pfail(const char *what, kvdb_status st, const kv_policy_err *e
   return -1;
 }
 
+/* Prefill cost super-linear in length (issue 17 must-have 2): Llama-3.1-8B's prefill FLOPs are
+ * 2 x 7.5e9 per token (weights, embeddings left out) plus causal attention, 2 (QK^T, AV) x 2 x
+ * 32 layers x 4096 (32 heads x 128) / 2 per token pair = 2.6e5 N^2: time = N / prefill rate x
+ * (1 + N / PB_PREFILL_N0), N0 = 1.5e10 / 2.62e5 (the rate PB_PREFILL_TPS being that of short
+ * prompts). Not measured: the reference model here (stories260K, 512 positions) is too small
+ * for its attention to show. The policy takes it through n_tokens (TTFT(none) = n_tokens /
+ * prefill rate): n_tokens = N (1 + N / N0). KVDB_BENCH_POLICY_PREFILL=linear: N. */
+#define PB_PREFILL_N0 57220.0
+static inline uint64_t pb_prefill_tokens(uint64_t n)
+{
+  const char *e = getenv("KVDB_BENCH_POLICY_PREFILL");
+  if (e != NULL && strcmp(e, "linear") == 0)
+    return n;
+  return n + (uint64_t)((double)n * (double)n / PB_PREFILL_N0);
+}
+
 /* ---- 1. tier probes (bench_policy_tiers.c) ---------------------------------------------- */
 
 typedef struct tiers_m {
@@ -237,6 +254,8 @@ typedef struct tctx {
   uint32_t base, dataset;
   double sens;
   uint64_t tokens, raw;
+  uint64_t ptok; /* prefill-equivalent tokens (pb_prefill_tokens): the policy's n_tokens */
+  double qs[NCFG]; /* quality as scored (held-out probes); opt[].quality: as decided */
   kv_policy_option opt[NCFG];
 } tctx;
 
@@ -249,8 +268,10 @@ typedef struct trace {
   double *f_end; /* decayed access counts at the end of the trace */
 } trace;
 
-int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, uint32_t n_real,
-                   trace *tr);
+/* q_real: the profiles the placement decides on, q_score those requests are scored with (held-out
+ * probe queries; NULL: q_real), both [NCFG + 1][n_real]. */
+int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real,
+                   const double *q_score, uint32_t n_real, trace *tr);
 
 void pb_trace_free(trace *t);
 
@@ -258,8 +279,9 @@ void pb_trace_free(trace *t);
 enum { PB_TRACE_STATIONARY = 0, PB_TRACE_DRIFT = 1, PB_TRACE_ONESHOT = 2 };
 #define PB_DRIFT_PHASES 8
 #define PB_DRIFT_SWAP 0.5
+#define PB_LP_GRID 64 /* the oracle's LP bound: alphas besides the sweep's */
 int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_real,
-                        uint32_t n_real, int mode, trace *tr);
+                        const double *q_score, uint32_t n_real, int mode, trace *tr);
 
 /* ---- 4-5. simulation and comparisons (bench_policy_sim.c) ------------------------------- */
 
@@ -270,7 +292,7 @@ typedef struct result {
   double ttft, quality;
   double hit_dram, hit_ssd, miss;
   double write_gb_per_req;
-  uint64_t recompress, moves;
+  uint64_t recompress, moves, promoted;
   uint32_t hist_cached[NCFG], hist_ssd[NCFG]; /* EvicPress runs: configs in use at the end */
 } result;
 
@@ -345,6 +367,34 @@ typedef struct gains {
  * points; gains are taken at the compressed front points of quality >= floor x LRU's. */
 void pb_compare(const result *fixed, size_t n_fixed, const result *ev, size_t n_ev,
                 double floor, uint8_t *on_front, double *pt_gain, double *pt_qgain, gains *g);
+
+/* ---- 5c. the oracle: placement knowing the true request counts (bench_policy_oracle.c) --- */
+
+typedef struct pb_oracle {
+  const trace *tr;
+  const model *md;
+  int phases;            /* 1, or PB_DRIFT_PHASES: re-placed for free at each phase */
+  double *f;             /* [phases][n] request counts of the measured requests, but the first
+                            request of each context (a miss for anyone) */
+  double *comp_n, *comp_s; /* [phases] those first requests: count, prefill seconds */
+  kv_policy_context *pc; /* [n] */
+  kv_policy_option *opt; /* [n][NCFG]: the options with the qualities as scored */
+  kv_policy_ws *ws;
+} pb_oracle;
+
+int pb_oracle_init(pb_oracle *o, const trace *tr, const model *md, int phases);
+
+void pb_oracle_free(pb_oracle *o);
+
+/* The oracle at one alpha: mean TTFT and quality of the default rule's placement on the true
+ * counts (res), and with want_ub the LP bound's total utility / total count (ub_over_f). */
+int pb_oracle_run(pb_oracle *o, double alpha, int want_ub, result *res, double *ub_over_f);
+
+/* The lowest oracle TTFT at quality >= q (-1: none reaches q); bisects alpha. */
+double pb_oracle_ttft_at(pb_oracle *o, const result *sweep, size_t n_sweep, double q);
+
+/* The LP's lower bound on the mean TTFT of any placement of quality >= q. */
+double pb_oracle_lp_ttft_at(const double *alpha, const double *ub_over_f, size_t n, double q);
 
 /* ---- 6. the greedy against the bound, 100k contexts (bench_policy_bound.c) -------------- */
 

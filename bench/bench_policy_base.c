@@ -304,7 +304,7 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
     double wbytes = 0;
     if (in_d) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].opt[cfg].quality, 0);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].qs[cfg], 0);
       if (kind == PB_BASE_S3FIFO) {
         qd.freq[i] = qd.freq[i] < 3 ? qd.freq[i] + 1 : 3;
         qs.freq[i] = qs.freq[i] < 3 ? qs.freq[i] + 1 : 3;
@@ -317,7 +317,7 @@ int pb_sim_fixed(const trace *tr, const model *md, uint32_t cfg, int kind, resul
     }
     if (in_s) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].opt[cfg].quality, 1);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].qs[cfg], 1);
       if (kind == PB_BASE_S3FIFO)
         qs.freq[i] = qs.freq[i] < 3 ? qs.freq[i] + 1 : 3;
       else if (kind == PB_BASE_ARC)

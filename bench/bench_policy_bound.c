@@ -19,7 +19,7 @@ int pb_greedy_vs_bound(const trace *tr, const model *md, double alpha, bound_row
     pc[i].options = tr->c[i].opt;
     pc[i].n_options = NCFG;
     pc[i].raw_bytes = tr->c[i].raw;
-    pc[i].n_tokens = tr->c[i].tokens;
+    pc[i].n_tokens = tr->c[i].ptok;
     pc[i].frequency = tr->f_end[i];
     pc[i].current = kv_policy_place_none();
     row->none += kv_policy_utility(&p, &pc[i], kv_policy_place_none());

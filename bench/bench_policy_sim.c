@@ -69,7 +69,7 @@ int pb_model_init(model *md, const trace *tr, const tiers_m *tm, int decoded)
     c.options = tr->c[i].opt;
     c.n_options = NCFG;
     c.raw_bytes = tr->c[i].raw;
-    c.n_tokens = tr->c[i].tokens;
+    c.n_tokens = tr->c[i].ptok;
     c.frequency = 1;
     c.current = kv_policy_place_none();
     for (uint32_t k = 0; k < NCFG; k++) {
@@ -121,7 +121,7 @@ int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
     double wbytes = 0;
     if (in_d[i]) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].opt[cfg].quality, 0);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2], tr->c[i].qs[cfg], 0);
       lru_unlink(&D, i);
       lru_push_front(&D, i);
       lru_unlink(&S, i);
@@ -130,7 +130,7 @@ int pb_sim_lru(const trace *tr, const model *md, uint32_t cfg, result *res)
     }
     if (in_s[i]) {
       if (meas)
-        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].opt[cfg].quality, 1);
+        acc_add(&a, md->ttft[((size_t)i * NCFG + cfg) * 2 + 1], tr->c[i].qs[cfg], 1);
       lru_unlink(&S, i);
       lru_push_front(&S, i);
     } else {
@@ -202,7 +202,14 @@ typedef struct evsim {
   uint32_t *idx;     /* instance index -> context */
   kv_policy_ws *ws;
   acc a;
-  uint64_t recompress, moves;
+  uint64_t recompress, moves, promoted;
+  uint64_t dram_used; /* bytes of the cached contexts in the DRAM tier */
+  double half_life;   /* of the frequencies, requests */
+  int rate_k;         /* > 0: frequency = max(decayed count, K / (time since the K-th last
+                         access) in count units) */
+  double *tk;         /* [n][PB_RATE_K_MAX] the last accesses' times, most recent first */
+  uint32_t *cand;     /* [n] promotion: cached contexts by gain per byte */
+  double *cgain;      /* [n] */
 } evsim;
 
 static void ev_reach(evsim *e, uint32_t i)
@@ -218,9 +225,30 @@ static void ev_reach(evsim *e, uint32_t i)
   e->nro[i] = k;
 }
 
+#define PB_RATE_K_MAX 8
+
 static double ev_freq(const evsim *e, uint32_t i, double now)
 {
-  return kv_policy_decay(e->f[i], now - e->ft[i], PB_HALF_LIFE_PER_CTX * e->tr->n, 0);
+  double f = kv_policy_decay(e->f[i], now - e->ft[i], e->half_life, 0);
+  if (e->rate_k > 0) { /* the K-th last access's rate, in the decayed count's units */
+    double tk = e->tk[(size_t)i * PB_RATE_K_MAX + (e->rate_k - 1)];
+    if (tk >= 0) {
+      double r = (double)e->rate_k / (now - tk + 1.0) * e->half_life / 0.6931471805599453;
+      f = r > f ? r : f;
+    }
+  }
+  return f;
+}
+
+/* An access at `now`: the last K access times shift (rate_k > 0). */
+static void ev_touch(evsim *e, uint32_t i, double now)
+{
+  if (e->rate_k <= 0)
+    return;
+  double *t = &e->tk[(size_t)i * PB_RATE_K_MAX];
+  for (int k = e->rate_k - 1; k > 0; k--)
+    t[k] = t[k - 1];
+  t[0] = now;
 }
 
 /* Build the instance: every stored context (index order) and, if in >= 0, context `in` last. */
@@ -234,7 +262,7 @@ static size_t ev_instance(evsim *e, double now, int64_t in)
     c->options = &e->ro[(size_t)i * NCFG];
     c->n_options = e->nro[i];
     c->raw_bytes = e->tr->c[i].raw;
-    c->n_tokens = e->tr->c[i].tokens;
+    c->n_tokens = e->tr->c[i].ptok;
     c->frequency = ev_freq(e, i, now);
     int32_t sub = -1;
     for (uint32_t k = 0; k < e->nro[i]; k++)
@@ -249,7 +277,7 @@ static size_t ev_instance(evsim *e, double now, int64_t in)
     c->options = &e->ro[(size_t)i * NCFG];
     c->n_options = e->nro[i];
     c->raw_bytes = e->tr->c[i].raw;
-    c->n_tokens = e->tr->c[i].tokens;
+    c->n_tokens = e->tr->c[i].ptok;
     c->frequency = ev_freq(e, i, now);
     c->current = kv_policy_place_none();
     e->idx[m++] = i;
@@ -264,11 +292,17 @@ static void ev_apply(evsim *e, const kv_policy_plan *plan, double *wbytes)
     uint32_t i = e->idx[mv->context];
     int32_t old = e->cfg[i];
     if (mv->to.tier == KV_POLICY_NONE) {
+      if (e->cached[i])
+        e->dram_used -= e->md->dram[(size_t)i * NCFG + (uint32_t)old];
       e->cfg[i] = -1;
       e->cached[i] = 0;
     } else {
       int32_t ncfg = e->rmap[(size_t)i * NCFG + (uint32_t)mv->to.option];
       const tctx *c = &e->tr->c[i];
+      if (e->cached[i])
+        e->dram_used -= e->md->dram[(size_t)i * NCFG + (uint32_t)old];
+      if (mv->to.cached)
+        e->dram_used += e->md->dram[(size_t)i * NCFG + (uint32_t)ncfg];
       if (ncfg != old) /* a put or a re-encoding writes the persistent copy */
         *wbytes += (double)c->opt[ncfg].bytes;
       if (mv->to.cached && (!e->cached[i] || ncfg != old))
@@ -284,6 +318,73 @@ static void ev_apply(evsim *e, const kv_policy_plan *plan, double *wbytes)
     uint32_t i = e->idx[plan->moves[k].context];
     ev_reach(e, i);
   }
+}
+
+/* Promotion on a hit, as the engine does it (engine/place/placer.c PROMOTION; every rule but
+ * KV_POLICY_LEAST_DROP): a hit of a context stored but not cached asks whether caching it pays:
+ * its utility gain cached per DRAM byte, f x (TTFT from its tier - TTFT from DRAM) / bytes,
+ * against the least such gain among the contexts cached now, by PB_PROMOTE_MARGIN. When it
+ * does, it is cached: alone when it fits, else in place of the cached contexts of least gain
+ * per byte (each below its own by the margin), least first, when they free enough room. Its
+ * config and persistent copy stay (a get moves no stored context); the DRAM copy is written. */
+#define PB_PROMOTE_MARGIN 1.25
+
+static double ev_cache_gain(const evsim *e, uint32_t i, double now)
+{
+  size_t k = (size_t)i * NCFG + (uint32_t)e->cfg[i];
+  double b = (double)e->md->dram[k];
+  return ev_freq(e, i, now) * (e->md->ttft[k * 2 + 1] - e->md->ttft[k * 2]) / (b > 0 ? b : 1);
+}
+
+static int cmp_gain_idx(const void *a, const void *b, void *arg)
+{
+  const double *g = arg;
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return g[x] < g[y] ? -1 : g[x] > g[y] ? 1 : (x > y) - (x < y);
+}
+
+static void ev_promote(evsim *e, uint32_t i, double now, double *wbytes)
+{
+  const model *md = e->md;
+  size_t ki = (size_t)i * NCFG + (uint32_t)e->cfg[i];
+  uint64_t bi = md->dram[ki], cap = md->tiers[0].capacity_bytes;
+  if (bi > cap)
+    return;
+  double gi = ev_cache_gain(e, i, now);
+  if (!(gi > 0))
+    return;
+  size_t nc = 0;
+  double least = INFINITY;
+  for (uint32_t j = 0; j < e->tr->n; j++)
+    if (e->cfg[j] >= 0 && e->cached[j]) {
+      e->cgain[j] = ev_cache_gain(e, j, now);
+      least = e->cgain[j] < least ? e->cgain[j] : least;
+      e->cand[nc++] = j;
+    }
+  if (nc > 0 && !(gi > least * PB_PROMOTE_MARGIN))
+    return;
+  uint64_t room = cap - (e->dram_used < cap ? e->dram_used : cap);
+  size_t take = 0;
+  if (room < bi) {
+    qsort_r(e->cand, nc, sizeof *e->cand, cmp_gain_idx, e->cgain);
+    while (take < nc && room < bi && e->cgain[e->cand[take]] * PB_PROMOTE_MARGIN < gi) {
+      uint32_t j = e->cand[take++];
+      room += md->dram[(size_t)j * NCFG + (uint32_t)e->cfg[j]];
+    }
+    if (room < bi)
+      return;
+  }
+  for (size_t k = 0; k < take; k++) {
+    uint32_t j = e->cand[k];
+    e->cached[j] = 0;
+    e->dram_used -= md->dram[(size_t)j * NCFG + (uint32_t)e->cfg[j]];
+    e->moves++;
+  }
+  e->cached[i] = 1;
+  e->dram_used += bi;
+  *wbytes += (double)bi;
+  e->moves++;
+  e->promoted++;
 }
 
 int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double alpha,
@@ -308,9 +409,23 @@ int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double al
   e.pc = calloc(n, sizeof *e.pc);
   e.idx = malloc(n * sizeof *e.idx);
   e.ws = kv_policy_ws_create();
+  e.cand = malloc(n * sizeof *e.cand);
+  e.cgain = malloc(n * sizeof *e.cgain);
+  const char *pe = getenv("KVDB_BENCH_POLICY_PROMOTE"); /* 0: the simulation without it */
+  int promote = rule != KV_POLICY_LEAST_DROP && !(pe != NULL && strcmp(pe, "0") == 0);
+  const char *he = getenv("KVDB_BENCH_POLICY_HL"); /* experiments: half-life x contexts */
+  e.half_life = (he != NULL ? atof(he) : PB_HALF_LIFE_PER_CTX) * n;
+  const char *ke = getenv("KVDB_BENCH_POLICY_RATE_K"); /* experiments */
+  e.rate_k = ke != NULL ? atoi(ke) : 0;
+  if (e.rate_k > PB_RATE_K_MAX)
+    e.rate_k = PB_RATE_K_MAX;
+  e.tk = malloc((size_t)n * PB_RATE_K_MAX * sizeof *e.tk);
+  if (e.tk != NULL)
+    for (size_t k = 0; k < (size_t)n * PB_RATE_K_MAX; k++)
+      e.tk[k] = -1;
   int rc = -1;
   if (!e.cfg || !e.cached || !e.f || !e.ft || !e.ro || !e.rmap || !e.nro || !e.pc || !e.idx ||
-      !e.ws) {
+      !e.ws || !e.cand || !e.cgain || !e.tk) {
     bench_log("out of memory (simulation)");
     goto out;
   }
@@ -318,19 +433,24 @@ int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double al
     e.cfg[i] = -1;
     ev_reach(&e, i);
   }
-  size_t every = n / 2 > 0 ? n / 2 : 1;
+  const char *re = getenv("KVDB_BENCH_POLICY_REBAL"); /* experiments: rebalance every n/x */
+  size_t rdiv = re != NULL && atoi(re) > 0 ? (size_t)atoi(re) : 2;
+  size_t every = n / rdiv > 0 ? n / rdiv : 1;
   for (size_t r = 0; r < tr->n_req; r++) {
     uint32_t i = tr->req[r];
     double now = (double)r;
     int meas = r >= tr->n_warm;
-    e.f[i] = kv_policy_decay(e.f[i], now - e.ft[i], PB_HALF_LIFE_PER_CTX * n, 1);
+    e.f[i] = kv_policy_decay(e.f[i], now - e.ft[i], e.half_life, 1);
+    ev_touch(&e, i, now);
     e.ft[i] = now;
     double wbytes = 0;
     if (e.cfg[i] >= 0) {
       int where = e.cached[i] ? 0 : 1;
       if (meas)
         acc_add(&e.a, md->ttft[((size_t)i * NCFG + (uint32_t)e.cfg[i]) * 2 + (size_t)where],
-                tr->c[i].opt[e.cfg[i]].quality, where);
+                tr->c[i].qs[e.cfg[i]], where);
+      if (where == 1 && promote)
+        ev_promote(&e, i, now, &wbytes);
     } else {
       if (meas)
         acc_add(&e.a, md->prefill[i], 1.0, 2);
@@ -366,6 +486,7 @@ int pb_sim_evicpress(const trace *tr, const model *md, const cfgm *cm, double al
   acc_result(&e.a, res);
   res->recompress = e.recompress;
   res->moves = e.moves;
+  res->promoted = e.promoted;
   rc = 0;
 out:
   free(e.cfg);
@@ -377,6 +498,9 @@ out:
   free(e.nro);
   free(e.pc);
   free(e.idx);
+  free(e.cand);
+  free(e.cgain);
+  free(e.tk);
   kv_policy_ws_free(e.ws);
   return rc;
 }

@@ -17,10 +17,10 @@ void pb_trace_free(trace *t)
   memset(t, 0, sizeof *t);
 }
 
-int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real, uint32_t n_real,
-                   trace *tr)
+int pb_build_trace(const bench_env *env, const cfgm *cm, const double *q_real,
+                   const double *q_score, uint32_t n_real, trace *tr)
 {
-  return pb_build_trace_mode(env, cm, q_real, n_real, PB_TRACE_STATIONARY, tr);
+  return pb_build_trace_mode(env, cm, q_real, q_score, n_real, PB_TRACE_STATIONARY, tr);
 }
 
 /* Swap random pairs of popularity ranks: `pairs` swaps. */
@@ -34,8 +34,10 @@ static void shuffle_some(uint32_t *perm, uint32_t n, uint32_t pairs, uint64_t *s
 }
 
 int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_real,
-                        uint32_t n_real, int mode, trace *tr)
+                        const double *q_score, uint32_t n_real, int mode, trace *tr)
 {
+  if (q_score == NULL)
+    q_score = q_real;
   uint32_t n = env->quick ? PB_N_CTX_QUICK : PB_N_CTX_FULL;
   memset(tr, 0, sizeof *tr);
   tr->n = n;
@@ -63,6 +65,7 @@ int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_re
     double tok = med * exp(sig * rng_normal(&s));
     c->tokens = (uint64_t)(tok < 256 ? 256 : tok > 131072 ? 131072 : tok);
     c->raw = c->tokens * PB_TOKEN_BYTES;
+    c->ptok = pb_prefill_tokens(c->tokens);
     /* sensitivity: log-normal with the dataset's median and coefficient of variation */
     double ss = sqrt(log(1 + ds->cv_sens * ds->cv_sens));
     double sens = ds->median_sens * exp(ss * rng_normal(&s));
@@ -84,9 +87,12 @@ int pb_build_trace_mode(const bench_env *env, const cfgm *cm, const double *q_re
         o->bytes = 1;
       double qj = qb[(size_t)j * n_real];
       double d = 1 - (qj < 0 ? 0 : qj > 1 ? 1 : qj);
-      o->quality = cm[j].cfg.method == KVDB_METHOD_RAW || cm[j].cfg.method == KVDB_METHOD_LOSSLESS
-                       ? 1.0
-                       : exp(-k * d);
+      int exact = cm[j].cfg.method == KVDB_METHOD_RAW || cm[j].cfg.method == KVDB_METHOD_LOSSLESS;
+      o->quality = exact ? 1.0 : exp(-k * d);
+      /* as scored: the same sensitivity on the held-out probes' loss */
+      double qj_s = q_score[(size_t)j * n_real + c->base];
+      double d_s = 1 - (qj_s < 0 ? 0 : qj_s > 1 ? 1 : qj_s);
+      c->qs[j] = exact ? 1.0 : exp(-k * d_s);
       o->decode_bps = cm[j].decode_bps;
       /* decoded: a dropping config keeps its kept rows, the others the whole context */
       if (cm[j].cfg.method == KVDB_METHOD_DROP)
