@@ -166,6 +166,7 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
                            .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
                            .heads = o.profile_heads};
       KV_ERR(kv_profile_measure(&ps, profile));
+      profile->prior = 0; /* measured: recorded as a profile record */
       kv_place_prior_note(db, pkey, n, profile);
     }
     /* placement on: write it once in the config the placement will choose on the SSD */

@@ -99,7 +99,7 @@ KVDB_API unsigned kvdb_version_number(void);
  * block of lossless frames and version 6 with its first block carrying version-2 score copies
  * (format/FORMAT.md): builds that know less refuse it with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 6
+#define KVDB_FORMAT_VERSION 7
 
 /* =================================== Part I: the core ===================================== */
 
