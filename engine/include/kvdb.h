@@ -96,8 +96,10 @@ KVDB_API unsigned kvdb_version_number(void);
  * version 1-3 written by an earlier build opens: read-write, the open upgrades it to version 4
  * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
  * all the children of its last matched block). A database becomes version 5 with its first
- * block of lossless frames and version 6 with its first block carrying version-2 score copies
- * (format/FORMAT.md): builds that know less refuse it with KVDB_VERSION.
+ * block of lossless frames, version 6 with its first block carrying version-2 score copies
+ * and version 7 with its first put with placement on (its statistics in its context record,
+ * a predicted profile by reference to its group's record; format/FORMAT.md): builds that know
+ * less refuse it with KVDB_VERSION.
  */
 #define KVDB_FORMAT_VERSION 7
 
