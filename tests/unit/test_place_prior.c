@@ -14,7 +14,10 @@
  *   crash     a child putting contexts is SIGKILLed mid-stream: after a reopen every put it
  *             saw acknowledged is readable with a profile (measured or predicted: it was in
  *             the put's own commit), kvdb_verify finds nothing, and the reopened handle
- *             measures its first puts again (the prior lives in the handle only);
+ *             measures its first puts again (the prior lives in the handle only); run with a
+ *             4 MiB and a 1 MiB DRAM tier: with the latter, puts before the kill took contexts
+ *             out of DRAM in their own commits, and the reopened catalog's DRAM flags (folded
+ *             into version-3 context records) still fit the tier;
  *   options   placement_profile 2 is KVDB_INVALID;
  *   reference (white-box, catalog.h PRIORS and FOLDED STATS, format 7) a predicted put writes
  *             no profile record: its context record (version 3) carries its statistics and
@@ -79,6 +82,8 @@ static void kv_of(int i, int outliers, uint16_t *buf)
   }
 }
 
+static uint64_t g_dram = 4 << 20; /* the DRAM tier of every handle (test_crash varies it) */
+
 static kvdb_options opts(uint32_t profile)
 {
   kvdb_options o;
@@ -86,7 +91,7 @@ static kvdb_options opts(uint32_t profile)
   o.placement = KVDB_PLACEMENT_EVICPRESS;
   o.placement_profile = profile;
   o.segment_bytes = 1 << 20;
-  o.dram_bytes = 4 << 20;
+  o.dram_bytes = g_dram;
   o.log_level = -1;
   return o;
 }
@@ -362,8 +367,11 @@ static void test_reference(void)
   t_rmdir(dir);
 }
 
-static void test_crash(void)
+/* dram: the DRAM tier; at 1 MiB (21 contexts of 48 KiB decoded) the puts before the kill take
+ * contexts out of DRAM in their own commits (their flags in their version-3 records) */
+static void test_crash(uint64_t dram)
 {
+  g_dram = dram;
   char *dir = t_tmpdir("prior-crash");
   int fd[2];
   ASSERT(pipe(fd) == 0);
@@ -416,6 +424,13 @@ static void test_crash(void)
     ASSERT_EQ(by_reference(db, &h[TOKENS / 16 - 1]), predicted(pe));
     check_ctx(db, i, 0, &h[TOKENS / 16 - 1]);
   }
+  kvdb_placement_stats ps; /* the DRAM flags the killed writer committed fit its DRAM tier */
+  ASSERT_OK(kvdb_placement_stat(db, &ps, NULL, 0));
+  ASSERT(ps.contexts >= (uint64_t)acked);
+  ASSERT(ps.served_from[KVDB_TIER_DRAM] > 0);
+  ASSERT(ps.served_from[KVDB_TIER_DRAM] * TOKENS * kvdb_model_token_bytes(&M) <= dram);
+  if (dram < (2u << 20))
+    ASSERT(ps.served_from[KVDB_TIER_DRAM] < (uint64_t)acked); /* some were taken out */
   kvdb_place_plan plan; /* the placement reads every context's state */
   ASSERT_OK(kvdb_rebalance_plan(db, &plan));
   ASSERT(isfinite(plan.utility_before) && isfinite(plan.utility_after));
@@ -449,7 +464,8 @@ int main(void)
   test_every_put_and_asked();
   test_drift();
   test_reference();
-  test_crash();
+  test_crash(4 << 20);
+  test_crash(1 << 20);
   printf("ok\n");
   return 0;
 }
