@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,19 +178,29 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
 
 static int ctx_rec_v2(const kv_ctx_rec *r)
 {
-  return r->config.method != KVDB_METHOD_RAW;
+  return r->config.method != KVDB_METHOD_RAW || r->has_stats;
+}
+
+#define CTX_STATS_BYTES 40u /* version 3: flags u8, tier u8, 6 reserved, freq f64, freq_ms,
+                               accesses, prior u64 */
+
+static size_t ctx_rec_head(const kv_ctx_rec *r)
+{
+  return r->has_stats ? 56 + KV_CONFIG_BYTES + CTX_STATS_BYTES
+                      : ctx_rec_v2(r) ? 56 + KV_CONFIG_BYTES : 56;
 }
 
 size_t kv_ctx_rec_size(const kv_ctx_rec *r, uint32_t n_blocks)
 {
-  return (ctx_rec_v2(r) ? 56 + KV_CONFIG_BYTES : 56) + 16 * (size_t)n_blocks;
+  return ctx_rec_head(r) + 16 * (size_t)n_blocks;
 }
 
 void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst)
 {
-  size_t head = ctx_rec_v2(r) ? 56 + KV_CONFIG_BYTES : 56;
+  size_t head = ctx_rec_head(r);
+  memmove(dst + head, blocks, 16 * (size_t)r->n_blocks); /* blocks may point into dst */
   memset(dst, 0, head);
-  dst[0] = ctx_rec_v2(r) ? 2 : 1;
+  dst[0] = r->has_stats ? 3 : ctx_rec_v2(r) ? 2 : 1;
   dst[1] = (uint8_t)r->flags;
   kv_put_le32(dst + 4, r->n_blocks);
   kv_put_le64(dst + 8, r->n_tokens);
@@ -199,13 +210,24 @@ void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst)
   memcpy(dst + 40, r->model, 16);
   if (ctx_rec_v2(r))
     kv_config_encode(&r->config, dst + 56);
-  memmove(dst + head, blocks, 16 * (size_t)r->n_blocks);
+  if (r->has_stats) {
+    uint8_t *p = dst + 56 + KV_CONFIG_BYTES;
+    const kv_ctxstats *cs = &r->stats;
+    uint32_t fl = cs->flags & (uint32_t)KV_CTXS_CACHED;
+    p[0] = (uint8_t)(cs->prior != 0 ? fl | KV_CTXS_PRIOR : fl);
+    p[1] = (uint8_t)cs->tier;
+    kv_put_lef64(p + 8, cs->freq);
+    kv_put_le64(p + 16, cs->freq_ms);
+    kv_put_le64(p + 24, cs->accesses);
+    kv_put_le64(p + 32, cs->prior);
+  }
 }
 
 kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
 {
   KV_RET(rec_version_max(src, len, 56, "context", KV_CTX_REC_VERSION));
-  size_t head = src[0] >= 2 ? 56 + KV_CONFIG_BYTES : 56;
+  size_t head = src[0] >= 3 ? 56 + KV_CONFIG_BYTES + CTX_STATS_BYTES
+                            : src[0] >= 2 ? 56 + KV_CONFIG_BYTES : 56;
   if (len < head)
     return kv_fail(KVDB_CORRUPT, "context record truncated: %zu bytes", len);
   r->flags = src[1];
@@ -216,10 +238,30 @@ kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
   r->last_access_ms = kv_get_le64(src + 32);
   memcpy(r->model, src + 40, 16);
   memset(&r->config, 0, sizeof r->config);
+  r->has_stats = 0;
+  memset(&r->stats, 0, sizeof r->stats);
   if (src[0] >= 2) {
     KV_RET(kv_config_decode(src + 56, &r->config));
-    if (r->config.method == KVDB_METHOD_RAW)
+    if (src[0] == 2 && r->config.method == KVDB_METHOD_RAW)
       return kv_fail(KVDB_CORRUPT, "context record version 2 with a raw config");
+  }
+  if (src[0] >= 3) {
+    const uint8_t *p = src + 56 + KV_CONFIG_BYTES;
+    kv_ctxstats *cs = &r->stats;
+    r->has_stats = 1;
+    cs->flags = p[0];
+    cs->tier = p[1];
+    cs->freq = kv_get_lef64(p + 8);
+    cs->freq_ms = kv_get_le64(p + 16);
+    cs->accesses = kv_get_le64(p + 24);
+    cs->prior = kv_get_le64(p + 32);
+    int reserved = p[2] != 0 || p[3] != 0 || kv_get_le32(p + 4) != 0;
+    if ((cs->flags & ~(uint32_t)(KV_CTXS_CACHED | KV_CTXS_PRIOR)) != 0 || reserved ||
+        ((cs->flags & KV_CTXS_PRIOR) != 0) != (cs->prior != 0) || cs->tier < KVDB_TIER_SSD ||
+        cs->tier >= KVDB_TIER_COUNT || !isfinite(cs->freq) || cs->freq < 0)
+      return kv_fail(KVDB_CORRUPT, "context record's statistics: flags %u, tier %u, "
+                     "frequency %g", cs->flags, cs->tier, cs->freq);
+    cs->flags &= ~(uint32_t)KV_CTXS_PRIOR;
   }
   r->blocks = src + head;
   if (r->n_blocks == 0 || len != head + 16 * (size_t)r->n_blocks ||
@@ -805,13 +847,14 @@ kvdb_status kv_cat_require_format(kv_catalog *c, kv_txn *txn, uint64_t version)
   return cur >= version ? KVDB_OK : kv_cat_put_u64(c, txn, "format", version);
 }
 
-kvdb_status kv_cat_get_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
-                               kv_profile_rec *r)
+kvdb_status kv_cat_get_profile_rec(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                   kv_profile_rec *r)
 {
   if (!c->has_profiles)
     return KVDB_NOTFOUND;
   MDB_val v;
   KV_RET(cat_get(txn, c->profiles, key, 16, &v, "get profile"));
+  r->prior = 0;
   return kv_profile_rec_decode(v.mv_data, v.mv_size, r);
 }
 
@@ -878,6 +921,12 @@ static kvdb_status open_dbs(kv_catalog *c, kv_txn *txn, unsigned create)
     c->has_ctxstats = 1;
   else if (mrc != MDB_NOTFOUND)
     return kv_mdb_fail(mrc, "open database 'ctxstats'");
+  /* priors came with format 7 (PRIORS): created empty by a read-write open */
+  mrc = mdb_dbi_open(kv_mtxn(txn), "priors", create, &c->priors);
+  if (mrc == 0)
+    c->has_priors = 1;
+  else if (mrc != MDB_NOTFOUND)
+    return kv_mdb_fail(mrc, "open database 'priors'");
   return KVDB_OK;
 }
 

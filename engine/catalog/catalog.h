@@ -101,7 +101,8 @@ typedef struct kv_txn kv_txn;
  */
 
 #define KV_REC_VERSION 1u
-#define KV_CTX_REC_VERSION 2u /* version 2: the context's storage config after the header */
+#define KV_CTX_REC_VERSION 3u /* version 2: the context's storage config after the header;
+                                 3: and its placement statistics (format 7, FOLDED STATS) */
 #define KV_PROFILE_REC_VERSION 1u
 
 /* kv_block_rec.bflags; SCORE8 / SCORE4: the object ends with a score region of int8 / int4
@@ -138,6 +139,20 @@ typedef struct kv_block_rec {
 
 enum { KV_CTX_EXPLICIT = 1 };
 
+/* kv_ctxstats.flags */
+enum { KV_CTXS_CACHED = 1, KV_CTXS_PRIOR = 2 /* set by the encoder when prior != 0 */ };
+
+typedef struct kv_ctxstats {
+  uint32_t flags;    /* KV_CTXS_*: the plan keeps it in the DRAM tier */
+  uint32_t tier;     /* kvdb_tier of its persistent copy as last placed */
+  double freq;       /* decayed access count as of freq_ms (finite, >= 0) */
+  uint64_t freq_ms;  /* Unix ms */
+  uint64_t accesses; /* accesses counted (not decayed) */
+  uint64_t prior;    /* its profile is its group's prior record (PRIORS); 0: none */
+} kv_ctxstats;
+
+/* A context record of version 3 (format 7, FOLDED STATS: a put with placement on) carries its
+ * placement statistics (has_stats): the context's ctxstats when it has no ctxstats record. */
 typedef struct kv_ctx_rec {
   uint32_t flags;
   kvdb_config config; /* how its put or last re-encoding stored it (all zero = raw) */
@@ -148,6 +163,8 @@ typedef struct kv_ctx_rec {
   uint64_t last_access_ms;
   uint8_t model[16];
   const uint8_t *blocks; /* n_blocks * 16 bytes, points into the record */
+  int has_stats;         /* version 3: stats follows the config */
+  kv_ctxstats stats;
 } kv_ctx_rec;
 
 enum { KV_SEG_OPEN = 0, KV_SEG_SEALED = 1 };
@@ -171,7 +188,8 @@ size_t kv_block_rec_size(uint32_t n_tokens);
 void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
 kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r);
 
-/* A raw context's record is version 1 (no config); others are version 2. */
+/* A raw context's record is version 1 (no config); others are version 2; one with has_stats
+ * version 3 (whatever its config). */
 size_t kv_ctx_rec_size(const kv_ctx_rec *r, uint32_t n_blocks);
 void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst);
 kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r);
@@ -187,7 +205,13 @@ typedef struct kv_profile_rec {
   uint64_t measured_ms;
   uint32_t n_entries;
   kvdb_profile_entry e[KV_PROFILE_MAX_ENTRIES];
+  /* not in the record: a predicted profile's group (PRIORS; 0 = none) and its bytes per token
+   * per entry (n_entries <= KV_PRIOR_MAX_ENTRIES) */
+  uint64_t prior;
+  double prior_bpt[40];
 } kv_profile_rec;
+/* Marks the entry of config cfg as the stored one with `bytes` (added when absent). */
+void kv_profile_rec_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes);
 size_t kv_profile_rec_size(uint32_t n_entries);
 void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst);
 kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r);
@@ -219,6 +243,8 @@ typedef struct kv_catalog {
   int has_profiles; /* the profiles database exists (absent in a format-1 catalog opened read-only) */
   unsigned ctxstats; /* the placement policy's per-context records (CTXSTATS) */
   int has_ctxstats; /* it exists (absent in an older catalog opened read-only) */
+  unsigned priors;  /* the groups' predicted profiles (PRIORS, format 7) */
+  int has_priors;   /* it exists (absent in an older catalog opened read-only) */
   int rdonly;
   /* A read-only catalog opened without LMDB's lock file (kv_catalog_open: the lock file is not
    * writable by this user and no process had the database open): every read transaction
@@ -362,9 +388,14 @@ kvdb_status kv_cat_get_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_
 /* Raise the catalog's format version to at least `version` in this write transaction (done
  * when the first format-2 record or block is committed). */
 kvdb_status kv_cat_require_format(kv_catalog *c, kv_txn *txn, uint64_t version);
-/* The profile of a context: KVDB_NOTFOUND when none is recorded. r is big (~16 KiB). */
+/* The profile of a context: its profile record, else the one synthesized from its group's
+ * prior record (PRIORS: its ctxstats record names the group; r->prior set); KVDB_NOTFOUND when
+ * it has neither. r is big (~16 KiB). (ctxstats.c) */
 kvdb_status kv_cat_get_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                kv_profile_rec *r);
+/* Its profile record alone (catalog.c). */
+kvdb_status kv_cat_get_profile_rec(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                   kv_profile_rec *r);
 kvdb_status kv_cat_put_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                const kv_profile_rec *r);
 kvdb_status kv_cat_put_u64(kv_catalog *c, kv_txn *txn, const char *name, uint64_t v);
@@ -535,33 +566,64 @@ kvdb_status kv_idx_verify(kv_catalog *c, kv_txn *txn, kv_idx_problem_fn fn, void
  * Pure codecs and typed gets/puts, like catalog.h; the databases are opened by catalog.c.
  */
 
-#define KV_CTXSTATS_REC_VERSION 1u
-#define KV_CTXSTATS_REC_BYTES 32u
+#define KV_CTXSTATS_REC_VERSION 2u /* 2: with a prior reference (format 7, PRIORS) */
+#define KV_CTXSTATS_REC_BYTES 32u  /* version 1 */
+#define KV_CTXSTATS_REC_BYTES_V2 40u
+#define KV_CTXSTATS_REC_MAX 40u
 
-/* kv_ctxstats.flags */
-enum { KV_CTXS_CACHED = 1 };
+/* kv_ctxstats (CTXSTATS, below) */
 
-typedef struct kv_ctxstats {
-  uint32_t flags;    /* KV_CTXS_*: the plan keeps it in the DRAM tier */
-  uint32_t tier;     /* kvdb_tier of its persistent copy as last placed */
-  double freq;       /* decayed access count as of freq_ms (finite, >= 0) */
-  uint64_t freq_ms;  /* Unix ms */
-  uint64_t accesses; /* accesses counted (not decayed) */
-} kv_ctxstats;
-
-void kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_BYTES]);
+/* Version 1 (32 bytes) when r->prior is 0, else version 2 (40 bytes); returns the size. */
+size_t kv_ctxstats_encode(const kv_ctxstats *r, uint8_t dst[KV_CTXSTATS_REC_MAX]);
 kvdb_status kv_ctxstats_decode(const uint8_t *src, size_t len, kv_ctxstats *r);
+
+/*
+ * PRIORS (ctxstats.c, format 7): a put whose profile was predicted from its group's measured
+ * profiles (place/prior.c) records no profile record: its ctxstats record (written by the
+ * put's own transaction anyway) names its group, and the group's prediction is one record of
+ * the `priors` database (key: the group key, u64 BE), rewritten only when the prediction
+ * changes. A context's profile is then its profile record when it has one, else the one
+ * synthesized from its group's prior record (kv_cat_get_profile): per entry the prior's
+ * quality and rel_l2, bytes = bytes per token x the context's tokens, the stored config
+ * marked with the context record's bytes, n_probes 0 (predicted). A writer of the profile
+ * (re-profiling, reports, relocation) writes a profile record, which takes precedence.
+ */
+#define KV_FORMAT_PRIORS 7u
+#define KV_PRIOR_REC_VERSION 1u
+#define KV_PRIOR_MAX_ENTRIES 40u /* a larger prediction is written as a profile record */
+#define KV_PRIOR_HDR 16u
+#define KV_PRIOR_ENT 40u
+size_t kv_prior_rec_size(uint32_t n_entries);
+/* The prior record of profile p (p->e[i].config, quality, rel_l2; p->prior_bpt[i]). */
+void kv_prior_rec_encode(const struct kv_profile_rec *p, uint8_t *dst);
+/* Into p: n_entries, measured_ms, e[i] (config, quality, rel_l2, reported NaN), prior_bpt[i]. */
+kvdb_status kv_prior_rec_decode(const uint8_t *src, size_t len, struct kv_profile_rec *p);
+/* The prior record of group `key` (KVDB_NOTFOUND: none, or no priors database). */
+kvdb_status kv_cat_get_prior(kv_catalog *c, kv_txn *txn, uint64_t key, struct kv_profile_rec *p);
+/* In the put's transaction: predicted profile p (p->prior != 0) recorded by reference: the
+ * group's prior record written when it differs from p's, the context's ctxstats record created
+ * or updated with the reference (its counts unchanged), any profile record of key deleted, the
+ * catalog raised to format 7. */
+kvdb_status kv_cat_put_profile_ref(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
+                                   const struct kv_profile_rec *p, uint64_t now_ms);
 
 /* The decayed count of r as of now_ms, with half-life half_life_ms (<= 0: no decay). */
 double kv_ctxstats_freq_at(const kv_ctxstats *r, uint64_t now_ms, double half_life_ms);
 
 /* Typed access; KVDB_NOTFOUND when absent (also when the catalog has no ctxstats database:
- * a format-1/2 catalog opened read-only). Puts need the database (KVDB_READONLY without). */
+ * a format-1/2 catalog opened read-only). Puts need the database (KVDB_READONLY without).
+ * FOLDED STATS (format 7): a context put with placement on has a version-3 context record
+ * that carries its statistics; they are its ctxstats until it has a ctxstats record: get
+ * reads the record, else the context record's; put writes the record when there is one, else
+ * into a version-3 context record (so a put's own statistics and later accesses add no page
+ * of the ctxstats tree), else creates the record. */
 kvdb_status kv_cat_get_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 kv_ctxstats *r);
 kvdb_status kv_cat_put_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
                                 const kv_ctxstats *r);
 kvdb_status kv_cat_del_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
+/* Whether key has a ctxstats record of its own (not folded into its context record). */
+int kv_cat_has_ctxstats_rec(kv_catalog *c, kv_txn *txn, const uint8_t key[16]);
 
 /* One access at now_ms: decay, + 1, count it (creating the record, tier SSD, when absent). */
 kvdb_status kv_cat_touch_ctxstats(kv_catalog *c, kv_txn *txn, const uint8_t key[16],

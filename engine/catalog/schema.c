@@ -60,7 +60,7 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
     }
     kv_mdb_txn_commit(kv_mtxn(txn)); /* a read txn: makes the dbi handles permanent */
     txn = NULL;
-    if ((c->has_profiles && c->has_ctxstats && c->has_index) || rdonly)
+    if ((c->has_profiles && c->has_ctxstats && c->has_priors && c->has_index) || rdonly)
       return KVDB_OK;
     /* an older catalog: add the (empty) profiles and ctxstats databases it lacks, and build
      * the block indexes of format 4 (unless another process did since the read above) */
@@ -91,6 +91,12 @@ kvdb_status kv_catalog_open(kv_catalog *c, const char *dir, uint64_t map_bytes, 
       goto out;
     }
     c->has_ctxstats = 1;
+    pm = c->has_priors ? 0 : mdb_dbi_open(kv_mtxn(txn), "priors", MDB_CREATE, &c->priors);
+    if (pm != 0) {
+      rc = kv_mdb_fail(pm, "create database 'priors'");
+      goto out;
+    }
+    c->has_priors = 1;
     rc = kv_txn_commit(txn);
     txn = NULL;
     if (rc == KVDB_OK)

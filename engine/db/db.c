@@ -167,6 +167,7 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
                            .heads = o.profile_heads,
                            .packed_block_bytes = db->opt.packed_block_bytes};
       KV_ERR(kv_profile_measure(&ps, profile));
+      profile->prior = 0; /* measured: recorded as a profile record */
       kv_place_prior_note(db, pkey, n, profile);
     }
     /* placement on: write it once in the config the placement will choose on the SSD */

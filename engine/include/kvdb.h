@@ -97,8 +97,10 @@ KVDB_API unsigned kvdb_version_number(void);
  * in one transaction (builds its indexes); read-only, it is read as it is (a lookup then scans
  * all the children of its last matched block). A database becomes version 5 with its first
  * block of lossless frames, version 6 with its first block carrying version-2 score copies and
- * version 7 with its first packed raw block (objects at 64-byte offsets, format/FORMAT.md §3e):
- * builds that know less refuse it with KVDB_VERSION.
+ * version 7 with its first packed raw block (objects at 64-byte offsets, format/FORMAT.md §3e)
+ * or its first put with placement on (its statistics in its context record, a predicted
+ * profile by reference to its group's record; FORMAT.md §2): builds that know less refuse it
+ * with KVDB_VERSION.
  */
 #define KVDB_FORMAT_VERSION 7
 

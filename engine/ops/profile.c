@@ -87,23 +87,7 @@ kvdb_status kv_profile_space(const char *space, int have_queries, const kvdb_mod
 
 void kv_profile_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes)
 {
-  uint32_t i;
-  for (uint32_t k = 0; k < p->n_entries; k++)
-    p->e[k].flags &= ~(uint32_t)KVDB_PROFILE_STORED;
-  for (i = 0; i < p->n_entries && !kv_policy_config_equal(&p->e[i].config, cfg); i++)
-    ;
-  if (i == p->n_entries) {
-    if (p->n_entries == KV_PROFILE_MAX_ENTRIES)
-      return;
-    memset(&p->e[i], 0, sizeof p->e[i]);
-    p->e[i].config = *cfg;
-    p->e[i].quality = kv_policy_config_exact(cfg) ? 1.0 : NAN;
-    p->e[i].reported_quality = NAN;
-    p->e[i].n_probes = p->n_probes;
-    p->n_entries++;
-  }
-  p->e[i].flags |= KVDB_PROFILE_STORED | KVDB_PROFILE_EXACT;
-  p->e[i].bytes = bytes;
+  kv_profile_rec_mark_stored(p, cfg, bytes);
 }
 
 /* Buffers of one measurement. */

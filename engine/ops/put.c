@@ -658,6 +658,16 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
                     .n_tokens = r->n_tokens, .bytes = ctx_bytes, .created_ms = now,
                     .last_access_ms = now};
   memcpy(cr.model, r->mh, 16);
+  if (r->hook != NULL && db->cat.has_ctxstats) {
+    /* placement on: its statistics in its own record (catalog.h FOLDED STATS), written by the
+     * hook's touch and flag in this transaction without a page of the ctxstats tree */
+    cr.has_stats = 1;
+    cr.stats = (kv_ctxstats){.tier = last_tier >= KVDB_TIER_SSD && last_tier < KVDB_TIER_COUNT
+                                         ? last_tier : KVDB_TIER_SSD,
+                             .freq_ms = now};
+    KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PRIORS));
+    KV_ERR(kv_cat_del_ctxstats(&db->cat, txn, r->ctx)); /* none expected: it would take precedence */
+  }
   if (r->cfg.method != KVDB_METHOD_RAW)
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
   if (r->cfg.method == KVDB_METHOD_LOSSLESS)
@@ -698,7 +708,12 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     }
     KV_ERR(kv_cat_put_seg(&db->cat, txn, w->seg_id, &sr));
   }
-  if (r->profile != NULL) {
+  if (r->profile != NULL && r->profile->prior != 0 && r->hook != NULL && db->cat.has_priors &&
+      db->cat.has_ctxstats) {
+    /* predicted (place/prior.c) with placement on: by reference (catalog.h PRIORS), in the
+     * ctxstats record the placement's hook writes in this transaction anyway */
+    KV_ERR(kv_cat_put_profile_ref(&db->cat, txn, r->ctx, r->profile, now));
+  } else if (r->profile != NULL) {
     kv_profile_mark_stored(r->profile, &r->cfg, ctx_bytes);
     KV_ERR(kv_cat_put_profile(&db->cat, txn, r->ctx, r->profile));
   }

@@ -1498,6 +1498,8 @@ static kvdb_status inc_uncache(kvdb *db, kv_txn *txn, kv_place_inc *s, int *chan
     cs.flags &= ~(uint32_t)KV_CTXS_CACHED;
     cs.tier = kv_ctx_tier(db, txn, &cr);
     KV_RET(kv_cat_put_ctxstats(&db->cat, txn, s->ev[i].ctx, &cs));
+    /* FOLDED STATS: that may have rewritten the context record cr.blocks points into */
+    KV_RET(kv_cat_get_ctx(&db->cat, txn, s->ev[i].ctx, &cr));
     *changed = 1;
     if (s->n_ev_blocks + cr.n_blocks > s->cap_ev_blocks) {
       size_t nc = s->cap_ev_blocks ? 2 * s->cap_ev_blocks : 64;
@@ -1591,6 +1593,8 @@ static kvdb_status put_in_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], void
       cs.tier = kv_ctx_tier(db, txn, &cr);
       cs.flags = cache ? KV_CTXS_CACHED : 0;
       rc = kv_cat_put_ctxstats(&db->cat, txn, key, &cs);
+      if (rc == KVDB_OK) /* FOLDED STATS: it may have rewritten the record of cr.blocks */
+        rc = kv_cat_get_ctx(&db->cat, txn, key, &cr);
       if (rc == KVDB_OK && was != cache) {
         rc = kv_place_bump_gen(db, txn, &st->gen_from);
         st->bump = 1;

@@ -29,9 +29,17 @@
  * the profile (KVDB_PUT_PROFILE) is always measured; KVDB_PLACE_PROFILE_EVERY_PUT measures
  * every put (the paper's profiler).
  *
- * DURABILITY. Nothing is deferred: a predicted profile is written in the put's own transaction
- * as a measured one is (put.c), so a crash leaves a context with its profile or no context.
- * The rings live in the handle only: a reopened handle measures each group's first puts again.
+ * DURABILITY. Nothing is deferred: a predicted profile is recorded in the put's own
+ * transaction (put.c), so a crash leaves a context with its profile or no context. It is
+ * recorded BY REFERENCE (catalog.h PRIORS, format 7): no profile record, but the group key in
+ * the context's ctxstats record (which the put's transaction writes anyway) and the group's
+ * prediction in the `priors` database, rewritten only when it changes (after a measured put
+ * joined the ring): a predicted put adds no catalog page of its own for its profile. Readers
+ * (kv_cat_get_profile) synthesize the profile from the group's record: a context's predicted
+ * profile is its group's latest prediction (the same values while the ring holds; after a
+ * measured put joined, the prediction the group has learnt since). A prediction of more than
+ * KV_PRIOR_MAX_ENTRIES configs is written as a profile record as before. The rings live in the
+ * handle only: a reopened handle measures each group's first puts again.
  */
 #include <math.h>
 #include <stddef.h>
@@ -55,6 +63,7 @@ typedef struct prior_group {
   kvdb_config cfg[KV_PROFILE_MAX_CONFIGS];
   uint32_t n, head;         /* profiles in the ring; the next slot */
   uint32_t skip;            /* predicted puts since the last measured one */
+  uint64_t noted_ms;        /* when the last measured profile joined (the prediction's time) */
   double q[PRIOR_WINDOW][KV_PROFILE_MAX_CONFIGS];
   double rl2[PRIOR_WINDOW][KV_PROFILE_MAX_CONFIGS];
   double bpt[PRIOR_WINDOW][KV_PROFILE_MAX_CONFIGS];
@@ -86,7 +95,8 @@ uint64_t kv_place_prior_key(const uint8_t model_hash[16], const char *space, uin
   memcpy(k, model_hash, 16);
   memcpy(k + 16, w, sizeof w);
   uint64_t h = XXH3_64bits(k, sizeof k);
-  return space != NULL ? XXH3_64bits_withSeed(space, strlen(space) + 1, h) : h;
+  h = space != NULL ? XXH3_64bits_withSeed(space, strlen(space) + 1, h) : h;
+  return h != 0 ? h : 1; /* 0 is "no group" in a ctxstats record (catalog.h PRIORS) */
 }
 
 /* The group of `key` (created when `create`); the slot's lock held. */
@@ -162,7 +172,9 @@ int kv_place_prior_predict(kvdb *db, uint64_t key, uint64_t n_tokens, kv_profile
     memset(out, 0, sizeof *out);
     out->n_entries = g->n_cfg;
     out->n_probes = 0;
-    out->measured_ms = kv_now_ms();
+    out->measured_ms = g->noted_ms; /* the prediction's: the same for the group's puts */
+    /* recorded by reference to the group's prior record (catalog.h PRIORS) when it fits */
+    out->prior = g->n_cfg <= KV_PRIOR_MAX_ENTRIES ? key : 0;
     for (uint32_t c = 0; c < g->n_cfg; c++) {
       kvdb_profile_entry *e = &out->e[c];
       double qmin = INFINITY, rmax = 0, bsum = 0;
@@ -176,6 +188,8 @@ int kv_place_prior_predict(kvdb *db, uint64_t key, uint64_t n_tokens, kv_profile
       e->quality = qmin;
       e->rel_l2 = rmax;
       e->reported_quality = NAN;
+      if (c < KV_PRIOR_MAX_ENTRIES)
+        out->prior_bpt[c] = bsum / g->n;
       uint64_t b = (uint64_t)llround(bsum / g->n * (double)n_tokens);
       e->bytes = b > 0 ? b : 1;
       e->n_probes = 0;
@@ -183,6 +197,8 @@ int kv_place_prior_predict(kvdb *db, uint64_t key, uint64_t n_tokens, kv_profile
   } else if (g != NULL) {
     g->skip = 0; /* this put is measured */
   }
+  if (!predict)
+    out->prior = 0;
   pthread_mutex_unlock(&slot->mu);
   return predict;
 }
@@ -212,6 +228,7 @@ void kv_place_prior_note(kvdb *db, uint64_t key, uint64_t n_tokens, const kv_pro
       g->bpt[g->head][c] = (double)e->bytes / (double)n_tokens;
     }
     g->head = (g->head + 1) % PRIOR_WINDOW;
+    g->noted_ms = kv_now_ms();
     if (g->n < PRIOR_WINDOW)
       g->n++;
   }

@@ -405,6 +405,24 @@ static kvdb_status build_want(kvdb *db, kv_txn *txn, kset *out, uint64_t *gen)
   }
   kv_cat_iter_close(&it);
   kv_clear_error();
+  /* FOLDED STATS (catalog.h): contexts whose record carries their statistics and that have no
+   * ctxstats record (which would take precedence, above) */
+  if (rc == KVDB_OK &&
+      kv_cat_iter_open(&db->cat, txn, KV_TBL_CONTEXTS, &it, "open contexts cursor") == KVDB_OK) {
+    while (rc == KVDB_OK && kv_cat_iter_next(&it)) {
+      const uint8_t *d = it.val.data;
+      kv_ctx_rec cr;
+      if (it.key.size != 16 || it.val.size < 1 || d[0] < 3 ||
+          kv_ctx_rec_decode(d, it.val.size, &cr) != KVDB_OK || !cr.has_stats ||
+          !(cr.stats.flags & KV_CTXS_CACHED) || kv_cat_has_ctxstats_rec(&db->cat, txn, it.key.data))
+        continue;
+      for (uint32_t i = 0; i < cr.n_blocks && rc == KVDB_OK; i++)
+        if (kset_add(out, cr.blocks + 16 * i) != 0)
+          rc = kv_fail(KVDB_NOMEM, "the DRAM admission set");
+    }
+    kv_cat_iter_close(&it);
+  }
+  kv_clear_error();
   if (rc != KVDB_OK)
     kset_free(out);
   return rc;

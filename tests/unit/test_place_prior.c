@@ -14,10 +14,22 @@
  *   crash     a child putting contexts is SIGKILLed mid-stream: after a reopen every put it
  *             saw acknowledged is readable with a profile (measured or predicted: it was in
  *             the put's own commit), kvdb_verify finds nothing, and the reopened handle
- *             measures its first puts again (the prior lives in the handle only);
- *   options   placement_profile 2 is KVDB_INVALID.
+ *             measures its first puts again (the prior lives in the handle only); run with a
+ *             4 MiB and a 1 MiB DRAM tier: with the latter, puts before the kill took contexts
+ *             out of DRAM in their own commits, and the reopened catalog's DRAM flags (folded
+ *             into version-3 context records) still fit the tier;
+ *   options   placement_profile 2 is KVDB_INVALID;
+ *   reference (white-box, catalog.h PRIORS and FOLDED STATS, format 7) a predicted put writes
+ *             no profile record: its context record (version 3) carries its statistics and
+ *             its group, whose prediction is one record of `priors`; a measured put writes its
+ *             profile record; both read back alike through kvdb_profile_get, after a reopen
+ *             and read-only too; a quality report on a predicted context writes its profile
+ *             record, which then takes precedence; the crash test checks the same state after
+ *             the killed writer (every acknowledged context: statistics, group record).
  */
 #include "kvdb_test.h"
+#include "catalog/catalog.h" /* white-box: the records behind a profile */
+#include "place/place.h"
 
 #include <math.h>
 #include <signal.h>
@@ -72,6 +84,8 @@ static void kv_of(int i, int outliers, uint16_t *buf)
   }
 }
 
+static uint64_t g_dram = 4 << 20; /* the DRAM tier of every handle (test_crash varies it) */
+
 static kvdb_options opts(uint32_t profile)
 {
   kvdb_options o;
@@ -79,7 +93,7 @@ static kvdb_options opts(uint32_t profile)
   o.placement = KVDB_PLACEMENT_EVICPRESS;
   o.placement_profile = profile;
   o.segment_bytes = 1 << 20;
-  o.dram_bytes = 4 << 20;
+  o.dram_bytes = g_dram;
   o.log_level = -1;
   return o;
 }
@@ -264,8 +278,102 @@ static void test_drift(void)
   t_rmdir(dir);
 }
 
-static void test_crash(void)
+/* White-box: how context `key` records its profile. 1: by reference (no profile record, its
+ * statistics in its version-3 context record name a group whose prior record exists); 0: a
+ * profile record. Its statistics are readable either way. */
+static int by_reference(kvdb *db, const kvdb_key *key)
 {
+  kv_txn *txn;
+  ASSERT_OK(kv_txn_begin(&db->cat, 0, &txn));
+  static kv_profile_rec pr;
+  kv_ctxstats cs;
+  kv_ctx_rec cr;
+  ASSERT_OK(kv_cat_get_ctx(&db->cat, txn, key->b, &cr));
+  ASSERT(cr.has_stats); /* put with placement on: FOLDED STATS */
+  ASSERT_OK(kv_cat_get_ctxstats(&db->cat, txn, key->b, &cs));
+  ASSERT(cs.accesses >= 1 && cs.freq > 0);
+  kvdb_status rc = kv_cat_get_profile_rec(&db->cat, txn, key->b, &pr);
+  int ref = rc == KVDB_NOTFOUND;
+  if (ref) {
+    kv_clear_error();
+    ASSERT(cs.prior != 0);
+    ASSERT_OK(kv_cat_get_prior(&db->cat, txn, cs.prior, &pr));
+    ASSERT(pr.n_entries >= N_CFG);
+  } else {
+    ASSERT_OK(rc);
+  }
+  kv_txn_abort(txn);
+  return ref;
+}
+
+static void test_reference(void)
+{
+  char *dir = t_tmpdir("prior-ref");
+  kvdb_options o = opts(KVDB_PLACE_PROFILE_SAMPLED);
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  kvdb_key keys[48];
+  kvdb_profile_entry got[48][N_CFG];
+  int pred[48], n_ref = 0;
+  for (int i = 0; i < 48; i++) {
+    put_ctx(db, i, 0, 0, got[i], &keys[i]);
+    pred[i] = predicted(got[i]);
+    ASSERT_EQ(by_reference(db, &keys[i]), pred[i]); /* predicted: by reference, only they */
+    n_ref += pred[i];
+  }
+  ASSERT_EQ(n_ref, 32 - 2); /* puts 16..47, 31 and 47 measured */
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 7);
+  kvdb_close(db);
+  /* reopened, read-write then read-only: the same profiles (the group's record holds the
+   * prediction: the ring of this handle is gone) */
+  for (int ro = 0; ro < 2; ro++) {
+    kvdb_options o2 = opts(KVDB_PLACE_PROFILE_SAMPLED);
+    if (ro) {
+      o2.flags |= KVDB_O_RDONLY;
+      o2.placement = KVDB_PLACEMENT_OFF;
+    }
+    ASSERT_OK(kvdb_open(dir, &o2, &db));
+    for (int i = 16; i < 48; i++) {
+      kvdb_profile_entry pe[N_CFG];
+      size_t n = 0;
+      ASSERT_OK(kvdb_profile_get(db, &keys[i], pe, N_CFG, &n));
+      ASSERT(predicted(pe) == pred[i]);
+      /* a predicted profile reads as its group's latest prediction: the one the puts 32..46
+       * got (put 31's measurement joined the ring after puts 16..30 were predicted); its
+       * stored entry's bytes are the context's own */
+      const kvdb_profile_entry *want = pred[i] ? got[32] : got[i];
+      ASSERT(pred[32]);
+      for (int c = 0; c < N_CFG; c++) {
+        ASSERT_EQ(pe[c].flags, got[i][c].flags);
+        ASSERT(pe[c].quality == want[c].quality);
+        ASSERT_EQ(pe[c].bytes, (pe[c].flags & KVDB_PROFILE_STORED) ? got[i][c].bytes
+                                                                   : want[c].bytes);
+      }
+      check_ctx(db, i, 0, &keys[i]);
+    }
+    if (!ro) {
+      /* a report on a predicted context: its profile record is written and takes precedence */
+      int i = 20;
+      ASSERT(pred[i]);
+      kvdb_config stored = {0};
+      for (int c = 0; c < N_CFG; c++)
+        if (got[i][c].flags & KVDB_PROFILE_STORED)
+          stored = got[i][c].config;
+      ASSERT_OK(kvdb_report_quality(db, &keys[i], &stored, 0.999));
+      ASSERT_EQ(by_reference(db, &keys[i]), 0);
+    }
+    kvdb_close(db);
+  }
+  t_rmdir(dir);
+}
+
+/* dram: the DRAM tier; at 1 MiB (21 contexts of 48 KiB decoded) the puts before the kill take
+ * contexts out of DRAM in their own commits (their flags in their version-3 records) */
+static void test_crash(uint64_t dram)
+{
+  g_dram = dram;
   char *dir = t_tmpdir("prior-crash");
   int fd[2];
   ASSERT(pipe(fd) == 0);
@@ -315,8 +423,20 @@ static void test_crash(void)
     size_t n = 0;
     ASSERT_OK(kvdb_profile_get(db, &h[TOKENS / 16 - 1], pe, N_CFG, &n));
     ASSERT(n >= N_CFG);
+    ASSERT_EQ(by_reference(db, &h[TOKENS / 16 - 1]), predicted(pe));
     check_ctx(db, i, 0, &h[TOKENS / 16 - 1]);
   }
+  kvdb_placement_stats ps; /* the DRAM flags the killed writer committed fit its DRAM tier */
+  ASSERT_OK(kvdb_placement_stat(db, &ps, NULL, 0));
+  ASSERT(ps.contexts >= (uint64_t)acked);
+  ASSERT(ps.served_from[KVDB_TIER_DRAM] > 0);
+  ASSERT(ps.served_from[KVDB_TIER_DRAM] * TOKENS * kvdb_model_token_bytes(&M) <= dram);
+  if (dram < (2u << 20))
+    ASSERT(ps.served_from[KVDB_TIER_DRAM] < (uint64_t)acked); /* some were taken out */
+  kvdb_place_plan plan; /* the placement reads every context's state */
+  ASSERT_OK(kvdb_rebalance_plan(db, &plan));
+  ASSERT(isfinite(plan.utility_before) && isfinite(plan.utility_after));
+  kvdb_place_plan_free(&plan);
   kvdb_verify_report rep;
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, &rep));
   ASSERT_EQ(rep.problems, 0);
@@ -327,6 +447,7 @@ static void test_crash(void)
   kvdb_close(db);
   t_rmdir(dir);
 }
+
 
 static void test_options(void)
 {
@@ -344,7 +465,9 @@ int main(void)
   test_sampled();
   test_every_put_and_asked();
   test_drift();
-  test_crash();
+  test_reference();
+  test_crash(4 << 20);
+  test_crash(1 << 20);
   printf("ok\n");
   return 0;
 }
