@@ -326,6 +326,26 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
   if (ctx_mem == NULL || f.arena == NULL || f.out == NULL)
     goto out;
   f.ctx = kv_codec_dctx_init(ctx_mem, mem);
+  /* KVDB_BENCH_FRAMES_DUMP=PREFIX: write the set's KV as PREFIX<prefix>kv.bin (the sections back
+   * to back, layer -> KV head -> K, V per context) with a one-line shape file beside it, for
+   * studying the frame codings outside the bench */
+  const char *dump = getenv("KVDB_BENCH_FRAMES_DUMP");
+  if (dump != NULL && *dump != '\0') {
+    char pth[512];
+    snprintf(pth, sizeof pth, "%s%skv.bin", dump, s->prefix);
+    FILE *df = fopen(pth, "wb");
+    if (df != NULL) {
+      if (fwrite(s->kv, 1, s->total, df) != s->total)
+        bench_log("frames: short write of %s", pth);
+      fclose(df);
+      snprintf(pth, sizeof pth, "%s%sshape.txt", dump, s->prefix);
+      if ((df = fopen(pth, "w")) != NULL) {
+        fprintf(df, "%u %u %u %u\n", (unsigned)s->n_ctx, (unsigned)f.n_sec_ctx,
+                (unsigned)s->n_tokens, (unsigned)s->head_dim);
+        fclose(df);
+      }
+    }
+  }
 
   double bound = 0;
   for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++) {
