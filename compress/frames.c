@@ -148,14 +148,19 @@ static size_t ep_encode_stream(const uint8_t *hi, size_t cnt, ZSTD_CCtx *cctx, i
   size_t n_esc = cnt - best, h = ceil_div(cnt, 2), nb = ceil_div(cnt, 8);
   if (ep_stream_bytes(cnt, 0, n_esc) >= cap)
     return 0;
-  memset(pairs, 0, h);
   uint8_t *bm = NULL; /* the bitmaps follow the pairs: written once P is known */
   size_t esc_at = 0;
-  for (size_t i = 0; i < cnt; i++) {
-    unsigned e = (hi[i] >> 2) & 31, code = e - b;
-    if (e < b || code > 15)
-      code = 0;
-    pairs[i >> 1] |= (uint8_t)(code << (4 * (i & 1)));
+  for (size_t j = 0; j < h; j++) {
+    unsigned e0 = (hi[2 * j] >> 2) & 31, c0 = e0 - b, c1 = 0;
+    if (e0 < b || c0 > 15)
+      c0 = 0;
+    if (2 * j + 1 < cnt) {
+      unsigned e1 = (hi[2 * j + 1] >> 2) & 31;
+      c1 = e1 - b;
+      if (e1 < b || c1 > 15)
+        c1 = 0;
+    }
+    pairs[j] = (uint8_t)(c0 | c1 << 4);
   }
   /* the pairs: zstd when it saves at least 1/32 of them, else raw */
   size_t avail = cap - ep_stream_bytes(cnt, 0, n_esc), p = 0;
@@ -191,16 +196,21 @@ static size_t ep_encode_stream(const uint8_t *hi, size_t cnt, ZSTD_CCtx *cctx, i
   kv_codec_put_le32(out + 4, (uint32_t)n_esc);
   kv_codec_put_le32(out + 8, (uint32_t)p);
   bm = out + EP_STREAM_HDR + p;
-  memset(bm, 0, 3 * nb);
   uint8_t *esc = bm + 3 * nb;
-  for (size_t i = 0; i < cnt; i++) {
-    unsigned v = hi[i], e = (v >> 2) & 31, bit = 1u << (i & 7);
-    if (v & 0x80)
-      bm[i >> 3] |= (uint8_t)bit;
-    if (v & 0x02)
-      bm[nb + (i >> 3)] |= (uint8_t)bit;
-    if (v & 0x01)
-      bm[2 * nb + (i >> 3)] |= (uint8_t)bit;
+  for (size_t j = 0; j < nb; j++) {
+    unsigned sg = 0, m1 = 0, m0 = 0, lim = cnt - 8 * j < 8 ? (unsigned)(cnt - 8 * j) : 8;
+    for (unsigned t = 0; t < lim; t++) {
+      unsigned v = hi[8 * j + t];
+      sg |= (v >> 7) << t;
+      m1 |= ((v >> 1) & 1) << t;
+      m0 |= (v & 1) << t;
+    }
+    bm[j] = (uint8_t)sg;
+    bm[nb + j] = (uint8_t)m1;
+    bm[2 * nb + j] = (uint8_t)m0;
+  }
+  for (size_t i = 0; n_esc > 0 && i < cnt; i++) {
+    unsigned e = (hi[i] >> 2) & 31;
     if (e < b || e - b > 15) {
       kv_codec_put_le32(esc + 5 * esc_at, (uint32_t)i);
       esc[5 * esc_at + 4] = (uint8_t)e;
@@ -609,7 +619,7 @@ static ep_join_fn ep_join_pick(int lim)
   return ep_join_scalar;
 }
 
-static _Atomic(ep_join_fn) ep_join_fn_now = NULL;
+static _Atomic(ep_join_fn) ep_join_fn_now; /* NULL: not chosen yet */
 
 static ep_join_fn ep_join(void)
 {
