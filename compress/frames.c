@@ -521,6 +521,55 @@ static void ep_join_scalar(const uint8_t *lo, const ep_stream *s, size_t at, siz
   }
 }
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* ep_spread[x]: byte t = bit t of x */
+#define EP_S1(x)                                                                                   \
+  ((uint64_t)((x) & 1) | (uint64_t)(((x) >> 1) & 1) << 8 | (uint64_t)(((x) >> 2) & 1) << 16 |      \
+   (uint64_t)(((x) >> 3) & 1) << 24 | (uint64_t)(((x) >> 4) & 1) << 32 |                          \
+   (uint64_t)(((x) >> 5) & 1) << 40 | (uint64_t)(((x) >> 6) & 1) << 48 |                          \
+   (uint64_t)(((x) >> 7) & 1) << 56)
+#define EP_S4(x) EP_S1(x), EP_S1((x) + 1), EP_S1((x) + 2), EP_S1((x) + 3)
+#define EP_S16(x) EP_S4(x), EP_S4((x) + 4), EP_S4((x) + 8), EP_S4((x) + 12)
+#define EP_S64(x) EP_S16(x), EP_S16((x) + 16), EP_S16((x) + 32), EP_S16((x) + 48)
+static const uint64_t ep_spread[256] = {EP_S64(0), EP_S64(64), EP_S64(128), EP_S64(192)};
+
+/* 4 bytes -> the low bytes of 4 16-bit lanes */
+static inline uint64_t ep_widen4(uint64_t x)
+{
+  x = (x | x << 16) & 0x0000FFFF0000FFFFull;
+  return (x | x << 8) & 0x00FF00FF00FF00FFull;
+}
+
+/* Portable: 8 elements at a time in 64-bit words (SWAR). */
+static void ep_join_swar(const uint8_t *lo, const ep_stream *s, size_t at, size_t m,
+                         uint8_t *out)
+{
+  size_t i = 0;
+  if ((at & 7) == 0) {
+    const uint64_t bb = 0x0101010101010101ull * s->base;
+    for (; i + 8 <= m; i += 8) {
+      size_t k = at + i, by = k >> 3;
+      uint32_t pw;
+      memcpy(&pw, s->pairs + (k >> 1), 4);
+      uint64_t c = ep_widen4(pw);                        /* pair byte j in lane j */
+      c = (c | c << 4) & 0x0F0F0F0F0F0F0F0Full;          /* its codes in bytes 2j, 2j+1 */
+      uint64_t hi = (c + bb) << 2 | ep_spread[s->bm[by]] << 7 | ep_spread[s->bm[s->nb + by]] << 1 |
+                    ep_spread[s->bm[2 * s->nb + by]];    /* bytes <= 31 before the shift */
+      uint64_t l;
+      memcpy(&l, lo + i, 8);
+      uint64_t o0 = ep_widen4(l & 0xffffffffu) | ep_widen4(hi & 0xffffffffu) << 8;
+      uint64_t o1 = ep_widen4(l >> 32) | ep_widen4(hi >> 32) << 8;
+      memcpy(out + 2 * i, &o0, 8);
+      memcpy(out + 2 * i + 8, &o1, 8);
+    }
+  }
+  ep_join_scalar(lo + i, s, at + i, m - i, out + 2 * i);
+}
+#define EP_PORTABLE ep_join_swar
+#else
+#define EP_PORTABLE ep_join_scalar
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__BYTE_ORDER__) &&                       \
   __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define EP_X86 1
@@ -616,7 +665,7 @@ static ep_join_fn ep_join_pick(int lim)
 #else
   (void)lim;
 #endif
-  return ep_join_scalar;
+  return EP_PORTABLE;
 }
 
 static _Atomic(ep_join_fn) ep_join_fn_now; /* NULL: not chosen yet */
