@@ -24,7 +24,11 @@
  * lossless_vs_bound, lossless_ratio, lossless_encode_gbps (the default frame size and level),
  * lossless_frame_bytes, lossless_frame_level, lossless_subset_amplification,
  * lossless_subset_decode_us, lossless_decode_mt_gbps, lossless_decode_mt_threads,
- * lossless_decode_2t_gbps, lossless_frames_sweep (a string: size:ratio:gbps:amplification ...),
+ * lossless_decode_2t_gbps, lossless_frames_sweep (a string per row: size:level:ratio:gbps:
+ * amplification:subset_us:coding, coding a(uto) / p(lanes) / e(xponent pairs forced)),
+ * lossless_exppairs_share (frames of the default with exponent pairs), and the same-run
+ * baselines lossless_planes_decode_gbps / _vs_bound (byte planes only: frames before the coding
+ * flag) and lossless_exppairs_forced_decode_gbps / _vs_bound,
  * lossless_frame_bytes_chosen (the sweep's rule: the largest size whose one-layer subset read
  * decodes only that layer, with vs_bound >= 0.98; on the real set it is the default, 64 KiB).
  */
@@ -56,6 +60,8 @@ typedef struct fset {
   size_t scratch_cap;
   kv_codec_dctx *ctx;
   int level;
+  kv_frame_coding coding; /* of the next encode_all */
+  uint32_t n_ep;          /* frames of the last encode_all with exponent pairs */
   uint32_t layer_first, layer_n; /* subset pass: the sections of one layer of each context */
 } fset;
 
@@ -104,8 +110,8 @@ static int encode_all(fset *f, uint64_t frame_bytes, int level)
       }
       size_t bound = kv_frame_bound(KV_CODEC_F16, secs, n), got = 0;
       kv_codec_err err;
-      if (kv_frame_encode(KV_CODEC_F16, secs, n, level, f->scratch, f->scratch_cap,
-                          f->arena + pos, bound, &got, &err) != KV_CODEC_OK) {
+      if (kv_frame_encode_ex(KV_CODEC_F16, secs, n, level, f->coding, f->scratch,
+                             f->scratch_cap, f->arena + pos, bound, &got, &err) != KV_CODEC_OK) {
         bench_codec_fail("kv_frame_encode", &err);
         goto out;
       }
@@ -117,6 +123,7 @@ static int encode_all(fset *f, uint64_t frame_bytes, int level)
   f->enc_bytes = pos;
   f->level = level;
   /* decode scratch for the largest frame */
+  f->n_ep = 0;
   for (uint32_t fi = 0; fi < f->n_frames; fi++) {
     kv_frame_info info;
     kv_codec_err err;
@@ -124,6 +131,7 @@ static int encode_all(fset *f, uint64_t frame_bytes, int level)
       bench_codec_fail("kv_frame_parse", &err);
       goto out;
     }
+    f->n_ep += (info.coding & KV_FRAME_CODING_EXPPAIRS) != 0;
     size_t need = kv_frame_decode_scratch_bytes(&info);
     if (need > f->scratch_cap) {
       free(f->scratch);
@@ -181,6 +189,8 @@ static int subset_pass(void *p, size_t it)
 typedef struct frames_row {
   uint32_t frame_bytes;
   int level;
+  kv_frame_coding coding;
+  double ep_share; /* frames with exponent pairs */
   double ratio, vs_bound, dec_gbps, enc_gbps, amp, subset_us;
 } frames_row;
 
@@ -241,6 +251,8 @@ static int measure(const bench_env *env, fset *f, uint64_t fb, int level, double
   }
   r->frame_bytes = (uint32_t)fb;
   r->level = level;
+  r->coding = f->coding;
+  r->ep_share = f->n_frames ? (double)f->n_ep / f->n_frames : 0;
   r->ratio = (double)s->total / (double)f->enc_bytes;
   r->vs_bound = r->ratio / bound_ratio;
   r->dec_gbps = bench_gbps(s->total, (uint64_t)ns);
@@ -319,13 +331,33 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
   void *ctx_mem = malloc(mem);
   int rc = -1;
   char k[96];
-  frames_row rows[BF_SIZES + 2];
+  frames_row rows[BF_SIZES + 4];
   size_t n_rows = 0;
   f.arena = bench_alloc(s->total + (size_t)2 * s->n_heads * 64 + (size_t)s->n_ctx * 4096);
   f.out = bench_alloc(s->total);
   if (ctx_mem == NULL || f.arena == NULL || f.out == NULL)
     goto out;
   f.ctx = kv_codec_dctx_init(ctx_mem, mem);
+  /* KVDB_BENCH_FRAMES_DUMP=PREFIX: write the set's KV as PREFIX<prefix>kv.bin (the sections back
+   * to back, layer -> KV head -> K, V per context) with a one-line shape file beside it, for
+   * studying the frame codings outside the bench */
+  const char *dump = getenv("KVDB_BENCH_FRAMES_DUMP");
+  if (dump != NULL && *dump != '\0') {
+    char pth[512];
+    snprintf(pth, sizeof pth, "%s%skv.bin", dump, s->prefix);
+    FILE *df = fopen(pth, "wb");
+    if (df != NULL) {
+      if (fwrite(s->kv, 1, s->total, df) != s->total)
+        bench_log("frames: short write of %s", pth);
+      fclose(df);
+      snprintf(pth, sizeof pth, "%s%sshape.txt", dump, s->prefix);
+      if ((df = fopen(pth, "w")) != NULL) {
+        fprintf(df, "%u %u %u %u\n", (unsigned)s->n_ctx, (unsigned)f.n_sec_ctx,
+                (unsigned)s->n_tokens, (unsigned)s->head_dim);
+        fclose(df);
+      }
+    }
+  }
 
   double bound = 0;
   for (size_t sec = 0; sec < 2 * (size_t)s->n_heads; sec++) {
@@ -346,24 +378,37 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
              "into frames of >= F raw bytes; subset = one layer's %u sections of a context "
              "(kvdb_get_tokens' read)\n",
           s->name, f.layer_n);
-  fprintf(o, "  %-14s %6s %8s %9s %9s %9s %7s %10s\n", "frame bytes", "level", "ratio",
-          "vs bound", "enc GB/s", "dec GB/s", "amplif", "subset us");
-  size_t def_row = 0;
-  for (size_t i = 0; i < BF_SIZES + 2; i++) {
+  fprintf(o, "  %-14s %6s %-9s %8s %9s %9s %9s %7s %10s %6s\n", "frame bytes", "level", "coding",
+          "ratio", "vs bound", "enc GB/s", "dec GB/s", "amplif", "subset us", "pairs");
+  size_t def_row = 0, planes_row = 0, ep_row = 0;
+  static const char *const coding_name[] = {"auto", "planes", "exppairs"};
+  for (size_t i = 0; i < BF_SIZES + 4; i++) {
     uint64_t fb = i < BF_SIZES ? BF_SIZE[i] : KV_FRAME_BYTES_DEFAULT;
-    int level = i < BF_SIZES ? KV_FRAME_LEVEL_DEFAULT : i == BF_SIZES ? -1 : 3;
+    int level = i < BF_SIZES ? KV_FRAME_LEVEL_DEFAULT : i == BF_SIZES ? -1
+              : i == BF_SIZES + 1                   ? 3
+                                                    : KV_FRAME_LEVEL_DEFAULT;
+    /* the last two: the default size and level as byte planes only (every frame before the
+     * coding flag) and with exponent pairs forced: same-run baselines of the auto choice */
+    f.coding = i == BF_SIZES + 2 ? KV_FRAME_PLANES : i == BF_SIZES + 3 ? KV_FRAME_EXPPAIRS
+                                                                       : KV_FRAME_AUTO;
+    if (i == BF_SIZES + 2)
+      planes_row = n_rows;
+    if (i == BF_SIZES + 3)
+      ep_row = n_rows;
     if (i < BF_SIZES && fb > (uint64_t)f.n_sec_ctx * s->sec_bytes && i > 0 &&
         BF_SIZE[i - 1] >= (uint64_t)f.n_sec_ctx * s->sec_bytes)
       continue; /* one frame per context already */
-    bench_log("%s set: frames of %llu bytes, level %d", s->name, (unsigned long long)fb, level);
+    bench_log("%s set: frames of %llu bytes, level %d, %s", s->name, (unsigned long long)fb,
+              level, coding_name[f.coding]);
     if (measure(env, &f, fb, level, bound_ratio, &rows[n_rows]) != 0)
       goto out;
     frames_row *r = &rows[n_rows];
-    fprintf(o, "  %-14u %6d %8.4f %9.4f %9.3f %9.3f %7.2f %10.2f%s\n", r->frame_bytes, r->level,
-            r->ratio, r->vs_bound, r->enc_gbps, r->dec_gbps, r->amp, r->subset_us,
-            fb == KV_FRAME_BYTES_DEFAULT && level == KV_FRAME_LEVEL_DEFAULT ? "  (default)"
-                                                                              : "");
-    if (fb == KV_FRAME_BYTES_DEFAULT && level == KV_FRAME_LEVEL_DEFAULT)
+    int is_def = fb == KV_FRAME_BYTES_DEFAULT && level == KV_FRAME_LEVEL_DEFAULT &&
+                 f.coding == KV_FRAME_AUTO;
+    fprintf(o, "  %-14u %6d %-9s %8.4f %9.4f %9.3f %9.3f %7.2f %10.2f %6.2f%s\n",
+            r->frame_bytes, r->level, coding_name[r->coding], r->ratio, r->vs_bound, r->enc_gbps,
+            r->dec_gbps, r->amp, r->subset_us, r->ep_share, is_def ? "  (default)" : "");
+    if (is_def)
       def_row = n_rows;
     n_rows++;
   }
@@ -372,11 +417,13 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
    * frames decode faster, until a subset read pays for frames it does not need */
   uint32_t chosen = 0;
   for (size_t i = 0; i < n_rows; i++)
-    if (rows[i].level == KV_FRAME_LEVEL_DEFAULT && rows[i].amp <= 1.0 + 1e-9 &&
+    if (rows[i].level == KV_FRAME_LEVEL_DEFAULT && rows[i].coding == KV_FRAME_AUTO &&
+        rows[i].amp <= 1.0 + 1e-9 &&
         rows[i].vs_bound >= 0.98 && rows[i].frame_bytes > chosen)
       chosen = rows[i].frame_bytes;
 
   /* parallel decode at the default size (re-encode: the sweep left the last one) */
+  f.coding = KV_FRAME_AUTO;
   if (encode_all(&f, KV_FRAME_BYTES_DEFAULT, KV_FRAME_LEVEL_DEFAULT) != 0)
     goto out;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -391,12 +438,13 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
           d->frame_bytes, d->level, d->dec_gbps, d->ratio, d->vs_bound, d->amp, f.n_frames, g2,
           gn, nt, chosen);
 
-  char sweep[1024] = "";
+  char sweep[1536] = "";
   size_t sl = 0;
   for (size_t i = 0; i < n_rows && sl < sizeof sweep; i++)
-    sl += (size_t)snprintf(sweep + sl, sizeof sweep - sl, "%s%u:%d:%.4f:%.3f:%.2f:%.2f",
+    sl += (size_t)snprintf(sweep + sl, sizeof sweep - sl, "%s%u:%d:%.4f:%.3f:%.2f:%.2f:%c",
                            i ? " " : "", rows[i].frame_bytes, rows[i].level, rows[i].ratio,
-                           rows[i].dec_gbps, rows[i].amp, rows[i].subset_us);
+                           rows[i].dec_gbps, rows[i].amp, rows[i].subset_us,
+                           coding_name[rows[i].coding][0]);
 #define JN(name, v)                                                                                \
   do {                                                                                             \
     snprintf(k, sizeof k, "%s%s", s->prefix, name);                                                \
@@ -419,6 +467,11 @@ int bench_frames_set(const bench_env *env, bench_json *j, const bench_kvset *s,
   JN("lossless_decode_mt_gbps", gn);
   JI("lossless_decode_mt_threads", nt);
   JI("lossless_frame_bytes_chosen", chosen);
+  JN("lossless_exppairs_share", d->ep_share);
+  JN("lossless_planes_decode_gbps", rows[planes_row].dec_gbps);
+  JN("lossless_planes_vs_bound", rows[planes_row].vs_bound);
+  JN("lossless_exppairs_forced_decode_gbps", rows[ep_row].dec_gbps);
+  JN("lossless_exppairs_forced_vs_bound", rows[ep_row].vs_bound);
   snprintf(k, sizeof k, "%slossless_frames_sweep", s->prefix);
   bench_json_str(j, k, sweep);
 #undef JN

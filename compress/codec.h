@@ -695,6 +695,21 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
 #define KV_FRAME_BYTES_DEFAULT (64u << 10) /**< raw bytes per frame (measured; RESULTS.md) */
 #define KV_FRAME_MAX_THREADS 256u
 #define KV_FRAME_V_BIT 0x80000000u  /**< in a section's stored row count: a V section */
+/** Header byte 6 (plane coding flags): plane 1 of an f16 frame is EXPONENT PAIRS coded — the
+ * 5 exponent bits of two adjacent elements as one byte of two 4-bit codes (relative to the
+ * stream's most common window of 16 exponents; the rest listed apart), that byte plane through
+ * zstd, sign and 2 mantissa bits as raw bitmaps (FORMAT-codecs.md): half as many Huffman
+ * symbols per element as the high byte plane, and a SIMD join. */
+#define KV_FRAME_CODING_EXPPAIRS 0x01u
+/** The encoder takes exponent pairs over the plain high plane when its bytes are at most
+ * 1 + 1/KV_FRAME_EP_SLACK times the plain plane's (measured; bench/RESULTS.md, issue 16). */
+#define KV_FRAME_EP_SLACK 32
+/** kv_frame_encode_ex()'s choice of plane coding. */
+typedef enum kv_frame_coding {
+  KV_FRAME_AUTO = 0,     /**< exponent pairs where they pay (f16, KV_FRAME_EP_SLACK), else planes */
+  KV_FRAME_PLANES = 1,   /**< byte planes only (what frames were before the flag) */
+  KV_FRAME_EXPPAIRS = 2  /**< exponent pairs for every f16 frame whose pairs fit the raw plane */
+} kv_frame_coding;
 
 /** @brief One section of a frame being encoded: n_rows x head_dim elements in host order; its
  * kind (K or V) puts its bytes in the K or the V stream of each plane. */
@@ -714,6 +729,7 @@ typedef struct kv_frame_info {
   size_t header_bytes;    /**< 8 + 8 x n_sections + 4 x element bytes */
   size_t frame_bytes;     /**< the whole frame (header + planes) */
   uint32_t plane_len[4];  /**< stored bytes of plane b (n_elems = raw) */
+  uint32_t coding;        /**< header byte 6: KV_FRAME_CODING_* flags */
 } kv_frame_info;
 
 /** @brief Bytes of a frame's header for n_sections sections of dtype. */
@@ -732,6 +748,11 @@ size_t kv_frame_encode_scratch_bytes(kv_codec_dtype dtype, const kv_frame_sec *s
 kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
                                 uint32_t n_sections, int level, void *scratch, size_t scratch_cap,
                                 void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err);
+/** @brief kv_frame_encode() with the plane coding chosen (kv_frame_encode() = KV_FRAME_AUTO). */
+kv_codec_status kv_frame_encode_ex(kv_codec_dtype dtype, const kv_frame_sec *secs,
+                                   uint32_t n_sections, int level, kv_frame_coding coding,
+                                   void *scratch, size_t scratch_cap, void *dst, size_t dst_cap,
+                                   size_t *out_len, kv_codec_err *err);
 /** @brief Parse and check a frame's header against its length len (exact). KV_CODEC_ECORRUPT. */
 kv_codec_status kv_frame_parse(const void *src, size_t len, kv_frame_info *info,
                                kv_codec_err *err);

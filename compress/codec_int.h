@@ -203,6 +203,9 @@ void kv_planes_split(const uint8_t *src, size_t n, size_t es, unsigned p, uint8_
 void kv_planes_join2(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst);
 void kv_planes_join4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3,
                      size_t n, uint8_t *dst);
+/* frames.c — the exponent-pairs join's instruction set from now on: the widest this CPU runs
+ * of at most lim (0 portable, 1 AVX2, 2 AVX-512BW/VL); returns the one chosen (tests). */
+int kv_frames_simd_limit(int lim);
 /* This thread's zstd compression context (made at its first use, freed at thread exit), or
  * NULL when it cannot be made. */
 struct ZSTD_CCtx_s *kv_lossless_thread_cctx(void);

@@ -10,7 +10,11 @@
  * read and build: ~4.5 us with a reused context): decode runs at 1.2-1.5 GB/s. A frame here
  * holds the planes of as many consecutive sections as reach the frame size (a raw-byte
  * target): one Huffman table for all of them, one fixed cost per frame, and the noisy low
- * planes are stored raw (a memcpy to decode) unless zstd saves at least 1/32 of them.
+ * planes are stored raw (a memcpy to decode) unless zstd saves at least 1/32 of them. An f16
+ * frame's high plane is coded as EXPONENT PAIRS where they pay (header byte 6; below): the
+ * exponents of two elements as one zstd symbol, half as many Huffman symbols to decode, the
+ * sign and mantissa bits raw and joined back by SIMD (measured 1.4x faster decoding for 0.34%
+ * of ratio on stories260K; bench/RESULTS.md, issue 16, session 27).
  *
  * A frame is the unit of decoding: a reader of one section decodes its whole frame (the read
  * amplification a larger frame costs; `kvdb-bench compress` measures it). Decoding runs on the
@@ -24,6 +28,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
 #include <zstd_errors.h>
@@ -32,6 +37,9 @@ static inline size_t align64(size_t n)
 {
   return (n + 63) & ~(size_t)63;
 }
+
+#define EP_STREAM_HDR 12 /* exponent pairs: bytes of a stream's header */
+#define EP_BASE_MAX 16   /* the largest base: b + 15 <= 31 */
 
 /* Elements of the sections, or 0 when a section breaks [F1]. */
 static uint64_t frame_elems(const kv_frame_sec *secs, uint32_t n)
@@ -92,14 +100,142 @@ size_t kv_frame_encode_scratch_bytes(kv_codec_dtype dtype, const kv_frame_sec *s
   if (level == 0)
     level = KV_FRAME_LEVEL_DEFAULT;
   ZSTD_compressionParameters cp = ZSTD_getCParams(level, e, 0);
-  /* one plane, and a static compression context for when the thread's cannot be had */
-  return KV_CODEC_SCRATCH_SLACK + align64((size_t)e) +
+  /* one plane, and a static compression context for when the thread's cannot be had; f16:
+   * the exponent-pairs plane being built (at most the raw plane) and its pair bytes */
+  size_t ep = dtype == KV_CODEC_F16 ? align64((size_t)e + EP_STREAM_HDR * 2) +
+                                          align64((size_t)e / 2 + 2)
+                                    : 0;
+  return KV_CODEC_SCRATCH_SLACK + align64((size_t)e) + ep +
          align64(ZSTD_estimateCCtxSize_usingCParams(cp));
+}
+
+/* ---- exponent pairs (f16 plane 1; FORMAT-codecs.md "Exponent pairs") -------------------------
+ *
+ * Per non-empty stream (K, then V) of cnt high bytes (sign | 5 exponent bits | 2 mantissa bits):
+ * a 12-byte header (base b 0..16, pair coding 0 raw / 1 zstd, 2 reserved bytes, escapes u32,
+ * stored pair bytes P u32), P bytes of pairs (H = ceil(cnt/2) bytes once decoded: element 2j's
+ * code in the low nibble of byte j, 2j+1's in the high one; code = exponent - b), three bitmaps
+ * of ceil(cnt/8) bytes (bit i%8 of byte i/8 for element i: the sign, mantissa bit 1, mantissa
+ * bit 0), then 5 bytes per escape (position u32 strictly increasing < cnt, exponent u8): the
+ * elements whose exponent lies outside [b, b+15] (their code is ignored; the encoder writes 0). */
+
+static size_t ceil_div(size_t a, size_t b)
+{
+  return (a + b - 1) / b;
+}
+
+/* Bytes of one stream's exponent-pairs coding, pairs stored as P bytes. */
+static size_t ep_stream_bytes(size_t cnt, size_t p, size_t n_esc)
+{
+  return EP_STREAM_HDR + p + 3 * ceil_div(cnt, 8) + 5 * n_esc;
+}
+
+/* Encode one stream of cnt high bytes hi[] at out (cap bytes). Returns its bytes, 0 when it
+ * does not fit cap, or SIZE_MAX on a zstd error (*zerr set). pairs: ceil(cnt/2) bytes. */
+static size_t ep_encode_stream(const uint8_t *hi, size_t cnt, ZSTD_CCtx *cctx, int level,
+                               uint8_t *pairs, uint8_t *out, size_t cap, size_t *zerr)
+{
+  size_t hist[32] = {0};
+  for (size_t i = 0; i < cnt; i++)
+    hist[(hi[i] >> 2) & 31]++;
+  unsigned b = 0;
+  size_t best = 0;
+  for (unsigned c = 0; c <= EP_BASE_MAX; c++) {
+    size_t in = 0;
+    for (unsigned k = 0; k < 16; k++)
+      in += hist[c + k];
+    if (in > best) {
+      best = in;
+      b = c;
+    }
+  }
+  size_t n_esc = cnt - best, h = ceil_div(cnt, 2), nb = ceil_div(cnt, 8);
+  if (ep_stream_bytes(cnt, 0, n_esc) >= cap)
+    return 0;
+  uint8_t *bm = NULL; /* the bitmaps follow the pairs: written once P is known */
+  size_t esc_at = 0;
+  for (size_t j = 0; j < h; j++) {
+    unsigned e0 = (hi[2 * j] >> 2) & 31, c0 = e0 - b, c1 = 0;
+    if (e0 < b || c0 > 15)
+      c0 = 0;
+    if (2 * j + 1 < cnt) {
+      unsigned e1 = (hi[2 * j + 1] >> 2) & 31;
+      c1 = e1 - b;
+      if (e1 < b || c1 > 15)
+        c1 = 0;
+    }
+    pairs[j] = (uint8_t)(c0 | c1 << 4);
+  }
+  /* the pairs: zstd when it saves at least 1/32 of them, else raw */
+  size_t avail = cap - ep_stream_bytes(cnt, 0, n_esc), p = 0;
+  uint8_t coding = 0;
+  size_t keep_below = h - h / KV_FRAME_MIN_SAVING;
+  if (keep_below > 0) {
+    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_and_parameters);
+    size_t r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, level);
+    if (!ZSTD_isError(r))
+      r = ZSTD_CCtx_setParameter(cctx, ZSTD_c_minMatch, KV_FRAME_MIN_MATCH);
+    if (!ZSTD_isError(r))
+      r = ZSTD_compress2(cctx, out + EP_STREAM_HDR, avail < keep_below ? avail : keep_below,
+                         pairs, h);
+    if (ZSTD_isError(r)) {
+      if (ZSTD_getErrorCode(r) != ZSTD_error_dstSize_tooSmall) {
+        *zerr = (size_t)ZSTD_getErrorCode(r);
+        return SIZE_MAX;
+      }
+    } else if (r < keep_below) {
+      p = r;
+      coding = 1;
+    }
+  }
+  if (coding == 0) {
+    if (h > avail)
+      return 0;
+    memcpy(out + EP_STREAM_HDR, pairs, h);
+    p = h;
+  }
+  out[0] = (uint8_t)b;
+  out[1] = coding;
+  out[2] = out[3] = 0;
+  kv_codec_put_le32(out + 4, (uint32_t)n_esc);
+  kv_codec_put_le32(out + 8, (uint32_t)p);
+  bm = out + EP_STREAM_HDR + p;
+  uint8_t *esc = bm + 3 * nb;
+  for (size_t j = 0; j < nb; j++) {
+    unsigned sg = 0, m1 = 0, m0 = 0, lim = cnt - 8 * j < 8 ? (unsigned)(cnt - 8 * j) : 8;
+    for (unsigned t = 0; t < lim; t++) {
+      unsigned v = hi[8 * j + t];
+      sg |= (v >> 7) << t;
+      m1 |= ((v >> 1) & 1) << t;
+      m0 |= (v & 1) << t;
+    }
+    bm[j] = (uint8_t)sg;
+    bm[nb + j] = (uint8_t)m1;
+    bm[2 * nb + j] = (uint8_t)m0;
+  }
+  for (size_t i = 0; n_esc > 0 && i < cnt; i++) {
+    unsigned e = (hi[i] >> 2) & 31;
+    if (e < b || e - b > 15) {
+      kv_codec_put_le32(esc + 5 * esc_at, (uint32_t)i);
+      esc[5 * esc_at + 4] = (uint8_t)e;
+      esc_at++;
+    }
+  }
+  return ep_stream_bytes(cnt, p, n_esc);
 }
 
 kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
                                 uint32_t n_sections, int level, void *scratch, size_t scratch_cap,
                                 void *dst, size_t dst_cap, size_t *out_len, kv_codec_err *err)
+{
+  return kv_frame_encode_ex(dtype, secs, n_sections, level, KV_FRAME_AUTO, scratch, scratch_cap,
+                            dst, dst_cap, out_len, err);
+}
+
+kv_codec_status kv_frame_encode_ex(kv_codec_dtype dtype, const kv_frame_sec *secs,
+                                   uint32_t n_sections, int level, kv_frame_coding coding,
+                                   void *scratch, size_t scratch_cap, void *dst, size_t dst_cap,
+                                   size_t *out_len, kv_codec_err *err)
 {
   uint64_t elems;
   if (out_len == NULL || dst == NULL)
@@ -112,6 +248,9 @@ kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
     level = KV_FRAME_LEVEL_DEFAULT;
   if (level < -7 || level > 22)
     return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "zstd level outside -7..22", (int64_t)level, 22);
+  if (coding != KV_FRAME_AUTO && coding != KV_FRAME_PLANES && coding != KV_FRAME_EXPPAIRS)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "frame coding is not auto, planes or exppairs",
+                         (int64_t)coding, 2);
   size_t need = kv_frame_encode_scratch_bytes(dtype, secs, n_sections, level);
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than the frame's scratch bytes",
@@ -124,10 +263,14 @@ kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
                          bound);
   size_t cap = scratch_cap;
   uint8_t *ws = kv_codec_scratch_align(scratch, &cap);
-  uint8_t *plane = ws, *cmem = ws + align64(n);
+  int try_ep = dtype == KV_CODEC_F16 && coding != KV_FRAME_PLANES;
+  size_t ep_cap = dtype == KV_CODEC_F16 ? align64(n + EP_STREAM_HDR * 2) : 0;
+  size_t ep_pairs = dtype == KV_CODEC_F16 ? align64(n / 2 + 2) : 0;
+  uint8_t *plane = ws, *ep_out = ws + align64(n), *pairs = ep_out + ep_cap;
+  uint8_t *cmem = pairs + ep_pairs;
   ZSTD_CCtx *cctx = kv_lossless_thread_cctx();
   if (cctx == NULL &&
-      (cctx = ZSTD_initStaticCCtx(cmem, cap - align64(n))) == NULL)
+      (cctx = ZSTD_initStaticCCtx(cmem, cap - align64(n) - ep_cap - ep_pairs)) == NULL)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", cap, 0);
 
   uint8_t *d = dst;
@@ -155,7 +298,7 @@ kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
       kv_planes_split(secs[i].rows, m, es, b, plane + *at);
       *at += m;
     }
-    size_t avail = dst_cap - pos, len = 0;
+    size_t avail = dst_cap - pos, len = 0, slen[2] = {0, 0};
     /* compressed (one zstd frame per non-empty stream) only when it saves at least 1/32 of
      * the plane: a near-incompressible plane decodes at Huffman speed, a raw one at memcpy's */
     size_t keep_below = n - n / KV_FRAME_MIN_SAVING;
@@ -184,6 +327,7 @@ kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
           len = 0;
           break;
         }
+        slen[st] = r;
         len += r;
       }
     }
@@ -193,6 +337,49 @@ kv_codec_status kv_frame_encode(kv_codec_dtype dtype, const kv_frame_sec *secs,
                              dst_cap, bound);
       memcpy(d + pos, plane, n);
       len = n;
+    }
+    if (b == 1 && try_ep && (coding == KV_FRAME_EXPPAIRS || len < n)) {
+      /* exponent pairs instead, when they fit the raw plane and (auto) cost at most
+       * 1/KV_FRAME_EP_SLACK more than the plain plane: they decode faster */
+      size_t ep_len = 0, ok = 1, zerr = 0, n_pairs = 0, zat = 0;
+      for (int st = 0; st < 2 && ok; st++) {
+        size_t from = st ? nk : 0, cnt = st ? n - nk : nk;
+        if (cnt == 0)
+          continue;
+        size_t r = ep_encode_stream(plane + from, cnt, cctx, level, pairs, ep_out + ep_len,
+                                    n - ep_len, &zerr);
+        if (r == SIZE_MAX)
+          return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd compression failed", zerr, 0);
+        /* auto: the stream's plain zstd bytes instead where the pairs cost more than
+         * 1/KV_FRAME_EP_SLACK over them (repeated rows: zstd matches whole rows of high
+         * bytes, the raw bitmaps cannot) */
+        if (coding == KV_FRAME_AUTO && slen[st] != cnt &&
+            (r == 0 || r > slen[st] + slen[st] / KV_FRAME_EP_SLACK + EP_STREAM_HDR)) {
+          if (EP_STREAM_HDR + slen[st] > n - ep_len) {
+            ok = 0;
+            break;
+          }
+          uint8_t *o = ep_out + ep_len;
+          memset(o, 0, EP_STREAM_HDR);
+          o[1] = 2;
+          kv_codec_put_le32(o + 8, (uint32_t)slen[st]);
+          memcpy(o + EP_STREAM_HDR, d + pos + zat, slen[st]);
+          r = EP_STREAM_HDR + slen[st];
+        } else {
+          n_pairs++;
+        }
+        zat += slen[st];
+        if (r == 0)
+          ok = 0;
+        ep_len += r;
+      }
+      if (ok && n_pairs > 0 && ep_len <= n && ep_len <= avail &&
+          (coding == KV_FRAME_EXPPAIRS ||
+           ep_len <= len + len / KV_FRAME_EP_SLACK)) {
+        memcpy(d + pos, ep_out, ep_len);
+        len = ep_len;
+        d[6] = KV_FRAME_CODING_EXPPAIRS;
+      }
     }
     kv_codec_put_le32(d + KV_FRAME_FIXED_BYTES + 8 * (size_t)n_sections + 4 * b, (uint32_t)len);
     pos += len;
@@ -227,9 +414,12 @@ kv_codec_status kv_frame_parse(const void *src, size_t len, kv_frame_info *info,
   if (ns == 0 || ns > KV_FRAME_MAX_SECTIONS)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "frame section count outside 1..4096", ns,
                          KV_FRAME_MAX_SECTIONS);
-  if (kv_codec_get_le16(s + 6) != 0)
-    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "frame reserved bytes are not 0",
-                         kv_codec_get_le16(s + 6), 0);
+  if (s[7] != 0 || (s[6] & ~KV_FRAME_CODING_EXPPAIRS) != 0)
+    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "frame coding flags or reserved byte unknown",
+                         kv_codec_get_le16(s + 6), KV_FRAME_CODING_EXPPAIRS);
+  if ((s[6] & KV_FRAME_CODING_EXPPAIRS) && s[2] != KV_CODEC_F16)
+    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs in a frame that is not f16", s[2],
+                         KV_CODEC_F16);
   size_t hb = kv_frame_header_bytes((kv_codec_dtype)s[2], ns);
   if (len < hb)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "frame shorter than its header", len, hb);
@@ -259,6 +449,7 @@ kv_codec_status kv_frame_parse(const void *src, size_t len, kv_frame_info *info,
   if (sum != len)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "frame length is not header + planes", len, sum);
   info->dtype = (kv_codec_dtype)s[2];
+  info->coding = s[6];
   info->zstd_level = level;
   info->n_sections = ns;
   info->n_elems = e;
@@ -302,6 +493,283 @@ kv_codec_status kv_frame_section(const void *src, const kv_frame_info *info, uin
   return KV_CODEC_OK;
 }
 
+/* One stream of an exponent-pairs plane, checked (ep_parse_stream). */
+typedef struct ep_stream {
+  unsigned base;
+  const uint8_t *pairs; /* H decoded pair bytes */
+  const uint8_t *bm;    /* three bitmaps of nb bytes: sign, mantissa bit 1, mantissa bit 0 */
+  size_t nb;
+  const uint8_t *esc;   /* n_esc x (position u32, exponent u8), checked */
+  uint32_t n_esc, esc_at;
+  const uint8_t *hi;    /* a plain stream (coding 2): its high bytes; NULL for pairs */
+} ep_stream;
+
+/* The high byte of stream element k. */
+static inline unsigned ep_hi(const ep_stream *s, size_t k)
+{
+  unsigned code = (s->pairs[k >> 1] >> (4 * (k & 1))) & 15, bit = k & 7;
+  size_t by = k >> 3;
+  return (((unsigned)s->bm[by] >> bit) & 1) << 7 | ((code + s->base) & 31) << 2 |
+         (((unsigned)s->bm[s->nb + by] >> bit) & 1) << 1 |
+         (((unsigned)s->bm[2 * s->nb + by] >> bit) & 1);
+}
+
+/* m elements from stream element at: low bytes lo[0 .. m), the high bytes from s; out: m
+ * host-order 16-bit elements (escapes not yet applied). */
+static void ep_join_scalar(const uint8_t *lo, const ep_stream *s, size_t at, size_t m,
+                           uint8_t *out)
+{
+  for (size_t i = 0; i < m; i++) {
+    uint16_t v = (uint16_t)(lo[i] | ep_hi(s, at + i) << 8);
+    memcpy(out + 2 * i, &v, 2);
+  }
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* ep_spread[x]: byte t = bit t of x */
+#define EP_S1(x)                                                                                   \
+  ((uint64_t)((x) & 1) | (uint64_t)(((x) >> 1) & 1) << 8 | (uint64_t)(((x) >> 2) & 1) << 16 |      \
+   (uint64_t)(((x) >> 3) & 1) << 24 | (uint64_t)(((x) >> 4) & 1) << 32 |                          \
+   (uint64_t)(((x) >> 5) & 1) << 40 | (uint64_t)(((x) >> 6) & 1) << 48 |                          \
+   (uint64_t)(((x) >> 7) & 1) << 56)
+#define EP_S4(x) EP_S1(x), EP_S1((x) + 1), EP_S1((x) + 2), EP_S1((x) + 3)
+#define EP_S16(x) EP_S4(x), EP_S4((x) + 4), EP_S4((x) + 8), EP_S4((x) + 12)
+#define EP_S64(x) EP_S16(x), EP_S16((x) + 16), EP_S16((x) + 32), EP_S16((x) + 48)
+static const uint64_t ep_spread[256] = {EP_S64(0), EP_S64(64), EP_S64(128), EP_S64(192)};
+
+/* 4 bytes -> the low bytes of 4 16-bit lanes */
+static inline uint64_t ep_widen4(uint64_t x)
+{
+  x = (x | x << 16) & 0x0000FFFF0000FFFFull;
+  return (x | x << 8) & 0x00FF00FF00FF00FFull;
+}
+
+/* Portable: 8 elements at a time in 64-bit words (SWAR). */
+static void ep_join_swar(const uint8_t *lo, const ep_stream *s, size_t at, size_t m,
+                         uint8_t *out)
+{
+  size_t i = 0;
+  if ((at & 7) == 0) {
+    const uint64_t bb = 0x0101010101010101ull * s->base;
+    for (; i + 8 <= m; i += 8) {
+      size_t k = at + i, by = k >> 3;
+      uint32_t pw;
+      memcpy(&pw, s->pairs + (k >> 1), 4);
+      uint64_t c = ep_widen4(pw);                        /* pair byte j in lane j */
+      c = (c | c << 4) & 0x0F0F0F0F0F0F0F0Full;          /* its codes in bytes 2j, 2j+1 */
+      uint64_t hi = (c + bb) << 2 | ep_spread[s->bm[by]] << 7 | ep_spread[s->bm[s->nb + by]] << 1 |
+                    ep_spread[s->bm[2 * s->nb + by]];    /* bytes <= 31 before the shift */
+      uint64_t l;
+      memcpy(&l, lo + i, 8);
+      uint64_t o0 = ep_widen4(l & 0xffffffffu) | ep_widen4(hi & 0xffffffffu) << 8;
+      uint64_t o1 = ep_widen4(l >> 32) | ep_widen4(hi >> 32) << 8;
+      memcpy(out + 2 * i, &o0, 8);
+      memcpy(out + 2 * i + 8, &o1, 8);
+    }
+  }
+  ep_join_scalar(lo + i, s, at + i, m - i, out + 2 * i);
+}
+#define EP_PORTABLE ep_join_swar
+#else
+#define EP_PORTABLE ep_join_scalar
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__BYTE_ORDER__) &&                       \
+  __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define EP_X86 1
+#include <immintrin.h>
+
+/* 32 bits of a bitmap -> 32 bytes of 0xFF (bit set) or 0 */
+__attribute__((target("avx2"))) static inline __m256i ep_expand32(const uint8_t *p)
+{
+  uint32_t w;
+  memcpy(&w, p, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                        2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)w), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+}
+
+/* The 32 codes of stream elements k .. k+31 (k even) plus the base, one byte each, in order. */
+__attribute__((target("avx2"))) static inline __m256i ep_exps32(const ep_stream *s, size_t k)
+{
+  __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(s->pairs +
+                                                                                   (k >> 1))));
+  __m256i nib = _mm256_or_si256(_mm256_and_si256(w, _mm256_set1_epi16(0x000F)),
+                                _mm256_and_si256(_mm256_slli_epi16(w, 4),
+                                                 _mm256_set1_epi16(0x0F00)));
+  return _mm256_add_epi8(nib, _mm256_set1_epi8((char)s->base)); /* <= 31 */
+}
+
+__attribute__((target("avx2"))) static void ep_join_avx2(const uint8_t *lo, const ep_stream *s,
+                                                         size_t at, size_t m, uint8_t *out)
+{
+  size_t i = 0;
+  if ((at & 7) == 0) {
+    for (; i + 32 <= m; i += 32) {
+      size_t k = at + i, by = k >> 3;
+      __m256i hi = _mm256_slli_epi16(ep_exps32(s, k), 2); /* no byte carries: <= 124 */
+      hi = _mm256_or_si256(hi, _mm256_and_si256(ep_expand32(s->bm + by), _mm256_set1_epi8(-128)));
+      hi = _mm256_or_si256(hi, _mm256_and_si256(ep_expand32(s->bm + s->nb + by),
+                                                _mm256_set1_epi8(2)));
+      hi = _mm256_or_si256(hi, _mm256_and_si256(ep_expand32(s->bm + 2 * s->nb + by),
+                                                _mm256_set1_epi8(1)));
+      __m256i l = _mm256_loadu_si256((const __m256i *)(const void *)(lo + i));
+      __m256i a = _mm256_unpacklo_epi8(l, hi), c = _mm256_unpackhi_epi8(l, hi);
+      _mm256_storeu_si256((__m256i *)(void *)(out + 2 * i), _mm256_permute2x128_si256(a, c, 0x20));
+      _mm256_storeu_si256((__m256i *)(void *)(out + 2 * i + 32),
+                          _mm256_permute2x128_si256(a, c, 0x31));
+    }
+  }
+  ep_join_scalar(lo + i, s, at + i, m - i, out + 2 * i);
+}
+
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) static void
+ep_join_avx512(const uint8_t *lo, const ep_stream *s, size_t at, size_t m, uint8_t *out)
+{
+  size_t i = 0;
+  if ((at & 7) == 0) {
+    const __m256i c80 = _mm256_set1_epi8(-128), c2 = _mm256_set1_epi8(2), c1 = _mm256_set1_epi8(1);
+    for (; i + 32 <= m; i += 32) {
+      size_t k = at + i, by = k >> 3;
+      uint32_t ms, m1, m0;
+      memcpy(&ms, s->bm + by, 4);
+      memcpy(&m1, s->bm + s->nb + by, 4);
+      memcpy(&m0, s->bm + 2 * s->nb + by, 4);
+      __m256i hi = _mm256_slli_epi16(ep_exps32(s, k), 2);
+      hi = _mm256_mask_add_epi8(hi, (__mmask32)ms, hi, c80); /* the bits are disjoint: + = | */
+      hi = _mm256_mask_add_epi8(hi, (__mmask32)m1, hi, c2);
+      hi = _mm256_mask_add_epi8(hi, (__mmask32)m0, hi, c1);
+      __m512i l16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)(lo + i)));
+      __m512i h16 = _mm512_slli_epi16(_mm512_cvtepu8_epi16(hi), 8);
+      _mm512_storeu_si512((void *)(out + 2 * i), _mm512_or_si512(l16, h16));
+    }
+  }
+  ep_join_scalar(lo + i, s, at + i, m - i, out + 2 * i);
+}
+#endif
+
+typedef void (*ep_join_fn)(const uint8_t *, const ep_stream *, size_t, size_t, uint8_t *);
+
+/* The widest join this CPU runs, at most lim (0 portable, 1 AVX2, 2 AVX-512BW/VL); the
+ * environment's KVDB_FRAMES_SIMD=0|avx2 caps it further (measurements). */
+static ep_join_fn ep_join_pick(int lim)
+{
+#ifdef EP_X86
+  const char *cap = getenv("KVDB_FRAMES_SIMD");
+  if (cap != NULL && cap[0] == '0')
+    lim = 0;
+  else if (cap != NULL && strcmp(cap, "avx2") == 0 && lim > 1)
+    lim = 1;
+  if (lim >= 2 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return ep_join_avx512;
+  if (lim >= 1 && __builtin_cpu_supports("avx2"))
+    return ep_join_avx2;
+#else
+  (void)lim;
+#endif
+  return EP_PORTABLE;
+}
+
+static _Atomic(ep_join_fn) ep_join_fn_now; /* NULL: not chosen yet */
+
+static ep_join_fn ep_join(void)
+{
+  ep_join_fn f = atomic_load_explicit(&ep_join_fn_now, memory_order_relaxed);
+  if (f == NULL) {
+    f = ep_join_pick(2);
+    atomic_store_explicit(&ep_join_fn_now, f, memory_order_relaxed);
+  }
+  return f;
+}
+
+int kv_frames_simd_limit(int lim)
+{
+  ep_join_fn f = ep_join_pick(lim);
+  atomic_store_explicit(&ep_join_fn_now, f, memory_order_relaxed);
+#ifdef EP_X86
+  return f == ep_join_avx512 ? 2 : f == ep_join_avx2 ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+/* Check one stream of cnt elements at p (avail bytes) and decode its pairs into buf (ceil(cnt/2)
+ * bytes). Its bytes, or 0 with *err set. */
+static size_t ep_parse_stream(const uint8_t *p, size_t avail, size_t cnt, ZSTD_DCtx *dctx,
+                              uint8_t *buf, ep_stream *s, kv_codec_err *err)
+{
+  size_t h = ceil_div(cnt, 2), nb = ceil_div(cnt, 8);
+  if (avail < EP_STREAM_HDR) {
+    KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: stream header past the plane", avail,
+                  EP_STREAM_HDR);
+    return 0;
+  }
+  uint32_t n_esc = kv_codec_get_le32(p + 4), pl = kv_codec_get_le32(p + 8);
+  if (p[1] == 2) { /* the stream's high bytes as they are: raw (P = cnt) or zstd */
+    if (p[0] != 0 || p[2] != 0 || p[3] != 0 || n_esc != 0 || pl == 0 ||
+        pl > avail - EP_STREAM_HDR) {
+      KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: bad plain stream header", pl,
+                    avail);
+      return 0;
+    }
+    if (pl == cnt) {
+      s->hi = p + EP_STREAM_HDR;
+    } else {
+      size_t r = ZSTD_decompressDCtx(dctx, buf, cnt, p + EP_STREAM_HDR, pl);
+      if (ZSTD_isError(r) || r != cnt) {
+        KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: zstd frame does not decode to "
+                      "the stream's high bytes", ZSTD_isError(r) ? 0 : r, cnt);
+        return 0;
+      }
+      s->hi = buf;
+    }
+    s->n_esc = 0;
+    s->esc_at = 0;
+    return EP_STREAM_HDR + pl;
+  }
+  s->hi = NULL;
+  if (p[0] > EP_BASE_MAX || p[1] > 1 || p[2] != 0 || p[3] != 0 || n_esc > cnt ||
+      (p[1] == 0 ? pl != h : pl == 0)) {
+    KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: bad stream header", p[0], p[1]);
+    return 0;
+  }
+  size_t total = ep_stream_bytes(cnt, pl, n_esc);
+  if (pl > avail || total > avail) {
+    KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: stream longer than its plane", total,
+                  avail);
+    return 0;
+  }
+  if (p[1] == 0) {
+    s->pairs = p + EP_STREAM_HDR;
+  } else {
+    size_t r = ZSTD_decompressDCtx(dctx, buf, h, p + EP_STREAM_HDR, pl);
+    if (ZSTD_isError(r) || r != h) {
+      KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: zstd frame does not decode to the pairs",
+                    ZSTD_isError(r) ? 0 : r, h);
+      return 0;
+    }
+    s->pairs = buf;
+  }
+  s->base = p[0];
+  s->bm = p + EP_STREAM_HDR + pl;
+  s->nb = nb;
+  s->esc = s->bm + 3 * nb;
+  s->n_esc = n_esc;
+  s->esc_at = 0;
+  for (uint32_t j = 0; j < n_esc; j++) {
+    uint32_t pos = kv_codec_get_le32(s->esc + 5 * (size_t)j);
+    if (pos >= cnt || (j > 0 && pos <= kv_codec_get_le32(s->esc + 5 * (size_t)(j - 1))) ||
+        s->esc[5 * (size_t)j + 4] > 31) {
+      KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT, "exponent pairs: escape out of order or range", pos,
+                    cnt);
+      return 0;
+    }
+  }
+  return total;
+}
+
 size_t kv_frame_decode_scratch_bytes(const kv_frame_info *info)
 {
   if (info == NULL || info->n_elems == 0)
@@ -331,9 +799,12 @@ kv_codec_status kv_frame_decode(kv_codec_dctx *ctx, const void *src, size_t len,
   ZSTD_DCtx *dctx = NULL;
   const uint8_t *ps = (const uint8_t *)src + info.header_bytes;
   const uint8_t *planes[4] = {NULL, NULL, NULL, NULL};
+  int ep = (info.coding & KV_FRAME_CODING_EXPPAIRS) != 0;
+  ep_stream eps[2];
+  memset(eps, 0, sizeof eps);
   for (unsigned b = 0; b < es; b++) {
     uint32_t l = info.plane_len[b];
-    if (l == n) {
+    if (l == n && !(ep && b == 1)) {
       planes[b] = ps;
     } else {
       if (dctx == NULL) {
@@ -344,6 +815,25 @@ kv_codec_status kv_frame_decode(kv_codec_dctx *ctx, const void *src, size_t len,
           return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "zstd cannot use the scratch", dctx_bytes,
                                0);
         }
+      }
+      if (ep && b == 1) { /* exponent pairs: K stream, V stream; pairs decoded into the buffer */
+        uint8_t *buf = ws + dctx_bytes + align64(n);
+        size_t used = 0, nk = (size_t)info.k_elems;
+        for (int st = 0; st < 2; st++) {
+          size_t cnt = st ? n - nk : nk;
+          if (cnt == 0)
+            continue;
+          size_t r = ep_parse_stream(ps + used, l - used, cnt, dctx, buf, &eps[st], err);
+          if (r == 0)
+            return KV_CODEC_ECORRUPT;
+          used += r;
+          buf += eps[st].hi != NULL ? cnt : ceil_div(cnt, 2);
+        }
+        if (used != l)
+          return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT,
+                               "exponent pairs: streams do not fill their plane", used, l);
+        ps += l;
+        continue;
       }
       uint8_t *buf = ws + dctx_bytes + b * align64(n);
       size_t r = ZSTD_decompressDCtx(dctx, buf, n, ps, l);
@@ -358,12 +848,30 @@ kv_codec_status kv_frame_decode(kv_codec_dctx *ctx, const void *src, size_t len,
    * holds K sections only, or its K sections precede its V sections) */
   size_t at_k = 0, at_v = (size_t)info.k_elems;
   uint8_t *out = dst;
+  ep_join_fn join = ep ? ep_join() : NULL;
   for (uint32_t i = 0; i < info.n_sections; i++) {
     uint32_t r, d;
     int v;
     sec_at(src, i, &r, &d, &v);
     size_t m = (size_t)r * d, *at = v ? &at_v : &at_k;
-    if (es == 2)
+    if (ep) {
+      ep_stream *st = &eps[v];
+      size_t from = *at - (v ? (size_t)info.k_elems : 0); /* the element in its stream */
+      if (st->hi != NULL)
+        kv_planes_join2(planes[0] + *at, st->hi + from, m, out);
+      else
+        join(planes[0] + *at, st, from, m, out);
+      for (; st->esc_at < st->n_esc; st->esc_at++) { /* the exponents outside the window */
+        const uint8_t *x = st->esc + 5 * (size_t)st->esc_at;
+        uint32_t pos = kv_codec_get_le32(x);
+        if (pos >= from + m)
+          break;
+        uint16_t w;
+        memcpy(&w, out + 2 * (pos - from), 2);
+        w = (uint16_t)((w & ~(0x1Fu << 10)) | (unsigned)x[4] << 10);
+        memcpy(out + 2 * (pos - from), &w, 2);
+      }
+    } else if (es == 2)
       kv_planes_join2(planes[0] + *at, planes[1] + *at, m, out);
     else
       kv_planes_join4(planes[0] + *at, planes[1] + *at, planes[2] + *at, planes[3] + *at, m,
