@@ -102,7 +102,7 @@ KVDB_API unsigned kvdb_version_number(void);
  * profile by reference to its group's record; FORMAT.md §2): builds that know less refuse it
  * with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 7
+#define KVDB_FORMAT_VERSION 8
 
 /* =================================== Part I: the core ===================================== */
 
