@@ -498,6 +498,16 @@ kv_codec_status kv_lossless_entropy_bound(const kv_section_shape *shape, const v
  * n is 0 or permille is outside 1..1000. Cannot fail. */
 uint32_t kv_drop_keep_count(uint32_t n_tokens, unsigned keep_permille);
 
+/**
+ * @brief Kept tokens of the block of n_tokens tokens that starts at token t0 of its context,
+ * so that a context's kept tokens honour the ratio exactly (issue 16): with R(x) =
+ * floor((x * permille + 500) / 1000) (x * permille / 1000 rounded half up), the block keeps
+ * R(t0 + n) - R(t0), at least 1. The blocks [0, T) of a context thus keep R(T) tokens, unless
+ * a block's share rounds to none (then it keeps 1: a ratio under 1 token per block, or a short
+ * last block). 0 when n is 0, permille is outside 1..1000 or t0 + n exceeds 2^53. Cannot fail.
+ */
+uint32_t kv_drop_keep_span(uint64_t t0, uint32_t n_tokens, unsigned keep_permille);
+
 typedef enum kv_pool { KV_POOL_MAX = 0, KV_POOL_AVG = 1 } kv_pool;
 
 #define KV_SNAPKV_KERNEL_DEFAULT 7
@@ -547,6 +557,17 @@ kv_codec_status kv_drop_select(kv_drop_method m, const kv_section_shape *shape, 
                                size_t k_len, unsigned keep_permille, const kv_snapkv_window *win,
                                void *scratch, size_t scratch_cap, uint32_t *keep_pos,
                                uint32_t keep_cap, uint32_t *n_keep, kv_codec_err *err);
+
+/**
+ * @brief kv_drop_select() keeping exactly `keep` tokens (1..n_tokens) instead of
+ * kv_drop_keep_count(n_tokens, permille): the engine's context-exact counts
+ * (kv_drop_keep_span()). Same selection rule, arguments and errors (EINVAL: keep 0 or more than
+ * the tokens).
+ */
+kv_codec_status kv_drop_select_n(kv_drop_method m, const kv_section_shape *shape, const void *k,
+                                 size_t k_len, uint32_t keep, const kv_snapkv_window *win,
+                                 void *scratch, size_t scratch_cap, uint32_t *keep_pos,
+                                 uint32_t keep_cap, uint32_t *n_keep, kv_codec_err *err);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Quality: attention-output fidelity                                                          */

@@ -585,6 +585,16 @@ uint32_t kv_drop_keep_count(uint32_t n_tokens, unsigned keep_permille)
   return k < 1 ? 1 : (uint32_t)k;
 }
 
+uint32_t kv_drop_keep_span(uint64_t t0, uint32_t n_tokens, unsigned keep_permille)
+{
+  if (n_tokens == 0 || keep_permille == 0 || keep_permille > 1000 ||
+      t0 + n_tokens > (1ull << 53))
+    return 0;
+  uint64_t a = (t0 * keep_permille + 500) / 1000;
+  uint64_t b = ((t0 + n_tokens) * keep_permille + 500) / 1000;
+  return b - a < 1 ? 1 : (uint32_t)(b - a);
+}
+
 uint32_t kv_drop_bitmap_count(const uint8_t *bitmap, uint32_t n_tokens)
 {
   uint32_t c = 0, full = n_tokens / 8;

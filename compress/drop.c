@@ -120,10 +120,41 @@ static void snapkv_scores(const kv_snapkv_window *w, const float *kf, uint32_t n
   }
 }
 
+static kv_codec_status select_keep(kv_drop_method m, const kv_section_shape *shape,
+                                   const void *k, size_t k_len, unsigned keep_permille,
+                                   uint32_t keep_n, const kv_snapkv_window *win, void *scratch,
+                                   size_t scratch_cap, uint32_t *keep_pos, uint32_t keep_cap,
+                                   uint32_t *n_keep, kv_codec_err *err);
+
 kv_codec_status kv_drop_select(kv_drop_method m, const kv_section_shape *shape, const void *k,
                                size_t k_len, unsigned keep_permille, const kv_snapkv_window *win,
                                void *scratch, size_t scratch_cap, uint32_t *keep_pos,
                                uint32_t keep_cap, uint32_t *n_keep, kv_codec_err *err)
+{
+  return select_keep(m, shape, k, k_len, keep_permille, 0, win, scratch, scratch_cap, keep_pos,
+                     keep_cap, n_keep, err);
+}
+
+kv_codec_status kv_drop_select_n(kv_drop_method m, const kv_section_shape *shape, const void *k,
+                                 size_t k_len, uint32_t keep, const kv_snapkv_window *win,
+                                 void *scratch, size_t scratch_cap, uint32_t *keep_pos,
+                                 uint32_t keep_cap, uint32_t *n_keep, kv_codec_err *err)
+{
+  if (keep == 0) {
+    if (n_keep != NULL)
+      *n_keep = 0;
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "kept count 0", 0, 1);
+  }
+  return select_keep(m, shape, k, k_len, 0, keep, win, scratch, scratch_cap, keep_pos, keep_cap,
+                     n_keep, err);
+}
+
+/* keep_n > 0: keep exactly that many (kv_drop_select_n); else kv_drop_keep_count(permille) */
+static kv_codec_status select_keep(kv_drop_method m, const kv_section_shape *shape,
+                                   const void *k, size_t k_len, unsigned keep_permille,
+                                   uint32_t keep_n, const kv_snapkv_window *win, void *scratch,
+                                   size_t scratch_cap, uint32_t *keep_pos, uint32_t keep_cap,
+                                   uint32_t *n_keep, kv_codec_err *err)
 {
   size_t unused;
   if (n_keep == NULL || keep_pos == NULL)
@@ -151,7 +182,9 @@ kv_codec_status kv_drop_select(kv_drop_method m, const kv_section_shape *shape, 
                          "bad observation window (q, n_obs, n_q_heads, odd kernel, pool, tail)",
                          win->n_obs, shape->n_tokens);
   uint32_t n = shape->n_tokens, d = shape->head_dim;
-  uint32_t keep = kv_drop_keep_count(n, keep_permille);
+  if (keep_n > n)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "kept count above the tokens", keep_n, n);
+  uint32_t keep = keep_n ? keep_n : kv_drop_keep_count(n, keep_permille);
   if (keep == 0)
     return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "keep_permille outside 1..1000", keep_permille,
                          1000);

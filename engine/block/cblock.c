@@ -188,13 +188,20 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
   kv_codec_err err;
   if (sc->codec->id == KV_CODEC_ID_DROP) {
     uint32_t n_keep = 0;
-    kv_codec_status st = kv_drop_select((kv_drop_method)src->cfg->drop, &shk, rows_k, rows_bytes,
-                                        src->cfg->keep_permille, wp, e->scratch, e->scratch_cap,
-                                        e->keep, g->n_tokens, &n_keep, &err);
+    uint32_t want = kv_drop_keep_span(src->keep_t0, g->n_tokens, src->cfg->keep_permille);
+    if (want == 0)
+      return kv_fail(KVDB_INVALID, "block %u at token %llu keeps no tokens at %u permille",
+                     src->index, (unsigned long long)src->keep_t0, src->cfg->keep_permille);
+    kv_codec_status st = kv_drop_select_n((kv_drop_method)src->cfg->drop, &shk, rows_k,
+                                          rows_bytes, want, wp, e->scratch, e->scratch_cap,
+                                          e->keep, g->n_tokens, &n_keep, &err);
     if (st != KV_CODEC_OK)
       return kv_codec_fail(st, &err, "choosing the tokens to keep");
     pk.keep_pos = pv.keep_pos = e->keep;
     pk.n_keep = pv.n_keep = n_keep;
+    /* K groups run along the kept rows (kv_config_section sized them for the ratio's ceil) */
+    if (pk.bits && pk.group > n_keep)
+      pk.group = n_keep;
   }
   size_t used = 0;
   for (uint32_t kv = 0; kv < 2; kv++) {

@@ -47,6 +47,8 @@ typedef struct kv_cblock_src {
   const kv_block_geom *g;
   const kvdb_kv_view *kv; /* the caller's view */
   uint64_t t0;            /* the block's first token in the view and in the context */
+  uint64_t keep_t0;       /* DROP: the block's first token in its context; it keeps
+                             kv_drop_keep_span(keep_t0, n_tokens, permille) tokens per head */
   uint64_t ctx_tokens;    /* tokens of the whole context (KIVI's residual) */
   const kv_queries *q;    /* NULL, or the queries (required for SnapKV) */
   int last_block;         /* the context's last block (SnapKV's window is its tail) */

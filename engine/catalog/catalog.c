@@ -166,7 +166,9 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
                    (unsigned long long)r->bytes);
   /* bytes 2, 3, 12..15 were reserved (0 = raw) in format 1: how the block is stored */
   int compressed = (r->bflags & KV_BLK_COMPRESSED) != 0, drops = (r->bflags & KV_BLK_DROPS) != 0;
-  if ((r->bflags & ~63u) != 0 || (r->bflags & 12u) == 12u ||
+  if ((r->bflags & ~127u) != 0 || (r->bflags & 12u) == 12u ||
+      ((r->bflags & KV_BLK_KEPTN) &&
+       (!drops || r->keep_permille == 0 || r->keep_permille > r->n_tokens)) ||
       ((r->bflags & KV_BLK_PACKED) && (r->bflags & ~(uint32_t)KV_BLK_PACKED) != 0) ||
       ((r->bflags & KV_BLK_SCOREV2) && !(r->bflags & 12u)) || r->method > KVDB_METHOD_DROP ||
       compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
@@ -174,6 +176,19 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
     return kv_fail(KVDB_CORRUPT, "block record says flags %u, method %u, bits %u, drop %u",
                    r->bflags, r->method, r->bits, r->drop);
   return KVDB_OK;
+}
+
+uint32_t kv_block_rec_kept(const kv_block_rec *r)
+{
+  if (!(r->bflags & KV_BLK_DROPS))
+    return r->n_tokens;
+  if (r->bflags & KV_BLK_KEPTN)
+    return r->keep_permille;
+  /* formats 2-7: ceil(n * permille / 1000), at least 1 (compress/'s kv_drop_keep_count) */
+  if (r->keep_permille == 0 || r->keep_permille > 1000)
+    return 0;
+  uint64_t k = ((uint64_t)r->n_tokens * r->keep_permille + 999) / 1000;
+  return k < 1 ? 1 : (uint32_t)k;
 }
 
 static int ctx_rec_v2(const kv_ctx_rec *r)

@@ -109,7 +109,12 @@ typedef struct kv_txn kv_txn;
  * copies (FORMAT.md §3c; the model's score_bits); SCOREV2 (with one of them): those copies are
  * version 2 (score.h THE CENTERED, ROTATED COPY), else version 1 */
 enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4 = 8,
-       KV_BLK_SCOREV2 = 16, KV_BLK_PACKED = 32 };
+       KV_BLK_SCOREV2 = 16, KV_BLK_PACKED = 32, KV_BLK_KEPTN = 64 };
+/* KV_BLK_KEPTN (format 8, issue 16; only with KV_BLK_DROPS): the record's u16 at offset 14
+ * (kv_block_rec.keep_permille) is the block's kept tokens per KV head, 1..n_tokens, chosen so
+ * that its context keeps exactly its ratio (kv_drop_keep_span()); without it (formats 2-7) it
+ * is the ratio in permille and the block keeps kv_drop_keep_count(n_tokens, permille).
+ * kv_block_rec_kept() reads either. */
 /* KV_BLK_PACKED (format 7): a packed raw object (block format 4, FORMAT.md §3e) at a 64-byte
  * offset, its bytes a multiple of 64 (not of 4096); never compressed, never with score copies */
 
@@ -127,7 +132,8 @@ typedef struct kv_block_rec {
   uint32_t bflags;        /* KV_BLK_*: a compressed (format 2) object; tokens dropped; score
                              copies at the end (format 3) */
   uint8_t method, bits, drop; /* how it is stored (kvdb_config fields; 0 = raw) */
-  uint16_t keep_permille;
+  uint16_t keep_permille; /* DROPS: the ratio in permille, or with KV_BLK_KEPTN the kept
+                             tokens of the block (FORMAT.md §2, offset 14) */
   uint32_t n_tokens;
   uint64_t segment;
   uint64_t offset;
@@ -187,6 +193,9 @@ kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
 size_t kv_block_rec_size(uint32_t n_tokens);
 void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
 kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r);
+/* Rows per (layer, KV head) block r stores: its kept tokens when it dropped tokens (either
+ * form of offset 14, KV_BLK_KEPTN), else n_tokens. */
+uint32_t kv_block_rec_kept(const kv_block_rec *r);
 
 /* A raw context's record is version 1 (no config); others are version 2; one with has_stats
  * version 3 (whatever its config). */
@@ -507,6 +516,7 @@ void kv_counts_open(kv_catalog *c);
 #define KV_FORMAT_FRAMES 5u /* lossless frames: block format 3 (FORMAT.md §3d) */
 #define KV_FORMAT_SCOREV2 6u /* version-2 score copies (FORMAT.md §3c): block flag bit 4 */
 #define KV_FORMAT_PACKED 7u  /* packed raw objects (FORMAT.md §3e): block flag bit 5 */
+#define KV_FORMAT_KEPTN 8u   /* context-exact keep counts (FORMAT.md §2): block flag bit 6 */
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
 kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],

@@ -102,7 +102,7 @@ KVDB_API unsigned kvdb_version_number(void);
  * profile by reference to its group's record; FORMAT.md §2): builds that know less refuse it
  * with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 7
+#define KVDB_FORMAT_VERSION 8
 
 /* =================================== Part I: the core ===================================== */
 
@@ -737,7 +737,8 @@ typedef struct kvdb_config {
   uint8_t bits;           /**< QUANT: 8, 4 or 2; DROP: 0 (kept rows exact) or 8, 4, 2 */
   uint8_t drop;           /**< DROP: kvdb_drop_method; QUANT: kvdb_quantizer */
   int8_t zstd_level;      /**< LOSSLESS: -7..22 (not 0 once resolved); 0 = 3 */
-  uint16_t keep_permille; /**< DROP: tokens kept per 1000, of each block and KV head, 1..999 */
+  uint16_t keep_permille; /**< DROP: tokens kept per 1000 of the context, per KV head, 1..999
+                               (exactly: round(n_tokens x it / 1000), FORMAT.md format 8) */
   uint16_t group;         /**< QUANT, DROP with bits: tokens (K) or channels (V) per scale and
                                zero (kvquant: tokens for K and V); 0 = 32 (kvquant 128,
                                or the block's tokens when fewer); at most block_tokens */
@@ -1097,8 +1098,11 @@ KVDB_API kvdb_status kvdb_get_context(kvdb *db, const kvdb_model *m, const kvdb_
  * expect every row there.
  * @param[out] hit_tokens 0..n: the hit covers query positions [0, *hit_tokens).
  * @param[out] kept_tokens rows of those positions that are stored, per layer and KV head (the
- *   same for every one: a block of t tokens kept at keep_permille k keeps ceil(t * k / 1000),
- *   at least 1, of each head; a block not dropped keeps all of its hit tokens). Equal to
+ *   same for every one: each block records its kept count; a context stored at keep_permille
+ *   k since format 8 keeps round(T * k / 1000) (half up) of its first T tokens at every block
+ *   boundary T, a block whose share rounds to none keeping 1; a block written before format 8
+ *   keeps ceil(t * k / 1000) of its t tokens, at least 1; a block not dropped keeps all of its
+ *   hit tokens). Equal to
  *   *hit_tokens when the hit holds no dropped block. kvdb_get_kept delivers exactly these.
  * @return KVDB_OK (also for 0 hits, and for a model id that is not stored; both outputs 0);
  *   KVDB_INVALID (as kvdb_lookup; hit_tokens or kept_tokens NULL); KVDB_MISMATCH (the id is

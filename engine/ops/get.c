@@ -173,7 +173,7 @@ kvdb_status kv_walk_prefix(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
 uint32_t kv_hit_kept(const kv_hit *x)
 {
   if (x->rec.bflags & KV_BLK_DROPS)
-    return kv_drop_keep_count(x->rec.n_tokens, x->rec.keep_permille);
+    return kv_block_rec_kept(&x->rec); /* recorded (format 8) or the ratio's (formats 2-7) */
   return x->n_copy;
 }
 

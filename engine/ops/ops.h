@@ -60,6 +60,10 @@ kvdb_status kv_put_context(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
                            const kv_put_hook *hook, kvdb_put_info *info, uint8_t ctx[16]);
 /* The config fields and flags of a block record stored with c. */
 void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c);
+/* A DROP config: br (n_tokens set) records its kept tokens as a block starting at token t0 of
+ * its context (KV_BLK_KEPTN, kv_drop_keep_span(): the context keeps its ratio exactly, as
+ * kv_cblock_src.keep_t0 made the encoder choose); other configs: nothing. */
+void kv_block_rec_set_kept(kv_block_rec *br, const kvdb_config *c, uint64_t t0);
 
 /* ---- rtier.c: the remote tier (kvdb_options.remote_addr) ---- */
 

@@ -251,7 +251,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
           rc = kv_config_section_rope(cfg, &g, n, t0, &rope, &sc);
         if (rc != KVDB_OK)
           break;
-        kv_cblock_src bs = {.cfg = cfg, .g = &g, .t0 = t0, .ctx_tokens = n, .q = src->q,
+        kv_cblock_src bs = {.cfg = cfg, .g = &g, .t0 = t0, .keep_t0 = t0, .ctx_tokens = n, .q = src->q,
                             .last_block = b + 1 == n_blocks, .index = b, .rope = rope};
         uint32_t len[2];
         uint32_t s = (layer * H + head) * 2;

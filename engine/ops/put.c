@@ -93,6 +93,14 @@ void kv_block_rec_set_config(kv_block_rec *br, const kvdb_config *c)
                (c->method == KVDB_METHOD_DROP ? KV_BLK_DROPS : 0);
 }
 
+void kv_block_rec_set_kept(kv_block_rec *br, const kvdb_config *c, uint64_t t0)
+{
+  if (c->method != KVDB_METHOD_DROP)
+    return;
+  br->bflags |= KV_BLK_KEPTN;
+  br->keep_permille = (uint16_t)kv_drop_keep_span(t0, br->n_tokens, c->keep_permille);
+}
+
 /* ---- SSD capacity: evict least recently used contexts (LRU until the policy issue) ---- */
 
 static kvdb_status live_total(kvdb *db, kv_txn *txn, uint64_t *out)
@@ -334,7 +342,7 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
 {
   put_blk *b = &r->b[i];
   kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0 - r->kv_t0,
-                       .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
+                       .keep_t0 = b->t0, .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
                        .index = i, .hash = b->hash, .parent = b->parent,
                        .model_hash = r->mh, .tokens = b->tokens,
                        .frame_bytes = st->db->opt.lossless_frame_bytes,
@@ -533,6 +541,8 @@ static kvdb_status block_format(kvdb *db, kv_txn *txn, const kv_block_rec *br)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2));
   if (br->bflags & (uint32_t)KV_BLK_PACKED)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));
+  if (br->bflags & (uint32_t)KV_BLK_KEPTN)
+    KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_KEPTN));
   return KVDB_OK;
 }
 
@@ -592,6 +602,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         br.offset = b->off;
         br.bytes = b->obj_bytes;
         kv_block_rec_set_config(&br, &r->cfg);
+        kv_block_rec_set_kept(&br, &r->cfg, b->t0);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
         if (b->packed)
           br.bflags |= KV_BLK_PACKED;
@@ -619,6 +630,7 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         KV_ERR(block_format(db, txn, &br));
       } else {
         kv_block_rec_set_config(&br, &r->cfg);
+        kv_block_rec_set_kept(&br, &r->cfg, b->t0);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
         if (b->packed)
           br.bflags |= KV_BLK_PACKED;
@@ -672,6 +684,12 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
     KV_ERR(kv_cat_require_format(&db->cat, txn, 2)); /* format-2 blocks and record */
   if (r->cfg.method == KVDB_METHOD_LOSSLESS)
     KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_FRAMES)); /* lossless frames */
+  if (!r->objects && r->cfg.method == KVDB_METHOD_DROP)
+    for (uint32_t i = 0; i < r->n; i++)
+      if (r->b[i].write) { /* blocks with their kept count (KV_BLK_KEPTN) */
+        KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_KEPTN));
+        break;
+      }
   for (uint32_t i = 0; i < r->n; i++)
     if (r->b[i].write && r->b[i].packed) { /* packed raw objects (FORMAT.md §3e) */
       KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));

@@ -433,7 +433,7 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
   kv_block_rec nr;
   memset(&nr, 0, sizeof nr);
   if (raw_len >= 16) {
-    nr.bflags = raw[2] & (KV_BLK_COMPRESSED | KV_BLK_DROPS);
+    nr.bflags = raw[2] & (KV_BLK_COMPRESSED | KV_BLK_DROPS | KV_BLK_KEPTN);
     nr.method = raw[3];
     nr.bits = raw[12];
     nr.drop = raw[13];

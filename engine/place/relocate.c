@@ -172,7 +172,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
       kv_block_seal(&g, b->hash, b->parent, r->mh, b->tokens, obj);
       b->obj_bytes = g.total_bytes;
     } else {
-      kv_cblock_src src = {.cfg = &r->cfg, .g = &g, .kv = &v, .t0 = b->t0,
+      kv_cblock_src src = {.cfg = &r->cfg, .g = &g, .kv = &v, .t0 = b->t0, .keep_t0 = b->t0,
                            .ctx_tokens = r->n_tokens, .q = q, .last_block = i + 1 == r->n,
                            .index = i, .hash = b->hash, .parent = b->parent,
                            .model_hash = r->mh, .tokens = b->tokens,
@@ -247,6 +247,7 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
       br.tier = w->tier;
       if (r->reencode) {
         kv_block_rec_set_config(&br, &r->cfg);
+        kv_block_rec_set_kept(&br, &r->cfg, b->t0);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
       }
       kv_block_rec_encode(&br, NULL, buf);

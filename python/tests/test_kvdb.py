@@ -345,8 +345,9 @@ SENTINEL = np.float16(-1234.0)  # never a standard normal draw
 
 def knorm_keep(k, n, permille, model=M):
     """The rows a knorm put keeps, computed here independently of the engine: per layer, KV
-    head and block, the ceil(t * permille / 1000) (at least 1) keys of lowest L2 norm, ties to
-    the lower position. Shape (n_layers, n_kv_heads, n), bool."""
+    head and block [b0, b0 + t), the R(b0 + t) - R(b0) (at least 1) keys of lowest L2 norm, ties
+    to the lower position, with R(x) = x * permille / 1000 rounded half up, so the context keeps
+    its ratio exactly (format 8, issue 16). Shape (n_layers, n_kv_heads, n), bool."""
     bt = model.block_tokens
     mask = np.zeros((model.n_layers, model.n_kv_heads, n), bool)
     for l in range(model.n_layers):
@@ -354,7 +355,8 @@ def knorm_keep(k, n, permille, model=M):
             for b0 in range(0, n, bt):
                 rows = k[l, b0:b0 + bt, h].astype(np.float64)
                 t = len(rows)
-                keep = max(1, -(-t * permille // 1000))
+                r = lambda x: (x * permille + 500) // 1000
+                keep = max(1, r(b0 + t) - r(b0))
                 order = np.lexsort((np.arange(t), (rows * rows).sum(axis=1)))
                 mask[l, h, b0 + order[:keep]] = True
     return mask
@@ -362,12 +364,13 @@ def knorm_keep(k, n, permille, model=M):
 
 @pytest.mark.parametrize("config,permille", [("knorm50", 500), ("knorm30", 300)])
 def test_lookup_get_kept_dropped_context(db, config, permille):
-    n = 40  # two full blocks and a partial one (8 tokens: 30% keeps ceil(2.4) = 3)
+    n = 40  # two full blocks and a partial one (8 tokens: 30% keeps R(40) - R(32) = 12 - 10)
     k, v = logical(n, seed=21)
     info = db.put(M, toks(n), k, v, config=config)
     assert db.context_stat(info).config == config
     want = knorm_keep(k, n, permille)
     n_kept = int(want[0, 0].sum())
+    assert n_kept == (n * permille + 500) // 1000  # the ratio exactly, not per block rounded up
     assert n_kept < n and np.all(want.sum(axis=2) == n_kept)
     q = np.concatenate([toks(n), [5, 6, 7]]).astype(np.uint32)  # goes on past the context
     # the prefix API ends the hit at the first dropped block; lookup_kept serves it

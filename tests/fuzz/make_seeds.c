@@ -250,6 +250,20 @@ static void catalog_seeds(void)
   br.bflags |= KV_BLK_SCORE8; /* and a score region of int8 copies (format 3) */
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_int4_score8.bin", buf, kv_block_rec_size(16), NULL, 0);
+  /* token dropping (knorm90): offset 14 the permille (formats 2-7), then with flag bit 6 the
+   * block's kept tokens (format 8, issue 16: the context's exact ratio) */
+  br.bflags = KV_BLK_COMPRESSED | KV_BLK_DROPS;
+  br.method = KVDB_METHOD_DROP;
+  br.bits = 0;
+  br.drop = KVDB_DROP_KNORM;
+  br.keep_permille = 900;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_drop_permille.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags |= KV_BLK_KEPTN;
+  br.keep_permille = 14;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_drop_kept.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.keep_permille = 0;
   mr.score_bits = 4;
   kv_model_rec_encode(&mr, buf);
   put_file("catalog", "model_score4.bin", buf, kv_model_rec_size(&mr), NULL, 0);

@@ -403,8 +403,9 @@ static void test_drop(void)
     memset(out, 0, N * kvdb_model_token_bytes(&M));
     ASSERT_OK(kvdb_get_context(db, &M, &info.context, &v, pos, nrows));
     uint32_t keep = 0;
-    for (uint32_t b0 = 0; b0 < N; b0 += 32)
-      keep += kv_drop_keep_count(b0 + 32 <= N ? 32 : N - b0, po.config.keep_permille);
+    for (uint32_t b0 = 0; b0 < N; b0 += 32) /* context-exact (format 8): round(p x N) */
+      keep += kv_drop_keep_span(b0, b0 + 32 <= N ? 32 : N - b0, po.config.keep_permille);
+    ASSERT_EQ(keep, (N * po.config.keep_permille + 500) / 1000);
     for (uint32_t l = 0; l < M.n_layers; l++)
       for (uint32_t h = 0; h < M.n_kv_heads; h++) {
         uint32_t lh = l * M.n_kv_heads + h;
@@ -458,8 +459,9 @@ static void test_drop(void)
     uint32_t pos[6 * N], nrows[6];
     ASSERT_OK(kvdb_get_context(db, &M, &info.context, &v, pos, nrows));
     uint32_t keep = 0;
-    for (uint32_t b0 = 0; b0 < N; b0 += 32)
-      keep += kv_drop_keep_count(b0 + 32 <= N ? 32 : N - b0, cfg.keep_permille);
+    for (uint32_t b0 = 0; b0 < N; b0 += 32) /* context-exact (format 8): round(p x N) */
+      keep += kv_drop_keep_span(b0, b0 + 32 <= N ? 32 : N - b0, cfg.keep_permille);
+    ASSERT_EQ(keep, (N * cfg.keep_permille + 500) / 1000);
     double steps = (double)((1u << cfg.bits) - 1);
     for (uint32_t l = 0; l < M.n_layers; l++)
       for (uint32_t h = 0; h < M.n_kv_heads; h++) {

@@ -12,6 +12,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include "catalog/catalog.h"
+#include "codec.h"
+
 /* 3 full blocks of 32 tokens and a partial one of 4 */
 static const kvdb_model M = {"test-drop-hits", 3, 2, 64, KVDB_F16, 32};
 enum { N = 100, LH = 3 * 2 };
@@ -144,10 +147,11 @@ static size_t check_kept(kvdb *db, const uint32_t *tok, size_t nq, const kvdb_ke
   return kept;
 }
 
+/* kept tokens of a context's first n tokens (whole blocks): the ratio exactly, rounded half up
+ * (format 8: each block records its share, kv_drop_keep_span) */
 static size_t keep_count(size_t n_tokens, unsigned permille)
 {
-  size_t k = (n_tokens * permille + 999) / 1000;
-  return k < 1 ? 1 : k;
+  return (n_tokens * permille + 500) / 1000;
 }
 
 /* a context stored whole with dropping: lookup_kept/get_kept serve it, and its prefixes */
@@ -175,12 +179,12 @@ static void test_dropped(uint64_t dram)
     ASSERT_OK(kvdb_get(db, &M, tok, N, &v, &hit));
     ASSERT_EQ(hit, 0);
     /* the whole context */
-    size_t want = 3 * keep_count(32, permille[c]) + keep_count(4, permille[c]);
+    size_t want = keep_count(N, permille[c]);
     ASSERT_EQ(check_kept(db, tok, N, &info.context, N, N), want);
     if (c == 0) /* knorm50 keeps exactly half of each full block and 2 of the 4-token one */
       ASSERT_EQ(want, 50);
     /* prefixes: two whole blocks; a query ending inside block 2 ends the hit before it */
-    ASSERT_EQ(check_kept(db, tok, 64, &info.context, N, 64), 2 * keep_count(32, permille[c]));
+    ASSERT_EQ(check_kept(db, tok, 64, &info.context, N, 64), keep_count(64, permille[c]));
     ASSERT_EQ(check_kept(db, tok, 50, &info.context, N, 32), keep_count(32, permille[c]));
     ASSERT_EQ(check_kept(db, tok, 10, &info.context, N, 0), 0);
     /* a query continuing past the stored partial block: all of it hits */
@@ -336,8 +340,104 @@ static void test_bad_args(void)
   t_rmdir(dir);
 }
 
+/* kept tokens a context of n tokens stores at `permille`: its blocks' context-exact shares */
+static size_t spans(size_t n, unsigned permille)
+{
+  size_t k = 0;
+  for (size_t t0 = 0; t0 < n; t0 += M.block_tokens)
+    k += kv_drop_keep_span(t0, (uint32_t)(n - t0 < M.block_tokens ? n - t0 : M.block_tokens),
+                           permille);
+  return k;
+}
+
+/* issue 16: a stored context keeps round(keep x n_tokens) tokens per head whatever its length
+ * (the blocks carry the rounding remainder: FORMAT.md §2, KV_BLK_KEPTN), not each block's
+ * ratio rounded up; every prefix of whole blocks keeps its own exact share too */
+static void test_exact_ratio(void)
+{
+  char *dir = t_tmpdir("dropexact");
+  kvdb_options o = opts(0);
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  const struct {
+    const char *cfg;
+    unsigned permille;
+  } cf[] = {{"knorm90", 900}, {"keydiff30+int4", 300}, {"knorm75+int8", 750},
+            {"snapkv50", 500}, {"keydiff12.5", 125}};
+  const size_t lens[] = {1, 31, 32, 33, 100, 257, 500};
+  uint64_t seed = 1000;
+  for (size_t c = 0; c < sizeof cf / sizeof cf[0]; c++)
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+      size_t n = lens[l];
+      if (cf[c].permille == 500 && n < 32)
+        continue; /* snapkv's observation window needs a longer context */
+      uint32_t *tok = malloc(n * sizeof *tok);
+      uint16_t *src = alloc_kv(n);
+      tokens(tok, n, seed++);
+      fill(tok, n, src);
+      kvdb_put_info info;
+      put_cfg(db, tok, n, src, cf[c].cfg, &info);
+      size_t exact = (n * cf[c].permille + 500) / 1000, want = spans(n, cf[c].permille);
+      /* a block whose share rounds to no token still keeps one row: with R(x) = x * permille
+       * / 1000 rounded, the 1-token tails (30% of 1 token; of 33: R(33) = R(32) = 10); with
+       * these ratios and 32-token blocks never a full block, so every other length is exact */
+      size_t z = 0;
+      for (size_t t0 = 0; t0 < n; t0 += 32) {
+        size_t e = t0 + 32 < n ? t0 + 32 : n;
+        z += (e * cf[c].permille + 500) / 1000 == (t0 * cf[c].permille + 500) / 1000;
+      }
+      ASSERT_EQ(want, exact + z);
+      if (n % 32 != 1)
+        ASSERT_EQ(z, 0);
+      ASSERT_EQ(check_kept(db, tok, n, &info.context, n, n), want);
+      if (n >= 64) /* a prefix of whole blocks: its own exact share */
+        ASSERT_EQ(check_kept(db, tok, 64, &info.context, n, 64), (64 * cf[c].permille + 500) / 1000);
+      free(tok);
+      free(src);
+    }
+  /* 90% of 500 tokens in 32-token blocks: 450 rows, where the per-block ceiling kept 453 */
+  ASSERT_EQ(spans(500, 900), 450);
+  kvdb_stats st;
+  ASSERT_OK(kvdb_stat(db, &st));
+  ASSERT_EQ(st.format_version, 8); /* the blocks record their counts (KV_BLK_KEPTN) */
+  kvdb_close(db);
+  t_rmdir(dir);
+}
+
+/* the block record's offset 14 in both forms: a block written before format 8 (the ratio in
+ * permille, kept = ceil per block, as every golden database's) and after (the kept count) */
+static void test_record_forms(void)
+{
+  uint32_t tok[16] = {0};
+  uint8_t buf[72 + 4 * 16];
+  kv_block_rec r = {.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = 16, .segment = 1,
+                    .offset = 4096, .bytes = 4096, .method = KVDB_METHOD_DROP,
+                    .bflags = KV_BLK_COMPRESSED | KV_BLK_DROPS, .drop = 1, .keep_permille = 900};
+  kv_block_rec d;
+  kv_block_rec_encode(&r, tok, buf);
+  ASSERT_OK(kv_block_rec_decode(buf, sizeof buf, &d));
+  ASSERT_EQ(kv_block_rec_kept(&d), 15); /* old rounding: ceil(16 x 0.9) */
+  r.bflags |= KV_BLK_KEPTN;
+  r.keep_permille = 14;
+  kv_block_rec_encode(&r, tok, buf);
+  ASSERT_OK(kv_block_rec_decode(buf, sizeof buf, &d));
+  ASSERT_EQ(kv_block_rec_kept(&d), 14);
+  r.keep_permille = 17; /* more than its tokens */
+  kv_block_rec_encode(&r, tok, buf);
+  ASSERT_STATUS(KVDB_CORRUPT, kv_block_rec_decode(buf, sizeof buf, &d));
+  r.keep_permille = 0;
+  kv_block_rec_encode(&r, tok, buf);
+  ASSERT_STATUS(KVDB_CORRUPT, kv_block_rec_decode(buf, sizeof buf, &d));
+  r = (kv_block_rec){.refcount = 1, .tier = KVDB_TIER_SSD, .n_tokens = 16, .segment = 1,
+                     .offset = 4096, .bytes = 4096, .bflags = KV_BLK_KEPTN}; /* not dropped */
+  kv_block_rec_encode(&r, tok, buf);
+  ASSERT_STATUS(KVDB_CORRUPT, kv_block_rec_decode(buf, sizeof buf, &d));
+}
+
 int main(void)
 {
+  test_record_forms();
+  test_exact_ratio();
   test_bad_args();
   test_dropped(0);
   test_dropped(64u << 20); /* with a DRAM tier */
