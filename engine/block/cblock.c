@@ -562,6 +562,22 @@ static kvdb_status decode_frames_mt(const kv_block_hdr *h, const uint8_t *buf, u
   return KVDB_OK;
 }
 
+/* Section s of a format-2 block: where it lies (sec, len) and its parsed header, checked
+ * against the block and against its table entry's length. */
+static kvdb_status section_at(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
+                              const uint8_t **sec, uint32_t *len, kv_section_info *info)
+{
+  uint64_t off;
+  kv_cblock_section(h, buf, s, &off, len);
+  *sec = buf + off;
+  KV_RET(kv_cblock_section_info(h, *sec, *len, s,
+                                buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12], info));
+  if (info->section_bytes != *len)
+    return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
+                   s, info->section_bytes, *len);
+  return KVDB_OK;
+}
+
 kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                      kv_cdec *d, const uint8_t **rows, uint32_t *n_rows,
                                      uint32_t *positions)
@@ -574,16 +590,10 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
         positions[t] = t;
     return KVDB_OK;
   }
-  uint64_t off;
+  const uint8_t *sec;
   uint32_t len;
-  kv_cblock_section(h, buf, s, &off, &len);
-  const uint8_t *sec = buf + off;
   kv_section_info info;
-  KV_RET(kv_cblock_section_info(h, sec, len, s, buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12],
-                                &info));
-  if (info.section_bytes != len)
-    return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
-                   s, info.section_bytes, len);
+  KV_RET(section_at(h, buf, s, &sec, &len, &info));
   size_t out_bytes = kv_section_rows_bytes(&info, 0, info.n_groups);
   size_t scratch = kv_section_scratch_bytes(&info);
   if (grow(&d->rows, &d->rows_cap, out_bytes) == NULL ||
@@ -608,16 +618,10 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
 static kvdb_status decode_section_into(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                        kv_cdec *d, uint8_t *dst)
 {
-  uint64_t off;
+  const uint8_t *sec;
   uint32_t len;
-  kv_cblock_section(h, buf, s, &off, &len);
-  const uint8_t *sec = buf + off;
   kv_section_info info;
-  KV_RET(kv_cblock_section_info(h, sec, len, s, buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12],
-                                &info));
-  if (info.section_bytes != len)
-    return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
-                   s, info.section_bytes, len);
+  KV_RET(section_at(h, buf, s, &sec, &len, &info));
   if (info.n_rows != h->g.n_tokens)
     return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
                                  "stored without dropping has them all", s, info.n_rows,

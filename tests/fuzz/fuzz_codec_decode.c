@@ -20,20 +20,7 @@
 #include <string.h>
 
 #include "codec.h"
-
-#ifndef KV_FUZZ_MAX_OUT
-#define KV_FUZZ_MAX_OUT (64u << 20)
-#endif
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void *xmalloc(size_t n)
-{
-  void *p = malloc(n ? n : 1);
-  if (p == NULL)
-    abort();
-  return p;
-}
+#include "fuzz_util.h"
 
 static void generic(const uint8_t *data, size_t size)
 {

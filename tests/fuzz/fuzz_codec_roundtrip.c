@@ -19,16 +19,7 @@
 #include <string.h>
 
 #include "codec.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static void *xmalloc(size_t n)
-{
-  void *p = malloc(n ? n : 1);
-  if (p == NULL)
-    abort();
-  return p;
-}
+#include "fuzz_util.h"
 
 /* encode with codec id and params; decode; return the decoded rows (caller frees) or NULL when
  * encode refused the input with EINVAL (e.g. kivi on values it cannot take). */
