@@ -182,6 +182,21 @@ static inline void t_family_tokens(uint64_t seed, uint64_t family, size_t shared
     tok[i] = (uint32_t)(i < shared ? t_rand(&fs) % 30000 : t_rand(&s) % 30000);
 }
 
+/* The bytes of the whole-page block object at offset 0 of the open segment file fd: its
+ * header's meta_bytes (u32 at 8) + data_bytes (u64 at 96), format/FORMAT.md §3 — where the
+ * segment's second object starts, for tests that damage a chosen block on disk. */
+static inline uint64_t t_first_object_bytes(int fd)
+{
+  uint8_t hdr[128];
+  ASSERT(pread(fd, hdr, sizeof hdr, 0) == (ssize_t)sizeof hdr);
+  uint64_t meta = 0, data = 0;
+  for (int i = 3; i >= 0; i--)
+    meta = meta << 8 | hdr[8 + i];
+  for (int i = 7; i >= 0; i--)
+    data = data << 8 | hdr[96 + i];
+  return meta + data;
+}
+
 /* kvdb_put_ex of tokens[0..n) with the KV t_fill_kv gives them, in config `cfg`
  * (kvdb_config_parse): its status; the context's key in *key when KVDB_OK and key is not NULL. */
 static inline kvdb_status t_put_config(kvdb *db, const kvdb_model *m, const uint32_t *tok,

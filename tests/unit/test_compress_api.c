@@ -752,11 +752,7 @@ static void test_corrupt_compressed(void)
   kvdb_iter_close(it);
   kvdb_close(db);
   /* blocks are written in order; find block 1's end from the objects' sizes via the header */
-  uint8_t hdr[128];
-  ASSERT(pread(fd, hdr, 128, 0) == 128);
-  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
-                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
-                 (uint64_t)hdr[99] << 24);
+  uint64_t b0 = t_first_object_bytes(fd);
   off_t off = (off_t)b0 + 4096 * 2 + 10; /* inside block 1 (its meta is one page) */
   uint8_t byte;
   ASSERT(pread(fd, &byte, 1, off) == 1);
@@ -826,11 +822,7 @@ static void test_mt_get(void)
   snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
   int fd = open(path, O_RDWR);
   ASSERT(fd >= 0);
-  uint8_t hdr[128];
-  ASSERT(pread(fd, hdr, 128, 0) == 128);
-  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
-                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
-                 (uint64_t)hdr[99] << 24);
+  uint64_t b0 = t_first_object_bytes(fd);
   off_t off = (off_t)(b0 / 4 * 3);
   uint8_t byte;
   ASSERT(pread(fd, &byte, 1, off) == 1);

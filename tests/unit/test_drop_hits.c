@@ -264,11 +264,7 @@ static void test_corrupt(void)
   snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
   int fd = open(path, O_RDWR);
   ASSERT(fd >= 0);
-  uint8_t hdr[128];
-  ASSERT(pread(fd, hdr, 128, 0) == 128);
-  uint64_t b0 = (uint64_t)(hdr[8] | hdr[9] << 8 | hdr[10] << 16 | (uint64_t)hdr[11] << 24) +
-                ((uint64_t)hdr[96] | (uint64_t)hdr[97] << 8 | (uint64_t)hdr[98] << 16 |
-                 (uint64_t)hdr[99] << 24);
+  uint64_t b0 = t_first_object_bytes(fd);
   off_t off = (off_t)b0 + 4096 * 2 + 10; /* inside block 1 */
   uint8_t byte;
   ASSERT(pread(fd, &byte, 1, off) == 1);
