@@ -52,8 +52,8 @@ void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst)
   memcpy(dst + 20, r->hash, 16);
 }
 
-static kvdb_status rec_version_max(const uint8_t *src, size_t len, size_t min, const char *what,
-                                   unsigned max)
+kvdb_status kv_rec_version_max(const uint8_t *src, size_t len, size_t min, const char *what,
+                               unsigned max)
 {
   if (len < min)
     return kv_fail(KVDB_CORRUPT, "%s record truncated: %zu bytes, at least %zu expected", what,
@@ -80,7 +80,7 @@ static kvdb_status rec_version(const uint8_t *src, size_t len, size_t min, const
 
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
 {
-  KV_RET(rec_version_max(src, len, 36, "model", KV_MODEL_REC_VERSION));
+  KV_RET(kv_rec_version_max(src, len, 36, "model", KV_MODEL_REC_VERSION));
   size_t want = src[0] == 2 ? 40 : 36;
   if (len != want)
     return kv_fail(KVDB_CORRUPT, "model record version %u is %zu bytes, not %zu", src[0], len,
@@ -240,7 +240,7 @@ void kv_ctx_rec_encode(const kv_ctx_rec *r, const uint8_t *blocks, uint8_t *dst)
 
 kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
 {
-  KV_RET(rec_version_max(src, len, 56, "context", KV_CTX_REC_VERSION));
+  KV_RET(kv_rec_version_max(src, len, 56, "context", KV_CTX_REC_VERSION));
   size_t head = src[0] >= 3 ? 56 + KV_CONFIG_BYTES + CTX_STATS_BYTES
                             : src[0] >= 2 ? 56 + KV_CONFIG_BYTES : 56;
   if (len < head)
@@ -319,7 +319,7 @@ void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst)
 
 kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r)
 {
-  KV_RET(rec_version_max(src, len, PROF_HDR, "profile", KV_PROFILE_REC_VERSION));
+  KV_RET(kv_rec_version_max(src, len, PROF_HDR, "profile", KV_PROFILE_REC_VERSION));
   r->n_entries = kv_get_le16(src + 2);
   r->n_probes = kv_get_le32(src + 4);
   r->measured_ms = kv_get_le64(src + 8);

@@ -25,6 +25,11 @@ static inline struct kv_env *kv_kenv(MDB_env *e) { return (struct kv_env *)e; }
 /* Convert an LMDB error to a status with a message naming `what`. MDB_MAP_FULL is KVDB_FULL
  * and counts in kv_cat_map_full_events(). */
 kvdb_status kv_mdb_fail(int mrc, const char *what);
+
+/* A record's first byte as its version: KVDB_CORRUPT when len < min or it is 0, KVDB_VERSION
+ * (naming what) when it is newer than max. */
+kvdb_status kv_rec_version_max(const uint8_t *src, size_t len, size_t min, const char *what,
+                               unsigned max);
 /* mdb_cursor_open, its failure (ENOMEM) as a status (kv_mdb_fail naming `what`). */
 kvdb_status kv_cursor_open(MDB_txn *txn, MDB_dbi dbi, MDB_cursor **cur, const char *what);
 

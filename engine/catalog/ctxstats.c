@@ -246,13 +246,7 @@ void kv_prior_rec_encode(const kv_profile_rec *p, uint8_t *dst)
 
 kvdb_status kv_prior_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *p)
 {
-  if (len < KV_PRIOR_HDR)
-    return kv_fail(KVDB_CORRUPT, "prior record truncated: %zu bytes", len);
-  if (src[0] == 0)
-    return kv_fail(KVDB_CORRUPT, "prior record version 0");
-  if (src[0] > KV_PRIOR_REC_VERSION)
-    return kv_fail(KVDB_VERSION, "prior record version %u is newer than %u", src[0],
-                   KV_PRIOR_REC_VERSION);
+  KV_RET(kv_rec_version_max(src, len, KV_PRIOR_HDR, "prior", KV_PRIOR_REC_VERSION));
   uint32_t n = kv_get_le16(src + 2);
   if (src[1] != 0 || kv_get_le32(src + 4) != 0 || n == 0 || n > KV_PRIOR_MAX_ENTRIES ||
       len != kv_prior_rec_size(n))
