@@ -612,11 +612,18 @@ static void test_place_between_puts(void)
   t_rmdir(dir);
 
   /* full tiers: slack 0 runs Algorithm 1 over everything on each put that overflows; a large
-   * slack leaves room, so fewer puts do (and every tier stays within capacity either way) */
-  int r0 = puts_with_slack(0), r50 = puts_with_slack(50);
-  printf("placement between puts: %d contexts, Algorithm 1 over every context on %d puts with "
-         "slack 0, %d with slack 50%%\n", PL_N, r0, r50);
-  ASSERT(r0 > 2);
+   * slack leaves room, so fewer puts do (and every tier stays within capacity either way).
+   * Which configs fit depends on the tier figures each open probes (and the reads refine), so
+   * one pair of runs varies with the machine's load (quiet: 8-10 against 5-6; once, under the
+   * suite's load, the two met): three interleaved pairs are compared by their sums. */
+  int r0 = 0, r50 = 0;
+  for (int k = 0; k < 3; k++) {
+    r0 += puts_with_slack(0);
+    r50 += puts_with_slack(50);
+  }
+  printf("placement between puts: %d contexts, three times: Algorithm 1 over every context on "
+         "%d puts with slack 0, %d with slack 50%%\n", PL_N, r0, r50);
+  ASSERT(r0 > 6);
   ASSERT(r50 < r0);
 
   /* another process writes: the view cannot know what, so the next put places everything
