@@ -99,10 +99,11 @@ KVDB_API unsigned kvdb_version_number(void);
  * block of lossless frames, version 6 with its first block carrying version-2 score copies and
  * version 7 with its first packed raw block (objects at 64-byte offsets, format/FORMAT.md §3e)
  * or its first put with placement on (its statistics in its context record, a predicted
- * profile by reference to its group's record; FORMAT.md §2): builds that know less refuse it
- * with KVDB_VERSION.
+ * profile by reference to its group's record; FORMAT.md §2), version 8 with its first block
+ * that records its exact kept tokens, version 9 with its first packed compressed block (block
+ * format 5, FORMAT.md §3f): builds that know less refuse it with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 8
+#define KVDB_FORMAT_VERSION 9
 
 /* =================================== Part I: the core ===================================== */
 
