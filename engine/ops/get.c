@@ -669,7 +669,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
        * scattered, after its last wave */
       if (rr == KVDB_OK && KV_HDR_FRAMES(&hdr) && k + 1 == wv.n) {
         rr = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, (uint8_t *)data);
-        if (rr == KVDB_OK)
+        if (rr == KVDB_OK && out != NULL) /* (a prefetch: into the DRAM tier below) */
           kv_scatter_sections(&g, data, 0, g.n_sections, 0, x->n_copy, out, x->t0, stream);
       }
     }
