@@ -211,10 +211,25 @@ static void catalog_seeds(void)
   br.bytes = 20736;
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_packed.bin", buf, kv_block_rec_size(16), NULL, 0);
-  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED; /* never together */
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED; /* a packed compressed object (format 9) */
   br.method = KVDB_METHOD_LOSSLESS;
+  br.bytes = 9984;
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_packed_compressed.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED | KV_BLK_DROPS | KV_BLK_KEPTN; /* dropping */
+  br.method = KVDB_METHOD_DROP;
+  br.drop = 1;
+  br.keep_permille = 8;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed_drop.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED | KV_BLK_SCORE8; /* never with score copies */
+  br.method = KVDB_METHOD_QUANT;
+  br.bits = 8;
+  br.drop = 0;
+  br.keep_permille = 0;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed_score8.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bits = 0;
   br.bflags = 0;
   br.method = KVDB_METHOD_RAW;
   br.offset = 8192;

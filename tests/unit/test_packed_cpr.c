@@ -341,6 +341,61 @@ static void check_damage(const char *dir, const kvdb_model *m, uint32_t c, int64
   flip(dir, m, c, rel); /* back as it was */
 }
 
+/* With KVDB_PCPR_CORPUS=DIR: fuzz_cblock seeds (a flags byte, then the object as on disk) of
+ * packed compressed objects of store `dir` — int4 (f16), lossless frames (f32), a partial
+ * keydiff50+int4 block (f16) — whole, with a flipped data byte (as is and repaired), and the
+ * meta region alone (tests/fuzz/corpora/cblock/pcpr_*). */
+static void write_corpus(const char *dir)
+{
+  const char *out = getenv("KVDB_PCPR_CORPUS");
+  if (out == NULL || *out == 0)
+    return;
+  kvdb *db = open_db(dir, 0, 0, 0);
+  struct {
+    const kvdb_model *m;
+    uint32_t c, block;
+    const char *name;
+  } seeds[] = {{&M16, 2, 3, "int4_f16"}, {&M32, 0, 1, "frames_f32"},
+               {&M16, 7, 12, "keydiff50_int4_f16_tail"}};
+  for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+    uint32_t tok[N];
+    ctx_tokens(seeds[i].m, seeds[i].c, tok);
+    kvdb_key keys[64];
+    chain(seeds[i].m, tok, N, keys);
+    kv_block_rec br = block_rec(db, &keys[seeds[i].block]);
+    ASSERT(br.bflags & KV_BLK_PACKED);
+    char path[4200];
+    ASSERT_OK(kv_seg_path(db, br.segment, path, sizeof path));
+    int fd = open(path, O_RDONLY);
+    ASSERT(fd >= 0);
+    uint8_t *obj = malloc(br.bytes + 1);
+    ASSERT(obj != NULL);
+    ASSERT(pread(fd, obj + 1, br.bytes, (off_t)br.offset) == (ssize_t)br.bytes);
+    close(fd);
+    uint32_t meta = (uint32_t)obj[1 + 8] | (uint32_t)obj[1 + 9] << 8 | (uint32_t)obj[1 + 10] << 16 |
+                    (uint32_t)obj[1 + 11] << 24;
+    struct {
+      const char *suffix;
+      uint8_t flags;
+      int flip;
+      size_t len;
+    } v[] = {{"", 0, 0, br.bytes}, {"_data_flip", 0, 1, br.bytes},
+             {"_data_flip_repair", 7, 1, br.bytes}, {"_meta_only", 0, 0, meta}};
+    for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) {
+      obj[0] = v[j].flags;
+      size_t at = 1 + br.bytes - 90;
+      obj[at] ^= v[j].flip ? 0x10 : 0;
+      char fp[4400];
+      snprintf(fp, sizeof fp, "%s/pcpr_%s%s.bin", out, seeds[i].name, v[j].suffix);
+      FILE *f = fopen(fp, "wb");
+      ASSERT(f != NULL && fwrite(obj, 1, 1 + v[j].len, f) == 1 + v[j].len && fclose(f) == 0);
+      obj[at] ^= v[j].flip ? 0x10 : 0;
+    }
+    free(obj);
+  }
+  kvdb_close(db);
+}
+
 static void test_packed_compressed(void)
 {
   char *da = t_tmpdir("pcpr-a"), *db_dir = t_tmpdir("pcpr-b");
@@ -358,6 +413,7 @@ static void test_packed_compressed(void)
   ASSERT_EQ(rep.problems, 0);
   kvdb_close(a);
   kvdb_close(b);
+  write_corpus(da);
   /* a second process reads them (handles are not shared across fork: LMDB) */
   pid_t pid = fork();
   ASSERT(pid >= 0);
