@@ -240,7 +240,7 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
     rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
     goto out;
   }
-  cp.bytes += first;
+  cp.bytes += span;
   rc = kv_block_parse_header(cp.buf, first, &hdr);
   if (rc == KVDB_OK && hdr.obj.meta_bytes > first) {
     e = db->io->ops->pread(db->io, sf->f, cp.buf + first, hdr.obj.meta_bytes - first,
