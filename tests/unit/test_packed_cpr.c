@@ -22,6 +22,8 @@
 #include <unistd.h>
 
 #include "kvdb_test.h"
+#include "model/model.h"
+#include "ops/ops_int.h"
 #include "seg/seg.h"
 
 static const kvdb_model M16 = {"pcpr-f16", 5, 4, 16, KVDB_F16, 16, 0};
@@ -396,6 +398,49 @@ static void write_corpus(const char *dir)
   kvdb_close(db);
 }
 
+/* Remote-tier values (FORMAT.md §6) of every block of context c of model m in store a: made as
+ * the write-through makes them (the packed object as it is), then taken as a remote get takes
+ * them (checked, decoded, scattered): the rows equal b's kvdb_get of the context. */
+static void remote_values(kvdb *a, kvdb *b, const kvdb_model *m, uint32_t c)
+{
+  uint32_t tok[N];
+  ctx_tokens(m, c, tok);
+  kvdb_key keys[64];
+  chain(m, tok, N, keys);
+  uint8_t mh[16];
+  kv_model_hash(m, m->block_tokens, mh);
+  size_t tb = kvdb_model_token_bytes(m);
+  uint8_t *got = calloc(N, tb), *want = calloc(N, tb);
+  ASSERT(got != NULL && want != NULL);
+  kvdb_kv_view gv, wv;
+  ASSERT_OK(kvdb_kv_view_packed(&gv, got, m, N, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&wv, want, m, N, KVDB_LAYOUT_LKTHD));
+  size_t hit = 0;
+  ASSERT_OK(kvdb_get(b, m, tok, N, &wv, &hit));
+  ASSERT_EQ(hit, N);
+  const uint64_t ns = 0x7063707274657374ull;
+  for (uint32_t i = 0; i < 13; i++) {
+    uint8_t *v = NULL;
+    size_t len = 0;
+    ASSERT(block_rec(a, &keys[i]).bflags & KV_BLK_PACKED);
+    ASSERT_OK(kv_rtier_value_make(a, ns, keys[i].b, &v, &len));
+    uint32_t t0 = i * 16, nt = N - t0 < 16 ? N - t0 : 16;
+    const uint8_t *parent = i == 0 ? mh : keys[i - 1].b;
+    v[len - 10] ^= 1; /* a damaged object is refused (its rows may be written: taken again) */
+    ASSERT_EQ(kv_rtier_value_take(a, m, m->block_tokens, ns, v, len, mh, parent, keys[i].b,
+                                  tok + t0, nt, &gv, t0),
+              -1);
+    v[len - 10] ^= 1;
+    ASSERT_EQ(kv_rtier_value_take(a, m, m->block_tokens, ns, v, len, mh, parent, keys[i].b,
+                                  tok + t0, nt, &gv, t0),
+              0);
+    free(v);
+  }
+  ASSERT(memcmp(got, want, N * tb) == 0);
+  free(got);
+  free(want);
+}
+
 static void test_packed_compressed(void)
 {
   char *da = t_tmpdir("pcpr-a"), *db_dir = t_tmpdir("pcpr-b");
@@ -443,6 +488,8 @@ static void test_packed_compressed(void)
     ASSERT_EQ(in.state, KVDB_PREFETCH_DONE);
   }
   compare_all(a, b, &M16, "after a prefetch");
+  remote_values(a, b, &M16, 2); /* int4 */
+  remote_values(a, b, &M32, 0); /* lossless frames */
   kvdb_close(a);
   /* damage: a data byte (the last page's padded tail, then a section's byte) and a section
    * table byte of packed compressed objects */
