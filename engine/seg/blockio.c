@@ -234,13 +234,14 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
    * object's covering pages up to there, so that a small one arrives whole) */
   uint64_t body = kv_rec_body_bytes(g, rec); /* not its score region */
   uint64_t first = body < (64u << 10) ? body : (64u << 10);
-  uint64_t span = lead != 0 || kv_rec_packed(rec) ? KV_ALIGN_UP(lead + first, KV_PAGE) : first;
+  uint64_t span = kv_rec_packed(rec) ? KV_ALIGN_UP(lead + first, KV_PAGE) : first;
   int e = db->io->ops->pread(db->io, sf->f, rb->p, span, rec->offset - lead);
   if (e != 0) {
     rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
     goto out;
   }
   cp.bytes += span;
+  first = span - lead; /* the object's bytes that arrived (a packed one: to its page's end) */
   rc = kv_block_parse_header(cp.buf, first, &hdr);
   if (rc == KVDB_OK && hdr.obj.meta_bytes > first) {
     e = db->io->ops->pread(db->io, sf->f, cp.buf + first, hdr.obj.meta_bytes - first,

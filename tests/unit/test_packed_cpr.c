@@ -523,6 +523,34 @@ static void test_packed_compressed(void)
   compare_all(a, b, &M16, "on the SmartSSD tier");
   ASSERT_OK(kvdb_relocate(a, &M16, &keys[12], NULL, KVDB_TIER_SSD, NULL));
   compare_all(a, b, &M16, "moved back");
+  /* a packed compressed block's record at a wrong 64-byte offset: verify finds the block by
+   * its scan for headers at every 64 bytes, repair rewrites the record (still packed and
+   * compressed, its config kept) */
+  {
+    uint32_t t2[N];
+    ctx_tokens(&M16, 1, t2); /* int8 */
+    kvdb_key k2[64];
+    chain(&M16, t2, N, k2);
+    kv_txn *txn;
+    kv_block_rec wr;
+    ASSERT_OK(kv_txn_begin(&a->cat, 1, &txn));
+    ASSERT_OK(kv_cat_get_block(&a->cat, txn, k2[3].b, &wr));
+    uint64_t right = wr.offset;
+    uint32_t flags = wr.bflags;
+    wr.offset += 64;
+    ASSERT_OK(kv_cat_put_block(&a->cat, txn, k2[3].b, &wr));
+    ASSERT_OK(kv_txn_commit(txn));
+    g_problems = 0;
+    ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(a, on_problem, NULL, NULL, &rep));
+    ASSERT(g_problems >= 1);
+    kvdb_repair_report rr;
+    ASSERT_OK(kvdb_repair(a, 0, NULL, NULL, NULL, &rr));
+    ASSERT(rr.blocks_rebuilt >= 1);
+    kv_block_rec fixed = block_rec(a, &k2[3]);
+    ASSERT(fixed.offset == right && fixed.bflags == flags &&
+           fixed.bflags == (KV_BLK_PACKED | KV_BLK_COMPRESSED));
+    compare_all(a, b, &M16, "repaired");
+  }
   /* a raw context re-encoded to int4 (kvdb_recompress): packed, as an int4 put */
   tokens(777, tmp, N);
   kvdb_key kr = put_cfg(a, &M32, tmp, N, "raw");
