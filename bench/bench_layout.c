@@ -11,15 +11,18 @@
  * JSON: raw_bytes_vs_logical (f32, 16-token blocks: the issue's figure), and
  * layout_<f32|f16>_bt<16|256>_<config>_vs_logical for config raw, lossless, int8, int4, int2,
  * and layout_<...>_<config>_vs_raw (stored bytes over the raw context's stored bytes);
- * layout_<...>_raw_pages_vs_logical: raw in whole-page objects (packed_block_bytes = 1, the
- * layout before format 7) beside the packed default.
+ * layout_<...>_raw_pages_vs_logical and layout_<...>_<config>_pages_vs_logical: every config
+ * again in whole-page objects (packed_block_bytes = 1, the layout before formats 7 and 9)
+ * beside the packed default.
  *
- * layout_speed() (issue 16, packed objects): at f32 and 16-token blocks, the same contexts put
- * raw into two databases, packed (the default) and in whole pages; cold kvdb_get of all of
- * them (no DRAM tier), alternated, median of 5: layout_get_<packed|pages>_gbps (logical
- * bytes) and layout_get_packed_vs_pages; kvdb_get_tokens of 16 positions of one layer per
- * context: layout_tokens_<packed|pages>_bytes (bytes read per call, kvdb_stat) and
- * layout_tokens_<packed|pages>_us (median per call).
+ * layout_speed() (issue 16, packed objects): at f32 and 16-token blocks, for each config, the
+ * same contexts put into two databases, packed (the default: formats 4, 5) and in whole pages;
+ * cold kvdb_get of all of them (no DRAM tier), alternated, median of 5:
+ * layout_get_[<config>_]<packed|pages>_gbps (logical bytes; raw without the config in the
+ * name) and layout_get_[<config>_]packed_vs_pages; kvdb_get_tokens of 16 positions of one
+ * layer per context: layout_tokens_[<config>_]<packed|pages>_bytes (bytes read per call,
+ * kvdb_stat), layout_tokens_[<config>_]<packed|pages>_us (median per call) and
+ * layout_tokens_[<config>_]packed_vs_pages_time. Both databases must return the same bytes.
  *
  * bench_get_vs_read(): a cold get of a whole context through kvdb (no DRAM tier: every block
  * read from its segment file with O_DIRECT, decoded, scattered into the caller's buffer) in
