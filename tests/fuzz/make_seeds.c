@@ -177,8 +177,10 @@ static void block_seeds(void)
   put_file("block", "v4_paged_f16.bin", &f0, 1, b, g.total_bytes);
   free(b);
   b = make_block(2, 1, 16, KVDB_F16, 16, 5, &g);
-  b[4] = 5; /* format version 5: KVDB_VERSION */
+  b[4] = 5; /* format version 5 (packed compressed) with codec 0: KVDB_CORRUPT */
   put_file("block", "v5_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
+  b[4] = 6; /* format version 6: KVDB_VERSION */
+  put_file("block", "v6_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
   free(b);
   g_pack = 0;
   score_seeds();
