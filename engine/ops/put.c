@@ -429,11 +429,11 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   int raw = r->cfg.method == KVDB_METHOD_RAW && !r->objects;
   unsigned bits = r->m->score_bits;
   uint64_t biggest = 0, total = 0;
-  /* small raw blocks without score copies are packed (FORMAT.md §3e) on the SSD tier, and so
-   * are compressed ones (§3f) whose object turns out small enough */
+  /* small raw blocks without score copies are packed (FORMAT.md §3e) on the SSD tier (the
+   * SmartSSD's device reads raw page groups), and so are compressed ones (§3f) whose object
+   * turns out small enough, on either tier (the device never reads them) */
   int pack = raw && bits == 0 && w->tier == KVDB_TIER_SSD && db->opt.packed_block_bytes != 1;
-  int cpack = !raw && !r->objects && bits == 0 && w->tier == KVDB_TIER_SSD &&
-              db->opt.packed_block_bytes != 1;
+  int cpack = !raw && !r->objects && bits == 0 && db->opt.packed_block_bytes != 1;
   uint64_t pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
                                                      : KV_PACK_MAX_DEFAULT;
   for (uint32_t i = 0; i < r->n; i++) {

@@ -179,8 +179,11 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                            .model_hash = r->mh, .tokens = b->tokens,
                            .frame_bytes = db->opt.lossless_frame_bytes,
                            .rope = {r->m->rope_base, r->m->rope_style}};
-      /* packed (FORMAT.md §3f) as a put would: the SSD tier, no score copies */
-      if (w->tier == KVDB_TIER_SSD && r->m->score_bits == 0 && db->opt.packed_block_bytes != 1)
+      /* packed (FORMAT.md §3f) as a put would: no score copies; on either tier (the near-data
+       * device reads raw page groups and score copies only, never a compressed object), so
+       * that a placement's recompression to the SmartSSD tier stores the bytes its profile
+       * counted */
+      if (r->m->score_bits == 0 && db->opt.packed_block_bytes != 1)
         src.pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
                                                       : KV_PACK_MAX_DEFAULT;
       KV_ERR(kv_cblock_build(&src, &enc, obj, obj_cap, &b->obj_bytes));
