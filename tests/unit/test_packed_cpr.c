@@ -561,6 +561,15 @@ static void test_packed_compressed(void)
   ASSERT(block_rec(a, &kr).bflags == (KV_BLK_PACKED | KV_BLK_COMPRESSED));
   kvdb_key kb = put_cfg(b, &M32, tmp, N, "int4");
   same(read_all(a, &M32, tmp, N, &kr, 0), read_all(b, &M32, tmp, N, &kb, 0), "recompressed");
+  /* re-encoded onto the SmartSSD tier (a placement's recompress and move): packed there too */
+  tokens(778, tmp, N);
+  kr = put_cfg(a, &M32, tmp, N, "raw");
+  ASSERT_OK(kvdb_relocate(a, &M32, &kr, &to, KVDB_TIER_SMARTSSD, NULL));
+  br = block_rec(a, &kr);
+  ASSERT(br.tier == KVDB_TIER_SMARTSSD && br.bflags == (KV_BLK_PACKED | KV_BLK_COMPRESSED));
+  kb = put_cfg(b, &M32, tmp, N, "int4");
+  same(read_all(a, &M32, tmp, N, &kr, 0), read_all(b, &M32, tmp, N, &kb, 0),
+       "recompressed onto the SmartSSD tier");
   ASSERT_OK(kvdb_verify(a, NULL, NULL, NULL, &rep));
   ASSERT_EQ(rep.problems, 0);
   kvdb_close(a);
