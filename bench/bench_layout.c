@@ -11,15 +11,18 @@
  * JSON: raw_bytes_vs_logical (f32, 16-token blocks: the issue's figure), and
  * layout_<f32|f16>_bt<16|256>_<config>_vs_logical for config raw, lossless, int8, int4, int2,
  * and layout_<...>_<config>_vs_raw (stored bytes over the raw context's stored bytes);
- * layout_<...>_raw_pages_vs_logical: raw in whole-page objects (packed_block_bytes = 1, the
- * layout before format 7) beside the packed default.
+ * layout_<...>_raw_pages_vs_logical and layout_<...>_<config>_pages_vs_logical: every config
+ * again in whole-page objects (packed_block_bytes = 1, the layout before formats 7 and 9)
+ * beside the packed default.
  *
- * layout_speed() (issue 16, packed objects): at f32 and 16-token blocks, the same contexts put
- * raw into two databases, packed (the default) and in whole pages; cold kvdb_get of all of
- * them (no DRAM tier), alternated, median of 5: layout_get_<packed|pages>_gbps (logical
- * bytes) and layout_get_packed_vs_pages; kvdb_get_tokens of 16 positions of one layer per
- * context: layout_tokens_<packed|pages>_bytes (bytes read per call, kvdb_stat) and
- * layout_tokens_<packed|pages>_us (median per call).
+ * layout_speed() (issue 16, packed objects): at f32 and 16-token blocks, for each config, the
+ * same contexts put into two databases, packed (the default: formats 4, 5) and in whole pages;
+ * cold kvdb_get of all of them (no DRAM tier), alternated, median of 5:
+ * layout_get_[<config>_]<packed|pages>_gbps (logical bytes; raw without the config in the
+ * name) and layout_get_[<config>_]packed_vs_pages; kvdb_get_tokens of 16 positions of one
+ * layer per context: layout_tokens_[<config>_]<packed|pages>_bytes (bytes read per call,
+ * kvdb_stat), layout_tokens_[<config>_]<packed|pages>_us (median per call) and
+ * layout_tokens_[<config>_]packed_vs_pages_time. Both databases must return the same bytes.
  *
  * bench_get_vs_read(): a cold get of a whole context through kvdb (no DRAM tier: every block
  * read from its segment file with O_DIRECT, decoded, scattered into the caller's buffer) in
@@ -69,11 +72,15 @@ static void fill_ctx(const bench_kvset *s, uint32_t c, kvdb_dtype dt, void *out)
         }
 }
 
-/* A fresh database at dir with raw contexts 0..n_ctx-1 of s (tokens 9000000 + 1000 c + t),
- * packed or in whole pages; NULL logged on failure. */
+/* A fresh database at dir with contexts 0..n_ctx-1 of s (tokens 9000000 + 1000 c + t) stored
+ * in config cfg, packed or in whole pages; NULL logged on failure. */
 static kvdb *speed_db(const char *dir, const bench_kvset *s, const kvdb_model *m, uint32_t n_ctx,
-                      int pages, void *buf, uint32_t *tok)
+                      int pages, const char *cfg, void *buf, uint32_t *tok)
 {
+  kvdb_put_opts po;
+  kvdb_put_opts_init(&po);
+  if (kvdb_config_parse(cfg, &po.config) != KVDB_OK)
+    return NULL;
   kvdb_options opt;
   kvdb_options_init(&opt);
   opt.dram_bytes = 0;
@@ -89,7 +96,7 @@ static kvdb *speed_db(const char *dir, const bench_kvset *s, const kvdb_model *m
       tok[t] = 9000000u + 1000u * c + t;
     kvdb_kv_view v;
     if (kvdb_kv_view_packed(&v, buf, m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
-        kvdb_put(db, m, tok, s->n_tokens, &v, NULL) != KVDB_OK)
+        kvdb_put_ex(db, m, tok, s->n_tokens, &v, &po, NULL) != KVDB_OK)
       goto fail;
   }
   kvdb_close(db); /* reopened cold by the caller */
@@ -103,24 +110,27 @@ fail:
 
 static int cmp_u64(const void *a, const void *b);
 
-/* Get and get_tokens speed, packed objects against whole pages (see the head comment). */
+/* Get and get_tokens speed of contexts stored in cfg, packed objects against whole pages (see
+ * the head comment). */
 static int layout_speed(const bench_env *env, bench_json *j, const bench_kvset *s,
-                        const kvdb_model *m, uint32_t n_ctx)
+                        const kvdb_model *m, uint32_t n_ctx, const char *cfg)
 {
   FILE *o = env->out;
   enum { REPS = 5, NPOS = 16 };
   size_t tb = kvdb_model_token_bytes(m), logical = (size_t)n_ctx * s->n_tokens * tb;
   void *buf = malloc((size_t)s->n_tokens * tb), *out = malloc((size_t)s->n_tokens * tb);
-  void *tout = malloc(NPOS * tb);
+  void *tout = malloc(NPOS * tb), *first = malloc((size_t)s->n_tokens * tb);
+  void *tfirst = malloc(NPOS * tb);
   uint32_t *tok = malloc(s->n_tokens * sizeof *tok);
   kvdb *db[2] = {NULL, NULL};
   char dir[2][4200];
-  int rc = -1;
-  if (buf == NULL || out == NULL || tok == NULL || tout == NULL)
+  int rc = -1, exact = strcmp(cfg, "raw") == 0 || strcmp(cfg, "lossless") == 0;
+  if (buf == NULL || out == NULL || tok == NULL || tout == NULL || first == NULL ||
+      tfirst == NULL)
     goto out;
   for (int k = 0; k < 2; k++) {
-    snprintf(dir[k], sizeof dir[k], "%s/layout-speed-%d", env->dir, k);
-    if ((db[k] = speed_db(dir[k], s, m, n_ctx, k, buf, tok)) == NULL)
+    snprintf(dir[k], sizeof dir[k], "%s/layout-speed-%s-%d", env->dir, cfg, k);
+    if ((db[k] = speed_db(dir[k], s, m, n_ctx, k, cfg, buf, tok)) == NULL)
       goto out;
   }
   uint64_t gns[2][REPS], tns[2][REPS], tbytes[2] = {0, 0};
@@ -140,10 +150,16 @@ static int layout_speed(const bench_env *env, bench_json *j, const bench_kvset *
           bench_log("layout speed: get: %s", kvdb_errmsg());
           goto out;
         }
-        if (r == 0 && c == 0) { /* what was put comes back */
+        if (r == 0 && c == 0) { /* what was put comes back (lossy: the same from both) */
           fill_ctx(s, c, m->dtype, buf);
-          if (memcmp(buf, out, (size_t)s->n_tokens * tb) != 0) {
-            bench_log("layout speed: the get is not the KV put");
+          if (exact && memcmp(buf, out, (size_t)s->n_tokens * tb) != 0) {
+            bench_log("layout speed: the %s get is not the KV put", cfg);
+            goto out;
+          }
+          if (k == 0)
+            memcpy(first, out, (size_t)s->n_tokens * tb);
+          else if (memcmp(first, out, (size_t)s->n_tokens * tb) != 0) {
+            bench_log("layout speed: %s: packed and whole-page gets differ", cfg);
             goto out;
           }
         }
@@ -165,6 +181,14 @@ static int layout_speed(const bench_env *env, bench_json *j, const bench_kvset *
           bench_log("layout speed: get_tokens: %s", kvdb_errmsg());
           goto out;
         }
+        if (r == 0 && c == 0) {
+          if (k == 0)
+            memcpy(tfirst, tout, NPOS * tb);
+          else if (memcmp(tfirst, tout, NPOS * tb) != 0) {
+            bench_log("layout speed: %s: packed and whole-page get_tokens differ", cfg);
+            goto out;
+          }
+        }
       }
       tns[k][r] = (bench_now_ns() - t0) / n_ctx;
       if (kvdb_stat(db[k], &s1) != KVDB_OK)
@@ -172,28 +196,34 @@ static int layout_speed(const bench_env *env, bench_json *j, const bench_kvset *
       tbytes[k] = (s1.bytes_read - s0.bytes_read) / n_ctx;
     }
   static const char *const NM[2] = {"packed", "pages"};
-  double g[2];
-  fprintf(o, "  get at f32, 16-token blocks (%u contexts, %.1f MB logical, cold, no DRAM tier; "
-             "median of %d, alternated):\n",
-          n_ctx, (double)logical / 1e6, REPS);
+  double g[2], tu[2];
+  /* raw keeps the names it had (layout_get_packed_gbps, ...); other configs add theirs */
+  char pre[64];
+  snprintf(pre, sizeof pre, "%s%s", exact && cfg[0] == 'r' ? "" : cfg,
+           exact && cfg[0] == 'r' ? "" : "_");
   for (int k = 0; k < 2; k++) {
     qsort(gns[k], REPS, sizeof gns[k][0], cmp_u64);
     qsort(tns[k], REPS, sizeof tns[k][0], cmp_u64);
     g[k] = bench_gbps(logical, gns[k][REPS / 2]);
-    fprintf(o, "    %-6s get %.3f GB/s logical; get_tokens of %d positions of one layer: %llu "
-               "bytes read, %.1f us per context\n",
-            NM[k], g[k], NPOS, (unsigned long long)tbytes[k], (double)tns[k][REPS / 2] / 1e3);
-    char key[96];
-    snprintf(key, sizeof key, "layout_get_%s_gbps", NM[k]);
+    tu[k] = (double)tns[k][REPS / 2] / 1e3;
+    fprintf(o, "    %-8s %-6s get %.3f GB/s logical; get_tokens of %d positions of one layer: "
+               "%llu bytes read, %.1f us per context\n",
+            cfg, NM[k], g[k], NPOS, (unsigned long long)tbytes[k], tu[k]);
+    char key[128];
+    snprintf(key, sizeof key, "layout_get_%s%s_gbps", pre, NM[k]);
     bench_json_num(j, key, g[k]);
-    snprintf(key, sizeof key, "layout_tokens_%s_bytes", NM[k]);
+    snprintf(key, sizeof key, "layout_tokens_%s%s_bytes", pre, NM[k]);
     bench_json_num(j, key, (double)tbytes[k]);
-    snprintf(key, sizeof key, "layout_tokens_%s_us", NM[k]);
-    bench_json_num(j, key, (double)tns[k][REPS / 2] / 1e3);
+    snprintf(key, sizeof key, "layout_tokens_%s%s_us", pre, NM[k]);
+    bench_json_num(j, key, tu[k]);
   }
-  fprintf(o, "    packed / pages: get %.3fx, get_tokens bytes %.3fx\n", g[0] / g[1],
-          (double)tbytes[0] / (double)tbytes[1]);
-  bench_json_num(j, "layout_get_packed_vs_pages", g[0] / g[1]);
+  fprintf(o, "    %-8s packed / pages: get %.3fx, get_tokens time %.3fx, bytes %.3fx\n", cfg,
+          g[0] / g[1], tu[0] / tu[1], (double)tbytes[0] / (double)tbytes[1]);
+  char key[128];
+  snprintf(key, sizeof key, "layout_get_%spacked_vs_pages", pre);
+  bench_json_num(j, key, g[0] / g[1]);
+  snprintf(key, sizeof key, "layout_tokens_%spacked_vs_pages_time", pre);
+  bench_json_num(j, key, tu[0] / tu[1]);
   rc = 0;
 out:
   for (int k = 0; k < 2; k++) {
@@ -204,6 +234,8 @@ out:
   free(buf);
   free(out);
   free(tout);
+  free(first);
+  free(tfirst);
   free(tok);
   return rc;
 }
@@ -222,8 +254,7 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
   fprintf(o, "  %-10s %6s", "storage", "block");
   for (int c = 0; c < BL_CONFIGS; c++)
     fprintf(o, " %10s", BL_CFG[c]);
-  fprintf(o, " %10s   (stored / logical; raw(pages): whole-page objects, the layout before "
-             "format 7)\n", "raw(pages)");
+  fprintf(o, "   (stored / logical; each row packed, then in whole-page objects)\n");
   for (int di = 0; di < 2; di++)
     for (int bi = 0; bi < 2; bi++) {
       kvdb_model m = {"bench-layout-stories260K", s->n_layers, s->n_kv_heads, s->head_dim,
@@ -267,44 +298,57 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
         }
         ratio[ci] = (double)stored / ((double)n_ctx * s->n_tokens * tb);
       }
-      /* raw again in whole-page objects (packed_block_bytes = 1) */
-      double pages = 0;
+      /* every config again in whole-page objects (packed_block_bytes = 1: the layout of
+       * formats 1-3, before packed raw (format 7) and compressed (format 9) objects) */
+      double pages[BL_CONFIGS];
       {
         char pdir[4300];
         snprintf(pdir, sizeof pdir, "%s-pages", dir);
         kvdb_options popt = opt;
         popt.packed_block_bytes = 1;
         kvdb *pdb = NULL;
-        uint64_t stored = 0;
         if (kvdb_open(pdir, &popt, &pdb) != KVDB_OK)
           goto fail;
-        for (uint32_t c = 0; c < n_ctx; c++) {
-          fill_ctx(s, c, DT[di], buf);
-          for (uint32_t t = 0; t < s->n_tokens; t++)
-            tok[t] = 1000u * c + t;
-          kvdb_kv_view v;
-          kvdb_put_info info;
-          kvdb_context_info ci_;
-          if (kvdb_kv_view_packed(&v, buf, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
-              kvdb_put_ex(pdb, &m, tok, s->n_tokens, &v, NULL, &info) != KVDB_OK ||
-              kvdb_context_stat(pdb, &info.context, &ci_) != KVDB_OK) {
-            kvdb_close(pdb);
-            goto fail;
+        for (int ci = 0; ci < BL_CONFIGS; ci++) {
+          kvdb_put_opts po;
+          kvdb_put_opts_init(&po);
+          uint64_t stored = 0;
+          for (uint32_t c = 0; c < n_ctx; c++) {
+            fill_ctx(s, c, DT[di], buf);
+            for (uint32_t t = 0; t < s->n_tokens; t++)
+              tok[t] = 1000000u * (uint32_t)(ci + 1) + 1000u * c + t;
+            kvdb_kv_view v;
+            kvdb_put_info info;
+            kvdb_context_info ci_;
+            if (kvdb_config_parse(BL_CFG[ci], &po.config) != KVDB_OK ||
+                kvdb_kv_view_packed(&v, buf, &m, s->n_tokens, KVDB_LAYOUT_LKTHD) != KVDB_OK ||
+                kvdb_put_ex(pdb, &m, tok, s->n_tokens, &v, &po, &info) != KVDB_OK ||
+                kvdb_context_stat(pdb, &info.context, &ci_) != KVDB_OK) {
+              kvdb_close(pdb);
+              goto fail;
+            }
+            stored += ci_.bytes;
           }
-          stored += ci_.bytes;
+          pages[ci] = (double)stored / ((double)n_ctx * s->n_tokens * tb);
         }
         kvdb_close(pdb);
         if (!env->keep)
           bench_rmtree(pdir);
-        pages = (double)stored / ((double)n_ctx * s->n_tokens * tb);
       }
-      fprintf(o, "  %-10s %6u", DT[di] == KVDB_F32 ? "f32" : "f16", BT[bi]);
-      for (int ci = 0; ci < BL_CONFIGS; ci++)
-        fprintf(o, " %10.4f", ratio[ci]);
-      fprintf(o, " %10.4f\n", pages);
+      for (int row = 0; row < 2; row++) {
+        fprintf(o, "  %-10s %6u", DT[di] == KVDB_F32 ? "f32" : "f16", BT[bi]);
+        for (int ci = 0; ci < BL_CONFIGS; ci++)
+          fprintf(o, " %10.4f", row == 0 ? ratio[ci] : pages[ci]);
+        fprintf(o, "   %s\n", row == 0 ? "packed (default)" : "whole pages (packed_block_bytes 1)");
+      }
       snprintf(k, sizeof k, "layout_%s_bt%u_raw_pages_vs_logical", DT[di] == KVDB_F32 ? "f32" : "f16",
                BT[bi]);
-      bench_json_num(j, k, pages);
+      bench_json_num(j, k, pages[0]);
+      for (int ci = 1; ci < BL_CONFIGS; ci++) {
+        snprintf(k, sizeof k, "layout_%s_bt%u_%s_pages_vs_logical",
+                 DT[di] == KVDB_F32 ? "f32" : "f16", BT[bi], BL_CFG[ci]);
+        bench_json_num(j, k, pages[ci]);
+      }
       for (int ci = 0; ci < BL_CONFIGS; ci++) {
         snprintf(k, sizeof k, "layout_%s_bt%u_%s_vs_logical", DT[di] == KVDB_F32 ? "f32" : "f16",
                  BT[bi], BL_CFG[ci]);
@@ -329,7 +373,13 @@ int bench_layout_set(const bench_env *env, bench_json *j, const bench_kvset *s)
       return -1;
     }
   kvdb_model sm = {"bench-layout-speed", s->n_layers, s->n_kv_heads, s->head_dim, KVDB_F32, 16, 0};
-  return layout_speed(env, j, s, &sm, n_ctx);
+  fprintf(o, "  get at f32, 16-token blocks (%u contexts, %.1f MB logical, cold, no DRAM tier; "
+             "median of 5, alternated; packed objects (formats 4, 5) against whole pages):\n",
+          n_ctx, (double)n_ctx * s->n_tokens * kvdb_model_token_bytes(&sm) / 1e6);
+  for (int ci = 0; ci < BL_CONFIGS; ci++)
+    if (layout_speed(env, j, s, &sm, n_ctx, BL_CFG[ci]) != 0)
+      return -1;
+  return 0;
 }
 
 /* `kvdb-bench layout`: the bytes table and the packed-vs-pages speeds alone (stories260K; the

@@ -317,6 +317,8 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
   uint32_t want_codec = version == 1 || version == KV_BLOCK_VERSION_PACKED ? KV_CODEC_RAW
                         : version == 2 ? KV_CODEC_SECTIONS
                                        : KV_CODEC_FRAMES;
+  if (version == KV_BLOCK_VERSION_PCPR) /* packed compressed: sections or frames */
+    want_codec = out->codec == KV_CODEC_FRAMES ? KV_CODEC_FRAMES : KV_CODEC_SECTIONS;
   if (out->codec != want_codec)
     return kv_fail(KVDB_CORRUPT, "block format %u with codec %u", version, out->codec);
   memcpy(out->block_hash, buf + OFF_HASH, 16);
@@ -344,13 +346,24 @@ kvdb_status kv_block_parse_header(const uint8_t *buf, size_t len, kv_block_hdr *
     out->obj = (kv_block_geom_obj){g->meta_bytes, g->data_bytes, g->total_bytes};
     return parse_score(buf, out);
   }
-  /* formats 2 and 3: the data region holds data_pages pages of encoded sections or frames */
+  /* formats 2 and 3: the data region holds data_pages pages of encoded sections or frames;
+   * format 5 (packed): data_bytes (a multiple of 64) in data_pages checksummed pages */
   uint32_t pages = kv_get_le32(buf + OFF_NG);
   uint64_t max_pages = 2 * (g->data_bytes / KV_PAGE) + g->n_sections + 1;
   if (kv_get_le32(buf + OFF_GT) != 0 || pages == 0 || pages > max_pages)
     return kv_fail(KVDB_CORRUPT, "compressed block header claims %u data pages (at most %llu)",
                    pages, (unsigned long long)max_pages);
-  kv_cblock_layout_init(g, (uint64_t)pages * KV_PAGE, &out->cl);
+  if (version == KV_BLOCK_VERSION_PCPR) {
+    uint64_t db = kv_get_le64(buf + OFF_DATA);
+    if (flags & KV_BLOCK_F_SCORE)
+      return kv_fail(KVDB_CORRUPT, "packed block object announces a score region");
+    if (db == 0 || db % KV_BLOCK_PACK_ALIGN != 0 || (db + KV_PAGE - 1) / KV_PAGE != pages)
+      return kv_fail(KVDB_CORRUPT, "packed compressed block header: %llu data bytes in %u pages",
+                     (unsigned long long)db, pages);
+    kv_cblock_layout_init_packed(g, db, &out->cl);
+  } else {
+    kv_cblock_layout_init(g, (uint64_t)pages * KV_PAGE, &out->cl);
+  }
   if (kv_get_le32(buf + OFF_META) != out->cl.meta_bytes ||
       kv_get_le64(buf + OFF_DATA) != out->cl.data_bytes)
     return kv_fail(KVDB_CORRUPT, "compressed block header sizes do not match its page count");
@@ -369,14 +382,18 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
     uint64_t at = l->meta_bytes, end = l->meta_bytes + l->data_bytes, prev_off = 0;
     uint32_t prev_len = 0, prev_idx = 0;
     for (uint32_t s = 0; s < g->n_sections; s++) {
-      const uint8_t *ent = meta + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
-      uint64_t off = kv_get_le64(ent);
-      uint32_t len = kv_get_le32(ent + 8);
+      const uint8_t *ent = meta + l->sectab_off + l->entry * s;
+      uint64_t off;
+      uint32_t len;
+      kv_cblock_section(h, meta, s, &off, &len);
+      /* format 5 entries: codec at 8, reserved 9, frame index 10; formats 2-3: 12, 15, 13 */
+      uint8_t codec = kv_cblock_codec(h, meta, s);
+      int rsv0 = l->packed ? ent[9] == 0 : ent[15] == 0 && kv_get_le64(ent + 16) == 0;
       if (KV_HDR_FRAMES(h)) {
         /* format 3: a frame's first section starts where the previous frame ends; the others
          * repeat its offset and length with the next index */
-        uint32_t idx = kv_get_le16(ent + 13);
-        int ok = ent[12] == KV_SECT_FRAME && ent[15] == 0 && kv_get_le64(ent + 16) == 0;
+        uint32_t idx = kv_cblock_frame_index(h, meta, s);
+        int ok = codec == KV_SECT_FRAME && rsv0;
         if (idx == 0)
           ok = ok && off == at && len >= 24 && off + len <= end;
         else
@@ -391,14 +408,16 @@ kvdb_status kv_block_verify_meta(const kv_block_hdr *h, const uint8_t *meta)
         at = off + len;
         continue;
       }
-      if (off != at || len < 32 || off + len > end || ent[12] == 0 || ent[13] || ent[14] ||
-          ent[15] || kv_get_le64(ent + 16) != 0)
+      int rsv = l->packed ? rsv0 && kv_get_le16(ent + 10) == 0
+                          : rsv0 && ent[13] == 0 && ent[14] == 0;
+      if (off != at || len < 32 || off + len > end || codec == 0 || !rsv)
         return kv_fail(KVDB_CORRUPT, "section table entry %u (offset %llu, length %u) is not the "
                                      "next section of the data region",
                        s, (unsigned long long)off, len);
       at = off + len;
     }
-    if (end - at >= KV_PAGE) /* data_bytes is the sections rounded up to a page */
+    /* data_bytes is the sections rounded up to a page (format 5: to 64 bytes) */
+    if (end - at >= (l->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE))
       return kv_fail(KVDB_CORRUPT, "compressed block has %llu unused data bytes",
                      (unsigned long long)(end - at));
     return KVDB_OK;
@@ -433,13 +452,64 @@ void kv_cblock_layout_init(const kv_block_geom *g, uint64_t sections_bytes, kv_c
   l->meta_bytes = KV_ALIGN_UP(l->pcks_end, KV_PAGE);
   l->data_bytes = (uint64_t)l->data_pages * KV_PAGE;
   l->total_bytes = l->meta_bytes + l->data_bytes;
+  l->packed = 0;
+  l->entry = KV_BLOCK_SECT_ENTRY;
+}
+
+void kv_cblock_layout_init_packed(const kv_block_geom *g, uint64_t sections_bytes,
+                                  kv_cblock_layout *l)
+{
+  l->sectab_off = g->tokens_off + KV_ALIGN_UP(4u * g->n_tokens, 8u);
+  l->pcks_off = l->sectab_off + KV_BLOCK_SECT_ENTRY_PCPR * g->n_sections;
+  l->data_bytes = KV_ALIGN_UP(sections_bytes, (uint64_t)KV_BLOCK_PACK_ALIGN);
+  l->data_pages = (uint32_t)((l->data_bytes + KV_PAGE - 1) / KV_PAGE);
+  l->pcks_end = l->pcks_off + 8u * l->data_pages;
+  l->meta_bytes = KV_ALIGN_UP(l->pcks_end, KV_BLOCK_PACK_ALIGN);
+  l->total_bytes = l->meta_bytes + l->data_bytes;
+  l->packed = 1;
+  l->entry = KV_BLOCK_SECT_ENTRY_PCPR;
+}
+
+/* Section s's table entry: offset, length, codec id, frame index (format 5's 12-byte form or
+ * formats 2-3's 24-byte one). */
+static void put_entry(const kv_cblock_layout *l, uint8_t *buf, uint32_t s, uint64_t off,
+                      uint32_t len, uint8_t codec, uint16_t idx)
+{
+  uint8_t *ent = buf + l->sectab_off + l->entry * s;
+  if (l->packed) {
+    kv_put_le32(ent, (uint32_t)off);
+    kv_put_le32(ent + 4, len);
+    ent[8] = codec;
+    kv_put_le16(ent + 10, idx);
+    return;
+  }
+  kv_put_le64(ent, off);
+  kv_put_le32(ent + 8, len);
+  ent[12] = codec;
+  if (idx != 0)
+    kv_put_le16(ent + 13, idx);
+}
+
+/* The page checksums of a sealed compressed object's data region, then the meta and header
+ * checksums. */
+static void seal_cblock_sums(const kv_block_geom *g, const kv_cblock_layout *l,
+                             const uint8_t block_hash[16], uint8_t *buf)
+{
+  kv_block_hdr h;
+  memcpy(h.block_hash, block_hash, 16);
+  h.cl = *l;
+  for (uint32_t p = 0; p < l->data_pages; p++)
+    kv_put_le64(buf + l->pcks_off + 8u * p,
+                kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
+  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
+  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
 }
 
 uint64_t kv_cblock_page_checksum(const kv_block_hdr *h, uint32_t p, const uint8_t *page)
 {
   /* the (0xffffffff << 32) half keeps these seeds apart from format 1's (section, group) */
-  return xxh64_seed(page, KV_PAGE,
-                              kv_get_le64(h->block_hash) ^ ((0xffffffffull << 32) | p));
+  return xxh64_seed(page, kv_cblock_page_len(&h->cl, p),
+                    kv_get_le64(h->block_hash) ^ ((0xffffffffull << 32) | p));
 }
 
 void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uint32_t *sect_len,
@@ -448,23 +518,14 @@ void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uin
                     const uint32_t *tokens, uint8_t *buf)
 {
   memset(buf, 0, l->meta_bytes);
-  put_fixed(buf, g, 2, KV_CODEC_SECTIONS, l->meta_bytes, 0, l->data_pages, l->data_bytes,
-            block_hash, parent_hash, model_hash, tokens);
+  put_fixed(buf, g, l->packed ? KV_BLOCK_VERSION_PCPR : 2, KV_CODEC_SECTIONS, l->meta_bytes, 0,
+            l->data_pages, l->data_bytes, block_hash, parent_hash, model_hash, tokens);
   uint64_t at = l->meta_bytes;
   for (uint32_t s = 0; s < g->n_sections; s++) {
-    uint8_t *ent = buf + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
-    kv_put_le64(ent, at);
-    kv_put_le32(ent + 8, sect_len[s]);
-    ent[12] = sect_codec[s];
+    put_entry(l, buf, s, at, sect_len[s], sect_codec[s], 0);
     at += sect_len[s];
   }
-  kv_block_hdr h;
-  memcpy(h.block_hash, block_hash, 16);
-  for (uint32_t p = 0; p < l->data_pages; p++)
-    kv_put_le64(buf + l->pcks_off + 8u * p,
-                kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
-  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
-  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
+  seal_cblock_sums(g, l, block_hash, buf);
 }
 
 void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, uint32_t n_frames,
@@ -473,39 +534,40 @@ void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, ui
                            const uint8_t model_hash[16], const uint32_t *tokens, uint8_t *buf)
 {
   memset(buf, 0, l->meta_bytes);
-  put_fixed(buf, g, 3, KV_CODEC_FRAMES, l->meta_bytes, 0, l->data_pages, l->data_bytes,
-            block_hash, parent_hash, model_hash, tokens);
+  put_fixed(buf, g, l->packed ? KV_BLOCK_VERSION_PCPR : 3, KV_CODEC_FRAMES, l->meta_bytes, 0,
+            l->data_pages, l->data_bytes, block_hash, parent_hash, model_hash, tokens);
   uint64_t at = l->meta_bytes;
   for (uint32_t f = 0; f < n_frames; f++) {
-    for (uint32_t s = frame_first[f]; s < frame_first[f + 1]; s++) {
-      uint8_t *ent = buf + l->sectab_off + KV_BLOCK_SECT_ENTRY * s;
-      kv_put_le64(ent, at);
-      kv_put_le32(ent + 8, frame_len[f]);
-      ent[12] = KV_SECT_FRAME;
-      kv_put_le16(ent + 13, (uint16_t)(s - frame_first[f]));
-    }
+    for (uint32_t s = frame_first[f]; s < frame_first[f + 1]; s++)
+      put_entry(l, buf, s, at, frame_len[f], KV_SECT_FRAME, (uint16_t)(s - frame_first[f]));
     at += frame_len[f];
   }
-  kv_block_hdr h;
-  memcpy(h.block_hash, block_hash, 16);
-  for (uint32_t p = 0; p < l->data_pages; p++)
-    kv_put_le64(buf + l->pcks_off + 8u * p,
-                kv_cblock_page_checksum(&h, p, buf + l->meta_bytes + (uint64_t)p * KV_PAGE));
-  kv_put_le64(buf + OFF_METACK, xxh64(buf + g->tokens_off, l->pcks_end - g->tokens_off));
-  kv_put_le64(buf + OFF_HDRCK, xxh64(buf, OFF_HDRCK));
+  seal_cblock_sums(g, l, block_hash, buf);
 }
 
 uint32_t kv_cblock_frame_index(const kv_block_hdr *h, const uint8_t *meta, uint32_t s)
 {
   if (!KV_HDR_FRAMES(h))
     return 0;
-  return kv_get_le16(meta + h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 13);
+  const uint8_t *ent = meta + h->cl.sectab_off + h->cl.entry * s;
+  return kv_get_le16(ent + (h->cl.packed ? 10 : 13));
+}
+
+uint8_t kv_cblock_codec(const kv_block_hdr *h, const uint8_t *meta, uint32_t s)
+{
+  const uint8_t *ent = meta + h->cl.sectab_off + h->cl.entry * s;
+  return ent[h->cl.packed ? 8 : 12];
 }
 
 void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,
                        uint32_t *len)
 {
-  const uint8_t *ent = meta + h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s;
+  const uint8_t *ent = meta + h->cl.sectab_off + h->cl.entry * s;
+  if (h->cl.packed) {
+    *off = kv_get_le32(ent);
+    *len = kv_get_le32(ent + 4);
+    return;
+  }
   *off = kv_get_le64(ent);
   *len = kv_get_le32(ent + 8);
 }

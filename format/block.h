@@ -27,10 +27,15 @@
 
 #define KV_BLOCK_MAGIC 0xB10CDB4Bu /* bytes 4B DB 0C B1: not ASCII, no trivial pattern */
 #define KV_BLOCK_VERSION 1u      /* raw, page-grouped sections */
-#define KV_BLOCK_VERSION_MAX 4u  /* 2: compressed sections (codec KV_CODEC_SECTIONS);
+#define KV_BLOCK_VERSION_MAX 5u  /* 2: compressed sections (codec KV_CODEC_SECTIONS);
                                     3: lossless frames (codec KV_CODEC_FRAMES);
-                                    4: packed raw (codec KV_CODEC_RAW), FORMAT.md §3e */
+                                    4: packed raw (codec KV_CODEC_RAW), FORMAT.md §3e;
+                                    5: packed compressed (codec KV_CODEC_SECTIONS or
+                                       KV_CODEC_FRAMES), FORMAT.md §3f */
 #define KV_BLOCK_VERSION_PACKED 4u
+#define KV_BLOCK_VERSION_PCPR 5u /* a packed compressed object (sections or frames) */
+#define KV_BLOCK_SECT_ENTRY_PCPR 12u /* its section table entry: offset u32, length u32, codec
+                                        u8, reserved u8, frame index u16 */
 #define KV_BLOCK_PACK_ALIGN 64u  /* a packed object's start, meta and data sizes */
 #define KV_BLOCK_HDR_BYTES 128u
 #define KV_BLOCK_SECT_ENTRY 24u
@@ -74,8 +79,12 @@ typedef struct kv_block_geom_obj {
 typedef struct kv_cblock_layout {
   uint32_t sectab_off, pcks_off, pcks_end; /* inside the meta region */
   uint32_t meta_bytes;
-  uint32_t data_pages;
+  uint32_t data_pages;    /* checksummed data pages (format 5: the last may be partial) */
   uint64_t data_bytes, total_bytes;
+  uint32_t packed;        /* 1: block format 5 (FORMAT.md §3f): 12-byte section table
+                             entries, meta and data regions padded to 64 bytes, not 4096; the
+                             last data page's checksum covers only its bytes */
+  uint32_t entry;         /* bytes of a section table entry (24, or 12 when packed) */
 } kv_cblock_layout;
 
 /* The fixed header, decoded. */
@@ -97,10 +106,13 @@ typedef struct kv_block_hdr {
   uint64_t score_off, score_bytes;
 } kv_block_hdr;
 
-/* What a parsed header's object holds: compressed sections or frames (formats 2 and 3), or
- * lossless frames (format 3); raw objects are formats 1 and 4 (packed). */
+/* What a parsed header's object holds: compressed sections or frames (formats 2, 3 and 5), or
+ * lossless frames (format 3, or 5 with codec 2); raw objects are formats 1 and 4 (packed).
+ * KV_HDR_PACKED: a packed object (format 4 or 5) that lies at a 64-byte offset. */
 #define KV_HDR_CPR(h) ((h)->codec != KV_CODEC_RAW)
 #define KV_HDR_FRAMES(h) ((h)->codec == KV_CODEC_FRAMES)
+#define KV_HDR_PACKED(h)                                                                     \
+  ((h)->version == KV_BLOCK_VERSION_PACKED || (h)->version == KV_BLOCK_VERSION_PCPR)
 
 /* Header flags (byte 6). Bit 0: the object ends with a score region (FORMAT.md §3c). */
 #define KV_BLOCK_F_SCORE 1u
@@ -209,12 +221,17 @@ kvdb_status kv_block_verify_data(const kv_block_hdr *h, const uint8_t *buf, uint
 
 /* The layout of a compressed block of geometry g whose encoded sections take sections_bytes. */
 void kv_cblock_layout_init(const kv_block_geom *g, uint64_t sections_bytes, kv_cblock_layout *l);
+/* The same as a packed compressed object (block format 5, FORMAT.md §3f): 12-byte section table
+ * entries, the meta region padded to 64 bytes, the data region sections_bytes padded to 64. */
+void kv_cblock_layout_init_packed(const kv_block_geom *g, uint64_t sections_bytes,
+                                  kv_cblock_layout *l);
 
 /*
  * kv_cblock_seal() - finish a compressed block object in `buf` (l->total_bytes): the encoded
  * sections are in place back to back from l->meta_bytes with sect_len[s] bytes each, the rest
- * of the data region is zero. Writes the header (version 2, codec KV_CODEC_SECTIONS), tokens,
- * section table (sect_codec[s] = the section's codec id) and every page checksum.
+ * of the data region is zero. Writes the header (version 2, codec KV_CODEC_SECTIONS; version 5
+ * for a packed layout), tokens, section table (sect_codec[s] = the section's codec id) and
+ * every page checksum.
  */
 void kv_cblock_seal(const kv_block_geom *g, const kv_cblock_layout *l, const uint32_t *sect_len,
                     const uint8_t *sect_codec, const uint8_t block_hash[16],
@@ -232,15 +249,25 @@ void kv_cblock_seal_frames(const kv_block_geom *g, const kv_cblock_layout *l, ui
                            const uint32_t *frame_first, const uint32_t *frame_len,
                            const uint8_t block_hash[16], const uint8_t parent_hash[16],
                            const uint8_t model_hash[16], const uint32_t *tokens, uint8_t *buf);
-/* Index of section s in its frame (format 3; 0 for format 2). */
+/* Index of section s in its frame (format 3, or 5 of frames; 0 for sections). */
 uint32_t kv_cblock_frame_index(const kv_block_hdr *h, const uint8_t *meta, uint32_t s);
+/* The codec id byte of section s's table entry. */
+uint8_t kv_cblock_codec(const kv_block_hdr *h, const uint8_t *meta, uint32_t s);
+/* Bytes of data page p that its checksum covers: 4096, or in format 5 what is left of the
+ * data region for its last page (a multiple of 64). */
+static inline uint32_t kv_cblock_page_len(const kv_cblock_layout *l, uint32_t p)
+{
+  uint64_t left = l->data_bytes - (uint64_t)p * KV_PAGE;
+  return left < KV_PAGE ? (uint32_t)left : KV_PAGE;
+}
 
 /* Section s of a verified compressed block's meta region: its offset (from the block start)
  * and length. */
 void kv_cblock_section(const kv_block_hdr *h, const uint8_t *meta, uint32_t s, uint64_t *off,
                        uint32_t *len);
 
-/* XXH3-64 of data page p (4096 bytes at `page`) of a compressed block, with its seed. */
+/* XXH3-64 of data page p (kv_cblock_page_len(&h->cl, p) bytes at `page`) of a compressed
+ * block, with its seed. */
 uint64_t kv_cblock_page_checksum(const kv_block_hdr *h, uint32_t p, const uint8_t *page);
 
 /* Verify data pages [p0, p1) of a compressed block in `buf` (the object's start; only those

@@ -220,6 +220,19 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
   return KVDB_OK;
 }
 
+/* The layout of src's object whose sections take `used` bytes: packed (block format 5,
+ * FORMAT.md §3f) when src->pack_max allows it (returns 1), else whole pages (0). */
+static int layout_for(const kv_cblock_src *src, uint64_t used, kv_cblock_layout *l)
+{
+  if (src->pack_max != 0) {
+    kv_cblock_layout_init_packed(src->g, used, l);
+    if (l->total_bytes <= src->pack_max)
+      return 1;
+  }
+  kv_cblock_layout_init(src->g, used, l);
+  return 0;
+}
+
 /* A lossless block as frames (format 3): the sections, in block order, cut by kv_frames_plan()
  * into frames of >= src->frame_bytes raw bytes, each frame encoded from its sections' rows. */
 static kvdb_status build_frames(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst,
@@ -280,7 +293,7 @@ static kvdb_status build_frames(const kv_cblock_src *src, kv_cenc *e, uint8_t *d
     used += out;
   }
   kv_cblock_layout l;
-  kv_cblock_layout_init(g, used, &l);
+  e->packed = layout_for(src, used, &l);
   if (l.total_bytes > dst_cap)
     return kv_fail(KVDB_PANIC, "compressed block of %" PRIu64 " bytes exceeds its bound %zu",
                    l.total_bytes, dst_cap);
@@ -321,7 +334,7 @@ kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, 
     used += (uint64_t)len[0] + len[1];
   }
   kv_cblock_layout l;
-  kv_cblock_layout_init(g, used, &l);
+  e->packed = layout_for(src, used, &l);
   if (l.total_bytes > dst_cap)
     return kv_fail(KVDB_PANIC, "compressed block of %" PRIu64 " bytes exceeds its bound %zu",
                    l.total_bytes, dst_cap);
@@ -571,7 +584,7 @@ static kvdb_status section_at(const kv_block_hdr *h, const uint8_t *buf, uint32_
   kv_cblock_section(h, buf, s, &off, len);
   *sec = buf + off;
   KV_RET(kv_cblock_section_info(h, *sec, *len, s,
-                                buf[h->cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12], info));
+                                kv_cblock_codec(h, buf, s), info));
   if (info->section_bytes != *len)
     return kv_fail(KVDB_CORRUPT, "section %u is %" PRIu64 " bytes by its header, %u by the table",
                    s, info->section_bytes, *len);

@@ -38,6 +38,7 @@ typedef struct kv_cenc {
   uint64_t *fsb;
   size_t frows_cap;
   uint32_t fcap; /* entries of fsb, ffirst (+ 1) and flen */
+  int packed;    /* kv_cblock_build's last object: 1 packed (block format 5), 0 whole pages */
 } kv_cenc;
 void kv_cenc_free(kv_cenc *e);
 
@@ -58,6 +59,8 @@ typedef struct kv_cblock_src {
   uint32_t frame_bytes;   /* lossless: raw bytes per frame (kvdb_options.lossless_frame_bytes;
                              0 = KV_FRAME_BYTES_DEFAULT) */
   kv_model_rope rope;     /* the model's RoPE (style 0: none): kvquant's pre-RoPE K */
+  uint64_t pack_max;      /* 0: whole pages (block formats 2, 3); else an object of at most
+                             this many bytes is packed (block format 5, FORMAT.md §3f) */
 } kv_cblock_src;
 
 /* An upper bound of the object bytes of a block of geometry g stored with cfg; 0 when cfg
@@ -73,7 +76,7 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
 
 /* Build the compressed block object of `src` into dst (dst_cap >= kv_cblock_bound()). A
  * lossless config writes lossless frames (format 3: kv_cblock_seal_frames), the others
- * sections (format 2). */
+ * sections (format 2); either packed (format 5, e->packed set) when it fits src->pack_max. */
 kvdb_status kv_cblock_build(const kv_cblock_src *src, kv_cenc *e, uint8_t *dst, size_t dst_cap,
                             uint64_t *obj_bytes);
 
@@ -187,8 +190,18 @@ static inline uint32_t kv_score_rec_flags(unsigned bits, unsigned variant)
  * record's tokens): packed (block format 4, FORMAT.md §3e) when the record says so. */
 static inline void kv_rec_geom(kv_block_geom *g, const kv_block_rec *rec)
 {
-  if (rec->bflags & KV_BLK_PACKED)
+  if ((rec->bflags & KV_BLK_PACKED) && !(rec->bflags & KV_BLK_COMPRESSED))
     kv_block_geom_pack(g);
+}
+/* A packed object (raw: block format 4, compressed: 5) lies at a 64-byte offset; the pages
+ * that cover it start kv_rec_lead() bytes before it. */
+static inline int kv_rec_packed(const kv_block_rec *rec)
+{
+  return (rec->bflags & KV_BLK_PACKED) != 0;
+}
+static inline uint64_t kv_rec_lead(const kv_block_rec *rec)
+{
+  return kv_rec_packed(rec) ? rec->offset % KV_PAGE : 0;
 }
 
 /* The bits of a block record's score copies (0: none). */

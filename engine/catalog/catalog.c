@@ -169,7 +169,8 @@ kvdb_status kv_block_rec_decode(const uint8_t *src, size_t len, kv_block_rec *r)
   if ((r->bflags & ~127u) != 0 || (r->bflags & 12u) == 12u ||
       ((r->bflags & KV_BLK_KEPTN) &&
        (!drops || r->keep_permille == 0 || r->keep_permille > r->n_tokens)) ||
-      ((r->bflags & KV_BLK_PACKED) && (r->bflags & ~(uint32_t)KV_BLK_PACKED) != 0) ||
+      ((r->bflags & KV_BLK_PACKED) &&
+       (r->bflags & (uint32_t)(KV_BLK_SCORE8 | KV_BLK_SCORE4 | KV_BLK_SCOREV2)) != 0) ||
       ((r->bflags & KV_BLK_SCOREV2) && !(r->bflags & 12u)) || r->method > KVDB_METHOD_DROP ||
       compressed != (r->method != KVDB_METHOD_RAW) || drops != (r->method == KVDB_METHOD_DROP) ||
       (r->method == KVDB_METHOD_RAW && (r->bits || r->drop || r->keep_permille)))

@@ -116,7 +116,9 @@ enum { KV_BLK_COMPRESSED = 1, KV_BLK_DROPS = 2, KV_BLK_SCORE8 = 4, KV_BLK_SCORE4
  * is the ratio in permille and the block keeps kv_drop_keep_count(n_tokens, permille).
  * kv_block_rec_kept() reads either. */
 /* KV_BLK_PACKED (format 7): a packed raw object (block format 4, FORMAT.md §3e) at a 64-byte
- * offset, its bytes a multiple of 64 (not of 4096); never compressed, never with score copies */
+ * offset, its bytes a multiple of 64 (not of 4096); never with score copies. With
+ * KV_BLK_COMPRESSED (format 9): a packed compressed object (block format 5, §3f), which may
+ * also drop tokens (KV_BLK_DROPS, KV_BLK_KEPTN) */
 
 typedef struct kv_model_rec {
   uint8_t hash[16]; /* h_{-1} */
@@ -517,6 +519,7 @@ void kv_counts_open(kv_catalog *c);
 #define KV_FORMAT_SCOREV2 6u /* version-2 score copies (FORMAT.md §3c): block flag bit 4 */
 #define KV_FORMAT_PACKED 7u  /* packed raw objects (FORMAT.md §3e): block flag bit 5 */
 #define KV_FORMAT_KEPTN 8u   /* context-exact keep counts (FORMAT.md §2): block flag bit 6 */
+#define KV_FORMAT_PCPR 9u    /* packed compressed objects (FORMAT.md §3f): flag bit 5 with bit 0 */
 
 /* Add / remove block `hash` (parent, its n tokens as stored: u32 LE) to / from the trie. */
 kvdb_status kv_idx_child_add(kv_catalog *c, kv_txn *txn, const uint8_t parent[16],

@@ -99,10 +99,11 @@ KVDB_API unsigned kvdb_version_number(void);
  * block of lossless frames, version 6 with its first block carrying version-2 score copies and
  * version 7 with its first packed raw block (objects at 64-byte offsets, format/FORMAT.md §3e)
  * or its first put with placement on (its statistics in its context record, a predicted
- * profile by reference to its group's record; FORMAT.md §2): builds that know less refuse it
- * with KVDB_VERSION.
+ * profile by reference to its group's record; FORMAT.md §2), version 8 with its first block
+ * that records its exact kept tokens, version 9 with its first packed compressed block (block
+ * format 5, FORMAT.md §3f): builds that know less refuse it with KVDB_VERSION.
  */
-#define KVDB_FORMAT_VERSION 8
+#define KVDB_FORMAT_VERSION 9
 
 /* =================================== Part I: the core ===================================== */
 
@@ -533,9 +534,12 @@ typedef struct kvdb_options {
    * as a compact object (header, tokens, checksums, data: no section table, no page padding)
    * at a 64-byte offset, back to back with the put's other such blocks, the run padded to a
    * page; stored bytes then follow the logical bytes at small blocks (stories260K's 16-token
-   * blocks: 1.025x instead of 1.2x). 0 = the default, 131072; 1 = never (every object whole
-   * 4 KiB pages, the layout of formats 1-6); else 4096 .. 16 MiB (KVDB_INVALID otherwise).
-   * Only new writes use it; both layouts read.
+   * blocks: 1.025x instead of 1.2x). Compressed blocks too (format 9, §3f: a block stored
+   * lossless, quantized or with token dropping, or re-encoded to such a config, whose encoded
+   * object fits is packed the same way, with a compact section table: stories260K f32 int4
+   * 0.29x of the logical bytes instead of 0.60x). 0 = the default, 131072; 1 = never (every
+   * object whole 4 KiB pages, the layout of formats 1-6); else 4096 .. 16 MiB (KVDB_INVALID
+   * otherwise). Only new writes use it; both layouts read.
    */
   uint32_t packed_block_bytes;
 } kvdb_options;

@@ -347,8 +347,8 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
     ctl->stopped = 1;
     return -1;
   }
-  if (g->packed) { /* one wave: the pages that cover the object (FORMAT.md §3e), which then
-                     * starts at s->buf->p + its offset in its first page (packed_lead) */
+  if (kv_rec_packed(&x->rec)) { /* one wave: the pages that cover the object (FORMAT.md §3e,
+                                  * §3f), which then starts at s->buf->p + kv_rec_lead() */
     uint64_t lead = x->rec.offset % KV_PAGE;
     s->req = kv_batch_read(db->io, bat, s->sf->f, s->buf->p, KV_ALIGN_UP(lead + len, KV_PAGE),
                            x->rec.offset - lead);
@@ -389,7 +389,9 @@ static int rec_bytes_plausible(const kv_block_geom *g, const kv_block_rec *rec)
   uint64_t score = kv_score_region_bytes(g, kv_rec_score_bits(rec), kv_rec_score_variant(rec)); /* after the object */
   if (g->packed) /* a packed raw object (FORMAT.md §3e): exactly meta + data, no score copies */
     return rec->bytes == raw && !(rec->bflags & ~(uint32_t)KV_BLK_PACKED);
-  if (rec->bytes == 0 || rec->bytes % KV_PAGE != 0)
+  /* a packed compressed object (FORMAT.md §3f): 64-byte units, no score copies */
+  uint64_t unit = kv_rec_packed(rec) ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+  if (rec->bytes == 0 || rec->bytes % unit != 0 || (kv_rec_packed(rec) && score != 0))
     return 0;
   if (!(rec->bflags & KV_BLK_COMPRESSED))
     return rec->bytes == raw + score;
@@ -593,7 +595,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     else
       db->ssd_hits++;
     /* the object (a packed one after the bytes of its first page before it) */
-    const uint8_t *buf = sl[s].buf->p + (g.packed ? x->rec.offset % KV_PAGE : 0);
+    const uint8_t *buf = sl[s].buf->p + kv_rec_lead(&x->rec);
     waves wv;
     plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
@@ -667,7 +669,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
        * scattered, after its last wave */
       if (rr == KVDB_OK && KV_HDR_FRAMES(&hdr) && k + 1 == wv.n) {
         rr = kv_cblock_decode_data(&hdr, buf, 0, g.n_sections, &dec, (uint8_t *)data);
-        if (rr == KVDB_OK)
+        if (rr == KVDB_OK && out != NULL) /* (a prefetch: into the DRAM tier below) */
           kv_scatter_sections(&g, data, 0, g.n_sections, 0, x->n_copy, out, x->t0, stream);
       }
     }

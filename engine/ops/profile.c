@@ -281,8 +281,8 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       rsum[c] += qy.rel_l2;
     }
   }
-  /* raw blocks as a put writes them: packed (64-byte units, the run padded to a page) when
-   * small and without score copies (FORMAT.md §3e), else whole pages */
+  /* blocks as a put writes them: packed (64-byte units, the run padded to a page) when small
+   * and without score copies (raw: FORMAT.md §3e, compressed: §3f), else whole pages */
   uint64_t pack_max = src->packed_block_bytes == 1 ? 0
                       : src->packed_block_bytes > 1 ? src->packed_block_bytes
                                                     : KV_PACK_MAX_DEFAULT;
@@ -310,6 +310,11 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       }
       kv_cblock_layout lay;
       uint64_t scaled = (uint64_t)((double)enc[(size_t)c * n_blocks + b] * ((double)L * H / S));
+      kv_cblock_layout_init_packed(&g, scaled, &lay);
+      if (m->score_bits == 0 && pack_max != 0 && lay.total_bytes <= pack_max) {
+        packed_run += lay.total_bytes;
+        continue;
+      }
       kv_cblock_layout_init(&g, scaled, &lay);
       bytes += lay.total_bytes;
     }

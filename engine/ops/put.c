@@ -40,7 +40,8 @@ typedef struct put_blk {
   const uint8_t *obj;   /* kv_put_objects: the block's object, verified, written as it is
                            (obj_bytes), or NULL for a block that must be stored already */
   kv_block_rec orec;    /* kv_put_objects: its bflags, method, bits, drop, keep_permille */
-  int packed;           /* written as a packed raw object (block format 4, FORMAT.md §3e) */
+  int packed;           /* written as a packed object (raw: block format 4, FORMAT.md §3e;
+                           compressed: block format 5, §3f) */
 } put_blk;
 
 typedef struct put_req {
@@ -335,22 +336,39 @@ static kvdb_status stage_room(stager *st, uint64_t bytes, size_t align)
   return KVDB_OK;
 }
 
-/* Block i of a put stored with a compressed config: encoded into obj (room: b->bound) and its
- * score region after it, written as one piece. */
-static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc, uint8_t *obj,
-                                uint64_t at)
+/* Block i of a put stored with a compressed config: encoded into the stage at fill (room:
+ * b->bound, a page more when pack_max) and its score region after it, written as one piece;
+ * *at its segment offset. With pack_max (fill 64-byte aligned) an object of at most pack_max
+ * bytes is packed (block format 5, FORMAT.md §3f: written with its run's pages); a bigger one
+ * moves to the next page first. */
+static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc,
+                                uint64_t pack_max, uint64_t *at)
 {
   put_blk *b = &r->b[i];
+  uint8_t *obj = st->w->stage[st->cur] + st->fill;
   kv_cblock_src src = {.cfg = &r->cfg, .g = &b->g, .kv = r->kv, .t0 = b->t0 - r->kv_t0,
                        .keep_t0 = b->t0, .ctx_tokens = r->n_tokens, .q = r->q, .last_block = i + 1 == r->n,
                        .index = i, .hash = b->hash, .parent = b->parent,
                        .model_hash = r->mh, .tokens = b->tokens,
                        .frame_bytes = st->db->opt.lossless_frame_bytes,
-                       .rope = {r->m->rope_base, r->m->rope_style}};
+                       .rope = {r->m->rope_base, r->m->rope_style}, .pack_max = pack_max};
+  *at = st->base + st->fill;
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
+  b->packed = pack_max != 0 && enc->packed;
+  if (b->packed)
+    return KVDB_OK; /* no score copies (pack_max is 0 with them); queued with its run */
+  if (pack_max != 0 && st->fill % KV_PAGE != 0) { /* too big to pack: at the next page */
+    size_t pg = KV_ALIGN_UP(st->fill, (size_t)KV_PAGE);
+    memmove(st->w->stage[st->cur] + pg, obj, b->obj_bytes);
+    memset(obj, 0, pg - st->fill);
+    st->fill = pg;
+    obj = st->w->stage[st->cur] + pg;
+    *at = st->base + pg;
+  }
+  stage_flush(st, st->fill); /* what packed objects left before it */
   KV_RET(kv_score_block_append(r->m, r->sv, &b->g, r->kv, b->t0 - r->kv_t0, b->hash, obj,
                                &b->obj_bytes));
-  stage_write(st, obj, b->obj_bytes, at);
+  stage_write(st, obj, b->obj_bytes, *at);
   return KVDB_OK;
 }
 
@@ -411,8 +429,11 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   int raw = r->cfg.method == KVDB_METHOD_RAW && !r->objects;
   unsigned bits = r->m->score_bits;
   uint64_t biggest = 0, total = 0;
-  /* small raw blocks without score copies are packed (FORMAT.md §3e) on the SSD tier */
+  /* small raw blocks without score copies are packed (FORMAT.md §3e) on the SSD tier (the
+   * SmartSSD's device reads raw page groups), and so are compressed ones (§3f) whose object
+   * turns out small enough, on either tier (the device never reads them) */
   int pack = raw && bits == 0 && w->tier == KVDB_TIER_SSD && db->opt.packed_block_bytes != 1;
+  int cpack = !raw && !r->objects && bits == 0 && db->opt.packed_block_bytes != 1;
   uint64_t pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
                                                      : KV_PACK_MAX_DEFAULT;
   for (uint32_t i = 0; i < r->n; i++) {
@@ -425,7 +446,7 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
       if (pg.total_bytes <= pack_max)
         b->g = pg;
     }
-    b->packed = b->g.packed;
+    b->packed = b->g.packed; /* compressed: known once encoded (stage_cblock) */
     uint64_t obj = raw ? b->g.total_bytes + kv_score_region_bytes(&b->g, bits, r->sv) : b->bound;
     /* where it goes in the run: a packed object at 64 bytes, any other one at a page */
     total = KV_ALIGN_UP(total, b->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE) + obj;
@@ -467,15 +488,18 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
     if (!b->write)
       continue;
     uint64_t sb = raw && bits ? kv_score_region_bytes(&b->g, bits, r->sv) : 0;
-    size_t align = b->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+    int try_pack = cpack && b->bound > 0; /* a compressed block that may be packed */
+    size_t align = b->packed || try_pack ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
     uint64_t room = raw ? b->g.total_bytes + sb
-                        : KV_ALIGN_UP(r->objects ? b->obj_bytes : b->bound, KV_PAGE);
+                        : KV_ALIGN_UP(r->objects ? b->obj_bytes : b->bound, KV_PAGE) +
+                              (try_pack ? KV_PAGE : 0);
     KV_ERR(stage_room(&st, room, align));
-    if (!b->packed) /* whole pages from a page boundary: what packed objects left first */
+    if (!b->packed && !try_pack) /* whole pages from a page boundary: what packed objects
+                                    left first */
       stage_align(&st, KV_PAGE);
     else
       stage_align(&st, KV_BLOCK_PACK_ALIGN);
-    if (!b->packed)
+    if (!b->packed && !try_pack)
       stage_flush(&st, st.fill);
     uint8_t *obj = w->stage[st.cur] + st.fill;
     uint64_t at = st.base + st.fill; /* segment offset of this block object */
@@ -486,7 +510,8 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
       memset(obj + b->obj_bytes, 0, len - b->obj_bytes);
       stage_write(&st, obj, len, at);
     } else {
-      KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at) : stage_cblock(&st, r, i, &enc, obj, at));
+      KV_ERR(raw ? stage_raw(&st, r, b, sb, obj, at)
+                 : stage_cblock(&st, r, i, &enc, try_pack ? pack_max : 0, &at));
     }
     b->off = at;
     st.fill += b->packed ? b->obj_bytes : KV_ALIGN_UP(b->obj_bytes, KV_PAGE);
@@ -498,6 +523,8 @@ static kvdb_status write_blocks(kvdb *db, put_req *r, kv_writer *w, uint64_t *wr
   if (rc == KVDB_OK) { /* the run's last packed objects: their pages, zero-padded */
     stage_align(&st, KV_PAGE);
     stage_flush(&st, st.fill);
+    if (!raw) /* compressed: up to the run's padding (packed objects, FORMAT.md §3f) */
+      *written = st.base + st.fill - w->end;
     if (raw && st.base + st.fill - w->end != total)
       rc = kv_fail(KVDB_PANIC, "put wrote %" PRIu64 " bytes of the %" PRIu64 " it reserved",
                    st.base + st.fill - w->end, total);
@@ -540,7 +567,9 @@ static kvdb_status block_format(kvdb *db, kv_txn *txn, const kv_block_rec *br)
   if (br->bflags & (uint32_t)KV_BLK_SCOREV2)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_SCOREV2));
   if (br->bflags & (uint32_t)KV_BLK_PACKED)
-    KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));
+    KV_RET(kv_cat_require_format(&db->cat, txn, (br->bflags & (uint32_t)KV_BLK_COMPRESSED)
+                                                    ? KV_FORMAT_PCPR
+                                                    : KV_FORMAT_PACKED));
   if (br->bflags & (uint32_t)KV_BLK_KEPTN)
     KV_RET(kv_cat_require_format(&db->cat, txn, KV_FORMAT_KEPTN));
   return KVDB_OK;
@@ -691,8 +720,11 @@ static kvdb_status commit(kvdb *db, put_req *r, kv_writer *w, uint64_t new_end, 
         break;
       }
   for (uint32_t i = 0; i < r->n; i++)
-    if (r->b[i].write && r->b[i].packed) { /* packed raw objects (FORMAT.md §3e) */
-      KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PACKED));
+    if (r->b[i].write && r->b[i].packed) { /* packed raw objects (FORMAT.md §3e), packed
+                                              compressed ones (§3f) */
+      KV_ERR(kv_cat_require_format(&db->cat, txn, r->cfg.method != KVDB_METHOD_RAW
+                                                      ? KV_FORMAT_PCPR
+                                                      : KV_FORMAT_PACKED));
       break;
     }
   if (r->m->score_bits != 0)
@@ -991,7 +1023,7 @@ kvdb_status kv_put_objects(kvdb *db, const kvdb_model *m, uint32_t bt, const uin
       if (o->bytes == 0 || o->bytes % al != 0 || o->method > KVDB_METHOD_DROP ||
           (o->bflags & ~(uint32_t)(KV_BLK_COMPRESSED | KV_BLK_SCORE8 | KV_BLK_SCORE4 |
                                    KV_BLK_PACKED)) != 0 ||
-          ((o->bflags & KV_BLK_PACKED) && o->bflags != KV_BLK_PACKED)) {
+          ((o->bflags & KV_BLK_PACKED) && (o->bflags & (KV_BLK_SCORE8 | KV_BLK_SCORE4)))) {
         rc = kv_fail(KVDB_INVALID, "block %u: object of %" PRIu64 " bytes, method %u, flags "
                      "%#x cannot be stored as it is", i, o->bytes, o->method, o->bflags);
         goto out;

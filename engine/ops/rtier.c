@@ -345,11 +345,13 @@ static int deliver(kvdb *db, const kvdb_model *m, uint32_t bt, const uint8_t *v,
   if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, n_tok) !=
       KVDB_OK)
     return -1;
-  kv_rec_geom(&g, &rec); /* a packed raw object (FORMAT.md §3e) */
+  kv_rec_geom(&g, &rec); /* a packed raw object (FORMAT.md §3e); compressed: §3f */
   uint64_t raw = (uint64_t)g.meta_bytes + g.data_bytes;
   if (g.packed && (rec.bytes != raw || rec.bflags != KV_BLK_PACKED))
     return -1;
-  if (rec.bytes == 0 || (!g.packed && rec.bytes % KV_PAGE != 0) ||
+  if ((rec.bflags & KV_BLK_PACKED) && (rec.bflags & (KV_BLK_SCORE8 | KV_BLK_SCORE4)))
+    return -1; /* packed compressed (FORMAT.md §3f): never with score copies */
+  if (rec.bytes == 0 || rec.bytes % (kv_rec_packed(&rec) ? KV_BLOCK_PACK_ALIGN : KV_PAGE) != 0 ||
       rec.bytes > 2 * raw + (uint64_t)g.n_sections * KV_PAGE +
                       kv_score_region_bytes(&g, kv_rec_score_bits(&rec), kv_rec_score_variant(&rec)))
     return -1;

@@ -336,7 +336,7 @@ static kvdb_status read_object(vctx *v, const uint8_t hash[16], uint64_t seg, ui
   kv_block_rec or = {.n_tokens = hdr->g.n_tokens, .segment = seg, .offset = off,
                      .bytes = hdr->obj.total_bytes};
   or.bflags = (KV_HDR_CPR(hdr) ? KV_BLK_COMPRESSED : 0) |
-              (hdr->version == KV_BLOCK_VERSION_PACKED ? KV_BLK_PACKED : 0) |
+              (KV_HDR_PACKED(hdr) ? KV_BLK_PACKED : 0) |
               kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
   return kv_block_check(&or, hash, v->buf, hdr);
 }
@@ -446,7 +446,7 @@ static uint8_t *rebuild_rec(vctx *v, const uint8_t *raw, size_t raw_len, uint64_
     nr.keep_permille = 0;
   }
   nr.bflags |= kv_score_rec_flags(hdr->score_bits, hdr->score_variant);
-  if (hdr->version == KV_BLOCK_VERSION_PACKED)
+  if (KV_HDR_PACKED(hdr)) /* block format 4 or 5 */
     nr.bflags |= KV_BLK_PACKED;
   nr.refcount = refcount ? refcount : 1;
   nr.tier = kv_seg_tier(seg);
@@ -625,10 +625,12 @@ static kvdb_status check_block(vctx *v, const uint8_t *hash, const kv_cat_bytes 
     FIELD(memcmp(br.model, hdr.model_hash, 16) != 0,
           "%s %s of %s: field model: the record says %s, the block %s", pre, hexs(hash, hx), who,
           hexs(br.model, ha), hexs(hdr.model_hash, hb));
-    FIELD(((br.bflags & KV_BLK_PACKED) != 0) != (hdr.version == KV_BLOCK_VERSION_PACKED),
+    FIELD(((br.bflags & KV_BLK_PACKED) != 0) != KV_HDR_PACKED(&hdr),
           "%s %s of %s: field flags: the record says %s, the object is %s", pre, hexs(hash, hx),
           who, (br.bflags & KV_BLK_PACKED) ? "packed" : "not packed",
-          hdr.version == KV_BLOCK_VERSION_PACKED ? "packed (block format 4)" : "not packed");
+          hdr.version == KV_BLOCK_VERSION_PACKED ? "packed (block format 4)"
+          : hdr.version == KV_BLOCK_VERSION_PCPR ? "packed (block format 5)"
+                                                 : "not packed");
     FIELD(((br.bflags & KV_BLK_COMPRESSED) != 0) != (KV_HDR_CPR(&hdr)) ||
               kv_rec_score_bits(&br) != hdr.score_bits ||
               kv_rec_score_variant(&br) != hdr.score_variant,

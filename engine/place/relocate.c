@@ -35,6 +35,7 @@ typedef struct rblk {
   uint64_t t0;
   int write;
   uint64_t off, obj_bytes; /* its new copy */
+  int packed;              /* re-encoded as a packed compressed object (FORMAT.md §3f) */
 } rblk;
 
 typedef struct reloc {
@@ -178,13 +179,21 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                            .model_hash = r->mh, .tokens = b->tokens,
                            .frame_bytes = db->opt.lossless_frame_bytes,
                            .rope = {r->m->rope_base, r->m->rope_style}};
+      /* packed (FORMAT.md §3f) as a put would: no score copies; on either tier (the near-data
+       * device reads raw page groups and score copies only, never a compressed object), so
+       * that a placement's recompression to the SmartSSD tier stores the bytes its profile
+       * counted */
+      if (r->m->score_bits == 0 && db->opt.packed_block_bytes != 1)
+        src.pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
+                                                      : KV_PACK_MAX_DEFAULT;
       KV_ERR(kv_cblock_build(&src, &enc, obj, obj_cap, &b->obj_bytes));
+      b->packed = src.pack_max != 0 && enc.packed;
     }
     if (r->reencode)
       KV_ERR(kv_score_block_append(r->m, r->sv, &g, &v, b->t0, b->hash, obj, &b->obj_bytes));
     /* packed objects moved as they are stay packed, back to back (FORMAT.md §3e) */
     rc = kv_run_put(db, w, &run, obj, b->obj_bytes,
-                    !r->reencode && (b->old.bflags & KV_BLK_PACKED), &b->off);
+                    r->reencode ? b->packed : (b->old.bflags & KV_BLK_PACKED) != 0, &b->off);
     *written = run.base - w->end;
     if (rc != KVDB_OK)
       goto out;
@@ -249,6 +258,10 @@ static kvdb_status publish(kvdb *db, reloc *r, kv_writer *w, uint64_t written, i
         kv_block_rec_set_config(&br, &r->cfg);
         kv_block_rec_set_kept(&br, &r->cfg, b->t0);
         br.bflags |= kv_score_rec_flags(r->m->score_bits, r->sv);
+        if (b->packed) {
+          br.bflags |= KV_BLK_PACKED;
+          KV_ERR(kv_cat_require_format(&db->cat, txn, KV_FORMAT_PCPR));
+        }
       }
       kv_block_rec_encode(&br, NULL, buf);
       KV_ERR(kv_cat_put_raw(&db->cat, txn, KV_TBL_BLOCKS, b->hash, 16, buf,

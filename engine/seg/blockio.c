@@ -23,7 +23,7 @@ kvdb_status kv_block_check_meta(const kv_block_rec *rec, const uint8_t hash[16],
   if (memcmp(hdr->block_hash, hash, 16) != 0 || hdr->g.n_tokens != rec->n_tokens ||
       hdr->obj.total_bytes != rec->bytes ||
       (KV_HDR_CPR(hdr)) != ((rec->bflags & KV_BLK_COMPRESSED) != 0) ||
-      (hdr->version == KV_BLOCK_VERSION_PACKED) != ((rec->bflags & KV_BLK_PACKED) != 0) ||
+      KV_HDR_PACKED(hdr) != ((rec->bflags & KV_BLK_PACKED) != 0) ||
       hdr->score_bits != kv_rec_score_bits(rec) ||
       hdr->score_variant != kv_rec_score_variant(rec))
     return kv_fail(KVDB_CORRUPT,
@@ -181,7 +181,8 @@ static kvdb_status fetch_pages(cpages *cp, const uint8_t *hash)
     uint32_t q = p;
     while (q < l->data_pages && cp->have[q] == 1)
       q++;
-    uint64_t off = l->meta_bytes + (uint64_t)p * KV_PAGE, len = (uint64_t)(q - p) * KV_PAGE;
+    uint64_t off = l->meta_bytes + (uint64_t)p * KV_PAGE;
+    uint64_t len = (uint64_t)(q - 1 - p) * KV_PAGE + kv_cblock_page_len(l, q - 1);
     kv_batch_read(cp->db->io, bat, cp->sf->f, cp->buf + off, len, cp->rec->offset + off);
     cp->bytes += len;
     p = q;
@@ -210,7 +211,7 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
                                  const kvdb_kv_view *out)
 {
   char hx[33];
-  kv_rbuf *rb = kv_rbuf_acquire(db, rec->bytes);
+  kv_rbuf *rb = kv_rbuf_acquire(db, rec->bytes + 2 * KV_PAGE);
   kv_segfile *sf = NULL;
   kv_block_hdr hdr;
   cpages cp = {.db = db, .rec = rec, .hdr = &hdr};
@@ -222,18 +223,25 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
     rc = kv_fail(KVDB_NOMEM, "get_tokens buffers");
     goto out;
   }
-  cp.buf = rb->p;
+  /* a packed object (FORMAT.md §3f) lies at a 64-byte offset: the buffer holds the pages from
+   * the one it starts in and the object starts `lead` bytes in, so that the first read is of
+   * whole pages (later ones of its pages bounce: io_os) */
+  uint64_t lead = kv_rec_lead(rec);
+  cp.buf = rb->p + lead;
   KV_ERR(kv_segfile_get(db, rec->segment, &sf));
   cp.sf = sf;
-  /* 1. the header and the meta region (64 KiB at once: the meta of most blocks) */
+  /* 1. the header and the meta region (64 KiB at once: the meta of most blocks; a packed
+   * object's covering pages up to there, so that a small one arrives whole) */
   uint64_t body = kv_rec_body_bytes(g, rec); /* not its score region */
   uint64_t first = body < (64u << 10) ? body : (64u << 10);
-  int e = db->io->ops->pread(db->io, sf->f, cp.buf, first, rec->offset);
+  uint64_t span = kv_rec_packed(rec) ? KV_ALIGN_UP(lead + first, KV_PAGE) : first;
+  int e = db->io->ops->pread(db->io, sf->f, rb->p, span, rec->offset - lead);
   if (e != 0) {
     rc = kv_seg_read_fail(db, -e, rec->segment, rec->offset, rec->bytes, hash);
     goto out;
   }
-  cp.bytes += first;
+  cp.bytes += span;
+  first = span - lead; /* the object's bytes that arrived (a packed one: to its page's end) */
   rc = kv_block_parse_header(cp.buf, first, &hdr);
   if (rc == KVDB_OK && hdr.obj.meta_bytes > first) {
     e = db->io->ops->pread(db->io, sf->f, cp.buf + first, hdr.obj.meta_bytes - first,
@@ -255,7 +263,7 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
   }
   /* data pages that came with the meta region: verified here, not read again */
   for (uint32_t p = 0; p < hdr.cl.data_pages; p++) {
-    if (hdr.cl.meta_bytes + ((uint64_t)p + 1) * KV_PAGE > first)
+    if (hdr.cl.meta_bytes + (uint64_t)p * KV_PAGE + kv_cblock_page_len(&hdr.cl, p) > first)
       break;
     uint64_t bad = 0;
     if (kv_cblock_verify_pages(&hdr, cp.buf, p, p + 1, &bad) != KVDB_OK) {
@@ -320,7 +328,7 @@ kvdb_status kv_block_read_tokens(kvdb *db, const kv_block_rec *rec, const uint8_
       }
       kv_section_info info;
       KV_ERR(kv_cblock_section_info(&hdr, sec, hbytes, s,
-                                    cp.buf[hdr.cl.sectab_off + KV_BLOCK_SECT_ENTRY * s + 12], &info));
+                                    kv_cblock_codec(&hdr, cp.buf, s), &info));
       uint32_t G = info.params.page_tokens;
       for (size_t i = 0; i < n_pos; i++) {
         rows_of[i] = KV_SECTION_DROPPED;

@@ -222,9 +222,9 @@ for c in info ls show verify compact; do
 done
 expect 0 verify --help "$DB"
 expect 0 --version
-has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 8\)$'
+has '^kvdb-admin [0-9]+\.[0-9]+\.[0-9]+ \(libkvdb [0-9]+\.[0-9]+\.[0-9]+, on-disk format 9\)$'
 expect 0 --version --json
-pyjson 'd["command"] == "version" and d["format_version"] == 8 and "libkvdb" in d'
+pyjson 'd["command"] == "version" and d["format_version"] == 9 and "libkvdb" in d'
 
 # ---- errors: exit 1, "kvdb-admin: STATUS: message"; nothing is ever created
 expect 1 info "$T/nope"

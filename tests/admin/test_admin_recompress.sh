@@ -26,7 +26,7 @@ pyjson 'd["format_version"] == 4 and d["contexts"] == 6'
 expect 0 recompress "$DB"
 has '^contexts +6 \(2 lossless, rewritten as lossless frames\)$'
 expect 0 info --json "$DB"
-pyjson 'd["format_version"] == 5 and d["contexts"] == 6'
+pyjson 'd["format_version"] == 9 and d["contexts"] == 6'  # frames, packed (FORMAT.md §3f)
 expect 0 verify "$DB"
 expect 0 recompress --json "$DB"
 pyjson 'd["command"] == "recompress" and d["contexts"] == 6 and d["contexts_rewritten"] == 2

@@ -194,10 +194,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
   const kv_block_geom *g = &h.g;
   check_geometry(g);
   check_score_region(&h, buf, len, flags);
-  if (h.codec != KV_CODEC_RAW) { /* format 2 */
-    if (h.version != 2 ||
+  if (h.codec != KV_CODEC_RAW) { /* formats 2, 3 (whole pages) and 5 (packed: 64-byte units,
+                                    no score region; fuzz_cblock reads the rest) */
+    uint32_t unit = h.version == KV_BLOCK_VERSION_PCPR ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+    if ((h.version != 2 && h.version != 3 && h.version != KV_BLOCK_VERSION_PCPR) ||
+        (h.version == KV_BLOCK_VERSION_PCPR && h.score_bits != 0) ||
         h.obj.total_bytes != (uint64_t)h.obj.meta_bytes + h.obj.data_bytes + h.score_bytes ||
-        h.obj.meta_bytes % KV_PAGE != 0 || h.obj.data_bytes % KV_PAGE != 0)
+        h.obj.meta_bytes % unit != 0 || h.obj.data_bytes % unit != 0)
       abort();
     goto done;
   }

@@ -61,10 +61,13 @@ static void block(const uint8_t *data, size_t size)
   if (r.n_tokens < 1 || r.n_tokens > 4096 || r.tokens < data ||
       r.tokens + 4 * (size_t)r.n_tokens != data + size || size != kv_block_rec_size(r.n_tokens))
     abort();
-  /* whole pages, or (a packed raw object, format 7, alone among the flags) 64-byte units */
+  /* whole pages, or (a packed object: raw, format 7, or compressed, format 9; never with
+   * score copies) 64-byte units */
   uint64_t unit = (r.bflags & KV_BLK_PACKED) ? 64u : KV_PAGE;
   if (r.tier >= KVDB_TIER_COUNT || r.refcount == 0 || r.bytes == 0 || r.offset % unit != 0 ||
-      r.bytes % unit != 0 || ((r.bflags & KV_BLK_PACKED) && r.bflags != KV_BLK_PACKED))
+      r.bytes % unit != 0 ||
+      ((r.bflags & KV_BLK_PACKED) &&
+       (r.bflags & (KV_BLK_SCORE8 | KV_BLK_SCORE4 | KV_BLK_SCOREV2)) != 0))
     abort();
   uint32_t sum = 0;
   for (uint32_t i = 0; i < r.n_tokens; i++)

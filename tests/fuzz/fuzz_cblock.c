@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/fuzz/fuzz_cblock.c — compressed block objects (block format 2, FORMAT.md §3b) read from
+ * tests/fuzz/fuzz_cblock.c — compressed block objects (block formats 2, 3 and 5: FORMAT.md §3b,
+ * §3d, §3f — packed compressed objects, 12-byte section entries, 64-byte padding) read from
  * a segment file: the header, the meta region (tokens, section table, page checksums), the
  * page checksums of the data region, and the decoding of every section (engine/block/cblock.c,
  * the path of kvdb_get, kvdb_get_context and the profile).
@@ -72,15 +73,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     goto done; /* raw objects are fuzz_block's; the engine reads a meta region whole */
   const kv_block_geom *g = &h.g;
   const kv_cblock_layout *l = &h.cl;
-  if (l->meta_bytes % KV_PAGE || l->data_bytes != (uint64_t)l->data_pages * KV_PAGE ||
+  /* formats 2 and 3: whole pages; format 5 (packed, FORMAT.md §3f): 64-byte units, the last
+   * data page partial */
+  uint32_t unit = l->packed ? KV_BLOCK_PACK_ALIGN : KV_PAGE;
+  if (l->meta_bytes % unit || l->data_bytes % unit || l->data_bytes == 0 ||
+      l->data_pages != (l->data_bytes + KV_PAGE - 1) / KV_PAGE ||
+      l->packed != (h.version == KV_BLOCK_VERSION_PCPR) ||
+      l->entry != (l->packed ? KV_BLOCK_SECT_ENTRY_PCPR : KV_BLOCK_SECT_ENTRY) ||
       l->total_bytes != l->meta_bytes + l->data_bytes || l->pcks_end > l->meta_bytes ||
       l->pcks_off + 8ull * l->data_pages != l->pcks_end ||
       l->sectab_off < g->tokens_off + 4ull * g->n_tokens ||
-      l->pcks_off < l->sectab_off + (uint64_t)KV_BLOCK_SECT_ENTRY * g->n_sections)
+      l->pcks_off < l->sectab_off + (uint64_t)l->entry * g->n_sections)
     abort(); /* the parsed layout is self-consistent */
 
-  uint32_t pages = 0;
-  while (pages < l->data_pages && l->meta_bytes + (uint64_t)(pages + 1) * KV_PAGE <= len)
+  uint32_t pages = 0; /* data pages wholly present */
+  while (pages < l->data_pages &&
+         l->meta_bytes + (uint64_t)pages * KV_PAGE + kv_cblock_page_len(l, pages) <= len)
     pages++;
   if (flags & (FIX_PAGES | FIX_META)) {
     if (flags & FIX_PAGES)
@@ -130,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_cblock_section(&h, buf, s, &off, &sect_len[s]);
     if (off < l->meta_bytes || off + sect_len[s] > l->total_bytes)
       abort(); /* verify_meta keeps every section inside the data region */
-    codec[s] = buf[l->sectab_off + KV_BLOCK_SECT_ENTRY * s + 12];
+    codec[s] = kv_cblock_codec(&h, buf, s);
   }
   memcpy(again, buf, l->total_bytes);
   if (KV_HDR_FRAMES(&h)) { /* lossless frames: a frame starts at each index-0 entry */

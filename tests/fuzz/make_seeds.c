@@ -177,8 +177,10 @@ static void block_seeds(void)
   put_file("block", "v4_paged_f16.bin", &f0, 1, b, g.total_bytes);
   free(b);
   b = make_block(2, 1, 16, KVDB_F16, 16, 5, &g);
-  b[4] = 5; /* format version 5: KVDB_VERSION */
+  b[4] = 5; /* format version 5 (packed compressed) with codec 0: KVDB_CORRUPT */
   put_file("block", "v5_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
+  b[4] = 6; /* format version 6: KVDB_VERSION */
+  put_file("block", "v6_fix_header.bin", &fhdr, 1, b, KV_BLOCK_HDR_BYTES);
   free(b);
   g_pack = 0;
   score_seeds();
@@ -211,10 +213,25 @@ static void catalog_seeds(void)
   br.bytes = 20736;
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_packed.bin", buf, kv_block_rec_size(16), NULL, 0);
-  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED; /* never together */
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED; /* a packed compressed object (format 9) */
   br.method = KVDB_METHOD_LOSSLESS;
+  br.bytes = 9984;
   kv_block_rec_encode(&br, tok, buf);
   put_file("catalog", "block16_packed_compressed.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED | KV_BLK_DROPS | KV_BLK_KEPTN; /* dropping */
+  br.method = KVDB_METHOD_DROP;
+  br.drop = 1;
+  br.keep_permille = 8;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed_drop.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bflags = KV_BLK_PACKED | KV_BLK_COMPRESSED | KV_BLK_SCORE8; /* never with score copies */
+  br.method = KVDB_METHOD_QUANT;
+  br.bits = 8;
+  br.drop = 0;
+  br.keep_permille = 0;
+  kv_block_rec_encode(&br, tok, buf);
+  put_file("catalog", "block16_packed_score8.bin", buf, kv_block_rec_size(16), NULL, 0);
+  br.bits = 0;
   br.bflags = 0;
   br.method = KVDB_METHOD_RAW;
   br.offset = 8192;

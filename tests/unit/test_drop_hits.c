@@ -395,7 +395,8 @@ static void test_exact_ratio(void)
   ASSERT_EQ(spans(500, 900), 450);
   kvdb_stats st;
   ASSERT_OK(kvdb_stat(db, &st));
-  ASSERT_EQ(st.format_version, 8); /* the blocks record their counts (KV_BLK_KEPTN) */
+  /* the blocks record their counts (KV_BLK_KEPTN, format 8) and are packed (format 9) */
+  ASSERT_EQ(st.format_version, 9);
   kvdb_close(db);
   t_rmdir(dir);
 }

@@ -33,6 +33,8 @@ static kvdb_options opts(uint32_t frame_bytes)
   o.dram_bytes = 0;
   o.log_level = -1;
   o.lossless_frame_bytes = frame_bytes;
+  o.packed_block_bytes = 1; /* whole-page frames (block format 3); packed ones (format 5):
+                               tests/unit/test_packed.c */
   return o;
 }
 
