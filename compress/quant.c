@@ -475,9 +475,8 @@ static void rope_state(const kv_codec_params *p, uint32_t d, uint32_t pos, float
 }
 
 static void rope_rotate_rows(const kv_codec_params *p, uint32_t d, kv_codec_dtype dt,
-                             uint32_t pos, uint32_t rows, uint8_t *out, float *ws)
+                             uint32_t pos, uint32_t rows, uint8_t *out, size_t rowb, float *ws)
 {
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
   uint32_t h = d / 2;
   float *c = ws, *s = c + KV_ROPE_CHAINS * h, *ct = s + KV_ROPE_CHAINS * h, *st = ct + h;
   float *y = st + h; /* d floats: 6d in all */
@@ -960,7 +959,8 @@ KV_AVX2 static KV_INLINE uint32_t deq_blocks(const uint8_t *codes, unsigned bits
  * duplicated over the pair: KV_ROPE_CHAINS x d floats each), then vct, vst (d each): 10d
  * floats, set by the caller. head_dim 8 keeps the four chains in registers.
  */
-KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, float *ws)
+KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, size_t rowb,
+                                   float *ws)
 {
   float *vc = ws, *vs = vc + KV_ROPE_CHAINS * d, *vct = vs + KV_ROPE_CHAINS * d, *vst = vct + d;
   const __m256 sign = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
@@ -982,21 +982,21 @@ KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, floa
     __m256 ct = _mm256_loadu_ps(vct), st = _mm256_loadu_ps(vst);
     uint32_t r = 0;
     for (; r + 4 <= rows; r += 4) {
-      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
-      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
-      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
-      ROPE8(out + (size_t)(r + 3) * 16, c3, s3, ct, st);
+      ROPE8(out + (size_t)r * rowb, c0, s0, ct, st);
+      ROPE8(out + (size_t)(r + 1) * rowb, c1, s1, ct, st);
+      ROPE8(out + (size_t)(r + 2) * rowb, c2, s2, ct, st);
+      ROPE8(out + (size_t)(r + 3) * rowb, c3, s3, ct, st);
     }
     if (r < rows)
-      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
+      ROPE8(out + (size_t)r * rowb, c0, s0, ct, st);
     if (r + 1 < rows)
-      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
+      ROPE8(out + (size_t)(r + 1) * rowb, c1, s1, ct, st);
     if (r + 2 < rows)
-      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
+      ROPE8(out + (size_t)(r + 2) * rowb, c2, s2, ct, st);
     return;
   }
   for (uint32_t r = 0; r < rows; r++) {
-    uint8_t *row = out + (size_t)r * 2 * d;
+    uint8_t *row = out + (size_t)r * rowb;
     float *cj = vc + (size_t)(r % KV_ROPE_CHAINS) * d, *sj = vs + (size_t)(r % KV_ROPE_CHAINS) * d;
     for (uint32_t k = 0; k < d; k += 8) {
       __m256 c = _mm256_loadu_ps(cj + k), sn = _mm256_loadu_ps(sj + k);
@@ -1474,11 +1474,18 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
 void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
                                const uint8_t *src, void *ws, void *dst, int simd)
 {
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  kv_quant_decode_group_strided(ctx, info, g, src, ws, dst, rowb, simd);
+}
+
+void kv_quant_decode_group_strided(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
+                                   const uint8_t *src, void *ws, void *dst, size_t rowb, int simd)
+{
   const kv_codec_params *p = &info->params;
   uint32_t d = info->shape.head_dim, group = p->group;
   unsigned bits = p->bits;
   kv_codec_dtype dt = info->shape.dtype;
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
+  size_t row_bytes = (size_t)d * kv_codec_dtype_bytes(dt); /* rowb: the output's row stride */
   qgeom q;
   geom(info, g, &q);
   const uint8_t *pairs = src, *codes = src + q.pairs_bytes, *raw = codes + q.codes_bytes;
@@ -1489,7 +1496,7 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
   uint8_t *wid = (uint8_t *)(tmp + 8 * (size_t)d);             /* d widths */
   uint8_t *out = dst;
   /* streaming stores need every 8-element block 16-byte aligned: dst and the rows */
-  int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0;
+  int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0 && row_bytes % 16 == 0;
   simd = simd && kv_quant_simd_available();
   nt = nt && simd;
 
@@ -1537,12 +1544,12 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
           vct[2 * i] = vct[2 * i + 1] = ct[i];
           vst[2 * i] = vst[2 * i + 1] = st[i];
         }
-        rope_rows_avx2(d, q.t, out, vc);
+        rope_rows_avx2(d, q.t, out, rowb, vc);
         return;
       }
 #endif
       if (p->rope_base != 0)
-        rope_rotate_rows(p, d, dt, p->rope_pos0 + q.r0, q.t, out, tmp);
+        rope_rotate_rows(p, d, dt, p->rope_pos0 + q.r0, q.t, out, rowb, tmp);
       return;
     }
   } else {
@@ -1574,7 +1581,12 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
       }
     }
   }
-  kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+  if (rowb == row_bytes) {
+    kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+    return;
+  }
+  for (uint32_t r = q.q; r < q.t; r++) /* raw rows into a strided output, one at a time */
+    kv_codec_load_le(dt, raw + (size_t)(r - q.q) * row_bytes, d, out + (size_t)r * rowb);
 }
 
 /* kvquant with per-channel widths: every width of groups [g0, g1) (payload: their bytes) is
@@ -1689,6 +1701,15 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
                                       uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
                                       void *dst, kv_codec_dctx *ctx, kv_codec_err *err)
 {
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  return kv_kivi_decode_strided(info, payload, g0, g1, scratch, scratch_cap, dst, rowb, ctx, err);
+}
+
+kv_codec_status kv_kivi_decode_strided(const kv_section_info *info, const uint8_t *payload,
+                                       uint32_t g0, uint32_t g1, void *scratch,
+                                       size_t scratch_cap, void *dst, size_t rowb,
+                                       kv_codec_dctx *ctx, kv_codec_err *err)
+{
   size_t need = kv_quant_scratch_bytes(info->shape.head_dim);
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
@@ -1697,13 +1718,12 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   void *ws = kv_codec_scratch_align(scratch, &cap);
   const uint8_t *in = payload;
   uint8_t *out = dst;
-  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
   kv_codec_status rc = kv_quant_alloc_check(info, payload, g0, g1, err);
   if (rc != KV_CODEC_OK)
     return rc;
   int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
-    kv_quant_decode_group_ctx(ctx, info, g, in, ws, out, stream ? 2 : 1);
+    kv_quant_decode_group_strided(ctx, info, g, in, ws, out, rowb, stream ? 2 : 1);
     in += kv_quant_group_bytes(info, g);
     out += (size_t)kv_codec_group_rows(info, g) * rowb;
   }

@@ -435,6 +435,7 @@ typedef struct layer_job {
   uint8_t *data;
   const kvdb_kv_view *out;
   int stream;
+  int direct; /* decoded straight into out (kv_cblock_decode_view), data unused */
   uint32_t l0, l1;
   kvdb_status rc;
   char msg[512];
@@ -446,6 +447,11 @@ static kvdb_status layers_run(const layer_job *j)
   for (uint32_t l = j->l0; l < j->l1; l++) {
     uint32_t s0 = l * per_layer;
     KV_RET(kv_block_check_sections(&j->x->rec, j->x->hash, j->hdr, j->buf, s0, s0 + per_layer));
+    if (j->direct) {
+      KV_RET(kv_cblock_decode_view(j->hdr, j->buf, s0, s0 + per_layer, j->x->n_copy, j->dec,
+                                   j->out, j->x->t0));
+      continue;
+    }
     KV_RET(kv_cblock_decode_data(j->hdr, j->buf, s0, s0 + per_layer, j->dec, j->data));
     kv_scatter_sections(j->g, j->data, s0, s0 + per_layer, 0, j->x->n_copy, j->out, j->x->t0,
                         j->stream);
@@ -476,18 +482,20 @@ static unsigned get_threads(const kv_block_geom *g)
  * nt threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). */
 static kvdb_status layers_mt(const hit *x, const kv_block_hdr *hdr, const uint8_t *buf,
                              const kv_block_geom *g, kv_cdec *dec, kv_cdec *hdec, uint8_t *data,
-                             const kvdb_kv_view *out, int stream, unsigned nt)
+                             const kvdb_kv_view *out, int stream, int direct, unsigned nt)
 {
   layer_job jobs[KV_GET_MT_MAX];
   pthread_t th[KV_GET_MT_MAX];
   int started[KV_GET_MT_MAX] = {0};
   uint32_t L = g->n_layers;
   for (unsigned t = 0; t < nt; t++) {
-    jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream,
+    jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream, direct,
                           (uint32_t)((uint64_t)L * t / nt), (uint32_t)((uint64_t)L * (t + 1) / nt),
                           KVDB_OK, ""};
     if (t > 0 && hdec[t - 1].ctx == NULL && kv_cdec_init(&hdec[t - 1]) != KVDB_OK)
       jobs[t].dec = NULL;
+    if (jobs[t].dec != NULL) /* rows straight into a large output: streaming stores */
+      kv_codec_dctx_set_stream(jobs[t].dec->ctx, direct && stream);
   }
   for (unsigned t = 1; t < nt; t++)
     started[t] = jobs[t].dec != NULL && pthread_create(&th[t], NULL, layer_thread, &jobs[t]) == 0;
@@ -607,6 +615,12 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       data = dbuf->p;
     }
     int stream = kv_scatter_streams(&g, x->n_copy);
+    /* a format-2 block decodes straight into the caller's view unless the DRAM tier is to
+     * keep its data region (kv_cblock_decode_view: no data region, no scatter) */
+    int direct = out != NULL && (x->rec.bflags & KV_BLK_COMPRESSED) &&
+                 !(db->dram != NULL && kv_place_dram_admits(db, x->hash));
+    if (dec.ctx != NULL)
+      kv_codec_dctx_set_stream(dec.ctx, direct && stream);
     uint32_t per_layer = 2 * g.n_kv_heads;
     kv_block_hdr hdr;
     kvdb_status rr = KVDB_OK;
@@ -643,11 +657,13 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
       if (rr == KVDB_OK && k == 0)
         rr = check_hit_tokens(x, buf, tokens);
+      if (rr == KVDB_OK && k == 0 && (hdr.version != 2 || KV_HDR_FRAMES(&hdr)))
+        direct = 0;
       /* format 2 read whole: its layers on every core (layers_mt) */
       unsigned nt = rr == KVDB_OK && hdr.version == 2 && wv.n == 1 && out != NULL
                         ? get_threads(&g) : 1;
       if (nt > 1) {
-        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, nt);
+        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct, nt);
         continue;
       }
       /* each layer's sections are verified, then scattered while they are still in cache:
@@ -658,6 +674,10 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
         if (KV_HDR_FRAMES(&hdr)) /* lossless frames: decoded together once all are verified */
           continue;
+        if (rr == KVDB_OK && direct) {
+          rr = kv_cblock_decode_view(&hdr, buf, s0, s0 + per_layer, x->n_copy, &dec, out, x->t0);
+          continue;
+        }
         if (rr == KVDB_OK && KV_HDR_CPR(&hdr))
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK && out != NULL)
@@ -685,7 +705,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         break; /* the tier cannot take it (pinned full): nothing more would stay */
       ctl->blocks_read++;
       ctl->bytes_read += kv_rec_body_bytes(&g, &x->rec);
-    } else if (db->dram != NULL && kv_place_dram_admits(db, x->hash)) {
+    } else if (!direct && db->dram != NULL && kv_place_dram_admits(db, x->hash)) {
       kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
     }
     delivered = x->t0 + x->n_copy;
