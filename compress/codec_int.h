@@ -238,6 +238,10 @@ void kv_quant_decode_group_strided(kv_codec_dctx *ctx, const kv_section_info *in
                                    const uint8_t *src, void *ws, void *dst, size_t rowb, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
+/* The AVX-512 per-channel kernel (f16 rows, head_dim % 16 == 0, 2/4/8 bits) from now on:
+ * enable 1 when the CPU has AVX-512 F/BW/VL (and AVX2), 0 never (tests, benches: the AVX2
+ * kernel), -1 as the CPU allows (the default). Returns whether it is used. */
+int kv_quant_avx512(int enable);
 /* kvquant with per-channel widths (flags bit 3): checks the widths of groups [g0, g1) of a
  * parsed section, payload = their bytes (lengths already checked); OK for other sections. */
 kv_codec_status kv_quant_alloc_check(const kv_section_info *info, const uint8_t *payload,

@@ -117,11 +117,14 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   CHECK_OK(e, kv_section_parse(enc, el, &info, &e));
   CHECK(info.params.alloc == p.alloc);
   uint8_t *port = kt_xmalloc(len), *two = kt_xmalloc(len), *fused = kt_xmalloc(len);
-  uint8_t *again = kt_xmalloc(len), *whole = kt_xmalloc(len);
+  uint8_t *again = kt_xmalloc(len), *whole = kt_xmalloc(len), *avx2 = kt_xmalloc(len);
   uint8_t *st = aligned_alloc(64, (len + 64) / 64 * 64); /* streaming stores */
   CHECK(st != NULL);
   decode_groups(enc, el, &info, NULL, 0, port);
   decode_groups(enc, el, &info, NULL, 1, two);
+  kv_quant_avx512(0); /* the AVX2 kernels alone (the AVX-512 one where the CPU has it above) */
+  decode_groups(enc, el, &info, NULL, 1, avx2);
+  kv_quant_avx512(-1);
   uint32_t tabs = g_ctx->rope_n, used = g_ctx->rope_used;
   decode_groups(enc, el, &info, g_ctx, 1, fused);
   if (g_ctx->rope_n != tabs || g_ctx->rope_used != used)
@@ -134,6 +137,7 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   CHECK_OK(e, kv_section_decode_dctx(g_ctx, enc, el, ws, scr, whole, len, NULL, &e));
   if (memcmp(port, two, len) != 0) { size_t i = 0; while (port[i] == two[i]) i++; fprintf(stderr, "DIFF kind %d n %u d %u bits %u alloc %u sink %u res %u page %u at byte %zu row %zu\n", (int)kind, n, d, bits, p.alloc, sink, residual, page_tokens, i, i / (2 * d)); }
   CHECK(memcmp(port, two, len) == 0);
+  CHECK(memcmp(port, avx2, len) == 0);
   CHECK(memcmp(port, fused, len) == 0);
   CHECK(memcmp(port, again, len) == 0);
   CHECK(memcmp(port, st, len) == 0);
@@ -149,6 +153,7 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   free(fused);
   free(again);
   free(whole);
+  free(avx2);
   free(st);
   free(enc);
 }
@@ -362,8 +367,8 @@ int main(void)
   RUN(strided_kivi_raw_and_refusals);
   RUN(tables_refilled);
   RUN(model_keys);
-  fprintf(stderr, "fused pre-RoPE decodes: %d (AVX2 %s)\n", g_fused,
-          kv_quant_simd_available() ? "yes" : "no");
+  fprintf(stderr, "fused pre-RoPE decodes: %d (AVX2 %s, AVX-512 %s)\n", g_fused,
+          kv_quant_simd_available() ? "yes" : "no", kv_quant_avx512(-1) ? "yes" : "no");
   if (kv_quant_simd_available())
     CHECK(g_fused > 0); /* the fused kernel was exercised */
   free(mem);
