@@ -517,6 +517,15 @@ static kvdb_status layers_run(const layer_job *j)
   }
 }
 
+static void *layer_thread(void *arg)
+{
+  layer_job *j = arg;
+  j->rc = layers_run(j);
+  if (j->rc != KVDB_OK)
+    snprintf(j->msg, sizeof j->msg, "%s", kvdb_errmsg());
+  return NULL;
+}
+
 /* The threads a block of `bytes` of KV is processed on (1: the calling thread alone). */
 static unsigned get_threads(const kv_block_geom *g)
 {
@@ -527,139 +536,38 @@ static unsigned get_threads(const kv_block_geom *g)
   return n > g->n_layers ? g->n_layers : n;
 }
 
-/*
- * The helper threads of one fetch: started at its first block processed on several cores
- * (nt - 1 of them, each with its own decoding context), they wait for each batch of layers
- * (an epoch) and end with the fetch; a block read in byte waves hands them a batch per wave
- * without starting threads again. A thread that cannot start leaves its share to the others
- * (the layers are claimed, not assigned).
- */
-typedef struct layer_pool {
-  pthread_mutex_t mu;
-  pthread_cond_t go, done;
-  unsigned n;                         /* helpers running */
-  int init;                           /* mu and the conditions made */
-  int quit;
-  uint64_t epoch;                     /* the batch the helpers are to run */
-  unsigned busy;                      /* helpers still in the current batch */
+/* Layers [l0, l1) of compressed block x (format 2, their bytes in buf, meta checked) on nt
+ * threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). A
+ * thread that cannot start (or has no context) leaves its layers to the others. */
+static kvdb_status layers_mt(const hit *x, const kv_block_hdr *hdr, const uint8_t *buf,
+                             const kv_block_geom *g, kv_cdec *dec, kv_cdec *hdec, uint8_t *data,
+                             const kvdb_kv_view *out, int stream, int direct, uint32_t l0,
+                             uint32_t l1, unsigned nt)
+{
+  layer_job jobs[KV_GET_MT_MAX];
   pthread_t th[KV_GET_MT_MAX];
-  layer_job jobs[KV_GET_MT_MAX];      /* jobs[1 + t]: helper t's */
-  struct { struct layer_pool *p; unsigned idx; } arg[KV_GET_MT_MAX];
-} layer_pool;
-
-static void *pool_thread(void *argp)
-{
-  struct { layer_pool *p; unsigned idx; } *a = argp;
-  layer_pool *p = a->p;
-  uint64_t seen = 0;
-  pthread_mutex_lock(&p->mu);
-  for (;;) {
-    while (p->epoch == seen && !p->quit)
-      pthread_cond_wait(&p->go, &p->mu);
-    if (p->quit)
-      break;
-    seen = p->epoch;
-    layer_job *j = &p->jobs[a->idx];
-    pthread_mutex_unlock(&p->mu);
-    kvdb_status rc = layers_run(j);
-    pthread_mutex_lock(&p->mu);
-    j->rc = rc;
-    if (rc != KVDB_OK)
-      snprintf(j->msg, sizeof j->msg, "%s", kvdb_errmsg());
-    if (--p->busy == 0)
-      pthread_cond_signal(&p->done);
-  }
-  pthread_mutex_unlock(&p->mu);
-  return NULL;
-}
-
-/* Start the helpers (up to nt - 1; hdec: their decoding contexts) once. */
-static void pool_start(layer_pool *p, kv_cdec *hdec, unsigned nt)
-{
-  if (p->init)
-    return;
-  if (pthread_mutex_init(&p->mu, NULL) != 0)
-    return;
-  if (pthread_cond_init(&p->go, NULL) != 0) {
-    pthread_mutex_destroy(&p->mu);
-    return;
-  }
-  if (pthread_cond_init(&p->done, NULL) != 0) {
-    pthread_cond_destroy(&p->go);
-    pthread_mutex_destroy(&p->mu);
-    return;
-  }
-  p->init = 1;
-  for (unsigned t = 0; t + 1 < nt; t++) {
-    if (hdec[p->n].ctx == NULL && kv_cdec_init(&hdec[p->n]) != KVDB_OK)
-      break;
-    p->arg[p->n].p = p;
-    p->arg[p->n].idx = 1 + p->n;
-    if (pthread_create(&p->th[p->n], NULL, pool_thread, &p->arg[p->n]) != 0)
-      break;
-    p->n++;
-  }
-}
-
-static void pool_end(layer_pool *p)
-{
-  if (!p->init)
-    return;
-  pthread_mutex_lock(&p->mu);
-  p->quit = 1;
-  pthread_cond_broadcast(&p->go);
-  pthread_mutex_unlock(&p->mu);
-  for (unsigned t = 0; t < p->n; t++)
-    pthread_join(p->th[t], NULL);
-  pthread_cond_destroy(&p->done);
-  pthread_cond_destroy(&p->go);
-  pthread_mutex_destroy(&p->mu);
-  p->init = 0;
-  p->n = 0;
-}
-
-/* Layers [l0, l1) of compressed block x (format 2, their bytes in buf, meta checked) on the
- * calling thread and the pool's helpers (started on first use: nt - 1 of them, hdec their
- * decoding contexts). */
-static kvdb_status layers_mt(layer_pool *pool, const hit *x, const kv_block_hdr *hdr,
-                             const uint8_t *buf, const kv_block_geom *g, kv_cdec *dec,
-                             kv_cdec *hdec, uint8_t *data, const kvdb_kv_view *out, int stream,
-                             int direct, uint32_t l0, uint32_t l1, unsigned nt)
-{
-  pool_start(pool, hdec, nt);
+  int started[KV_GET_MT_MAX] = {0};
   layer_shared sh = {l0, l1, 0};
-  kv_codec_dctx_set_stream(dec->ctx, direct && stream); /* rows straight into a large output */
-  layer_job me = {x, hdr, buf, g, dec, data, out, stream, direct, &sh, KVDB_OK, ""};
-  unsigned nh = pool->n;
-  if (nh > 0) {
-    pthread_mutex_lock(&pool->mu);
-    for (unsigned t = 0; t < nh; t++) {
-      pool->jobs[1 + t] = me;
-      pool->jobs[1 + t].dec = &hdec[t];
-      kv_codec_dctx_set_stream(hdec[t].ctx, direct && stream);
-    }
-    pool->busy = nh;
-    pool->epoch++;
-    pthread_cond_broadcast(&pool->go);
-    pthread_mutex_unlock(&pool->mu);
+  for (unsigned t = 0; t < nt; t++) {
+    jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream, direct,
+                          &sh, KVDB_OK, ""};
+    if (t > 0 && hdec[t - 1].ctx == NULL && kv_cdec_init(&hdec[t - 1]) != KVDB_OK)
+      jobs[t].dec = NULL;
+    if (jobs[t].dec != NULL) /* rows straight into a large output: streaming stores */
+      kv_codec_dctx_set_stream(jobs[t].dec->ctx, direct && stream);
   }
-  kvdb_status rc = layers_run(&me);
-  kvdb_status hrc = KVDB_OK;
-  char msg[512] = "";
-  if (nh > 0) {
-    pthread_mutex_lock(&pool->mu);
-    while (pool->busy > 0)
-      pthread_cond_wait(&pool->done, &pool->mu);
-    for (unsigned t = 0; t < nh && hrc == KVDB_OK; t++)
-      if (pool->jobs[1 + t].rc != KVDB_OK) {
-        hrc = pool->jobs[1 + t].rc;
-        snprintf(msg, sizeof msg, "%s", pool->jobs[1 + t].msg);
-      }
-    pthread_mutex_unlock(&pool->mu);
-  }
+  for (unsigned t = 1; t < nt; t++)
+    started[t] = jobs[t].dec != NULL && pthread_create(&th[t], NULL, layer_thread, &jobs[t]) == 0;
+  kvdb_status rc = layers_run(&jobs[0]);
+  for (unsigned t = 1; t < nt; t++)
+    if (started[t])
+      pthread_join(th[t], NULL);
   if (rc != KVDB_OK)
     return rc;
-  return hrc == KVDB_OK ? KVDB_OK : kv_fail(hrc, "%s", msg);
+  for (unsigned t = 1; t < nt; t++)
+    if (started[t] && jobs[t].rc != KVDB_OK)
+      return kv_fail(jobs[t].rc, "%s", jobs[t].msg);
+  return KVDB_OK;
 }
 
 /* Byte waves: the layers from l on whose sections (and the pages that hold them) lie in the
@@ -708,8 +616,6 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
   kv_cdec dec, hdec[KV_GET_MT_MAX - 1];
   memset(&dec, 0, sizeof dec);
   memset(hdec, 0, sizeof hdec);
-  layer_pool pool; /* helper threads, started by the first block that uses them */
-  memset(&pool, 0, sizeof pool);
   for (size_t i = 0; i < w->n; i++) {
     kv_block_geom gi;
     if (kv_block_geom_init(&gi, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt,
@@ -837,8 +743,8 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
       unsigned nt = rr == KVDB_OK && hdr.version == 2 && out != NULL && l1 > l0 + 1
                         ? get_threads(&g) : 1;
       if (nt > 1) {
-        rr = layers_mt(&pool, x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct,
-                       l0, l1, nt);
+        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct, l0,
+                       l1, nt);
         continue;
       }
       /* each layer's sections are verified, then scattered while they are still in cache:
@@ -895,7 +801,6 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     kv_rbuf_release(db, sl[k].buf);
   }
   kv_rbuf_release(db, dbuf);
-  pool_end(&pool); /* before the helpers' decoding contexts go */
   kv_cdec_free(&dec);
   for (unsigned t = 0; t < KV_GET_MT_MAX - 1; t++)
     kv_cdec_free(&hdec[t]);
