@@ -268,49 +268,20 @@ typedef struct rslot {
   size_t req;     /* its read request in the batch */
 } rslot;
 
-/*
- * A compressed object read by a get comes in waves of bytes (KV_GET_CWAVE; the first also
- * holds the meta region, whatever its size): after each, the layers whose sections it
- * completes are verified and decoded while the disk reads the next (issue 16: the first
- * block's read no longer leaves the CPU idle, nor the last block's decode the disk). Its
- * layout is known only from its meta region, so each wave's layers are found then
- * (layers_ready). A prefetch reads it in one wave.
- */
-#ifndef KV_GET_CWAVE
-#define KV_GET_CWAVE (4u << 20)
-#endif
-
-/* Waves of a block: the layers each one completes (or, cw set, its bytes). */
+/* Waves of a block: the layers each one completes. */
 typedef struct waves {
   uint32_t n;             /* waves */
   uint32_t layers_per;    /* layers per wave (the last may have fewer) */
   uint64_t layer_bytes;
   uint64_t total;         /* bytes of the object */
-  uint64_t cw0, cw;       /* cw != 0: byte waves, the first cw0 bytes, then cw each */
 } waves;
 
+/* A compressed object (its layout known only from its meta region) is read in one wave. */
 static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, uint64_t wave_bytes,
-                       uint64_t cwave, waves *wv)
+                       waves *wv)
 {
   wv->layer_bytes = 2ull * g->n_kv_heads * g->section_bytes;
   wv->total = kv_rec_body_bytes(g, rec); /* a score region after the data is not read */
-  wv->cw0 = wv->cw = 0;
-  if ((rec->bflags & KV_BLK_COMPRESSED) && !g->packed && cwave >= KV_PAGE &&
-      wv->total > cwave) {
-    kv_cblock_layout l; /* meta bytes for as much data as the object holds: at least its own */
-    kv_cblock_layout_init(g, rec->bytes, &l);
-    wv->cw = cwave / KV_PAGE * KV_PAGE;
-    wv->cw0 = KV_ALIGN_UP((uint64_t)l.meta_bytes, KV_PAGE);
-    wv->cw0 = wv->cw0 < wv->cw ? wv->cw : wv->cw0;
-    wv->layers_per = g->n_layers;
-    if (wv->cw0 >= wv->total) {
-      wv->n = 1;
-      wv->cw0 = wv->cw = 0;
-      return;
-    }
-    wv->n = 1 + (uint32_t)((wv->total - wv->cw0 + wv->cw - 1) / wv->cw);
-    return;
-  }
   if ((rec->bflags & KV_BLK_COMPRESSED) || g->packed || wv->layer_bytes % KV_PAGE != 0 ||
       g->data_bytes != (uint64_t)g->n_layers * wv->layer_bytes) {
     wv->n = 1;
@@ -326,13 +297,6 @@ static void plan_waves(const kv_block_geom *g, const kv_block_rec *rec, uint64_t
 static void wave_range(const kv_block_geom *g, const waves *wv, uint32_t k, uint64_t *off,
                        uint64_t *len)
 {
-  if (wv->cw != 0) {
-    uint64_t a = k == 0 ? 0 : wv->cw0 + (uint64_t)(k - 1) * wv->cw;
-    uint64_t b = k == 0 ? wv->cw0 : a + wv->cw;
-    *off = a;
-    *len = (b > wv->total || k + 1 == wv->n ? wv->total : b) - a;
-    return;
-  }
   uint32_t l0 = k * wv->layers_per, l1 = l0 + wv->layers_per;
   if (l1 > g->n_layers || k + 1 == wv->n)
     l1 = g->n_layers;
@@ -376,7 +340,7 @@ static int issue(kvdb *db, kv_batch *bat, rslot *s, const hit *x, const kv_block
       return -1;
   }
   waves wv;
-  plan_waves(g, &x->rec, ctl->wave_bytes, ctl->out != NULL ? KV_GET_CWAVE : 0, &wv);
+  plan_waves(g, &x->rec, ctl->wave_bytes, &wv);
   uint64_t off, len;
   wave_range(g, &wv, k, &off, &len);
   if (ctl->gate != NULL && ctl->gate(ctl->gate_ctx, len) != 0) {
@@ -469,7 +433,6 @@ static kvdb_status check_hit_tokens(const hit *x, const uint8_t *buf, const uint
  * stops the claims. */
 typedef struct layer_shared {
   uint32_t next; /* the next layer to claim (atomic) */
-  uint32_t end;  /* the layers to claim end here */
   int stop;      /* a layer failed (atomic) */
 } layer_shared;
 
@@ -507,7 +470,7 @@ static kvdb_status layers_run(const layer_job *j)
     if (__atomic_load_n(&j->sh->stop, __ATOMIC_RELAXED))
       return KVDB_OK; /* another thread's failure ends the block */
     uint32_t l = __atomic_fetch_add(&j->sh->next, 1, __ATOMIC_RELAXED);
-    if (l >= j->sh->end)
+    if (l >= j->g->n_layers)
       return KVDB_OK;
     kvdb_status rc = layer_one(j, l);
     if (rc != KVDB_OK) {
@@ -536,18 +499,17 @@ static unsigned get_threads(const kv_block_geom *g)
   return n > g->n_layers ? g->n_layers : n;
 }
 
-/* Layers [l0, l1) of compressed block x (format 2, their bytes in buf, meta checked) on nt
- * threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). A
+/* Layers [0, n_layers) of compressed block x (format 2, read whole into buf, meta checked) on
+ * nt threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). A
  * thread that cannot start (or has no context) leaves its layers to the others. */
 static kvdb_status layers_mt(const hit *x, const kv_block_hdr *hdr, const uint8_t *buf,
                              const kv_block_geom *g, kv_cdec *dec, kv_cdec *hdec, uint8_t *data,
-                             const kvdb_kv_view *out, int stream, int direct, uint32_t l0,
-                             uint32_t l1, unsigned nt)
+                             const kvdb_kv_view *out, int stream, int direct, unsigned nt)
 {
   layer_job jobs[KV_GET_MT_MAX];
   pthread_t th[KV_GET_MT_MAX];
   int started[KV_GET_MT_MAX] = {0};
-  layer_shared sh = {l0, l1, 0};
+  layer_shared sh = {0, 0};
   for (unsigned t = 0; t < nt; t++) {
     jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream, direct,
                           &sh, KVDB_OK, ""};
@@ -568,21 +530,6 @@ static kvdb_status layers_mt(const hit *x, const kv_block_hdr *hdr, const uint8_
     if (started[t] && jobs[t].rc != KVDB_OK)
       return kv_fail(jobs[t].rc, "%s", jobs[t].msg);
   return KVDB_OK;
-}
-
-/* Byte waves: the layers from l on whose sections (and the pages that hold them) lie in the
- * first `got` bytes of the object; returns the end of that run. */
-static uint32_t layers_ready(const kv_block_hdr *h, const uint8_t *buf, uint64_t got,
-                             uint32_t per_layer, uint32_t n_layers, uint32_t l)
-{
-  for (; l < n_layers; l++) {
-    uint64_t off;
-    uint32_t len;
-    kv_cblock_section(h, buf, (l + 1) * per_layer - 1, &off, &len);
-    if (KV_ALIGN_UP(off + len, KV_PAGE) > got)
-      break;
-  }
-  return l;
 }
 
 /* Fetch the hits into ctl->out (or the DRAM tier); returns how many tokens were delivered (a
@@ -670,7 +617,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     /* the object (a packed one after the bytes of its first page before it) */
     const uint8_t *buf = sl[s].buf->p + (g.packed ? x->rec.offset % KV_PAGE : 0);
     waves wv;
-    plan_waves(&g, &x->rec, ctl->wave_bytes, out != NULL ? KV_GET_CWAVE : 0, &wv);
+    plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
     if (x->rec.bflags & KV_BLK_COMPRESSED) {
       if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
@@ -691,7 +638,6 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     uint32_t per_layer = 2 * g.n_kv_heads;
     kv_block_hdr hdr;
     kvdb_status rr = KVDB_OK;
-    uint32_t ldone = 0; /* byte waves: layers processed so far */
     for (uint32_t k = 0; rr == KVDB_OK && k < wv.n; k++) {
       rr = arrive(db, bat, &sl[s], x);
       if (rr != KVDB_OK)
@@ -727,29 +673,17 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = check_hit_tokens(x, buf, tokens);
       if (rr == KVDB_OK && k == 0 && (hdr.version != 2 || KV_HDR_FRAMES(&hdr)))
         direct = 0;
-      /* the layers this wave completes: [l0, l1) */
-      uint32_t l0 = k * wv.layers_per, l1 = k + 1 == wv.n ? g.n_layers : (k + 1) * wv.layers_per;
-      if (wv.cw != 0) {
-        uint64_t off, len;
-        wave_range(&g, &wv, k, &off, &len);
-        l0 = ldone;
-        l1 = k + 1 == wv.n ? g.n_layers
-             : rr == KVDB_OK && hdr.version == 2 && !KV_HDR_FRAMES(&hdr)
-               ? layers_ready(&hdr, buf, off + len, per_layer, g.n_layers, ldone)
-               : ldone; /* frames: after the last wave */
-        ldone = l1;
-      }
-      /* format 2: its layers on every core (layers_mt) */
-      unsigned nt = rr == KVDB_OK && hdr.version == 2 && out != NULL && l1 > l0 + 1
+      /* format 2 read whole: its layers on every core (layers_mt) */
+      unsigned nt = rr == KVDB_OK && hdr.version == 2 && wv.n == 1 && out != NULL
                         ? get_threads(&g) : 1;
       if (nt > 1) {
-        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct, l0,
-                       l1, nt);
+        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct, nt);
         continue;
       }
       /* each layer's sections are verified, then scattered while they are still in cache:
        * one pass over the data in memory instead of two (5.0 + 4.7 ms per 32 MiB apart) */
-      for (uint32_t l = l0; rr == KVDB_OK && l < l1; l++) {
+      uint32_t l1 = k + 1 == wv.n ? g.n_layers : (k + 1) * wv.layers_per;
+      for (uint32_t l = k * wv.layers_per; rr == KVDB_OK && l < l1; l++) {
         uint32_t s0 = l * per_layer;
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
         if (KV_HDR_FRAMES(&hdr)) /* lossless frames: decoded together once all are verified */

@@ -983,82 +983,8 @@ static void test_direct_views(void)
   t_rmdir(dir);
 }
 
-/* A get reads a compressed block larger than a read wave (get.c KV_GET_CWAVE, 4 MiB) in byte
- * waves and decodes each wave's layers while the next is read: a 32-layer int4 block of 256
- * tokens (32 MiB of KV, ~9 MB stored: 3 waves) gives what kvdb_get_context gives, whole and
- * as partial prefixes (cut inside the waved block); a damaged byte in its last wave fails the
- * block (no KV of it delivered as a hit, counted corrupt) after earlier waves were decoded. */
-static void test_wave_get(void)
-{
-  static const kvdb_model MW = {"test-compress-waves", 32, 8, 128, KVDB_F16, 256};
-  enum { NW = 300 };
-  char *dir = t_tmpdir("waveget");
-  kvdb_options o = opts();
-  kvdb *db;
-  ASSERT_OK(kvdb_open(dir, &o, &db));
-  size_t tb = kvdb_model_token_bytes(&MW);
-  uint16_t *src = malloc(NW * tb), *a = malloc(NW * tb), *b = malloc(NW * tb);
-  ASSERT(src != NULL && a != NULL && b != NULL);
-  uint32_t tok[NW];
-  tokens(tok, NW, 79);
-  t_fill_kv(&MW, tok, NW, src);
-  kvdb_put_opts po;
-  kvdb_put_opts_init(&po);
-  ASSERT_OK(kvdb_config_parse("int4", &po.config));
-  kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, src, &MW, NW, KVDB_LAYOUT_LKTHD));
-  kvdb_put_info info;
-  ASSERT_OK(kvdb_put_ex(db, &MW, tok, NW, &v, &po, &info));
-  kvdb_context_info ci;
-  ASSERT_OK(kvdb_context_stat(db, &info.context, &ci));
-  ASSERT(ci.bytes > (8u << 20)); /* block 0 alone is more than two waves */
-  kvdb_kv_view vb;
-  ASSERT_OK(kvdb_kv_view_packed(&vb, b, &MW, NW, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_get_context(db, &MW, &info.context, &vb, NULL, NULL));
-  static const size_t pn[] = {NW, 256, 200, 17};
-  size_t plane = (size_t)MW.n_kv_heads * MW.head_dim;
-  for (int pi = 0; pi < 4; pi++) {
-    size_t n = pn[pi], hit = 0;
-    memset(a, 0x5A, NW * tb);
-    ASSERT_OK(kvdb_kv_view_packed(&v, a, &MW, n, KVDB_LAYOUT_LKTHD));
-    ASSERT_OK(kvdb_get(db, &MW, tok, n, &v, &hit));
-    ASSERT_EQ(hit, n);
-    for (size_t lk = 0; lk < 2u * MW.n_layers; lk++)
-      ASSERT(memcmp(a + lk * n * plane, b + lk * NW * plane, n * plane * 2) == 0);
-    for (size_t i = 2u * MW.n_layers * n * plane; i < NW * tb / 2; i++)
-      ASSERT_EQ(a[i], 0x5A5A);
-  }
-  kvdb_close(db);
-  char path[4200];
-  snprintf(path, sizeof path, "%s/ssd/seg-0000000000000001.kvs", dir);
-  int fd = open(path, O_RDWR);
-  ASSERT(fd >= 0);
-  uint64_t b0 = t_first_object_bytes(fd);
-  ASSERT(b0 > (8u << 20));
-  off_t off = (off_t)(b0 - b0 / 16); /* in block 0's last wave */
-  uint8_t byte;
-  ASSERT(pread(fd, &byte, 1, off) == 1);
-  byte ^= 0x04;
-  ASSERT(pwrite(fd, &byte, 1, off) == 1);
-  close(fd);
-  ASSERT_OK(kvdb_open(dir, &o, &db));
-  size_t hit = 1;
-  ASSERT_OK(kvdb_kv_view_packed(&v, a, &MW, NW, KVDB_LAYOUT_LKTHD));
-  ASSERT_OK(kvdb_get(db, &MW, tok, NW, &v, &hit));
-  ASSERT_EQ(hit, 0);
-  kvdb_stats st;
-  ASSERT_OK(kvdb_stat(db, &st));
-  ASSERT_EQ(st.corrupt_blocks, 1);
-  kvdb_close(db);
-  free(src);
-  free(a);
-  free(b);
-  t_rmdir(dir);
-}
-
 int main(void)
 {
-  test_wave_get();
   test_direct_views();
   test_mt_get();
   test_config_names();
