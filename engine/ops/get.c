@@ -619,20 +619,23 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     waves wv;
     plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
+    /* a format-2 block decodes straight into the caller's view unless the DRAM tier is to
+     * keep its data region (kv_cblock_decode_view: no data region, no scatter) */
+    int direct = out != NULL && (x->rec.bflags & KV_BLK_COMPRESSED) &&
+                 !(db->dram != NULL && kv_place_dram_admits(db, x->hash));
     if (x->rec.bflags & KV_BLK_COMPRESSED) {
-      if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
+      /* the data region only where it is used: a buffer acquired and not used would take the
+       * place of a read buffer in the handle's idle list, and the next get would read into
+       * fresh memory (page faults in every read: issue 16) */
+      if (!direct && dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
         kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes to decode into", data_cap);
         break;
       }
       if (dec.ctx == NULL && kv_cdec_init(&dec) != KVDB_OK)
         break;
-      data = dbuf->p;
+      data = dbuf != NULL ? dbuf->p : NULL;
     }
     int stream = kv_scatter_streams(&g, x->n_copy);
-    /* a format-2 block decodes straight into the caller's view unless the DRAM tier is to
-     * keep its data region (kv_cblock_decode_view: no data region, no scatter) */
-    int direct = out != NULL && (x->rec.bflags & KV_BLK_COMPRESSED) &&
-                 !(db->dram != NULL && kv_place_dram_admits(db, x->hash));
     if (dec.ctx != NULL)
       kv_codec_dctx_set_stream(dec.ctx, direct && stream);
     uint32_t per_layer = 2 * g.n_kv_heads;
@@ -671,8 +674,14 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
       if (rr == KVDB_OK && k == 0)
         rr = check_hit_tokens(x, buf, tokens);
-      if (rr == KVDB_OK && k == 0 && (hdr.version != 2 || KV_HDR_FRAMES(&hdr)))
-        direct = 0;
+      if (rr == KVDB_OK && k == 0 && direct && (hdr.version != 2 || KV_HDR_FRAMES(&hdr))) {
+        direct = 0; /* lossless frames: decoded into the data region, then scattered */
+        if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL)
+          rr = kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes to decode into", data_cap);
+        else
+          data = dbuf->p;
+        kv_codec_dctx_set_stream(dec.ctx, 0);
+      }
       /* format 2 read whole: its layers on every core (layers_mt) */
       unsigned nt = rr == KVDB_OK && hdr.version == 2 && wv.n == 1 && out != NULL
                         ? get_threads(&g) : 1;
