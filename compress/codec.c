@@ -380,6 +380,18 @@ kv_codec_status kv_section_decode_rows_dctx(kv_codec_dctx *ctx, const void *src,
   kv_codec_status rc = kv_section_parse(src, src_len, in, err);
   if (rc != KV_CODEC_OK)
     return rc;
+  return kv_section_decode_rows_parsed(ctx, in, src, src_len, n_rows, scratch, scratch_cap, dst,
+                                       dst_stride, err);
+}
+
+kv_codec_status kv_section_decode_rows_parsed(kv_codec_dctx *ctx, const kv_section_info *in,
+                                              const void *src, size_t src_len, uint32_t n_rows,
+                                              void *scratch, size_t scratch_cap, void *dst,
+                                              size_t dst_stride, kv_codec_err *err)
+{
+  kv_codec_status rc;
+  if (in == NULL || src == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL info or src", 0, 0);
   if (src_len != in->section_bytes)
     return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT,
                          src_len < in->section_bytes ? "section truncated"

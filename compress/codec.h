@@ -473,6 +473,14 @@ kv_codec_status kv_section_decode_rows_dctx(kv_codec_dctx *ctx, const void *src,
                                             void *dst, size_t dst_stride, kv_section_info *info,
                                             kv_codec_err *err);
 
+/** @brief kv_section_decode_rows_dctx() of a section whose header the caller has parsed:
+ * `info` must be what kv_section_parse() gave for these src_len bytes at src (a get checks
+ * each section against its block first; this saves parsing it twice). */
+kv_codec_status kv_section_decode_rows_parsed(kv_codec_dctx *ctx, const kv_section_info *info,
+                                              const void *src, size_t src_len, uint32_t n_rows,
+                                              void *scratch, size_t scratch_cap, void *dst,
+                                              size_t dst_stride, kv_codec_err *err);
+
 /** @brief Scratch of kv_section_decode_rows_dctx() for the first n_rows rows of a section;
  * 0 when info is invalid. */
 size_t kv_section_rows_scratch_bytes(const kv_section_info *info, uint32_t n_rows);

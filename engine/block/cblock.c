@@ -706,8 +706,8 @@ kvdb_status kv_cblock_decode_view(const kv_block_hdr *h, const uint8_t *buf, uin
     if (grow(&d->scratch, &d->scratch_cap, need ? need : 1) == NULL)
       return kv_fail(KVDB_NOMEM, "decoding buffers");
     kv_codec_err err;
-    kv_codec_status st = kv_section_decode_rows_dctx(d->ctx, sec, len, n, d->scratch,
-                                                     d->scratch_cap, dst, stride, NULL, &err);
+    kv_codec_status st = kv_section_decode_rows_parsed(d->ctx, &info, sec, len, n, d->scratch,
+                                                       d->scratch_cap, dst, stride, &err);
     if (st != KV_CODEC_OK) {
       char what[64];
       snprintf(what, sizeof what, "decoding section %u", s);
