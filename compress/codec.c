@@ -340,6 +340,113 @@ kv_codec_status kv_section_decode_dctx(kv_codec_dctx *ctx, const void *src, size
                                 scratch, scratch_cap, dst, ctx, err);
 }
 
+int kv_section_decodes_strided(uint8_t codec_id)
+{
+  return codec_id == KV_CODEC_ID_RAW || codec_id == KV_CODEC_ID_KIVI ||
+         codec_id == KV_CODEC_ID_KVQUANT;
+}
+
+/* The page group that the first n_rows rows end inside (cut: 1), or n_groups. */
+static uint32_t rows_groups(const kv_section_info *info, uint32_t n_rows, int *cut)
+{
+  uint32_t pt = info->params.page_tokens ? info->params.page_tokens : info->n_rows;
+  uint32_t g = pt ? n_rows / pt : 0;
+  *cut = n_rows < info->n_rows && pt != 0 && n_rows % pt != 0;
+  return n_rows >= info->n_rows ? info->n_groups : g;
+}
+
+size_t kv_section_rows_scratch_bytes(const kv_section_info *info, uint32_t n_rows)
+{
+  if (info == NULL || kv_codec_by_id(info->codec_id) == NULL || n_rows > info->n_rows)
+    return 0;
+  if (info->codec_id == KV_CODEC_ID_RAW)
+    return 1; /* row by row, nothing decoded aside */
+  size_t need = kv_section_scratch_bytes(info);
+  int cut;
+  uint32_t g = rows_groups(info, n_rows, &cut);
+  if (cut) /* that group's rows, decoded aside */
+    need += (size_t)kv_codec_group_rows(info, g) * info->shape.head_dim *
+            kv_codec_dtype_bytes(info->shape.dtype);
+  return need;
+}
+
+kv_codec_status kv_section_decode_rows_dctx(kv_codec_dctx *ctx, const void *src, size_t src_len,
+                                            uint32_t n_rows, void *scratch, size_t scratch_cap,
+                                            void *dst, size_t dst_stride, kv_section_info *info,
+                                            kv_codec_err *err)
+{
+  kv_section_info local;
+  kv_section_info *in = info ? info : &local;
+  kv_codec_status rc = kv_section_parse(src, src_len, in, err);
+  if (rc != KV_CODEC_OK)
+    return rc;
+  return kv_section_decode_rows_parsed(ctx, in, src, src_len, n_rows, scratch, scratch_cap, dst,
+                                       dst_stride, err);
+}
+
+kv_codec_status kv_section_decode_rows_parsed(kv_codec_dctx *ctx, const kv_section_info *in,
+                                              const void *src, size_t src_len, uint32_t n_rows,
+                                              void *scratch, size_t scratch_cap, void *dst,
+                                              size_t dst_stride, kv_codec_err *err)
+{
+  kv_codec_status rc;
+  if (in == NULL || src == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL info or src", 0, 0);
+  if (src_len != in->section_bytes)
+    return KV_CODEC_FAIL(err, KV_CODEC_ECORRUPT,
+                         src_len < in->section_bytes ? "section truncated"
+                                                     : "bytes after the last group",
+                         src_len, in->section_bytes);
+  if (!kv_section_decodes_strided(in->codec_id))
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "this codec decodes contiguous rows only",
+                         in->codec_id, KV_CODEC_ID_KVQUANT);
+  size_t rowb = (size_t)in->shape.head_dim * kv_codec_dtype_bytes(in->shape.dtype);
+  if (n_rows > in->n_rows)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "more rows than the section holds", n_rows,
+                         in->n_rows);
+  if (dst_stride < rowb)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "dst_stride below a row's bytes", dst_stride, rowb);
+  if (n_rows == 0)
+    return KV_CODEC_OK;
+  if (dst == NULL || scratch == NULL)
+    return KV_CODEC_FAIL(err, KV_CODEC_EINVAL, "NULL dst or scratch", 0, 0);
+  size_t need = kv_section_rows_scratch_bytes(in, n_rows);
+  if (scratch_cap < need)
+    return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than rows_scratch_bytes()",
+                         scratch_cap, need);
+  const uint8_t *payload = (const uint8_t *)src + in->header_bytes;
+  uint8_t *out = dst;
+  if (in->codec_id == KV_CODEC_ID_RAW) { /* the rows lie back to back in the payload */
+    for (uint32_t r = 0; r < n_rows; r++)
+      kv_codec_load_le(in->shape.dtype, payload + (size_t)r * rowb, in->shape.head_dim,
+                       out + (size_t)r * dst_stride);
+    return KV_CODEC_OK;
+  }
+  int cut;
+  uint32_t g1 = rows_groups(in, n_rows, &cut);
+  size_t base = kv_section_scratch_bytes(in);
+  if (g1 > 0) {
+    rc = kv_kivi_decode_strided(in, payload, 0, g1, scratch, base, dst, dst_stride, ctx, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
+  }
+  if (cut) { /* group g1 decoded aside, its first rows copied */
+    const uint8_t *t = group_table(in, (const uint8_t *)src);
+    uint64_t off = 0;
+    for (uint32_t g = 0; g < g1; g++)
+      off += kv_codec_get_le32(t + 4 * (size_t)g);
+    uint8_t *rows = (uint8_t *)scratch + base;
+    rc = kv_codec_decode_parsed(in, (const uint8_t *)src, payload + off, g1, g1 + 1, scratch, base,
+                                rows, ctx, err);
+    if (rc != KV_CODEC_OK)
+      return rc;
+    uint32_t r0 = g1 * in->params.page_tokens;
+    for (uint32_t r = r0; r < n_rows; r++)
+      memcpy(out + (size_t)r * dst_stride, rows + (size_t)(r - r0) * rowb, rowb);
+  }
+  return KV_CODEC_OK;
+}
+
 kv_codec_status kv_section_positions(const void *hdr, size_t hdr_len, uint32_t row0, uint32_t n,
                                      uint32_t *pos, kv_codec_err *err)
 {

@@ -455,6 +455,39 @@ kv_codec_status kv_section_decode_dctx(kv_codec_dctx *ctx, const void *src, size
                                        void *scratch, size_t scratch_cap, void *dst,
                                        size_t dst_cap, kv_section_info *info, kv_codec_err *err);
 
+/**
+ * @brief Decode the first n_rows rows of a whole section (src_len exactly its section_bytes)
+ * into a strided output: row r at dst + r * dst_stride (dst_stride >= head_dim x element
+ * bytes; the rows between are not touched), so a get can decode straight into a caller's
+ * layout (a token-major [token][head][dim] buffer: the stride of a token) instead of into
+ * contiguous rows and a copy. Codecs raw, kivi and kvquant only (the others give EINVAL: their
+ * callers decode contiguous rows). The page groups wholly inside [0, n_rows) are decoded in
+ * place; a group that n_rows cuts is decoded into the scratch and its first rows copied, so
+ * scratch_cap must be kv_section_rows_scratch_bytes(info, n_rows). Same bytes as
+ * kv_section_decode_dctx() gives for those rows. `info` may be NULL; when not NULL it
+ * receives the parsed header. @return OK, ECORRUPT, ENOMEM, EINVAL (codec, n_rows above the
+ * section's rows, dst_stride below a row, NULL pointers).
+ */
+kv_codec_status kv_section_decode_rows_dctx(kv_codec_dctx *ctx, const void *src, size_t src_len,
+                                            uint32_t n_rows, void *scratch, size_t scratch_cap,
+                                            void *dst, size_t dst_stride, kv_section_info *info,
+                                            kv_codec_err *err);
+
+/** @brief kv_section_decode_rows_dctx() of a section whose header the caller has parsed:
+ * `info` must be what kv_section_parse() gave for these src_len bytes at src (a get checks
+ * each section against its block first; this saves parsing it twice). */
+kv_codec_status kv_section_decode_rows_parsed(kv_codec_dctx *ctx, const kv_section_info *info,
+                                              const void *src, size_t src_len, uint32_t n_rows,
+                                              void *scratch, size_t scratch_cap, void *dst,
+                                              size_t dst_stride, kv_codec_err *err);
+
+/** @brief Scratch of kv_section_decode_rows_dctx() for the first n_rows rows of a section;
+ * 0 when info is invalid. */
+size_t kv_section_rows_scratch_bytes(const kv_section_info *info, uint32_t n_rows);
+
+/** @brief Whether kv_section_decode_rows_dctx() decodes sections of this codec id. */
+int kv_section_decodes_strided(uint8_t codec_id);
+
 /** @brief kv_section_decode_groups() through a context (ctx NULL: the same). */
 kv_codec_status kv_section_decode_groups_dctx(kv_codec_dctx *ctx, const void *hdr, size_t hdr_len,
                                               const void *payload, size_t payload_len, uint32_t g0,

@@ -124,6 +124,12 @@ kv_codec_status kv_zp_decode_parsed(const kv_section_info *info, const uint8_t *
 kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t *payload,
                                       uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
                                       void *dst, kv_codec_dctx *ctx, kv_codec_err *err);
+/* kivi and kvquant: the same decode with row r of the groups written at dst + r * rowb (rowb
+ * >= the row's bytes: kv_section_decode_rows_dctx's strided output). */
+kv_codec_status kv_kivi_decode_strided(const kv_section_info *info, const uint8_t *payload,
+                                       uint32_t g0, uint32_t g1, void *scratch,
+                                       size_t scratch_cap, void *dst, size_t rowb,
+                                       kv_codec_dctx *ctx, kv_codec_err *err);
 kv_codec_status kv_drop_decode_parsed(const kv_section_info *info, const uint8_t *payload,
                                       uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
                                       void *dst, kv_codec_dctx *ctx, kv_codec_err *err);
@@ -226,8 +232,16 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
  * dequantizes and rotates each row in one pass, with its angles from the context's tables. */
 void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
                                const uint8_t *src, void *ws, void *dst, int simd);
+/* The same with the output's rows rowb bytes apart (rowb >= the row's bytes; streaming stores
+ * only when rowb is a multiple of 16 too). */
+void kv_quant_decode_group_strided(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
+                                   const uint8_t *src, void *ws, void *dst, size_t rowb, int simd);
 void kv_quant_stream_fence(void); /* sfence on x86, nothing elsewhere */
 int kv_quant_simd_available(void);
+/* The AVX-512 per-channel kernel (f16 rows, head_dim % 16 == 0, 2/4/8 bits) from now on:
+ * enable 1 when the CPU has AVX-512 F/BW/VL (and AVX2), 0 never (tests, benches: the AVX2
+ * kernel), -1 as the CPU allows (the default). Returns whether it is used. */
+int kv_quant_avx512(int enable);
 /* kvquant with per-channel widths (flags bit 3): checks the widths of groups [g0, g1) of a
  * parsed section, payload = their bytes (lengths already checked); OK for other sections. */
 kv_codec_status kv_quant_alloc_check(const kv_section_info *info, const uint8_t *payload,

@@ -475,9 +475,8 @@ static void rope_state(const kv_codec_params *p, uint32_t d, uint32_t pos, float
 }
 
 static void rope_rotate_rows(const kv_codec_params *p, uint32_t d, kv_codec_dtype dt,
-                             uint32_t pos, uint32_t rows, uint8_t *out, float *ws)
+                             uint32_t pos, uint32_t rows, uint8_t *out, size_t rowb, float *ws)
 {
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
   uint32_t h = d / 2;
   float *c = ws, *s = c + KV_ROPE_CHAINS * h, *ct = s + KV_ROPE_CHAINS * h, *st = ct + h;
   float *y = st + h; /* d floats: 6d in all */
@@ -960,7 +959,8 @@ KV_AVX2 static KV_INLINE uint32_t deq_blocks(const uint8_t *codes, unsigned bits
  * duplicated over the pair: KV_ROPE_CHAINS x d floats each), then vct, vst (d each): 10d
  * floats, set by the caller. head_dim 8 keeps the four chains in registers.
  */
-KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, float *ws)
+KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, size_t rowb,
+                                   float *ws)
 {
   float *vc = ws, *vs = vc + KV_ROPE_CHAINS * d, *vct = vs + KV_ROPE_CHAINS * d, *vst = vct + d;
   const __m256 sign = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
@@ -982,21 +982,21 @@ KV_AVX2 static void rope_rows_avx2(uint32_t d, uint32_t rows, uint8_t *out, floa
     __m256 ct = _mm256_loadu_ps(vct), st = _mm256_loadu_ps(vst);
     uint32_t r = 0;
     for (; r + 4 <= rows; r += 4) {
-      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
-      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
-      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
-      ROPE8(out + (size_t)(r + 3) * 16, c3, s3, ct, st);
+      ROPE8(out + (size_t)r * rowb, c0, s0, ct, st);
+      ROPE8(out + (size_t)(r + 1) * rowb, c1, s1, ct, st);
+      ROPE8(out + (size_t)(r + 2) * rowb, c2, s2, ct, st);
+      ROPE8(out + (size_t)(r + 3) * rowb, c3, s3, ct, st);
     }
     if (r < rows)
-      ROPE8(out + (size_t)r * 16, c0, s0, ct, st);
+      ROPE8(out + (size_t)r * rowb, c0, s0, ct, st);
     if (r + 1 < rows)
-      ROPE8(out + (size_t)(r + 1) * 16, c1, s1, ct, st);
+      ROPE8(out + (size_t)(r + 1) * rowb, c1, s1, ct, st);
     if (r + 2 < rows)
-      ROPE8(out + (size_t)(r + 2) * 16, c2, s2, ct, st);
+      ROPE8(out + (size_t)(r + 2) * rowb, c2, s2, ct, st);
     return;
   }
   for (uint32_t r = 0; r < rows; r++) {
-    uint8_t *row = out + (size_t)r * 2 * d;
+    uint8_t *row = out + (size_t)r * rowb;
     float *cj = vc + (size_t)(r % KV_ROPE_CHAINS) * d, *sj = vs + (size_t)(r % KV_ROPE_CHAINS) * d;
     for (uint32_t k = 0; k < d; k += 8) {
       __m256 c = _mm256_loadu_ps(cj + k), sn = _mm256_loadu_ps(sj + k);
@@ -1383,9 +1383,141 @@ KV_AVX2 static uint32_t span_avx2(const uint8_t *codes, unsigned bits, uint32_t 
   return done;
 }
 
+/*
+ * AVX-512 (F, BW, VL) per-channel rows, f16 output, d % 16 == 0 (issue 16: an int4 get is
+ * bound by this decode once it writes straight into the caller's view): 32 channels per
+ * step in two 16-lane vectors, the same operations as k_rows_impl (code x scale is exact in
+ * float, so the fused multiply-add rounds once as the portable y = c * s + z does; the clamp
+ * to the f16 range; vcvtps2ph to nearest), so the same bits; head_dim 128 keeps its scales and
+ * zeros in registers across the rows. The clamp is left out where no code can leave the f16
+ * range (no_clamp_avx2).
+ */
+#define KV_AVX512 __attribute__((target("avx2,f16c,fma,avx512f,avx512bw,avx512vl")))
+
+static int g_avx512 = -1; /* -1 unknown; kv_quant_avx512() */
+
+int kv_quant_avx512(int enable)
+{
+  int have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && kv_quant_simd_available();
+  int v = enable >= 0 ? (enable && have) : have;
+  __atomic_store_n(&g_avx512, v, __ATOMIC_RELAXED);
+  return v;
+}
+
+static int avx512_on(void)
+{
+  int v = __atomic_load_n(&g_avx512, __ATOMIC_RELAXED);
+  return v >= 0 ? v : kv_quant_avx512(-1);
+}
+
+/* 16 codes of channels [j, j + 16) of a row as int32 lanes (j x bits a multiple of 8). */
+KV_AVX512 static KV_INLINE __m512i codes16_512(const uint8_t *row, unsigned bits, uint32_t j)
+{
+  if (bits == 8)
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + j)));
+  if (bits == 4) {
+    __m128i x = _mm_loadl_epi64((const __m128i *)(const void *)(row + j / 2)), m = _mm_set1_epi8(0x0f);
+    return _mm512_cvtepu8_epi32(
+      _mm_unpacklo_epi8(_mm_and_si128(x, m), _mm_and_si128(_mm_srli_epi16(x, 4), m)));
+  }
+  int32_t w;
+  memcpy(&w, row + j / 4, 4);
+  __m128i x = _mm_shuffle_epi8(_mm_cvtsi32_si128(w),
+                               _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+  __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+  return _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(x), sh), _mm512_set1_epi32(3));
+}
+
+KV_AVX512 static KV_INLINE void store_ph512(uint8_t *out, __m512 y, int nt, int clamp)
+{
+  if (clamp)
+    y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-KV_QUANT_MAX)),
+                      _mm512_set1_ps(KV_QUANT_MAX));
+  __m256i h = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
+  if (nt) { /* out is 16-byte aligned */
+    _mm_stream_si128((__m128i *)(void *)out, _mm256_castsi256_si128(h));
+    _mm_stream_si128((__m128i *)(void *)(out + 16), _mm256_extracti128_si256(h, 1));
+  } else {
+    _mm256_storeu_si256((__m256i *)(void *)out, h);
+  }
+}
+
+/* D: head_dim when it is a constant of the instance (128), 0 for any d % 16 == 0 */
+KV_AVX512 static KV_INLINE void k_rows512_impl(const uint8_t *codes, size_t rowpack,
+                                               uint32_t rows, uint32_t d, unsigned bits,
+                                               const float *s, const float *z, uint8_t *out,
+                                               size_t rowb, int nt, int clamp, uint32_t D)
+{
+  if (D != 0) {
+    __m512 vs[8], vz[8]; /* D <= 128 */
+    for (uint32_t k = 0; k < D / 16; k++) {
+      vs[k] = _mm512_loadu_ps(s + 16 * k);
+      vz[k] = _mm512_loadu_ps(z + 16 * k);
+    }
+    for (uint32_t r = 0; r < rows; r++) {
+      const uint8_t *row = codes + (size_t)r * rowpack;
+      uint8_t *o = out + (size_t)r * rowb;
+      for (uint32_t k = 0; k < D / 16; k++)
+        store_ph512(o + 32 * k,
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16_512(row, bits, 16 * k)), vs[k],
+                                    vz[k]),
+                    nt, clamp);
+    }
+    return;
+  }
+  for (uint32_t r = 0; r < rows; r++) {
+    const uint8_t *row = codes + (size_t)r * rowpack;
+    uint8_t *o = out + (size_t)r * rowb;
+    for (uint32_t j = 0; j < d; j += 16)
+      store_ph512(o + 2 * (size_t)j,
+                  _mm512_fmadd_ps(_mm512_cvtepi32_ps(codes16_512(row, bits, j)),
+                                  _mm512_loadu_ps(s + j), _mm512_loadu_ps(z + j)),
+                  nt, clamp);
+  }
+}
+
+KV_AVX512 static void k_rows_avx512(const uint8_t *codes, size_t rowpack, uint32_t rows,
+                                    uint32_t d, unsigned bits, const float *s, const float *z,
+                                    uint8_t *out, size_t rowb, int nt)
+{
+  int clamp = !no_clamp_avx2(s, z, d, bits);
+#define K5_CALL(B, NT, CL)                                                                         \
+  do {                                                                                             \
+    if (d == 128)                                                                                  \
+      k_rows512_impl(codes, rowpack, rows, d, B, s, z, out, rowb, NT, CL, 128);                    \
+    else                                                                                           \
+      k_rows512_impl(codes, rowpack, rows, d, B, s, z, out, rowb, NT, CL, 0);                      \
+  } while (0)
+#define K5_BITS(NT, CL)                                                                            \
+  do {                                                                                             \
+    if (bits == 8)                                                                                 \
+      K5_CALL(8, NT, CL);                                                                          \
+    else if (bits == 4)                                                                            \
+      K5_CALL(4, NT, CL);                                                                          \
+    else                                                                                           \
+      K5_CALL(2, NT, CL);                                                                          \
+  } while (0)
+  if (nt && clamp)
+    K5_BITS(1, 1);
+  else if (nt)
+    K5_BITS(1, 0);
+  else if (clamp)
+    K5_BITS(0, 1);
+  else
+    K5_BITS(0, 0);
+#undef K5_BITS
+#undef K5_CALL
+}
+
 #else
 int kv_quant_simd_available(void)
 {
+  return 0;
+}
+int kv_quant_avx512(int enable)
+{
+  (void)enable;
   return 0;
 }
 #endif
@@ -1449,6 +1581,11 @@ static void dec_percol(const uint8_t *pairs, const uint8_t *codes, size_t rowpac
       k_rows_rope_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z,
                        tab + 2 * (size_t)c0 * d, out + c0 * rowb, rowb, nt);
       done = d;
+    } else if (simd && dt == KV_CODEC_F16 && d % 16 == 0 &&
+               (bits == 2 || bits == 4 || bits == 8) && avx512_on()) {
+      k_rows_avx512(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z,
+                    out + c0 * rowb, rowb, nt);
+      done = d;
     } else if (simd) {
       k_rows_avx2(codes + (size_t)c0 * rowpack, rowpack, c1 - c0, d, bits, s, z, dt,
                   out + c0 * rowb, rowb, nt);
@@ -1474,11 +1611,18 @@ void kv_quant_decode_group(const kv_section_info *info, uint32_t g, const uint8_
 void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
                                const uint8_t *src, void *ws, void *dst, int simd)
 {
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  kv_quant_decode_group_strided(ctx, info, g, src, ws, dst, rowb, simd);
+}
+
+void kv_quant_decode_group_strided(kv_codec_dctx *ctx, const kv_section_info *info, uint32_t g,
+                                   const uint8_t *src, void *ws, void *dst, size_t rowb, int simd)
+{
   const kv_codec_params *p = &info->params;
   uint32_t d = info->shape.head_dim, group = p->group;
   unsigned bits = p->bits;
   kv_codec_dtype dt = info->shape.dtype;
-  size_t rowb = (size_t)d * kv_codec_dtype_bytes(dt);
+  size_t row_bytes = (size_t)d * kv_codec_dtype_bytes(dt); /* rowb: the output's row stride */
   qgeom q;
   geom(info, g, &q);
   const uint8_t *pairs = src, *codes = src + q.pairs_bytes, *raw = codes + q.codes_bytes;
@@ -1489,7 +1633,7 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
   uint8_t *wid = (uint8_t *)(tmp + 8 * (size_t)d);             /* d widths */
   uint8_t *out = dst;
   /* streaming stores need every 8-element block 16-byte aligned: dst and the rows */
-  int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0;
+  int nt = simd == 2 && ((uintptr_t)dst & 15u) == 0 && rowb % 16 == 0 && row_bytes % 16 == 0;
   simd = simd && kv_quant_simd_available();
   nt = nt && simd;
 
@@ -1537,12 +1681,12 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
           vct[2 * i] = vct[2 * i + 1] = ct[i];
           vst[2 * i] = vst[2 * i + 1] = st[i];
         }
-        rope_rows_avx2(d, q.t, out, vc);
+        rope_rows_avx2(d, q.t, out, rowb, vc);
         return;
       }
 #endif
       if (p->rope_base != 0)
-        rope_rotate_rows(p, d, dt, p->rope_pos0 + q.r0, q.t, out, tmp);
+        rope_rotate_rows(p, d, dt, p->rope_pos0 + q.r0, q.t, out, rowb, tmp);
       return;
     }
   } else {
@@ -1574,7 +1718,12 @@ void kv_quant_decode_group_ctx(kv_codec_dctx *ctx, const kv_section_info *info, 
       }
     }
   }
-  kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+  if (rowb == row_bytes) {
+    kv_codec_load_le(dt, raw, (size_t)(q.t - q.q) * d, out + (size_t)q.q * rowb);
+    return;
+  }
+  for (uint32_t r = q.q; r < q.t; r++) /* raw rows into a strided output, one at a time */
+    kv_codec_load_le(dt, raw + (size_t)(r - q.q) * row_bytes, d, out + (size_t)r * rowb);
 }
 
 /* kvquant with per-channel widths: every width of groups [g0, g1) (payload: their bytes) is
@@ -1689,6 +1838,15 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
                                       uint32_t g0, uint32_t g1, void *scratch, size_t scratch_cap,
                                       void *dst, kv_codec_dctx *ctx, kv_codec_err *err)
 {
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  return kv_kivi_decode_strided(info, payload, g0, g1, scratch, scratch_cap, dst, rowb, ctx, err);
+}
+
+kv_codec_status kv_kivi_decode_strided(const kv_section_info *info, const uint8_t *payload,
+                                       uint32_t g0, uint32_t g1, void *scratch,
+                                       size_t scratch_cap, void *dst, size_t rowb,
+                                       kv_codec_dctx *ctx, kv_codec_err *err)
+{
   size_t need = kv_quant_scratch_bytes(info->shape.head_dim);
   if (scratch == NULL || scratch_cap < need)
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "scratch smaller than scratch_bytes()",
@@ -1697,13 +1855,12 @@ kv_codec_status kv_kivi_decode_parsed(const kv_section_info *info, const uint8_t
   void *ws = kv_codec_scratch_align(scratch, &cap);
   const uint8_t *in = payload;
   uint8_t *out = dst;
-  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
   kv_codec_status rc = kv_quant_alloc_check(info, payload, g0, g1, err);
   if (rc != KV_CODEC_OK)
     return rc;
   int stream = kv_codec_stream_call(ctx, kv_section_rows_bytes(info, g0, g1));
   for (uint32_t g = g0; g < g1; g++) { /* lengths are exact by kv_quant_check */
-    kv_quant_decode_group_ctx(ctx, info, g, in, ws, out, stream ? 2 : 1);
+    kv_quant_decode_group_strided(ctx, info, g, in, ws, out, rowb, stream ? 2 : 1);
     in += kv_quant_group_bytes(info, g);
     out += (size_t)kv_codec_group_rows(info, g) * rowb;
   }

@@ -689,3 +689,43 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
   }
   return KVDB_OK;
 }
+
+kvdb_status kv_cblock_decode_view(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                  uint32_t s1, uint32_t n, kv_cdec *d, const kvdb_kv_view *v,
+                                  uint64_t t0)
+{
+  if (n > h->g.n_tokens)
+    return kv_fail(KVDB_INVALID, "%u rows of a block of %u tokens", n, h->g.n_tokens);
+  for (uint32_t s = s0; s < s1; s++) {
+    const uint8_t *sec;
+    uint32_t len;
+    kv_section_info info;
+    KV_RET(section_at(h, buf, s, &sec, &len, &info));
+    if (info.n_rows != h->g.n_tokens)
+      return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
+                                   "stored without dropping has them all", s, info.n_rows,
+                     h->g.n_tokens);
+    size_t stride = 0;
+    uint8_t *dst = kv_section_decodes_strided(info.codec_id)
+                     ? kv_view_section_rows(&h->g, v, s, t0, &stride) : NULL;
+    if (dst == NULL) { /* contiguous rows, then copied */
+      const uint8_t *rows;
+      uint32_t n_rows;
+      KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
+      kv_scatter_rows(&h->g, rows, n, s, v, t0);
+      continue;
+    }
+    size_t need = kv_section_rows_scratch_bytes(&info, n);
+    if (grow(&d->scratch, &d->scratch_cap, need ? need : 1) == NULL)
+      return kv_fail(KVDB_NOMEM, "decoding buffers");
+    kv_codec_err err;
+    kv_codec_status st = kv_section_decode_rows_parsed(d->ctx, &info, sec, len, n, d->scratch,
+                                                       d->scratch_cap, dst, stride, &err);
+    if (st != KV_CODEC_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "decoding section %u", s);
+      return kv_codec_fail(st, &err, what);
+    }
+  }
+  return KVDB_OK;
+}

@@ -137,7 +137,22 @@ kvdb_status kv_cblock_frame_rows(const kv_block_hdr *h, const uint8_t *buf, uint
 /* A codec status as a kvdb status with the codec's message after `what`. */
 kvdb_status kv_codec_fail(kv_codec_status st, const kv_codec_err *err, const char *what);
 
+/* Sections [s0, s1) of a verified format-2 block that drops no tokens, their first n rows
+ * decoded straight into the view at tokens t0, t0 + 1, ... (issue 16: no data region and no
+ * scatter): kivi, kvquant and raw sections through kv_section_decode_rows_dctx() wherever the
+ * view's rows of a section are head_dim contiguous elements at ascending token strides
+ * (kv_view_section_rows); any other section decoded into d->rows and copied
+ * (kv_scatter_rows). Same bytes as kv_cblock_decode_data() + kv_scatter_sections(). */
+kvdb_status kv_cblock_decode_view(const kv_block_hdr *h, const uint8_t *buf, uint32_t s0,
+                                  uint32_t s1, uint32_t n, kv_cdec *d, const kvdb_kv_view *v,
+                                  uint64_t t0);
+
 /* ---- copies between block sections and caller views (copy.c) ---- */
+/* Where the view's row of section s at token t0 is, its next tokens' rows *stride bytes
+ * apart; NULL when the view's rows of that section are not head_dim contiguous elements
+ * (dim_stride) or its tokens are not at least a row apart in ascending order. */
+uint8_t *kv_view_section_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint32_t s,
+                              uint64_t t0, size_t *stride);
 /* Gather tokens [0, g->n_tokens) of the caller's view starting at token `t0` into the data
  * region `data` (g->data_bytes, zeroed padding): all sections, or section `s` alone. */
 void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data);

@@ -153,6 +153,18 @@ void kv_scatter_rows(const kv_block_geom *g, const uint8_t *rows, uint32_t n_row
              eb, 0);
 }
 
+uint8_t *kv_view_section_rows(const kv_block_geom *g, const kvdb_kv_view *v, uint32_t s,
+                              uint64_t t0, size_t *stride)
+{
+  const uint32_t eb = g->elem_bytes;
+  uint32_t kv = s & 1, h = (s >> 1) % g->n_kv_heads, l = (s >> 1) / g->n_kv_heads;
+  const kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+  if (dstep(tv, eb) != (int64_t)eb || tv->token_stride < (int64_t)g->row_bytes)
+    return NULL; /* elements apart, or tokens not ascending by at least a row */
+  *stride = (size_t)tv->token_stride;
+  return elem_addr(tv, l, t0, h);
+}
+
 void kv_gather(const kv_block_geom *g, const kvdb_kv_view *v, uint64_t t0, uint8_t *data)
 {
   for (uint32_t s = 0; s < g->n_sections; s++)

@@ -416,17 +416,27 @@ static kvdb_status check_hit_tokens(const hit *x, const uint8_t *buf, const uint
 }
 
 /*
- * A compressed (format 2) block's layers verified, decoded and scattered on every core: the
- * calling thread takes the first share of the layers, one thread per other core the rest, each
- * with its own decoding context (issue 16: an int4 get is bound by its CPU — decode, then the
- * scatter into the caller's layout — not by the disk: 4.2 GB/s of fp16 per CPU second against
- * a 1.6-2.5 GB/s raw read on the project's 2-core VM). Only for blocks of at least
- * KV_GET_MT_MIN_BYTES of KV (a thread costs ~20-50 us to start) and gets into a caller's view.
+ * A compressed (format 2) block's layers verified and decoded (straight into the caller's view,
+ * kv_cblock_decode_view, or into the data region and scattered) on every core: the calling
+ * thread and one thread per other core claim layers one at a time, each with its own decoding
+ * context (issue 16: an int4 get is bound by its CPU, not by the disk: 4.2 GB/s of fp16 per CPU
+ * second against a 1.6-2.5 GB/s raw read on the project's 2-core VM before the direct decode,
+ * ~12 after it). Only for blocks of at least KV_GET_MT_MIN_BYTES of KV (a thread costs ~20-50
+ * us to start) and gets into a caller's view.
  */
 #ifndef KV_GET_MT_MIN_BYTES
 #define KV_GET_MT_MIN_BYTES (4u << 20)
 #endif
 #define KV_GET_MT_MAX 8
+
+/* The layers of a block are claimed one at a time from a shared counter (not cut into equal
+ * shares): on this project's shared 2-vCPU machines a thread is often descheduled for
+ * milliseconds, and then the other takes its layers instead of waiting for it. A failure
+ * stops the claims. */
+typedef struct layer_shared {
+  uint32_t next; /* the next layer to claim (atomic) */
+  int stop;      /* a layer failed (atomic) */
+} layer_shared;
 
 typedef struct layer_job {
   const hit *x;
@@ -437,22 +447,39 @@ typedef struct layer_job {
   uint8_t *data;
   const kvdb_kv_view *out;
   int stream;
-  uint32_t l0, l1;
+  int direct; /* decoded straight into out (kv_cblock_decode_view), data unused */
+  layer_shared *sh;
   kvdb_status rc;
   char msg[512];
 } layer_job;
 
+static kvdb_status layer_one(const layer_job *j, uint32_t l)
+{
+  uint32_t per_layer = 2 * j->g->n_kv_heads, s0 = l * per_layer;
+  KV_RET(kv_block_check_sections(&j->x->rec, j->x->hash, j->hdr, j->buf, s0, s0 + per_layer));
+  if (j->direct)
+    return kv_cblock_decode_view(j->hdr, j->buf, s0, s0 + per_layer, j->x->n_copy, j->dec,
+                                 j->out, j->x->t0);
+  KV_RET(kv_cblock_decode_data(j->hdr, j->buf, s0, s0 + per_layer, j->dec, j->data));
+  kv_scatter_sections(j->g, j->data, s0, s0 + per_layer, 0, j->x->n_copy, j->out, j->x->t0,
+                      j->stream);
+  return KVDB_OK;
+}
+
 static kvdb_status layers_run(const layer_job *j)
 {
-  uint32_t per_layer = 2 * j->g->n_kv_heads;
-  for (uint32_t l = j->l0; l < j->l1; l++) {
-    uint32_t s0 = l * per_layer;
-    KV_RET(kv_block_check_sections(&j->x->rec, j->x->hash, j->hdr, j->buf, s0, s0 + per_layer));
-    KV_RET(kv_cblock_decode_data(j->hdr, j->buf, s0, s0 + per_layer, j->dec, j->data));
-    kv_scatter_sections(j->g, j->data, s0, s0 + per_layer, 0, j->x->n_copy, j->out, j->x->t0,
-                        j->stream);
+  for (;;) {
+    if (__atomic_load_n(&j->sh->stop, __ATOMIC_RELAXED))
+      return KVDB_OK; /* another thread's failure ends the block */
+    uint32_t l = __atomic_fetch_add(&j->sh->next, 1, __ATOMIC_RELAXED);
+    if (l >= j->g->n_layers)
+      return KVDB_OK;
+    kvdb_status rc = layer_one(j, l);
+    if (rc != KVDB_OK) {
+      __atomic_store_n(&j->sh->stop, 1, __ATOMIC_RELAXED);
+      return rc;
+    }
   }
-  return KVDB_OK;
 }
 
 static void *layer_thread(void *arg)
@@ -475,39 +502,34 @@ static unsigned get_threads(const kv_block_geom *g)
 }
 
 /* Layers [0, n_layers) of compressed block x (format 2, read whole into buf, meta checked) on
- * nt threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). */
+ * nt threads; hdec: nt - 1 decoding contexts for the others (initialized on first use). A
+ * thread that cannot start (or has no context) leaves its layers to the others. */
 static kvdb_status layers_mt(const hit *x, const kv_block_hdr *hdr, const uint8_t *buf,
                              const kv_block_geom *g, kv_cdec *dec, kv_cdec *hdec, uint8_t *data,
-                             const kvdb_kv_view *out, int stream, unsigned nt)
+                             const kvdb_kv_view *out, int stream, int direct, unsigned nt)
 {
   layer_job jobs[KV_GET_MT_MAX];
   pthread_t th[KV_GET_MT_MAX];
   int started[KV_GET_MT_MAX] = {0};
-  uint32_t L = g->n_layers;
+  layer_shared sh = {0, 0};
   for (unsigned t = 0; t < nt; t++) {
-    jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream,
-                          (uint32_t)((uint64_t)L * t / nt), (uint32_t)((uint64_t)L * (t + 1) / nt),
-                          KVDB_OK, ""};
+    jobs[t] = (layer_job){x, hdr, buf, g, t == 0 ? dec : &hdec[t - 1], data, out, stream, direct,
+                          &sh, KVDB_OK, ""};
     if (t > 0 && hdec[t - 1].ctx == NULL && kv_cdec_init(&hdec[t - 1]) != KVDB_OK)
       jobs[t].dec = NULL;
+    if (jobs[t].dec != NULL) /* rows straight into a large output: streaming stores */
+      kv_codec_dctx_set_stream(jobs[t].dec->ctx, direct && stream);
   }
   for (unsigned t = 1; t < nt; t++)
     started[t] = jobs[t].dec != NULL && pthread_create(&th[t], NULL, layer_thread, &jobs[t]) == 0;
   kvdb_status rc = layers_run(&jobs[0]);
-  for (unsigned t = 1; t < nt; t++) {
-    if (started[t]) {
+  for (unsigned t = 1; t < nt; t++)
+    if (started[t])
       pthread_join(th[t], NULL);
-    } else { /* no thread (or no memory for its context): this thread does its share */
-      jobs[t].dec = dec;
-      jobs[t].rc = rc == KVDB_OK ? layers_run(&jobs[t]) : KVDB_OK;
-      if (jobs[t].rc != KVDB_OK)
-        return jobs[t].rc; /* its message is this thread's */
-    }
-  }
   if (rc != KVDB_OK)
     return rc;
   for (unsigned t = 1; t < nt; t++)
-    if (jobs[t].rc != KVDB_OK)
+    if (started[t] && jobs[t].rc != KVDB_OK)
       return kv_fail(jobs[t].rc, "%s", jobs[t].msg);
   return KVDB_OK;
 }
@@ -599,16 +621,25 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
     waves wv;
     plan_waves(&g, &x->rec, ctl->wave_bytes, &wv);
     const uint8_t *data = buf + g.meta_bytes; /* the raw data region (decoded if compressed) */
+    /* a format-2 block decodes straight into the caller's view unless the DRAM tier is to
+     * keep its data region (kv_cblock_decode_view: no data region, no scatter) */
+    int direct = out != NULL && (x->rec.bflags & KV_BLK_COMPRESSED) &&
+                 !(db->dram != NULL && kv_place_dram_admits(db, x->hash));
     if (x->rec.bflags & KV_BLK_COMPRESSED) {
-      if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
+      /* the data region only where it is used: a buffer acquired and not used would take the
+       * place of a read buffer in the handle's idle list, and the next get would read into
+       * fresh memory (page faults in every read: issue 16) */
+      if (!direct && dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL) {
         kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes to decode into", data_cap);
         break;
       }
       if (dec.ctx == NULL && kv_cdec_init(&dec) != KVDB_OK)
         break;
-      data = dbuf->p;
+      data = dbuf != NULL ? dbuf->p : NULL;
     }
     int stream = kv_scatter_streams(&g, x->n_copy);
+    if (dec.ctx != NULL)
+      kv_codec_dctx_set_stream(dec.ctx, direct && stream);
     uint32_t per_layer = 2 * g.n_kv_heads;
     kv_block_hdr hdr;
     kvdb_status rr = KVDB_OK;
@@ -645,11 +676,19 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = kv_block_check_meta(&x->rec, x->hash, buf, &hdr);
       if (rr == KVDB_OK && k == 0)
         rr = check_hit_tokens(x, buf, tokens);
+      if (rr == KVDB_OK && k == 0 && direct && (hdr.version != 2 || KV_HDR_FRAMES(&hdr))) {
+        direct = 0; /* lossless frames: decoded into the data region, then scattered */
+        if (dbuf == NULL && (dbuf = kv_rbuf_acquire(db, data_cap)) == NULL)
+          rr = kv_fail(KVDB_NOMEM, "cannot allocate %zu bytes to decode into", data_cap);
+        else
+          data = dbuf->p;
+        kv_codec_dctx_set_stream(dec.ctx, 0);
+      }
       /* format 2 read whole: its layers on every core (layers_mt) */
       unsigned nt = rr == KVDB_OK && hdr.version == 2 && wv.n == 1 && out != NULL
                         ? get_threads(&g) : 1;
       if (nt > 1) {
-        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, nt);
+        rr = layers_mt(x, &hdr, buf, &g, &dec, hdec, (uint8_t *)data, out, stream, direct, nt);
         continue;
       }
       /* each layer's sections are verified, then scattered while they are still in cache:
@@ -660,6 +699,10 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         rr = kv_block_check_sections(&x->rec, x->hash, &hdr, buf, s0, s0 + per_layer);
         if (KV_HDR_FRAMES(&hdr)) /* lossless frames: decoded together once all are verified */
           continue;
+        if (rr == KVDB_OK && direct) {
+          rr = kv_cblock_decode_view(&hdr, buf, s0, s0 + per_layer, x->n_copy, &dec, out, x->t0);
+          continue;
+        }
         if (rr == KVDB_OK && KV_HDR_CPR(&hdr))
           rr = kv_cblock_decode_data(&hdr, buf, s0, s0 + per_layer, &dec, (uint8_t *)data);
         if (rr == KVDB_OK && out != NULL)
@@ -687,7 +730,7 @@ static size_t fetch(kvdb *db, const kvdb_model *m, uint32_t bt, walk *w, const u
         break; /* the tier cannot take it (pinned full): nothing more would stay */
       ctl->blocks_read++;
       ctl->bytes_read += kv_rec_body_bytes(&g, &x->rec);
-    } else if (db->dram != NULL && kv_place_dram_admits(db, x->hash)) {
+    } else if (!direct && db->dram != NULL && kv_place_dram_admits(db, x->hash)) {
       kv_dram_insert(db->dram, x->hash, data, g.data_bytes);
     }
     delivered = x->t0 + x->n_copy;

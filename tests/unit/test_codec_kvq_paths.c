@@ -41,6 +41,53 @@ static void decode_groups(const uint8_t *enc, size_t enc_len, const kv_section_i
   free(ws);
 }
 
+/*
+ * kv_section_decode_rows_dctx (issue 16: a get decodes straight into the caller's layout): the
+ * first n_rows rows at a stride equal the contiguous decode `want` (all rows), and the bytes
+ * between rows and after the last are untouched. n_rows: every row, all but one, one group,
+ * one group and 3 rows (a cut group), one row, none; strides: the row, the row + 2 (odd
+ * addresses: ordinary stores), 2 rows + 16 (16-byte steps: streaming stores through a
+ * context that asks for them).
+ */
+static void check_strided(const uint8_t *enc, size_t el, const kv_section_info *info,
+                          const uint8_t *want, kv_codec_dctx *ctx)
+{
+  size_t rowb = (size_t)info->shape.head_dim * kv_codec_dtype_bytes(info->shape.dtype);
+  uint32_t n = info->n_rows, pt = info->params.page_tokens;
+  uint32_t counts[] = {n, n - 1, pt < n ? pt : n, pt + 3 < n ? pt + 3 : n, 1, 0};
+  size_t strides[] = {rowb, rowb + 2, 2 * rowb + 16};
+  for (int si = 0; si < 3; si++)
+    for (int ci = 0; ci < 6; ci++)
+      for (int stream = 0; stream < 2; stream++) {
+        uint32_t nr = counts[ci];
+        size_t stride = strides[si], cap = (size_t)n * stride + 64;
+        uint8_t *out = aligned_alloc(64, (cap + 63) / 64 * 64);
+        CHECK(out != NULL);
+        memset(out, 0xA5, cap);
+        size_t scr = kv_section_rows_scratch_bytes(info, nr);
+        CHECK(scr > 0);
+        void *ws = kt_xmalloc(scr);
+        kv_codec_err e = {0};
+        kv_codec_dctx_set_stream(ctx, stream);
+        CHECK_OK(e, kv_section_decode_rows_dctx(stream ? ctx : NULL, enc, el, nr, ws, scr, out,
+                                                stride, NULL, &e));
+        kv_codec_dctx_set_stream(ctx, 0);
+        for (uint32_t r = 0; r < nr; r++)
+          CHECK(memcmp(out + (size_t)r * stride, want + (size_t)r * rowb, rowb) == 0);
+        for (size_t i = 0; i < cap; i++) { /* the gaps and the rest: not written */
+          size_t r = i / stride;
+          if (r < nr && i % stride < rowb)
+            continue;
+          CHECK(out[i] == 0xA5);
+        }
+        if (nr > 0 && scr > 1) /* a scratch one byte short is refused */
+          CHECK(kv_section_decode_rows_dctx(NULL, enc, el, nr, ws, scr - 1, out, stride, NULL,
+                                            &e) == KV_CODEC_ENOMEM);
+        free(ws);
+        free(out);
+      }
+}
+
 /* Encode the f16 section src (n x d) as kvquant and check every decoder gives the same bytes. */
 static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n, uint32_t d,
                            unsigned bits, uint32_t pos0, uint32_t sink, uint32_t residual,
@@ -70,11 +117,14 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   CHECK_OK(e, kv_section_parse(enc, el, &info, &e));
   CHECK(info.params.alloc == p.alloc);
   uint8_t *port = kt_xmalloc(len), *two = kt_xmalloc(len), *fused = kt_xmalloc(len);
-  uint8_t *again = kt_xmalloc(len), *whole = kt_xmalloc(len);
+  uint8_t *again = kt_xmalloc(len), *whole = kt_xmalloc(len), *avx2 = kt_xmalloc(len);
   uint8_t *st = aligned_alloc(64, (len + 64) / 64 * 64); /* streaming stores */
   CHECK(st != NULL);
   decode_groups(enc, el, &info, NULL, 0, port);
   decode_groups(enc, el, &info, NULL, 1, two);
+  kv_quant_avx512(0); /* the AVX2 kernels alone (the AVX-512 one where the CPU has it above) */
+  decode_groups(enc, el, &info, NULL, 1, avx2);
+  kv_quant_avx512(-1);
   uint32_t tabs = g_ctx->rope_n, used = g_ctx->rope_used;
   decode_groups(enc, el, &info, g_ctx, 1, fused);
   if (g_ctx->rope_n != tabs || g_ctx->rope_used != used)
@@ -87,10 +137,12 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   CHECK_OK(e, kv_section_decode_dctx(g_ctx, enc, el, ws, scr, whole, len, NULL, &e));
   if (memcmp(port, two, len) != 0) { size_t i = 0; while (port[i] == two[i]) i++; fprintf(stderr, "DIFF kind %d n %u d %u bits %u alloc %u sink %u res %u page %u at byte %zu row %zu\n", (int)kind, n, d, bits, p.alloc, sink, residual, page_tokens, i, i / (2 * d)); }
   CHECK(memcmp(port, two, len) == 0);
+  CHECK(memcmp(port, avx2, len) == 0);
   CHECK(memcmp(port, fused, len) == 0);
   CHECK(memcmp(port, again, len) == 0);
   CHECK(memcmp(port, st, len) == 0);
   CHECK(memcmp(port, whole, len) == 0);
+  check_strided(enc, el, &info, port, g_ctx);
   for (size_t i = 0; i < len / 2; i++) { /* finite, like the encoder's input */
     uint16_t h = kv_codec_get_le16(port + 2 * i);
     CHECK((h & 0x7c00u) != 0x7c00u);
@@ -101,6 +153,7 @@ static void same_every_way(kv_section_kind kind, const uint16_t *src, uint32_t n
   free(fused);
   free(again);
   free(whole);
+  free(avx2);
   free(st);
   free(enc);
 }
@@ -148,6 +201,73 @@ TEST(alloc_keys_and_values)
       }
   g_alloc = 0;
   g_weight = NULL;
+}
+
+/* The strided decode of kivi and raw sections (K and V, f16 and f32), and what it refuses:
+ * a codec that decodes contiguous rows only, more rows than the section, a stride below a
+ * row. */
+TEST(strided_kivi_raw_and_refusals)
+{
+  static const unsigned ids[] = {KV_CODEC_ID_KIVI, KV_CODEC_ID_RAW};
+  for (int ii = 0; ii < 2; ii++)
+    for (int kind = 0; kind < 2; kind++)
+      for (int dti = 0; dti < 2; dti++) {
+        kv_codec_dtype dt = dti ? KV_CODEC_F32 : KV_CODEC_F16;
+        uint32_t n = 200, d = 40;
+        size_t len;
+        void *src = kvgen_section(dt, (kv_section_kind)kind, 7 + (unsigned)(ii * 4 + kind * 2 + dti),
+                                  n, d, &len);
+        kv_section_shape s = {dt, (kv_section_kind)kind, n, d};
+        kv_codec_params p;
+        kv_codec_params_init(&p);
+        if (ids[ii] == KV_CODEC_ID_KIVI) {
+          p.bits = 4;
+          p.group = kind == KV_SECTION_K ? 32 : 8;
+          p.residual = 12; /* raw rows at the end */
+          p.page_tokens = 64;
+        }
+        size_t el;
+        uint8_t *enc = kt_encode(ids[ii], &s, src, len, &p, &el);
+        kv_section_info info;
+        kv_codec_err e = {0};
+        CHECK_OK(e, kv_section_parse(enc, el, &info, &e));
+        size_t scr = kv_section_scratch_bytes(&info);
+        uint8_t *want = kt_xmalloc(len);
+        void *ws = kt_xmalloc(scr ? scr : 1);
+        CHECK_OK(e, kv_section_decode_dctx(NULL, enc, el, ws, scr, want, len, NULL, &e));
+        check_strided(enc, el, &info, want, g_ctx);
+        free(ws);
+        free(want);
+        free(enc);
+        free(src);
+      }
+  /* refusals */
+  uint32_t n = 64, d = 16;
+  size_t len, el;
+  void *src = kvgen_section(KV_CODEC_F16, KV_SECTION_K, 3, n, d, &len);
+  kv_section_shape s = {KV_CODEC_F16, KV_SECTION_K, n, d};
+  kv_codec_params p;
+  kv_codec_params_init(&p);
+  uint8_t *enc = kt_encode(KV_CODEC_ID_ZSTD_PLANES, &s, src, len, &p, &el);
+  uint8_t *out = kt_xmalloc(4 * len), ws[1 << 16];
+  kv_codec_err e = {0};
+  CHECK(!kv_section_decodes_strided(KV_CODEC_ID_ZSTD_PLANES));
+  CHECK(!kv_section_decodes_strided(KV_CODEC_ID_DROP));
+  CHECK(kv_section_decode_rows_dctx(NULL, enc, el, n, ws, sizeof ws, out, 64, NULL, &e) ==
+        KV_CODEC_EINVAL);
+  free(enc);
+  p.bits = 4;
+  enc = kt_encode(KV_CODEC_ID_KVQUANT, &s, src, len, &p, &el);
+  CHECK(kv_section_decode_rows_dctx(NULL, enc, el, n + 1, ws, sizeof ws, out, 64, NULL, &e) ==
+        KV_CODEC_EINVAL);
+  CHECK(kv_section_decode_rows_dctx(NULL, enc, el, n, ws, sizeof ws, out, 2 * d - 1, NULL, &e) ==
+        KV_CODEC_EINVAL);
+  CHECK(kv_section_decode_rows_dctx(NULL, enc, el - 1, n, ws, sizeof ws, out, 64, NULL, &e) ==
+        KV_CODEC_ECORRUPT);
+  CHECK_OK(e, kv_section_decode_rows_dctx(NULL, enc, el, n, ws, sizeof ws, out, 64, NULL, &e));
+  free(out);
+  free(enc);
+  free(src);
 }
 
 /* Values near the fp16 limit: code * scale + zero may leave +-65504, and the kernels that
@@ -244,10 +364,11 @@ int main(void)
   RUN(synthetic_keys_and_values);
   RUN(alloc_keys_and_values);
   RUN(large_values);
+  RUN(strided_kivi_raw_and_refusals);
   RUN(tables_refilled);
   RUN(model_keys);
-  fprintf(stderr, "fused pre-RoPE decodes: %d (AVX2 %s)\n", g_fused,
-          kv_quant_simd_available() ? "yes" : "no");
+  fprintf(stderr, "fused pre-RoPE decodes: %d (AVX2 %s, AVX-512 %s)\n", g_fused,
+          kv_quant_simd_available() ? "yes" : "no", kv_quant_avx512(-1) ? "yes" : "no");
   if (kv_quant_simd_available())
     CHECK(g_fused > 0); /* the fused kernel was exercised */
   free(mem);

@@ -818,6 +818,21 @@ static void test_mt_get(void)
   ASSERT_OK(kvdb_get_context(db, &MT, &info.context, &vb, NULL, NULL));
   ASSERT(memcmp(a, b, NT * tb) == 0);
   ASSERT(memcmp(a, src, NT * tb) != 0); /* lossy */
+  /* partial prefixes on every core: block 1 cut inside a page group (300: 44 of its 256
+   * tokens, 16-token pages), and at a page group's end (288) */
+  static const size_t pn[] = {300, 288};
+  for (int pi = 0; pi < 2; pi++) {
+    size_t n = pn[pi];
+    memset(a, 0x5A, NT * tb);
+    ASSERT_OK(kvdb_kv_view_packed(&v, a, &MT, n, KVDB_LAYOUT_LKTHD));
+    ASSERT_OK(kvdb_get(db, &MT, tok, n, &v, &hit));
+    ASSERT_EQ(hit, n);
+    size_t plane = (size_t)MT.n_kv_heads * MT.head_dim; /* elements of a token */
+    for (size_t lk = 0; lk < 2u * MT.n_layers; lk++) /* (layer, K/V) planes */
+      ASSERT(memcmp(a + lk * n * plane, b + lk * NT * plane, n * plane * 2) == 0);
+    for (size_t i = 2u * MT.n_layers * n * plane; i < NT * tb / 2; i++)
+      ASSERT_EQ(a[i], 0x5A5A); /* nothing past the view */
+  }
   kvdb_close(db);
   /* a byte three quarters into block 0's object: a section of layer 5 or 6 of 8 */
   char path[4200];
@@ -844,8 +859,135 @@ static void test_mt_get(void)
   t_rmdir(dir);
 }
 
+/* A view of n tokens of M's shape, K and V each [layer][token][head][dim] with odd gaps: rows
+ * head_stride = row + 2 apart (odd addresses), tokens 2 x that + 6, layers n tokens + 10
+ * (dim_stride 0), or dims 4 bytes apart (dim_stride 4: rows that are not contiguous), or
+ * through layer_bases. buf: view_bytes(n) bytes per tensor, K then V. */
+static size_t view_hs(int dims4)
+{
+  return dims4 ? (size_t)M.head_dim * 4 + 2 : (size_t)M.head_dim * 2 + 2;
+}
+static size_t view_ts(int dims4)
+{
+  return 2 * view_hs(dims4) + 6;
+}
+static size_t view_ls(size_t n, int dims4)
+{
+  return n * view_ts(dims4) + 10;
+}
+static size_t view_bytes(size_t n, int dims4)
+{
+  return M.n_layers * view_ls(n, dims4);
+}
+static void odd_view(uint8_t *buf, size_t n, int dims4, void **lb, kvdb_kv_view *v)
+{
+  memset(v, 0, sizeof *v);
+  for (int kv = 0; kv < 2; kv++) {
+    kvdb_tensor_view *tv = kv ? &v->v : &v->k;
+    uint8_t *base = buf + kv * view_bytes(n, dims4);
+    tv->token_stride = (int64_t)view_ts(dims4);
+    tv->head_stride = (int64_t)view_hs(dims4);
+    tv->dim_stride = dims4 ? 4 : 0;
+    if (lb != NULL) { /* layers in reverse order through layer_bases */
+      for (uint32_t l = 0; l < M.n_layers; l++)
+        lb[kv * M.n_layers + l] = base + (M.n_layers - 1 - l) * view_ls(n, dims4);
+      tv->layer_bases = (void *const *)&lb[kv * M.n_layers];
+    } else {
+      tv->base = base;
+      tv->layer_stride = (int64_t)view_ls(n, dims4);
+    }
+  }
+}
+static size_t odd_at(size_t n, int dims4, int rev, uint32_t l, uint32_t kv, size_t t, uint32_t h,
+                     uint32_t d)
+{
+  uint32_t ll = rev ? M.n_layers - 1 - l : l;
+  return kv * view_bytes(n, dims4) + ll * view_ls(n, dims4) + t * view_ts(dims4) +
+         h * view_hs(dims4) + d * (dims4 ? 4 : 2);
+}
+
+/* Issue 16: a get decodes format-2 blocks straight into the caller's view (get.c `direct`,
+ * cblock.c kv_cblock_decode_view): the same bytes as the codec's decode, into views with odd
+ * strides, layer_bases, rows that are not contiguous (decoded aside and copied), and partial
+ * prefixes whose last block is cut inside a page group; only the view's rows are written; hit
+ * counts one SSD hit per block. */
+static void test_direct_views(void)
+{
+  char *dir = t_tmpdir("direct");
+  kvdb_options o = opts();
+  kvdb *db;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  const char *cfgs[] = {"int4", "kivi4", "int4:r40", "int2", "int8", "lossless"};
+  uint16_t *src = alloc_kv(N), *exp = alloc_kv(N);
+  size_t cap = 2 * view_bytes(N, 1);
+  uint8_t *buf = malloc(cap);
+  void *lb[2 * 3];
+  ASSERT(buf != NULL);
+  for (int c = 0; c < 6; c++) {
+    uint32_t tok[N];
+    tokens(tok, N, 900 + (uint64_t)c);
+    fill(tok, N, src);
+    ASSERT_OK(put_cfg(db, tok, N, src, cfgs[c], 0, NULL));
+    if (c == 5) {
+      memcpy(exp, src, N * kvdb_model_token_bytes(&M));
+    } else {
+      kvdb_config cf;
+      ASSERT_OK(kvdb_config_parse(cfgs[c], &cf));
+      expected_quant(src, N, &cf, exp);
+    }
+    /* prefixes: every token, a cut last block (6 of 32), whole blocks, a cut second block */
+    static const size_t ns[] = {N, 70, 64, 40, 1};
+    for (int ni = 0; ni < 5; ni++)
+      for (int shape = 0; shape < 3; shape++) { /* odd strides, layer_bases, dims 4 apart */
+        size_t n = ns[ni];
+        int dims4 = shape == 2, rev = shape == 1;
+        memset(buf, 0xA5, cap);
+        kvdb_kv_view v;
+        odd_view(buf, n, dims4, rev ? lb : NULL, &v);
+        kvdb_stats s0, s1;
+        ASSERT_OK(kvdb_stat(db, &s0));
+        size_t hit = 0;
+        ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
+        ASSERT_EQ(hit, n);
+        ASSERT_OK(kvdb_stat(db, &s1));
+        ASSERT_EQ(s1.tier[KVDB_TIER_SSD].hits - s0.tier[KVDB_TIER_SSD].hits,
+                  (n + M.block_tokens - 1) / M.block_tokens);
+        size_t written = 0;
+        for (uint32_t l = 0; l < M.n_layers; l++)
+          for (uint32_t kv = 0; kv < 2; kv++)
+            for (size_t t = 0; t < n; t++)
+              for (uint32_t h = 0; h < M.n_kv_heads; h++)
+                for (uint32_t d = 0; d < M.head_dim; d++) {
+                  uint16_t x;
+                  memcpy(&x, buf + odd_at(n, dims4, rev, l, kv, t, h, d), 2);
+                  ASSERT_EQ(x, exp[at(l, kv, t, h, d, N)]);
+                  written += 2;
+                }
+        size_t untouched = 0; /* everything else keeps its 0xA5 */
+        for (size_t i = 0; i < 2 * view_bytes(n, dims4); i++)
+          untouched += buf[i] == 0xA5;
+        size_t same = 0; /* written bytes that happen to be 0xA5 */
+        for (uint32_t l = 0; l < M.n_layers; l++)
+          for (uint32_t kv = 0; kv < 2; kv++)
+            for (size_t t = 0; t < n; t++)
+              for (uint32_t h = 0; h < M.n_kv_heads; h++)
+                for (uint32_t d = 0; d < M.head_dim; d++) {
+                  const uint8_t *e = (const uint8_t *)&exp[at(l, kv, t, h, d, N)];
+                  same += (e[0] == 0xA5) + (e[1] == 0xA5);
+                }
+        ASSERT_EQ(untouched, 2 * view_bytes(n, dims4) - written + same);
+      }
+  }
+  kvdb_close(db);
+  free(src);
+  free(exp);
+  free(buf);
+  t_rmdir(dir);
+}
+
 int main(void)
 {
+  test_direct_views();
   test_mt_get();
   test_config_names();
   test_rope_model();
