@@ -24,6 +24,17 @@ kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t
                    const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
                    kvdb_lend_fn on_lend, void *ctx, uint8_t hit_ctx[16], int *served);
 
+/* ---- calib.c ---- */
+
+/* The bits of a config that a model's calibration applies to (int4: 4, int2: 2; kvquant), else
+ * 0. */
+int kv_calib_bits_of(const kvdb_config *c);
+/* The stored calibration of model m into out when config c uses one (kv_calib_bits_of) and m
+ * has one of its geometry; else out zeroed (out->weight NULL). KVDB_CORRUPT: a damaged
+ * calibration (the writer then writes nothing). kv_calib_free() out. */
+kvdb_status kv_model_calib_load(kvdb *db, const kvdb_model *m, const kvdb_config *c,
+                                kv_calib *out);
+
 /* ---- put.c ---- */
 
 /* kvdb_put's and kvdb_put_block's checks of the handle, the model and the view (and that the
