@@ -24,7 +24,7 @@ kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t
                    const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
                    kvdb_lend_fn on_lend, void *ctx, uint8_t hit_ctx[16], int *served);
 
-/* ---- calib.c ---- */
+/* ---- calibrate.c ---- */
 
 /* The bits of a config that a model's calibration applies to (int4: 4, int2: 2; kvquant), else
  * 0. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine/ops/calib.c — a model's calibration of int4 and int2 (kvdb.h "calib"; issue 16):
+ * engine/ops/calibrate.c — a model's calibration of int4 and int2 (kvdb.h "calib"; issue 16):
  * kvdb_model_calibrate gathers each calibration context's heads from the caller's views and
  * runs compress/calib.c's kv_calib_run, then stores the result with the model (model record
  * version 3, FORMAT.md §2); kvdb_model_calibration reports it; kv_model_calib_load gives the
