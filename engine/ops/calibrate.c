@@ -33,7 +33,7 @@ kvdb_status kv_model_calib_load(kvdb *db, const kvdb_model *m, const kvdb_config
                                 kv_calib *out)
 {
   memset(out, 0, sizeof *out);
-  if (kv_calib_bits_of(c) == 0)
+  if (c != NULL && kv_calib_bits_of(c) == 0)
     return KVDB_OK;
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));

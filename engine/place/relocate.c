@@ -118,7 +118,9 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
   kv_cenc enc;
   memset(&enc, 0, sizeof enc);
   kv_calib cal; /* int4 / int2 of a calibrated model: re-encoded with its calibration */
-  KV_RET(kv_model_calib_load(db, r->m, r->reencode ? &r->cfg : NULL, &cal));
+  memset(&cal, 0, sizeof cal);
+  if (r->reencode)
+    KV_RET(kv_model_calib_load(db, r->m, &r->cfg, &cal));
   const kv_calib *calp = cal.weight != NULL ? &cal : NULL;
   kv_run run;
   if ((rc = kv_run_open(&run, w->end)) != KVDB_OK) {

@@ -168,11 +168,14 @@ static void expected(const uint16_t *src, size_t n, const char *cfg, const kv_ca
   }
 }
 
+static uint32_t g_put_flags; /* kvdb_put_opts.flags of put_cfg */
+
 static kvdb_status put_cfg(kvdb *db, const uint32_t *tok, size_t n, const uint16_t *buf,
                            const char *cfg)
 {
   kvdb_put_opts po;
   kvdb_put_opts_init(&po);
+  po.flags = g_put_flags;
   ASSERT_OK(kvdb_config_parse(cfg, &po.config));
   kvdb_kv_view v;
   ASSERT_OK(kvdb_kv_view_packed(&v, (void *)buf, &M, n, KVDB_LAYOUT_LKTHD));
@@ -347,7 +350,9 @@ int main(void)
   ASSERT_OK(put_cfg(db, tc, N, kc, "int2"));
   expected(kc, N, "int2", &ref, exp);
   check_get(db, tc, N, exp);
+  g_put_flags = KVDB_PUT_PROFILE; /* the profile measures int4 / int2 with the calibration */
   ASSERT_OK(put_cfg(db, td, N, kd, "int4:g32")); /* an explicit group wins over the plan's */
+  g_put_flags = 0;
   expected(kd, N, "int4:g32", &ref, exp);
   check_get(db, td, N, exp);
   /* re-encoding the old context uses the calibration too */
@@ -410,7 +415,9 @@ int main(void)
   check_get(db, tbk, N, exp);
   expected(ke, N, "int4", &ref, exp);
   check_get(db, te, N, exp);
+  g_put_flags = KVDB_PUT_PROFILE; /* a profile goes on without the damaged calibration */
   ASSERT_OK(put_cfg(db, tf, N, kf, "raw")); /* configs without calibration still write */
+  g_put_flags = 0;
   check_get(db, tf, N, kf);
   kvdb_key key_f; /* re-encoding to int4 needs the calibration: refused, the context kept */
   ASSERT_OK(kvdb_chain_hashes(&M, tf, N, hs, 3));
