@@ -180,6 +180,12 @@ static const tcfg ENGINE_INT4_POST = {"engine int4 post-RoPE", KV_CODEC_ID_KVQUA
  * residual, the config's group left to the plan (JSON engine_int4_calibrated_*). */
 static const tcfg ENGINE_INT4_CAL = {"engine int4 calibrated", KV_CODEC_ID_KVQUANT, 4, 128, 0,
                                      KV_DROP_NONE, 0, 0, 1, 0, 0, 1, 0, 1};
+/* the same at 2 bits (int2): uncalibrated, as a put writes it, and calibrated (plan 1) */
+static const tcfg ENGINE_INT2 = {"engine int2", KV_CODEC_ID_KVQUANT, 2, 128, 0, KV_DROP_NONE,
+                                 0, 0, 1, 0, 0, 0, 0, 0};
+static const tcfg ENGINE_INT2_CAL = {"engine int2 calibrated", KV_CODEC_ID_KVQUANT, 2, 128, 0,
+                                     KV_DROP_NONE, 0, 0, 1, 0, 0, 1, 0, 1};
+/* calibration contexts (KVDB_TRUTH_CAL_CONTEXTS=N: N of them, 1..64, an experiment) */
 #define TR_CAL_FULL 24u
 #define TR_CAL_QUICK 6u
 
@@ -923,7 +929,7 @@ static int engine_calibrate(truth *t)
                        .dtype = KV_CODEC_F16, .rope_base = 10000.0f,
                        .rope_style = KV_ROPE_ADJACENT, .n_contexts = t->n_cal, .n_tokens = nt,
                        .q = q, .q_pos = qp, .n_q = nq, .head = ecal_head, .user = t,
-                       .plans = 1, .metric = truth_metric()};
+                       .plans = 3, .metric = truth_metric()};
   kv_codec_err err;
   uint64_t t0 = bench_now_ns();
   if (kv_calib_run(&in, &t->ecal, &err) != KV_CODEC_OK) {
@@ -1081,6 +1087,9 @@ int bench_truth(const bench_env *env, bench_json *j)
   t.kv_dim = (uint32_t)cf->kv_dim;
   t.n_ctx = env->quick ? TR_CTX_QUICK : TR_CTX_FULL;
   t.n_cal = env->quick ? TR_CAL_QUICK : TR_CAL_FULL;
+  const char *ncal = getenv("KVDB_TRUTH_CAL_CONTEXTS");
+  if (ncal != NULL && atoi(ncal) >= 1 && atoi(ncal) <= 64)
+    t.n_cal = (uint32_t)atoi(ncal);
   uint64_t t0 = bench_now_ns();
   if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
     tfail("loading the tokenizer", r);
@@ -1119,7 +1128,7 @@ int bench_truth(const bench_env *env, bench_json *j)
       goto out;
   }
 
-  int4_fig f4, fe, fp, fc;
+  int4_fig f4, fe, fp, fc, f2, f2c;
   bench_log("int4 targets ...");
   if (int4_targets(&t, &CFGS[INT4_CFG], &f4) != 0)
     goto out;
@@ -1127,7 +1136,8 @@ int bench_truth(const bench_env *env, bench_json *j)
   if (int4_targets(&t, &ENGINE_INT4, &fe) != 0 || int4_targets(&t, &ENGINE_INT4_POST, &fp) != 0)
     goto out;
   bench_log("the engine's calibration (%u contexts) and its int4 ...", t.n_cal);
-  if (engine_calibrate(&t) != 0 || int4_targets(&t, &ENGINE_INT4_CAL, &fc) != 0)
+  if (engine_calibrate(&t) != 0 || int4_targets(&t, &ENGINE_INT4_CAL, &fc) != 0 ||
+      int4_targets(&t, &ENGINE_INT2, &f2) != 0 || int4_targets(&t, &ENGINE_INT2_CAL, &f2c) != 0)
     goto out;
   bench_log("truth runs: %zu configs x %u contexts ...", N_CFG, t.n_ctx);
   for (uint32_t c = 0; c < t.n_ctx; c++)
@@ -1249,6 +1259,15 @@ int bench_truth(const bench_env *env, bench_json *j)
           T_INT4_Q, bench_met(fc.q >= T_INT4_Q), fc.worst_l, fc.worst_h, fc.worst_head,
           T_INT4_WORST, bench_met(fc.worst_head >= T_INT4_WORST), fc.worst_any, fc.dec_gbps,
           T_INT4_DEC, bench_met(fc.dec_gbps >= T_INT4_DEC), fc.memcpy_gbps);
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &f2c : &f2;
+    fprintf(o, "  the engine's int2 (%s): bits per element %.4f, quality %.5f, worst head (layer "
+               "%u, KV head %u) %.5f, worst (context, head) %.5f, decode %.3f GB/s (memcpy "
+               "%.3f)\n",
+            e ? "calibrated as above, budget 2.5" : "kvquant g128, K before RoPE, no calibration",
+            ef->bpe, ef->q, ef->worst_l, ef->worst_h, ef->worst_head, ef->worst_any, ef->dec_gbps,
+            ef->memcpy_gbps);
+  }
   fprintf(o, "\nquality truth: each context stores its first %u tokens in a config, the model "
              "continues over the next %u (teacher-forced), against the same on raw f16 KV; %u "
              "contexts, %.1f s\n",
@@ -1305,6 +1324,19 @@ int bench_truth(const bench_env *env, bench_json *j)
   bench_json_num(j, "engine_int4_calibrated_quality_worst_context_head", fc.worst_any);
   bench_json_num(j, "engine_int4_calibrated_decode_gbps", fc.dec_gbps);
   bench_json_num(j, "engine_int4_calibrated_decode_memcpy_gbps", fc.memcpy_gbps);
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &f2c : &f2;
+    const char *pre = e ? "engine_int2_calibrated_" : "engine_int2_";
+    char k[96];
+    snprintf(k, sizeof k, "%sbits_per_element", pre);
+    bench_json_num(j, k, ef->bpe);
+    snprintf(k, sizeof k, "%squality", pre);
+    bench_json_num(j, k, ef->q);
+    snprintf(k, sizeof k, "%squality_worst_head", pre);
+    bench_json_num(j, k, ef->worst_head);
+    snprintf(k, sizeof k, "%sdecode_gbps", pre);
+    bench_json_num(j, k, ef->dec_gbps);
+  }
   bench_json_int(j, "engine_int4_calibration_contexts", t.n_cal);
   bench_json_num(j, "engine_int4_calibration_seconds", t.ecal_secs);
   static const char *const setsuf[N_SETS] = {"", "_research_set", "_all_configs"};
