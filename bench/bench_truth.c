@@ -26,6 +26,12 @@
  *   int4_quality_worst_head  the (layer, KV head) with the lowest quality, averaged over contexts
  *   int4_decode_gbps         kv_section_decode_dctx of every int4 section, one core, median pass,
  *                            GB/s of decoded f16
+ * The weights and the plan are compress/calib.c's (the engine's kvdb_model_calibrate runs the
+ * same code). Beside them, what the engine writes: engine_int4_* / engine_int2_* (no
+ * calibration), engine_int4_calibrated_* / engine_int2_calibrated_* (a calibrated model: the
+ * calibration kv_calib_run computes on TR_CAL_* contexts that follow the measured ones in the
+ * corpus, never a measured one; each section's parameters from kv_calib_section_params, as a
+ * put derives them).
  *
  * Truth: every context stores its first P = 448 tokens in each config of the list below
  * (each head's K and V sections encoded and decoded; dropped rows marked absent in the model,
@@ -185,7 +191,8 @@ static const tcfg ENGINE_INT2 = {"engine int2", KV_CODEC_ID_KVQUANT, 2, 128, 0, 
                                  0, 0, 1, 0, 0, 0, 0, 0};
 static const tcfg ENGINE_INT2_CAL = {"engine int2 calibrated", KV_CODEC_ID_KVQUANT, 2, 128, 0,
                                      KV_DROP_NONE, 0, 0, 1, 0, 0, 1, 0, 1};
-/* calibration contexts (KVDB_TRUTH_CAL_CONTEXTS=N: N of them, 1..64, an experiment) */
+/* calibration contexts (KVDB_TRUTH_CAL_CONTEXTS=N: N of them, 1..64, an experiment; also
+ * KVDB_TRUTH_CAL_GROUP, KVDB_TRUTH_CAL_PLANS: engine_calibrate) */
 #define TR_CAL_FULL 24u
 #define TR_CAL_QUICK 6u
 
@@ -930,6 +937,13 @@ static int engine_calibrate(truth *t)
                        .rope_style = KV_ROPE_ADJACENT, .n_contexts = t->n_cal, .n_tokens = nt,
                        .q = q, .q_pos = qp, .n_q = nq, .head = ecal_head, .user = t,
                        .plans = 3, .metric = truth_metric()};
+  /* experiments (bench/RESULTS.md, wt-cal16): KVDB_TRUTH_CAL_GROUP=N the options' group,
+   * KVDB_TRUTH_CAL_PLANS=0 K's weights only (every head 4 / 2 bits, the config's group 128) */
+  const char *eg = getenv("KVDB_TRUTH_CAL_GROUP"), *ep = getenv("KVDB_TRUTH_CAL_PLANS");
+  if (eg != NULL && atoi(eg) >= 16 && atoi(eg) <= 512)
+    in.group = (unsigned)atoi(eg);
+  if (ep != NULL && atoi(ep) >= 0 && atoi(ep) <= 3)
+    in.plans = (unsigned)atoi(ep);
   kv_codec_err err;
   uint64_t t0 = bench_now_ns();
   if (kv_calib_run(&in, &t->ecal, &err) != KV_CODEC_OK) {
