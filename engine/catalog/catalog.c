@@ -186,7 +186,7 @@ kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out)
   for (int i = 0; i < KV_CALIB_N_PLANS; i++) {
     uint32_t b = kv_get_le32(p + 16 + 4 * i);
     memcpy(&out->budget[i], &b, 4);
-    if ((plans & (1u << i)) && !(out->budget[i] > 0.0f && out->budget[i] <= 16.0f))
+    if ((plans & (1u << i)) ? !(out->budget[i] > 0.0f && out->budget[i] <= 16.0f) : b != 0)
       rc = KVDB_CORRUPT;
   }
   p += CAL_HEAD;
