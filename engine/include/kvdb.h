@@ -873,7 +873,8 @@ typedef struct kvdb_verify_report {
  * refcount with the contexts that list it. Each context record with its blocks: every block
  * present and of the context's model, the chain (block i's parent is block i-1, or the model
  * for block 0; its hash is that of its parent and tokens; the key is the last block's hash;
- * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Then
+ * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Each
+ * model record, with its calibration (kvdb_model_calibrate: checksum and values). Then
  * the segments: files present and as long as committed (a missing or short file is a
  * KVDB_CORRUPT problem naming the file), live bytes adding up.
  *

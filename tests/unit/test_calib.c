@@ -198,6 +198,14 @@ static void check_get(kvdb *db, const uint32_t *tok, size_t n, const uint16_t *w
   free(got);
 }
 
+static char g_problem[512]; /* kvdb_verify's last problem */
+
+static void on_problem(void *ctx, const kvdb_problem *p)
+{
+  (void)ctx;
+  snprintf(g_problem, sizeof g_problem, "%s", p->message);
+}
+
 static kvdb_calib_opts cal_opts(void)
 {
   kvdb_calib_opts o;
@@ -407,6 +415,10 @@ int main(void)
   ASSERT_OK(kvdb_open(dir, &o, &db));
   ASSERT_STATUS(KVDB_CORRUPT, kvdb_model_calibration(db, M.id, &ci));
   ASSERT_MSG_HAS("checksum");
+  kvdb_verify_report vr; /* kvdb_verify names it */
+  g_problem[0] = 0;
+  ASSERT_STATUS(KVDB_CORRUPT, kvdb_verify(db, on_problem, NULL, NULL, &vr));
+  ASSERT(vr.problems == 1 && strstr(g_problem, "model 'test-calib': its calibration") != NULL);
   ASSERT_STATUS(KVDB_CORRUPT, put_cfg(db, tf, N, kf, "int4"));
   size_t hit = 1;
   ASSERT_OK(kvdb_lookup(db, &M, tf, N, &hit));
