@@ -19,7 +19,11 @@
 /* 2 full blocks of 64 tokens and a partial one of 32 per context; K before RoPE */
 static const kvdb_model M = {"test-calib", 2, 2, 16, KVDB_F16, 64, 0, 10000.0f,
                              KVDB_ROPE_ADJACENT};
-enum { N = 160, NCAL = 3, NCT = 128, QH = 4 };
+/* the same KV shape in blocks of 256 tokens: the plan's groups of 256 and 128 tokens stored */
+static const kvdb_model M256 = {"test-calib", 2, 2, 16, KVDB_F16, 256, 0, 10000.0f,
+                                KVDB_ROPE_ADJACENT};
+static const kvdb_model *g_m = &M; /* the model the puts, gets and expected() use */
+enum { N = 160, NCAL = 3, NCT = 128, QH = 4, N2 = 600 };
 
 static kvdb_options opts(void)
 {
@@ -133,10 +137,11 @@ static void expected(const uint16_t *src, size_t n, const char *cfg, const kv_ca
   kvdb_config cf;
   ASSERT_OK(kvdb_config_parse(cfg, &cf));
   const kv_codec *c = kv_codec_by_id(KV_CODEC_ID_KVQUANT);
-  uint16_t rows[64 * 16], dec[64 * 16];
+  static uint16_t rows[256 * 16], dec[256 * 16];
   static uint8_t enc[1 << 16], scratch[1 << 20];
-  for (size_t b0 = 0; b0 < n; b0 += M.block_tokens) {
-    uint32_t nt = (uint32_t)(b0 + M.block_tokens <= n ? M.block_tokens : n - b0);
+  uint32_t bt = g_m->block_tokens;
+  for (size_t b0 = 0; b0 < n; b0 += bt) {
+    uint32_t nt = (uint32_t)(b0 + bt <= n ? bt : n - b0);
     for (uint32_t l = 0; l < M.n_layers; l++)
       for (uint32_t h = 0; h < M.n_kv_heads; h++)
         for (uint32_t kv = 0; kv < 2; kv++) {
@@ -178,8 +183,8 @@ static kvdb_status put_cfg(kvdb *db, const uint32_t *tok, size_t n, const uint16
   po.flags = g_put_flags;
   ASSERT_OK(kvdb_config_parse(cfg, &po.config));
   kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, (void *)buf, &M, n, KVDB_LAYOUT_LKTHD));
-  return kvdb_put_ex(db, &M, tok, n, &v, &po, NULL);
+  ASSERT_OK(kvdb_kv_view_packed(&v, (void *)buf, g_m, n, KVDB_LAYOUT_LKTHD));
+  return kvdb_put_ex(db, g_m, tok, n, &v, &po, NULL);
 }
 
 /* get of tok (n) equals want, bit for bit */
@@ -190,9 +195,9 @@ static void check_get(kvdb *db, const uint32_t *tok, size_t n, const uint16_t *w
   ASSERT(got != NULL);
   memset(got, 0xee, bytes);
   kvdb_kv_view v;
-  ASSERT_OK(kvdb_kv_view_packed(&v, got, &M, n, KVDB_LAYOUT_LKTHD));
+  ASSERT_OK(kvdb_kv_view_packed(&v, got, g_m, n, KVDB_LAYOUT_LKTHD));
   size_t hit = 0;
-  ASSERT_OK(kvdb_get(db, &M, tok, n, &v, &hit));
+  ASSERT_OK(kvdb_get(db, g_m, tok, n, &v, &hit));
   ASSERT_EQ(hit, n);
   ASSERT(memcmp(got, want, bytes) == 0);
   free(got);
@@ -452,6 +457,33 @@ int main(void)
   ASSERT_OK(kvdb_open(dir, &ro, &db));
   ASSERT_STATUS(KVDB_READONLY, kvdb_model_calibrate(db, &M, cal_ctx, NCAL, &co));
   kvdb_close(db);
+
+  t_rmdir(dir);
+
+  /* blocks of 256 tokens: the plan's groups (256 or 128) are what a block stores */
+  dir = t_tmpdir("calib256");
+  g_m = &M256;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_model_calibrate(db, &M256, cal_ctx, NCAL, &co));
+  uint32_t tg[N2];
+  tokens(tg, N2, 7);
+  uint16_t *kg = make_kv(N2, 17), *exp2 = malloc(N2 * tb);
+  ASSERT(kg != NULL && exp2 != NULL);
+  int big = 0;
+  for (uint32_t h = 0; h < M.n_layers * M.n_kv_heads; h++)
+    big |= ref.plan[0][h].kg > 128 || ref.plan[0][h].vg > 128;
+  ASSERT(big); /* some head's group is 256 */
+  ASSERT_OK(put_cfg(db, tg, N2, kg, "int4"));
+  expected(kg, N2, "int4", &ref, exp2);
+  check_get(db, tg, N2, exp2);
+  tokens(tg, N2, 8);
+  ASSERT_OK(put_cfg(db, tg, N2, kg, "int2"));
+  expected(kg, N2, "int2", &ref, exp2);
+  check_get(db, tg, N2, exp2);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  kvdb_close(db);
+  free(kg);
+  free(exp2);
 
   kv_calib_free(&ref);
   for (int c = 0; c < NCAL; c++) {
