@@ -26,6 +26,12 @@
  *   int4_quality_worst_head  the (layer, KV head) with the lowest quality, averaged over contexts
  *   int4_decode_gbps         kv_section_decode_dctx of every int4 section, one core, median pass,
  *                            GB/s of decoded f16
+ * The weights and the plan are compress/calib.c's (the engine's kvdb_model_calibrate runs the
+ * same code). Beside them, what the engine writes: engine_int4_* / engine_int2_* (no
+ * calibration), engine_int4_calibrated_* / engine_int2_calibrated_* (a calibrated model: the
+ * calibration kv_calib_run computes on TR_CAL_* contexts that follow the measured ones in the
+ * corpus, never a measured one; each section's parameters from kv_calib_section_params, as a
+ * put derives them).
  *
  * Truth: every context stores its first P = 448 tokens in each config of the list below
  * (each head's K and V sections encoded and decoded; dropped rows marked absent in the model,
@@ -98,6 +104,9 @@ typedef struct tcfg {
   unsigned alloc;         /* kvquant: per-channel bit allocation (codec.h params.alloc) */
   unsigned perhead;       /* with alloc: K and V widths chosen per (layer, KV head) from
                              calibration contexts (head_plan), the bits/el at most bits + 0.5 */
+  unsigned ecal;          /* the engine's calibrated int4: every section's parameters from the
+                             calibration kv_calib_run() computed on contexts disjoint from the
+                             measured ones (t->ecal), as kvdb_model_calibrate does */
 } tcfg;
 
 static const tcfg CFGS[] = {
@@ -171,6 +180,21 @@ static const tcfg ENGINE_INT4 = {"engine int4", KV_CODEC_ID_KVQUANT, 4, 128, 0, 
                                  0, 0, 1, 0, 0, 0, 0};
 static const tcfg ENGINE_INT4_POST = {"engine int4 post-RoPE", KV_CODEC_ID_KVQUANT, 4, 128, 0,
                                       KV_DROP_NONE, 0, 0, 0, 0, 0, 0, 0};
+/* The engine's int4 of a calibrated model (kvdb_model_calibrate): what a put writes, the
+ * section parameters of kv_calib_section_params() over the calibration of TR_CAL_* contexts
+ * that follow the measured ones in the corpus (never a measured context), K before RoPE, no
+ * residual, the config's group left to the plan (JSON engine_int4_calibrated_*). */
+static const tcfg ENGINE_INT4_CAL = {"engine int4 calibrated", KV_CODEC_ID_KVQUANT, 4, 128, 0,
+                                     KV_DROP_NONE, 0, 0, 1, 0, 0, 1, 0, 1};
+/* the same at 2 bits (int2): uncalibrated, as a put writes it, and calibrated (plan 1) */
+static const tcfg ENGINE_INT2 = {"engine int2", KV_CODEC_ID_KVQUANT, 2, 128, 0, KV_DROP_NONE,
+                                 0, 0, 1, 0, 0, 0, 0, 0};
+static const tcfg ENGINE_INT2_CAL = {"engine int2 calibrated", KV_CODEC_ID_KVQUANT, 2, 128, 0,
+                                     KV_DROP_NONE, 0, 0, 1, 0, 0, 1, 0, 1};
+/* calibration contexts (KVDB_TRUTH_CAL_CONTEXTS=N: N of them, 1..64, an experiment; also
+ * KVDB_TRUTH_CAL_GROUP, KVDB_TRUTH_CAL_PLANS: engine_calibrate) */
+#define TR_CAL_FULL 24u
+#define TR_CAL_QUICK 6u
 
 /* One context: tokens, the queries of every position, the f16 KV of every position. */
 typedef struct tctx {
@@ -189,9 +213,12 @@ typedef struct truth {
   size_t scratch_cap;
   double *q2;    /* [n_ctx][L][H][d]: per context, the sum over positions and the KV head's
                     query heads of each channel's squared query (sensitivity weights) */
-  uint8_t *plan; /* [n_ctx][L][H]: the index in PLAN_OPTS of each head's K and V bits (perhead
-                    configs), NULL before head_plan; `forced` >= 0: that option for every head */
-  int forced;
+  kv_calib *cal; /* [n_ctx]: perhead configs' calibration of each measured context, from the
+                    other measured contexts (leave one out; head_plan), NULL before */
+  tctx *cal_ctx; /* [n_cal]: the engine calibration's contexts (disjoint from ctx) */
+  uint32_t n_cal;
+  kv_calib ecal; /* kv_calib_run() over cal_ctx: what kvdb_model_calibrate stores */
+  double ecal_secs;
 } truth;
 
 static int tfail(const char *what, int rc)
@@ -200,15 +227,6 @@ static int tfail(const char *what, int rc)
   return -1;
 }
 
-/* The (K bits, V bits) a perhead config chooses from, per (layer, KV head). */
-static const struct {
-  unsigned kb, vb, kg; /* kg: K's group, 0 = the config's */
-} PLAN_OPTS[] = {{3, 3, 0},   {3, 4, 0},   {4, 3, 0},   {4, 4, 0},   {5, 3, 0},   {5, 4, 0},
-                 {6, 4, 0},   {5, 5, 0},   {6, 5, 0},   {3, 3, 128}, {3, 4, 128}, {4, 3, 128},
-                 {4, 4, 128}, {5, 3, 128}, {5, 4, 128}, {6, 4, 128}, {5, 5, 128}, {6, 5, 128},
-                 {6, 3, 0},   {7, 4, 0},   {4, 5, 0},   {6, 6, 0},   {2, 4, 0},   {3, 5, 0}};
-#define N_PLAN_OPTS (sizeof PLAN_OPTS / sizeof PLAN_OPTS[0])
-#define PLAN_BASE 3 /* (4, 4) */
 
 static uint16_t *sec_of(const truth *t, const tctx *c, uint32_t l, uint32_t h, int kv)
 {
@@ -292,26 +310,13 @@ static int sens_weights(truth *t, uint32_t ci, uint32_t l, uint32_t h, float *w)
     for (uint32_t c = 0; c < t->n_ctx; c++)
       for (uint32_t p = 0; p < TR_TOKENS; p++)
         for (uint32_t ll = 0; ll < t->L; ll++)
-          for (uint32_t qh = 0; qh < t->QH; qh++) {
-            const float *q = t->ctx[c].q + p * qstep + ((size_t)ll * t->QH + qh) * d;
-            double *o = t->q2 + c * per + ((size_t)ll * t->H + qh / t->grp) * d;
-            for (uint32_t j = 0; j < d; j++)
-              o[j] += (double)q[j] * q[j];
-          }
+          for (uint32_t qh = 0; qh < t->QH; qh++)
+            kv_calib_q2_add(t->ctx[c].q + p * qstep + ((size_t)ll * t->QH + qh) * d, 1, d,
+                            t->q2 + c * per + ((size_t)ll * t->H + qh / t->grp) * d);
   }
-  double tot = 0;
-  for (uint32_t j = 0; j < d; j += 2) {
-    double s = 0;
-    for (uint32_t c = 0; c < t->n_ctx; c++)
-      if (c != ci || t->n_ctx == 1) {
-        const double *o = t->q2 + c * per + ((size_t)l * t->H + h) * d;
-        s += o[j] + o[j + 1];
-      }
-    w[j] = w[j + 1] = (float)s;
-    tot += 2 * s;
-  }
-  for (uint32_t j = 0; j < d; j++) /* normalized: mean 1 */
-    w[j] = tot > 0 ? (float)(w[j] * d / tot) : 1.0f;
+  /* the calibration's weights (compress/calib.c), all contexts but ci summed per RoPE pair */
+  kv_calib_chan_weights(t->q2 + ((size_t)l * t->H + h) * d, t->n_ctx, per, ci, d,
+                        KV_ROPE_ADJACENT, w);
   return 0;
 }
 
@@ -328,33 +333,33 @@ static int codec_head(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t 
   kv_codec_params p[2];
   kv_codec_err err;
   uint32_t keep[TR_TOKENS], nk = 0;
-  float cw[64];
-  if (cf->alloc && d <= 64 && d % 2 == 0 && sens_weights(t, (uint32_t)(c - t->ctx), l, h, cw) != 0)
-    return -1;
   for (int kv = 0; kv < 2; kv++) {
     kv_codec_params_init(&p[kv]);
     p[kv].bits = cf->bits;
     p[kv].group = cf->id == KV_CODEC_ID_KVQUANT ? cf->group : 0;
     p[kv].residual = cf->residual;
     p[kv].sink = cf->sink;
-    p[kv].alloc = cf->alloc;
-    if (kv == 0 && p[kv].alloc && d <= 64 && d % 2 == 0)
-      p[kv].chan_weight = cw; /* K: the queries' sensitivity (sens_weights) */
   }
   if (cf->vbits)
     p[1].bits = cf->vbits;
-  if (cf->perhead) {
-    uint32_t ci = (uint32_t)(c - t->ctx);
-    int o = t->forced >= 0 ? t->forced
-            : t->plan ? t->plan[((size_t)ci * t->L + l) * t->H + h] : PLAN_BASE;
-    p[0].bits = PLAN_OPTS[o].kb;
-    p[1].bits = PLAN_OPTS[o].vb;
-    if (PLAN_OPTS[o].kg != 0 && PLAN_OPTS[o].kg <= n)
-      p[0].group = PLAN_OPTS[o].kg;
-  }
-
   if (cf->vgroup)
     p[1].group = cf->vgroup;
+  /* widths per channel, K weighted by calibration queries, bits and groups per head: the
+   * calibration's section parameters (compress/calib.c), the measured context's own calibration
+   * (leave one out: head_plan) or the engine's (ecal: disjoint contexts) */
+  const kv_calib *cal = cf->ecal ? &t->ecal
+                        : cf->alloc && t->cal ? &t->cal[(uint32_t)(c - t->ctx)]
+                                              : NULL;
+  if (cf->alloc && cal == NULL) {
+    bench_log("%s: no calibration", cf->name);
+    return -1;
+  }
+  for (int kv = 0; kv < 2 && cal != NULL; kv++)
+    if (!kv_calib_section_params(cal, cf->bits, l, h, kv, n, 0, &p[kv])) {
+      bench_log("%s: the calibration does not cover layer %u head %u", cf->name, l, h);
+      return -1;
+    }
+
   const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
   size_t len = (size_t)n * d * 2;
   if (cf->prerope) { /* the model's RoPE: llama2.c's adjacent pairs, base 10000 */
@@ -764,66 +769,106 @@ typedef struct int4_fig {
   uint32_t worst_l, worst_h;
 } int4_fig;
 
-/* Each head's option of least cal + lam x bytes into pl; returns the plan's bytes. */
-static double plan_at(double lam, const double *cal, const double *bytes, size_t no,
-                      uint32_t heads, uint8_t *pl)
+/* The metric of the int4's plans: the cosine, or KVDB_TRUTH_METRIC's variant (head_quality) */
+static unsigned truth_metric(void)
 {
-  double tot = 0;
-  for (uint32_t hh = 0; hh < heads; hh++) {
-    size_t best = 0;
-    double bv = HUGE_VAL;
-    for (size_t o = 0; o < no; o++) {
-      double v = cal[o * heads + hh] + lam * bytes[o * heads + hh];
-      if (v < bv) {
-        bv = v;
-        best = o;
-      }
-    }
-    pl[hh] = (uint8_t)best;
-    tot += bytes[best * heads + hh];
-  }
-  return tot;
+  const char *m = getenv("KVDB_TRUTH_METRIC");
+  return m && strcmp(m, "nac") == 0 ? 1 : m && strcmp(m, "sq") == 0 ? 2 : 0;
+}
+
+/* Probes of head (l, h) of context c over its first n tokens (the causal metric's spread
+ * positions, every query head of the group) and their reference outputs over the original KV:
+ * the fields of a kv_calib_head_data. q, ref: TR_PROBES x grp x d floats; qpos as many. */
+static int head_probes(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_t n,
+                       kv_calib_head_data *hd, float *q, uint32_t *qpos, float *ref)
+{
+  uint32_t pos[TR_PROBES], np = kv_quality_probe_positions(n, TR_PROBES, pos);
+  uint32_t nq = head_queries(t, c, l, h, pos, np, q, qpos);
+  kv_codec_err err;
+  if (need_scratch(t, kv_quality_causal_scratch_bytes(n, t->d)) != 0)
+    return -1;
+  const uint16_t *k = sec_of(t, c, l, h, 0), *v = sec_of(t, c, l, h, 1);
+  if (kv_quality_causal_attend(KV_CODEC_F16, n, t->d, k, v, NULL, q, qpos, nq, t->scratch,
+                               t->scratch_cap, ref, &err) != KV_CODEC_OK)
+    return bench_codec_fail("causal quality", &err);
+  *hd = (kv_calib_head_data){KV_CODEC_F16, n, t->d, k, v, 10000.0f, KV_ROPE_ADJACENT, 0, NULL,
+                             q, qpos, nq, ref, truth_metric()};
+  return 0;
 }
 
 /*
  * Per-head mixed precision (perhead configs; the brief's "spend bits where the metric's error
- * is"): each (layer, KV head) gets one (K bits, V bits) of PLAN_OPTS. For context ci the choice
- * is made from the other contexts only (calibration, as KVQuant calibrates offline): the
- * quality loss of every option on every head, averaged over those contexts, then a Lagrangian
- * choice (each head the option of least loss + lambda x bytes, lambda bisected) under a byte
- * budget of (cf->bits + 0.5) bits per element over all heads.
+ * is"): each measured context ci gets its own calibration t->cal[ci] from the *other* measured
+ * contexts only (leave one out; calibration as KVQuant calibrates offline): K's weights
+ * (sens_weights) and a plan, one option of kv_calib_options(4) per (layer, KV head): the quality
+ * loss of every option on every head (kv_calib_eval), averaged over those contexts, then
+ * kv_calib_plan_choose's Lagrangian choice under a byte budget of (cf->bits + 0.5) bits per
+ * element over all heads. The engine's calibration (kv_calib_run, ecal) is the same code over
+ * contexts disjoint from the measured ones.
  */
 static int head_plan(truth *t, const tcfg *cf)
 {
   uint32_t d = t->d, heads = t->L * t->H, n = TR_TOKENS;
-  size_t no = N_PLAN_OPTS;
-  double *loss = calloc(no * t->n_ctx * heads, sizeof *loss);
-  double *bytes = calloc(no * heads, sizeof *bytes);
-  uint16_t *kd = malloc((size_t)n * d * 2 * 2), *vd = kd ? kd + (size_t)n * d : NULL;
-  t->plan = calloc((size_t)t->n_ctx * heads, 1);
-  uint32_t rpos[TR_TOKENS];
+  size_t no = 0;
+  const kv_calib_opt *opts = kv_calib_options(cf->bits, &no);
+  double *loss = calloc(no * t->n_ctx * heads + 1, sizeof *loss);
+  double *bytes = calloc(no * heads + 1, sizeof *bytes);
+  float *pq = malloc((size_t)TR_PROBES * t->grp * d * sizeof(float) * 2);
+  uint32_t *qpos = malloc((size_t)TR_PROBES * t->grp * sizeof *qpos);
+  uint8_t *pl = malloc(heads);
+  t->cal = calloc(t->n_ctx, sizeof *t->cal);
+  void *ws = NULL;
   int rc = -1;
-  if (!loss || !bytes || !kd || !t->plan) {
+  if (!loss || !bytes || !pq || !qpos || !pl || !t->cal || opts == NULL) {
     bench_log("out of memory (head plan)");
     goto out;
   }
-  for (size_t o = 0; o < no; o++) {
-    t->forced = (int)o;
-    for (uint32_t ci = 0; ci < t->n_ctx; ci++)
-      for (uint32_t hh = 0; hh < heads; hh++) {
-        uint32_t rows;
-        size_t b;
-        double q;
-        if (codec_head(t, &t->ctx[ci], hh / t->H, hh % t->H, n, cf, kd, vd, rpos, &rows, &b,
-                       NULL, 0, NULL) != 0 ||
-            head_quality(t, &t->ctx[ci], hh / t->H, hh % t->H, n, kd, vd, rpos, rows, &q, NULL,
-                         NULL) != 0)
+  for (uint32_t ci = 0; ci < t->n_ctx; ci++) { /* each context's weights: the others' queries */
+    kv_calib *c = &t->cal[ci];
+    c->n_layers = t->L;
+    c->n_heads = t->H;
+    c->head_dim = d;
+    c->weight = malloc((size_t)heads * d * sizeof(float));
+    c->plan[0] = malloc(heads * sizeof(kv_calib_opt));
+    if (c->weight == NULL || c->plan[0] == NULL) {
+      bench_log("out of memory (head plan)");
+      goto out;
+    }
+    for (uint32_t hh = 0; hh < heads; hh++)
+      if (sens_weights(t, ci, hh / t->H, hh % t->H, c->weight + (size_t)hh * d) != 0)
+        goto out;
+  }
+  size_t ws_cap = 0;
+  for (uint32_t ci = 0; ci < t->n_ctx; ci++)
+    for (uint32_t hh = 0; hh < heads; hh++) {
+      kv_calib_head_data hd;
+      if (head_probes(t, &t->ctx[ci], hh / t->H, hh % t->H, n, &hd, pq, qpos,
+                      pq + (size_t)TR_PROBES * t->grp * d) != 0)
+        goto out;
+      hd.chan_weight = t->cal[ci].weight + (size_t)hh * d;
+      for (size_t o = 0; o < no; o++) {
+        kv_calib_opt op = opts[o];
+        op.kg = op.kg ? op.kg : (uint16_t)cf->group;
+        op.vg = op.vg ? op.vg : (uint16_t)(cf->vgroup ? cf->vgroup : cf->group);
+        size_t need = kv_calib_eval_scratch(&hd, &op), b;
+        double ls;
+        kv_codec_err err;
+        if (need > ws_cap) {
+          free(ws);
+          ws_cap = (ws = malloc(need)) ? need : 0;
+          if (ws == NULL) {
+            bench_log("out of memory (head plan)");
+            goto out;
+          }
+        }
+        if (kv_calib_eval(&hd, &op, ws, ws_cap, &ls, &b, &err) != KV_CODEC_OK) {
+          bench_codec_fail("kv_calib_eval", &err);
           goto out;
-        loss[(o * t->n_ctx + ci) * heads + hh] = 1 - q;
+        }
+        loss[(o * t->n_ctx + ci) * heads + hh] = ls;
         bytes[o * heads + hh] = (double)b; /* the same for every context (one shape) */
       }
-  }
-  t->forced = -1;
+    }
   double budget = (cf->bits + 0.5) / 8.0 * 2.0 * n * d * heads;
   double *cal = malloc(no * heads * sizeof *cal);
   if (cal == NULL)
@@ -840,28 +885,78 @@ static int head_plan(truth *t, const tcfg *cf)
           }
         cal[o * heads + hh] = s / k;
       }
-    double lo = 0, hi = 1; /* lambda: loss per byte */
-    uint8_t *pl = t->plan + (size_t)ci * heads;
-    for (int it = 0; it < 60; it++) {
-      double lam = it == 0 ? 0 : (lo + hi) / 2;
-      double tot = plan_at(lam, cal, bytes, no, heads, pl);
-      if (it == 0 && tot <= budget)
-        break;
-      if (tot <= budget)
-        hi = lam;
-      else
-        lo = lam;
-      if (it == 59) /* end on a plan within the budget: lambda = hi */
-        plan_at(hi, cal, bytes, no, heads, pl);
+    kv_calib_plan_choose(cal, bytes, no, heads, budget, pl);
+    for (uint32_t hh = 0; hh < heads; hh++) {
+      kv_calib_opt op = opts[pl[hh]];
+      op.kg = op.kg ? op.kg : (uint16_t)cf->group;
+      op.vg = op.vg ? op.vg : (uint16_t)(cf->vgroup ? cf->vgroup : cf->group);
+      t->cal[ci].plan[0][hh] = op;
     }
   }
   free(cal);
   rc = 0;
 out:
-  t->forced = -1;
   free(loss);
   free(bytes);
-  free(kd);
+  free(pq);
+  free(qpos);
+  free(pl);
+  free(ws);
+  return rc;
+}
+
+/* The engine's calibration (kvdb_model_calibrate's computation, compress/calib.c) over the
+ * calibration contexts: their f16 K and V and the model's queries at every position. */
+static int ecal_head(void *user, uint32_t c, uint32_t l, uint32_t h, void *k, void *v)
+{
+  truth *t = user;
+  memcpy(k, sec_of(t, &t->cal_ctx[c], l, h, 0), (size_t)TR_TOKENS * t->d * 2);
+  memcpy(v, sec_of(t, &t->cal_ctx[c], l, h, 1), (size_t)TR_TOKENS * t->d * 2);
+  return 0;
+}
+
+static int engine_calibrate(truth *t)
+{
+  const float **q = calloc(t->n_cal, sizeof *q);
+  const uint32_t **qp = calloc(t->n_cal, sizeof *qp);
+  uint32_t *nt = calloc(t->n_cal, sizeof *nt), *nq = calloc(t->n_cal, sizeof *nq), ident[TR_TOKENS];
+  int rc = -1;
+  if (!q || !qp || !nt || !nq) {
+    bench_log("out of memory (calibration)");
+    goto out;
+  }
+  for (uint32_t i = 0; i < TR_TOKENS; i++)
+    ident[i] = i;
+  for (uint32_t c = 0; c < t->n_cal; c++) {
+    q[c] = t->cal_ctx[c].q;
+    qp[c] = ident;
+    nt[c] = nq[c] = TR_TOKENS;
+  }
+  kv_calib_input in = {.n_layers = t->L, .n_heads = t->H, .head_dim = t->d, .n_q_heads = t->QH,
+                       .dtype = KV_CODEC_F16, .rope_base = 10000.0f,
+                       .rope_style = KV_ROPE_ADJACENT, .n_contexts = t->n_cal, .n_tokens = nt,
+                       .q = q, .q_pos = qp, .n_q = nq, .head = ecal_head, .user = t,
+                       .plans = 3, .metric = truth_metric()};
+  /* experiments (bench/RESULTS.md, wt-cal16): KVDB_TRUTH_CAL_GROUP=N the options' group,
+   * KVDB_TRUTH_CAL_PLANS=0 K's weights only (every head 4 / 2 bits, the config's group 128) */
+  const char *eg = getenv("KVDB_TRUTH_CAL_GROUP"), *ep = getenv("KVDB_TRUTH_CAL_PLANS");
+  if (eg != NULL && atoi(eg) >= 16 && atoi(eg) <= 512)
+    in.group = (unsigned)atoi(eg);
+  if (ep != NULL && atoi(ep) >= 0 && atoi(ep) <= 3)
+    in.plans = (unsigned)atoi(ep);
+  kv_codec_err err;
+  uint64_t t0 = bench_now_ns();
+  if (kv_calib_run(&in, &t->ecal, &err) != KV_CODEC_OK) {
+    bench_codec_fail("kv_calib_run", &err);
+    goto out;
+  }
+  t->ecal_secs = (double)(bench_now_ns() - t0) * 1e-9;
+  rc = 0;
+out:
+  free(q);
+  free(qp);
+  free(nt);
+  free(nq);
   return rc;
 }
 
@@ -884,7 +979,7 @@ static int int4_targets(truth *t, const tcfg *cf, int4_fig *f)
   }
   size_t pos = 0, bytes = 0, s = 0;
   f->worst_any = 1;
-  if (cf->perhead && t->plan == NULL && head_plan(t, cf) != 0)
+  if (cf->perhead && t->cal == NULL && head_plan(t, cf) != 0)
     goto out;
   for (uint32_t ci = 0; ci < t->n_ctx; ci++)
     for (uint32_t l = 0; l < t->L; l++)
@@ -986,7 +1081,6 @@ int bench_truth(const bench_env *env, bench_json *j)
   truth t;
   memset(&t, 0, sizeof t);
   t.env = env;
-  t.forced = -1;
   if (bench_kvset_inputs(env, bin, tokp, textp, sizeof bin, why, sizeof why) != 0) {
     fprintf(o, "\nint4 targets and quality truth: SKIPPED — %s\n", why);
     bench_json_str(j, "quality_truth_skipped", why);
@@ -1006,6 +1100,10 @@ int bench_truth(const bench_env *env, bench_json *j)
   t.vocab = (uint32_t)cf->vocab_size;
   t.kv_dim = (uint32_t)cf->kv_dim;
   t.n_ctx = env->quick ? TR_CTX_QUICK : TR_CTX_FULL;
+  t.n_cal = env->quick ? TR_CAL_QUICK : TR_CAL_FULL;
+  const char *ncal = getenv("KVDB_TRUTH_CAL_CONTEXTS");
+  if (ncal != NULL && atoi(ncal) >= 1 && atoi(ncal) <= 64)
+    t.n_cal = (uint32_t)atoi(ncal);
   uint64_t t0 = bench_now_ns();
   if ((r = refmodel_tokenizer_load(tokp, cf->vocab_size, &tk)) != REFMODEL_OK) {
     tfail("loading the tokenizer", r);
@@ -1017,16 +1115,20 @@ int bench_truth(const bench_env *env, bench_json *j)
   }
   /* the contexts follow those of the `compress` real set in the corpus (other text) */
   size_t skip = (size_t)(env->quick ? 8 : 64) * (TR_TOKENS - 1);
-  if (bench_kvset_tokens(tk, textp, skip + (size_t)t.n_ctx * (TR_TOKENS - 1), &toks) != 0)
+  /* the engine calibration's contexts follow the measured ones (disjoint text) */
+  if (bench_kvset_tokens(tk, textp, skip + (size_t)(t.n_ctx + t.n_cal) * (TR_TOKENS - 1),
+                         &toks) != 0)
     goto out;
-  t.ctx = calloc(t.n_ctx, sizeof *t.ctx);
+  t.ctx = calloc(t.n_ctx + t.n_cal, sizeof *t.ctx);
+  t.cal_ctx = t.ctx ? t.ctx + t.n_ctx : NULL;
   res = calloc((size_t)t.n_ctx * N_CFG, sizeof *res);
   if (t.ctx == NULL || res == NULL) {
     bench_log("out of memory (contexts)");
     goto out;
   }
-  bench_log("quality truth: %u contexts of stories260K ...", t.n_ctx);
-  for (uint32_t c = 0; c < t.n_ctx; c++) {
+  bench_log("quality truth: %u contexts of stories260K (+ %u calibration contexts) ...", t.n_ctx,
+            t.n_cal);
+  for (uint32_t c = 0; c < t.n_ctx + t.n_cal; c++) {
     tctx *x = &t.ctx[c];
     x->q = malloc((size_t)TR_TOKENS * t.L * t.QH * t.d * sizeof(float));
     x->kv = malloc((size_t)t.L * t.H * 2 * TR_TOKENS * t.d * 2);
@@ -1040,12 +1142,16 @@ int bench_truth(const bench_env *env, bench_json *j)
       goto out;
   }
 
-  int4_fig f4, fe, fp;
+  int4_fig f4, fe, fp, fc, f2, f2c;
   bench_log("int4 targets ...");
   if (int4_targets(&t, &CFGS[INT4_CFG], &f4) != 0)
     goto out;
   bench_log("the engine's int4 ...");
   if (int4_targets(&t, &ENGINE_INT4, &fe) != 0 || int4_targets(&t, &ENGINE_INT4_POST, &fp) != 0)
+    goto out;
+  bench_log("the engine's calibration (%u contexts) and its int4 ...", t.n_cal);
+  if (engine_calibrate(&t) != 0 || int4_targets(&t, &ENGINE_INT4_CAL, &fc) != 0 ||
+      int4_targets(&t, &ENGINE_INT2, &f2) != 0 || int4_targets(&t, &ENGINE_INT2_CAL, &f2c) != 0)
     goto out;
   bench_log("truth runs: %zu configs x %u contexts ...", N_CFG, t.n_ctx);
   for (uint32_t c = 0; c < t.n_ctx; c++)
@@ -1158,6 +1264,24 @@ int bench_truth(const bench_env *env, bench_json *j)
             e ? "after" : "before", ef->bpe, ef->q, ef->worst_l, ef->worst_h, ef->worst_head,
             ef->worst_any, ef->dec_gbps, ef->memcpy_gbps);
   }
+  fprintf(o, "  the engine's int4 of a calibrated model (kvdb_model_calibrate on %u other contexts, "
+             "%.1f s: K weighted, widths per channel, K and V bits and groups per head, budget "
+             "4.5): bits per element %.4f (<= %.1f: %s), quality %.5f (>= %.2f: %s), worst head "
+             "(layer %u, KV head %u) %.5f (>= %.2f: %s), worst (context, head) %.5f, decode %.3f "
+             "GB/s (>= %.0f: %s; memcpy %.3f)\n",
+          t.n_cal, t.ecal_secs, fc.bpe, T_INT4_BPE, bench_met(fc.bpe <= T_INT4_BPE), fc.q,
+          T_INT4_Q, bench_met(fc.q >= T_INT4_Q), fc.worst_l, fc.worst_h, fc.worst_head,
+          T_INT4_WORST, bench_met(fc.worst_head >= T_INT4_WORST), fc.worst_any, fc.dec_gbps,
+          T_INT4_DEC, bench_met(fc.dec_gbps >= T_INT4_DEC), fc.memcpy_gbps);
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &f2c : &f2;
+    fprintf(o, "  the engine's int2 (%s): bits per element %.4f, quality %.5f, worst head (layer "
+               "%u, KV head %u) %.5f, worst (context, head) %.5f, decode %.3f GB/s (memcpy "
+               "%.3f)\n",
+            e ? "calibrated as above, budget 2.5" : "kvquant g128, K before RoPE, no calibration",
+            ef->bpe, ef->q, ef->worst_l, ef->worst_h, ef->worst_head, ef->worst_any, ef->dec_gbps,
+            ef->memcpy_gbps);
+  }
   fprintf(o, "\nquality truth: each context stores its first %u tokens in a config, the model "
              "continues over the next %u (teacher-forced), against the same on raw f16 KV; %u "
              "contexts, %.1f s\n",
@@ -1208,6 +1332,27 @@ int bench_truth(const bench_env *env, bench_json *j)
     snprintf(k, sizeof k, "%sdecode_gbps", pre);
     bench_json_num(j, k, ef->dec_gbps);
   }
+  bench_json_num(j, "engine_int4_calibrated_bits_per_element", fc.bpe);
+  bench_json_num(j, "engine_int4_calibrated_quality", fc.q);
+  bench_json_num(j, "engine_int4_calibrated_quality_worst_head", fc.worst_head);
+  bench_json_num(j, "engine_int4_calibrated_quality_worst_context_head", fc.worst_any);
+  bench_json_num(j, "engine_int4_calibrated_decode_gbps", fc.dec_gbps);
+  bench_json_num(j, "engine_int4_calibrated_decode_memcpy_gbps", fc.memcpy_gbps);
+  for (int e = 0; e < 2; e++) {
+    const int4_fig *ef = e ? &f2c : &f2;
+    const char *pre = e ? "engine_int2_calibrated_" : "engine_int2_";
+    char k[96];
+    snprintf(k, sizeof k, "%sbits_per_element", pre);
+    bench_json_num(j, k, ef->bpe);
+    snprintf(k, sizeof k, "%squality", pre);
+    bench_json_num(j, k, ef->q);
+    snprintf(k, sizeof k, "%squality_worst_head", pre);
+    bench_json_num(j, k, ef->worst_head);
+    snprintf(k, sizeof k, "%sdecode_gbps", pre);
+    bench_json_num(j, k, ef->dec_gbps);
+  }
+  bench_json_int(j, "engine_int4_calibration_contexts", t.n_cal);
+  bench_json_num(j, "engine_int4_calibration_seconds", t.ecal_secs);
   static const char *const setsuf[N_SETS] = {"", "_research_set", "_all_configs"};
   for (int st = 0; st < N_SETS; st++) {
     char k[96];
@@ -1243,13 +1388,16 @@ int bench_truth(const bench_env *env, bench_json *j)
   }
   rc = 0;
 out:
-  for (uint32_t c = 0; t.ctx != NULL && c < t.n_ctx; c++) {
+  for (uint32_t c = 0; t.ctx != NULL && c < t.n_ctx + t.n_cal; c++) {
     free(t.ctx[c].q);
     free(t.ctx[c].kv);
   }
   free(t.ctx);
   free(t.q2);
-  free(t.plan);
+  for (uint32_t c = 0; t.cal != NULL && c < t.n_ctx; c++)
+    kv_calib_free(&t.cal[c]);
+  free(t.cal);
+  kv_calib_free(&t.ecal);
   free(res);
   free(toks);
   free(t.scratch);

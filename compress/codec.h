@@ -722,6 +722,139 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
                                          size_t k_len, uint32_t n_probes, float *probes,
                                          uint32_t *pos, uint32_t *n_out, kv_codec_err *err);
 
+/*
+ * CALIBRATION (issue 16; calib.c). KVQuant's offline, per-model calibration of kvquant at 4 and
+ * 2 bits with per-channel widths (params.alloc), computed from a few calibration contexts (their
+ * K and V and the model's queries over them) and then applied to every section a writer codes:
+ *  - K's channel weights (params.chan_weight, KVQuant's sensitivity weighting): the mean square
+ *    of the queries that meet each channel, over every query of the KV head's query heads in the
+ *    calibration contexts, summed over each RoPE pair (a rotation mixes a pair's two channels,
+ *    so only the pair's sum survives every position), normalized to mean 1 (kv_calib_chan_weights);
+ *  - a plan per (layer, KV head): K's and V's mean widths and groups, one option of
+ *    kv_calib_options(bits) per head, chosen by least mean quality loss (the causal metric's
+ *    1 - cosine on the calibration contexts' queries) + lambda x bytes, lambda bisected so that
+ *    the whole plan stays within a budget of bits per element (kv_calib_plan_choose), one plan
+ *    per width (int4: bits 4, budget 4.5; int2: bits 2, budget 2.5).
+ * The coded sections record their widths and groups (FORMAT-codecs.md "kvquant with per-channel
+ * widths"): decoding never needs the calibration. kv_calib_run() is the whole computation;
+ * kv_calib_section_params() the parameters of one section. A writer must never calibrate on the
+ * context it then measures (its queries are the metric's probes).
+ */
+#define KV_CALIB_N_PLANS 2 /**< plan 0: 4 bits (int4), plan 1: 2 bits (int2) */
+#define KV_CALIB_GROUP 256 /**< the options' group (tokens) unless an option names its own */
+#define KV_CALIB_MAX_PROBES 64 /**< probe positions per context (spread over its queries) */
+
+/** One head's choice: K's and V's mean widths (1..7) and groups (tokens, >= 1). */
+typedef struct kv_calib_opt {
+  uint8_t kb, vb;
+  uint16_t kg, vg;
+} kv_calib_opt;
+
+/** A model's calibration (heads = n_layers * n_heads, head h = layer * n_heads + KV head). */
+typedef struct kv_calib {
+  uint32_t n_layers, n_heads, head_dim;
+  float *weight;                        /**< [heads][head_dim]: K's channel weights, mean 1 */
+  kv_calib_opt *plan[KV_CALIB_N_PLANS]; /**< [heads], or NULL: no plan for that width */
+  float budget[KV_CALIB_N_PLANS];       /**< bits per element each plan was chosen under */
+  uint32_t n_contexts, n_probes;        /**< what it was computed from (for information) */
+} kv_calib;
+
+/** @brief Free the arrays of c (kv_calib_run's, or a decoder's) and zero it. NULL is a no-op. */
+void kv_calib_free(kv_calib *c);
+/** @brief The plan index of a width: 0 for 4 bits, 1 for 2, -1 otherwise. */
+int kv_calib_plan_of(unsigned bits);
+/** @brief The options a plan of `bits` (4 or 2) chooses from, *n of them (NULL, 0 otherwise);
+ * groups 0 there mean the run's group. */
+const kv_calib_opt *kv_calib_options(unsigned bits, size_t *n);
+
+/** @brief acc[j] += sum over the n_rows rows of q (floats, head_dim each) of q[j]^2. */
+void kv_calib_q2_add(const float *q, uint32_t n_rows, uint32_t head_dim, double *acc);
+/**
+ * @brief K's channel weights from sums of squared queries: acc holds n_acc such sums (head_dim
+ * doubles each, `stride` doubles apart), all but number `skip` (none when skip >= n_acc, or when
+ * n_acc is 1) are added up per RoPE pair of rope_style (KV_ROPE_ADJACENT: 2i, 2i+1;
+ * KV_ROPE_HALF: i, i + d/2; 0: each channel alone), and the result normalized to mean 1 (all 1
+ * when the sums are 0). w: head_dim floats. Cannot fail (an odd head_dim pairs nothing).
+ */
+void kv_calib_chan_weights(const double *acc, size_t n_acc, size_t stride, size_t skip,
+                           uint32_t head_dim, unsigned rope_style, float *w);
+
+/** One calibration head: its rows, how K is coded, the probes and their reference outputs. */
+typedef struct kv_calib_head_data {
+  kv_codec_dtype dtype;
+  uint32_t n_tokens, head_dim;
+  const void *k, *v;         /**< n_tokens rows each, dtype, host order */
+  float rope_base;           /**< K before RoPE when not 0 (params.rope_*) */
+  unsigned rope_style;
+  uint32_t rope_pos0;
+  const float *chan_weight;  /**< K's weights (head_dim), or NULL */
+  const float *q;            /**< n_q probe queries (head_dim floats each) */
+  const uint32_t *q_pos;     /**< their token positions (non-decreasing, < n_tokens) */
+  uint32_t n_q;
+  const float *ref;          /**< kv_quality_causal_attend() over k, v: n_q x head_dim */
+  unsigned metric;           /**< the loss: 0 1 - mean cosine (the causal metric); 1 the
+                                  norm-aware cosine 1 - |e|^2/(2|o|^2); 2 1 - |e|^2/|o|^2 */
+} kv_calib_head_data;
+
+/** @brief Scratch kv_calib_eval() needs for h and option o (0 when invalid). */
+size_t kv_calib_eval_scratch(const kv_calib_head_data *h, const kv_calib_opt *o);
+/**
+ * @brief Code h's K and V with option o (kvquant, widths per channel, K weighted by
+ * h->chan_weight), decode them, and measure: *loss = 1 - the metric over h's probes, *bytes =
+ * the two sections' encoded bytes. @return OK, EINVAL, ENOMEM (scratch).
+ */
+kv_codec_status kv_calib_eval(const kv_calib_head_data *h, const kv_calib_opt *o, void *scratch,
+                              size_t scratch_cap, double *loss, size_t *bytes, kv_codec_err *err);
+
+/**
+ * @brief The plan of least total loss within budget_bytes: loss and bytes are [n_opt][heads];
+ * each head gets the option of least loss + lambda x bytes, lambda bisected (60 steps) to the
+ * least whose plan fits (lambda 0 when the plan of least loss fits). choice: heads entries.
+ * @return the plan's bytes (over the budget only when no plan fits).
+ */
+double kv_calib_plan_choose(const double *loss, const double *bytes, size_t n_opt,
+                            uint32_t heads, double budget_bytes, uint8_t *choice);
+
+/**
+ * @brief The parameters of one section of (layer, KV head) coded with calibration c at `bits`
+ * (4 or 2): alloc on, K's chan_weight (c->weight's row; it must outlive the encode), and, when c
+ * has a plan for `bits`, that head's width (p->bits) and group (p->group, unless `group` is not
+ * 0: a config's explicit group), each group at most `rows`. rows: the section's quantized rows.
+ * @return 1 when applied, 0 when c is NULL, does not match, or has nothing for these bits.
+ */
+int kv_calib_section_params(const kv_calib *c, unsigned bits, uint32_t layer, uint32_t head,
+                            int is_v, uint32_t rows, unsigned group, kv_codec_params *p);
+
+/** What kv_calib_run() calibrates from. */
+typedef struct kv_calib_input {
+  uint32_t n_layers, n_heads, head_dim, n_q_heads; /**< n_q_heads: a multiple of n_heads */
+  kv_codec_dtype dtype;
+  float rope_base;       /**< the model's RoPE (0: K coded as given, after RoPE) */
+  unsigned rope_style;   /**< KV_ROPE_ADJACENT / KV_ROPE_HALF, or 0 */
+  uint32_t n_contexts;
+  const uint32_t *n_tokens;        /**< [n_contexts] */
+  const float *const *q;           /**< [n_contexts]: n_q[c] x n_layers x n_q_heads x head_dim */
+  const uint32_t *const *q_pos;    /**< [n_contexts]: n_q[c] positions, increasing, < n_tokens */
+  const uint32_t *n_q;             /**< [n_contexts], >= 1 */
+  /** Fill K and V of (layer, head) of context c (n_tokens[c] rows each, dtype); 0 = done. */
+  int (*head)(void *user, uint32_t c, uint32_t layer, uint32_t head, void *k, void *v);
+  void *user;
+  unsigned plans;        /**< bit p: choose plan p (bit 0 int4, bit 1 int2); 0 = weights only */
+  float budget[KV_CALIB_N_PLANS]; /**< bits per element; 0 = the plan's bits + 0.5 */
+  unsigned group;        /**< the options' group; 0 = KV_CALIB_GROUP */
+  unsigned metric;       /**< kv_calib_head_data.metric */
+} kv_calib_input;
+
+/**
+ * @brief Calibrate: K's weights from every query of every context; each chosen plan from the
+ * loss of every option on every head of every context (probes: up to KV_CALIB_MAX_PROBES of a
+ * context's queries, spread over them, every query head of the KV head's group), averaged over
+ * the contexts, and the bytes summed, under the budget over all their elements. out is filled
+ * (kv_calib_free() it). @return OK, EINVAL (bad input, named), ENOMEM, or the callback's failure
+ * as EINVAL ("head callback").
+ */
+kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_err *err);
+
 #ifdef __cplusplus
 }
 #endif

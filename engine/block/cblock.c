@@ -82,6 +82,43 @@ static kv_codec_params section_params(const kv_section_codec *sc, uint32_t s)
   return p;
 }
 
+/* Section s's parameters with the model's calibration applied (kvquant int4 / int2 of a
+ * calibrated model: compress/calib.c kv_calib_section_params; a config's explicit group wins). */
+static kv_codec_params section_params_cal(const kv_section_codec *sc, uint32_t s,
+                                          const kvdb_config *cfg, const kv_block_geom *g,
+                                          const kv_calib *cal)
+{
+  kv_codec_params p = section_params(sc, s);
+  if (cal != NULL && sc->codec->id == KV_CODEC_ID_KVQUANT && cfg->method == KVDB_METHOD_QUANT) {
+    uint32_t layer = (s >> 1) / g->n_kv_heads, head = (s >> 1) % g->n_kv_heads;
+    kv_calib_section_params(cal, cfg->bits, layer, head, (int)(s & 1), g->n_tokens, cfg->group,
+                            &p);
+  }
+  return p;
+}
+
+uint64_t kv_cblock_bound_cal(const kvdb_config *cfg, const kv_block_geom *g, const kv_calib *cal)
+{
+  if (cal == NULL)
+    return kv_cblock_bound(cfg, g);
+  kv_section_codec sc;
+  if (kv_config_section(cfg, g, g->n_tokens, 0, &sc) != KVDB_OK)
+    return 0;
+  uint64_t sum = 0;
+  for (uint32_t s = 0; s < g->n_sections; s++) { /* every head's own widths and groups */
+    kv_section_shape sh = shape_of(g, s);
+    kv_codec_params p = section_params_cal(&sc, s, cfg, g, cal);
+    p.residual = 0;
+    size_t b = kv_codec_bound(sc.codec, &sh, &p);
+    if (b == 0)
+      return 0;
+    sum += (uint64_t)(b + (size_t)g->n_tokens * g->row_bytes);
+  }
+  kv_cblock_layout l;
+  kv_cblock_layout_init(g, sum, &l);
+  return l.total_bytes;
+}
+
 uint64_t kv_cblock_bound(const kvdb_config *cfg, const kv_block_geom *g)
 {
   kv_section_codec sc;
@@ -132,14 +169,14 @@ static kvdb_status window(const kv_queries *q, const kv_block_geom *g, uint32_t 
 
 /* Scratch for encoding (and choosing the kept tokens of) a section of geometry g with sc;
  * win: SnapKV's observation window (NULL for other methods). */
-static kvdb_status reserve(const kv_cblock_src *src, const kv_section_codec *sc, kv_cenc *e,
-                           const kv_snapkv_window *win)
+static kvdb_status reserve(const kv_cblock_src *src, const kv_section_codec *sc, uint32_t s,
+                           kv_cenc *e, const kv_snapkv_window *win)
 {
   const kv_block_geom *g = src->g;
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes, scratch = 0, bound = 0;
   for (uint32_t kv = 0; kv < 2; kv++) {
     kv_section_shape sh = shape_of(g, kv);
-    kv_codec_params p = section_params(sc, kv);
+    kv_codec_params p = section_params_cal(sc, s + kv, src->cfg, g, src->calib);
     if (sc->codec->id == KV_CODEC_ID_DROP)
       p.n_keep = g->n_tokens;
     size_t a = kv_codec_scratch_bytes(sc->codec, &sh, &p, KV_CODEC_OP_ENCODE);
@@ -181,10 +218,11 @@ kvdb_status kv_cblock_encode_pair(const kv_cblock_src *src, const kv_section_cod
     KV_RET(window(src->q, g, layer, head, src->last_block, e, &w));
     wp = &w;
   }
-  KV_RET(reserve(src, sc, e, wp));
+  KV_RET(reserve(src, sc, s, e, wp));
   size_t rows_bytes = (size_t)g->n_tokens * g->row_bytes;
   kv_section_shape shk = shape_of(g, s), shv = shape_of(g, s + 1);
-  kv_codec_params pk = section_params(sc, s), pv = section_params(sc, s + 1);
+  kv_codec_params pk = section_params_cal(sc, s, src->cfg, g, src->calib),
+                  pv = section_params_cal(sc, s + 1, src->cfg, g, src->calib);
   kv_codec_err err;
   if (sc->codec->id == KV_CODEC_ID_DROP) {
     uint32_t n_keep = 0;

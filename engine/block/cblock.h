@@ -61,11 +61,16 @@ typedef struct kv_cblock_src {
   kv_model_rope rope;     /* the model's RoPE (style 0: none): kvquant's pre-RoPE K */
   uint64_t pack_max;      /* 0: whole pages (block formats 2, 3); else an object of at most
                              this many bytes is packed (block format 5, FORMAT.md §3f) */
+  const kv_calib *calib;  /* the model's calibration (kvdb_model_calibrate), or NULL: int4 and
+                             int2 sections then take kv_calib_section_params()'s widths, weights,
+                             bits and groups per (layer, KV head) */
 } kv_cblock_src;
 
 /* An upper bound of the object bytes of a block of geometry g stored with cfg; 0 when cfg
  * cannot store it. */
 uint64_t kv_cblock_bound(const kvdb_config *cfg, const kv_block_geom *g);
+/* The same for a writer with the model's calibration (NULL: kv_cblock_bound). */
+uint64_t kv_cblock_bound_cal(const kvdb_config *cfg, const kv_block_geom *g, const kv_calib *cal);
 
 /* Encode the K and V sections s, s + 1 (s even) of the block of `src` from their contiguous
  * rows: e->pair receives the K section (len[0] bytes) then the V section (len[1]); the kept

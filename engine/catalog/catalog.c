@@ -16,12 +16,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "catalog_int.h"
 #include "model/model.h"
 
 /* ---- record codecs ---------------------------------------------------------------------- */
 
-#define KV_MODEL_REC_VERSION 2u /* version 2: the model's RoPE (byte 3, bytes 36..39) */
+#define KV_MODEL_REC_VERSION 3u /* version 2: the model's RoPE (byte 3, bytes 36..39); version 3:
+                                   a calibration after byte 40 (kvdb_model_calibrate) */
 
 static int model_rec_v2(const kv_model_rec *r)
 {
@@ -78,25 +81,164 @@ static kvdb_status rec_version(const uint8_t *src, size_t len, size_t min, const
   return KVDB_OK;
 }
 
+/* Version 3 (FORMAT.md §2): bytes 0..39 as version 2 (RoPE optional: style and base 0 when not
+ * given), then the calibration: u32 its bytes C (from byte 40 to the end), u8 calibration
+ * version 1, u8 plans (bit p: plan p present), u16 0, u32 contexts, u32 probes, f32 budget x 2,
+ * f32 weights [heads][head_dim], per present plan [heads] x (u8 K bits, u8 V bits, u16 K group,
+ * u16 V group), u64 XXH3-64 of every byte before it (the whole record). */
+#define CAL_HEAD 24u /* C .. budgets */
+#define CAL_OPT 6u
+
+static uint64_t calib_len(uint32_t heads, uint32_t d, unsigned plans)
+{
+  uint64_t n = CAL_HEAD + 4ull * heads * d + 8;
+  for (unsigned p = 0; p < KV_CALIB_N_PLANS; p++)
+    if (plans & (1u << p))
+      n += (uint64_t)CAL_OPT * heads;
+  return n;
+}
+
+static unsigned calib_plans(const kv_calib *c)
+{
+  unsigned m = 0;
+  for (unsigned p = 0; p < KV_CALIB_N_PLANS; p++)
+    m |= c->plan[p] != NULL ? 1u << p : 0;
+  return m;
+}
+
+size_t kv_model_rec_calib_size(const kv_model_rec *r, const kv_calib *c)
+{
+  return 40 + (size_t)calib_len(r->n_layers * r->n_kv_heads, r->head_dim, calib_plans(c));
+}
+
+void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t *dst)
+{
+  uint32_t heads = r->n_layers * r->n_kv_heads, d = r->head_dim;
+  size_t n = kv_model_rec_calib_size(r, c);
+  memset(dst, 0, n);
+  kv_model_rec base = *r;
+  base.rope_base = 1.0f; /* encode as version 2, then restamp */
+  base.rope_style = 1;
+  kv_model_rec_encode(&base, dst);
+  dst[0] = 3;
+  dst[3] = (uint8_t)r->rope_style;
+  uint32_t b;
+  memcpy(&b, &r->rope_base, 4);
+  kv_put_le32(dst + 36, b);
+  uint8_t *p = dst + 40;
+  kv_put_le32(p, (uint32_t)(n - 40));
+  p[4] = 1;
+  p[5] = (uint8_t)calib_plans(c);
+  kv_put_le32(p + 8, c->n_contexts);
+  kv_put_le32(p + 12, c->n_probes);
+  for (int i = 0; i < KV_CALIB_N_PLANS; i++) {
+    float f = c->plan[i] != NULL ? c->budget[i] : 0.0f;
+    memcpy(&b, &f, 4);
+    kv_put_le32(p + 16 + 4 * i, b);
+  }
+  p += CAL_HEAD;
+  for (size_t i = 0; i < (size_t)heads * d; i++, p += 4) {
+    memcpy(&b, &c->weight[i], 4);
+    kv_put_le32(p, b);
+  }
+  for (int i = 0; i < KV_CALIB_N_PLANS; i++)
+    for (uint32_t h = 0; c->plan[i] != NULL && h < heads; h++, p += CAL_OPT) {
+      p[0] = c->plan[i][h].kb;
+      p[1] = c->plan[i][h].vb;
+      kv_put_le16(p + 2, c->plan[i][h].kg);
+      kv_put_le16(p + 4, c->plan[i][h].vg);
+    }
+  kv_put_le64(p, XXH3_64bits(dst, n - 8));
+}
+
+kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out)
+{
+  memset(out, 0, sizeof *out);
+  kv_model_rec r;
+  KV_RET(kv_model_rec_decode(src, len, &r));
+  if (r.calib_bytes == 0)
+    return KVDB_OK;
+  const uint8_t *p = src + 40;
+  uint32_t heads = r.n_layers * r.n_kv_heads, d = r.head_dim;
+  unsigned plans = p[5];
+  if (kv_get_le64(src + len - 8) != XXH3_64bits(src, len - 8))
+    return kv_fail(KVDB_CORRUPT, "model record: the calibration's checksum does not match");
+  if (p[4] != 1 || (plans & ~3u) != 0 || p[6] != 0 || p[7] != 0 || r.n_layers == 0 ||
+      r.n_layers > 1024 || r.n_kv_heads == 0 || r.n_kv_heads > 1024 || d == 0 || d > 4096 ||
+      calib_len(heads, d, plans) != r.calib_bytes)
+    return kv_fail(KVDB_CORRUPT, "model record: calibration version %u, plans %#x, %u bytes for "
+                                 "%u heads of %u",
+                   p[4], plans, r.calib_bytes, heads, d);
+  out->n_layers = r.n_layers;
+  out->n_heads = r.n_kv_heads;
+  out->head_dim = d;
+  out->n_contexts = kv_get_le32(p + 8);
+  out->n_probes = kv_get_le32(p + 12);
+  out->weight = malloc((size_t)heads * d * sizeof(float));
+  for (int i = 0; i < KV_CALIB_N_PLANS; i++)
+    if (plans & (1u << i))
+      out->plan[i] = malloc((size_t)heads * sizeof(kv_calib_opt));
+  if (out->weight == NULL || ((plans & 1) && !out->plan[0]) || ((plans & 2) && !out->plan[1])) {
+    kv_calib_free(out);
+    return kv_fail(KVDB_NOMEM, "model calibration of %u heads", heads);
+  }
+  kvdb_status rc = KVDB_OK;
+  for (int i = 0; i < KV_CALIB_N_PLANS; i++) {
+    uint32_t b = kv_get_le32(p + 16 + 4 * i);
+    memcpy(&out->budget[i], &b, 4);
+    if ((plans & (1u << i)) ? !(out->budget[i] > 0.0f && out->budget[i] <= 16.0f) : b != 0)
+      rc = KVDB_CORRUPT;
+  }
+  p += CAL_HEAD;
+  for (size_t i = 0; i < (size_t)heads * d; i++, p += 4) {
+    uint32_t b = kv_get_le32(p);
+    memcpy(&out->weight[i], &b, 4);
+    if (!(out->weight[i] >= 0.0f && out->weight[i] <= 1e30f)) /* NaN too */
+      rc = KVDB_CORRUPT;
+  }
+  for (int i = 0; i < KV_CALIB_N_PLANS; i++)
+    for (uint32_t h = 0; out->plan[i] != NULL && h < heads; h++, p += CAL_OPT) {
+      kv_calib_opt *o = &out->plan[i][h];
+      o->kb = p[0];
+      o->vb = p[1];
+      o->kg = kv_get_le16(p + 2);
+      o->vg = kv_get_le16(p + 4);
+      if (o->kb < 1 || o->kb > 7 || o->vb < 1 || o->vb > 7 || o->kg == 0 || o->vg == 0 ||
+          o->kg > 4096 || o->vg > 4096)
+        rc = KVDB_CORRUPT;
+    }
+  if (rc != KVDB_OK) {
+    kv_calib_free(out);
+    return kv_fail(KVDB_CORRUPT, "model record: the calibration holds values out of range");
+  }
+  return KVDB_OK;
+}
+
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
 {
   KV_RET(kv_rec_version_max(src, len, 36, "model", KV_MODEL_REC_VERSION));
-  size_t want = src[0] == 2 ? 40 : 36;
-  if (len != want)
+  size_t want = src[0] >= 2 ? 40 : 36;
+  r->calib_bytes = 0;
+  if (src[0] == 3 && len >= 44 + 8) {
+    r->calib_bytes = kv_get_le32(src + 40);
+    want = 40 + (size_t)r->calib_bytes;
+  }
+  if (len != want || (src[0] == 3 && r->calib_bytes < CAL_HEAD + 8))
     return kv_fail(KVDB_CORRUPT, "model record version %u is %zu bytes, not %zu", src[0], len,
                    want);
   r->dtype = src[1];
   r->score_bits = src[2]; /* reserved (0) before format 3 */
   r->rope_style = src[3]; /* version 2; reserved (0) in version 1 */
   r->rope_base = 0.0f;
-  if (src[0] == 2) {
+  if (src[0] >= 2) {
     uint32_t b = kv_get_le32(src + 36);
     memcpy(&r->rope_base, &b, 4);
   }
+  int rope_ok = (r->rope_style == 1 || r->rope_style == 2) && r->rope_base > 1.0f &&
+                r->rope_base <= 1e9f;
   if ((r->score_bits != 0 && r->score_bits != 8 && r->score_bits != 4) ||
-      (src[0] == 1 && src[3] != 0) ||
-      (src[0] == 2 && !((r->rope_style == 1 || r->rope_style == 2) && r->rope_base > 1.0f &&
-                        r->rope_base <= 1e9f)))
+      (src[0] == 1 && src[3] != 0) || (src[0] == 2 && !rope_ok) ||
+      (src[0] == 3 && !rope_ok && !(r->rope_style == 0 && r->rope_base == 0.0f)))
     return kv_fail(KVDB_CORRUPT, "model record (version %u) has score bits %u, RoPE style %u "
                                  "and base %g",
                    src[0], src[2], src[3], (double)r->rope_base);

@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "kv_common.h"
+#include "codec.h" /* kv_calib (model records of version 3) */
 
 /* the catalog's transaction: opaque (see LMDB TYPES below; this header does not include
  * lmdb.h: catalog_int.h, the catalog's own header, does) */
@@ -126,6 +127,9 @@ typedef struct kv_model_rec {
   uint32_t score_bits; /* 0, 8 or 4 (kvdb_model.score_bits) */
   float rope_base;     /* kvdb_model.rope_base / rope_style; 0 / 0 when not given (record */
   uint32_t rope_style; /* version 1); version 2 records carry them */
+  uint32_t calib_bytes; /* version 3: bytes of the calibration after byte 40 (kvdb_model_calibrate;
+                           checked by kv_model_calib_decode), else 0. kv_model_rec_encode writes
+                           versions 1 and 2 only; kv_model_rec_encode_calib version 3 */
 } kv_model_rec;
 
 typedef struct kv_block_rec {
@@ -191,6 +195,12 @@ typedef struct kv_seg_rec {
 size_t kv_model_rec_size(const kv_model_rec *r);
 void kv_model_rec_encode(const kv_model_rec *r, uint8_t *dst);
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r);
+/* Model record version 3 (FORMAT.md §2): r's fields and calibration c (its geometry r's). */
+size_t kv_model_rec_calib_size(const kv_model_rec *r, const kv_calib *c);
+void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t *dst);
+/* The calibration of a model record (any version): out zeroed and KVDB_OK when it has none;
+ * KVDB_CORRUPT (checksum, values) or KVDB_NOMEM; out is kv_calib_free()'s. */
+kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out);
 
 size_t kv_block_rec_size(uint32_t n_tokens);
 void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
@@ -760,6 +770,12 @@ kvdb_status kv_cat_del_atime(kv_catalog *c, kv_txn *txn, const uint8_t key[16],
 kvdb_status kv_cat_get_model(kv_catalog *c, kv_txn *txn, const char *id, kv_model_rec *r);
 /* Store model record r under `id` (replacing one there). */
 kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const kv_model_rec *r);
+/* The model record of id with calibration cal (version 3), replacing the one stored. */
+kvdb_status kv_cat_put_model_calib(kv_catalog *c, kv_txn *txn, const char *id,
+                                   const kv_model_rec *r, const kv_calib *cal);
+/* The stored calibration of model id (ops_rec.c): KVDB_NOTFOUND (no model), KVDB_OK (out zeroed
+ * when the model has none), KVDB_CORRUPT. */
+kvdb_status kv_cat_get_model_calib(kv_catalog *c, kv_txn *txn, const char *id, kv_calib *out);
 /* Store context record r under key, with its r->n_blocks block hashes `blocks` (16 bytes
  * each; they may point into the map, e.g. the blocks of the record being replaced: the record
  * is encoded before it is written). Its access-time entry is not touched. */

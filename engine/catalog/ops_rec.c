@@ -34,6 +34,32 @@ kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const k
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
 }
 
+kvdb_status kv_cat_put_model_calib(kv_catalog *c, kv_txn *txn, const char *id,
+                                   const kv_model_rec *r, const kv_calib *cal)
+{
+  size_t n = kv_model_rec_calib_size(r, cal);
+  uint8_t *buf = malloc(n);
+  if (buf == NULL)
+    return kv_fail(KVDB_NOMEM, "model record of %zu bytes", n);
+  kv_model_rec_encode_calib(r, cal, buf);
+  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v = {n, buf};
+  int mrc = mdb_put(kv_mtxn(txn), c->models, &k, &v, 0);
+  free(buf);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
+}
+
+kvdb_status kv_cat_get_model_calib(kv_catalog *c, kv_txn *txn, const char *id, kv_calib *out)
+{
+  memset(out, 0, sizeof *out);
+  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v;
+  int mrc = mdb_get(kv_mtxn(txn), c->models, &k, &v);
+  if (mrc == MDB_NOTFOUND)
+    return KVDB_NOTFOUND;
+  if (mrc != 0)
+    return kv_mdb_fail(mrc, "get model");
+  return kv_model_calib_decode(v.mv_data, v.mv_size, out);
+}
+
 /* ---- context records and access times ---- */
 
 /* A context record of up to this many blocks is encoded on the stack (~4 KiB), a longer one

@@ -162,11 +162,19 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
       const kv_queries *pq;
       const uint32_t *pq_pos;
       KV_ERR(kv_opts_probes(&o, m, n, &pqs, &pq, &pq_pos));
+      kv_calib cal; /* a calibrated model's int4 / int2 as its puts code them (a damaged
+                       calibration: the profile measures them without; such puts fail) */
+      if (kv_model_calib_load(db, m, NULL, &cal) != KVDB_OK)
+        memset(&cal, 0, sizeof cal);
       kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
                            .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
                            .heads = o.profile_heads,
-                           .packed_block_bytes = db->opt.packed_block_bytes};
-      KV_ERR(kv_profile_measure(&ps, profile));
+                           .packed_block_bytes = db->opt.packed_block_bytes,
+                           .calib = cal.weight != NULL ? &cal : NULL};
+      rc = kv_profile_measure(&ps, profile);
+      kv_calib_free(&cal);
+      if (rc != KVDB_OK)
+        goto out;
       profile->prior = 0; /* measured: recorded as a profile record */
       kv_place_prior_note(db, pkey, n, profile);
     }

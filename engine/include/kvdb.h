@@ -57,6 +57,8 @@
  *                                         kvdb_remote_stat, kvdb_metrics
  *    12. Quality profiles, re-encoding    kvdb_profile*, kvdb_report_quality, kvdb_recompress,
  *                                         kvdb_relocate
+ *   12b. Calibration of int4 and int2    kvdb_model_calibrate, kvdb_model_calibration (a
+ *                                         model's KVQuant calibration, stored with it)
  *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
  *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
  *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify, kvdb_get_lend,
@@ -875,7 +877,8 @@ typedef struct kvdb_verify_report {
  * refcount with the contexts that list it. Each context record with its blocks: every block
  * present and of the context's model, the chain (block i's parent is block i-1, or the model
  * for block 0; its hash is that of its parent and tokens; the key is the last block's hash;
- * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Then
+ * an explicit-key context lists its own key), n_tokens the sum of its blocks' tokens. Each
+ * model record, with its calibration (kvdb_model_calibrate: checksum and values). Then
  * the segments: files present and as long as committed (a missing or short file is a
  * KVDB_CORRUPT problem naming the file), live bytes adding up.
  *
@@ -1511,6 +1514,88 @@ KVDB_API kvdb_status kvdb_recompress(kvdb *db, const kvdb_model *m, const kvdb_k
 KVDB_API kvdb_status kvdb_relocate(kvdb *db, const kvdb_model *m, const kvdb_key *context,
                                    const kvdb_config *to, kvdb_tier tier,
                                    const kvdb_put_opts *opts);
+
+/* ------------------------------------------------------------------------------------------ */
+/**
+ * @defgroup calib Per-model calibration of int4 and int2 (KVQuant's offline calibration)
+ *
+ * Optional. Without it, int4 and int2 code each section alone (kvquant, every channel 4 or 2
+ * bits, groups of 128 tokens). A model calibrated once from a few contexts — their KV and the
+ * model's own queries over them — codes every later int4 / int2 section (puts, kvdb_recompress,
+ * relocation) the way KVQuant does: each block of 8 channels splits its bits among its channels
+ * by least squared error, K's errors weighted by how much the queries look at each channel
+ * (KVQuant's sensitivity weighting), and each (layer, KV head) gets its own K and V mean widths
+ * and groups (1..7 bits; 256 or 128 tokens), chosen so that the heads whose errors cost the
+ * attention output most get the bits, within a budget of bits per element (int4: 4.5, int2:
+ * 2.5, scales and widths included). On stories260K this lifts int4 from 0.981 to ~0.99 on the
+ * causal metric at <= 4.5 bits per element (bench/RESULTS.md, issue 16). The calibration is
+ * stored with the model (model record version 3: a database with a calibrated model needs this
+ * build or later to open that model's record); every section still records how it was coded,
+ * so reads never need it and contexts stored before the calibration read as they did.
+ * Never calibrate on the contexts you measure quality on (their queries are the probes).
+ */
+
+/** One calibration context: its KV and the model's queries at some of its positions. */
+typedef struct kvdb_calib_context {
+  const kvdb_kv_view *kv;     /**< tokens [0, n_tokens) of the context, as kvdb_put takes it */
+  uint32_t n_tokens;          /**< 1..2^20 */
+  /** The model's queries (after RoPE, like the keys), layout [n_queries][n_layers][n_q_heads]
+   * [head_dim] floats; the query of position positions[i] at row i. Every query weighs K's
+   * channels; up to 64 of them, spread over the list, are the probes of the per-head plan. */
+  const float *queries;
+  const uint32_t *positions;  /**< strictly increasing, < n_tokens */
+  uint32_t n_queries;         /**< >= 1 */
+} kvdb_calib_context;
+
+/** kvdb_calib_opts.flags: which plans to compute (neither: K's weights only). */
+enum { KVDB_CALIB_INT4 = 1u << 0, KVDB_CALIB_INT2 = 1u << 1 };
+
+/** Options of kvdb_model_calibrate(). Call kvdb_calib_opts_init() first. */
+typedef struct kvdb_calib_opts {
+  uint32_t struct_size; /**< set by kvdb_calib_opts_init() */
+  uint32_t flags;       /**< KVDB_CALIB_*; default both */
+  uint32_t n_q_heads;   /**< the model's query heads, a multiple of n_kv_heads (required) */
+  float int4_bits;      /**< int4's budget, bits per element, 1..8; 0 = 4.5 */
+  float int2_bits;      /**< int2's budget, 1..8; 0 = 2.5 */
+} kvdb_calib_opts;
+
+/** @brief Fill *o with defaults (both plans, budgets 4.5 and 2.5; n_q_heads 0). */
+KVDB_API void kvdb_calib_opts_init(kvdb_calib_opts *o);
+
+/**
+ * @brief Calibrate model m from n contexts and store the calibration with it (replacing an
+ * earlier one; the model is recorded now when it is new). Takes the time of 24 int4 and 23
+ * int2 encodes and decodes of every head of every context plus their quality measurement (one
+ * thread; stories260K, 24 contexts of 512 tokens, the int4 plan alone: 2.5 minutes in a
+ * debugoptimized build on a loaded 2-core VM). Contexts stored earlier keep how they were
+ * coded. A damaged calibration (kvdb_verify reports it) is replaced by calibrating again.
+ * @return KVDB_OK; KVDB_INVALID (NULLs, bad model or view, no contexts, no queries, positions
+ *   not increasing or past the context, n_q_heads not a multiple, budgets out of range: the
+ *   message names which); KVDB_MISMATCH (m's id is stored with another fingerprint);
+ *   KVDB_READONLY; KVDB_NOMEM; KVDB_CORRUPT.
+ */
+KVDB_API kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m,
+                                          const kvdb_calib_context *contexts, size_t n,
+                                          const kvdb_calib_opts *opts);
+
+/** What kvdb_model_calibration() reports. */
+typedef struct kvdb_calib_info {
+  uint32_t calibrated;    /**< 1 when the model has a calibration (the rest is 0 otherwise) */
+  uint32_t flags;         /**< KVDB_CALIB_* plans it holds */
+  uint32_t n_contexts;    /**< contexts it was computed from */
+  uint32_t n_probes;      /**< probe queries the plans were chosen with (over all heads) */
+  float int4_bits, int2_bits; /**< the plans' budgets (0 without that plan) */
+  float int4_planned_bits;    /**< mean of the int4 plan's K and V widths over heads (0 none) */
+  float int2_planned_bits;
+} kvdb_calib_info;
+
+/**
+ * @brief The calibration stored with model `id`.
+ * @return KVDB_OK (calibrated 0 when it has none); KVDB_NOTFOUND (no such model); KVDB_INVALID;
+ *   KVDB_CORRUPT (the stored calibration fails its checksum or holds values out of range: then
+ *   every int4 / int2 put or re-encode of the model fails the same way, reads do not).
+ */
+KVDB_API kvdb_status kvdb_model_calibration(kvdb *db, const char *id, kvdb_calib_info *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /**

@@ -346,11 +346,16 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
   if (rc == KVDB_OK)
     rc = kv_opts_probes(&o, m, ci.n_tokens, &pqs, &pq, &pq_pos);
   if (rc == KVDB_OK) {
+    kv_calib cal; /* as kvdb_put_ex's profile: a calibrated model's int4 / int2 */
+    if (kv_model_calib_load(db, m, NULL, &cal) != KVDB_OK)
+      memset(&cal, 0, sizeof cal);
     kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
                          .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
                          .heads = o.profile_heads, .not_below = &ci.config,
-                         .packed_block_bytes = db->opt.packed_block_bytes};
+                         .packed_block_bytes = db->opt.packed_block_bytes,
+                         .calib = cal.weight != NULL ? &cal : NULL};
     rc = kv_profile_measure(&ps, p);
+    kv_calib_free(&cal);
   }
   if (rc == KVDB_OK)
     rc = kv_profile_store(db, context->b, p);

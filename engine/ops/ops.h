@@ -24,6 +24,18 @@ kvdb_status kv_get(kvdb *db, const kvdb_model *m, const uint32_t *tokens, size_t
                    const kvdb_kv_view *out, size_t *hit_tokens, kvdb_block_fn on_block,
                    kvdb_lend_fn on_lend, void *ctx, uint8_t hit_ctx[16], int *served);
 
+/* ---- calibrate.c ---- */
+
+/* The bits of a config that a model's calibration applies to (int4: 4, int2: 2; kvquant), else
+ * 0. */
+int kv_calib_bits_of(const kvdb_config *c);
+/* The stored calibration of model m into out when config c uses one (kv_calib_bits_of; c NULL:
+ * whatever config, for quality profiles) and m has one of its geometry; else out zeroed
+ * (out->weight NULL). KVDB_CORRUPT: a damaged calibration (the writer then writes nothing).
+ * kv_calib_free() out. */
+kvdb_status kv_model_calib_load(kvdb *db, const kvdb_model *m, const kvdb_config *c,
+                                kv_calib *out);
+
 /* ---- put.c ---- */
 
 /* kvdb_put's and kvdb_put_block's checks of the handle, the model and the view (and that the
@@ -149,6 +161,8 @@ typedef struct kv_profile_src {
                                    that would need what it lost are recorded unmeasured */
   uint32_t packed_block_bytes;  /* the handle's kvdb_options.packed_block_bytes: raw bytes as a
                                    put writes them (packed objects, FORMAT.md §3e) */
+  const kv_calib *calib;        /* the model's calibration (int4 / int2 measured as a put of a
+                                   calibrated model codes them), or NULL */
 } kv_profile_src;
 
 kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out);

@@ -252,7 +252,8 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
         if (rc != KVDB_OK)
           break;
         kv_cblock_src bs = {.cfg = cfg, .g = &g, .t0 = t0, .keep_t0 = t0, .ctx_tokens = n, .q = src->q,
-                            .last_block = b + 1 == n_blocks, .index = b, .rope = rope};
+                            .last_block = b + 1 == n_blocks, .index = b, .rope = rope,
+                            .calib = src->calib};
         uint32_t len[2];
         uint32_t s = (layer * H + head) * 2;
         rc = kv_cblock_encode_pair(&bs, &sc, s, pb.k + t0 * row, pb.v + t0 * row, &e, len);

@@ -63,6 +63,7 @@ typedef struct put_req {
   int objects;               /* kv_put_objects: blocks come as objects (b->obj), no kv */
   unsigned sv;               /* the variant of new blocks' score copies (kv_score_variant_for) */
   const kv_put_hook *hook;   /* joins the commit of a new context record (ops.h), or NULL */
+  const kv_calib *calib;     /* the model's calibration when the config uses one, or NULL */
 } put_req;
 
 #define PUT_RETRY ((kvdb_status)1000)
@@ -351,7 +352,8 @@ static kvdb_status stage_cblock(stager *st, put_req *r, uint32_t i, kv_cenc *enc
                        .index = i, .hash = b->hash, .parent = b->parent,
                        .model_hash = r->mh, .tokens = b->tokens,
                        .frame_bytes = st->db->opt.lossless_frame_bytes,
-                       .rope = {r->m->rope_base, r->m->rope_style}, .pack_max = pack_max};
+                       .rope = {r->m->rope_base, r->m->rope_style}, .pack_max = pack_max,
+                       .calib = r->calib};
   *at = st->base + st->fill;
   KV_RET(kv_cblock_build(&src, enc, obj, st->w->stage_cap - st->fill, &b->obj_bytes));
   b->packed = pack_max != 0 && enc->packed;
@@ -954,16 +956,22 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
                .sv = kv_score_variant_for(db, m), .hook = hook};
   memcpy(r.mh, mh, 16);
   r.n = (uint32_t)((n + bt - 1) / bt);
+  /* int4 / int2 of a calibrated model: its calibration (a damaged one fails the put) */
+  kv_calib cal;
+  KV_RET(kv_model_calib_load(db, m, &r.cfg, &cal));
+  r.calib = cal.weight != NULL ? &cal : NULL;
   r.b = calloc(r.n, sizeof *r.b);
-  if (r.b == NULL)
+  if (r.b == NULL) {
+    kv_calib_free(&cal);
     return kv_fail(KVDB_NOMEM, "put of %u blocks", r.n);
+  }
   const uint8_t *prev = r.mh;
   kvdb_status rc = KVDB_OK;
   for (uint32_t i = 0; i < r.n; i++) {
     put_blk *b = &r.b[i];
     KV_ERR(chain_block(b, m, bt, tokens, n, i, &prev));
     if (r.cfg.method != KVDB_METHOD_RAW) {
-      b->bound = kv_cblock_bound(&r.cfg, &b->g);
+      b->bound = kv_cblock_bound_cal(&r.cfg, &b->g, r.calib);
       if (b->bound != 0)
         b->bound += kv_score_region_bytes(&b->g, m->score_bits, r.sv);
       if (b->bound == 0) {
@@ -988,6 +996,7 @@ static kvdb_status put_chain(kvdb *db, const kvdb_model *m, uint32_t bt, const u
   }
 out:
   free(r.b);
+  kv_calib_free(&cal);
   return rc;
 }
 

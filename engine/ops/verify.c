@@ -850,6 +850,34 @@ static kvdb_status pass_contexts(vctx *v)
   return rc;
 }
 
+/* ---- pass 3b: model records (a calibration's checksum and values, FORMAT.md §2) ---- */
+
+static kvdb_status pass_models(vctx *v)
+{
+  kv_cat_iter it;
+  KV_RET(kv_cat_iter_open(&v->db->cat, v->txn, KV_TBL_MODELS, &it, "verify: models"));
+  while (kv_cat_iter_next(&it)) {
+    int n = it.key.size < 63 ? (int)it.key.size : 63;
+    kv_model_rec mr;
+    if (kv_model_rec_decode(it.val.data, it.val.size, &mr) != KVDB_OK) {
+      problem(v, KVDB_CORRUPT, "model '%.*s': its record does not decode: %s", n,
+              (const char *)it.key.data, kvdb_errmsg());
+      continue;
+    }
+    kv_calib c;
+    memset(&c, 0, sizeof c);
+    if (mr.calib_bytes != 0 && kv_model_calib_decode(it.val.data, it.val.size, &c) != KVDB_OK) {
+      problem(v, KVDB_CORRUPT, "model '%.*s': its calibration: %s (int4 / int2 puts of the "
+                               "model fail until kvdb_model_calibrate stores a new one)",
+              n, (const char *)it.key.data, kvdb_errmsg());
+      continue;
+    }
+    kv_calib_free(&c);
+  }
+  kv_cat_iter_close(&it);
+  return KVDB_OK;
+}
+
 /* ---- pass 4: segments ---- */
 
 static kvdb_status pass_segments(vctx *v)
@@ -943,6 +971,7 @@ static kvdb_status run_passes(vctx *v, kvdb_progress_fn progress, void *pcx)
   KV_RET(pass_refs(v));
   KV_RET(pass_blocks(v, progress, pcx, n_blocks));
   KV_RET(pass_contexts(v));
+  KV_RET(pass_models(v));
   KV_RET(pass_segments(v));
   return pass_indexes(v);
 }

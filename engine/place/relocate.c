@@ -118,8 +118,16 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
   kvdb_kv_view v;
   kv_cenc enc;
   memset(&enc, 0, sizeof enc);
+  kv_calib cal; /* int4 / int2 of a calibrated model: re-encoded with its calibration */
+  memset(&cal, 0, sizeof cal);
+  if (r->reencode)
+    KV_RET(kv_model_calib_load(db, r->m, &r->cfg, &cal));
+  const kv_calib *calp = cal.weight != NULL ? &cal : NULL;
   kv_run run;
-  KV_RET(kv_run_open(&run, w->end));
+  if ((rc = kv_run_open(&run, w->end)) != KVDB_OK) {
+    kv_calib_free(&cal);
+    return rc;
+  }
   if (r->reencode) { /* the context as stored, decoded, in vLLM's layout */
     size_t tb = kvdb_model_token_bytes(r->m);
     kvbuf = kv_alloc_aligned(r->n_tokens * tb);
@@ -141,7 +149,8 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                               r->m->dtype, r->bt, b->old.n_tokens));
     uint64_t need = b->old.bytes;
     if (r->reencode) {
-      need = r->cfg.method == KVDB_METHOD_RAW ? g.total_bytes : kv_cblock_bound(&r->cfg, &g);
+      need = r->cfg.method == KVDB_METHOD_RAW ? g.total_bytes
+                                               : kv_cblock_bound_cal(&r->cfg, &g, calp);
       if (need != 0) /* a model with score copies: they follow each object (block/cblock.h) */
         need += kv_score_region_bytes(&g, r->m->score_bits, r->sv);
     }
@@ -178,7 +187,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
                            .index = i, .hash = b->hash, .parent = b->parent,
                            .model_hash = r->mh, .tokens = b->tokens,
                            .frame_bytes = db->opt.lossless_frame_bytes,
-                           .rope = {r->m->rope_base, r->m->rope_style}};
+                           .rope = {r->m->rope_base, r->m->rope_style}, .calib = calp};
       /* packed (FORMAT.md §3f) as a put would: no score copies; on either tier (the near-data
        * device reads raw page groups and score copies only, never a compressed object), so
        * that a placement's recompression to the SmartSSD tier stores the bytes its profile
@@ -210,6 +219,7 @@ static kvdb_status write_objects(kvdb *db, reloc *r, kv_writer *w, const kv_quer
 out:
   kv_run_close(db, w, &run, 0); /* (closed above on success: nothing left) */
   kv_cenc_free(&enc);
+  kv_calib_free(&cal);
   kv_free_aligned(obj);
   kv_free_aligned(kvbuf);
   return rc;

@@ -23,7 +23,7 @@ import ctypes
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -526,6 +526,65 @@ class DB:
         del keep
         return PutInfo(bytes(info.context.b), info.n_blocks, info.blocks_written,
                        info.blocks_shared, info.bytes_written)
+
+    def calibrate(self, model: Model, contexts: Any, n_q_heads: int, *, int4: bool = True,
+                  int2: bool = True, int4_bits: float = 0.0, int2_bits: float = 0.0) -> None:
+        """Calibrate `model`'s int4 and int2 (kvdb_model_calibrate) and store the calibration
+        with it. contexts: (k, v, queries, positions) per calibration context: k and v views of
+        logical shape (n_layers, n_tokens, n_kv_heads, head_dim) as for put; queries float32 of
+        shape (n_queries, n_layers, n_q_heads, head_dim) (the model's own queries, after RoPE);
+        positions: their token positions (increasing, < n_tokens). Never calibrate on the
+        contexts whose quality you then measure."""
+        ctx = list(contexts)
+        if not ctx:
+            _invalid("contexts: none (the calibration needs at least one)")
+        arr = (_lib.CalibContext * len(ctx))()
+        keep: List[Any] = []
+        for i, c in enumerate(ctx):
+            try:
+                k, v, q, pos = c
+            except (TypeError, ValueError):
+                _invalid(f"contexts[{i}]: expected (k, v, queries, positions)")
+            pos_a = np.ascontiguousarray(np.asarray(pos, dtype=np.uint32).reshape(-1))
+            q_a = np.ascontiguousarray(np.asarray(q, dtype=np.float32))
+            want = (len(pos_a), model.n_layers, n_q_heads, model.head_dim)
+            if q_a.shape != want:
+                _invalid(f"contexts[{i}]: queries of shape {q_a.shape}, expected {want} "
+                         "(position, layer, query head, dim)")
+            shp = tuple(getattr(k, "shape", ()))
+            if len(shp) != 4:
+                _invalid(f"contexts[{i}]: k of shape {shp}, expected (layer, token, head, dim)")
+            n_tok = int(shp[1])
+            kv, kp = _kv_view(k, v, model, n_tok, writable=False)
+            kv_box = _lib.KVView()
+            ctypes.memmove(ctypes.byref(kv_box), ctypes.byref(kv), ctypes.sizeof(kv))
+            keep += [pos_a, q_a, kp, kv_box]
+            arr[i].kv = ctypes.pointer(kv_box)
+            arr[i].n_tokens = n_tok
+            arr[i].queries = q_a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            arr[i].positions = pos_a.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+            arr[i].n_queries = len(pos_a)
+        o = _lib.out_struct(_lib.CalibOpts)
+        lib.kvdb_calib_opts_init(ctypes.byref(o))
+        o.flags = (1 if int4 else 0) | (2 if int2 else 0)
+        o.n_q_heads = int(n_q_heads)
+        o.int4_bits = float(int4_bits)
+        o.int2_bits = float(int2_bits)
+        _check(lib.kvdb_model_calibrate(self._handle, ctypes.byref(model._c()), arr, len(ctx),
+                                        ctypes.byref(o)))
+        del keep
+
+    def model_calibration(self, model_id: str) -> Dict[str, Any]:
+        """The calibration stored with model `model_id` (kvdb_model_calibration) as a dict:
+        calibrated, int4, int2 (plans held), n_contexts, n_probes, int4_bits, int2_bits (budgets),
+        int4_planned_bits, int2_planned_bits (mean widths of the plans)."""
+        ci = _lib.out_struct(_lib.CalibInfo)
+        _check(lib.kvdb_model_calibration(self._handle, str(model_id).encode(), ctypes.byref(ci)))
+        return {"calibrated": bool(ci.calibrated), "int4": bool(ci.flags & 1),
+                "int2": bool(ci.flags & 2), "n_contexts": ci.n_contexts, "n_probes": ci.n_probes,
+                "int4_bits": ci.int4_bits, "int2_bits": ci.int2_bits,
+                "int4_planned_bits": ci.int4_planned_bits,
+                "int2_planned_bits": ci.int2_planned_bits}
 
     def lookup(self, model: Model, tokens: Any) -> int:
         """How many leading tokens of `tokens` are stored (verified token by token)."""

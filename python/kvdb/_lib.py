@@ -82,6 +82,22 @@ class PutOpts(Structure):
                 ("profile_space", c_char_p), ("profile_heads", c_uint32)]
 
 
+class CalibContext(Structure):
+    _fields_ = [("kv", POINTER(KVView)), ("n_tokens", c_uint32), ("queries", POINTER(c_float)),
+                ("positions", POINTER(c_uint32)), ("n_queries", c_uint32)]
+
+
+class CalibOpts(Structure):
+    _fields_ = [("struct_size", c_uint32), ("flags", c_uint32), ("n_q_heads", c_uint32),
+                ("int4_bits", c_float), ("int2_bits", c_float)]
+
+
+class CalibInfo(Structure):
+    _fields_ = [("calibrated", c_uint32), ("flags", c_uint32), ("n_contexts", c_uint32),
+                ("n_probes", c_uint32), ("int4_bits", c_float), ("int2_bits", c_float),
+                ("int4_planned_bits", c_float), ("int2_planned_bits", c_float)]
+
+
 class ContextInfo(Structure):
     _fields_ = [("key", Key), ("model_id", c_char * 64), ("n_tokens", c_uint64),
                 ("n_blocks", c_uint32), ("explicit_key", c_uint32), ("bytes", c_uint64),
@@ -186,6 +202,10 @@ _protos = {
     "kvdb_put_opts_init": (None, [c_void_p]),
     "kvdb_put_ex": (_S, [c_void_p, POINTER(Model), POINTER(c_uint32), c_size_t, POINTER(KVView),
                          c_void_p, c_void_p]),
+    "kvdb_calib_opts_init": (None, [c_void_p]),
+    "kvdb_model_calibrate": (_S, [c_void_p, POINTER(Model), POINTER(CalibContext), c_size_t,
+                                  c_void_p]),
+    "kvdb_model_calibration": (_S, [c_void_p, c_char_p, c_void_p]),
     "kvdb_lookup": (_S, [c_void_p, POINTER(Model), POINTER(c_uint32), c_size_t,
                          POINTER(c_size_t)]),
     "kvdb_get": (_S, [c_void_p, POINTER(Model), POINTER(c_uint32), c_size_t, POINTER(KVView),

@@ -192,6 +192,51 @@ def test_int4_with_rope_model(tmp_path):
             d.put(kvdb.Model("py-rope3", 3, 2, 8, rope_base=10000.0), toks(n), sk, sv)
 
 
+def test_calibrate_int4(tmp_path):
+    """DB.calibrate (kvdb_model_calibrate): stored with the model, reported by
+    model_calibration, reused by the next handle; a calibrated model's int4 puts read back
+    close to the original and differ from an uncalibrated database's; bad inputs raise."""
+    mr = kvdb.Model("py-cal", n_layers=3, n_kv_heads=2, head_dim=8, dtype="f16",
+                    block_tokens=16, rope_base=10000.0, rope_style="adjacent")
+    rng = np.random.default_rng(3)
+    n, qh = 64, 4
+    ctxs = []
+    for c in range(2):
+        k, v = logical(n, seed=20 + c)
+        q = (rng.standard_normal((n, 3, qh, 8)) * np.linspace(3, 0.3, 8)).astype(np.float32)
+        ctxs.append((k, v, q, np.arange(n)))
+    k, v = logical(n, seed=40)
+    with kvdb.open(tmp_path / "plain") as d:
+        d.put(mr, toks(n), k, v, config="int4")
+        pk, pv = np.zeros_like(k), np.zeros_like(v)
+        assert d.get(mr, toks(n), pk, pv) == n
+        assert d.model_calibration("py-cal")["calibrated"] is False
+    with kvdb.open(tmp_path / "db") as d:
+        with pytest.raises(kvdb.InvalidError):
+            d.calibrate(mr, [], qh)
+        with pytest.raises(kvdb.InvalidError):  # no queries
+            d.calibrate(mr, [(ctxs[0][0], ctxs[0][1], ctxs[0][2][:0], [])], qh)
+        with pytest.raises(kvdb.InvalidError):  # queries of the wrong shape
+            d.calibrate(mr, [(ctxs[0][0], ctxs[0][1], ctxs[0][2][:, :, :3], np.arange(n))], qh)
+        with pytest.raises(kvdb.InvalidError):  # n_q_heads not a multiple of n_kv_heads
+            d.calibrate(mr, [(ctxs[0][0], ctxs[0][1], ctxs[0][2][:, :, :3], np.arange(n))], 3)
+        d.calibrate(mr, ctxs, qh)
+        info = d.model_calibration("py-cal")
+        assert info["calibrated"] and info["int4"] and info["int2"]
+        assert info["n_contexts"] == 2 and abs(info["int4_bits"] - 4.5) < 1e-6
+    with kvdb.open(tmp_path / "db") as d:  # persisted
+        assert d.model_calibration("py-cal")["calibrated"]
+        d.put(mr, toks(n), k, v, config="int4")
+        ck, cv = np.zeros_like(k), np.zeros_like(v)
+        assert d.get(mr, toks(n), ck, cv) == n
+        kf = k.astype(np.float32)
+        rel = np.linalg.norm(ck.astype(np.float32) - kf) / np.linalg.norm(kf)
+        assert 0 < rel < 0.2
+        assert not np.array_equal(ck, pk)  # coded with the calibration's widths
+        with pytest.raises(kvdb.NotFoundError):
+            d.model_calibration("no-such-model")
+
+
 def test_score(db):
     ms = kvdb.Model("py-score", 2, 2, 16, "f16", block_tokens=16, score_bits=8)
     n = 48

@@ -38,6 +38,37 @@ static void model(const uint8_t *data, size_t size)
     refused(rc);
     return;
   }
+  if (r.calib_bytes != 0) { /* version 3: the calibration (kv_model_calib_decode) */
+    kv_calib c;
+    rc = kv_model_calib_decode(data, size, &c);
+    if (rc != KVDB_OK) {
+      refused(rc);
+      return;
+    }
+    if (c.weight == NULL || c.n_layers != r.n_layers || c.n_heads != r.n_kv_heads ||
+        c.head_dim != r.head_dim || kv_model_rec_calib_size(&r, &c) != size)
+      abort();
+    uint8_t *cb = malloc(size);
+    if (cb == NULL)
+      abort();
+    kv_model_rec_encode_calib(&r, &c, cb); /* every field survives a rewrite, bit for bit */
+    if (memcmp(cb, data, size) != 0)
+      abort();
+    uint32_t heads = c.n_layers * c.n_heads;
+    for (int p = 0; p < KV_CALIB_N_PLANS; p++) /* what a writer will read */
+      for (uint32_t h = 0; c.plan[p] != NULL && h < heads; h++) {
+        kv_codec_params cp;
+        kv_codec_params_init(&cp);
+        if (!kv_calib_section_params(&c, p ? 2 : 4, h / c.n_heads, h % c.n_heads, 0, 16, 0,
+                                     &cp) ||
+            cp.bits < 1 || cp.bits > 7 || cp.group < 1 || cp.group > 16 ||
+            cp.chan_weight != c.weight + (size_t)h * c.head_dim)
+          abort();
+      }
+    free(cb);
+    kv_calib_free(&c);
+    return;
+  }
   uint8_t buf[64];
   if (size != kv_model_rec_size(&r))
     abort();

@@ -288,6 +288,28 @@ static void catalog_seeds(void)
   mr.rope_style = 2;
   kv_model_rec_encode(&mr, buf);
   put_file("catalog", "model_rope.bin", buf, kv_model_rec_size(&mr), NULL, 0);
+  { /* version 3: a calibration (kvdb_model_calibrate) of 2 layers x 2 KV heads x 8 dims, with
+     * both plans, and one with K's weights only and no RoPE */
+    kv_model_rec cm = mr;
+    cm.n_layers = 2;
+    cm.n_kv_heads = 2;
+    cm.head_dim = 8;
+    float w[32];
+    kv_calib_opt p4[4] = {{4, 4, 256, 256}, {5, 3, 128, 256}, {3, 4, 256, 256}, {6, 5, 128, 256}};
+    kv_calib_opt p2[4] = {{2, 2, 256, 256}, {3, 1, 128, 256}, {1, 2, 256, 256}, {2, 3, 256, 256}};
+    for (int i = 0; i < 32; i++)
+      w[i] = 0.25f + (float)(i % 5) * 0.375f;
+    kv_calib c = {2, 2, 8, w, {p4, p2}, {4.5f, 2.5f}, 3, 384};
+    static uint8_t cbuf[1024];
+    kv_model_rec_encode_calib(&cm, &c, cbuf);
+    put_file("catalog", "model_calib.bin", cbuf, kv_model_rec_calib_size(&cm, &c), NULL, 0);
+    c.plan[0] = c.plan[1] = NULL;
+    cm.rope_base = 0.0f;
+    cm.rope_style = 0;
+    kv_model_rec_encode_calib(&cm, &c, cbuf);
+    put_file("catalog", "model_calib_weights.bin", cbuf, kv_model_rec_calib_size(&cm, &c), NULL,
+             0);
+  }
   static kv_profile_rec pr;
   pr.n_probes = 8;
   pr.measured_ms = 1700000000000ull;
