@@ -71,6 +71,10 @@ CONFIGS = ["raw", "lossless", "int8", "int4", "int2", "kivi4", "kivi2",
            "knorm90", "knorm70", "knorm50", "knorm30",
            "keydiff90", "keydiff70", "keydiff50", "keydiff30",
            "snapkv90", "snapkv70", "snapkv50", "snapkv30", "snapkv50+int4"]
+# measured beside them, not ranked (no profile): the engine's int4 on a model description
+# without RoPE, so K is quantized after RoPE (what int4 does for a model that gives no RoPE)
+EXTRA = {"int4 post-RoPE": "int4"}
+RUNS = CONFIGS + list(EXTRA)
 
 
 class Skip(Exception):
@@ -192,9 +196,10 @@ class Truth:
                                     dtype=np.int64) for i in range(self.n_ctx)]
         self.db = kvdb.open(dirpath, dram_bytes=0)
         self.models = {c: kvdb.Model(f"smollm2-truth:{c}", hp.n_layer, hp.n_head_kv,
-                                     hp.head_dim, "f16", BLOCK_TOKENS, 0, hp.rope_base,
-                                     "adjacent")
-                       for c in CONFIGS + ["profile"]}
+                                     hp.head_dim, "f16", BLOCK_TOKENS, 0,
+                                     0.0 if c in EXTRA else hp.rope_base,
+                                     "" if c in EXTRA else "adjacent")
+                       for c in RUNS + ["profile"]}
         self.log(f"  model loaded (numpy forward and llama.cpp) in "
                  f"{time.perf_counter() - t0:.1f} s; {self.n_ctx} contexts of {n} tokens")
 
@@ -222,23 +227,24 @@ class Truth:
                            queries=window, probe_queries=q[ppos], probe_positions=ppos,
                            profile=True, profile_space=space, profile_heads=L * H)
         prof = {e.config: e for e in self.db.profile_get(info)}
-        quality = {}
+        quality, quality_l2 = {}, {}
         for c in CONFIGS[1:]:
             e = prof.get(canonical(c))
             if e is None:
                 raise RuntimeError(f"the profile has no entry for {c} ({canonical(c)}): "
                                    f"{sorted(prof)}")
             quality[c] = e.quality
+            quality_l2[c] = 1.0 - e.rel_l2
         # the configs
         bits, kept_frac = {}, {}
-        for c in CONFIGS:
+        for c in RUNS:
             snap = c.startswith("snapkv")
-            pi = self.db.put(self.models[c], stored, k[:, :P], v[:, :P], config=c,
+            pi = self.db.put(self.models[c], stored, k[:, :P], v[:, :P], config=EXTRA.get(c, c),
                              queries=window if snap else None)
             st = self.db.context_stat(pi)
             bits[c] = 8.0 * st.bytes / (L * H * 2 * P * d)
-        agree = {c: [] for c in CONFIGS}
-        kl = {c: [] for c in CONFIGS}
+        agree: Dict[str, List[float]] = {c: [] for c in RUNS}
+        kl: Dict[str, List[float]] = {c: [] for c in RUNS}
         ll_agree: Dict[str, List[float]] = {}
         ll_kl: Dict[str, List[float]] = {}
         np_ll_agree, np_ll_kl = [], []
@@ -246,7 +252,7 @@ class Truth:
             # every config's prefix from kvdb; configs whose KV and mask come back bit for bit
             # equal to an earlier one's (lossless and raw) share its run
             kbs, vbs, prs, src = [], [], [], []
-            for c in CONFIGS:
+            for c in RUNS:
                 kb = np.zeros((L, cut, H, d), np.float16)
                 vb = np.zeros((L, cut, H, d), np.float16)
                 g = self.db.get_kept(self.models[c], tok[:cut], kb, vb)
@@ -277,13 +283,13 @@ class Truth:
             lp_raw = npl.log_softmax(out.logits[0])
             pr = np.exp(lp_raw)
             am_raw = lp_raw.argmax(-1)
-            for b, c in enumerate(CONFIGS):
+            for b, c in enumerate(RUNS):
                 lp = npl.log_softmax(out.logits[src[b]])
                 agree[c].append(float(np.mean(lp.argmax(-1) == am_raw)))
                 kl[c].append(float(np.mean(np.sum(pr * (lp_raw - lp), -1))))
             if self.llamacpp and cut == P:
                 self._llamacpp(tok, cut, lp_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl)
-        res.update(quality=quality, bits=bits, kept=kept_frac,
+        res.update(quality=quality, quality_l2=quality_l2, bits=bits, kept=kept_frac,
                    agree={c: float(np.mean(x)) for c, x in agree.items()},
                    kl={c: float(np.mean(x)) for c, x in kl.items()},
                    agree_end={c: x[-1] for c, x in agree.items()},
@@ -305,7 +311,7 @@ class Truth:
         kl_, npl, llm = self.kl, self.npl, self.llm
         T = T_STEPS
         lp_ref = None
-        for c in CONFIGS:
+        for c in RUNS:
             if c.startswith(("knorm", "keydiff", "snapkv")):
                 continue
             llm.clear()
@@ -347,26 +353,30 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
     f: Dict[str, object] = {}
     sp_model = spearman(mq, ma)
     sp_model_end = spearman(mq, mae)
-    spc, spce = [], []
-    for r in per:
-        x = [r["quality"][c] for c in ranked]
-        y = [r["agree"][c] - 1e-3 * min(r["kl"][c], 15.0) for c in ranked]
-        ye = [r["agree_end"][c] - 1e-3 * min(r["kl_end"][c], 15.0) for c in ranked]
-        s, se = spearman(x, y), spearman(x, ye)
-        if not math.isnan(s):
-            spc.append(s)
-        if not math.isnan(se):
-            spce.append(se)
-    sp_ctx = float(np.mean(spc)) if spc else float("nan")
-    sp_ctx_end = float(np.mean(spce)) if spce else float("nan")
+    def per_context(qkey: str, end: bool) -> float:
+        out = []
+        for r in per:
+            x = [r[qkey][c] for c in ranked]
+            ak, kk = ("agree_end", "kl_end") if end else ("agree", "kl")
+            y = [r[ak][c] - 1e-3 * min(r[kk][c], 15.0) for c in ranked]
+            s = spearman(x, y)
+            if not math.isnan(s):
+                out.append(s)
+        return float(np.mean(out)) if out else float("nan")
+
+    sp_ctx, sp_ctx_end = per_context("quality", False), per_context("quality", True)
+    # the profile's other figure, 1 - relative L2 error of the attention outputs
+    mq2 = [mean("quality_l2", c) for c in ranked]
+    f["smollm2_spearman_vs_model_rel_l2"] = spearman(mq2, ma)
+    f["smollm2_spearman_per_context_rel_l2"] = per_context("quality_l2", False)
     log(f"\nquality truth on SmolLM2-135M (numpy forward of the GGUF, KV through kvdb): "
         f"{len(per)} TinyStories contexts, the first {P_STORED} tokens stored per config "
         f"({BLOCK_TOKENS}-token blocks), continuations of {T_STEPS} tokens (teacher-forced) "
         f"after prefixes of {', '.join(map(str, CUTS))}; {secs:.1f} s")
     log(f"  {'config':<16} {'bits/el':>8} {'kept':>6} {'quality':>9} {'agree':>8} {'KL':>9} "
         f"{'agree end':>10} {'KL end':>9} {'llama.cpp agree':>16} {'llama.cpp KL':>13}")
-    for c in CONFIGS:
-        q = mean("quality", c) if c != "raw" else 1.0
+    for c in RUNS:
+        q = mean("quality", c) if c in ranked else (1.0 if c == "raw" else float("nan"))
         lla = (f"{float(np.mean([r['ll_agree'][c] for r in per])):16.4f}"
                if per and c in per[0]["ll_agree"] else f"{'-':>16}")
         llk = (f"{float(np.mean([r['ll_kl'][c] for r in per])):13.5f}"
@@ -381,7 +391,7 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
         f[f"smollm2_{fn}_kl_end"] = mean("kl_end", c)
         f[f"smollm2_{fn}_bits_per_element"] = mean("bits", c)
         f[f"smollm2_{fn}_kept"] = mean("kept", c)
-        if c != "raw":
+        if c in ranked:
             f[f"smollm2_{fn}_quality"] = q
         if per and c in per[0]["ll_agree"]:
             f[f"smollm2_llamacpp_{fn}_agreement"] = float(np.mean([r["ll_agree"][c] for r in per]))
@@ -393,9 +403,11 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
         f"across configs {sp_model:.4f} (>= {T_SPEARMAN_MODEL}: {ok(sp_model >= T_SPEARMAN_MODEL)}),"
         f" within a context (mean) {sp_ctx:.4f} (>= {T_SPEARMAN_CTX}: "
         f"{ok(sp_ctx >= T_SPEARMAN_CTX)}); after the whole stored context only: {sp_model_end:.4f}"
-        f" and {sp_ctx_end:.4f}")
+        f" and {sp_ctx_end:.4f}; the profile's 1 - rel L2 instead of its cosine: "
+        f"{f['smollm2_spearman_vs_model_rel_l2']:.4f} and "
+        f"{f['smollm2_spearman_per_context_rel_l2']:.4f}")
     if llamacpp:
-        cross = [c for c in CONFIGS[1:] if per and c in per[0]["ll_agree"]]
+        cross = [c for c in ranked if per and c in per[0]["ll_agree"]]
         sp_cross = spearman([mean("agree", c) - 1e-3 * mean("kl", c) for c in cross],
                             [f[f"smollm2_llamacpp_{field_name(c)}_agreement"]
                              - 1e-3 * f[f"smollm2_llamacpp_{field_name(c)}_kl"] for c in cross])
