@@ -445,6 +445,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 77
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(
         prefix="kvdb-llama-truth-", dir=os.environ.get("TMPDIR", "/var/tmp")))
+    base.mkdir(parents=True, exist_ok=True)
     try:
         f = run(args.quick, base / "db", args.contexts, not args.no_llamacpp,
                 log=lambda *a, **k: print(*a, **{"flush": True, **k}))

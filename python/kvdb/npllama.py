@@ -172,9 +172,9 @@ class NpLlama:
     def forward(self, tokens: np.ndarray, pos0: Sequence[int], prefix: Optional[Prefix] = None,
                 want_q: bool = False, logits: bool = True) -> Output:
         """B sequences of T new tokens (tokens (B, T) int), sequence b at positions
-        pos0[b]..pos0[b]+T-1, each attending to its prefix (positions 0..P-1 of `prefix`,
-        P <= pos0[b]: the prefix's positions P..pos0[b]-1 would be missing, so P == pos0[b]
-        is required) and causally to its own new tokens."""
+        pos0[b]..pos0[b]+T-1, each attending to every present row of its prefix (P rows whose
+        K already carries its position's rotation: P <= pos0[b], P < pos0[b] when rows were
+        left out) and causally to its own new tokens."""
         hp = self.hp
         tokens = np.asarray(tokens)
         if tokens.ndim != 2:
@@ -184,8 +184,8 @@ class NpLlama:
         P = 0
         if prefix is not None:
             P = prefix.k[0].shape[2]
-            if np.any(pos0 != P):
-                raise ValueError(f"a prefix of {P} positions needs pos0 == {P}, got {pos0}")
+            if np.any(pos0 < P):
+                raise ValueError(f"a prefix of {P} rows needs pos0 >= {P}, got {pos0}")
         elif np.any(pos0 != pos0[0]):
             raise ValueError("pos0 must be equal across the batch")
         pos = pos0[:, None] + np.arange(T)[None, :]
