@@ -99,10 +99,9 @@ venv_setup() {
   # behind `kvdb-bench truth-llama` and python/tests/llama/test_npllama.py
   if ! ./.venv/bin/python -c "import gguf" 2>/dev/null; then
     echo "setup: installing gguf 0.19.0 into .venv (PyPI)"
-    if ! $pip install "gguf==0.19.0"; then
+    # not needed by the demo or the other llama tests: a failure only skips the truth
+    $pip install "gguf==0.19.0" ||
       echo "setup: gguf did not install: the SmolLM2 quality truth and its tests are skipped"
-      return 1
-    fi
   fi
   return 0
 }
