@@ -8,7 +8,7 @@ across configs and within one context -- the design of bench/bench_truth.c (stor
 model nobody here wrote, with everything going through kvdb:
 
   * contexts: windows of N = P + T tokens of TinyStories (../shared/corpora/tinystories),
-    tokenized with SmolLM2's tokenizer (llama.cpp's); P = 448 stored, T = 64 continued.
+    tokenized with SmolLM2's tokenizer (llama.cpp's); P = 448 stored, T = 32 continued.
   * the model: python/kvdb/npllama.py, a numpy forward of the GGUF's weights (validated
     against llama.cpp: `np_vs_llamacpp_*` below), giving every position's queries (after RoPE)
     and K, V (f16, as llama.cpp's cache holds them).
@@ -19,7 +19,8 @@ model nobody here wrote, with everything going through kvdb:
     boundaries: a token-dropped block serves a hit only whole), fetched with kvdb_get_kept
     (kept rows at their positions, absent positions masked per layer and KV head) and
     continues teacher-forced over the text's next T tokens, all configs and steps of one c in
-    one batched causal forward. Against the raw config's run: agreement (argmax equal) and
+    one batched causal forward (configs whose KV and mask come back bit-identical to an
+    earlier one's, lossless's, share its run). Against the raw config's run: agreement (argmax equal) and
     KL(raw || config) of the next-token distributions, averaged over the steps and the four c
     (and at c = 448 alone: "_end").
   * the profiled quality: a raw put of the same P tokens with KVDB_PUT_PROFILE, the model's
@@ -30,9 +31,12 @@ model nobody here wrote, with everything going through kvdb:
     mean agreement (spearman_vs_model); within each context, quality against agreement with
     ties broken by the lower KL (agreement - 1e-3 min(KL, 15)), averaged (spearman_per_context).
   * llama.cpp's own restore path, a cross-check for the configs without token dropping: the
-    config's KV from kvdb_get written into llama.cpp's sequence state (kvdb.llama), the same
-    continuation decoded by llama.cpp, against its run on the raw config's KV
-    (llamacpp_<config>_agreement / _kl).
+    config's KV of the whole stored context (c = 448) from kvdb_get written into llama.cpp's
+    sequence state (kvdb.llama), the same continuation decoded by llama.cpp, against its run
+    on the raw config's KV (llamacpp_<config>_agreement / _kl); and llama.cpp's run on the raw
+    KV against the numpy forward's (np_vs_llamacpp_agreement / _kl).
+  * "int4 post-RoPE": the engine's int4 on a model description without RoPE (K quantized
+    after RoPE), measured beside the others, not ranked.
 
 Figures print as text; with --json the fields (prefixed smollm2_) come as '@json NAME VALUE'
 lines when KVDB_BENCH_FIELDS is set (kvdb-bench reads them), else as one JSON object. Exit 77
