@@ -217,7 +217,7 @@ class Truth:
         L, H, d, QH = hp.n_layer, hp.n_head_kv, hp.head_dim, hp.n_head
         tok = self.ctx_tokens[ci]
         P, T = P_STORED, T_STEPS
-        full = m.forward(tok[None, :], [0], want_q=True, logits=True)
+        full = m.forward(tok[None, :], [0], want_q=True, logits=True, want_x=True)
         q = np.stack([x[0] for x in full.q], 1)          # (N, L, QH, d)
         k = np.stack([x[0] for x in full.k], 0)          # (L, N, H, d) f16
         v = np.stack([x[0] for x in full.v], 0)
@@ -275,6 +275,8 @@ class Truth:
                     prs.append(g.present)
             if not prs[0].all():
                 raise RuntimeError("the raw config's get_kept left positions absent")
+            if cut == P:
+                variants = self._variants(q, full.x, ppos, kbs, vbs, prs, src)
             B = len(kbs)
             kp = [np.ascontiguousarray(np.stack([x[l] for x in kbs]).transpose(0, 2, 1, 3))
                   for l in range(L)]
@@ -293,6 +295,7 @@ class Truth:
                 kl[c].append(float(np.mean(np.sum(pr * (lp_raw - lp), -1))))
             if self.llamacpp and cut == P:
                 self._llamacpp(tok, cut, lp_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl)
+        res.update(variants=variants)
         res.update(quality=quality, quality_l2=quality_l2, bits=bits, kept=kept_frac,
                    agree={c: float(np.mean(x)) for c, x in agree.items()},
                    kl={c: float(np.mean(x)) for c, x in kl.items()},
@@ -305,6 +308,56 @@ class Truth:
         # the numpy forward's raw run against one full pass (a self-check of the batching)
         am_full = full.logits[0, P:P + T].argmax(-1)
         res["raw_vs_full_pass_agree"] = float(np.mean(am_full == out.logits[0].argmax(-1)))
+        return res
+
+    def _variants(self, q, xs, ppos, kbs, vbs, prs, src) -> Dict[str, Dict[str, float]]:
+        """Variants of the quality metric, computed here (not kvdb's) on the KV each config
+        returned for the whole stored context, with the same probes (the model's queries at
+        the 64 spread positions, causal over the stored keys, absent ones left out):
+          cos     mean cosine of the heads' attention outputs against raw (kvdb's metric)
+          oproj   per layer, the heads' outputs through the layer's output projection (what is
+                  added to the residual stream): 1 - relative L2 error, mean over layers
+          resid   the same error relative to the residual stream's norm at the probe
+                  position (the layer's input), 1 - mean
+          worst   oproj's worst layer"""
+        hp, m = self.hp, self.m
+        L, H, d, QH = hp.n_layer, hp.n_head_kv, hp.head_dim, hp.n_head
+        g = QH // H
+        P = kbs[0].shape[1]
+        causal = np.arange(P)[None, :] <= ppos.astype(np.int64)[:, None]  # (n_probes, P)
+        scale = np.float32(1.0 / np.sqrt(d))
+        outs = []  # per unique config: (L, n_probes, QH * d)
+        for kb, vb, pr in zip(kbs, vbs, prs):
+            o_l = []
+            for l in range(L):
+                qq = q[ppos, l].reshape(len(ppos), H, g, d).transpose(1, 2, 0, 3)  # H,g,n,d
+                kk = kb[l].astype(np.float32).transpose(1, 2, 0)  # (H, d, P)
+                vv = vb[l].astype(np.float32).transpose(1, 0, 2)  # (H, P, d)
+                sc = (qq.reshape(H, g * len(ppos), d) @ kk).reshape(H, g, len(ppos), P) * scale
+                ok = causal[None, None] & pr[l][:, None, None, :]
+                sc = np.where(ok, sc, -np.inf)
+                sc = np.exp(sc - sc.max(-1, keepdims=True))
+                sc /= sc.sum(-1, keepdims=True)
+                o = (sc.reshape(H, g * len(ppos), P) @ vv).reshape(H, g, len(ppos), d)
+                o_l.append(o.transpose(2, 0, 1, 3).reshape(len(ppos), QH * d))
+            outs.append(np.stack(o_l))
+        ref = outs[0]
+        ref_h = ref.reshape(L, len(ppos), QH, d)
+        y_ref = np.stack([ref[l] @ m.layers[l]["wo"] for l in range(L)])  # (L, n, D)
+        xn = np.stack([np.linalg.norm(xs[l][0, ppos], axis=-1) for l in range(L)])  # (L, n)
+        res: Dict[str, Dict[str, float]] = {k: {} for k in ("cos", "oproj", "resid", "worst")}
+        for c, j in zip(RUNS, src):
+            o = outs[j]
+            oh = o.reshape(L, len(ppos), QH, d)
+            num = (oh * ref_h).sum(-1)
+            den = np.linalg.norm(oh, axis=-1) * np.linalg.norm(ref_h, axis=-1)
+            res["cos"][c] = float(np.mean(np.where(den > 0, num / np.maximum(den, 1e-30), 1.0)))
+            y = np.stack([o[l] @ m.layers[l]["wo"] for l in range(L)])
+            e = np.linalg.norm(y - y_ref, axis=-1)  # (L, n)
+            rel = e.sum(-1) / np.maximum(np.linalg.norm(y_ref, axis=-1).sum(-1), 1e-30)
+            res["oproj"][c] = float(1.0 - rel.mean())
+            res["worst"][c] = float(1.0 - rel.max())
+            res["resid"][c] = float(1.0 - np.mean(e / np.maximum(xn, 1e-30)))
         return res
 
     def _llamacpp(self, tok, cut, lp_np_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl) -> None:
@@ -373,6 +426,20 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
     mq2 = [mean("quality_l2", c) for c in ranked]
     f["smollm2_spearman_vs_model_rel_l2"] = spearman(mq2, ma)
     f["smollm2_spearman_per_context_rel_l2"] = per_context("quality_l2", False)
+    # the metric variants computed here (Truth._variants)
+    vnames = list(per[0]["variants"]) if per else []
+    for r in per:
+        for vn in vnames:
+            r["var_" + vn] = r["variants"][vn]
+    vline = []
+    for vn in vnames:
+        mv = [mean("var_" + vn, c) for c in ranked]
+        a, b = spearman(mv, ma), per_context("var_" + vn, False)
+        f[f"smollm2_spearman_vs_model_{vn}"] = a
+        f[f"smollm2_spearman_per_context_{vn}"] = b
+        for c in ranked:
+            f[f"smollm2_{field_name(c)}_quality_{vn}"] = mean("var_" + vn, c)
+        vline.append(f"{vn} {a:.4f} / {b:.4f}")
     log(f"\nquality truth on SmolLM2-135M (numpy forward of the GGUF, KV through kvdb): "
         f"{len(per)} TinyStories contexts, the first {P_STORED} tokens stored per config "
         f"({BLOCK_TOKENS}-token blocks), continuations of {T_STEPS} tokens (teacher-forced) "
@@ -410,6 +477,9 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
         f" and {sp_ctx_end:.4f}; the profile's 1 - rel L2 instead of its cosine: "
         f"{f['smollm2_spearman_vs_model_rel_l2']:.4f} and "
         f"{f['smollm2_spearman_per_context_rel_l2']:.4f}")
+    if vnames:
+        log("  metric variants computed here (across configs / within a context): "
+            + "; ".join(vline))
     if llamacpp:
         cross = [c for c in ranked if per and c in per[0]["ll_agree"]]
         sp_cross = spearman([mean("agree", c) - 1e-3 * mean("kl", c) for c in cross],

@@ -71,6 +71,7 @@ class Output:
     q: Optional[List[np.ndarray]]
     k: List[np.ndarray]
     v: List[np.ndarray]
+    x: Optional[List[np.ndarray]] = None  # per layer, its input (the residual stream), when asked
 
 
 def _field(reader, key: str):
@@ -170,7 +171,7 @@ class NpLlama:
     # ---- the forward pass ----
 
     def forward(self, tokens: np.ndarray, pos0: Sequence[int], prefix: Optional[Prefix] = None,
-                want_q: bool = False, logits: bool = True) -> Output:
+                want_q: bool = False, logits: bool = True, want_x: bool = False) -> Output:
         """B sequences of T new tokens (tokens (B, T) int), sequence b at positions
         pos0[b]..pos0[b]+T-1, each attending to every present row of its prefix (P rows whose
         K already carries its position's rotation: P <= pos0[b], P < pos0[b] when rows were
@@ -195,8 +196,11 @@ class NpLlama:
         causal = np.tril(np.ones((T, T), dtype=bool))
         scale = np.float32(1.0 / np.sqrt(d))
         qs: Optional[List[np.ndarray]] = [] if want_q else None
+        xs: Optional[List[np.ndarray]] = [] if want_x else None
         ks, vs = [], []
         for il, ly in enumerate(self.layers):
+            if xs is not None:
+                xs.append(x)
             h = self._rms(x, ly["attn_norm"])
             qkv = h.reshape(B * T, -1) @ ly["wqkv"]
             q = qkv[:, :QH * d].reshape(B, T, QH, d)
@@ -240,7 +244,7 @@ class NpLlama:
         if logits:
             h = self._rms(x, self.out_norm).reshape(B * T, -1)
             lg = (h @ self.out.T).reshape(B, T, -1)
-        return Output(lg, qs, ks, vs)
+        return Output(lg, qs, ks, vs, xs)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
