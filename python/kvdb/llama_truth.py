@@ -315,6 +315,9 @@ class Truth:
         returned for the whole stored context, with the same probes (the model's queries at
         the 64 spread positions, causal over the stored keys, absent ones left out):
           cos     mean cosine of the heads' attention outputs against raw (kvdb's metric)
+          nac     norm-aware cosine, 1 - |o - o'|^2 / (2 |o|^2) per head and probe
+          sq      1 - squared relative error, 1 - |o - o'|^2 / |o|^2 (the two variants of
+                  bench_truth.c's that ranked best on stories260K)
           oproj   per layer, the heads' outputs through the layer's output projection (what is
                   added to the residual stream): 1 - relative L2 error, mean over layers
           resid   the same error relative to the residual stream's norm at the probe
@@ -345,13 +348,17 @@ class Truth:
         ref_h = ref.reshape(L, len(ppos), QH, d)
         y_ref = np.stack([ref[l] @ m.layers[l]["wo"] for l in range(L)])  # (L, n, D)
         xn = np.stack([np.linalg.norm(xs[l][0, ppos], axis=-1) for l in range(L)])  # (L, n)
-        res: Dict[str, Dict[str, float]] = {k: {} for k in ("cos", "oproj", "resid", "worst")}
+        res: Dict[str, Dict[str, float]] = {k: {} for k in ("cos", "nac", "sq", "oproj",
+                                                             "resid", "worst")}
         for c, j in zip(RUNS, src):
             o = outs[j]
             oh = o.reshape(L, len(ppos), QH, d)
             num = (oh * ref_h).sum(-1)
             den = np.linalg.norm(oh, axis=-1) * np.linalg.norm(ref_h, axis=-1)
             res["cos"][c] = float(np.mean(np.where(den > 0, num / np.maximum(den, 1e-30), 1.0)))
+            e2 = ((oh - ref_h) ** 2).sum(-1) / np.maximum((ref_h ** 2).sum(-1), 1e-30)
+            res["nac"][c] = float(1.0 - np.mean(e2) / 2)
+            res["sq"][c] = float(1.0 - np.mean(e2))
             y = np.stack([o[l] @ m.layers[l]["wo"] for l in range(L)])
             e = np.linalg.norm(y - y_ref, axis=-1)  # (L, n)
             rel = e.sum(-1) / np.maximum(np.linalg.norm(y_ref, axis=-1).sum(-1), 1e-30)
