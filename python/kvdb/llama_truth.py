@@ -339,8 +339,11 @@ class Truth:
                 sc = (qq.reshape(H, g * len(ppos), d) @ kk).reshape(H, g, len(ppos), P) * scale
                 ok = causal[None, None] & pr[l][:, None, None, :]
                 sc = np.where(ok, sc, -np.inf)
-                sc = np.exp(sc - sc.max(-1, keepdims=True))
-                sc /= sc.sum(-1, keepdims=True)
+                mx = sc.max(-1, keepdims=True)
+                # a probe with no key present at or before it (a head whose first rows were
+                # all dropped) attends to nothing: output 0
+                sc = np.exp(sc - np.where(np.isfinite(mx), mx, 0.0))
+                sc /= np.maximum(sc.sum(-1, keepdims=True), 1e-30)
                 o = (sc.reshape(H, g * len(ppos), P) @ vv).reshape(H, g, len(ppos), d)
                 o_l.append(o.transpose(2, 0, 1, 3).reshape(len(ppos), QH * d))
             outs.append(np.stack(o_l))
@@ -355,7 +358,9 @@ class Truth:
             oh = o.reshape(L, len(ppos), QH, d)
             num = (oh * ref_h).sum(-1)
             den = np.linalg.norm(oh, axis=-1) * np.linalg.norm(ref_h, axis=-1)
-            res["cos"][c] = float(np.mean(np.where(den > 0, num / np.maximum(den, 1e-30), 1.0)))
+            both0 = (np.linalg.norm(oh, axis=-1) == 0) & (np.linalg.norm(ref_h, axis=-1) == 0)
+            res["cos"][c] = float(np.mean(np.where(den > 0, num / np.maximum(den, 1e-30),
+                                                   np.where(both0, 1.0, 0.0))))
             e2 = ((oh - ref_h) ** 2).sum(-1) / np.maximum((ref_h ** 2).sum(-1), 1e-30)
             res["nac"][c] = float(1.0 - np.mean(e2) / 2)
             res["sq"][c] = float(1.0 - np.mean(e2))
