@@ -283,6 +283,9 @@ def _use_repack() -> bool:
     return True
 
 
+_QUIET_LOG_CB = None  # llama.cpp's log callback of quiet Llama objects (see Llama.__init__)
+
+
 class Llama:
     """A GGUF model and one llama.cpp context (one sequence, seq_id 0) through llama-cpp-python's
     low-level API: tokenize, decode in one batch, greedy steps, sequence state bytes."""
@@ -294,7 +297,12 @@ class Llama:
         import llama_cpp as lc
         self.lc = lc
         if quiet:
-            self._log_cb = lc.llama_log_callback(lambda level, text, user: None)
+            # one callback for the process, never freed: llama.cpp keeps the last one set, and
+            # a second Llama closed after the first one's callback died would call freed code
+            global _QUIET_LOG_CB
+            if _QUIET_LOG_CB is None:
+                _QUIET_LOG_CB = lc.llama_log_callback(lambda level, text, user: None)
+            self._log_cb = _QUIET_LOG_CB
             lc.llama_log_set(self._log_cb, ctypes.c_void_p())
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
