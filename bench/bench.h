@@ -109,7 +109,8 @@ typedef struct bench_env {
                             NULL reads as "model" */
 } bench_env;
 
-/* Returns 0 on success; on failure prints why to stderr and returns non-zero. */
+/* Returns 0 on success; on failure prints why to stderr and returns non-zero; 77: skipped
+ * (what was looked for printed; kvdb-bench exits 77, meson's "skipped"). */
 typedef int (*bench_cmd_fn)(const bench_env *env, bench_json *j);
 
 typedef struct bench_cmd {
@@ -123,6 +124,8 @@ int bench_store(const bench_env *env, bench_json *j);
 int bench_compact(const bench_env *env, bench_json *j);
 int bench_compress(const bench_env *env, bench_json *j);
 int bench_truth(const bench_env *env, bench_json *j); /* part of compress (issue 16) */
+/* SmolLM2-135M's quality truth (python/kvdb/llama_truth.py); 77: skipped (said why) */
+int bench_truth_llama(const bench_env *env, bench_json *j);
 int bench_getspeed(const bench_env *env, bench_json *j); /* part of compress (issue 16) */
 int bench_score(const bench_env *env, bench_json *j);
 int bench_prefix(const bench_env *env, bench_json *j);

@@ -44,6 +44,9 @@ static const bench_cmd CMDS[] = {
    "synthetic Llama-3-8B-shaped context)", bench_getspeed},
   {"truth", "compress's issue-16 part alone: kvquant int4 targets, the causal quality metric vs "
    "stories260K's next-token agreement and KL", bench_truth},
+  {"truth-llama", "the quality truth on SmolLM2-135M (numpy forward of its GGUF, KV through "
+   "kvdb): agreement and KL per config, Spearman of the profiled quality vs agreement",
+   bench_truth_llama},
   {"decode-model", "stories260K decoding with sparse attention over KV kept in kvdb: greedy "
                    "agreement with dense at 5-100% budgets, selection designs", bench_decode_model},
   {"score", "near-data top-k scoring: int8/int4 scan GB/s vs a streaming read, recall vs exact, "
@@ -250,6 +253,11 @@ int main(int argc, char **argv)
     bench_log("kept the data in %s", dir);
   } else if (bench_rmtree(dir) != 0) {
     bench_log("could not delete %s: %s", dir, strerror(errno));
+  }
+  if (rc == 77) { /* skipped: the subcommand said what it looked for */
+    bench_json_free(&j);
+    fflush(stdout);
+    return 77;
   }
   if (rc == 0 && json && bench_json_print(&j, stdout) != 0) {
     bench_log("out of memory building the JSON line");

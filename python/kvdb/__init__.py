@@ -33,8 +33,8 @@ from ._lib import lib
 __all__ = ["open", "DB", "Model", "Status", "Error", "InvalidError", "NotFoundError",
            "MisuseError", "NoMemError", "FullError", "BusyError", "IOError_", "CorruptError",
            "VersionError", "UnsupportedError", "MismatchError", "ReadOnlyError", "PanicError",
-           "PutInfo", "ContextInfo", "Stats", "VerifyReport", "KeptHit", "KeptGet", "version",
-           "library_path", "empty"]
+           "PutInfo", "ContextInfo", "ProfileEntry", "Stats", "VerifyReport", "KeptHit",
+           "KeptGet", "version", "library_path", "empty"]
 
 
 class Status(enum.IntEnum):
@@ -370,6 +370,83 @@ class KeptGet(NamedTuple):
 
 
 @dataclass(frozen=True)
+class ProfileEntry:
+    """One entry of a context's quality profile (kvdb_profile_entry): the config's name, its
+    stored bytes for the context, the proxy's quality (mean cosine of attention outputs, 1 =
+    exact; NaN if unmeasured) and relative L2 error, the caller's reported quality (NaN if
+    none) and how many reports it averages, probes per sampled head (0: predicted, not
+    measured), and the flags: stored (the context's own config), exact (bytes measured, not
+    extrapolated), rescaled (quality re-profiled from reports)."""
+    config: str
+    bytes: int
+    quality: float
+    rel_l2: float
+    reported_quality: float
+    n_reports: int
+    n_probes: int
+    stored: bool
+    exact: bool
+    rescaled: bool
+
+    @staticmethod
+    def _of(e: _lib.ProfileEntry) -> "ProfileEntry":
+        buf = ctypes.create_string_buffer(64)
+        name = lib.kvdb_config_name(ctypes.byref(e.config), buf, 64).decode()
+        return ProfileEntry(name, e.bytes, e.quality, e.rel_l2, e.reported_quality, e.n_reports,
+                            e.n_probes, bool(e.flags & 1), bool(e.flags & 2), bool(e.flags & 4))
+
+
+def _f32_rows(x: Any, m: Model, what: str) -> np.ndarray:
+    """x as C-contiguous float32 of shape (n, n_layers, n_q_heads, head_dim)."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if a.ndim != 4 or a.shape[1] != m.n_layers or a.shape[3] != m.head_dim:
+        _invalid(f"{what}: shape {a.shape}, expected (n, {m.n_layers}, n_q_heads, "
+                 f"{m.head_dim}) (position, layer, query head, dim)")
+    return a
+
+
+def _put_opts(m: Model, config: Optional[str], queries: Any, probe_queries: Any,
+              probe_positions: Any, profile: bool, profile_space: Optional[str],
+              profile_heads: int):
+    """A kvdb_put_opts of the keywords of DB.put / DB.profile, and what must stay alive."""
+    po = _lib.out_struct(_lib.PutOpts)
+    lib.kvdb_put_opts_init(ctypes.byref(po))
+    keep: List[Any] = []
+    if config is not None:
+        _check(lib.kvdb_config_parse(str(config).encode(), ctypes.byref(po.config)))
+    if profile:
+        po.flags |= 1  # KVDB_PUT_PROFILE
+    n_q_heads = 0
+    if queries is not None:
+        q = _f32_rows(queries, m, "queries")
+        keep.append(q)
+        po.queries = q.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        po.n_queries = q.shape[0]
+        n_q_heads = q.shape[2]
+    if (probe_queries is None) != (probe_positions is None):
+        _invalid("probe_queries and probe_positions go together")
+    if probe_queries is not None:
+        pq = _f32_rows(probe_queries, m, "probe_queries")
+        pp = _tokens(probe_positions)
+        if len(pp) != pq.shape[0]:
+            _invalid(f"probe_positions: {len(pp)} positions for {pq.shape[0]} probe queries")
+        if n_q_heads and pq.shape[2] != n_q_heads:
+            _invalid(f"probe_queries: {pq.shape[2]} query heads, queries {n_q_heads}")
+        keep += [pq, pp]
+        po.probe_queries = pq.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        po.probe_positions = _tok_ptr(pp)
+        po.n_probe_queries = len(pp)
+        n_q_heads = pq.shape[2]
+    po.n_q_heads = n_q_heads
+    if profile_space is not None:
+        b = str(profile_space).encode()
+        keep.append(b)
+        po.profile_space = b
+    po.profile_heads = int(profile_heads)
+    return po, keep
+
+
+@dataclass(frozen=True)
 class ContextInfo:
     """One stored context (kvdb_context_info)."""
     key: bytes
@@ -503,10 +580,19 @@ class DB:
 
     # put / lookup / get
     def put(self, model: Model, tokens: Any, k: Any, v: Any, *,
-            config: Optional[str] = None) -> PutInfo:
+            config: Optional[str] = None, queries: Any = None, probe_queries: Any = None,
+            probe_positions: Any = None, profile: bool = False,
+            profile_space: Optional[str] = None, profile_heads: int = 0) -> PutInfo:
         """Store the KV of `tokens` as one context. k and v: views of logical shape
         (n_layers, n_tokens, n_kv_heads, head_dim) (see the module's doc); read during the call
         only. config: a storage config name ("raw", "lossless", "int8", ...; default raw).
+        The other keywords are kvdb_put_opts' (kvdb_put_ex): queries, SnapKV's observation
+        window, float32 of shape (n_queries, n_layers, n_q_heads, head_dim) in the keys'
+        rotary state; probe_queries (same layout) at probe_positions (strictly increasing),
+        the quality profile's probes (the model's own queries spread over the context);
+        profile=True measures the context's quality profile in the same transaction
+        (profile_space: config names separated by commas, None = the default space;
+        profile_heads: (layer, KV head) pairs sampled, 0 = 16). Read it with profile_get.
         Returns the PutInfo; raises on any error (then nothing of this put is visible)."""
         t = _tokens(tokens)
         if len(t) == 0:
@@ -514,15 +600,16 @@ class DB:
         mc = model._c()
         kv, keep = _kv_view(k, v, model, len(t), writable=False)
         info = _lib.PutInfo()
-        if config is None:
+        if (config is None and queries is None and probe_queries is None and not profile
+                and profile_space is None):
             _check(lib.kvdb_put(self._handle, ctypes.byref(mc), _tok_ptr(t), len(t),
                                 ctypes.byref(kv), ctypes.byref(info)))
         else:
-            po = _lib.out_struct(_lib.PutOpts)
-            lib.kvdb_put_opts_init(ctypes.byref(po))
-            _check(lib.kvdb_config_parse(str(config).encode(), ctypes.byref(po.config)))
+            po, keep_o = _put_opts(model, config, queries, probe_queries, probe_positions,
+                                   profile, profile_space, profile_heads)
             _check(lib.kvdb_put_ex(self._handle, ctypes.byref(mc), _tok_ptr(t), len(t),
                                    ctypes.byref(kv), ctypes.byref(po), ctypes.byref(info)))
+            del keep_o
         del keep
         return PutInfo(bytes(info.context.b), info.n_blocks, info.blocks_written,
                        info.blocks_shared, info.bytes_written)
@@ -585,6 +672,34 @@ class DB:
                 "int4_bits": ci.int4_bits, "int2_bits": ci.int2_bits,
                 "int4_planned_bits": ci.int4_planned_bits,
                 "int2_planned_bits": ci.int2_planned_bits}
+
+    def profile(self, model: Model, context: Any, *, queries: Any = None,
+                probe_queries: Any = None, probe_positions: Any = None,
+                profile_space: Optional[str] = None, profile_heads: int = 0) -> None:
+        """Measure a stored context's quality profile now and record it (kvdb_profile), with
+        the probes and space of the keywords (as put's). The reference is the context as
+        stored: exact for raw and lossless contexts. Raises NotFoundError when the context is
+        not stored, InvalidError for bad probes or a config the model cannot take."""
+        ck = _key(context)
+        po, keep = _put_opts(model, None, queries, probe_queries, probe_positions, False,
+                             profile_space, profile_heads)
+        _check(lib.kvdb_profile(self._handle, ctypes.byref(model._c()), ctypes.byref(ck),
+                                ctypes.byref(po)))
+        del keep
+
+    def profile_get(self, context: Any) -> List[ProfileEntry]:
+        """The recorded quality profile of a stored context (kvdb_profile_get), one entry per
+        config of its space. Raises NotFoundError when the context or its profile is absent."""
+        ck = _key(context)
+        n = ctypes.c_size_t()
+        cap = 32
+        while True:
+            arr = (_lib.ProfileEntry * cap)()
+            _check(lib.kvdb_profile_get(self._handle, ctypes.byref(ck), arr, cap,
+                                        ctypes.byref(n)))
+            if n.value <= cap:
+                return [ProfileEntry._of(arr[i]) for i in range(n.value)]
+            cap = n.value
 
     def lookup(self, model: Model, tokens: Any) -> int:
         """How many leading tokens of `tokens` are stored (verified token by token)."""

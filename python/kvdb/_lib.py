@@ -79,7 +79,15 @@ class PutInfo(Structure):
 class PutOpts(Structure):
     _fields_ = [("struct_size", c_uint32), ("flags", c_uint32), ("config", Config),
                 ("queries", POINTER(c_float)), ("n_queries", c_uint32), ("n_q_heads", c_uint32),
-                ("profile_space", c_char_p), ("profile_heads", c_uint32)]
+                ("profile_space", c_char_p), ("profile_heads", c_uint32),
+                ("probe_queries", POINTER(c_float)), ("probe_positions", POINTER(c_uint32)),
+                ("n_probe_queries", c_uint32)]
+
+
+class ProfileEntry(Structure):
+    _fields_ = [("config", Config), ("flags", c_uint32), ("bytes", c_uint64),
+                ("quality", c_double), ("rel_l2", c_double), ("reported_quality", c_double),
+                ("n_reports", c_uint32), ("n_probes", c_uint32)]
 
 
 class CalibContext(Structure):
@@ -224,6 +232,9 @@ _protos = {
     "kvdb_iter_close": (None, [c_void_p]),
     "kvdb_stat": (_S, [c_void_p, c_void_p]),
     "kvdb_verify": (_S, [c_void_p, PROBLEM_FN, PROGRESS_FN, c_void_p, c_void_p]),
+    "kvdb_profile": (_S, [c_void_p, POINTER(Model), POINTER(Key), c_void_p]),
+    "kvdb_profile_get": (_S, [c_void_p, POINTER(Key), POINTER(ProfileEntry), c_size_t,
+                              POINTER(c_size_t)]),
     "kvdb_score": (_S, [c_void_p, POINTER(Model), POINTER(Key), c_uint32, c_uint32, c_void_p,
                         c_int, c_uint32, POINTER(c_uint32), POINTER(c_float)]),
 }

@@ -283,6 +283,9 @@ def _use_repack() -> bool:
     return True
 
 
+_QUIET_LOG_CB = None  # llama.cpp's log callback of quiet Llama objects (see Llama.__init__)
+
+
 class Llama:
     """A GGUF model and one llama.cpp context (one sequence, seq_id 0) through llama-cpp-python's
     low-level API: tokenize, decode in one batch, greedy steps, sequence state bytes."""
@@ -294,7 +297,12 @@ class Llama:
         import llama_cpp as lc
         self.lc = lc
         if quiet:
-            self._log_cb = lc.llama_log_callback(lambda level, text, user: None)
+            # one callback for the process, never freed: llama.cpp keeps the last one set, and
+            # a second Llama closed after the first one's callback died would call freed code
+            global _QUIET_LOG_CB
+            if _QUIET_LOG_CB is None:
+                _QUIET_LOG_CB = lc.llama_log_callback(lambda level, text, user: None)
+            self._log_cb = _QUIET_LOG_CB
             lc.llama_log_set(self._log_cb, ctypes.c_void_p())
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
@@ -383,9 +391,10 @@ class Llama:
             raise RuntimeError(f"llama_memory_seq_rm({n}, -1) failed")
         self.n_past = n
 
-    def decode(self, tokens: Sequence[int]) -> np.ndarray:
+    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
         """Decode tokens at positions n_past.. in one batch (llama.cpp splits it into ubatches
-        of n_ubatch tokens); the last token's logits (a copy)."""
+        of n_ubatch tokens); the last token's logits (a copy), or with all_logits those of
+        every token, shape (len(tokens), n_vocab)."""
         n = len(tokens)
         if n == 0:
             raise ValueError("decode: no tokens")
@@ -399,7 +408,7 @@ class Llama:
                 batch.pos[i] = self.n_past + i
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = 0
-                batch.logits[i] = 1 if i == n - 1 else 0
+                batch.logits[i] = 1 if all_logits or i == n - 1 else 0
             batch.n_tokens = n
             rc = lc.llama_decode(self.ctx, batch)
             if rc != 0:
@@ -407,6 +416,10 @@ class Llama:
         finally:
             lc.llama_batch_free(batch)
         self.n_past += n
+        if all_logits:
+            return np.stack([np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, i),
+                                                   shape=(self.n_vocab,)).copy()
+                             for i in range(n)])
         ptr = lc.llama_get_logits_ith(self.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 

@@ -520,3 +520,61 @@ def test_kept_errors_are_exceptions(db):
         db.lookup_kept(M, toks(2))
     with pytest.raises(kvdb.MisuseError):
         db.get_kept(M, toks(n), dk, dv)
+
+
+def test_put_profile_and_profile_get(db):
+    """put's kvdb_put_opts keywords: the model's queries as the profile's probes, the profile
+    read back (kvdb_profile_get), measured again on demand (kvdb_profile)."""
+    n, QH = 48, 4  # 4 query heads over 2 KV heads
+    k, v = logical(n, seed=31)
+    rng = np.random.default_rng(32)
+    pos = np.array([3, 10, 20, 30, 40, 47], np.uint32)
+    probes = rng.standard_normal((len(pos), M.n_layers, QH, M.head_dim)).astype(np.float32)
+    window = rng.standard_normal((4, M.n_layers, QH, M.head_dim)).astype(np.float32)
+    space = "lossless,int8,kivi2,knorm50,snapkv50"
+    info = db.put(M, toks(n), k, v, queries=window, probe_queries=probes, probe_positions=pos,
+                  profile=True, profile_space=space, profile_heads=M.n_layers * M.n_kv_heads)
+    prof = {e.config: e for e in db.profile_get(info)}
+    assert set(prof) >= {"lossless", "int8", "kivi2", "knorm50", "snapkv50"}
+    assert all(isinstance(e, kvdb.ProfileEntry) for e in prof.values())
+    assert prof["lossless"].quality == pytest.approx(1.0, abs=1e-9)
+    assert prof["lossless"].n_probes > 0
+    assert 0.99 < prof["int8"].quality <= 1.0
+    assert prof["kivi2"].quality < prof["int8"].quality
+    assert prof["knorm50"].quality < 1.0 and prof["snapkv50"].quality < 1.0
+    assert prof["int8"].bytes < prof["lossless"].bytes * 2
+    # measured again, on demand, with other probes: recorded in place of the first
+    db.profile(M, info, probe_queries=probes[:3], probe_positions=pos[:3],
+               profile_space="int8,kivi2")
+    again = {e.config: e for e in db.profile_get(info)}
+    assert {"int8", "kivi2"} <= set(again) and again["int8"].quality > again["kivi2"].quality
+    # a config put with options (and SnapKV with its window)
+    n2 = 32
+    k2, v2 = logical(n2, seed=33)
+    i2 = db.put(M, toks(n2, start=9000), k2, v2, config="snapkv50", queries=window)
+    assert db.context_stat(i2).config == "snapkv50"
+    assert db.lookup_kept(M, toks(n2, start=9000)) == (n2, n2 // 2)
+
+
+def test_profile_errors_are_exceptions(db):
+    n, QH = 16, 2
+    k, v = logical(n)
+    q = np.zeros((2, M.n_layers, QH, M.head_dim), np.float32)
+    with pytest.raises(kvdb.InvalidError, match="go together"):
+        db.put(M, toks(n), k, v, probe_queries=q)
+    with pytest.raises(kvdb.InvalidError, match="probe_queries: shape"):
+        db.put(M, toks(n), k, v, probe_queries=q[0], probe_positions=[1])
+    with pytest.raises(kvdb.InvalidError, match="2 probe queries"):
+        db.put(M, toks(n), k, v, probe_queries=q, probe_positions=[1])
+    with pytest.raises(kvdb.InvalidError):  # from the library: positions not increasing
+        db.put(M, toks(n), k, v, probe_queries=q, probe_positions=[5, 2], profile=True)
+    with pytest.raises(kvdb.InvalidError):  # SnapKV without queries
+        db.put(M, toks(n), k, v, config="snapkv50")
+    with pytest.raises(kvdb.InvalidError):  # a config name the library does not know
+        db.put(M, toks(n), k, v, profile=True, profile_space="int3")
+    info = db.put(M, toks(n), k, v)
+    with pytest.raises(kvdb.NotFoundError):  # stored without a profile
+        db.profile_get(info)
+    db.delete(info)
+    with pytest.raises(kvdb.NotFoundError):
+        db.profile(M, info)
