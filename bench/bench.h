@@ -119,6 +119,20 @@ typedef struct bench_cmd {
   bench_cmd_fn run;
 } bench_cmd;
 
+/*
+ * The Python parts of a bench (python/kvdb: kvdb.llama_run, kvdb.llama_truth): the interpreter
+ * is $KVDB_PYTHON or the repository's .venv/bin/python (bench_python: into buf, 1 when it can
+ * be run), with KVDB_LIB naming this build's libkvdb.so and KVDB_BENCH_FIELDS=1 set.
+ * bench_run_py runs cmd, echoes its report to env->out and makes each '@json NAME VALUE' line a
+ * field of j (VALUE a JSON number, true/false, a string or NaN), or hands it to take (its
+ * NAME and VALUE, NUL-terminated) first: take returns 1 when it kept the field itself. Returns
+ * 0, 77 when the script exited 77 (skipped: it said what it looked for), else 1.
+ */
+int bench_python(char *buf, size_t cap);
+typedef int (*bench_py_take)(void *arg, const char *name, const char *value);
+int bench_run_py(const bench_env *env, bench_json *j, const char *cmd, bench_py_take take,
+                 void *arg);
+
 /* Subcommands (one file each). */
 int bench_store(const bench_env *env, bench_json *j);
 int bench_compact(const bench_env *env, bench_json *j);

@@ -28,13 +28,6 @@
 #include "bench.h"
 #include "kvdb.h"
 
-#ifndef BENCH_SOURCE_ROOT
-#define BENCH_SOURCE_ROOT "."
-#endif
-#ifndef BENCH_LIBKVDB
-#define BENCH_LIBKVDB ""
-#endif
-
 #define LL_TOKENS 1024
 
 static void fill_pattern(uint16_t *p, size_t n, uint64_t c)
@@ -147,34 +140,23 @@ done:
   return rc;
 }
 
-/* One '@json NAME VALUE' line of the script: VALUE is a JSON number, true/false or a string.
- * The figures named py_put_gbps and py_get_gbps go to *put / *get instead (the best is kept). */
-static void take_field(bench_json *j, char *line, double *put, double *get)
+/* The figures named py_put_gbps and py_get_gbps go to best[0] / best[1] (the best is kept), not
+ * to the JSON line. */
+static int take_best(void *arg, const char *name, const char *value)
 {
-  char *name = line + 6, *val = strchr(name, ' ');
-  if (val == NULL)
-    return;
-  *val++ = 0;
-  val[strcspn(val, "\n")] = 0;
-  if (strcmp(name, "py_put_gbps") == 0 || strcmp(name, "py_get_gbps") == 0) {
-    double *d = name[3] == 'p' ? put : get, x = strtod(val, NULL);
-    if (x > *d)
-      *d = x;
-  } else if (strcmp(val, "true") == 0 || strcmp(val, "false") == 0) {
-    bench_json_bool(j, name, val[0] == 't');
-  } else if (val[0] == '"') {
-    size_t n = strlen(val);
-    if (n >= 2 && val[n - 1] == '"')
-      val[n - 1] = 0;
-    bench_json_str(j, name, val + 1);
-  } else {
-    bench_json_num(j, name, strtod(val, NULL));
-  }
+  double *best = arg;
+  if (strcmp(name, "py_put_gbps") != 0 && strcmp(name, "py_get_gbps") != 0)
+    return 0;
+  double *d = &best[name[3] == 'p' ? 0 : 1], x = strtod(value, NULL);
+  if (x > *d)
+    *d = x;
+  return 1;
 }
 
-/* Run the script's part `part` ("putget" or "ttft"), echoing its report and taking its fields. */
+/* Run the script's part `part` ("putget" or "ttft"), echoing its report and taking its fields;
+ * best: the best Python put and get GB/s so far. */
 static int run_py(const bench_env *env, bench_json *j, const char *py, const char *part, int round,
-                  double *put, double *get)
+                  double best[2])
 {
   char cmd[8192];
   char get_db[4200] = "";
@@ -182,44 +164,21 @@ static int run_py(const bench_env *env, bench_json *j, const char *py, const cha
     snprintf(get_db, sizeof get_db, " --get-db '%s/c-putget%d-1'", env->dir, round);
   snprintf(cmd, sizeof cmd, "'%s' -m kvdb.llama_run bench --json --part %s --dir '%s/py%d'%s%s",
            py, part, env->dir, round, get_db, env->quick ? " --quick" : "");
-  fflush(env->out);
-  FILE *p = popen(cmd, "r");
-  if (p == NULL) {
-    bench_log("cannot run %s", py);
-    return 1;
-  }
-  char line[4096];
-  while (fgets(line, sizeof line, p) != NULL) {
-    if (strncmp(line, "@json ", 6) == 0)
-      take_field(j, line, put, get);
-    else
-      fputs(line, env->out);
-  }
-  int st = pclose(p);
-  if (st != 0) {
-    bench_log("the Python part (%s) failed (status %d)", cmd, st);
-    return 1;
-  }
-  return 0;
+  int rc = bench_run_py(env, j, cmd, take_best, best);
+  if (rc == 77)
+    bench_log("the Python part (%s) exited 77", cmd);
+  return rc != 0;
 }
 
 int bench_llama(const bench_env *env, bench_json *j)
 {
-  const char *py = getenv("KVDB_PYTHON");
-  char pybuf[4096];
-  if (py == NULL || py[0] == 0) {
-    snprintf(pybuf, sizeof pybuf, "%s/.venv/bin/python", BENCH_SOURCE_ROOT);
-    py = pybuf;
-  }
-  int have_py = access(py, X_OK) == 0;
-  if (getenv("KVDB_LIB") == NULL)
-    setenv("KVDB_LIB", BENCH_LIBKVDB, 1);
-  setenv("KVDB_BENCH_FIELDS", "1", 1);
+  char py[4096];
+  int have_py = bench_python(py, sizeof py);
 
   /* C and Python put/get in alternating rounds (this machine's disk is shared: the best of each
    * side over the rounds). Both sides' gets read the database the C puts wrote, C first in even
    * rounds and Python first in odd ones. */
-  double c_put = 0, c_get = 0, py_put = 0, py_get = 0;
+  double c_put = 0, c_get = 0, py_best[2] = {0, 0}; /* Python's put, get */
   size_t n_ctx = env->quick ? 4 : 12;
   int rounds = env->quick ? 2 : 3;
   for (int r = 0; r < rounds; r++) {
@@ -228,7 +187,7 @@ int bench_llama(const bench_env *env, bench_json *j)
       return 1;
     if (r % 2 == 0 && c_put_get(env, n_ctx, r, NULL, &g) != 0)
       return 1;
-    if (have_py && run_py(env, j, py, "putget", r, &py_put, &py_get) != 0)
+    if (have_py && run_py(env, j, py, "putget", r, py_best) != 0)
       return 1;
     if (r % 2 == 1 && c_put_get(env, n_ctx, r, NULL, &g) != 0)
       return 1;
@@ -245,6 +204,7 @@ int bench_llama(const bench_env *env, bench_json *j)
     bench_json_str(j, "llama_skipped", "no .venv");
     return 0;
   }
+  double py_put = py_best[0], py_get = py_best[1];
   bench_json_num(j, "py_put_gbps", py_put);
   bench_json_num(j, "py_get_gbps", py_get);
   bench_json_num(j, "py_put_vs_c", bench_ratio(py_put, c_put));
@@ -253,5 +213,5 @@ int bench_llama(const bench_env *env, bench_json *j)
           "Python put %.3f (%.3fx C), get %.3f (%.3fx C)\n",
           n_ctx * LL_TOKENS * 23040 / 1000000, rounds, c_put, c_get, py_put,
           bench_ratio(py_put, c_put), py_get, bench_ratio(py_get, c_get));
-  return run_py(env, j, py, "ttft", 0, &py_put, &py_get);
+  return run_py(env, j, py, "ttft", 0, py_best);
 }

@@ -82,7 +82,9 @@
 #define TR_STEPS (TR_TOKENS - TR_STORED)
 #define TR_WIN 16u
 #define TR_PROBES KV_QUALITY_SPREAD_PROBES
-#define TR_NVAR 6u /* metric variants tried beside the causal metric (head_quality) */
+#define TR_NVAR 8u /* metric variants tried beside the causal metric (head_quality) */
+#define TR_NVAR_RAW 10u /* head_quality's per-head figures: the first 6 variants, then the sums
+                           variants 6 and 7 are made of per layer (truth_context) */
 #define TR_DEC_MIN_NS_FULL 500000000ull
 #define TR_DEC_MIN_NS_QUICK 100000000ull
 
@@ -491,7 +493,8 @@ static int head_quality(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_
   }
   if (var != NULL) { /* experiments: 0 weighted by keys seen, 1 = 1 - rel L2, 2 second half,
                         3 mean of per-probe 1 - rel err */
-    double sw = 0, w = 0, s2 = 0, n2 = 0, re = 0, nc = 0, sq = 0;
+    double sw = 0, w = 0, s2 = 0, n2 = 0, re = 0, nc = 0, sq = 0, ewn = 0, ewd = 0, pd = 0,
+           pa = 0;
     for (uint32_t i = 0; i < nq; i++) {
       const float *a = ref + (size_t)i * d, *b = test + (size_t)i * d;
       double ab = 0, aa = 0, bb = 0, dd = 0;
@@ -514,6 +517,15 @@ static int head_quality(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_
       nc += aa > 0 ? fmax(0, 1 - dd / (2 * aa)) : 1;
       /* 5: 1 - squared relative error, floored at 0 */
       sq += aa > 0 ? fmax(0, 1 - dd / aa) : 1;
+      /* 6: the cosine weighted by the output's energy, the larger of the original's and the
+       * stored KV's (a head that writes more into the residual stream counts more; a quiet
+       * head that the config makes loud too), per layer; 7: 1 - the layer's pooled squared
+       * error over twice its pooled energy (norm-aware, heads pooled) */
+      double ew = fmax(aa, bb);
+      ewn += ew * cs;
+      ewd += ew;
+      pd += dd;
+      pa += aa;
     }
     var[0] = sw / w;
     var[1] = 1 - qy.rel_l2;
@@ -521,6 +533,10 @@ static int head_quality(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_
     var[3] = re / nq;
     var[4] = nc / nq;
     var[5] = sq / nq;
+    var[6] = ewn;
+    var[7] = ewd;
+    var[8] = pd;
+    var[9] = pa;
   }
   if (old != NULL) { /* issue 3's probes: the last positions' queries over the whole block */
     uint32_t wpos[TR_WIN];
@@ -679,22 +695,28 @@ static int truth_context(truth *t, const tctx *c, cres *res)
   for (size_t ci = 0; ci < N_CFG; ci++) {
     cres *r = &res[ci];
     memset(r, 0, sizeof *r);
-    for (uint32_t l = 0; l < t->L; l++)
+    for (uint32_t l = 0; l < t->L; l++) {
+      double lay[4] = {0, 0, 0, 0}; /* variants 6 and 7: the layer's sums */
       for (uint32_t h = 0; h < t->H; h++) {
         size_t b, hi = (size_t)l * t->H + h;
-        double q, qo, var[TR_NVAR];
+        double q, qo, var[TR_NVAR_RAW];
         uint16_t *hk = kd + hi * 2 * hrow, *hv = hk + hrow;
         uint32_t *hp = rpos + hi * TR_TOKENS;
         if (codec_head(t, c, l, h, TR_STORED, &CFGS[ci], hk, hv, hp, &rows[hi], &b, NULL, 0,
                        NULL) != 0 ||
             head_quality(t, c, l, h, TR_STORED, hk, hv, hp, rows[hi], &q, &qo, var) != 0)
           goto out;
-        for (unsigned vi = 0; vi < TR_NVAR; vi++)
+        for (unsigned vi = 0; vi < 6; vi++)
           r->var[vi] += var[vi] / nh;
+        for (unsigned vi = 0; vi < 4; vi++)
+          lay[vi] += var[6 + vi];
         r->q += q / nh;
         r->q_old += qo / nh;
         r->bytes += (double)b;
       }
+      r->var[6] += (lay[1] > 0 ? lay[0] / lay[1] : 1) / t->L;
+      r->var[7] += (lay[3] > 0 ? fmax(0, 1 - lay[2] / (2 * lay[3])) : 1) / t->L;
+    }
     for (uint32_t k = 0; k < TR_CUTS; k++) {
       refmodel_state_clear_absent(t->st);
       for (uint32_t hi = 0; hi < nh; hi++)
@@ -1074,6 +1096,27 @@ out:
 
 /* ---- the subcommand's part ---- */
 
+/* The figures of one int4/int2 variant as JSON fields prefixed `pre`; `more`: also the worst
+ * (context, head) and the decode's memcpy baseline. */
+static void int4_json(bench_json *j, const char *pre, const int4_fig *f, int more)
+{
+  char k[96];
+#define I4_JSON(name, v)                                                                          \
+  do {                                                                                            \
+    snprintf(k, sizeof k, "%s%s", pre, name);                                                     \
+    bench_json_num(j, k, v);                                                                      \
+  } while (0)
+  I4_JSON("bits_per_element", f->bpe);
+  I4_JSON("quality", f->q);
+  I4_JSON("quality_worst_head", f->worst_head);
+  if (more)
+    I4_JSON("quality_worst_context_head", f->worst_any);
+  I4_JSON("decode_gbps", f->dec_gbps);
+  if (more)
+    I4_JSON("decode_memcpy_gbps", f->memcpy_gbps);
+#undef I4_JSON
+}
+
 int bench_truth(const bench_env *env, bench_json *j)
 {
   FILE *o = env->out;
@@ -1231,12 +1274,14 @@ int bench_truth(const bench_env *env, bench_json *j)
     static const char *const vname[TR_NVAR] = {
         "cosine weighted by keys seen", "1 - pooled rel L2", "cosine, probes in the second half",
         "mean of 1 - per-probe rel error", "norm-aware cosine 1 - |e|^2/(2|o|^2)",
-        "1 - per-probe squared rel error"};
+        "1 - per-probe squared rel error", "cosine weighted by output energy, per layer",
+        "1 - a layer's pooled |e|^2/(2|o|^2)"};
     fprintf(o, "  metric variant %s, vs the 4-prefix truth (across / per context): the engine's "
-               "space %.4f / %.4f, the research set %.4f / %.4f, all %.4f / %.4f\n",
+               "space %.4f / %.4f, the research set %.4f / %.4f, all %.4f / %.4f; the targets' "
+               "int4 (%s) scores %.5f under it (the metric: %.5f)\n",
             vname[vi], spearman_set(mv, mac, SET_ENGINE), spu[SET_ENGINE],
             spearman_set(mv, mac, SET_RESEARCH), spu[SET_RESEARCH], spearman_set(mv, mac, SET_ALL),
-            spu[SET_ALL]);
+            spu[SET_ALL], CFGS[INT4_CFG].name, mv[INT4_CFG], mq[INT4_CFG]);
   }
 
   fprintf(o, "\nint4 (kvquant, codec 5 with per-channel widths: K before RoPE, K and V per channel "
@@ -1319,38 +1364,11 @@ int bench_truth(const bench_env *env, bench_json *j)
   bench_json_num(j, "int4_decode_gbps", f4.dec_gbps);
   bench_json_num(j, "int4_decode_unfused_gbps", f4.dec_unfused_gbps);
   bench_json_num(j, "int4_decode_memcpy_gbps", f4.memcpy_gbps);
-  for (int e = 0; e < 2; e++) {
-    const int4_fig *ef = e ? &fp : &fe;
-    const char *pre = e ? "engine_int4_postrope_" : "engine_int4_";
-    char k[96];
-    snprintf(k, sizeof k, "%sbits_per_element", pre);
-    bench_json_num(j, k, ef->bpe);
-    snprintf(k, sizeof k, "%squality", pre);
-    bench_json_num(j, k, ef->q);
-    snprintf(k, sizeof k, "%squality_worst_head", pre);
-    bench_json_num(j, k, ef->worst_head);
-    snprintf(k, sizeof k, "%sdecode_gbps", pre);
-    bench_json_num(j, k, ef->dec_gbps);
-  }
-  bench_json_num(j, "engine_int4_calibrated_bits_per_element", fc.bpe);
-  bench_json_num(j, "engine_int4_calibrated_quality", fc.q);
-  bench_json_num(j, "engine_int4_calibrated_quality_worst_head", fc.worst_head);
-  bench_json_num(j, "engine_int4_calibrated_quality_worst_context_head", fc.worst_any);
-  bench_json_num(j, "engine_int4_calibrated_decode_gbps", fc.dec_gbps);
-  bench_json_num(j, "engine_int4_calibrated_decode_memcpy_gbps", fc.memcpy_gbps);
-  for (int e = 0; e < 2; e++) {
-    const int4_fig *ef = e ? &f2c : &f2;
-    const char *pre = e ? "engine_int2_calibrated_" : "engine_int2_";
-    char k[96];
-    snprintf(k, sizeof k, "%sbits_per_element", pre);
-    bench_json_num(j, k, ef->bpe);
-    snprintf(k, sizeof k, "%squality", pre);
-    bench_json_num(j, k, ef->q);
-    snprintf(k, sizeof k, "%squality_worst_head", pre);
-    bench_json_num(j, k, ef->worst_head);
-    snprintf(k, sizeof k, "%sdecode_gbps", pre);
-    bench_json_num(j, k, ef->dec_gbps);
-  }
+  int4_json(j, "engine_int4_", &fe, 0);
+  int4_json(j, "engine_int4_postrope_", &fp, 0);
+  int4_json(j, "engine_int4_calibrated_", &fc, 1);
+  int4_json(j, "engine_int2_", &f2, 0);
+  int4_json(j, "engine_int2_calibrated_", &f2c, 0);
   bench_json_int(j, "engine_int4_calibration_contexts", t.n_cal);
   bench_json_num(j, "engine_int4_calibration_seconds", t.ecal_secs);
   static const char *const setsuf[N_SETS] = {"", "_research_set", "_all_configs"};

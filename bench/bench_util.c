@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -344,6 +345,76 @@ int bench_pread_all(int fd, void *buf, size_t len, uint64_t off)
     p += n;
     len -= (size_t)n;
     off += (uint64_t)n;
+  }
+  return 0;
+}
+
+/* ---- the Python parts ---- */
+
+#ifndef BENCH_SOURCE_ROOT
+#define BENCH_SOURCE_ROOT "."
+#endif
+#ifndef BENCH_LIBKVDB
+#define BENCH_LIBKVDB ""
+#endif
+
+int bench_python(char *buf, size_t cap)
+{
+  const char *py = getenv("KVDB_PYTHON");
+  if (py != NULL && py[0] != 0)
+    snprintf(buf, cap, "%s", py);
+  else
+    snprintf(buf, cap, "%s/.venv/bin/python", BENCH_SOURCE_ROOT);
+  if (getenv("KVDB_LIB") == NULL)
+    setenv("KVDB_LIB", BENCH_LIBKVDB, 1);
+  setenv("KVDB_BENCH_FIELDS", "1", 1);
+  return access(buf, X_OK) == 0;
+}
+
+/* One '@json NAME VALUE' line (line + 6 = NAME) into j, or to take. */
+static void take_field(bench_json *j, char *line, bench_py_take take, void *arg)
+{
+  char *name = line + 6, *val = strchr(name, ' ');
+  if (val == NULL)
+    return;
+  *val++ = 0;
+  val[strcspn(val, "\n")] = 0;
+  if (take != NULL && take(arg, name, val))
+    return;
+  if (strcmp(val, "true") == 0 || strcmp(val, "false") == 0) {
+    bench_json_bool(j, name, val[0] == 't');
+  } else if (val[0] == '"') {
+    size_t n = strlen(val);
+    if (n >= 2 && val[n - 1] == '"')
+      val[n - 1] = 0;
+    bench_json_str(j, name, val + 1);
+  } else {
+    bench_json_num(j, name, strtod(val, NULL));
+  }
+}
+
+int bench_run_py(const bench_env *env, bench_json *j, const char *cmd, bench_py_take take,
+                 void *arg)
+{
+  fflush(env->out);
+  FILE *p = popen(cmd, "r");
+  if (p == NULL) {
+    bench_log("cannot run %s", cmd);
+    return 1;
+  }
+  char line[4096];
+  while (fgets(line, sizeof line, p) != NULL) {
+    if (strncmp(line, "@json ", 6) == 0)
+      take_field(j, line, take, arg);
+    else
+      fputs(line, env->out);
+  }
+  int st = pclose(p);
+  if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 77)
+    return 77;
+  if (st != 0) {
+    bench_log("the Python part (%s) failed (status %d)", cmd, st);
+    return 1;
   }
   return 0;
 }

@@ -665,6 +665,16 @@ kvdb_status kv_cblock_decode_section(const kv_block_hdr *h, const uint8_t *buf, 
   return KVDB_OK;
 }
 
+/* A block stored without dropping keeps every token in each section. */
+static kvdb_status all_rows_kept(const kv_block_hdr *h, uint32_t s, uint32_t n_rows)
+{
+  if (n_rows != h->g.n_tokens)
+    return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
+                                 "stored without dropping has them all", s, n_rows,
+                   h->g.n_tokens);
+  return KVDB_OK;
+}
+
 /* Section s (format 2, every token kept) decoded straight into dst, its n_tokens rows. */
 static kvdb_status decode_section_into(const kv_block_hdr *h, const uint8_t *buf, uint32_t s,
                                        kv_cdec *d, uint8_t *dst)
@@ -673,10 +683,7 @@ static kvdb_status decode_section_into(const kv_block_hdr *h, const uint8_t *buf
   uint32_t len;
   kv_section_info info;
   KV_RET(section_at(h, buf, s, &sec, &len, &info));
-  if (info.n_rows != h->g.n_tokens)
-    return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
-                                 "stored without dropping has them all", s, info.n_rows,
-                   h->g.n_tokens);
+  KV_RET(all_rows_kept(h, s, info.n_rows));
   size_t out_bytes = (size_t)h->g.n_tokens * h->g.row_bytes;
   size_t scratch = kv_section_scratch_bytes(&info);
   if (kv_section_rows_bytes(&info, 0, info.n_groups) != out_bytes)
@@ -719,10 +726,7 @@ kvdb_status kv_cblock_decode_data(const kv_block_hdr *h, const uint8_t *buf, uin
       continue;
     }
     KV_RET(kv_cblock_decode_section(h, buf, s, d, &rows, &n_rows, NULL));
-    if (n_rows != h->g.n_tokens)
-      return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
-                                   "stored without dropping has them all", s, n_rows,
-                     h->g.n_tokens);
+    KV_RET(all_rows_kept(h, s, n_rows));
     kv_rows_to_section(&h->g, rows, s, data);
   }
   return KVDB_OK;
@@ -739,10 +743,7 @@ kvdb_status kv_cblock_decode_view(const kv_block_hdr *h, const uint8_t *buf, uin
     uint32_t len;
     kv_section_info info;
     KV_RET(section_at(h, buf, s, &sec, &len, &info));
-    if (info.n_rows != h->g.n_tokens)
-      return kv_fail(KVDB_CORRUPT, "section %u keeps %u of the block's %u tokens: a block "
-                                   "stored without dropping has them all", s, info.n_rows,
-                     h->g.n_tokens);
+    KV_RET(all_rows_kept(h, s, info.n_rows));
     size_t stride = 0;
     uint8_t *dst = kv_section_decodes_strided(info.codec_id)
                      ? kv_view_section_rows(&h->g, v, s, t0, &stride) : NULL;

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,6 +256,14 @@ kvdb_status kvdb_open(const char *path, const kvdb_options *user, kvdb **out)
   if (opt.sync_mode != KVDB_SYNC_FULL && opt.sync_mode != KVDB_SYNC_NONE)
     return kv_fail(KVDB_INVALID, "sync_mode %d is not KVDB_SYNC_FULL or KVDB_SYNC_NONE",
                    (int)opt.sync_mode);
+  for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
+    const kvdb_tier_perf *f = &opt.tier_perf[t];
+    if (!isfinite(f->read_bps) || !isfinite(f->latency_s) || f->read_bps < 0 ||
+        f->latency_s < 0 || (f->read_bps == 0 && f->latency_s != 0))
+      return kv_fail(KVDB_INVALID, "options.tier_perf[%u]: read_bps %g, latency_s %g (both "
+                     ">= 0 and finite; a latency needs a bandwidth)", t, f->read_bps,
+                     f->latency_s);
+  }
   if (opt.packed_block_bytes > 1 &&
       (opt.packed_block_bytes < 4096 || opt.packed_block_bytes > (16u << 20)))
     return kv_fail(KVDB_INVALID, "options.packed_block_bytes %u is not 0 (default), 1 (never) "

@@ -283,6 +283,14 @@ typedef enum kvdb_tier {
   KVDB_TIER_COUNT = 3,
 } kvdb_tier;
 
+/** How fast a tier reads (the placement's TTFT model). */
+typedef struct kvdb_tier_perf {
+  double read_bps;        /**< sequential read bandwidth, bytes per second; 0 = no such tier */
+  double latency_s;       /**< one small read, seconds */
+  uint64_t probed_unix_ms;/**< when the probe ran (0 for DRAM: measured at each open) */
+  uint64_t reads;         /**< cold reads of this handle that refined the figures since */
+} kvdb_tier_perf;
+
 /** How contexts are placed on the tiers (kvdb_options.placement). */
 typedef enum kvdb_placement {
   KVDB_PLACEMENT_OFF = 0,       /**< as asked: puts store with their config on the SSD tier, the
@@ -544,6 +552,15 @@ typedef struct kvdb_options {
    * otherwise). Only new writes use it; both layouts read.
    */
   uint32_t packed_block_bytes;
+  /**
+   * Fixed tier figures (placement on): for each tier whose read_bps > 0 here, the placement's
+   * TTFT model uses read_bps and latency_s as given (probed_unix_ms and reads are ignored)
+   * instead of probing the tier at open and refining the figures from cold reads, so that
+   * placements depend on the workload alone: known hardware, reproducible plans, tests.
+   * kvdb_tier_probe reports them. Tiers left 0 are measured as usual. A negative or
+   * non-finite figure, or latency_s without read_bps: KVDB_INVALID.
+   */
+  kvdb_tier_perf tier_perf[KVDB_TIER_COUNT];
 } kvdb_options;
 
 /** kvdb_options.placement_profile: which puts measure their quality profile (placement on). */
@@ -1194,14 +1211,6 @@ KVDB_API kvdb_status kvdb_block_context(const kvdb_model *m, const kvdb_key *key
 
 /* ------------------------------------------------------------------------------------------ */
 /** @defgroup tiers Tiers and placement: how fast each tier reads */
-
-/** How fast a tier reads (the placement's TTFT model). */
-typedef struct kvdb_tier_perf {
-  double read_bps;        /**< sequential read bandwidth, bytes per second; 0 = no such tier */
-  double latency_s;       /**< one small read, seconds */
-  uint64_t probed_unix_ms;/**< when the probe ran (0 for DRAM: measured at each open) */
-  uint64_t reads;         /**< cold reads of this handle that refined the figures since */
-} kvdb_tier_perf;
 
 /**
  * @brief The tiers' read figures, per kvdb_tier: DRAM by a memory copy at open; SSD and

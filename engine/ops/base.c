@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/ops/base.c — what the operations share (ops_int.h, and ops.h for the floors above):
- * model records (kv_model_known, kv_model_by_hash), a context's record and blocks as a read
+ * model ids and records (kv_model_id_check, kv_model_known, kv_model_by_hash), a context's record and blocks as a read
  * finds them (kv_ctx_of_model, kv_ctx_block), and the snapshot-and-retry loop of the reads
  * (kv_read_begin, kv_read_again, kv_gen_moved).
  */
@@ -11,6 +11,14 @@
 #include "ops_int.h"
 
 /* ---- model records ---- */
+
+kvdb_status kv_model_id_check(const char *id)
+{
+  size_t len = strlen(id);
+  if (len < 1 || len > 63)
+    return kv_fail(KVDB_INVALID, "model id of %zu bytes (1..63)", len);
+  return KVDB_OK;
+}
 
 kvdb_status kv_model_known(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint8_t mh[16])

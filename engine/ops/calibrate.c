@@ -211,9 +211,7 @@ kvdb_status kvdb_model_calibration(kvdb *db, const char *id, kvdb_calib_info *ou
   KV_RET(kv_check_db(db));
   if (id == NULL || out == NULL)
     return kv_fail(KVDB_INVALID, "id or out is NULL");
-  size_t len = strlen(id);
-  if (len < 1 || len > 63)
-    return kv_fail(KVDB_INVALID, "model id of %zu bytes (1..63)", len);
+  KV_RET(kv_model_id_check(id));
   memset(out, 0, sizeof *out);
   kv_txn *txn;
   KV_RET(kv_txn_begin(&db->cat, 0, &txn));

@@ -13,6 +13,9 @@
 
 /* ---- base.c ---- */
 
+/* A model id as the API takes it: 1..63 bytes (KVDB_INVALID with a message, else KVDB_OK). */
+kvdb_status kv_model_id_check(const char *id);
+
 /* The record of block `hash`, which context `key` lists: a block the catalog lacks is
  * KVDB_CORRUPT, and any failure's message names the context and the block. */
 kvdb_status kv_ctx_block(kvdb *db, kv_txn *txn, const uint8_t key[16], const uint8_t hash[16],

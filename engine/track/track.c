@@ -12,7 +12,8 @@
  * the directory's device changes or kvdb_tier_probe asks. Each cold kvdb_get block then feeds
  * an exponentially weighted least-squares fit of read time against bytes (tiers/tiers.h) that
  * starts from the probe. The probe goes to the operating system's I/O directly (db->os_io):
- * it measures the device, and a test's I/O layer does not count its syncs.
+ * it measures the device, and a test's I/O layer does not count its syncs. A tier whose
+ * figures the caller fixed (kvdb_options.tier_perf) is neither probed nor refitted.
  *
  * DRAM ADMISSION. With placement on, the DRAM tier is an inclusive cache that follows the
  * placement: a get copies a block into it only when some context the placement keeps in DRAM
@@ -228,6 +229,18 @@ static kvdb_status tier_figures(kvdb *db, uint32_t tier, int reprobe, kv_tier_pe
   return probe_tier(db, tier, out, ms);
 }
 
+/* 1 and *f = kvdb_options.tier_perf[t] when the caller fixed tier t's figures (no probe, no
+ * refit from reads), else 0. */
+static int pinned(const kvdb *db, uint32_t t, kv_tier_perf *f)
+{
+  const kvdb_tier_perf *o = &db->opt.tier_perf[t];
+  if (o->read_bps <= 0)
+    return 0;
+  if (f != NULL)
+    *f = (kv_tier_perf){o->read_bps, o->latency_s};
+  return 1;
+}
+
 static void fit_reset(struct kv_place *p, uint32_t t, const kv_tier_perf *f, uint64_t ms)
 {
   p->prior[t] = *f;
@@ -244,7 +257,7 @@ void kv_place_perf(kvdb *db, kv_tier_perf out[KVDB_TIER_COUNT])
     return;
   pthread_mutex_lock(&p->mu);
   for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++)
-    if (p->prior[t].read_bps > 0)
+    if (p->prior[t].read_bps > 0 && !pinned(db, t, &out[t]))
       kv_perf_estimate(&p->fit[t], &p->prior[t], &out[t]);
   pthread_mutex_unlock(&p->mu);
 }
@@ -254,6 +267,8 @@ void kv_place_observe(kvdb *db, uint32_t tier, uint64_t bytes, uint64_t ns)
   struct kv_place *p = db->place;
   if (p == NULL || tier >= KVDB_TIER_COUNT)
     return;
+  if (pinned(db, tier, NULL))
+    return; /* fixed by the caller */
   pthread_mutex_lock(&p->mu);
   if (p->prior[tier].read_bps > 0) {
     kv_perf_observe(&p->fit[tier], bytes, (double)ns * 1e-9);
@@ -272,17 +287,17 @@ kvdb_status kvdb_tier_probe(kvdb *db, int reprobe, kvdb_tier_perf out[KVDB_TIER_
   memset(f, 0, sizeof f);
   memset(out, 0, KVDB_TIER_COUNT * sizeof *out);
   struct kv_place *p = db->place;
-  if (db->dram != NULL)
+  if (db->dram != NULL && !pinned(db, KVDB_TIER_DRAM, &f[KVDB_TIER_DRAM]))
     kv_probe_memory(MEM_PROBE_BYTES, &f[KVDB_TIER_DRAM]);
   for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++)
-    if (tier_present(db, t))
+    if (tier_present(db, t) && !pinned(db, t, &f[t]))
       KV_RET(tier_figures(db, t, reprobe, &f[t], &ms[t]));
   if (p != NULL) { /* the handle's figures: refit from the new probe, else its current ones */
     pthread_mutex_lock(&p->mu);
     for (uint32_t t = 0; t < KVDB_TIER_COUNT; t++) {
       if (f[t].read_bps > 0 && (reprobe || t == KVDB_TIER_DRAM || p->prior[t].read_bps <= 0))
         fit_reset(p, t, &f[t], ms[t]);
-      if (p->prior[t].read_bps > 0) {
+      if (p->prior[t].read_bps > 0 && !pinned(db, t, &f[t])) {
         kv_perf_estimate(&p->fit[t], &p->prior[t], &f[t]);
         ms[t] = p->probed_ms[t];
         reads[t] = p->reads[t];
@@ -635,13 +650,14 @@ kvdb_status kv_place_figures(kvdb *db, const kv_place_set *set, kv_tier_perf out
     kv_place_perf(db, out);
     return KVDB_OK;
   }
-  if (set->dram_bytes > 0)
+  if (set->dram_bytes > 0 && !pinned(db, KVDB_TIER_DRAM, &out[KVDB_TIER_DRAM]))
     kv_probe_memory(MEM_PROBE_BYTES, &out[KVDB_TIER_DRAM]);
   for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++) {
     if (t == KVDB_TIER_SMARTSSD && (set->smartssd_bytes == 0 || db->smart_dir == NULL))
       continue;
     uint64_t ms;
-    KV_RET(tier_figures(db, t, 0, &out[t], &ms));
+    if (!pinned(db, t, &out[t]))
+      KV_RET(tier_figures(db, t, 0, &out[t], &ms));
   }
   return KVDB_OK;
 }
@@ -742,7 +758,8 @@ kvdb_status kv_place_open(kvdb *db)
   db->place = p;
   if (db->dram != NULL) {
     kv_tier_perf f;
-    kv_probe_memory(MEM_PROBE_BYTES, &f);
+    if (!pinned(db, KVDB_TIER_DRAM, &f))
+      kv_probe_memory(MEM_PROBE_BYTES, &f);
     fit_reset(p, KVDB_TIER_DRAM, &f, 0);
   }
   for (uint32_t t = KVDB_TIER_SSD; t < KVDB_TIER_COUNT; t++) {
@@ -750,7 +767,8 @@ kvdb_status kv_place_open(kvdb *db)
       continue;
     kv_tier_perf f;
     uint64_t ms = 0;
-    KV_RET(tier_figures(db, t, 0, &f, &ms));
+    if (!pinned(db, t, &f))
+      KV_RET(tier_figures(db, t, 0, &f, &ms));
     fit_reset(p, t, &f, ms);
   }
   if (!db->cat.rdonly) {

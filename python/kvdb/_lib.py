@@ -53,6 +53,11 @@ class Config(Structure):
 LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 
 
+class TierPerf(Structure):
+    _fields_ = [("read_bps", c_double), ("latency_s", c_double), ("probed_unix_ms", c_uint64),
+                ("reads", c_uint64)]
+
+
 class Options(Structure):
     _fields_ = [("struct_size", c_uint32), ("flags", c_uint32), ("dram_bytes", c_uint64),
                 ("ssd_bytes", c_uint64), ("sync_mode", c_int), ("segment_bytes", c_uint64),
@@ -68,7 +73,8 @@ class Options(Structure):
                 ("prefetch_bps", c_double), ("remote_write", c_uint32),
                 ("remote_copy_hits", c_uint32), ("remote_hash_tag", c_uint32),
                 ("remote_bytes", c_uint64), ("remote_poll_us", c_uint32),
-                ("placement_profile", c_uint32), ("packed_block_bytes", c_uint32)]
+                ("placement_profile", c_uint32), ("packed_block_bytes", c_uint32),
+                ("tier_perf", TierPerf * 3)]
 
 
 class PutInfo(Structure):

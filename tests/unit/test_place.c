@@ -496,6 +496,11 @@ static int puts_with_slack(double slack)
 {
   char *dir = t_tmpdir("place-slack");
   kvdb_options o = place_opts();
+  /* the tiers' figures fixed (kvdb_options.tier_perf: this VM's quiet probes): measured at
+   * each open and refitted by reads, they made which configs fit vary with the machine's load
+   * (once, under the suite's load, slack 0 and 50% ran Algorithm 1 on as many puts) */
+  o.tier_perf[KVDB_TIER_DRAM] = (kvdb_tier_perf){.read_bps = 10e9, .latency_s = 1e-6};
+  o.tier_perf[KVDB_TIER_SSD] = (kvdb_tier_perf){.read_bps = 2.5e9, .latency_s = 80e-6};
   int runs = 0;
   o.placement_slack_pct = slack;
   o.log_fn = count_full_runs;
@@ -618,17 +623,17 @@ static void test_place_between_puts(void)
 
   /* full tiers: slack 0 runs Algorithm 1 over everything on each put that overflows; a large
    * slack leaves room, so fewer puts do (and every tier stays within capacity either way).
-   * Which configs fit depends on the tier figures each open probes (and the reads refine), so
-   * one pair of runs varies with the machine's load (quiet: 8-10 against 5-6; once, under the
-   * suite's load, the two met): three interleaved pairs are compared by their sums. */
+   * With the tier figures fixed (puts_with_slack) slack 50% ran it on 5 puts in every run here
+   * and slack 0 on 8-10 (what still varies between runs was not found: the access counts'
+   * decay runs on the clock); two interleaved pairs are compared by their sums. */
   int r0 = 0, r50 = 0;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < 2; k++) {
     r0 += puts_with_slack(0);
     r50 += puts_with_slack(50);
   }
-  printf("placement between puts: %d contexts, three times: Algorithm 1 over every context on "
-         "%d puts with slack 0, %d with slack 50%%\n", PL_N, r0, r50);
-  ASSERT(r0 > 6);
+  printf("placement between puts: %d contexts, twice: Algorithm 1 over every context on %d "
+         "puts with slack 0, %d with slack 50%%\n", PL_N, r0, r50);
+  ASSERT(r0 > 4);
   ASSERT(r50 < r0);
 
   /* another process writes: the view cannot know what, so the next put places everything
@@ -1162,6 +1167,34 @@ static void test_tier_probe_and_options(void)
   ASSERT(f[KVDB_TIER_SSD].read_bps > 0 && f[KVDB_TIER_SMARTSSD].read_bps == 0);
   ASSERT_STATUS(KVDB_READONLY, kvdb_tier_probe(db, 1, f));
   kvdb_close(db);
+
+  /* fixed figures (kvdb_options.tier_perf): reported as given, never probed (reprobe either)
+   * nor refitted by cold reads; tiers left 0 measured as before */
+  char *pdir = t_tmpdir("place8p");
+  kvdb_options po = place_opts();
+  po.dram_bytes = 0; /* every get reads the SSD tier */
+  po.tier_perf[KVDB_TIER_SSD] = (kvdb_tier_perf){.read_bps = 1.5e9, .latency_s = 90e-6};
+  ASSERT_OK(kvdb_open(pdir, &po, &db));
+  (void)put_ctx(db, 4200, PL_TOKENS, "raw");
+  for (int i = 0; i < 4; i++)
+    free(get_all(db, 4200, PL_TOKENS)); /* cold reads of the SSD tier */
+  for (int re = 0; re < 2; re++) {
+    ASSERT_OK(kvdb_tier_probe(db, re, f));
+    ASSERT(f[KVDB_TIER_SSD].read_bps == 1.5e9 && f[KVDB_TIER_SSD].latency_s == 90e-6);
+    ASSERT_EQ(f[KVDB_TIER_SSD].reads, 0);
+    ASSERT_EQ(f[KVDB_TIER_SSD].probed_unix_ms, 0);
+  }
+  kvdb_close(db);
+  t_rmdir(pdir);
+  static const kvdb_tier_perf bad[] = {{.read_bps = -1}, {.read_bps = NAN}, {.latency_s = 1e-4},
+                                       {.read_bps = 1e9, .latency_s = -1},
+                                       {.read_bps = 1e9, .latency_s = INFINITY}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    kvdb_options b = place_opts();
+    b.tier_perf[i % KVDB_TIER_COUNT] = bad[i];
+    ASSERT_STATUS(KVDB_INVALID, kvdb_open(dir, &b, &db));
+    ASSERT_MSG_HAS("tier_perf");
+  }
 
   kvdb_options b = place_opts();
   b.placement = (kvdb_placement)7;
