@@ -322,7 +322,11 @@ class Truth:
                   added to the residual stream): 1 - relative L2 error, mean over layers
           resid   the same error relative to the residual stream's norm at the probe
                   position (the layer's input), 1 - mean
-          worst   oproj's worst layer"""
+          worst   oproj's worst layer
+          ewcos   per layer, the cosine weighted by each head's output energy (the larger of
+                  the raw and the returned output's |o|^2), mean over layers
+          lpool   per layer, 1 - the heads' pooled |o - o'|^2 / (2 pooled |o|^2), mean over
+                  layers (bench_truth.c's variants 6 and 7)"""
         hp, m = self.hp, self.m
         L, H, d, QH = hp.n_layer, hp.n_head_kv, hp.head_dim, hp.n_head
         g = QH // H
@@ -352,7 +356,8 @@ class Truth:
         y_ref = np.stack([ref[l] @ m.layers[l]["wo"] for l in range(L)])  # (L, n, D)
         xn = np.stack([np.linalg.norm(xs[l][0, ppos], axis=-1) for l in range(L)])  # (L, n)
         res: Dict[str, Dict[str, float]] = {k: {} for k in ("cos", "nac", "sq", "oproj",
-                                                             "resid", "worst")}
+                                                             "resid", "worst", "ewcos",
+                                                             "lpool")}
         for c, j in zip(RUNS, src):
             o = outs[j]
             oh = o.reshape(L, len(ppos), QH, d)
@@ -370,6 +375,15 @@ class Truth:
             res["oproj"][c] = float(1.0 - rel.mean())
             res["worst"][c] = float(1.0 - rel.max())
             res["resid"][c] = float(1.0 - np.mean(e / np.maximum(xn, 1e-30)))
+            cs = np.where(den > 0, num / np.maximum(den, 1e-30), np.where(both0, 1.0, 0.0))
+            w = np.maximum((oh ** 2).sum(-1), (ref_h ** 2).sum(-1))  # (L, n, QH)
+            wl = w.reshape(L, -1).sum(-1)
+            res["ewcos"][c] = float(np.mean(np.where(
+                wl > 0, (w * cs).reshape(L, -1).sum(-1) / np.maximum(wl, 1e-30), 1.0)))
+            pe = ((oh - ref_h) ** 2).reshape(L, -1).sum(-1)
+            pa = (ref_h ** 2).reshape(L, -1).sum(-1)
+            res["lpool"][c] = float(np.mean(np.where(
+                pa > 0, np.maximum(0.0, 1.0 - pe / np.maximum(2 * pa, 1e-30)), 1.0)))
         return res
 
     def _llamacpp(self, tok, cut, lp_np_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl) -> None:
