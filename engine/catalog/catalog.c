@@ -154,7 +154,7 @@ void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t
 kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out)
 {
   memset(out, 0, sizeof *out);
-  kv_model_rec r;
+  kv_model_rec r = {0}; /* zeroed: gcc -O3 cannot see that the decode sets every field */
   KV_RET(kv_model_rec_decode(src, len, &r));
   if (r.calib_bytes == 0)
     return KVDB_OK;
