@@ -78,6 +78,12 @@ CONFIGS = ["raw", "lossless", "int8", "int4", "int2", "kivi4", "kivi2",
 # measured beside them, not ranked (no profile): the engine's int4 on a model description
 # without RoPE, so K is quantized after RoPE (what int4 does for a model that gives no RoPE)
 EXTRA = {"int4 post-RoPE": "int4"}
+NO_ROPE = {"int4 post-RoPE"}
+# KVDB_TRUTH_LLAMA_CAL=N (optional): also the engine's int4 of a model calibrated
+# (kvdb_model_calibrate) on N contexts that follow the measured ones, unranked
+CAL_N = max(0, int(os.environ.get("KVDB_TRUTH_LLAMA_CAL", "0") or 0))
+if CAL_N:
+    EXTRA["int4 calibrated"] = "int4"
 RUNS = CONFIGS + list(EXTRA)
 
 
@@ -187,7 +193,7 @@ class Truth:
         self.n_ctx = n_ctx or (CTX_QUICK if quick else CTX_FULL)
         self.llamacpp = llamacpp
         text = corpus.read_text(encoding="utf-8", errors="replace")
-        need = SKIP_TOKENS + self.n_ctx * (P_STORED + T_STEPS)
+        need = SKIP_TOKENS + (self.n_ctx + CAL_N) * (P_STORED + T_STEPS)
         toks: List[int] = []
         chars = need * 6
         while len(toks) < need and chars < 4 * len(text):
@@ -197,13 +203,26 @@ class Truth:
             raise Skip(f"{corpus}: {len(toks)} tokens, the truth needs {need}")
         n = P_STORED + T_STEPS
         self.ctx_tokens = [np.array(toks[SKIP_TOKENS + i * n: SKIP_TOKENS + (i + 1) * n],
-                                    dtype=np.int64) for i in range(self.n_ctx)]
+                                    dtype=np.int64) for i in range(self.n_ctx + CAL_N)]
         self.db = kvdb.open(dirpath, dram_bytes=0)
         self.models = {c: kvdb.Model(f"smollm2-truth:{c}", hp.n_layer, hp.n_head_kv,
                                      hp.head_dim, "f16", BLOCK_TOKENS, 0,
-                                     0.0 if c in EXTRA else hp.rope_base,
-                                     "" if c in EXTRA else "adjacent")
+                                     0.0 if c in NO_ROPE else hp.rope_base,
+                                     "" if c in NO_ROPE else "adjacent")
                        for c in RUNS + ["profile"]}
+        if CAL_N:
+            t1 = time.perf_counter()
+            cal = []
+            ppos = probe_positions(P_STORED)
+            for ci in range(self.n_ctx, self.n_ctx + CAL_N):
+                f = self.m.forward(self.ctx_tokens[ci][None, :P_STORED], [0], want_q=True)
+                q = np.stack([x[0] for x in f.q], 1)
+                k = np.ascontiguousarray(np.stack([x[0] for x in f.k], 0))
+                v = np.ascontiguousarray(np.stack([x[0] for x in f.v], 0))
+                cal.append((k, v, np.ascontiguousarray(q[ppos]), ppos))
+            self.db.calibrate(self.models["int4 calibrated"], cal, hp.n_head, int2=False)
+            self.log(f"  int4 calibrated on {CAL_N} other contexts in "
+                     f"{time.perf_counter() - t1:.1f} s")
         self.log(f"  model loaded (numpy forward and llama.cpp) in "
                  f"{time.perf_counter() - t0:.1f} s; {self.n_ctx} contexts of {n} tokens")
 
