@@ -14,14 +14,20 @@
 
 /* ---- model records ---- */
 
-kvdb_status kv_cat_get_model(kv_catalog *c, kv_txn *txn, const char *id, kv_model_rec *r)
+/* The stored bytes of model `id`'s record into *v (KVDB_NOTFOUND without a message). */
+static kvdb_status model_val(kv_catalog *c, kv_txn *txn, const char *id, MDB_val *v)
 {
-  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v;
-  int mrc = mdb_get(kv_mtxn(txn), c->models, &k, &v);
+  MDB_val k = {strlen(id), (void *)(uintptr_t)id};
+  int mrc = mdb_get(kv_mtxn(txn), c->models, &k, v);
   if (mrc == MDB_NOTFOUND)
     return KVDB_NOTFOUND;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get model");
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "get model");
+}
+
+kvdb_status kv_cat_get_model(kv_catalog *c, kv_txn *txn, const char *id, kv_model_rec *r)
+{
+  MDB_val v;
+  KV_RET(model_val(c, txn, id, &v));
   return kv_model_rec_decode(v.mv_data, v.mv_size, r);
 }
 
@@ -51,12 +57,8 @@ kvdb_status kv_cat_put_model_calib(kv_catalog *c, kv_txn *txn, const char *id,
 kvdb_status kv_cat_get_model_calib(kv_catalog *c, kv_txn *txn, const char *id, kv_calib *out)
 {
   memset(out, 0, sizeof *out);
-  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v;
-  int mrc = mdb_get(kv_mtxn(txn), c->models, &k, &v);
-  if (mrc == MDB_NOTFOUND)
-    return KVDB_NOTFOUND;
-  if (mrc != 0)
-    return kv_mdb_fail(mrc, "get model");
+  MDB_val v;
+  KV_RET(model_val(c, txn, id, &v));
   return kv_model_calib_decode(v.mv_data, v.mv_size, out);
 }
 
