@@ -370,6 +370,15 @@ static int kset_add(kset *s, const uint8_t *k)
   return 0;
 }
 
+/* Every block of context record cr into the set. */
+static kvdb_status kset_add_ctx(kset *s, const kv_ctx_rec *cr)
+{
+  for (uint32_t i = 0; i < cr->n_blocks; i++)
+    if (kset_add(s, cr->blocks + 16 * i) != 0)
+      return kv_fail(KVDB_NOMEM, "the DRAM admission set");
+  return KVDB_OK;
+}
+
 /* One holder of k less; returns 1 when that was the last (k left the set). */
 static int kset_del(kset *s, const uint8_t *k)
 {
@@ -414,9 +423,7 @@ static kvdb_status build_want(kvdb *db, kv_txn *txn, kset *out, uint64_t *gen)
     if (it.key.size != 16 || kv_ctxstats_decode(it.val.data, it.val.size, &cs) != KVDB_OK ||
         !(cs.flags & KV_CTXS_CACHED) || kv_cat_get_ctx(&db->cat, txn, it.key.data, &cr) != KVDB_OK)
       continue;
-    for (uint32_t i = 0; i < cr.n_blocks && rc == KVDB_OK; i++)
-      if (kset_add(out, cr.blocks + 16 * i) != 0)
-        rc = kv_fail(KVDB_NOMEM, "the DRAM admission set");
+    rc = kset_add_ctx(out, &cr);
   }
   kv_cat_iter_close(&it);
   kv_clear_error();
@@ -431,9 +438,7 @@ static kvdb_status build_want(kvdb *db, kv_txn *txn, kset *out, uint64_t *gen)
           kv_ctx_rec_decode(d, it.val.size, &cr) != KVDB_OK || !cr.has_stats ||
           !(cr.stats.flags & KV_CTXS_CACHED) || kv_cat_has_ctxstats_rec(&db->cat, txn, it.key.data))
         continue;
-      for (uint32_t i = 0; i < cr.n_blocks && rc == KVDB_OK; i++)
-        if (kset_add(out, cr.blocks + 16 * i) != 0)
-          rc = kv_fail(KVDB_NOMEM, "the DRAM admission set");
+      rc = kset_add_ctx(out, &cr);
     }
     kv_cat_iter_close(&it);
   }
