@@ -82,7 +82,12 @@
 #define TR_STEPS (TR_TOKENS - TR_STORED)
 #define TR_WIN 16u
 #define TR_PROBES KV_QUALITY_SPREAD_PROBES
-#define TR_NVAR 8u /* metric variants tried beside the causal metric (head_quality) */
+#define TR_NVAR 12u /* metric variants tried beside the causal metric (head_quality); 8-11:
+                            the output-weighted quality (codec.h THE OUTPUT-WEIGHTED QUALITY)
+                            with W_o's gains per head (8, the profile's measure), per channel
+                            (9), unit gains (10: heads pooled per layer, no W_o), and 8 on the
+                            relative-L2 scale, 1 - r (11) */
+#define TR_NGAIN 3u /* gain sets of variants 8-10 */
 #define TR_NVAR_RAW 10u /* head_quality's per-head figures: the first 6 variants, then the sums
                            variants 6 and 7 are made of per layer (truth_context) */
 #define TR_DEC_MIN_NS_FULL 500000000ull
@@ -221,6 +226,12 @@ typedef struct truth {
   uint32_t n_cal;
   kv_calib ecal; /* kv_calib_run() over cal_ctx: what kvdb_model_calibrate stores */
   double ecal_secs;
+  /* the output-weighted quality: W_o's gains from the checkpoint (load_gains): [0] one per
+   * (layer, query head) ||W_o,h||_F^2 / d, [1] per channel diag(W_o,h^T W_o,h), [2] all 1;
+   * gacc: [TR_NGAIN][2][L][TR_PROBES] sums of the config being measured (truth_context) */
+  float *gain[TR_NGAIN];
+  uint32_t gain_ch[TR_NGAIN];
+  double *gacc;
 } truth;
 
 static int tfail(const char *what, int rc)
@@ -245,6 +256,49 @@ static int need_scratch(truth *t, size_t n)
   if (t->scratch == NULL)
     bench_log("out of memory (%zu bytes of scratch)", n);
   return t->scratch ? 0 : -1;
+}
+
+/* W_o of every layer from the llama2.c checkpoint at `bin` (tools/refmodel/refmodel.h's layout:
+ * wo[L][dim][dim] after the embedding, rms_att, wq, wk, wv), its gains into t->gain (the
+ * model's output gains as kvdb_model_set_output_gains takes them). */
+static int load_gains(truth *t, const char *bin, const refmodel_config *cf)
+{
+  size_t dim = (size_t)cf->dim, L = t->L, kvd = t->kv_dim, QH = t->QH, d = t->d;
+  size_t V = (size_t)(cf->vocab_size < 0 ? -cf->vocab_size : cf->vocab_size);
+  long off = (long)(28 + 4 * (V * dim + L * dim + L * dim * dim + 2 * L * kvd * dim));
+  float *wo = malloc(L * dim * dim * sizeof(float));
+  t->gain[0] = calloc(L * QH, sizeof(float));
+  t->gain[1] = calloc(L * QH * d, sizeof(float));
+  t->gain[2] = malloc(L * QH * sizeof(float));
+  t->gacc = malloc((size_t)TR_NGAIN * 2 * L * TR_PROBES * sizeof(double));
+  FILE *f = fopen(bin, "rb");
+  int ok = wo && t->gain[0] && t->gain[1] && t->gain[2] && t->gacc && f &&
+           fseek(f, off, SEEK_SET) == 0 && fread(wo, sizeof(float), L * dim * dim, f) == L * dim * dim;
+  if (f)
+    fclose(f);
+  if (!ok) {
+    free(wo);
+    bench_log("cannot read W_o from %s", bin);
+    return -1;
+  }
+  t->gain_ch[0] = 1;
+  t->gain_ch[1] = (uint32_t)d;
+  t->gain_ch[2] = 1;
+  for (size_t l = 0; l < L; l++)
+    for (size_t i = 0; i < dim; i++) /* row i: output i = sum_j wo[i][j] x_j, head h at j / d */
+      for (size_t j = 0; j < QH * d; j++) {
+        double w = wo[(l * dim + i) * dim + j];
+        t->gain[1][l * QH * d + j] += (float)(w * w);
+      }
+  for (size_t i = 0; i < L * QH; i++) {
+    double sm = 0;
+    for (size_t c = 0; c < d; c++)
+      sm += t->gain[1][i * d + c];
+    t->gain[0][i] = (float)(sm / d);
+    t->gain[2][i] = 1.0f;
+  }
+  free(wo);
+  return 0;
 }
 
 /* Feed a context token by token, keeping every position's queries and K, V. */
@@ -537,6 +591,13 @@ static int head_quality(truth *t, const tctx *c, uint32_t l, uint32_t h, uint32_
     var[7] = ewd;
     var[8] = pd;
     var[9] = pa;
+    for (uint32_t gi = 0; t->gacc != NULL && gi < TR_NGAIN; gi++) { /* variants 8-10 */
+      uint32_t ch = t->gain_ch[gi];
+      double *ge = t->gacc + ((size_t)gi * 2 * t->L + l) * TR_PROBES;
+      kv_quality_gain_add(ref, test, np, t->grp, d,
+                          t->gain[gi] + ((size_t)l * t->QH + (size_t)h * t->grp) * ch, ch, ge,
+                          ge + (size_t)t->L * TR_PROBES);
+    }
   }
   if (old != NULL) { /* issue 3's probes: the last positions' queries over the whole block */
     uint32_t wpos[TR_WIN];
@@ -648,6 +709,8 @@ static void put_rows(truth *t, uint32_t l, uint32_t h, const uint16_t *kd, const
 
 typedef struct cres {
   double q, q_old, agree, kl, bytes, var[TR_NVAR];
+  double q_cos; /* the mean per-head cosine; q is the output-weighted quality when W_o's gains
+                   were read (variant 8), else the same */
   double agree_cuts, kl_cuts; /* the mean over the TR_CUTS prefix lengths */
 } cres;
 
@@ -695,6 +758,8 @@ static int truth_context(truth *t, const tctx *c, cres *res)
   for (size_t ci = 0; ci < N_CFG; ci++) {
     cres *r = &res[ci];
     memset(r, 0, sizeof *r);
+    if (t->gacc != NULL)
+      memset(t->gacc, 0, (size_t)TR_NGAIN * 2 * t->L * TR_PROBES * sizeof(double));
     for (uint32_t l = 0; l < t->L; l++) {
       double lay[4] = {0, 0, 0, 0}; /* variants 6 and 7: the layer's sums */
       for (uint32_t h = 0; h < t->H; h++) {
@@ -710,13 +775,20 @@ static int truth_context(truth *t, const tctx *c, cres *res)
           r->var[vi] += var[vi] / nh;
         for (unsigned vi = 0; vi < 4; vi++)
           lay[vi] += var[6 + vi];
-        r->q += q / nh;
+        r->q_cos += q / nh;
         r->q_old += qo / nh;
         r->bytes += (double)b;
       }
       r->var[6] += (lay[1] > 0 ? lay[0] / lay[1] : 1) / t->L;
       r->var[7] += (lay[3] > 0 ? fmax(0, 1 - lay[2] / (2 * lay[3])) : 1) / t->L;
     }
+    for (uint32_t gi = 0; gi < TR_NGAIN; gi++)
+      r->var[8 + gi] = t->gacc == NULL ? NAN
+                       : kv_quality_gain_finish(t->gacc + (size_t)gi * 2 * t->L * TR_PROBES,
+                                                t->gacc + ((size_t)gi * 2 + 1) * t->L * TR_PROBES,
+                                                t->L, TR_PROBES, NULL);
+    r->var[11] = 1 - sqrt(2 * (1 - r->var[8]));
+    r->q = t->gacc != NULL ? r->var[8] : r->q_cos;
     for (uint32_t k = 0; k < TR_CUTS; k++) {
       refmodel_state_clear_absent(t->st);
       for (uint32_t hi = 0; hi < nh; hi++)
@@ -1142,6 +1214,8 @@ int bench_truth(const bench_env *env, bench_json *j)
   t.d = (uint32_t)cf->head_size;
   t.vocab = (uint32_t)cf->vocab_size;
   t.kv_dim = (uint32_t)cf->kv_dim;
+  if (load_gains(&t, bin, cf) != 0)
+    goto out;
   t.n_ctx = env->quick ? TR_CTX_QUICK : TR_CTX_FULL;
   t.n_cal = env->quick ? TR_CAL_QUICK : TR_CAL_FULL;
   const char *ncal = getenv("KVDB_TRUTH_CAL_CONTEXTS");
@@ -1204,7 +1278,9 @@ int bench_truth(const bench_env *env, bench_json *j)
   /* across configs (means over contexts) and within each context, for each config set; the
    * headline fields are those of SET_ENGINE */
   double mq[N_CFG], mqo[N_CFG], ma[N_CFG], mkl[N_CFG], mb[N_CFG], key[N_CFG], x[N_CFG], xo[N_CFG];
-  double mac[N_CFG];
+  double mac[N_CFG], mqc[N_CFG], xc[N_CFG];
+  double sp_cut_ctx_cos[N_SETS] = {0}, sp_cut_model_cos[N_SETS];
+  memset(mqc, 0, sizeof mqc);
   memset(mq, 0, sizeof mq);
   memset(mqo, 0, sizeof mqo);
   memset(ma, 0, sizeof ma);
@@ -1218,6 +1294,8 @@ int bench_truth(const bench_env *env, bench_json *j)
     const cres *rc_ = res + (size_t)c * N_CFG;
     for (size_t i = 0; i < N_CFG; i++) {
       mq[i] += rc_[i].q / t.n_ctx;
+      mqc[i] += rc_[i].q_cos / t.n_ctx;
+      xc[i] = rc_[i].q_cos;
       mqo[i] += rc_[i].q_old / t.n_ctx;
       ma[i] += rc_[i].agree / t.n_ctx;
       mkl[i] += rc_[i].kl / t.n_ctx;
@@ -1244,6 +1322,7 @@ int bench_truth(const bench_env *env, bench_json *j)
     for (int st = 0; st < N_SETS; st++) {
       sp_cut_ctx[st] += spearman_set(x, key, st) / t.n_ctx;
       sp_cut_ctx_old[st] += spearman_set(xo, key, st) / t.n_ctx;
+      sp_cut_ctx_cos[st] += spearman_set(xc, key, st) / t.n_ctx;
     }
   }
   double sp_model[N_SETS], sp_model_old[N_SETS], sp_cut_model[N_SETS], sp_cut_model_old[N_SETS];
@@ -1254,6 +1333,7 @@ int bench_truth(const bench_env *env, bench_json *j)
     sp_model_old[st] = spearman_set(mqo, ma, st);
     sp_cut_model[st] = spearman_set(mq, mac, st);
     sp_cut_model_old[st] = spearman_set(mqo, mac, st);
+    sp_cut_model_cos[st] = spearman_set(mqc, mac, st);
   }
   double secs = (double)(bench_now_ns() - t0) * 1e-9;
   for (int vi = 0; vi < (int)TR_NVAR; vi++) { /* experiments */
@@ -1275,7 +1355,10 @@ int bench_truth(const bench_env *env, bench_json *j)
         "cosine weighted by keys seen", "1 - pooled rel L2", "cosine, probes in the second half",
         "mean of 1 - per-probe rel error", "norm-aware cosine 1 - |e|^2/(2|o|^2)",
         "1 - per-probe squared rel error", "cosine weighted by output energy, per layer",
-        "1 - a layer's pooled |e|^2/(2|o|^2)"};
+        "1 - a layer's pooled |e|^2/(2|o|^2)",
+        "output-weighted, W_o's gain per head (the profile's quality)",
+        "output-weighted, W_o's gain per channel", "output-weighted, unit gains (no W_o)",
+        "output-weighted per head, 1 - r (relative-L2 scale)"};
     fprintf(o, "  metric variant %s, vs the 4-prefix truth (across / per context): the engine's "
                "space %.4f / %.4f, the research set %.4f / %.4f, all %.4f / %.4f; the targets' "
                "int4 (%s) scores %.5f under it (the metric: %.5f)\n",
@@ -1331,12 +1414,12 @@ int bench_truth(const bench_env *env, bench_json *j)
              "continues over the next %u (teacher-forced), against the same on raw f16 KV; %u "
              "contexts, %.1f s\n",
           TR_STORED, TR_STEPS, t.n_ctx, secs);
-  fprintf(o, "  %-24s %8s %9s %9s %9s %9s %11s\n", "config", "bits/el", "quality", "old q",
-          "agree", "KL", "agree cuts");
+  fprintf(o, "  %-24s %8s %9s %9s %9s %9s %9s %11s\n", "config", "bits/el", "quality",
+          "cosine", "old q", "agree", "KL", "agree cuts");
   for (size_t i = 0; i < N_CFG; i++)
-    fprintf(o, "  %-24s %8.3f %9.5f %9.5f %9.4f %9.5f %11.4f\n", CFGS[i].name,
-            8.0 * mb[i] / ((double)t.L * t.H * 2 * TR_STORED * t.d), mq[i], mqo[i], ma[i],
-            mkl[i], mac[i]);
+    fprintf(o, "  %-24s %8.3f %9.5f %9.5f %9.5f %9.4f %9.5f %11.4f\n", CFGS[i].name,
+            8.0 * mb[i] / ((double)t.L * t.H * 2 * TR_STORED * t.d), mq[i], mqc[i], mqo[i],
+            ma[i], mkl[i], mac[i]);
   static const char *const setname[N_SETS] = {
       "the engine's profile space (raw, lossless, int8, int4, int2, knorm/keydiff/snapkv 90..30 "
       "as a put encodes them; the targets' figures)",
@@ -1352,6 +1435,8 @@ int bench_truth(const bench_env *env, bench_json *j)
             bench_met(sp_cut_model[st] >= T_SPEARMAN_MODEL), sp_cut_ctx[st], T_SPEARMAN_CTX,
             bench_met(sp_cut_ctx[st] >= T_SPEARMAN_CTX), TR_WIN, sp_cut_model_old[st],
             sp_cut_ctx_old[st]);
+    fprintf(o, "    the per-head cosine mean instead of the output-weighted quality: %.4f and "
+               "%.4f\n", sp_cut_model_cos[st], sp_cut_ctx_cos[st]);
     fprintf(o, "    the same after the whole stored context only (end): across configs %.4f, "
                "within a context %.4f; the old metric %.4f and %.4f\n",
             sp_model[st], sp_ctx[st], sp_model_old[st], sp_ctx_old[st]);
@@ -1381,6 +1466,8 @@ int bench_truth(const bench_env *env, bench_json *j)
   } while (0)
     TR_JSON("quality_spearman_vs_model", sp_cut_model[st]);
     TR_JSON("quality_spearman_per_context", sp_cut_ctx[st]);
+    TR_JSON("quality_spearman_vs_model_cosine", sp_cut_model_cos[st]);
+    TR_JSON("quality_spearman_per_context_cosine", sp_cut_ctx_cos[st]);
     TR_JSON("quality_spearman_vs_model_old_metric", sp_cut_model_old[st]);
     TR_JSON("quality_spearman_per_context_old_metric", sp_cut_ctx_old[st]);
     TR_JSON("quality_spearman_vs_model_end", sp_model[st]);
@@ -1403,6 +1490,8 @@ int bench_truth(const bench_env *env, bench_json *j)
     bench_json_num(j, k, mkl[i]);
     snprintf(k, sizeof k, "truth_%s_quality", nm);
     bench_json_num(j, k, mq[i]);
+    snprintf(k, sizeof k, "truth_%s_quality_cosine", nm);
+    bench_json_num(j, k, mqc[i]);
   }
   rc = 0;
 out:
@@ -1412,6 +1501,9 @@ out:
   }
   free(t.ctx);
   free(t.q2);
+  for (uint32_t gi = 0; gi < TR_NGAIN; gi++)
+    free(t.gain[gi]);
+  free(t.gacc);
   for (uint32_t c = 0; t.cal != NULL && c < t.n_ctx; c++)
     kv_calib_free(&t.cal[c]);
   free(t.cal);

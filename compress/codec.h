@@ -723,6 +723,38 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
                                          uint32_t *pos, uint32_t *n_out, kv_codec_err *err);
 
 /*
+ * THE OUTPUT-WEIGHTED QUALITY (issue 16, helper wt-wo16). What the residual stream receives of
+ * a layer is sum_h o_h W_o,h: a head counts by what the model's output projection passes on.
+ * Given gains per query head h (g_h,c >= 0 per channel c, or one gain g_h for all of them,
+ * e.g. ||W_o,h||_F^2 / head_dim), the squared error and energy a probe at position p adds to
+ * its layer l are E_lp = sum_h sum_c g_h,c (o - o')_h,c^2 and R_lp = sum_h sum_c g_h,c o_h,c^2,
+ * pooled over the layer's heads (W_o's cross-head terms ignored). Per layer the relative L2
+ * error r_l = sum_p sqrt(E_lp) / sum_p sqrt(R_lp) (what W_o's `oproj` variant measures with
+ * W_o itself, bench/RESULTS.md), r = the mean over the layers measured, and the quality is
+ * max(0, 1 - r^2 / 2): on the cosine's scale (a norm-keeping error of relative size r has
+ * cosine 1 - r^2 / 2), which placement consumes. Probes a profile derives from the keys (no
+ * real queries) weigh by the mean gain of the KV head's query heads.
+ */
+
+/**
+ * @brief Add one head's probes to its layer's sums: ref, test float [n_pos][grp][head_dim]
+ * (position-major: row i * grp + j is query head j of the group at position i), gains the
+ * group's first query head's gains (query head j's at gains + j * channels; channels 1 or
+ * head_dim), e and r the layer's n_pos sums (E_lp, R_lp above). Cannot fail.
+ */
+void kv_quality_gain_add(const float *ref, const float *test, uint32_t n_pos, uint32_t grp,
+                         uint32_t head_dim, const float *gains, uint32_t channels, double *e,
+                         double *r);
+
+/**
+ * @brief The output-weighted quality of sums e, r [n_layers][n_pos] (kv_quality_gain_add);
+ * layers whose `seen` entry is 0 (no head measured) are left out (NULL: all measured). 1 when
+ * no layer was measured.
+ */
+double kv_quality_gain_finish(const double *e, const double *r, uint32_t n_layers,
+                              uint32_t n_pos, const uint8_t *seen);
+
+/*
  * CALIBRATION (issue 16; calib.c). KVQuant's offline, per-model calibration of kvquant at 4 and
  * 2 bits with per-channel widths (params.alloc), computed from a few calibration contexts (their
  * K and V and the model's queries over them) and then applied to every section a writer codes:

@@ -358,3 +358,48 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
   *n_out = c;
   return KV_CODEC_OK;
 }
+
+/* ---- the output-weighted quality (codec.h THE OUTPUT-WEIGHTED QUALITY) ---- */
+
+void kv_quality_gain_add(const float *ref, const float *test, uint32_t n_pos, uint32_t grp,
+                         uint32_t head_dim, const float *gains, uint32_t channels, double *e,
+                         double *r)
+{
+  for (uint32_t i = 0; i < n_pos; i++)
+    for (uint32_t j = 0; j < grp; j++) {
+      const float *a = ref + ((size_t)i * grp + j) * head_dim;
+      const float *b = test + ((size_t)i * grp + j) * head_dim;
+      const float *g = gains + (size_t)j * channels;
+      double ee = 0, rr = 0;
+      for (uint32_t c = 0; c < head_dim; c++) {
+        double gc = channels == 1 ? g[0] : g[c], dc = (double)a[c] - b[c];
+        ee += gc * dc * dc;
+        rr += gc * (double)a[c] * a[c];
+      }
+      e[i] += ee;
+      r[i] += rr;
+    }
+}
+
+double kv_quality_gain_finish(const double *e, const double *r, uint32_t n_layers,
+                              uint32_t n_pos, const uint8_t *seen)
+{
+  double rsum = 0;
+  uint32_t nl = 0;
+  for (uint32_t l = 0; l < n_layers; l++) {
+    if (seen != NULL && !seen[l])
+      continue;
+    double se = 0, sr = 0;
+    for (uint32_t p = 0; p < n_pos; p++) {
+      se += sqrt(fmax(0.0, e[(size_t)l * n_pos + p]));
+      sr += sqrt(fmax(0.0, r[(size_t)l * n_pos + p]));
+    }
+    /* a layer whose outputs are all zero: exact when the errors are too, else wholly wrong */
+    rsum += sr > 0 ? se / sr : (se > 0 ? 1.0 : 0.0);
+    nl++;
+  }
+  if (nl == 0)
+    return 1.0;
+  double rm = rsum / nl;
+  return fmax(0.0, 1.0 - rm * rm / 2);
+}

@@ -23,8 +23,9 @@
 
 /* ---- record codecs ---------------------------------------------------------------------- */
 
-#define KV_MODEL_REC_VERSION 3u /* version 2: the model's RoPE (byte 3, bytes 36..39); version 3:
-                                   a calibration after byte 40 (kvdb_model_calibrate) */
+#define KV_MODEL_REC_VERSION 4u /* version 2: the model's RoPE (byte 3, bytes 36..39); version 3:
+                                   a calibration after byte 40 (kvdb_model_calibrate); version 4:
+                                   output gains after it (kvdb_model_set_output_gains) */
 
 static int model_rec_v2(const kv_model_rec *r)
 {
@@ -111,7 +112,15 @@ size_t kv_model_rec_calib_size(const kv_model_rec *r, const kv_calib *c)
   return 40 + (size_t)calib_len(r->n_layers * r->n_kv_heads, r->head_dim, calib_plans(c));
 }
 
+static void encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t *dst, uint8_t ver);
+
 void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t *dst)
+{
+  encode_calib(r, c, dst, 3);
+}
+
+/* Version 3's bytes, stamped version ver (4: gains follow) before the checksum. */
+static void encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t *dst, uint8_t ver)
 {
   uint32_t heads = r->n_layers * r->n_kv_heads, d = r->head_dim;
   size_t n = kv_model_rec_calib_size(r, c);
@@ -120,7 +129,7 @@ void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t
   base.rope_base = 1.0f; /* encode as version 2, then restamp */
   base.rope_style = 1;
   kv_model_rec_encode(&base, dst);
-  dst[0] = 3;
+  dst[0] = ver;
   dst[3] = (uint8_t)r->rope_style;
   uint32_t b;
   memcpy(&b, &r->rope_base, 4);
@@ -161,7 +170,8 @@ kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out)
   const uint8_t *p = src + 40;
   uint32_t heads = r.n_layers * r.n_kv_heads, d = r.head_dim;
   unsigned plans = p[5];
-  if (kv_get_le64(src + len - 8) != XXH3_64bits(src, len - 8))
+  size_t end = 40 + (size_t)r.calib_bytes; /* the record's end before version 4 */
+  if (kv_get_le64(src + end - 8) != XXH3_64bits(src, end - 8))
     return kv_fail(KVDB_CORRUPT, "model record: the calibration's checksum does not match");
   if (p[4] != 1 || (plans & ~3u) != 0 || p[6] != 0 || p[7] != 0 || r.n_layers == 0 ||
       r.n_layers > 1024 || r.n_kv_heads == 0 || r.n_kv_heads > 1024 || d == 0 || d > 4096 ||
@@ -214,16 +224,147 @@ kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out)
   return KVDB_OK;
 }
 
+/* Version 4 (FORMAT.md §2): bytes 0..39 as version 3, then at byte 40 the calibration of
+ * version 3 (C >= 32 bytes, its checksum over bytes 0 .. 40 + C - 8) or a u32 0 (C = 0, none:
+ * 4 bytes), then the output gains block of G bytes: u32 G, u8 gains version 1, u8 0, u16 0,
+ * u32 query heads Q, u32 channels (1 or head_dim), f32 gains [n_layers][Q][channels], u64
+ * XXH3-64 of the gains block's bytes before it, seeded with XXH3-64 of bytes 0..39 (so a
+ * damaged calibration and damaged gains are told apart). */
+#define GAINS_HEAD 16u
+
+static uint64_t gains_len(uint32_t layers, uint32_t q, uint32_t ch)
+{
+  return GAINS_HEAD + 4ull * layers * q * ch + 8;
+}
+
+static int has_gains(const kv_model_gains *g)
+{
+  return g != NULL && g->g != NULL;
+}
+
+size_t kv_model_rec_full_size(const kv_model_rec *r, const kv_calib *c, const kv_model_gains *g)
+{
+  int cal = c != NULL && c->weight != NULL;
+  if (!has_gains(g))
+    return cal ? kv_model_rec_calib_size(r, c) : kv_model_rec_size(r);
+  size_t n = cal ? kv_model_rec_calib_size(r, c) : 44;
+  return n + (size_t)gains_len(r->n_layers, g->n_q_heads, g->channels);
+}
+
+void kv_model_rec_encode_full(const kv_model_rec *r, const kv_calib *c, const kv_model_gains *g,
+                              uint8_t *dst)
+{
+  int cal = c != NULL && c->weight != NULL;
+  if (!has_gains(g)) {
+    if (cal)
+      kv_model_rec_encode_calib(r, c, dst);
+    else
+      kv_model_rec_encode(r, dst);
+    return;
+  }
+  size_t n = kv_model_rec_full_size(r, c, g), at;
+  memset(dst, 0, n);
+  if (cal) {
+    encode_calib(r, c, dst, 4);
+    at = kv_model_rec_calib_size(r, c);
+  } else {
+    kv_model_rec base = *r; /* encode as version 2, then restamp (as version 3 does) */
+    base.rope_base = 1.0f;
+    base.rope_style = 1;
+    kv_model_rec_encode(&base, dst);
+    dst[3] = (uint8_t)r->rope_style;
+    uint32_t b;
+    memcpy(&b, &r->rope_base, 4);
+    kv_put_le32(dst + 36, b);
+    kv_put_le32(dst + 40, 0);
+    at = 44;
+  }
+  dst[0] = 4;
+  uint8_t *p = dst + at;
+  kv_put_le32(p, (uint32_t)(n - at));
+  p[4] = 1;
+  kv_put_le32(p + 8, g->n_q_heads);
+  kv_put_le32(p + 12, g->channels);
+  size_t cnt = (size_t)r->n_layers * g->n_q_heads * g->channels;
+  for (size_t i = 0; i < cnt; i++) {
+    uint32_t b;
+    memcpy(&b, &g->g[i], 4);
+    kv_put_le32(p + GAINS_HEAD + 4 * i, b);
+  }
+  size_t body = n - at - 8;
+  kv_put_le64(p + body, XXH3_64bits_withSeed(p, body, XXH3_64bits(dst, 40)));
+}
+
+void kv_model_gains_free(kv_model_gains *g)
+{
+  if (g == NULL)
+    return;
+  free(g->g);
+  memset(g, 0, sizeof *g);
+}
+
+kvdb_status kv_model_gains_decode(const uint8_t *src, size_t len, kv_model_gains *out)
+{
+  memset(out, 0, sizeof *out);
+  kv_model_rec r = {0};
+  KV_RET(kv_model_rec_decode(src, len, &r));
+  if (r.gains_bytes == 0)
+    return KVDB_OK;
+  const uint8_t *p = src + len - r.gains_bytes;
+  size_t body = r.gains_bytes - 8;
+  if (kv_get_le64(p + body) != XXH3_64bits_withSeed(p, body, XXH3_64bits(src, 40)))
+    return kv_fail(KVDB_CORRUPT, "model record: the output gains' checksum does not match");
+  uint32_t q = kv_get_le32(p + 8), ch = kv_get_le32(p + 12);
+  if (p[4] != 1 || p[5] != 0 || kv_get_le16(p + 6) != 0 || r.n_layers == 0 ||
+      r.n_layers > 1024 || r.n_kv_heads == 0 || q == 0 || q > 65536 || q % r.n_kv_heads != 0 ||
+      (ch != 1 && ch != r.head_dim) || gains_len(r.n_layers, q, ch) != r.gains_bytes)
+    return kv_fail(KVDB_CORRUPT, "model record: output gains version %u, %u query heads of %u "
+                                 "channels in %u bytes (%u layers, %u KV heads of %u)",
+                   p[4], q, ch, r.gains_bytes, r.n_layers, r.n_kv_heads, r.head_dim);
+  size_t cnt = (size_t)r.n_layers * q * ch;
+  out->g = malloc(cnt * sizeof(float));
+  if (out->g == NULL)
+    return kv_fail(KVDB_NOMEM, "output gains of %zu floats", cnt);
+  out->n_layers = r.n_layers;
+  out->n_q_heads = q;
+  out->channels = ch;
+  for (size_t i = 0; i < cnt; i++) {
+    uint32_t b = kv_get_le32(p + GAINS_HEAD + 4 * i);
+    memcpy(&out->g[i], &b, 4);
+    if (!(out->g[i] >= 0.0f && out->g[i] <= 3.0e38f)) { /* NaN and inf too */
+      double bad = out->g[i];
+      kv_model_gains_free(out);
+      return kv_fail(KVDB_CORRUPT, "model record: output gain %zu is %g", i, bad);
+    }
+  }
+  return KVDB_OK;
+}
+
 kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
 {
   KV_RET(kv_rec_version_max(src, len, 36, "model", KV_MODEL_REC_VERSION));
   size_t want = src[0] >= 2 ? 40 : 36;
   r->calib_bytes = 0;
+  r->gains_bytes = 0;
   if (src[0] == 3 && len >= 44 + 8) {
     r->calib_bytes = kv_get_le32(src + 40);
     want = 40 + (size_t)r->calib_bytes;
   }
-  if (len != want || (src[0] == 3 && r->calib_bytes < CAL_HEAD + 8))
+  int bad4 = 0;
+  if (src[0] == 4) {
+    bad4 = 1;
+    if (len >= 44) {
+      r->calib_bytes = kv_get_le32(src + 40);
+      uint64_t at = 40 + (r->calib_bytes ? (uint64_t)r->calib_bytes : 4);
+      if (at + 4 <= len) {
+        r->gains_bytes = kv_get_le32(src + at);
+        want = (size_t)(at + r->gains_bytes);
+        bad4 = (r->calib_bytes != 0 && r->calib_bytes < CAL_HEAD + 8) ||
+               r->gains_bytes < GAINS_HEAD + 8 || at + r->gains_bytes > len;
+      }
+    }
+  }
+  if (bad4 || len != want || (src[0] == 3 && r->calib_bytes < CAL_HEAD + 8))
     return kv_fail(KVDB_CORRUPT, "model record version %u is %zu bytes, not %zu", src[0], len,
                    want);
   r->dtype = src[1];
@@ -238,7 +379,7 @@ kvdb_status kv_model_rec_decode(const uint8_t *src, size_t len, kv_model_rec *r)
                 r->rope_base <= 1e9f;
   if ((r->score_bits != 0 && r->score_bits != 8 && r->score_bits != 4) ||
       (src[0] == 1 && src[3] != 0) || (src[0] == 2 && !rope_ok) ||
-      (src[0] == 3 && !rope_ok && !(r->rope_style == 0 && r->rope_base == 0.0f)))
+      (src[0] >= 3 && !rope_ok && !(r->rope_style == 0 && r->rope_base == 0.0f)))
     return kv_fail(KVDB_CORRUPT, "model record (version %u) has score bits %u, RoPE style %u "
                                  "and base %g",
                    src[0], src[2], src[3], (double)r->rope_base);
@@ -430,26 +571,45 @@ kvdb_status kv_ctx_rec_decode(const uint8_t *src, size_t len, kv_ctx_rec *r)
   return KVDB_OK;
 }
 
-/* ---- profile record: 16-byte header, 56 bytes per entry ---- */
+/* ---- profile record: 16-byte header, 56 bytes per entry (version 1); version 2 (a profile
+ * measured with output gains: some entry has KVDB_PROFILE_WEIGHTED, flag bit 3) 72 bytes per
+ * entry: f64 cosine at 56 and f64 worst_head at 64 ---- */
 
 #define PROF_HDR 16
 #define PROF_ENT 56
+#define PROF_ENT2 72
 
-size_t kv_profile_rec_size(uint32_t n_entries)
+static unsigned profile_version(const kv_profile_rec *r)
 {
-  return PROF_HDR + PROF_ENT * (size_t)n_entries;
+  if (r->version >= 2)
+    return 2;
+  for (uint32_t i = 0; i < r->n_entries; i++)
+    if (r->e[i].flags & KVDB_PROFILE_WEIGHTED)
+      return 2;
+  return 1;
+}
+
+size_t kv_profile_rec_size(const kv_profile_rec *r)
+{
+  return PROF_HDR + (profile_version(r) == 2 ? PROF_ENT2 : PROF_ENT) * (size_t)r->n_entries;
 }
 
 void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst)
 {
-  memset(dst, 0, kv_profile_rec_size(r->n_entries));
-  dst[0] = KV_PROFILE_REC_VERSION;
+  unsigned ver = profile_version(r);
+  size_t ent = ver == 2 ? PROF_ENT2 : PROF_ENT;
+  memset(dst, 0, kv_profile_rec_size(r));
+  dst[0] = (uint8_t)ver;
   kv_put_le16(dst + 2, (uint16_t)r->n_entries);
   kv_put_le32(dst + 4, r->n_probes);
   kv_put_le64(dst + 8, r->measured_ms);
   for (uint32_t i = 0; i < r->n_entries; i++) {
-    uint8_t *p = dst + PROF_HDR + PROF_ENT * i;
+    uint8_t *p = dst + PROF_HDR + ent * i;
     const kvdb_profile_entry *e = &r->e[i];
+    if (ver == 2) {
+      kv_put_lef64(p + 56, e->cosine);
+      kv_put_lef64(p + 64, e->worst_head);
+    }
     kv_config_encode(&e->config, p);
     kv_put_le32(p + 12, e->flags);
     kv_put_le64(p + 16, e->bytes);
@@ -463,15 +623,17 @@ void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst)
 kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r)
 {
   KV_RET(kv_rec_version_max(src, len, PROF_HDR, "profile", KV_PROFILE_REC_VERSION));
+  r->version = src[0];
   r->n_entries = kv_get_le16(src + 2);
   r->n_probes = kv_get_le32(src + 4);
   r->measured_ms = kv_get_le64(src + 8);
+  size_t ent = r->version == 2 ? PROF_ENT2 : PROF_ENT;
   if (src[1] != 0 || r->n_entries > KV_PROFILE_MAX_ENTRIES ||
-      len != kv_profile_rec_size(r->n_entries))
+      len != PROF_HDR + ent * (size_t)r->n_entries)
     return kv_fail(KVDB_CORRUPT, "profile record of %zu bytes claims %u entries", len,
                    r->n_entries);
   for (uint32_t i = 0; i < r->n_entries; i++) {
-    const uint8_t *p = src + PROF_HDR + PROF_ENT * i;
+    const uint8_t *p = src + PROF_HDR + ent * i;
     kvdb_profile_entry *e = &r->e[i];
     memset(e, 0, sizeof *e);
     KV_RET(kv_config_decode(p, &e->config));
@@ -482,7 +644,10 @@ kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec
     e->reported_quality = kv_get_lef64(p + 40);
     e->n_reports = kv_get_le32(p + 48);
     e->n_probes = r->n_probes;
-    if ((e->flags & ~7u) != 0 || kv_get_le32(p + 52) != 0) /* bit 2: format 3 */
+    e->cosine = r->version == 2 ? kv_get_lef64(p + 56) : e->quality;
+    e->worst_head = r->version == 2 ? kv_get_lef64(p + 64) : NAN;
+    /* bit 2: format 3; bit 3: version 2 */
+    if ((e->flags & (r->version == 2 ? ~15u : ~7u)) != 0 || kv_get_le32(p + 52) != 0)
       return kv_fail(KVDB_CORRUPT, "profile entry %u has flags %u", i, e->flags);
   }
   return KVDB_OK;
@@ -1022,7 +1187,7 @@ kvdb_status kv_cat_put_profile(kv_catalog *c, kv_txn *txn, const uint8_t key[16]
   if (!c->has_profiles)
     return kv_fail(KVDB_READONLY, "the catalog has no profiles database (opened read-only)");
   KV_RET(kv_cat_require_format(c, txn, 2));
-  size_t len = kv_profile_rec_size(r->n_entries);
+  size_t len = kv_profile_rec_size(r);
   uint8_t *buf = malloc(len);
   if (buf == NULL)
     return kv_fail(KVDB_NOMEM, "profile record");

@@ -104,7 +104,7 @@ typedef struct kv_txn kv_txn;
 #define KV_REC_VERSION 1u
 #define KV_CTX_REC_VERSION 3u /* version 2: the context's storage config after the header;
                                  3: and its placement statistics (format 7, FOLDED STATS) */
-#define KV_PROFILE_REC_VERSION 1u
+#define KV_PROFILE_REC_VERSION 2u /* 2: with output gains (catalog.c, FORMAT.md §2) */
 
 /* kv_block_rec.bflags; SCORE8 / SCORE4: the object ends with a score region of int8 / int4
  * copies (FORMAT.md §3c; the model's score_bits); SCOREV2 (with one of them): those copies are
@@ -130,7 +130,17 @@ typedef struct kv_model_rec {
   uint32_t calib_bytes; /* version 3: bytes of the calibration after byte 40 (kvdb_model_calibrate;
                            checked by kv_model_calib_decode), else 0. kv_model_rec_encode writes
                            versions 1 and 2 only; kv_model_rec_encode_calib version 3 */
+  uint32_t gains_bytes; /* version 4: bytes of the output gains block (kvdb_model_set_output_gains;
+                           checked by kv_model_gains_decode), else 0 */
 } kv_model_rec;
+
+/* A model's output-projection gains (model record version 4, kvdb_model_set_output_gains):
+ * g[(layer * n_q_heads + q head) * channels + c], channels 1 or head_dim, finite, >= 0. */
+typedef struct kv_model_gains {
+  uint32_t n_layers, n_q_heads, channels;
+  float *g; /* NULL: none */
+} kv_model_gains;
+void kv_model_gains_free(kv_model_gains *g);
 
 typedef struct kv_block_rec {
   uint32_t refcount;
@@ -201,6 +211,15 @@ void kv_model_rec_encode_calib(const kv_model_rec *r, const kv_calib *c, uint8_t
 /* The calibration of a model record (any version): out zeroed and KVDB_OK when it has none;
  * KVDB_CORRUPT (checksum, values) or KVDB_NOMEM; out is kv_calib_free()'s. */
 kvdb_status kv_model_calib_decode(const uint8_t *src, size_t len, kv_calib *out);
+/* Model record version 4 (FORMAT.md §2): r's fields, calibration c (NULL or one without
+ * weights: none) and output gains g (NULL or g->g NULL: none). Writes version 4 only when g
+ * holds gains, else what kv_model_rec_encode / kv_model_rec_encode_calib write. */
+size_t kv_model_rec_full_size(const kv_model_rec *r, const kv_calib *c, const kv_model_gains *g);
+void kv_model_rec_encode_full(const kv_model_rec *r, const kv_calib *c, const kv_model_gains *g,
+                              uint8_t *dst);
+/* The output gains of a model record (any version): out zeroed and KVDB_OK when it has none;
+ * KVDB_CORRUPT (checksum, shape, values) or KVDB_NOMEM; out is kv_model_gains_free()'s. */
+kvdb_status kv_model_gains_decode(const uint8_t *src, size_t len, kv_model_gains *out);
 
 size_t kv_block_rec_size(uint32_t n_tokens);
 void kv_block_rec_encode(const kv_block_rec *r, const uint32_t *tokens, uint8_t *dst);
@@ -222,6 +241,8 @@ kvdb_status kv_seg_rec_decode(const uint8_t *src, size_t len, kv_seg_rec *r);
 /* A context's quality profile (FORMAT.md §2, profile record). */
 #define KV_PROFILE_MAX_ENTRIES 256
 typedef struct kv_profile_rec {
+  uint32_t version; /* as decoded (0: new); encoded as version 2 when >= 2 or when an entry is
+                       KVDB_PROFILE_WEIGHTED, else 1 */
   uint32_t n_probes;
   uint64_t measured_ms;
   uint32_t n_entries;
@@ -233,7 +254,7 @@ typedef struct kv_profile_rec {
 } kv_profile_rec;
 /* Marks the entry of config cfg as the stored one with `bytes` (added when absent). */
 void kv_profile_rec_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint64_t bytes);
-size_t kv_profile_rec_size(uint32_t n_entries);
+size_t kv_profile_rec_size(const kv_profile_rec *r);
 void kv_profile_rec_encode(const kv_profile_rec *r, uint8_t *dst);
 kvdb_status kv_profile_rec_decode(const uint8_t *src, size_t len, kv_profile_rec *r);
 
@@ -773,6 +794,15 @@ kvdb_status kv_cat_put_model(kv_catalog *c, kv_txn *txn, const char *id, const k
 /* The model record of id with calibration cal (version 3), replacing the one stored. */
 kvdb_status kv_cat_put_model_calib(kv_catalog *c, kv_txn *txn, const char *id,
                                    const kv_model_rec *r, const kv_calib *cal);
+/* The model record of id with calibration cal and output gains g (either NULL: none),
+ * replacing the one stored (version 4 when g holds gains). */
+kvdb_status kv_cat_put_model_full(kv_catalog *c, kv_txn *txn, const char *id,
+                                  const kv_model_rec *r, const kv_calib *cal,
+                                  const kv_model_gains *g);
+/* The stored output gains of model id: KVDB_NOTFOUND (no model), KVDB_OK (out zeroed when it
+ * has none), KVDB_CORRUPT. */
+kvdb_status kv_cat_get_model_gains(kv_catalog *c, kv_txn *txn, const char *id,
+                                   kv_model_gains *out);
 /* The stored calibration of model id (ops_rec.c): KVDB_NOTFOUND (no model), KVDB_OK (out zeroed
  * when the model has none), KVDB_CORRUPT. */
 kvdb_status kv_cat_get_model_calib(kv_catalog *c, kv_txn *txn, const char *id, kv_calib *out);

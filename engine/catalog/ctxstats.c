@@ -338,7 +338,8 @@ void kv_profile_rec_mark_stored(kv_profile_rec *p, const kvdb_config *cfg, uint6
       return;
     memset(&p->e[i], 0, sizeof p->e[i]);
     p->e[i].config = *cfg;
-    p->e[i].quality = kv_policy_config_exact(cfg) ? 1.0 : NAN;
+    p->e[i].quality = p->e[i].cosine = kv_policy_config_exact(cfg) ? 1.0 : NAN;
+    p->e[i].worst_head = p->e[i].quality;
     p->e[i].reported_quality = NAN;
     p->e[i].n_probes = p->n_probes;
     p->n_entries++;

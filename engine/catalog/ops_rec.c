@@ -54,6 +54,30 @@ kvdb_status kv_cat_put_model_calib(kv_catalog *c, kv_txn *txn, const char *id,
   return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
 }
 
+kvdb_status kv_cat_put_model_full(kv_catalog *c, kv_txn *txn, const char *id,
+                                  const kv_model_rec *r, const kv_calib *cal,
+                                  const kv_model_gains *g)
+{
+  size_t n = kv_model_rec_full_size(r, cal, g);
+  uint8_t *buf = malloc(n);
+  if (buf == NULL)
+    return kv_fail(KVDB_NOMEM, "model record of %zu bytes", n);
+  kv_model_rec_encode_full(r, cal, g, buf);
+  MDB_val k = {strlen(id), (void *)(uintptr_t)id}, v = {n, buf};
+  int mrc = mdb_put(kv_mtxn(txn), c->models, &k, &v, 0);
+  free(buf);
+  return mrc == 0 ? KVDB_OK : kv_mdb_fail(mrc, "put model");
+}
+
+kvdb_status kv_cat_get_model_gains(kv_catalog *c, kv_txn *txn, const char *id,
+                                   kv_model_gains *out)
+{
+  memset(out, 0, sizeof *out);
+  MDB_val v;
+  KV_RET(model_val(c, txn, id, &v));
+  return kv_model_gains_decode(v.mv_data, v.mv_size, out);
+}
+
 kvdb_status kv_cat_get_model_calib(kv_catalog *c, kv_txn *txn, const char *id, kv_calib *out)
 {
   memset(out, 0, sizeof *out);

@@ -167,13 +167,22 @@ kvdb_status kvdb_put_ex(kvdb *db, const kvdb_model *m, const uint32_t *tokens, s
                        calibration: the profile measures them without; such puts fail) */
       if (kv_model_calib_load(db, m, NULL, &cal) != KVDB_OK)
         memset(&cal, 0, sizeof cal);
+      kv_model_gains gains; /* the model's output gains: the output-weighted quality (damaged
+                               ones: the profile, so the put, fails KVDB_CORRUPT) */
+      rc = kv_model_gains_load(db, m, &gains);
+      if (rc != KVDB_OK) {
+        kv_calib_free(&cal);
+        goto out;
+      }
       kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = kv, .n_tokens = n, .q = q,
                            .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
                            .heads = o.profile_heads,
                            .packed_block_bytes = db->opt.packed_block_bytes,
-                           .calib = cal.weight != NULL ? &cal : NULL};
+                           .calib = cal.weight != NULL ? &cal : NULL,
+                           .gains = gains.g != NULL ? &gains : NULL};
       rc = kv_profile_measure(&ps, profile);
       kv_calib_free(&cal);
+      kv_model_gains_free(&gains);
       if (rc != KVDB_OK)
         goto out;
       profile->prior = 0; /* measured: recorded as a profile record */

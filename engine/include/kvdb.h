@@ -1434,6 +1434,18 @@ KVDB_API kvdb_status kvdb_metrics(kvdb *db, char *buf, size_t cap, size_t *len);
  * and relative L2 error. Sizes are extrapolated from the sampled heads, except for the config
  * the context is stored in (exact). A quality the caller measured itself (kvdb_report_quality,
  * e.g. task accuracy) wins over the proxy.
+ *
+ * Which figure is which: `cosine` is the mean over sampled heads of each head's mean cosine
+ * (issue 16's per-head metric: what int4_quality reports), `worst_head` the lowest of those
+ * per-head means. `quality` — what placement and re-profiling use — is `cosine`, unless the
+ * model carries output-projection gains (kvdb_model_set_output_gains; flag
+ * KVDB_PROFILE_WEIGHTED): then it is the output-weighted quality, which weighs the heads as the
+ * model's W_o passes them on: per layer, the probes' attention-output errors and outputs,
+ * sum_p sqrt(sum_h sum_c g_h,c e_h,c^2) / sum_p sqrt(sum_h sum_c g_h,c o_h,c^2) = r_l (the
+ * relative L2 error of what the layer adds to the residual stream, W_o's cross-head terms
+ * left out), r = the mean of r_l over the layers sampled, quality = max(0, 1 - r^2 / 2) (on
+ * the cosine's scale). On SmolLM2-135M it ranks configs by the model's own next-token
+ * agreement at Spearman 0.97 where the cosine gives 0.93 (bench/RESULTS.md, issue 16).
  */
 
 enum {
@@ -1441,6 +1453,8 @@ enum {
   KVDB_PROFILE_EXACT = 1u << 1,  /**< `bytes` is measured, not extrapolated */
   KVDB_PROFILE_RESCALED = 1u << 2, /**< `quality` re-profiled from the caller's reports (see
                                         kvdb_report_quality), not the proxy's measure */
+  KVDB_PROFILE_WEIGHTED = 1u << 3, /**< `quality` is the output-weighted quality (the model's
+                                        output gains), not the cosine */
 };
 
 typedef struct kvdb_profile_entry {
@@ -1454,6 +1468,10 @@ typedef struct kvdb_profile_entry {
   uint32_t n_probes;         /**< probe queries per sampled head; 0: the entry was predicted
                                   from the model's measured profiles, not measured on this
                                   context (kvdb_options.placement_profile) */
+  double cosine;             /**< mean over sampled heads of the per-head mean cosine (= quality
+                                  without KVDB_PROFILE_WEIGHTED); NaN if unmeasured */
+  double worst_head;         /**< the lowest per-head mean cosine; recorded with
+                                  KVDB_PROFILE_WEIGHTED profiles, else NaN */
 } kvdb_profile_entry;
 
 /**
@@ -1605,6 +1623,42 @@ typedef struct kvdb_calib_info {
  *   every int4 / int2 put or re-encode of the model fails the same way, reads do not).
  */
 KVDB_API kvdb_status kvdb_model_calibration(kvdb *db, const char *id, kvdb_calib_info *out);
+
+/**
+ * @brief Give model m its output-projection gains, stored with the model (model record
+ * version 4: a database with such a model needs this build or later to open that model's
+ * record; profiles measured with them are profile records of version 2), replacing earlier
+ * ones; the model is recorded now when it is new. The profile of every later put and
+ * kvdb_profile of the model then reports the output-weighted quality as `quality` (see the
+ * profile group; the per-head cosine stays in kvdb_profile_entry.cosine). gains: floats
+ * [n_layers][n_q_heads][channels], query head q of layer l at (l * n_q_heads + q) * channels:
+ * channels 1, one gain per query head, ||W_o,q||_F^2 / head_dim where W_o,q is the
+ * n_embd x head_dim block of the layer's output projection that head q's output multiplies
+ * (on SmolLM2 it ranks as well as per-channel gains and W_o itself; 4 KiB for a 32-layer,
+ * 32-head model); or channels head_dim, one per channel c, sum_i W_o[i][q * head_dim + c]^2.
+ * Finite and >= 0. n_q_heads: the model's query heads (a multiple of n_kv_heads, <= 65536);
+ * kvdb_put_opts.probe_queries must then come with the same n_q_heads (profiles without probe
+ * queries weigh each KV head by the mean gain of its query heads). gains NULL, n_q_heads 0
+ * and channels 0: remove them. A calibration stored with the model is kept.
+ * @return KVDB_OK; KVDB_INVALID (NULLs, bad model, shape or value: the message names which);
+ *   KVDB_MISMATCH (m's id is stored with another fingerprint); KVDB_READONLY; KVDB_NOMEM;
+ *   KVDB_CORRUPT (the model's stored calibration is damaged: calibrate again first).
+ */
+KVDB_API kvdb_status kvdb_model_set_output_gains(kvdb *db, const kvdb_model *m,
+                                                 const float *gains, uint32_t n_q_heads,
+                                                 uint32_t channels);
+
+/**
+ * @brief The output gains stored with model `id`: *n_q_heads and *channels (both 0 when it has
+ * none), *n the floats they hold (n_layers * n_q_heads * channels), the first min(cap, *n)
+ * into out (NULL with cap 0: the shape only).
+ * @return KVDB_OK; KVDB_NOTFOUND (no such model); KVDB_INVALID; KVDB_CORRUPT (the stored gains
+ *   fail their checksum or hold values out of range: profiled puts and kvdb_profile of the
+ *   model fail the same way until kvdb_model_set_output_gains stores new ones; puts without
+ *   a profile and reads do not).
+ */
+KVDB_API kvdb_status kvdb_model_output_gains(kvdb *db, const char *id, float *out, size_t cap,
+                                             size_t *n, uint32_t *n_q_heads, uint32_t *channels);
 
 /* ------------------------------------------------------------------------------------------ */
 /**

@@ -7,6 +7,7 @@
  * writers (put, re-encoding) the calibration of a model when their config uses it.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,10 +170,18 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
   if ((rc = kv_txn_begin(&db->cat, 1, &txn)) != KVDB_OK)
     goto out;
   kv_model_rec mr;
+  kv_model_gains gains; /* the stored output gains are kept */
+  memset(&gains, 0, sizeof gains);
   rc = kv_model_known(db, txn, m, bt, mh);
   if (rc == KVDB_OK) /* keep the stored record's fields (its RoPE) */
     rc = kv_cat_get_model(&db->cat, txn, m->id, &mr);
-  else if (rc == KVDB_NOTFOUND) {
+  if (rc == KVDB_OK && kv_cat_get_model_gains(&db->cat, txn, m->id, &gains) != KVDB_OK) {
+    char em[256];
+    snprintf(em, sizeof em, "%s", kvdb_errmsg());
+    rc = kv_fail(KVDB_CORRUPT, "model '%s': its stored output gains are damaged (%s); set them "
+                               "again (kvdb_model_set_output_gains) before calibrating",
+                 m->id, em);
+  } else if (rc == KVDB_NOTFOUND) {
     mr = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
                         .head_dim = m->head_dim, .dtype = m->dtype, .block_tokens = bt,
                         .score_bits = m->score_bits, .rope_base = m->rope_base,
@@ -181,7 +190,8 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
     rc = KVDB_OK;
   }
   if (rc == KVDB_OK)
-    rc = kv_cat_put_model_calib(&db->cat, txn, m->id, &mr, &cal);
+    rc = kv_cat_put_model_full(&db->cat, txn, m->id, &mr, &cal, &gains);
+  kv_model_gains_free(&gains);
   if (rc == KVDB_OK)
     rc = kv_txn_commit(txn);
   else

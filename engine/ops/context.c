@@ -349,13 +349,18 @@ kvdb_status kvdb_profile(kvdb *db, const kvdb_model *m, const kvdb_key *context,
     kv_calib cal; /* as kvdb_put_ex's profile: a calibrated model's int4 / int2 */
     if (kv_model_calib_load(db, m, NULL, &cal) != KVDB_OK)
       memset(&cal, 0, sizeof cal);
+    kv_model_gains gains; /* the output-weighted quality (db.c's put does the same) */
+    rc = kv_model_gains_load(db, m, &gains);
     kv_profile_src ps = {.m = m, .block_tokens = bt, .kv = &v, .n_tokens = ci.n_tokens, .q = q,
                          .pq = pq, .pq_pos = pq_pos, .space = o.profile_space,
                          .heads = o.profile_heads, .not_below = &ci.config,
                          .packed_block_bytes = db->opt.packed_block_bytes,
-                         .calib = cal.weight != NULL ? &cal : NULL};
-    rc = kv_profile_measure(&ps, p);
+                         .calib = cal.weight != NULL ? &cal : NULL,
+                         .gains = gains.g != NULL ? &gains : NULL};
+    if (rc == KVDB_OK)
+      rc = kv_profile_measure(&ps, p);
     kv_calib_free(&cal);
+    kv_model_gains_free(&gains);
   }
   if (rc == KVDB_OK)
     rc = kv_profile_store(db, context->b, p);

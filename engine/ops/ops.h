@@ -33,6 +33,9 @@ int kv_calib_bits_of(const kvdb_config *c);
  * whatever config, for quality profiles) and m has one of its geometry; else out zeroed
  * (out->weight NULL). KVDB_CORRUPT: a damaged calibration (the writer then writes nothing).
  * kv_calib_free() out. */
+/* The output gains stored with model m (engine/ops/gains.c): out zeroed when it has none or is
+ * new; KVDB_CORRUPT (damaged: profiles fail until they are set again). kv_model_gains_free. */
+kvdb_status kv_model_gains_load(kvdb *db, const kvdb_model *m, kv_model_gains *out);
 kvdb_status kv_model_calib_load(kvdb *db, const kvdb_model *m, const kvdb_config *c,
                                 kv_calib *out);
 
@@ -163,6 +166,8 @@ typedef struct kv_profile_src {
                                    put writes them (packed objects, FORMAT.md §3e) */
   const kv_calib *calib;        /* the model's calibration (int4 / int2 measured as a put of a
                                    calibrated model codes them), or NULL */
+  const kv_model_gains *gains;  /* the model's output gains: `quality` is then the
+                                   output-weighted quality (codec.h), or NULL */
 } kv_profile_src;
 
 kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out);

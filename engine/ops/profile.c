@@ -9,8 +9,11 @@
  * compress/'s causal metric (codec.h THE CAUSAL METRIC, issue 16): each probe, at a token
  * position, attends causally, softmax(q.K^T / sqrt(d)).V, to the keys at positions <= its own,
  * over the decoded rows (dropped tokens absent) and over the original ones; quality = the mean
- * over heads of the mean cosine of the two outputs, rel_l2 the mean of the relative L2
- * errors. The size of the whole context in the config is its sampled sections' encoded bytes
+ * over heads of the mean cosine of the two outputs (`cosine`; `worst_head` the lowest head's),
+ * rel_l2 the mean of the relative L2 errors. A model with output gains
+ * (kvdb_model_set_output_gains) gets the output-weighted quality instead (codec.h THE
+ * OUTPUT-WEIGHTED QUALITY: each probe's errors pooled over the sampled heads of its layer,
+ * weighted by the gains of their query heads), flag KVDB_PROFILE_WEIGHTED. The size of the whole context in the config is its sampled sections' encoded bytes
  * scaled to all sections, laid out per block.
  * Probes are the model's queries at positions spread over the context when the caller gives
  * them (kvdb_put_opts.probe_queries: every query head of the KV head's group), else the keys
@@ -171,11 +174,25 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
     S = L * H;
   uint32_t grp = src->pq ? src->pq->n_q_heads / H : 0;
   uint32_t max_probes = src->pq ? src->pq->n_queries * grp : KV_QUALITY_SPREAD_PROBES;
+  const kv_model_gains *gn = src->gains != NULL && src->gains->g != NULL ? src->gains : NULL;
+  if (gn != NULL && (gn->n_layers != L || (src->pq != NULL && src->pq->n_q_heads != gn->n_q_heads)))
+    return kv_fail(KVDB_INVALID, "the probe queries have %u query heads; model '%s' has output "
+                                 "gains for %u layers of %u query heads",
+                   src->pq ? src->pq->n_q_heads : 0, m->id, gn->n_layers, gn->n_q_heads);
+  /* the output-weighted quality's sums: [config][layer][probe position] */
+  uint32_t npos = src->pq ? src->pq->n_queries : KV_QUALITY_SPREAD_PROBES;
 
   memset(out, 0, sizeof *out);
   out->n_entries = n_cfg;
   out->measured_ms = kv_now_ms();
   double *qsum = calloc(n_cfg, sizeof *qsum), *rsum = calloc(n_cfg, sizeof *rsum);
+  double *wmin = malloc(n_cfg * sizeof *wmin); /* the worst head's mean cosine */
+  size_t gcells = gn ? (size_t)n_cfg * L * npos : 0;
+  double *ge = gn ? calloc(gcells * 2, sizeof *ge) : NULL, *gr = ge ? ge + gcells : NULL;
+  uint8_t *seen = gn ? calloc(L, 1) : NULL;
+  float *gmean = gn ? malloc((size_t)d * sizeof *gmean) : NULL; /* derived probes' gains */
+  for (uint32_t c = 0; wmin != NULL && c < n_cfg; c++)
+    wmin[c] = 1.0;
   uint64_t *enc = calloc((size_t)n_cfg * n_blocks, sizeof *enc); /* sampled bytes per block */
   prof_buf pb;
   memset(&pb, 0, sizeof pb);
@@ -198,7 +215,7 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
   kvdb_status rc = KVDB_OK;
   if (rc == KVDB_OK && (!qsum || !rsum || !enc || !pb.k || !pb.v || !pb.kd || !pb.vd ||
                         !pb.probes || !pb.ppos || !pb.rpos || !pb.ref || !pb.out ||
-                        !pb.ascratch))
+                        !pb.ascratch || !wmin || (gn && (!ge || !seen || !gmean))))
     rc = kv_fail(KVDB_NOMEM, "profile buffers for %llu tokens", (unsigned long long)n);
   kv_codec_err err;
   kv_section_shape kshape = {(kv_codec_dtype)m->dtype, KV_SECTION_K, (uint32_t)n, d};
@@ -225,6 +242,28 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       }
     }
     out->n_probes = np;
+    /* the gains this head's probes weigh by: its query heads' (real queries), or their mean
+     * (probes derived from the keys: one per position) */
+    const float *hg = NULL;
+    uint32_t hgrp = 1, hch = 1;
+    if (gn != NULL) {
+      seen[layer] = 1;
+      uint32_t qg = gn->n_q_heads / H;
+      const float *g0 = gn->g + ((size_t)layer * gn->n_q_heads + (size_t)head * qg) * gn->channels;
+      hch = gn->channels;
+      if (src->pq != NULL) {
+        hg = g0;
+        hgrp = grp;
+      } else {
+        for (uint32_t ch = 0; ch < hch; ch++) {
+          double sm = 0;
+          for (uint32_t j = 0; j < qg; j++)
+            sm += g0[(size_t)j * hch + ch];
+          gmean[ch] = (float)(sm / qg);
+        }
+        hg = gmean;
+      }
+    }
     kv_codec_status st = kv_quality_causal_attend((kv_codec_dtype)m->dtype, (uint32_t)n, d, pb.k,
                                                   pb.v, NULL, pb.probes, pb.ppos, np, pb.ascratch,
                                                   asc, pb.ref, &err);
@@ -280,6 +319,11 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       }
       qsum[c] += qy.cos_mean;
       rsum[c] += qy.rel_l2;
+      wmin[c] = qy.cos_mean < wmin[c] ? qy.cos_mean : wmin[c];
+      if (gn != NULL) {
+        size_t at = ((size_t)c * L + layer) * npos;
+        kv_quality_gain_add(pb.ref, pb.out, np / hgrp, hgrp, d, hg, hch, ge + at, gr + at);
+      }
     }
   }
   /* blocks as a put writes them: packed (64-byte units, the run padded to a page) when small
@@ -320,19 +364,31 @@ kvdb_status kv_profile_measure(const kv_profile_src *src, kv_profile_rec *out)
       bytes += lay.total_bytes;
     }
     pe->bytes = bytes + KV_ALIGN_UP(packed_run, (uint64_t)KV_PAGE);
+    pe->flags = gn != NULL ? KVDB_PROFILE_WEIGHTED : 0;
     if (cfgs[c].method == KVDB_METHOD_RAW) {
-      pe->quality = 1.0;
-      pe->flags = KVDB_PROFILE_EXACT;
+      pe->quality = pe->cosine = pe->worst_head = 1.0;
+      pe->flags |= KVDB_PROFILE_EXACT;
     } else if (src->not_below != NULL && !kv_policy_config_reachable(src->not_below, &cfgs[c])) {
-      pe->quality = pe->rel_l2 = NAN;
+      pe->quality = pe->rel_l2 = pe->cosine = pe->worst_head = NAN;
       pe->bytes = 0;
     } else {
-      pe->quality = qsum[c] / S;
+      pe->cosine = qsum[c] / S;
       pe->rel_l2 = rsum[c] / S;
+      pe->worst_head = wmin[c];
+      pe->quality = pe->cosine;
+      if (gn != NULL) /* exact configs: no error was added, the quality is 1 */
+        pe->quality = kv_policy_config_exact(&cfgs[c])
+                          ? 1.0
+                          : kv_quality_gain_finish(ge + (size_t)c * L * npos,
+                                                   gr + (size_t)c * L * npos, L, npos, seen);
     }
   }
   free(qsum);
   free(rsum);
+  free(wmin);
+  free(ge);
+  free(seen);
+  free(gmean);
   free(enc);
   prof_free(&pb);
   kv_cenc_free(&e);
@@ -417,8 +473,14 @@ kvdb_status kvdb_profile_get(kvdb *db, const kvdb_key *context, kvdb_profile_ent
     rc = kv_fail(KVDB_NOTFOUND, "no profile recorded for context %s", kv_hex16(context->b, hx));
   if (rc == KVDB_OK) {
     *n = p->n_entries;
-    for (size_t i = 0; i < cap && i < p->n_entries; i++)
+    for (size_t i = 0; i < cap && i < p->n_entries; i++) {
       out[i] = p->e[i];
+      if (!(out[i].flags & KVDB_PROFILE_WEIGHTED)) { /* a record without them (version 1,
+                                                        predicted): quality is the cosine */
+        out[i].cosine = out[i].quality;
+        out[i].worst_head = NAN;
+      }
+    }
   }
   free(p);
   return rc;

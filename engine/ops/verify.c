@@ -850,7 +850,7 @@ static kvdb_status pass_contexts(vctx *v)
   return rc;
 }
 
-/* ---- pass 3b: model records (a calibration's checksum and values, FORMAT.md §2) ---- */
+/* ---- pass 3b: model records (checksums and values of calibrations and output gains) ---- */
 
 static kvdb_status pass_models(vctx *v)
 {
@@ -873,6 +873,14 @@ static kvdb_status pass_models(vctx *v)
       continue;
     }
     kv_calib_free(&c);
+    kv_model_gains g;
+    if (mr.gains_bytes != 0 && kv_model_gains_decode(it.val.data, it.val.size, &g) != KVDB_OK) {
+      problem(v, KVDB_CORRUPT, "model '%.*s': its output gains: %s (profiles of the model fail "
+                               "until kvdb_model_set_output_gains stores new ones)",
+              n, (const char *)it.key.data, kvdb_errmsg());
+      continue;
+    }
+    kv_model_gains_free(&g);
   }
   kv_cat_iter_close(&it);
   return KVDB_OK;

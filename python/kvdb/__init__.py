@@ -34,7 +34,7 @@ __all__ = ["open", "DB", "Model", "Status", "Error", "InvalidError", "NotFoundEr
            "MisuseError", "NoMemError", "FullError", "BusyError", "IOError_", "CorruptError",
            "VersionError", "UnsupportedError", "MismatchError", "ReadOnlyError", "PanicError",
            "PutInfo", "ContextInfo", "ProfileEntry", "Stats", "VerifyReport", "KeptHit",
-           "KeptGet", "version", "library_path", "empty"]
+           "KeptGet", "version", "library_path", "empty", "output_gains_from_wo"]
 
 
 class Status(enum.IntEnum):
@@ -376,7 +376,10 @@ class ProfileEntry:
     exact; NaN if unmeasured) and relative L2 error, the caller's reported quality (NaN if
     none) and how many reports it averages, probes per sampled head (0: predicted, not
     measured), and the flags: stored (the context's own config), exact (bytes measured, not
-    extrapolated), rescaled (quality re-profiled from reports)."""
+    extrapolated), rescaled (quality re-profiled from reports), weighted (quality is the
+    output-weighted quality of a model with output gains: DB.set_output_gains); cosine: the
+    mean per-head cosine (= quality when not weighted); worst_head: the lowest head's mean
+    cosine (NaN unless weighted)."""
     config: str
     bytes: int
     quality: float
@@ -387,13 +390,31 @@ class ProfileEntry:
     stored: bool
     exact: bool
     rescaled: bool
+    weighted: bool = False
+    cosine: float = float("nan")
+    worst_head: float = float("nan")
 
     @staticmethod
     def _of(e: _lib.ProfileEntry) -> "ProfileEntry":
         buf = ctypes.create_string_buffer(64)
         name = lib.kvdb_config_name(ctypes.byref(e.config), buf, 64).decode()
         return ProfileEntry(name, e.bytes, e.quality, e.rel_l2, e.reported_quality, e.n_reports,
-                            e.n_probes, bool(e.flags & 1), bool(e.flags & 2), bool(e.flags & 4))
+                            e.n_probes, bool(e.flags & 1), bool(e.flags & 2), bool(e.flags & 4),
+                            bool(e.flags & 8), e.cosine, e.worst_head)
+
+
+def output_gains_from_wo(wo: Any, n_q_heads: int, per_channel: bool = False) -> np.ndarray:
+    """The output gains of one layer's output projection for DB.set_output_gains: wo of shape
+    (n_q_heads * head_dim, n_embd) (the heads' concatenated outputs times wo is what the layer
+    adds to the residual stream; a (n_embd, n_q_heads * head_dim) weight as PyTorch stores it
+    must be transposed first). Returns (n_q_heads,) = ||W_o,h||_F^2 / head_dim, or
+    (n_q_heads, head_dim) = each channel's squared row norm with per_channel. Stack the layers'
+    for the model."""
+    w = np.asarray(wo, dtype=np.float64)
+    if w.ndim != 2 or w.shape[0] % n_q_heads != 0:
+        _invalid(f"wo of shape {w.shape}: expected (n_q_heads * head_dim, n_embd)")
+    diag = (w * w).sum(1).reshape(n_q_heads, -1)
+    return (diag if per_channel else diag.mean(1)).astype(np.float32)
 
 
 def _f32_rows(x: Any, m: Model, what: str) -> np.ndarray:
@@ -672,6 +693,46 @@ class DB:
                 "int4_bits": ci.int4_bits, "int2_bits": ci.int2_bits,
                 "int4_planned_bits": ci.int4_planned_bits,
                 "int2_planned_bits": ci.int2_planned_bits}
+
+    def set_output_gains(self, model: Model, gains: Any, n_q_heads: Optional[int] = None) -> None:
+        """Store `model`'s output-projection gains (kvdb_model_set_output_gains): float32 of
+        shape (n_layers, n_q_heads) (one gain per query head, ||W_o,h||_F^2 / head_dim) or
+        (n_layers, n_q_heads, head_dim) (per channel); None removes them. Profiles of the
+        model then report the output-weighted quality as `quality` (output_gains_from_wo makes
+        them from the layers' W_o)."""
+        if gains is None:
+            _check(lib.kvdb_model_set_output_gains(self._handle, ctypes.byref(model._c()), None,
+                                                   0, 0))
+            return
+        g = np.ascontiguousarray(np.asarray(gains, dtype=np.float32))
+        if g.ndim not in (2, 3) or g.shape[0] != model.n_layers:
+            _invalid(f"gains of shape {g.shape}: expected (n_layers={model.n_layers}, n_q_heads"
+                     "[, head_dim])")
+        if n_q_heads is not None and g.shape[1] != n_q_heads:
+            _invalid(f"gains of shape {g.shape} for {n_q_heads} query heads")
+        ch = 1 if g.ndim == 2 else g.shape[2]
+        _check(lib.kvdb_model_set_output_gains(
+            self._handle, ctypes.byref(model._c()),
+            g.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), g.shape[1], ch))
+
+    def output_gains(self, model_id: str) -> Optional[np.ndarray]:
+        """The output gains stored with model `model_id` (kvdb_model_output_gains): float32 of
+        shape (n_layers, n_q_heads) or (n_layers, n_q_heads, head_dim); None when it has none."""
+        n = ctypes.c_size_t()
+        q = ctypes.c_uint32()
+        ch = ctypes.c_uint32()
+        mid = str(model_id).encode()
+        _check(lib.kvdb_model_output_gains(self._handle, mid, None, 0, ctypes.byref(n),
+                                           ctypes.byref(q), ctypes.byref(ch)))
+        if n.value == 0:
+            return None
+        out = np.empty(n.value, np.float32)
+        _check(lib.kvdb_model_output_gains(self._handle, mid,
+                                           out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                           n.value, ctypes.byref(n), ctypes.byref(q),
+                                           ctypes.byref(ch)))
+        shape = (n.value // (q.value * ch.value), q.value) + ((ch.value,) if ch.value > 1 else ())
+        return out.reshape(shape)
 
     def profile(self, model: Model, context: Any, *, queries: Any = None,
                 probe_queries: Any = None, probe_positions: Any = None,

@@ -93,7 +93,8 @@ class PutOpts(Structure):
 class ProfileEntry(Structure):
     _fields_ = [("config", Config), ("flags", c_uint32), ("bytes", c_uint64),
                 ("quality", c_double), ("rel_l2", c_double), ("reported_quality", c_double),
-                ("n_reports", c_uint32), ("n_probes", c_uint32)]
+                ("n_reports", c_uint32), ("n_probes", c_uint32), ("cosine", c_double),
+                ("worst_head", c_double)]
 
 
 class CalibContext(Structure):
@@ -220,6 +221,10 @@ _protos = {
     "kvdb_model_calibrate": (_S, [c_void_p, POINTER(Model), POINTER(CalibContext), c_size_t,
                                   c_void_p]),
     "kvdb_model_calibration": (_S, [c_void_p, c_char_p, c_void_p]),
+    "kvdb_model_set_output_gains": (_S, [c_void_p, POINTER(Model), POINTER(c_float), c_uint32,
+                                         c_uint32]),
+    "kvdb_model_output_gains": (_S, [c_void_p, c_char_p, POINTER(c_float), c_size_t,
+                                     POINTER(c_size_t), POINTER(c_uint32), POINTER(c_uint32)]),
     "kvdb_lookup": (_S, [c_void_p, POINTER(Model), POINTER(c_uint32), c_size_t,
                          POINTER(c_size_t)]),
     "kvdb_get": (_S, [c_void_p, POINTER(Model), POINTER(c_uint32), c_size_t, POINTER(KVView),

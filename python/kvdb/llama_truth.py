@@ -377,6 +377,18 @@ class Truth:
         res: Dict[str, Dict[str, float]] = {k: {} for k in ("cos", "nac", "sq", "oproj",
                                                              "resid", "worst", "ewcos",
                                                              "lpool")}
+        # output-projection gains, smallest first (wt-wo16): per (layer, q head) h with
+        # W_h = W_o's rows of head h (head_dim x n_embd): "a" ||W_h||_F^2 / head_dim (one gain),
+        # "b" diag(W_h W_h^T) (a gain per channel), "c" the Gram block W_h W_h^T (cross-head
+        # terms ignored), "d" W_o itself (cross-head terms kept)
+        wos = [m.layers[l]["wo"].astype(np.float64) for l in range(L)]
+        wh = [w.reshape(QH, d, -1) for w in wos]
+        gram = np.stack([np.einsum("hcn,hen->hce", w, w) for w in wh])  # (L, QH, d, d)
+        gdiag = np.einsum("lhcc->lhc", gram)  # (L, QH, d)
+        gscal = gdiag.mean(-1)  # (L, QH)
+        for gk in "abcd":
+            for ak in ("pcos", "prel", "pnac", "pnacl", "wcos", "prelc", "prelq"):
+                res[f"{ak}_{gk}"] = {}
         for c, j in zip(RUNS, src):
             o = outs[j]
             oh = o.reshape(L, len(ppos), QH, d)
@@ -403,6 +415,48 @@ class Truth:
             pa = (ref_h ** 2).reshape(L, -1).sum(-1)
             res["lpool"][c] = float(np.mean(np.where(
                 pa > 0, np.maximum(0.0, 1.0 - pe / np.maximum(2 * pa, 1e-30)), 1.0)))
+            oh64, rh64 = oh.astype(np.float64), ref_h.astype(np.float64)
+            for gk in "abcd":
+                if gk == "d":  # W_o with its cross-head terms: sums per (layer, probe) only
+                    yo = np.stack([o[l].astype(np.float64) @ wos[l] for l in range(L)])
+                    yr = np.stack([ref[l].astype(np.float64) @ wos[l] for l in range(L)])
+                    E, R = ((yo - yr) ** 2).sum(-1), (yr ** 2).sum(-1)
+                    X, T = (yo * yr).sum(-1), (yo ** 2).sum(-1)
+                    hR = hX = hT = None
+                else:
+                    def qf(a, b):  # a^T G b per (layer, probe, head): (L, n, QH)
+                        if gk == "a":
+                            return gscal[:, None, :] * (a * b).sum(-1)
+                        if gk == "b":
+                            return (gdiag[:, None] * a * b).sum(-1)
+                        return np.einsum("lnhc,lhce,lnhe->lnh", a, gram, b)
+                    hR, hX, hT = qf(rh64, rh64), qf(rh64, oh64), qf(oh64, oh64)
+                    hE = np.maximum(hR - 2 * hX + hT, 0.0)
+                    E, R, X, T = hE.sum(-1), hR.sum(-1), hX.sum(-1), hT.sum(-1)
+                den2 = np.sqrt(np.maximum(R, 0) * np.maximum(T, 0))
+                pc = np.where(den2 > 0, X / np.maximum(den2, 1e-300),
+                              np.where((R <= 0) & (T <= 0), 1.0, 0.0))
+                res[f"pcos_{gk}"][c] = float(pc.mean())
+                se, sr = np.sqrt(E).sum(-1), np.sqrt(R).sum(-1)
+                rl = se / np.maximum(sr, 1e-300)  # per layer: pooled relative L2
+                res[f"prel_{gk}"][c] = float(np.mean(1.0 - rl))
+                # on the cosine's scale (cos ~ 1 - rel^2 / 2 for a norm-keeping error): after
+                # the mean over layers (prelc), or per layer (prelq)
+                res[f"prelc_{gk}"][c] = float(1.0 - np.mean(rl) ** 2 / 2)
+                res[f"prelq_{gk}"][c] = float(np.mean(1.0 - rl ** 2 / 2))
+                res[f"pnac_{gk}"][c] = float(np.mean(np.where(
+                    R > 0, 1.0 - E / np.maximum(2 * R, 1e-300), 1.0)))
+                res[f"pnacl_{gk}"][c] = float(np.mean(
+                    1.0 - E.sum(-1) / np.maximum(2 * R.sum(-1), 1e-300)))
+                if hR is None:
+                    res[f"wcos_{gk}"][c] = float("nan")
+                else:  # each head's cosine weighted by its projected raw energy, per layer
+                    dh = np.sqrt(np.maximum(hR, 0) * np.maximum(hT, 0))
+                    ch = np.where(dh > 0, hX / np.maximum(dh, 1e-300),
+                                  np.where((hR <= 0) & (hT <= 0), 1.0, 0.0))
+                    res[f"wcos_{gk}"][c] = float(np.mean(
+                        (hR * ch).reshape(L, -1).sum(-1)
+                        / np.maximum(hR.reshape(L, -1).sum(-1), 1e-300)))
         return res
 
     def _llamacpp(self, tok, cut, lp_np_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl) -> None:

@@ -179,7 +179,7 @@ static void profile(const uint8_t *data, size_t size)
     refused(rc);
     return;
   }
-  if (r.n_entries > KV_PROFILE_MAX_ENTRIES || size != kv_profile_rec_size(r.n_entries))
+  if (r.n_entries > KV_PROFILE_MAX_ENTRIES || size != kv_profile_rec_size(&r))
     abort();
   uint8_t *buf = malloc(size ? size : 1), *again = malloc(size ? size : 1);
   if (buf == NULL || again == NULL)

@@ -323,7 +323,7 @@ static void catalog_seeds(void)
   pr.e[1].reported_quality = -1.0;
   uint8_t pbuf[256];
   kv_profile_rec_encode(&pr, pbuf);
-  put_file("catalog", "profile2.bin", pbuf, kv_profile_rec_size(2), NULL, 0);
+  put_file("catalog", "profile2.bin", pbuf, kv_profile_rec_size(&pr), NULL, 0);
   kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_SEALED, .owner_pid = 1234,
                    .end = 1 << 20, .live_bytes = 4096 * 9, .live_blocks = 3};
   kv_seg_rec_encode(&sr, buf);
