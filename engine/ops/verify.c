@@ -873,7 +873,7 @@ static kvdb_status pass_models(vctx *v)
       continue;
     }
     kv_calib_free(&c);
-    kv_model_gains g;
+    kv_model_gains g = {0, 0, 0, NULL};
     if (mr.gains_bytes != 0 && kv_model_gains_decode(it.val.data, it.val.size, &g) != KVDB_OK) {
       problem(v, KVDB_CORRUPT, "model '%.*s': its output gains: %s (profiles of the model fail "
                                "until kvdb_model_set_output_gains stores new ones)",

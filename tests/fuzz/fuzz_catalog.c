@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
 #include "catalog/catalog.h"
 #include "model/model.h"
 #include "kvdb.h"
@@ -38,20 +40,37 @@ static void model(const uint8_t *data, size_t size)
     refused(rc);
     return;
   }
-  if (r.calib_bytes != 0) { /* version 3: the calibration (kv_model_calib_decode) */
+  if (r.calib_bytes != 0 || r.gains_bytes != 0) { /* versions 3 and 4: the calibration
+                                                     (kv_model_calib_decode), the output gains
+                                                     (kv_model_gains_decode) */
     kv_calib c;
+    kv_model_gains g;
     rc = kv_model_calib_decode(data, size, &c);
     if (rc != KVDB_OK) {
       refused(rc);
       return;
     }
-    if (c.weight == NULL || c.n_layers != r.n_layers || c.n_heads != r.n_kv_heads ||
-        c.head_dim != r.head_dim || kv_model_rec_calib_size(&r, &c) != size)
+    rc = kv_model_gains_decode(data, size, &g);
+    if (rc != KVDB_OK) {
+      refused(rc);
+      kv_calib_free(&c);
+      return;
+    }
+    if ((r.calib_bytes != 0) != (c.weight != NULL) || (r.gains_bytes != 0) != (g.g != NULL) ||
+        (c.weight != NULL && (c.n_layers != r.n_layers || c.n_heads != r.n_kv_heads ||
+                              c.head_dim != r.head_dim)) ||
+        (g.g != NULL && (g.n_layers != r.n_layers || g.n_q_heads == 0 ||
+                         g.n_q_heads % r.n_kv_heads != 0 ||
+                         (g.channels != 1 && g.channels != r.head_dim))) ||
+        kv_model_rec_full_size(&r, &c, &g) != size)
       abort();
+    for (size_t i = 0; g.g != NULL && i < (size_t)g.n_layers * g.n_q_heads * g.channels; i++)
+      if (!(g.g[i] >= 0.0f && isfinite(g.g[i]))) /* what the profile weighs by */
+        abort();
     uint8_t *cb = malloc(size);
     if (cb == NULL)
       abort();
-    kv_model_rec_encode_calib(&r, &c, cb); /* every field survives a rewrite, bit for bit */
+    kv_model_rec_encode_full(&r, &c, &g, cb); /* every field survives a rewrite, bit for bit */
     if (memcmp(cb, data, size) != 0)
       abort();
     uint32_t heads = c.n_layers * c.n_heads;
@@ -67,6 +86,7 @@ static void model(const uint8_t *data, size_t size)
       }
     free(cb);
     kv_calib_free(&c);
+    kv_model_gains_free(&g);
     return;
   }
   uint8_t buf[64];

@@ -309,6 +309,21 @@ static void catalog_seeds(void)
     kv_model_rec_encode_calib(&cm, &c, cbuf);
     put_file("catalog", "model_calib_weights.bin", cbuf, kv_model_rec_calib_size(&cm, &c), NULL,
              0);
+    /* version 4: output gains (kvdb_model_set_output_gains), one per query head (4 per layer)
+     * without a calibration, one per channel after the calibration of both plans */
+    float gw[2 * 4 * 8];
+    for (int i = 0; i < 64; i++)
+      gw[i] = 0.125f + (float)(i % 7) * 0.5f;
+    kv_model_gains gh = {2, 4, 1, gw}, gc = {2, 4, 8, gw};
+    kv_model_rec_encode_full(&cm, NULL, &gh, cbuf);
+    put_file("catalog", "model_gains.bin", cbuf, kv_model_rec_full_size(&cm, NULL, &gh), NULL, 0);
+    c.plan[0] = p4;
+    c.plan[1] = p2;
+    cm.rope_base = 500000.0f;
+    cm.rope_style = 2;
+    kv_model_rec_encode_full(&cm, &c, &gc, cbuf);
+    put_file("catalog", "model_calib_gains.bin", cbuf, kv_model_rec_full_size(&cm, &c, &gc), NULL,
+             0);
   }
   static kv_profile_rec pr;
   pr.n_probes = 8;
@@ -324,6 +339,13 @@ static void catalog_seeds(void)
   uint8_t pbuf[256];
   kv_profile_rec_encode(&pr, pbuf);
   put_file("catalog", "profile2.bin", pbuf, kv_profile_rec_size(&pr), NULL, 0);
+  /* version 2: measured with output gains (the weighted quality, the cosine, the worst head) */
+  pr.e[1].flags = KVDB_PROFILE_WEIGHTED;
+  pr.e[1].cosine = 0.9981;
+  pr.e[1].worst_head = 0.9712;
+  pr.e[0].cosine = pr.e[0].worst_head = 1.0;
+  kv_profile_rec_encode(&pr, pbuf);
+  put_file("catalog", "profile_weighted.bin", pbuf, kv_profile_rec_size(&pr), NULL, 0);
   kv_seg_rec sr = {.tier = KVDB_TIER_SSD, .state = KV_SEG_SEALED, .owner_pid = 1234,
                    .end = 1 << 20, .live_bytes = 4096 * 9, .live_blocks = 3};
   kv_seg_rec_encode(&sr, buf);

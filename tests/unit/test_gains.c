@@ -528,9 +528,37 @@ int main(void)
   ASSERT_STATUS(KVDB_READONLY, kvdb_model_set_output_gains(db, &M, g_gain_h, QH, 1));
   ASSERT_OK(kvdb_model_output_gains(db, M.id, back, LQ, &n, &q, &ch));
   kvdb_close(db);
+  t_rmdir(dir);
+
+  /* a calibration and the gains keep each other (model record version 4 with both) */
+  dir = t_tmpdir("gains-calib");
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_model_set_output_gains(db, &M, g_gain_ch, QH, M.head_dim));
+  kvdb_kv_view cv;
+  ASSERT_OK(kvdb_kv_view_packed(&cv, kv2, &M, N, KVDB_LAYOUT_LKTHD));
+  kvdb_calib_context cc = {&cv, N, g_q, PPOS, NP};
+  kvdb_calib_opts co;
+  kvdb_calib_opts_init(&co);
+  co.flags = KVDB_CALIB_INT4;
+  co.n_q_heads = QH;
+  ASSERT_OK(kvdb_model_calibrate(db, &M, &cc, 1, &co));
+  kvdb_calib_info ci;
+  ASSERT_OK(kvdb_model_calibration(db, M.id, &ci));
+  ASSERT(ci.calibrated == 1 && ci.flags == KVDB_CALIB_INT4);
+  ASSERT_OK(kvdb_model_output_gains(db, M.id, back, LQ * 8, &n, &q, &ch));
+  ASSERT(n == LQ * 8 && ch == 8 && memcmp(back, g_gain_ch, sizeof g_gain_ch) == 0);
+  ASSERT_OK(kvdb_model_set_output_gains(db, &M, g_gain_h, QH, 1));
+  ASSERT_OK(kvdb_model_calibration(db, M.id, &ci));
+  ASSERT(ci.calibrated == 1 && ci.flags == KVDB_CALIB_INT4);
+  ASSERT_OK(kvdb_model_output_gains(db, M.id, back, LQ, &n, &q, &ch));
+  ASSERT(n == LQ && ch == 1 && memcmp(back, g_gain_h, sizeof g_gain_h) == 0);
+  ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
+  g_space = "int4"; /* a profiled int4 put of the calibrated model with gains */
+  ASSERT_OK(put_cfg(db, tok, kv, "int4", QH));
+  kvdb_close(db);
+  t_rmdir(dir);
   free(got);
   free(kv);
   free(kv2);
-  t_rmdir(dir);
   return 0;
 }
