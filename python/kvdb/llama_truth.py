@@ -210,6 +210,14 @@ class Truth:
                                      0.0 if c in NO_ROPE else hp.rope_base,
                                      "" if c in NO_ROPE else "adjacent")
                        for c in RUNS + ["profile"]}
+        # the profiling model carries SmolLM2's output gains (one per layer and query head,
+        # ||W_o,h||_F^2 / head_dim from the GGUF's attn_output): its profile's `quality` is the
+        # output-weighted quality, `cosine` the per-head cosine (KVDB_TRUTH_LLAMA_GAINS=0: none)
+        self.gains = os.environ.get("KVDB_TRUTH_LLAMA_GAINS", "1") != "0"
+        if self.gains:
+            self.db.set_output_gains(self.models["profile"], np.stack(
+                [kvdb.output_gains_from_wo(self.m.layers[l]["wo"], hp.n_head)
+                 for l in range(hp.n_layer)]))
         if CAL_N:
             t1 = time.perf_counter()
             cal = []
@@ -250,13 +258,14 @@ class Truth:
                            queries=window, probe_queries=q[ppos], probe_positions=ppos,
                            profile=True, profile_space=space, profile_heads=L * H)
         prof = {e.config: e for e in self.db.profile_get(info)}
-        quality, quality_l2 = {}, {}
+        quality, quality_l2, quality_cos = {}, {}, {}
         for c in CONFIGS[1:]:
             e = prof.get(canonical(c))
             if e is None:
                 raise RuntimeError(f"the profile has no entry for {c} ({canonical(c)}): "
                                    f"{sorted(prof)}")
             quality[c] = e.quality
+            quality_cos[c] = e.cosine
             quality_l2[c] = 1.0 - e.rel_l2
         # the configs
         bits, kept_frac = {}, {}
@@ -315,7 +324,8 @@ class Truth:
             if self.llamacpp and cut == P:
                 self._llamacpp(tok, cut, lp_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl)
         res.update(variants=variants)
-        res.update(quality=quality, quality_l2=quality_l2, bits=bits, kept=kept_frac,
+        res.update(quality=quality, quality_l2=quality_l2, quality_cos=quality_cos, bits=bits,
+                   kept=kept_frac,
                    agree={c: float(np.mean(x)) for c, x in agree.items()},
                    kl={c: float(np.mean(x)) for c, x in kl.items()},
                    agree_end={c: x[-1] for c, x in agree.items()},
@@ -345,7 +355,18 @@ class Truth:
           ewcos   per layer, the cosine weighted by each head's output energy (the larger of
                   the raw and the returned output's |o|^2), mean over layers
           lpool   per layer, 1 - the heads' pooled |o - o'|^2 / (2 pooled |o|^2), mean over
-                  layers (bench_truth.c's variants 6 and 7)"""
+                  layers (bench_truth.c's variants 6 and 7)
+        and, with W_o's gains (wt-wo16) of kind a (one per query head, ||W_o,h||_F^2 / d), b (per
+        channel, diag(W_o,h W_o,h^T)), c (the Gram block W_o,h W_o,h^T), d (W_o itself, cross-head
+        terms kept) or u (unit gains: heads pooled, no W_o), from each probe's projected error E
+        and energy R per layer (summed over its heads), X the cross term, T the test's energy:
+          pcos_*  projected cosine X / sqrt(R T), mean over layers and probes
+          prel_*  per layer 1 - sum_p sqrt(E) / sum_p sqrt(R), mean over layers (prel_d = oproj)
+          prelc_* 1 - r^2 / 2 with r the mean over layers of prel's relative L2 (the cosine's
+                  scale; prelc_a is the engine's output-weighted quality)
+          prelq_* the same transform per layer, then the mean
+          pnac_*  1 - E / (2 R) per probe and layer;  pnacl_*  per layer pooled over probes
+          wcos_*  each head's cosine weighted by its projected energy, per layer"""
         hp, m = self.hp, self.m
         L, H, d, QH = hp.n_layer, hp.n_head_kv, hp.head_dim, hp.n_head
         g = QH // H
@@ -386,7 +407,7 @@ class Truth:
         gram = np.stack([np.einsum("hcn,hen->hce", w, w) for w in wh])  # (L, QH, d, d)
         gdiag = np.einsum("lhcc->lhc", gram)  # (L, QH, d)
         gscal = gdiag.mean(-1)  # (L, QH)
-        for gk in "abcd":
+        for gk in "abcdu":
             for ak in ("pcos", "prel", "pnac", "pnacl", "wcos", "prelc", "prelq"):
                 res[f"{ak}_{gk}"] = {}
         for c, j in zip(RUNS, src):
@@ -416,7 +437,7 @@ class Truth:
             res["lpool"][c] = float(np.mean(np.where(
                 pa > 0, np.maximum(0.0, 1.0 - pe / np.maximum(2 * pa, 1e-30)), 1.0)))
             oh64, rh64 = oh.astype(np.float64), ref_h.astype(np.float64)
-            for gk in "abcd":
+            for gk in "abcdu":
                 if gk == "d":  # W_o with its cross-head terms: sums per (layer, probe) only
                     yo = np.stack([o[l].astype(np.float64) @ wos[l] for l in range(L)])
                     yr = np.stack([ref[l].astype(np.float64) @ wos[l] for l in range(L)])
@@ -427,6 +448,8 @@ class Truth:
                     def qf(a, b):  # a^T G b per (layer, probe, head): (L, n, QH)
                         if gk == "a":
                             return gscal[:, None, :] * (a * b).sum(-1)
+                        if gk == "u":  # unit gains: the heads pooled per layer, no W_o
+                            return (a * b).sum(-1)
                         if gk == "b":
                             return (gdiag[:, None] * a * b).sum(-1)
                         return np.einsum("lnhc,lhce,lnhe->lnh", a, gram, b)
@@ -525,6 +548,12 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
     mq2 = [mean("quality_l2", c) for c in ranked]
     f["smollm2_spearman_vs_model_rel_l2"] = spearman(mq2, ma)
     f["smollm2_spearman_per_context_rel_l2"] = per_context("quality_l2", False)
+    # the profile's per-head cosine mean (the quality before the output gains)
+    mqc = [mean("quality_cos", c) for c in ranked]
+    f["smollm2_spearman_vs_model_cosine"] = spearman(mqc, ma)
+    f["smollm2_spearman_per_context_cosine"] = per_context("quality_cos", False)
+    for c in ranked:
+        f[f"smollm2_{field_name(c)}_quality_cosine"] = mean("quality_cos", c)
     # the metric variants computed here (Truth._variants)
     vnames = list(per[0]["variants"]) if per else []
     for r in per:
@@ -575,7 +604,9 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
         f"{ok(sp_ctx >= T_SPEARMAN_CTX)}); after the whole stored context only: {sp_model_end:.4f}"
         f" and {sp_ctx_end:.4f}; the profile's 1 - rel L2 instead of its cosine: "
         f"{f['smollm2_spearman_vs_model_rel_l2']:.4f} and "
-        f"{f['smollm2_spearman_per_context_rel_l2']:.4f}")
+        f"{f['smollm2_spearman_per_context_rel_l2']:.4f}; the per-head cosine mean (the quality "
+        f"without output gains): {f['smollm2_spearman_vs_model_cosine']:.4f} and "
+        f"{f['smollm2_spearman_per_context_cosine']:.4f}")
     if vnames:
         log("  metric variants computed here (across configs / within a context): "
             + "; ".join(vline))
