@@ -58,7 +58,9 @@
  *    12. Quality profiles, re-encoding    kvdb_profile*, kvdb_report_quality, kvdb_recompress,
  *                                         kvdb_relocate
  *   12b. Calibration of int4 and int2    kvdb_model_calibrate, kvdb_model_calibration (a
- *                                         model's KVQuant calibration, stored with it)
+ *                                         model's KVQuant calibration, stored with it),
+ *                                         kvdb_model_set_output_gains, kvdb_model_output_gains
+ *                                         (what the profile weighs heads by)
  *    13. Top-k token scoring              kvdb_score, kvdb_score_batch, kvdb_get_head_tokens
  *    14. Keys as text                     kvdb_key_hex, kvdb_key_parse
  *    15. Prefetch, gets that stream       kvdb_prefetch*, kvdb_get_notify, kvdb_get_lend,
