@@ -578,3 +578,86 @@ def test_profile_errors_are_exceptions(db):
     db.delete(info)
     with pytest.raises(kvdb.NotFoundError):
         db.profile(M, info)
+
+
+def test_output_gains(tmp_path):
+    """DB.set_output_gains / output_gains (kvdb_model_set_output_gains): the round trip, a
+    second process, bad inputs; a profile of a model with gains reports the output-weighted
+    quality (weighted, the cosine and the worst head beside it) and matches numpy's
+    computation of it (causal attention, heads pooled per layer, 1 - r^2 / 2)."""
+    import subprocess
+    import sys
+    n, QH = 48, 4
+    rng = np.random.default_rng(41)
+    wo = [rng.standard_normal((QH * M.head_dim, 16)).astype(np.float32) * (1 + l)
+          for l in range(M.n_layers)]
+    g = np.stack([kvdb.output_gains_from_wo(w, QH) for w in wo])
+    assert g.shape == (M.n_layers, QH)
+    gc = np.stack([kvdb.output_gains_from_wo(w, QH, per_channel=True) for w in wo])
+    assert gc.shape == (M.n_layers, QH, M.head_dim) and np.allclose(gc.mean(-1), g, rtol=1e-5)
+    with pytest.raises(kvdb.InvalidError, match="wo of shape"):
+        kvdb.output_gains_from_wo(wo[0][:5], QH)
+    path = tmp_path / "db"
+    with kvdb.open(path, sync="none") as db:
+        with pytest.raises(kvdb.NotFoundError):
+            db.output_gains(M.id)
+        db.set_output_gains(M, gc)
+        assert np.array_equal(db.output_gains(M.id), gc)
+        db.set_output_gains(M, None)
+        assert db.output_gains(M.id) is None
+        bad = g.copy()
+        bad[1, 2] = np.nan
+        with pytest.raises(kvdb.InvalidError, match="finite"):
+            db.set_output_gains(M, bad)
+        with pytest.raises(kvdb.InvalidError, match="multiple"):
+            db.set_output_gains(M, g[:, :3])
+        with pytest.raises(kvdb.InvalidError, match="shape"):
+            db.set_output_gains(M, g[:1])
+        with pytest.raises(kvdb.InvalidError, match="channels"):
+            db.set_output_gains(M, gc[:, :, :3])
+        db.set_output_gains(M, g)
+        k, v = logical(n, seed=42)
+        pos = np.array([3, 10, 20, 30, 40, 47], np.uint32)
+        probes = rng.standard_normal((len(pos), M.n_layers, QH, M.head_dim)).astype(np.float32)
+        with pytest.raises(kvdb.InvalidError, match="query heads"):
+            db.put(M, toks(n), k, v, probe_queries=probes[:, :, :2], probe_positions=pos,
+                   profile=True)
+        info = db.put(M, toks(n), k, v, probe_queries=probes, probe_positions=pos,
+                      profile=True, profile_space="int8,kivi2",
+                      profile_heads=M.n_layers * M.n_kv_heads)
+        prof = {e.config: e for e in db.profile_get(info)}
+        e = prof["kivi2"]
+        assert e.weighted and e.worst_head <= e.cosine and e.quality < 1
+        # numpy: kivi2's KV as a put stores it, from a second database
+        with kvdb.open(tmp_path / "dec", sync="none") as d2:
+            d2.put(M, toks(n), k, v, config="kivi2")
+            dk, dv = np.zeros_like(k), np.zeros_like(v)
+            assert d2.get(M, toks(n), dk, dv) == n
+
+        def outs(kk, vv):
+            o = np.zeros((M.n_layers, len(pos), QH, M.head_dim))
+            for l in range(M.n_layers):
+                for qh in range(QH):
+                    h = qh // (QH // M.n_kv_heads)
+                    for i, p in enumerate(pos):
+                        s = kk[l, :p + 1, h].astype(np.float64) @ probes[i, l, qh] / np.sqrt(
+                            M.head_dim)
+                        w = np.exp(s - s.max())
+                        o[l, i, qh] = (w / w.sum()) @ vv[l, :p + 1, h].astype(np.float64)
+            return o
+        a, b = outs(k, v), outs(dk, dv)
+        e2 = (g[:, None, :] * ((a - b) ** 2).sum(-1)).sum(-1)   # (L, probes)
+        r2 = (g[:, None, :] * (a ** 2).sum(-1)).sum(-1)
+        r = np.mean(np.sqrt(e2).sum(-1) / np.sqrt(r2).sum(-1))
+        assert e.quality == pytest.approx(max(0.0, 1 - r * r / 2), abs=2e-6)
+        cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+        assert e.cosine == pytest.approx(cos.mean(), abs=2e-6)
+    # a second process reads the gains
+    code = ("import kvdb, sys, numpy as np\n"
+            f"with kvdb.open({str(path)!r}) as db:\n"
+            f"    g = db.output_gains({M.id!r})\n"
+            "    print(g.shape, float(g.sum()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split(")")[0] == f"({M.n_layers}, {QH}"
+    assert float(out.split()[-1]) == pytest.approx(float(g.sum()), rel=1e-6)
