@@ -273,7 +273,8 @@ static int load_gains(truth *t, const char *bin, const refmodel_config *cf)
   t->gacc = malloc((size_t)TR_NGAIN * 2 * L * TR_PROBES * sizeof(double));
   FILE *f = fopen(bin, "rb");
   int ok = wo && t->gain[0] && t->gain[1] && t->gain[2] && t->gacc && f &&
-           fseek(f, off, SEEK_SET) == 0 && fread(wo, sizeof(float), L * dim * dim, f) == L * dim * dim;
+           fseek(f, off, SEEK_SET) == 0 &&
+           fread(wo, sizeof(float), L * dim * dim, f) == L * dim * dim;
   if (f)
     fclose(f);
   if (!ok) {

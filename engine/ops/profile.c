@@ -13,8 +13,9 @@
  * rel_l2 the mean of the relative L2 errors. A model with output gains
  * (kvdb_model_set_output_gains) gets the output-weighted quality instead (codec.h THE
  * OUTPUT-WEIGHTED QUALITY: each probe's errors pooled over the sampled heads of its layer,
- * weighted by the gains of their query heads), flag KVDB_PROFILE_WEIGHTED. The size of the whole context in the config is its sampled sections' encoded bytes
- * scaled to all sections, laid out per block.
+ * weighted by the gains of their query heads), flag KVDB_PROFILE_WEIGHTED. The size of the
+ * whole context in the config is its sampled sections' encoded bytes scaled to all sections,
+ * laid out per block.
  * Probes are the model's queries at positions spread over the context when the caller gives
  * them (kvdb_put_opts.probe_queries: every query head of the KV head's group), else the keys
  * at KV_QUALITY_SPREAD_PROBES evenly spaced positions scaled to a query's norm
