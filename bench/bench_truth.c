@@ -44,7 +44,10 @@
  * issue 16 item 4), and at c = 448 alone ("end"). The profiled quality of each (context,
  * config) is the causal metric with the model's queries at 64 positions spread over the P
  * stored tokens — never the last 16, which SnapKV uses as its observation window to choose
- * what to keep. Then
+ * what to keep — weighed as the engine's profile weighs a model with output gains
+ * (kvdb_model_set_output_gains; compress/ codec.h THE OUTPUT-WEIGHTED QUALITY), with
+ * stories260K's gains read from the checkpoint's W_o (load_gains); the per-head cosine mean is
+ * reported beside it (`_cosine`). Then
  *   quality_spearman_vs_model     Spearman rank correlation, across configs, of the mean
  *                                 profiled quality and the mean agreement (over prefix lengths)
  *   quality_spearman_per_context  per context, across configs, Spearman of the profiled quality
