@@ -790,6 +790,16 @@ static int cmd_show(const cli *c)
         jw_null(&r.j, "rel_l2");
       else
         jw_num(&r.j, "rel_l2", e->rel_l2);
+      /* the output-weighted quality (a model with output gains) and the per-head cosine */
+      jw_bool(&r.j, "weighted", (e->flags & KVDB_PROFILE_WEIGHTED) != 0);
+      if (isnan(e->cosine))
+        jw_null(&r.j, "cosine");
+      else
+        jw_num(&r.j, "cosine", e->cosine);
+      if (isnan(e->worst_head))
+        jw_null(&r.j, "worst_head");
+      else
+        jw_num(&r.j, "worst_head", e->worst_head);
       if (e->n_reports == 0)
         jw_null(&r.j, "reported_quality");
       else
@@ -822,8 +832,14 @@ static int cmd_show(const cli *c)
     kv_line("profile", "none (kvdb_put_ex with KVDB_PUT_PROFILE, or kvdb_profile)");
     return finish(&r, EXIT_OKAY);
   }
-  kv_line("profile", "%zu configs; quality = attention-output cosine on %u probes per sampled head",
-          n_prof, prof[0].n_probes);
+  int weighted = 0;
+  for (size_t i = 0; i < n_prof; i++)
+    weighted |= (prof[i].flags & KVDB_PROFILE_WEIGHTED) != 0;
+  kv_line("profile", "%zu configs; quality = %s on %u probes per sampled head", n_prof,
+          weighted ? "the output-weighted quality (the model's output gains; --json: its "
+                     "per-head cosine)"
+                   : "attention-output cosine",
+          prof[0].n_probes);
   printf("\n  %-16s %12s %7s %9s %8s %9s\n", "CONFIG", "BYTES", "RATIO", "QUALITY", "REL L2",
          "REPORTED");
   for (size_t i = 0; i < n_prof; i++) {
