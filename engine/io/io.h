@@ -45,9 +45,14 @@ typedef struct kv_io_ops {
   kv_aio *(*aio_begin)(kv_io *io);
   int (*aio_queue)(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len, uint64_t off, int write);
   /* wait until the first n requests queued since the last reset are complete (n = SIZE_MAX:
-   * all of them, then reset the count); the first error so far, or 0 */
+   * all of them, then reset the count); the first error of those n (all: of any), or 0 */
   int (*aio_wait)(kv_io *io, kv_aio *a, size_t n);
   void (*aio_end)(kv_io *io, kv_aio *a);
+  /* optional: at most `depth` pieces of at most `chunk` bytes in flight (0: the backend's
+   * defaults), for requests queued from now on; and a poll that reaps what has completed and
+   * submits more, without waiting */
+  void (*aio_limit)(kv_io *io, kv_aio *a, unsigned depth, size_t chunk, int chained);
+  void (*aio_poll)(kv_io *io, kv_aio *a);
 } kv_io_ops;
 
 struct kv_io {
@@ -68,7 +73,8 @@ int kv_io_os_fd(kv_file *f);
  * kv_batch_wait(), which returns the first error (or 0) of everything queued since then and
  * starts the count again. kv_batch_wait_first(n) waits only for requests 0 .. n-1 (in queueing
  * order, so a reader can work on the front of a long read while the rest is in flight) and
- * returns the first error seen so far without resetting anything.
+ * returns the first error of those requests (a later request's failure is returned when it is
+ * waited for, or by kv_batch_wait) without resetting anything.
  * kv_batch_begin returns NULL only when out of memory.
  */
 typedef struct kv_batch kv_batch;
@@ -79,6 +85,14 @@ size_t kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_
 int kv_batch_wait_first(kv_io *io, kv_batch *b, size_t n);
 int kv_batch_wait(kv_io *io, kv_batch *b);
 void kv_batch_end(kv_io *io, kv_batch *b);
+/* A shallow queue: the batch keeps at most `depth` pieces of at most `chunk` bytes in flight
+ * (0, 0: the backend's defaults), the rest queued in memory and submitted as pieces complete
+ * (in kv_batch_wait*, or kv_batch_poll: reap and refill without waiting). A disk that serves
+ * the requests in flight side by side (this project's virtio disks) completes the front of a
+ * long batch late when all of it is in flight; a shallow queue keeps it busy and in order.
+ * No-ops for a backend without native batches. */
+void kv_batch_limit(kv_io *io, kv_batch *b, unsigned depth, size_t chunk, int chained);
+void kv_batch_poll(kv_io *io, kv_batch *b);
 
 /*
  * Test seam: when set (before kvdb_open), kvdb_open wraps its OS backend with this function's
