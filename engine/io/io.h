@@ -48,11 +48,6 @@ typedef struct kv_io_ops {
    * all of them, then reset the count); the first error of those n (all: of any), or 0 */
   int (*aio_wait)(kv_io *io, kv_aio *a, size_t n);
   void (*aio_end)(kv_io *io, kv_aio *a);
-  /* optional: at most `depth` pieces of at most `chunk` bytes in flight (0: the backend's
-   * defaults), for requests queued from now on; and a poll that reaps what has completed and
-   * submits more, without waiting */
-  void (*aio_limit)(kv_io *io, kv_aio *a, unsigned depth, size_t chunk, int chained);
-  void (*aio_poll)(kv_io *io, kv_aio *a);
 } kv_io_ops;
 
 struct kv_io {
@@ -85,14 +80,6 @@ size_t kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_
 int kv_batch_wait_first(kv_io *io, kv_batch *b, size_t n);
 int kv_batch_wait(kv_io *io, kv_batch *b);
 void kv_batch_end(kv_io *io, kv_batch *b);
-/* A shallow queue: the batch keeps at most `depth` pieces of at most `chunk` bytes in flight
- * (0, 0: the backend's defaults), the rest queued in memory and submitted as pieces complete
- * (in kv_batch_wait*, or kv_batch_poll: reap and refill without waiting). A disk that serves
- * the requests in flight side by side (this project's virtio disks) completes the front of a
- * long batch late when all of it is in flight; a shallow queue keeps it busy and in order.
- * No-ops for a backend without native batches. */
-void kv_batch_limit(kv_io *io, kv_batch *b, unsigned depth, size_t chunk, int chained);
-void kv_batch_poll(kv_io *io, kv_batch *b);
 
 /*
  * Test seam: when set (before kvdb_open), kvdb_open wraps its OS backend with this function's

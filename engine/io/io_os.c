@@ -250,7 +250,6 @@ typedef struct piece {
   uint64_t off;
   int write;
   uint32_t req; /* index of the request it belongs to */
-  int end;      /* chained: the last piece of its chain */
 } piece;
 
 struct kv_aio {
@@ -262,9 +261,6 @@ struct kv_aio {
   int *rerr;      /* per request: its first error, or 0 */
   size_t nreq, capreq, done; /* requests queued; requests 0..done-1 are complete */
   unsigned inflight;
-  unsigned qd;    /* pieces in flight at most (KV_IO_QD unless kv_batch_limit) */
-  unsigned chains, active; /* chained (kv_batch_limit): chains at most, chains in flight */
-  size_t chunk;   /* bytes per piece at most (KV_IO_CHUNK unless kv_batch_limit) */
   int err;
 };
 
@@ -307,46 +303,9 @@ static int aio_push(kv_aio *a, piece p)
   return 0;
 }
 
-#define KV_IO_CHAIN 16u /* pieces per chain at most */
-
-/* Chained: `chains` chains of linked pieces in flight at most, each piece started by the
- * kernel when the one before it in its chain completes (no wait on this thread). */
-static void aio_fill_chained(kv_aio *a)
-{
-  while (a->active < a->chains && a->head < a->nq) {
-    size_t n = a->nq - a->head;
-    if (n > KV_IO_CHAIN)
-      n = KV_IO_CHAIN;
-    if (n > io_uring_sq_space_left(&a->ring))
-      n = io_uring_sq_space_left(&a->ring);
-    if (n == 0)
-      break;
-    for (size_t i = 0; i < n; i++) {
-      struct io_uring_sqe *sqe = io_uring_get_sqe(&a->ring);
-      piece *p = &a->q[a->head];
-      if (p->write)
-        io_uring_prep_write(sqe, p->fd, p->buf, (unsigned)p->len, p->off);
-      else
-        io_uring_prep_read(sqe, p->fd, p->buf, (unsigned)p->len, p->off);
-      io_uring_sqe_set_data64(sqe, a->head);
-      p->end = i + 1 == n;
-      if (!p->end)
-        io_uring_sqe_set_flags(sqe, IOSQE_IO_LINK);
-      a->head++;
-      a->inflight++;
-    }
-    a->active++;
-  }
-  io_uring_submit(&a->ring);
-}
-
 static void aio_fill(kv_aio *a)
 {
-  if (a->chains != 0) {
-    aio_fill_chained(a);
-    return;
-  }
-  while (a->inflight < a->qd && a->head < a->nq) {
+  while (a->inflight < KV_IO_QD && a->head < a->nq) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&a->ring);
     if (sqe == NULL)
       break;
@@ -382,9 +341,6 @@ static kv_aio *os_aio_begin(kv_io *io)
   a->nq = a->head = 0;
   a->nreq = a->done = 0;
   a->inflight = 0;
-  a->qd = KV_IO_QD;
-  a->chunk = KV_IO_CHUNK;
-  a->chains = a->active = 0;
   a->err = 0;
   return a;
 }
@@ -400,15 +356,15 @@ static int os_aio_queue(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len,
     aio_advance(a);
     return pread_bounce(f, buf, len, off);
   }
-  uint32_t pieces = (uint32_t)(len == 0 ? 0 : (len + a->chunk - 1) / a->chunk);
+  uint32_t pieces = (uint32_t)(len == 0 ? 0 : (len + KV_IO_CHUNK - 1) / KV_IO_CHUNK);
   int rc = aio_new_req(a, pieces);
   if (rc != 0)
     return rc;
   uint32_t req = (uint32_t)(a->nreq - 1);
   uint8_t *p = buf;
   while (len > 0) {
-    size_t n = len > a->chunk ? a->chunk : len;
-    rc = aio_push(a, (piece){f->fd, p, n, off, write, req, 0});
+    size_t n = len > KV_IO_CHUNK ? KV_IO_CHUNK : len;
+    rc = aio_push(a, (piece){f->fd, p, n, off, write, req});
     if (rc != 0) {
       a->rem[req] = 0; /* what was pushed still runs; the request is reported failed */
       return rc;
@@ -427,11 +383,8 @@ static void aio_complete(kv_aio *a, uint64_t idx, int res)
 {
   piece *p = &a->q[idx];
   int finished = 1, e = 0;
-  if (p->end && a->active > 0)
-    a->active--; /* its chain is done */
   if (res < 0) {
-    /* (a chain's pieces after a failed or short one come back cancelled: read again) */
-    if (res == -EAGAIN || res == -EINTR || (res == -ECANCELED && a->chains != 0)) {
+    if (res == -EAGAIN || res == -EINTR) {
       finished = aio_push(a, a->q[idx]) != 0; /* p may move: re-read below via idx */
       if (finished)
         e = -ENOMEM;
@@ -443,7 +396,7 @@ static void aio_complete(kv_aio *a, uint64_t idx, int res)
   } else if ((size_t)res < p->len) {
     /* short transfer: queue the rest */
     piece rest = {p->fd, p->buf + res, p->len - (size_t)res, p->off + (uint64_t)res, p->write,
-                  p->req, 0};
+                  p->req};
     finished = aio_push(a, rest) != 0;
     if (finished)
       e = -ENOMEM;
@@ -501,33 +454,6 @@ static int os_aio_wait(kv_io *io, kv_aio *a, size_t n)
   return err;
 }
 
-static void os_aio_limit(kv_io *io, kv_aio *a, unsigned depth, size_t chunk, int chained)
-{
-  (void)io;
-  a->qd = depth == 0 || depth > KV_IO_QD ? KV_IO_QD : depth;
-  a->chains = chained && depth > 0 ? a->qd : 0;
-  a->chunk = chunk < KV_IO_ALIGN || chunk > KV_IO_CHUNK ? KV_IO_CHUNK
-                                                        : chunk / KV_IO_ALIGN * KV_IO_ALIGN;
-}
-
-/* Reap what has completed, without waiting, and submit what the depth now allows. */
-static void os_aio_poll(kv_io *io, kv_aio *a)
-{
-  (void)io;
-  struct io_uring_cqe *cqe;
-  int got = 0;
-  while (a->inflight > 0 && io_uring_peek_cqe(&a->ring, &cqe) == 0) {
-    uint64_t idx = io_uring_cqe_get_data64(cqe);
-    int res = cqe->res;
-    io_uring_cqe_seen(&a->ring, cqe);
-    a->inflight--;
-    aio_complete(a, idx, res);
-    got = 1;
-  }
-  if (got)
-    aio_fill(a);
-}
-
 static void os_aio_end(kv_io *io, kv_aio *a)
 {
   if (a == NULL)
@@ -551,7 +477,7 @@ static const kv_io_ops os_ops = {OS_SYNC_OPS};
 #ifdef KVDB_HAVE_URING
 static const kv_io_ops os_uring_ops = {
   OS_SYNC_OPS, .aio_begin = os_aio_begin, .aio_queue = os_aio_queue, .aio_wait = os_aio_wait,
-  .aio_end = os_aio_end, .aio_limit = os_aio_limit, .aio_poll = os_aio_poll,
+  .aio_end = os_aio_end,
 };
 #endif
 
@@ -609,7 +535,7 @@ struct kv_batch {
   kv_aio *native;
   size_t n_req;   /* requests queued since the last full wait */
   int err;        /* the first error of the earliest failed request so far, */
-  size_t err_req; /* that request (SIZE_MAX: unknown, counts for every wait) */
+  size_t err_req; /* that request (SIZE_MAX: none yet) */
 };
 
 kv_batch *kv_batch_begin(kv_io *io)
@@ -624,7 +550,7 @@ kv_batch *kv_batch_begin(kv_io *io)
   return b;
 }
 
-/* rc of request req (SIZE_MAX: of no request in particular, e.g. a wait's) */
+/* rc of request req (SIZE_MAX: of no request in particular, a full wait's: counts for all) */
 static void note(kv_batch *b, int rc, size_t req)
 {
   if (rc != 0 && (b->err == 0 || req < b->err_req)) {
@@ -669,18 +595,6 @@ int kv_batch_wait(kv_io *io, kv_batch *b)
   b->err_req = SIZE_MAX;
   b->n_req = 0;
   return err;
-}
-
-void kv_batch_limit(kv_io *io, kv_batch *b, unsigned depth, size_t chunk, int chained)
-{
-  if (b->native != NULL && io->ops->aio_limit != NULL)
-    io->ops->aio_limit(io, b->native, depth, chunk, chained);
-}
-
-void kv_batch_poll(kv_io *io, kv_batch *b)
-{
-  if (b->native != NULL && io->ops->aio_poll != NULL)
-    io->ops->aio_poll(io, b->native);
 }
 
 void kv_batch_end(kv_io *io, kv_batch *b)

@@ -191,16 +191,4 @@ kvdb_status kv_get_heads_tokens_cc(kvdb *db, const kvdb_model *m, const kvdb_key
                                    void *const *k_out, void *const *v_out,
                                    const kvdb_score_opts *opts, kvdb_fetch_stats *stats,
                                    kv_ckcache **cc);
-/* A get's read schedule (get.c "The read schedule"): bytes of read buffers in flight at most
- * (at least two blocks' worth), bytes per read request of a compressed block (its byte waves),
- * requests in flight at once, and whether they go as kernel-linked chains. Set by tests only
- * (a small budget); the defaults are get.c's KV_GET_* macros. */
-typedef struct kv_get_tuning {
-  uint64_t ahead_bytes;
-  uint64_t piece;
-  unsigned depth;
-  int chained;
-} kv_get_tuning;
-extern kv_get_tuning kv_get_tune;
-
 #endif

@@ -103,27 +103,6 @@ static void run(int use_uring)
   ASSERT_EQ(kv_batch_wait_first(io, b, 3), -EIO);
   ASSERT_EQ(kv_batch_wait(io, b), -EIO);
 
-  /* a shallow queue (depth 1 and 3, small pieces; kernel-linked chains): same bytes, the front
-   * waited for alone, then a fresh batch has the defaults again */
-  for (int mode = 0; mode < 3; mode++) {
-    kv_batch_limit(io, b, mode == 1 ? 3 : mode == 2 ? 2 : 1, 256 * 1024, mode == 2);
-    memset(dst, 0, FILE_BYTES);
-    ASSERT_EQ(kv_batch_read(io, b, f, dst, 5 * MIB, 0), 0);
-    ASSERT_EQ(kv_batch_read(io, b, f, dst + 5 * MIB, FILE_BYTES - 5 * MIB, 5 * MIB), 1);
-    ASSERT_EQ(kv_batch_wait_first(io, b, 1), 0);
-    ASSERT(check(dst, 5 * MIB, 0));
-    kv_batch_poll(io, b);
-    ASSERT_EQ(kv_batch_wait(io, b), 0);
-    ASSERT(check(dst, FILE_BYTES, 0));
-    /* a read past the end in a chain: its error, the pieces after it read again */
-    memset(dst, 0, 2 * MIB);
-    ASSERT_EQ(kv_batch_read(io, b, f, dst, MIB, FILE_BYTES - MIB / 2), 0);
-    ASSERT_EQ(kv_batch_read(io, b, f, dst + MIB, MIB, 2 * MIB), 1);
-    ASSERT_EQ(kv_batch_wait_first(io, b, 2), -EIO);
-    ASSERT(check(dst + MIB, MIB, 2 * MIB));
-    ASSERT_EQ(kv_batch_wait(io, b), -EIO);
-    kv_batch_limit(io, b, 0, 0, 0);
-  }
   kv_batch_end(io, b);
 
   io->ops->close(io, f);
