@@ -45,7 +45,7 @@ typedef struct kv_io_ops {
   kv_aio *(*aio_begin)(kv_io *io);
   int (*aio_queue)(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len, uint64_t off, int write);
   /* wait until the first n requests queued since the last reset are complete (n = SIZE_MAX:
-   * all of them, then reset the count); the first error so far, or 0 */
+   * all of them, then reset the count); the first error of those n (all: of any), or 0 */
   int (*aio_wait)(kv_io *io, kv_aio *a, size_t n);
   void (*aio_end)(kv_io *io, kv_aio *a);
 } kv_io_ops;
@@ -68,7 +68,8 @@ int kv_io_os_fd(kv_file *f);
  * kv_batch_wait(), which returns the first error (or 0) of everything queued since then and
  * starts the count again. kv_batch_wait_first(n) waits only for requests 0 .. n-1 (in queueing
  * order, so a reader can work on the front of a long read while the rest is in flight) and
- * returns the first error seen so far without resetting anything.
+ * returns the first error of those requests (a later request's failure is returned when it is
+ * waited for, or by kv_batch_wait) without resetting anything.
  * kv_batch_begin returns NULL only when out of memory.
  */
 typedef struct kv_batch kv_batch;

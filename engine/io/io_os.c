@@ -258,6 +258,7 @@ struct kv_aio {
   piece *q;       /* queued, not yet submitted or completed */
   size_t nq, capq, head;
   uint32_t *rem;  /* per request: pieces not yet complete */
+  int *rerr;      /* per request: its first error, or 0 */
   size_t nreq, capreq, done; /* requests queued; requests 0..done-1 are complete */
   unsigned inflight;
   int err;
@@ -271,8 +272,13 @@ static int aio_new_req(kv_aio *a, uint32_t pieces)
     if (n == NULL)
       return -ENOMEM;
     a->rem = n;
+    int *e = realloc(a->rerr, cap * sizeof *e);
+    if (e == NULL)
+      return -ENOMEM;
+    a->rerr = e;
     a->capreq = cap;
   }
+  a->rerr[a->nreq] = 0;
   a->rem[a->nreq++] = pieces;
   return 0;
 }
@@ -376,26 +382,29 @@ static int os_aio_queue(kv_io *io, kv_aio *a, kv_file *f, void *buf, size_t len,
 static void aio_complete(kv_aio *a, uint64_t idx, int res)
 {
   piece *p = &a->q[idx];
-  int finished = 1;
+  int finished = 1, e = 0;
   if (res < 0) {
     if (res == -EAGAIN || res == -EINTR) {
       finished = aio_push(a, a->q[idx]) != 0; /* p may move: re-read below via idx */
-      if (finished && a->err == 0)
-        a->err = -ENOMEM;
-    } else if (a->err == 0) {
-      a->err = res;
+      if (finished)
+        e = -ENOMEM;
+    } else {
+      e = res;
     }
   } else if (res == 0) {
-    if (a->err == 0)
-      a->err = -EIO;
+    e = -EIO;
   } else if ((size_t)res < p->len) {
     /* short transfer: queue the rest */
     piece rest = {p->fd, p->buf + res, p->len - (size_t)res, p->off + (uint64_t)res, p->write,
                   p->req};
     finished = aio_push(a, rest) != 0;
-    if (finished && a->err == 0)
-      a->err = -ENOMEM;
+    if (finished)
+      e = -ENOMEM;
   }
+  if (e != 0 && a->err == 0)
+    a->err = e;
+  if (e != 0 && a->rerr[a->q[idx].req] == 0)
+    a->rerr[a->q[idx].req] = e;
   if (finished) {
     uint32_t req = a->q[idx].req;
     if (a->rem[req] > 0)
@@ -429,7 +438,14 @@ static int os_aio_wait(kv_io *io, kv_aio *a, size_t n)
     a->inflight--;
     aio_complete(a, idx, res);
   }
+  /* all: the first error of any request; else the first of requests 0 .. n-1 (a later
+   * request's failure is reported when it is waited for) */
   int err = a->err;
+  if (!all && a->done >= n) {
+    err = 0;
+    for (size_t r = 0; r < n && err == 0; r++)
+      err = a->rerr[r];
+  }
   if (all) {
     a->nq = a->head = 0;
     a->nreq = a->done = 0;
@@ -504,6 +520,7 @@ void kv_io_destroy(kv_io *io)
     io_uring_queue_exit(&a->ring);
     free(a->q);
     free(a->rem);
+    free(a->rerr);
     free(a);
     a = next;
   }
@@ -516,8 +533,9 @@ void kv_io_destroy(kv_io *io)
 
 struct kv_batch {
   kv_aio *native;
-  size_t n_req; /* requests queued since the last full wait */
-  int err;
+  size_t n_req;   /* requests queued since the last full wait */
+  int err;        /* the first error of the earliest failed request so far, */
+  size_t err_req; /* that request (SIZE_MAX: none yet) */
 };
 
 kv_batch *kv_batch_begin(kv_io *io)
@@ -526,23 +544,27 @@ kv_batch *kv_batch_begin(kv_io *io)
   if (b == NULL)
     return NULL;
   b->err = 0;
+  b->err_req = SIZE_MAX;
   b->n_req = 0;
   b->native = io->ops->aio_begin != NULL ? io->ops->aio_begin(io) : NULL;
   return b;
 }
 
-static void note(kv_batch *b, int rc)
+/* rc of request req (SIZE_MAX: of no request in particular, a full wait's: counts for all) */
+static void note(kv_batch *b, int rc, size_t req)
 {
-  if (rc != 0 && b->err == 0)
+  if (rc != 0 && (b->err == 0 || req < b->err_req)) {
     b->err = rc;
+    b->err_req = req == SIZE_MAX ? 0 : req;
+  }
 }
 
 size_t kv_batch_read(kv_io *io, kv_batch *b, kv_file *f, void *buf, size_t len, uint64_t off)
 {
   if (b->native != NULL)
-    note(b, io->ops->aio_queue(io, b->native, f, buf, len, off, 0));
+    note(b, io->ops->aio_queue(io, b->native, f, buf, len, off, 0), b->n_req);
   else
-    note(b, io->ops->pread(io, f, buf, len, off));
+    note(b, io->ops->pread(io, f, buf, len, off), b->n_req);
   return b->n_req++;
 }
 
@@ -550,25 +572,27 @@ size_t kv_batch_write(kv_io *io, kv_batch *b, kv_file *f, const void *buf, size_
                       uint64_t off)
 {
   if (b->native != NULL)
-    note(b, io->ops->aio_queue(io, b->native, f, (void *)(uintptr_t)buf, len, off, 1));
+    note(b, io->ops->aio_queue(io, b->native, f, (void *)(uintptr_t)buf, len, off, 1),
+         b->n_req);
   else
-    note(b, io->ops->pwrite(io, f, buf, len, off));
+    note(b, io->ops->pwrite(io, f, buf, len, off), b->n_req);
   return b->n_req++;
 }
 
 int kv_batch_wait_first(kv_io *io, kv_batch *b, size_t n)
 {
   if (b->native != NULL && n > 0)
-    note(b, io->ops->aio_wait(io, b->native, n));
-  return b->err;
+    note(b, io->ops->aio_wait(io, b->native, n), n - 1); /* (of requests 0 .. n-1) */
+  return b->err_req < n ? b->err : 0;
 }
 
 int kv_batch_wait(kv_io *io, kv_batch *b)
 {
   if (b->native != NULL)
-    note(b, io->ops->aio_wait(io, b->native, SIZE_MAX));
+    note(b, io->ops->aio_wait(io, b->native, SIZE_MAX), SIZE_MAX);
   int err = b->err;
   b->err = 0;
+  b->err_req = SIZE_MAX;
   b->n_req = 0;
   return err;
 }

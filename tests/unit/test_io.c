@@ -90,6 +90,19 @@ static void run(int use_uring)
   ASSERT_EQ(kv_batch_read(io, b, f, dst, MIB, 4 * MIB), 0);
   ASSERT_EQ(kv_batch_wait(io, b), 0);
   ASSERT(check(dst, MIB, 4 * MIB));
+
+  /* a later request's failure is not an earlier one's: waiting for the front reports 0, the
+   * failed request's wait (and the full wait) its error */
+  memset(dst, 0, 2 * MIB);
+  ASSERT_EQ(kv_batch_read(io, b, f, dst, MIB, 0), 0);
+  ASSERT_EQ(kv_batch_read(io, b, f, dst + MIB, MIB, FILE_BYTES), 1); /* past the end */
+  ASSERT_EQ(kv_batch_read(io, b, f, dst + MIB, MIB, MIB), 2);
+  ASSERT_EQ(kv_batch_wait_first(io, b, 1), 0);
+  ASSERT(check(dst, MIB, 0));
+  ASSERT_EQ(kv_batch_wait_first(io, b, 2), -EIO);
+  ASSERT_EQ(kv_batch_wait_first(io, b, 3), -EIO);
+  ASSERT_EQ(kv_batch_wait(io, b), -EIO);
+
   kv_batch_end(io, b);
 
   io->ops->close(io, f);
