@@ -794,14 +794,19 @@ typedef struct kv_calib_head_data {
   const float *ref;          /**< kv_quality_causal_attend() over k, v: n_q x head_dim */
   unsigned metric;           /**< the loss: 0 1 - mean cosine (the causal metric); 1 the
                                   norm-aware cosine 1 - |e|^2/(2|o|^2); 2 1 - |e|^2/|o|^2 */
+  uint32_t block;            /**< the rows are coded as consecutive sections of `block` tokens
+                                  (the model's block_tokens; the last may be shorter, each K
+                                  section's RoPE from its first token, groups at most its
+                                  rows), as a put stores them; 0 = one section of n_tokens */
 } kv_calib_head_data;
 
 /** @brief Scratch kv_calib_eval() needs for h and option o (0 when invalid). */
 size_t kv_calib_eval_scratch(const kv_calib_head_data *h, const kv_calib_opt *o);
 /**
  * @brief Code h's K and V with option o (kvquant, widths per channel, K weighted by
- * h->chan_weight), decode them, and measure: *loss = 1 - the metric over h's probes, *bytes =
- * the two sections' encoded bytes. @return OK, EINVAL, ENOMEM (scratch).
+ * h->chan_weight) in sections of h->block tokens (0: one section each), decode them, and
+ * measure: *loss = 1 - the metric over h's probes, *bytes = all the sections' encoded bytes.
+ * @return OK, EINVAL, ENOMEM (scratch).
  */
 kv_codec_status kv_calib_eval(const kv_calib_head_data *h, const kv_calib_opt *o, void *scratch,
                               size_t scratch_cap, double *loss, size_t *bytes, kv_codec_err *err);
@@ -843,6 +848,10 @@ typedef struct kv_calib_input {
   float budget[KV_CALIB_N_PLANS]; /**< bits per element; 0 = the plan's bits + 0.5 */
   unsigned group;        /**< the options' group; 0 = KV_CALIB_GROUP */
   unsigned metric;       /**< kv_calib_head_data.metric */
+  uint32_t block;        /**< the model's block_tokens: every option is measured (loss and
+                              bytes) on sections of this many tokens, as a put stores them, so
+                              the plan's budget holds at this block size and the plan's groups
+                              are at most the block; 0 = each context one section */
 } kv_calib_input;
 
 /**
