@@ -453,8 +453,9 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
     if (n_opt[p] == 0)
       continue;
     float bud = in->budget[p] > 0 ? in->budget[p] : (float)PLAN_BITS[p] + 0.5f;
-    kv_calib_plan_choose(loss + at * heads, bytes + at * heads, n_opt[p], heads,
-                         bud / 8.0 * elems, choice);
+    double pb = kv_calib_plan_choose(loss + at * heads, bytes + at * heads, n_opt[p], heads,
+                                     bud / 8.0 * elems, choice);
+    out->planned[p] = (float)(8 * pb / elems);
     out->plan[p] = malloc((size_t)heads * sizeof(kv_calib_opt));
     if (out->plan[p] == NULL)
       goto fail;

@@ -734,7 +734,13 @@ kv_codec_status kv_quality_spread_probes(const kv_section_shape *k_shape, const 
  *    kv_calib_options(bits) per head, chosen by least mean quality loss (the causal metric's
  *    1 - cosine on the calibration contexts' queries) + lambda x bytes, lambda bisected so that
  *    the whole plan stays within a budget of bits per element (kv_calib_plan_choose), one plan
- *    per width (int4: bits 4, budget 4.5; int2: bits 2, budget 2.5).
+ *    per width (int4: bits 4, budget 4.5; int2: bits 2, budget 2.5). Each option is measured
+ *    on the sections a put stores (kv_calib_input.block: the model's block_tokens; a group
+ *    never spans a block, so at short blocks every group shrinks and its scales cost more),
+ *    and the engine gives the sections the budget less what its block objects add
+ *    (kv_calib_block_reserve), so that a put stores at most the budget whatever the block
+ *    size (bench/RESULTS.md, helper wt-cb16). A calibration stored before (session 28) keeps
+ *    its plan: its groups shrink to the block at each put, as they always did.
  * The coded sections record their widths and groups (FORMAT-codecs.md "kvquant with per-channel
  * widths"): decoding never needs the calibration. kv_calib_run() is the whole computation;
  * kv_calib_section_params() the parameters of one section. A writer must never calibrate on the
@@ -757,6 +763,9 @@ typedef struct kv_calib {
   kv_calib_opt *plan[KV_CALIB_N_PLANS]; /**< [heads], or NULL: no plan for that width */
   float budget[KV_CALIB_N_PLANS];       /**< bits per element each plan was chosen under */
   uint32_t n_contexts, n_probes;        /**< what it was computed from (for information) */
+  float planned[KV_CALIB_N_PLANS];      /**< kv_calib_run: bits per element of each plan's
+                                             sections on the calibration contexts (above the
+                                             budget only when no plan fits); not stored */
 } kv_calib;
 
 /** @brief Free the arrays of c (kv_calib_run's, or a decoder's) and zero it. NULL is a no-op. */

@@ -202,8 +202,15 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
     goto out;
   }
   for (int p = 0; p < KV_CALIB_N_PLANS; p++) /* the record keeps the caller's budget */
-    if (cal.plan[p] != NULL)
+    if (cal.plan[p] != NULL) {
+      if (cal.planned[p] > sec_bud[p] + 1e-4f)
+        kv_log(&db->log, 1,
+               "calibration of model '%s': no int%d plan fits %.3f bits per element at "
+               "%u-token blocks (its sections may take %.3f); the least takes %.3f",
+               m->id, p ? 2 : 4, (double)bud[p], bt, (double)sec_bud[p],
+               (double)cal.planned[p]);
       cal.budget[p] = bud[p];
+    }
   kv_txn *txn;
   if ((rc = kv_txn_begin(&db->cat, 1, &txn)) != KVDB_OK)
     goto out;

@@ -541,6 +541,27 @@ int main(void)
   kvdb_close(db);
   free(kg);
   free(exp2);
+  t_rmdir(dir);
+
+  /* blocks of 16 tokens: no plan fits 4.5 bits (every group of 16 rows pays its scales; the
+   * least option takes more), so the plan of least bytes is stored, the calibration says so in
+   * the log, and puts still read back what the codec decodes */
+  dir = t_tmpdir("calib16");
+  static const kvdb_model M16 = {"test-calib", 2, 2, 16, KVDB_F16, 16, 0, 10000.0f,
+                                 KVDB_ROPE_ADJACENT};
+  g_m = &M16;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_model_calibrate(db, &M16, cal_ctx, NCAL, &co));
+  kv_calib ref16;
+  reference_calib(db, &M16, &ref16, M16.block_tokens);
+  ASSERT(ref16.planned[0] > ref16.budget[0]); /* over: nothing fits */
+  for (uint32_t h = 0; h < M.n_layers * M.n_kv_heads; h++)
+    ASSERT(ref16.plan[0][h].kg <= 16 && ref16.plan[0][h].vg <= 16);
+  ASSERT_OK(put_cfg(db, ta, N, ka, "int4"));
+  expected(ka, N, "int4", &ref16, exp);
+  check_get(db, ta, N, exp);
+  kvdb_close(db);
+  kv_calib_free(&ref16);
 
   kv_calib_free(&ref);
   for (int c = 0; c < NCAL; c++) {
