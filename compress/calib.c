@@ -27,6 +27,9 @@ static const kv_calib_opt OPTS2[] = {
     {2, 2, 128, 0}, {3, 1, 128, 0}, {3, 2, 128, 0}, {4, 2, 128, 0}, {3, 3, 128, 0}, {4, 3, 128, 0},
     {4, 1, 0, 0},   {5, 2, 0, 0},   {2, 3, 0, 0},   {4, 4, 0, 0},   {1, 3, 0, 0}};
 
+_Static_assert(sizeof OPTS4 / sizeof OPTS4[0] <= 64 && sizeof OPTS2 / sizeof OPTS2[0] <= 64,
+               "kv_calib_run measures at most 64 options per plan");
+
 static const unsigned PLAN_BITS[KV_CALIB_N_PLANS] = {4, 2};
 
 void kv_calib_free(kv_calib *c)
@@ -90,11 +93,34 @@ void kv_calib_chan_weights(const double *acc, size_t n_acc, size_t stride, size_
 
 /* ---- one head, one option ---- */
 
+/* A head coded in sections of `blk` rows (h->block, or n_tokens when 0 or larger): the shape
+ * and parameters of a section of `rows` rows starting at token b0. */
 typedef struct eval_geom {
   kv_section_shape sh[2];
   kv_codec_params p[2];
-  size_t bound[2], ws, rows_bytes, out_bytes, causal;
+  uint32_t blk;
+  size_t bound, ws, rows_bytes, out_bytes, causal;
 } eval_geom;
+
+static void eval_section(const kv_calib_head_data *h, const kv_calib_opt *o, uint32_t b0,
+                         uint32_t rows, eval_geom *g)
+{
+  for (int kv = 0; kv < 2; kv++) {
+    g->sh[kv] = (kv_section_shape){h->dtype, kv ? KV_SECTION_V : KV_SECTION_K, rows,
+                                   h->head_dim};
+    kv_codec_params_init(&g->p[kv]);
+    g->p[kv].bits = kv ? o->vb : o->kb;
+    unsigned grp = kv ? o->vg : o->kg;
+    g->p[kv].group = grp < rows ? grp : rows;
+    g->p[kv].alloc = 1;
+  }
+  g->p[0].chan_weight = h->chan_weight;
+  if (h->rope_base != 0.0f) {
+    g->p[0].rope_base = h->rope_base;
+    g->p[0].rope_style = h->rope_style;
+    g->p[0].rope_pos0 = h->rope_pos0 + b0;
+  }
+}
 
 static int eval_setup(const kv_calib_head_data *h, const kv_calib_opt *o, eval_geom *g)
 {
@@ -105,29 +131,21 @@ static int eval_setup(const kv_calib_head_data *h, const kv_calib_opt *o, eval_g
   if (codec == NULL)
     return -1;
   memset(g, 0, sizeof *g);
-  for (int kv = 0; kv < 2; kv++) {
-    g->sh[kv] = (kv_section_shape){h->dtype, kv ? KV_SECTION_V : KV_SECTION_K, h->n_tokens,
-                                   h->head_dim};
-    kv_codec_params_init(&g->p[kv]);
-    g->p[kv].bits = kv ? o->vb : o->kb;
-    unsigned grp = kv ? o->vg : o->kg;
-    g->p[kv].group = grp < h->n_tokens ? grp : h->n_tokens;
-    g->p[kv].alloc = 1;
-  }
-  g->p[0].chan_weight = h->chan_weight;
-  if (h->rope_base != 0.0f) {
-    g->p[0].rope_base = h->rope_base;
-    g->p[0].rope_style = h->rope_style;
-    g->p[0].rope_pos0 = h->rope_pos0;
-  }
-  for (int kv = 0; kv < 2; kv++) {
-    g->bound[kv] = kv_codec_bound(codec, &g->sh[kv], &g->p[kv]);
-    size_t es = kv_codec_scratch_bytes(codec, &g->sh[kv], &g->p[kv], KV_CODEC_OP_ENCODE);
-    size_t ds = kv_codec_scratch_bytes(codec, &g->sh[kv], &g->p[kv], KV_CODEC_OP_DECODE);
-    if (g->bound[kv] == 0 || es == 0 || ds == 0)
-      return -1;
-    g->ws = es > g->ws ? es : g->ws;
-    g->ws = ds > g->ws ? ds : g->ws;
+  g->blk = h->block != 0 && h->block < h->n_tokens ? h->block : h->n_tokens;
+  /* the largest section and the trailing partial one bound the buffers */
+  uint32_t rows[2] = {g->blk, h->n_tokens % g->blk};
+  for (int r = 0; r < 2 && rows[r] != 0; r++) {
+    eval_section(h, o, 0, rows[r], g);
+    for (int kv = 0; kv < 2; kv++) {
+      size_t b = kv_codec_bound(codec, &g->sh[kv], &g->p[kv]);
+      size_t es = kv_codec_scratch_bytes(codec, &g->sh[kv], &g->p[kv], KV_CODEC_OP_ENCODE);
+      size_t ds = kv_codec_scratch_bytes(codec, &g->sh[kv], &g->p[kv], KV_CODEC_OP_DECODE);
+      if (b == 0 || es == 0 || ds == 0)
+        return -1;
+      g->bound = b > g->bound ? b : g->bound;
+      g->ws = es > g->ws ? es : g->ws;
+      g->ws = ds > g->ws ? ds : g->ws;
+    }
   }
   g->rows_bytes = (size_t)h->n_tokens * h->head_dim * kv_codec_dtype_bytes(h->dtype);
   g->out_bytes = (size_t)h->n_q * h->head_dim * sizeof(float);
@@ -145,8 +163,8 @@ size_t kv_calib_eval_scratch(const kv_calib_head_data *h, const kv_calib_opt *o)
   eval_geom g;
   if (eval_setup(h, o, &g) != 0)
     return 0;
-  return CAL_ALIGN(g.bound[0] > g.bound[1] ? g.bound[0] : g.bound[1]) +
-         2 * CAL_ALIGN(g.rows_bytes) + CAL_ALIGN(g.out_bytes) + CAL_ALIGN(g.ws) + 64;
+  return CAL_ALIGN(g.bound) + 2 * CAL_ALIGN(g.rows_bytes) + CAL_ALIGN(g.out_bytes) +
+         CAL_ALIGN(g.ws) + 64;
 }
 
 kv_codec_status kv_calib_eval(const kv_calib_head_data *h, const kv_calib_opt *o, void *scratch,
@@ -161,25 +179,32 @@ kv_codec_status kv_calib_eval(const kv_calib_head_data *h, const kv_calib_opt *o
     return KV_CODEC_FAIL(err, KV_CODEC_ENOMEM, "calibration scratch", scratch_cap, need);
   size_t cap = scratch_cap;
   uint8_t *base = kv_codec_scratch_align(scratch, &cap);
-  size_t encb = CAL_ALIGN(g.bound[0] > g.bound[1] ? g.bound[0] : g.bound[1]);
   uint8_t *enc = base;
-  uint8_t *kd = enc + encb, *vd = kd + CAL_ALIGN(g.rows_bytes);
+  uint8_t *kd = enc + CAL_ALIGN(g.bound), *vd = kd + CAL_ALIGN(g.rows_bytes);
   float *test = (float *)(void *)(vd + CAL_ALIGN(g.rows_bytes));
   uint8_t *ws = (uint8_t *)test + CAL_ALIGN(g.out_bytes);
   size_t wcap = cap - (size_t)(ws - base);
   const kv_codec *codec = kv_codec_by_id(KV_CODEC_ID_KVQUANT);
+  size_t row = (size_t)h->head_dim * kv_codec_dtype_bytes(h->dtype);
   *bytes = 0;
-  for (int kv = 0; kv < 2; kv++) {
-    size_t el = 0;
-    kv_codec_status st = kv_codec_encode(codec, &g.sh[kv], kv ? h->v : h->k, g.rows_bytes,
-                                         &g.p[kv], ws, wcap, enc, g.bound[kv], &el, err);
-    if (st != KV_CODEC_OK)
-      return st;
-    kv_section_info info;
-    st = kv_section_decode(enc, el, ws, wcap, kv ? vd : kd, g.rows_bytes, &info, err);
-    if (st != KV_CODEC_OK)
-      return st;
-    *bytes += el;
+  for (uint32_t b0 = 0; b0 < h->n_tokens; b0 += g.blk) { /* the sections a put stores */
+    uint32_t rows = h->n_tokens - b0 < g.blk ? h->n_tokens - b0 : g.blk;
+    eval_section(h, o, b0, rows, &g);
+    size_t sec = (size_t)rows * row;
+    for (int kv = 0; kv < 2; kv++) {
+      size_t el = 0;
+      const uint8_t *src = (const uint8_t *)(kv ? h->v : h->k) + (size_t)b0 * row;
+      kv_codec_status st = kv_codec_encode(codec, &g.sh[kv], src, sec, &g.p[kv], ws, wcap, enc,
+                                           g.bound, &el, err);
+      if (st != KV_CODEC_OK)
+        return st;
+      kv_section_info info;
+      st = kv_section_decode(enc, el, ws, wcap, (kv ? vd : kd) + (size_t)b0 * row, sec, &info,
+                             err);
+      if (st != KV_CODEC_OK)
+        return st;
+      *bytes += el;
+    }
   }
   kv_codec_status st =
       kv_quality_causal_attend(h->dtype, h->n_tokens, h->head_dim, kd, vd, NULL, h->q, h->q_pos,
@@ -282,7 +307,7 @@ static int input_ok(const kv_calib_input *in)
       in->n_q_heads % in->n_heads != 0 || in->n_contexts == 0 || in->n_tokens == NULL ||
       in->q == NULL || in->q_pos == NULL || in->n_q == NULL || in->head == NULL ||
       kv_codec_dtype_bytes(in->dtype) == 0 || (in->plans & ~3u) != 0 || in->group > 4096 ||
-      in->metric > 2)
+      in->metric > 2 || in->block > (1u << 20))
     return 0;
   if (in->rope_base != 0.0f &&
       ((in->rope_style != KV_ROPE_ADJACENT && in->rope_style != KV_ROPE_HALF) ||
@@ -329,6 +354,8 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
   uint8_t *choice = malloc(heads);
   void *ws = NULL;
   size_t ws_cap = 0;
+  kv_calib_opt done[64]; /* one plan's options as measured on the head at hand */
+  double dl[64], db[64];
   out->weight = malloc((size_t)heads * d * sizeof(float));
   if (!q2 || !loss || !bytes || !k || !pq || !ppos || !choice || !out->weight)
     goto fail;
@@ -361,7 +388,8 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
         }
       kv_calib_head_data hd = {in->dtype, n, d, k, v, in->rope_base,
                                in->rope_base != 0.0f ? in->rope_style : 0, 0,
-                               out->weight + (size_t)hh * d, pq, ppos, nq, ref, in->metric};
+                               out->weight + (size_t)hh * d, pq, ppos, nq, ref, in->metric,
+                               in->block};
       size_t cs = kv_quality_causal_scratch_bytes(n, d);
       size_t at = 0;
       for (int p = 0; p < KV_CALIB_N_PLANS; p++)
@@ -369,6 +397,24 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
           kv_calib_opt op = opts[p][o];
           op.kg = op.kg ? op.kg : (uint16_t)group;
           op.vg = op.vg ? op.vg : (uint16_t)group;
+          if (in->block != 0) { /* a group never spans a block */
+            op.kg = op.kg < in->block ? op.kg : (uint16_t)in->block;
+            op.vg = op.vg < in->block ? op.vg : (uint16_t)in->block;
+          }
+          size_t same = o; /* an earlier option that codes the same at this block size */
+          for (size_t j = 0; j < o && same == o; j++)
+            if (done[j].kb == op.kb && done[j].vb == op.vb && done[j].kg == op.kg &&
+                done[j].vg == op.vg)
+              same = j;
+          done[o] = op;
+          if (same != o) {
+            loss[at * heads + hh] += dl[same] / in->n_contexts;
+            bytes[at * heads + hh] += db[same];
+            dl[o] = dl[same];
+            db[o] = db[same];
+            at++;
+            continue;
+          }
           size_t need = kv_calib_eval_scratch(&hd, &op);
           need = need > cs ? need : cs;
           if (need == 0) {
@@ -391,6 +437,8 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
             goto fail;
           loss[(at)*heads + hh] += ls / in->n_contexts;
           bytes[(at)*heads + hh] += (double)b;
+          dl[o] = ls;
+          db[o] = (double)b;
           at++;
         }
       out->n_probes += nq;
@@ -405,15 +453,20 @@ kv_codec_status kv_calib_run(const kv_calib_input *in, kv_calib *out, kv_codec_e
     if (n_opt[p] == 0)
       continue;
     float bud = in->budget[p] > 0 ? in->budget[p] : (float)PLAN_BITS[p] + 0.5f;
-    kv_calib_plan_choose(loss + at * heads, bytes + at * heads, n_opt[p], heads,
-                         bud / 8.0 * elems, choice);
+    double pb = kv_calib_plan_choose(loss + at * heads, bytes + at * heads, n_opt[p], heads,
+                                     bud / 8.0 * elems, choice);
+    out->planned[p] = (float)(8 * pb / elems);
     out->plan[p] = malloc((size_t)heads * sizeof(kv_calib_opt));
     if (out->plan[p] == NULL)
       goto fail;
-    for (uint32_t hh = 0; hh < heads; hh++) {
+    for (uint32_t hh = 0; hh < heads; hh++) { /* groups as a put stores them */
       kv_calib_opt op = opts[p][choice[hh]];
       op.kg = op.kg ? op.kg : (uint16_t)group;
       op.vg = op.vg ? op.vg : (uint16_t)group;
+      if (in->block != 0) {
+        op.kg = op.kg < in->block ? op.kg : (uint16_t)in->block;
+        op.vg = op.vg < in->block ? op.vg : (uint16_t)in->block;
+      }
       out->plan[p][hh] = op;
     }
     out->budget[p] = bud;

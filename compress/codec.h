@@ -766,7 +766,13 @@ double kv_quality_gain_finish(const double *e, const double *r, uint32_t n_layer
  *    kv_calib_options(bits) per head, chosen by least mean quality loss (the causal metric's
  *    1 - cosine on the calibration contexts' queries) + lambda x bytes, lambda bisected so that
  *    the whole plan stays within a budget of bits per element (kv_calib_plan_choose), one plan
- *    per width (int4: bits 4, budget 4.5; int2: bits 2, budget 2.5).
+ *    per width (int4: bits 4, budget 4.5; int2: bits 2, budget 2.5). Each option is measured
+ *    on the sections a put stores (kv_calib_input.block: the model's block_tokens; a group
+ *    never spans a block, so at short blocks every group shrinks and its scales cost more),
+ *    and the engine gives the sections the budget less what its block objects add
+ *    (kv_calib_block_reserve), so that a put stores at most the budget whatever the block
+ *    size (bench/RESULTS.md, helper wt-cb16). A calibration stored before (session 28) keeps
+ *    its plan: its groups shrink to the block at each put, as they always did.
  * The coded sections record their widths and groups (FORMAT-codecs.md "kvquant with per-channel
  * widths"): decoding never needs the calibration. kv_calib_run() is the whole computation;
  * kv_calib_section_params() the parameters of one section. A writer must never calibrate on the
@@ -789,6 +795,9 @@ typedef struct kv_calib {
   kv_calib_opt *plan[KV_CALIB_N_PLANS]; /**< [heads], or NULL: no plan for that width */
   float budget[KV_CALIB_N_PLANS];       /**< bits per element each plan was chosen under */
   uint32_t n_contexts, n_probes;        /**< what it was computed from (for information) */
+  float planned[KV_CALIB_N_PLANS];      /**< kv_calib_run: bits per element of each plan's
+                                             sections on the calibration contexts (above the
+                                             budget only when no plan fits); not stored */
 } kv_calib;
 
 /** @brief Free the arrays of c (kv_calib_run's, or a decoder's) and zero it. NULL is a no-op. */
@@ -826,14 +835,19 @@ typedef struct kv_calib_head_data {
   const float *ref;          /**< kv_quality_causal_attend() over k, v: n_q x head_dim */
   unsigned metric;           /**< the loss: 0 1 - mean cosine (the causal metric); 1 the
                                   norm-aware cosine 1 - |e|^2/(2|o|^2); 2 1 - |e|^2/|o|^2 */
+  uint32_t block;            /**< the rows are coded as consecutive sections of `block` tokens
+                                  (the model's block_tokens; the last may be shorter, each K
+                                  section's RoPE from its first token, groups at most its
+                                  rows), as a put stores them; 0 = one section of n_tokens */
 } kv_calib_head_data;
 
 /** @brief Scratch kv_calib_eval() needs for h and option o (0 when invalid). */
 size_t kv_calib_eval_scratch(const kv_calib_head_data *h, const kv_calib_opt *o);
 /**
  * @brief Code h's K and V with option o (kvquant, widths per channel, K weighted by
- * h->chan_weight), decode them, and measure: *loss = 1 - the metric over h's probes, *bytes =
- * the two sections' encoded bytes. @return OK, EINVAL, ENOMEM (scratch).
+ * h->chan_weight) in sections of h->block tokens (0: one section each), decode them, and
+ * measure: *loss = 1 - the metric over h's probes, *bytes = all the sections' encoded bytes.
+ * @return OK, EINVAL, ENOMEM (scratch).
  */
 kv_codec_status kv_calib_eval(const kv_calib_head_data *h, const kv_calib_opt *o, void *scratch,
                               size_t scratch_cap, double *loss, size_t *bytes, kv_codec_err *err);
@@ -875,6 +889,10 @@ typedef struct kv_calib_input {
   float budget[KV_CALIB_N_PLANS]; /**< bits per element; 0 = the plan's bits + 0.5 */
   unsigned group;        /**< the options' group; 0 = KV_CALIB_GROUP */
   unsigned metric;       /**< kv_calib_head_data.metric */
+  uint32_t block;        /**< the model's block_tokens: every option is measured (loss and
+                              bytes) on sections of this many tokens, as a put stores them, so
+                              the plan's budget holds at this block size and the plan's groups
+                              are at most the block; 0 = each context one section */
 } kv_calib_input;
 
 /**

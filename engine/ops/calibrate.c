@@ -113,6 +113,32 @@ static kvdb_status check_inputs(const kvdb_model *m, const kvdb_calib_context *c
   return KVDB_OK;
 }
 
+double kv_calib_block_reserve(const kvdb *db, const kvdb_model *m, uint32_t bt, const uint32_t *nt,
+                            size_t n, double bits)
+{
+  int cpack = m->score_bits == 0 && db->opt.packed_block_bytes != 1;
+  uint64_t pack_max = db->opt.packed_block_bytes > 1 ? db->opt.packed_block_bytes
+                                                     : KV_PACK_MAX_DEFAULT;
+  double over = 0, elems = 0;
+  for (size_t c = 0; c < n; c++)
+    for (uint32_t b0 = 0; b0 < nt[c]; b0 += bt) {
+      uint32_t rows = nt[c] - b0 < bt ? nt[c] - b0 : bt;
+      kv_block_geom g;
+      if (kv_block_geom_init(&g, m->n_layers, m->n_kv_heads, m->head_dim, m->dtype, bt, rows) !=
+          KVDB_OK)
+        return 0;
+      double el = 2.0 * rows * m->head_dim * m->n_layers * m->n_kv_heads;
+      uint64_t sec = (uint64_t)ceil(bits / 8 * el);
+      kv_cblock_layout l;
+      kv_cblock_layout_init_packed(&g, sec, &l);
+      if (!cpack || l.total_bytes > pack_max)
+        kv_cblock_layout_init(&g, sec, &l);
+      over += (double)(l.total_bytes - sec);
+      elems += el;
+    }
+  return elems > 0 ? 8 * over / elems : 0;
+}
+
 kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib_context *cx,
                                  size_t n, const kvdb_calib_opts *opts)
 {
@@ -149,6 +175,14 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
     qp[i] = cx[i].positions;
   }
   gather_ctx g = {m, cx, (uint32_t)kv_codec_dtype_bytes((kv_codec_dtype)m->dtype)};
+  /* each plan's budget (0: its bits + 0.5), and what its sections may take of it */
+  float bud[KV_CALIB_N_PLANS] = {opts->int4_bits > 0 ? opts->int4_bits : 4.5f,
+                                 opts->int2_bits > 0 ? opts->int2_bits : 2.5f};
+  float sec_bud[KV_CALIB_N_PLANS];
+  for (int p = 0; p < KV_CALIB_N_PLANS; p++) {
+    double r = kv_calib_block_reserve(db, m, bt, nt, n, bud[p]);
+    sec_bud[p] = bud[p] - (float)r > 0.5f ? bud[p] - (float)r : 0.5f;
+  }
   kv_calib_input in = {
       .n_layers = m->n_layers, .n_heads = m->n_kv_heads, .head_dim = m->head_dim,
       .n_q_heads = opts->n_q_heads, .dtype = (kv_codec_dtype)m->dtype,
@@ -159,13 +193,25 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
       .n_contexts = (uint32_t)n, .n_tokens = nt, .q = q, .q_pos = qp, .n_q = nq,
       .head = gather_head, .user = &g,
       .plans = ((opts->flags & KVDB_CALIB_INT4) ? 1u : 0) | ((opts->flags & KVDB_CALIB_INT2) ? 2u : 0),
-      .budget = {opts->int4_bits, opts->int2_bits}};
+      .budget = {sec_bud[0], sec_bud[1]},
+      /* the plan within its budget at the sections a put of this model stores */
+      .block = bt};
   kv_codec_err err;
   kv_codec_status st = kv_calib_run(&in, &cal, &err);
   if (st != KV_CODEC_OK) {
     rc = kv_codec_fail(st, &err, "calibration");
     goto out;
   }
+  for (int p = 0; p < KV_CALIB_N_PLANS; p++) /* the record keeps the caller's budget */
+    if (cal.plan[p] != NULL) {
+      if (cal.planned[p] > sec_bud[p] + 1e-4f)
+        kv_log(&db->log, 1,
+               "calibration of model '%s': no int%d plan fits %.3f bits per element at "
+               "%u-token blocks (its sections may take %.3f); the least takes %.3f",
+               m->id, p ? 2 : 4, (double)bud[p], bt, (double)sec_bud[p],
+               (double)cal.planned[p]);
+      cal.budget[p] = bud[p];
+    }
   kv_txn *txn;
   if ((rc = kv_txn_begin(&db->cat, 1, &txn)) != KVDB_OK)
     goto out;

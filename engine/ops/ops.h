@@ -38,6 +38,15 @@ int kv_calib_bits_of(const kvdb_config *c);
 kvdb_status kv_model_gains_load(kvdb *db, const kvdb_model *m, kv_model_gains *out);
 kvdb_status kv_model_calib_load(kvdb *db, const kvdb_model *m, const kvdb_config *c,
                                 kv_calib *out);
+/* The bits per element a put of m stores beyond its coded sections, over blocks of bt tokens
+ * cut from contexts of nt[0..n) tokens whose sections take `bits` per element: each object's
+ * header, token ids, section table, checksums and alignment (FORMAT.md §3; the layout put.c
+ * chooses: packed when the model keeps no score copies and the object is at most
+ * options.packed_block_bytes, else whole pages; score copies are not counted).
+ * kvdb_model_calibrate gives a plan's sections its budget less this, so that what a put of a
+ * context shaped like the calibration contexts stores stays within the budget. */
+double kv_calib_block_reserve(const kvdb *db, const kvdb_model *m, uint32_t bt,
+                              const uint32_t *nt, size_t n, double bits);
 
 /* ---- put.c ---- */
 

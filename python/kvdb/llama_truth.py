@@ -323,7 +323,7 @@ class Truth:
                 kl[c].append(float(np.mean(np.sum(pr * (lp_raw - lp), -1))))
             if self.llamacpp and cut == P:
                 self._llamacpp(tok, cut, lp_raw, ll_agree, ll_kl, np_ll_agree, np_ll_kl)
-        res.update(variants=variants)
+        res.update(variants=variants, head_cos=dict(self._head_cos))
         res.update(quality=quality, quality_l2=quality_l2, quality_cos=quality_cos, bits=bits,
                    kept=kept_frac,
                    agree={c: float(np.mean(x)) for c, x in agree.items()},
@@ -371,6 +371,7 @@ class Truth:
         L, H, d, QH = hp.n_layer, hp.n_head_kv, hp.head_dim, hp.n_head
         g = QH // H
         P = kbs[0].shape[1]
+        self._head_cos: Dict[str, np.ndarray] = {}
         causal = np.arange(P)[None, :] <= ppos.astype(np.int64)[:, None]  # (n_probes, P)
         scale = np.float32(1.0 / np.sqrt(d))
         outs = []  # per unique config: (L, n_probes, QH * d)
@@ -428,6 +429,8 @@ class Truth:
             res["worst"][c] = float(1.0 - rel.max())
             res["resid"][c] = float(1.0 - np.mean(e / np.maximum(xn, 1e-30)))
             cs = np.where(den > 0, num / np.maximum(den, 1e-30), np.where(both0, 1.0, 0.0))
+            if c.startswith("int4"):  # the int4 rows' cosine per (layer, KV head): worst head
+                self._head_cos[c] = cs.reshape(L, len(ppos), H, g).mean(axis=(1, 3))
             w = np.maximum((oh ** 2).sum(-1), (ref_h ** 2).sum(-1))  # (L, n, QH)
             wl = w.reshape(L, -1).sum(-1)
             res["ewcos"][c] = float(np.mean(np.where(
@@ -590,6 +593,15 @@ def run(quick: bool, dirpath: Path, n_ctx: Optional[int] = None, llamacpp: bool 
         f[f"smollm2_{fn}_kl_end"] = mean("kl_end", c)
         f[f"smollm2_{fn}_bits_per_element"] = mean("bits", c)
         f[f"smollm2_{fn}_kept"] = mean("kept", c)
+        if per and c in per[0]["head_cos"]:  # the causal cosine per (layer, KV head)
+            hc = np.mean([r["head_cos"][c] for r in per], 0)
+            wl, wh = np.unravel_index(int(np.argmin(hc)), hc.shape)
+            f[f"smollm2_{fn}_quality_worst_head"] = float(hc.min())
+            f[f"smollm2_{fn}_quality_worst_ctx_head"] = float(min(r["head_cos"][c].min()
+                                                                  for r in per))
+            log(f"    {c}: causal cosine {float(hc.mean()):.5f}, worst head {float(hc.min()):.5f} "
+                f"(layer {wl}, KV head {wh}), worst (context, head) "
+                f"{f[f'smollm2_{fn}_quality_worst_ctx_head']:.5f}")
         if c in ranked:
             f[f"smollm2_{fn}_quality"] = q
         if per and c in per[0]["ll_agree"]:

@@ -15,6 +15,7 @@
 
 #include "catalog/catalog_int.h" /* white-box: damage the model record through LMDB */
 #include "codec.h"
+#include "ops/ops_int.h" /* kv_calib_block_reserve */
 
 /* 2 full blocks of 64 tokens and a partial one of 32 per context; K before RoPE */
 static const kvdb_model M = {"test-calib", 2, 2, 16, KVDB_F16, 64, 0, 10000.0f,
@@ -110,7 +111,7 @@ static int cal_head(void *user, uint32_t c, uint32_t l, uint32_t h, void *k, voi
   return 0;
 }
 
-static void reference_calib(kv_calib *out)
+static void reference_calib(kvdb *db, const kvdb_model *m, kv_calib *out, uint32_t block)
 {
   uint32_t nt[NCAL], nq[NCAL];
   const float *q[NCAL];
@@ -123,7 +124,12 @@ static void reference_calib(kv_calib *out)
   kv_calib_input in = {.n_layers = M.n_layers, .n_heads = M.n_kv_heads, .head_dim = M.head_dim,
                        .n_q_heads = QH, .dtype = KV_CODEC_F16, .rope_base = M.rope_base,
                        .rope_style = KV_ROPE_ADJACENT, .n_contexts = NCAL, .n_tokens = nt,
-                       .q = q, .q_pos = qp, .n_q = nq, .head = cal_head, .plans = 3};
+                       .q = q, .q_pos = qp, .n_q = nq, .head = cal_head, .plans = 3,
+                       .block = block};
+  for (int p = 0; p < KV_CALIB_N_PLANS; p++) /* the sections' share of the default budgets */
+    if (block != 0)
+      in.budget[p] = (p ? 2.5f : 4.5f) -
+                     (float)kv_calib_block_reserve(db, m, block, nt, NCAL, p ? 2.5 : 4.5);
   ASSERT(kv_calib_run(&in, out, NULL) == KV_CODEC_OK);
   ASSERT(out->plan[0] != NULL && out->plan[1] != NULL);
 }
@@ -131,9 +137,12 @@ static void reference_calib(kv_calib *out)
 /* What a get of src (n tokens) stored with cfg returns: each section coded with the engine's
  * parameters (kvquant, groups of min(128, block), K before RoPE from the block's first token),
  * then the calibration's (cal NULL: none). */
+static size_t g_sec_bytes; /* the coded sections' bytes of the last expected() */
+
 static void expected(const uint16_t *src, size_t n, const char *cfg, const kv_calib *cal,
                      uint16_t *exp)
 {
+  g_sec_bytes = 0;
   kvdb_config cf;
   ASSERT_OK(kvdb_config_parse(cfg, &cf));
   const kv_codec *c = kv_codec_by_id(KV_CODEC_ID_KVQUANT);
@@ -167,6 +176,7 @@ static void expected(const uint16_t *src, size_t n, const char *cfg, const kv_ca
           ASSERT(kv_section_decode(enc, out, scratch, sizeof scratch, dec, sizeof dec, &info,
                                    NULL) == KV_CODEC_OK);
           ASSERT_EQ(info.params.alloc, cal != NULL);
+          g_sec_bytes += out;
           for (uint32_t t = 0; t < nt; t++)
             memcpy(exp + at(l, kv, b0 + t, h, 0, n), dec + t * M.head_dim, M.head_dim * 2);
         }
@@ -294,6 +304,49 @@ static void test_bad_inputs(kvdb *db)
   (void)wrong;
 }
 
+/* Blocks smaller than the options' groups (64 tokens here, groups of 128 and 256): the plan is
+ * chosen on the sections a put stores, so a calibrated put of a context shaped like the
+ * calibration contexts (two full blocks) stores at most the budget in its coded sections, and
+ * the plan's groups are at most the block. The plan chosen on whole contexts (block 0: before
+ * session 29) is measured beside it. */
+static void test_block_budget(kvdb *db, const kv_calib *ref)
+{
+  uint32_t heads = M.n_layers * M.n_kv_heads;
+  for (int p = 0; p < KV_CALIB_N_PLANS; p++)
+    for (uint32_t h = 0; h < heads; h++)
+      ASSERT(ref->plan[p][h].kg <= M.block_tokens && ref->plan[p][h].vg <= M.block_tokens);
+  kv_calib whole;
+  reference_calib(db, &M, &whole, 0);
+  size_t tb = kvdb_model_token_bytes(&M);
+  double elems = (double)NCT * M.n_layers * M.n_kv_heads * 2 * M.head_dim;
+  uint16_t *src = make_kv(NCT, 21), *exp = malloc(NCT * tb);
+  uint32_t tok[NCT];
+  ASSERT(exp != NULL);
+  static const char *cfgs[2] = {"int4", "int2"};
+  for (int p = 0; p < KV_CALIB_N_PLANS; p++) {
+    expected(src, NCT, cfgs[p], &whole, exp);
+    double whole_bits = 8.0 * (double)g_sec_bytes / elems;
+    tokens(tok, NCT, 30 + (uint64_t)p);
+    ASSERT_OK(put_cfg(db, tok, NCT, src, cfgs[p]));
+    expected(src, NCT, cfgs[p], ref, exp);
+    check_get(db, tok, NCT, exp); /* the round trip equals the codec's */
+    double bits = 8.0 * (double)g_sec_bytes / elems;
+    kvdb_key hs[2];
+    ASSERT_OK(kvdb_chain_hashes(&M, tok, NCT, hs, 2));
+    kvdb_context_info ci;
+    ASSERT_OK(kvdb_context_stat(db, &hs[1], &ci));
+    printf("calib: %s at %u-token blocks: sections %.4f bits per element (their budget %.4f; the "
+           "plan of whole contexts %.4f), stored %.4f\n",
+           cfgs[p], M.block_tokens, bits, (double)ref->budget[p], whole_bits,
+           8.0 * (double)ci.bytes / elems);
+    ASSERT(bits <= ref->budget[p]);
+    ASSERT(8.0 * (double)ci.bytes / elems <= 4.5 - 2.0 * p); /* what the put stores */
+  }
+  kv_calib_free(&whole);
+  free(src);
+  free(exp);
+}
+
 static void damage_calibration(const char *dir)
 {
   kv_catalog c;
@@ -352,7 +405,8 @@ int main(void)
   ASSERT(ci.n_contexts == NCAL && ci.int4_bits == 4.5f && ci.int2_bits == 2.5f);
   ASSERT(ci.int4_planned_bits >= 2.0f && ci.int4_planned_bits <= 7.0f);
   kv_calib ref;
-  reference_calib(&ref);
+  reference_calib(db, &M, &ref, M.block_tokens);
+  test_block_budget(db, &ref);
 
   /* the context stored before reads back bit for bit */
   check_get(db, ta, N, exp_a);
@@ -469,21 +523,45 @@ int main(void)
   tokens(tg, N2, 7);
   uint16_t *kg = make_kv(N2, 17), *exp2 = malloc(N2 * tb);
   ASSERT(kg != NULL && exp2 != NULL);
+  kv_calib ref256;
+  reference_calib(db, &M256, &ref256, M256.block_tokens);
   int big = 0;
   for (uint32_t h = 0; h < M.n_layers * M.n_kv_heads; h++)
-    big |= ref.plan[0][h].kg > 128 || ref.plan[0][h].vg > 128;
+    big |= ref256.plan[0][h].kg > 128 || ref256.plan[0][h].vg > 128;
   ASSERT(big); /* some head's group is 256 */
   ASSERT_OK(put_cfg(db, tg, N2, kg, "int4"));
-  expected(kg, N2, "int4", &ref, exp2);
+  expected(kg, N2, "int4", &ref256, exp2);
   check_get(db, tg, N2, exp2);
   tokens(tg, N2, 8);
   ASSERT_OK(put_cfg(db, tg, N2, kg, "int2"));
-  expected(kg, N2, "int2", &ref, exp2);
+  expected(kg, N2, "int2", &ref256, exp2);
   check_get(db, tg, N2, exp2);
+  kv_calib_free(&ref256);
   ASSERT_OK(kvdb_verify(db, NULL, NULL, NULL, NULL));
   kvdb_close(db);
   free(kg);
   free(exp2);
+  t_rmdir(dir);
+
+  /* blocks of 16 tokens: no plan fits 4.5 bits (every group of 16 rows pays its scales; the
+   * least option takes more), so the plan of least bytes is stored, the calibration says so in
+   * the log, and puts still read back what the codec decodes */
+  dir = t_tmpdir("calib16");
+  static const kvdb_model M16 = {"test-calib", 2, 2, 16, KVDB_F16, 16, 0, 10000.0f,
+                                 KVDB_ROPE_ADJACENT};
+  g_m = &M16;
+  ASSERT_OK(kvdb_open(dir, &o, &db));
+  ASSERT_OK(kvdb_model_calibrate(db, &M16, cal_ctx, NCAL, &co));
+  kv_calib ref16;
+  reference_calib(db, &M16, &ref16, M16.block_tokens);
+  ASSERT(ref16.planned[0] > ref16.budget[0]); /* over: nothing fits */
+  for (uint32_t h = 0; h < M.n_layers * M.n_kv_heads; h++)
+    ASSERT(ref16.plan[0][h].kg <= 16 && ref16.plan[0][h].vg <= 16);
+  ASSERT_OK(put_cfg(db, ta, N, ka, "int4"));
+  expected(ka, N, "int4", &ref16, exp);
+  check_get(db, ta, N, exp);
+  kvdb_close(db);
+  kv_calib_free(&ref16);
 
   kv_calib_free(&ref);
   for (int c = 0; c < NCAL; c++) {
