@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * engine/ops/base.c — what the operations share (ops_int.h, and ops.h for the floors above):
- * model ids and records (kv_model_id_check, kv_model_known, kv_model_by_hash), a context's record and blocks as a read
+ * model ids and records (kv_model_id_check, kv_model_known, kv_model_rec_of, kv_model_rec_load,
+ * kv_model_by_hash), a context's record and blocks as a read
  * finds them (kv_ctx_of_model, kv_ctx_block), and the snapshot-and-retry loop of the reads
  * (kv_read_begin, kv_read_again, kv_gen_moved).
  */
@@ -33,6 +34,29 @@ kvdb_status kv_model_known(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t 
                    mr.score_bits, m->n_layers, m->n_kv_heads, m->head_dim, (unsigned)m->dtype, bt,
                    m->score_bits);
   return KVDB_OK;
+}
+
+void kv_model_rec_of(const kvdb_model *m, uint32_t bt, const uint8_t mh[16], kv_model_rec *mr)
+{
+  *mr = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
+                       .head_dim = m->head_dim, .dtype = (uint32_t)m->dtype, .block_tokens = bt,
+                       .score_bits = m->score_bits, .rope_base = m->rope_base,
+                       .rope_style = m->rope_style};
+  memcpy(mr->hash, mh, 16);
+}
+
+kvdb_status kv_model_rec_load(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
+                              const uint8_t mh[16], kv_model_rec *mr, int *stored)
+{
+  kvdb_status rc = kv_model_known(db, txn, m, bt, mh);
+  if (rc == KVDB_OK) /* the stored record's fields (its RoPE, its parts' sizes) */
+    rc = kv_cat_get_model(&db->cat, txn, m->id, mr);
+  *stored = rc == KVDB_OK;
+  if (rc == KVDB_NOTFOUND) {
+    kv_model_rec_of(m, bt, mh, mr);
+    rc = KVDB_OK;
+  }
+  return rc;
 }
 
 kvdb_status kv_model_by_hash(kvdb *db, kv_txn *txn, const uint8_t mh[16], char id[64],

@@ -218,22 +218,14 @@ kvdb_status kvdb_model_calibrate(kvdb *db, const kvdb_model *m, const kvdb_calib
   kv_model_rec mr;
   kv_model_gains gains; /* the stored output gains are kept */
   memset(&gains, 0, sizeof gains);
-  rc = kv_model_known(db, txn, m, bt, mh);
-  if (rc == KVDB_OK) /* keep the stored record's fields (its RoPE) */
-    rc = kv_cat_get_model(&db->cat, txn, m->id, &mr);
-  if (rc == KVDB_OK && kv_cat_get_model_gains(&db->cat, txn, m->id, &gains) != KVDB_OK) {
+  int stored; /* keep the stored record's fields (its RoPE) */
+  rc = kv_model_rec_load(db, txn, m, bt, mh, &mr, &stored);
+  if (rc == KVDB_OK && stored && kv_cat_get_model_gains(&db->cat, txn, m->id, &gains) != KVDB_OK) {
     char em[256];
     snprintf(em, sizeof em, "%s", kvdb_errmsg());
     rc = kv_fail(KVDB_CORRUPT, "model '%s': its stored output gains are damaged (%s); set them "
                                "again (kvdb_model_set_output_gains) before calibrating",
                  m->id, em);
-  } else if (rc == KVDB_NOTFOUND) {
-    mr = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
-                        .head_dim = m->head_dim, .dtype = m->dtype, .block_tokens = bt,
-                        .score_bits = m->score_bits, .rope_base = m->rope_base,
-                        .rope_style = m->rope_style};
-    memcpy(mr.hash, mh, 16);
-    rc = KVDB_OK;
   }
   if (rc == KVDB_OK)
     rc = kv_cat_put_model_full(&db->cat, txn, m->id, &mr, &cal, &gains);

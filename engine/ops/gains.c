@@ -71,23 +71,15 @@ kvdb_status kvdb_model_set_output_gains(kvdb *db, const kvdb_model *m, const flo
   kv_model_rec mr;
   kv_calib cal; /* the stored calibration is kept */
   memset(&cal, 0, sizeof cal);
-  kvdb_status rc = kv_model_known(db, txn, m, bt, mh);
-  if (rc == KVDB_OK)
-    rc = kv_cat_get_model(&db->cat, txn, m->id, &mr);
-  if (rc == KVDB_OK && mr.calib_bytes != 0 &&
+  int stored;
+  kvdb_status rc = kv_model_rec_load(db, txn, m, bt, mh, &mr, &stored);
+  if (rc == KVDB_OK && stored && mr.calib_bytes != 0 &&
       kv_cat_get_model_calib(&db->cat, txn, m->id, &cal) != KVDB_OK) {
     char em[256];
     snprintf(em, sizeof em, "%s", kvdb_errmsg());
     rc = kv_fail(KVDB_CORRUPT, "model '%s': its stored calibration is damaged (%s); calibrate "
                                "again (kvdb_model_calibrate) before setting output gains",
                  m->id, em);
-  } else if (rc == KVDB_NOTFOUND) {
-    mr = (kv_model_rec){.n_layers = m->n_layers, .n_kv_heads = m->n_kv_heads,
-                        .head_dim = m->head_dim, .dtype = m->dtype, .block_tokens = bt,
-                        .score_bits = m->score_bits, .rope_base = m->rope_base,
-                        .rope_style = m->rope_style};
-    memcpy(mr.hash, mh, 16);
-    rc = KVDB_OK;
   }
   if (rc == KVDB_OK)
     rc = kv_cat_put_model_full(&db->cat, txn, m->id, &mr, &cal, gains ? &g : NULL);

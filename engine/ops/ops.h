@@ -128,6 +128,12 @@ kvdb_status kv_delete_ctx_txn(kvdb *db, kv_txn *txn, const uint8_t key[16], uint
  * that id: every call with the model fails so, not only put). */
 kvdb_status kv_model_known(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
                            const uint8_t mh[16]);
+/* The record a model m (block size bt, fingerprint mh) is first stored with. */
+void kv_model_rec_of(const kvdb_model *m, uint32_t bt, const uint8_t mh[16], kv_model_rec *mr);
+/* Model m's stored record (*stored = 1), or the record it would be first stored with
+ * (*stored = 0) when no model of its id is stored; KVDB_MISMATCH as kv_model_known. */
+kvdb_status kv_model_rec_load(kvdb *db, kv_txn *txn, const kvdb_model *m, uint32_t bt,
+                              const uint8_t mh[16], kv_model_rec *mr, int *stored);
 /* The model record whose hash is `mh` (for listing); KVDB_NOTFOUND when none. */
 kvdb_status kv_model_by_hash(kvdb *db, kv_txn *txn, const uint8_t mh[16], char id[64],
                              kv_model_rec *rec);

@@ -75,11 +75,8 @@ static kvdb_status model_txn(kvdb *db, kv_txn *txn, const put_req *r, int insert
   kvdb_status rc = kv_model_known(db, txn, r->m, r->bt, r->mh);
   if (rc != KVDB_NOTFOUND || !insert)
     return rc == KVDB_NOTFOUND ? KVDB_OK : rc;
-  kv_model_rec mr = {.n_layers = r->m->n_layers, .n_kv_heads = r->m->n_kv_heads,
-                     .head_dim = r->m->head_dim, .dtype = r->m->dtype, .block_tokens = r->bt,
-                     .score_bits = r->m->score_bits, .rope_base = r->m->rope_base,
-                     .rope_style = r->m->rope_style};
-  memcpy(mr.hash, r->mh, 16);
+  kv_model_rec mr;
+  kv_model_rec_of(r->m, r->bt, r->mh, &mr);
   return kv_cat_put_model(&db->cat, txn, r->m->id, &mr);
 }
 
