@@ -5,7 +5,7 @@
  * kind of bad input and damaged file the engine must refuse or survive.
  */
 #include "kvdb_test.h"
-#include "catalog/catalog_int.h" /* white-box: LMDB directly */
+#include "cat_edit.h" /* white-box: LMDB directly */
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -794,37 +794,17 @@ static int t_set_format_version(const char *dir, unsigned v)
   return rc;
 }
 
-/* Rewrite one block record of the catalog in place: `edit` changes its value bytes. */
-static void t_edit_block_record(const char *dir, const kvdb_key *hash,
-                                void (*edit)(uint8_t *rec, size_t len))
-{
-  kv_catalog c;
-  ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  kv_txn *txn;
-  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
-  MDB_val k = {16, (void *)hash->b}, v;
-  ASSERT_EQ(mdb_get(kv_mtxn(txn), c.blocks, &k, &v), 0);
-  uint8_t *rec = malloc(v.mv_size);
-  memcpy(rec, v.mv_data, v.mv_size);
-  edit(rec, v.mv_size);
-  MDB_val nv = {v.mv_size, rec};
-  ASSERT_EQ(mdb_put(kv_mtxn(txn), c.blocks, &k, &nv, 0), 0);
-  ASSERT_OK(kv_txn_commit(txn));
-  kv_catalog_close(&c);
-  free(rec);
-}
-
 /* the stored tail block's tokens 4..7 become the query's (catalog record offset 72 + 4 i) */
 static uint32_t g_query_tail[8];
-static void edit_tail_tokens(uint8_t *rec, size_t len)
+static void edit_tail_tokens(uint8_t *rec, size_t *len)
 {
-  ASSERT(len >= 72 + 4 * 8);
+  ASSERT(*len >= 72 + 4 * 8);
   for (int i = 4; i < 8; i++)
     memcpy(rec + 72 + 4 * i, &g_query_tail[i], 4);
 }
-static void edit_huge_bytes(uint8_t *rec, size_t len)
+static void edit_huge_bytes(uint8_t *rec, size_t *len)
 {
-  ASSERT(len >= 40);
+  ASSERT(*len >= 40);
   uint64_t huge = 1ull << 50; /* a multiple of 4096: only the geometry shows it is wrong */
   memcpy(rec + 32, &huge, 8);
 }
@@ -854,7 +834,7 @@ static void test_damaged_block_record(void)
 
   /* the record's copy of the tail tokens says the query's tokens 20..23 are stored: the
    * block's own tokens (checksummed) say they are not, so no KV of other tokens is delivered */
-  t_edit_block_record(dir, &h[1], edit_tail_tokens);
+  t_cat_edit(dir, T_CAT_BLOCKS, h[1].b, 16, edit_tail_tokens);
   db = t_open(dir);
   size_t hit;
   ASSERT_OK(kvdb_lookup(db, m, query, 24, &hit));
@@ -866,7 +846,7 @@ static void test_damaged_block_record(void)
   kvdb_close(db);
 
   /* a record asking for 2^50 bytes: no allocation is sized from it, the hit ends before it */
-  t_edit_block_record(dir, &h[0], edit_huge_bytes);
+  t_cat_edit(dir, T_CAT_BLOCKS, h[0].b, 16, edit_huge_bytes);
   db = t_open(dir);
   ASSERT_EQ(t_get_check(db, m, stored, 24), 0);
   ASSERT_OK(kvdb_stat(db, &st));

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <sys/wait.h>
 
-#include "catalog/catalog_int.h" /* white-box: damage the model record through LMDB */
+#include "cat_edit.h" /* white-box: damage the model record through LMDB */
 #include "codec.h"
 #include "ops/ops_int.h" /* kv_calib_block_reserve */
 
@@ -347,23 +347,15 @@ static void test_block_budget(kvdb *db, const kv_calib *ref)
   free(exp);
 }
 
+static void flip_calibration(uint8_t *rec, size_t *len)
+{
+  ASSERT(*len > 100 && rec[0] == 3);
+  rec[70] ^= 0x40; /* a byte of K's weights */
+}
+
 static void damage_calibration(const char *dir)
 {
-  kv_catalog c;
-  ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  kv_txn *txn;
-  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
-  MDB_val k = {strlen(M.id), (void *)M.id}, v;
-  ASSERT_EQ(mdb_get(kv_mtxn(txn), c.models, &k, &v), 0);
-  ASSERT(v.mv_size > 100 && ((const uint8_t *)v.mv_data)[0] == 3);
-  uint8_t *rec = malloc(v.mv_size);
-  memcpy(rec, v.mv_data, v.mv_size);
-  rec[70] ^= 0x40; /* a byte of K's weights */
-  MDB_val nv = {v.mv_size, rec};
-  ASSERT_EQ(mdb_put(kv_mtxn(txn), c.models, &k, &nv, 0), 0);
-  ASSERT_OK(kv_txn_commit(txn));
-  kv_catalog_close(&c);
-  free(rec);
+  t_cat_edit(dir, T_CAT_MODELS, M.id, strlen(M.id), flip_calibration);
 }
 
 int main(void)

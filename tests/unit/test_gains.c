@@ -14,7 +14,7 @@
 #include <math.h>
 #include <sys/wait.h>
 
-#include "catalog/catalog_int.h" /* white-box: records, and damage through LMDB */
+#include "cat_edit.h" /* white-box: records, and damage through LMDB */
 #include "codec.h"
 
 static const kvdb_model M = {"test-gains", 2, 2, 8, KVDB_F16, 16, 0, 0.0f, 0};
@@ -321,23 +321,15 @@ static void records(void)
     }
 }
 
+static void flip_gains(uint8_t *rec, size_t *len)
+{
+  ASSERT(*len == 100 && rec[0] == 4);
+  rec[*len - 20] ^= 0x40; /* a byte of the last gains */
+}
+
 static void damage_gains(const char *dir)
 {
-  kv_catalog c;
-  ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  kv_txn *txn;
-  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
-  MDB_val k = {strlen(M.id), (void *)M.id}, v;
-  ASSERT_EQ(mdb_get(kv_mtxn(txn), c.models, &k, &v), 0);
-  ASSERT(v.mv_size == 100 && ((const uint8_t *)v.mv_data)[0] == 4);
-  uint8_t *rec = malloc(v.mv_size);
-  memcpy(rec, v.mv_data, v.mv_size);
-  rec[v.mv_size - 20] ^= 0x40; /* a byte of the last gains */
-  MDB_val nv = {v.mv_size, rec};
-  ASSERT_EQ(mdb_put(kv_mtxn(txn), c.models, &k, &nv, 0), 0);
-  ASSERT_OK(kv_txn_commit(txn));
-  kv_catalog_close(&c);
-  free(rec);
+  t_cat_edit(dir, T_CAT_MODELS, M.id, strlen(M.id), flip_gains);
 }
 
 static char g_problem[512];

@@ -11,7 +11,7 @@
  * misses (or hits the prefix another context shares, with correct KV) — never other KV.
  */
 #include "kvdb_test.h"
-#include "catalog/catalog_int.h" /* white-box: LMDB directly */
+#include "cat_edit.h" /* white-box: LMDB directly */
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -61,25 +61,10 @@ static void make_db(const char *dir)
 
 typedef void (*edit_fn)(uint8_t *rec, size_t *len);
 
-/* Rewrite record `key` of database `which` ("blocks" or "contexts"): edit changes its bytes. */
+/* Rewrite record `key` of the blocks or (contexts) the contexts: edit changes its bytes. */
 static void edit_record(const char *dir, int contexts, const uint8_t key[16], edit_fn edit)
 {
-  kv_catalog c;
-  ASSERT_OK(kv_catalog_open(&c, dir, 1ull << 30, 0, 0, 0));
-  kv_txn *txn;
-  ASSERT_OK(kv_txn_begin(&c, 1, &txn));
-  MDB_dbi dbi = contexts ? c.contexts : c.blocks;
-  MDB_val k = {16, (void *)key}, v;
-  ASSERT_EQ(mdb_get(kv_mtxn(txn), dbi, &k, &v), 0);
-  uint8_t *rec = malloc(v.mv_size + 64);
-  memcpy(rec, v.mv_data, v.mv_size);
-  size_t len = v.mv_size;
-  edit(rec, &len);
-  MDB_val nv = {len, rec};
-  ASSERT_EQ(mdb_put(kv_mtxn(txn), dbi, &k, &nv, 0), 0);
-  ASSERT_OK(kv_txn_commit(txn));
-  kv_catalog_close(&c);
-  free(rec);
+  t_cat_edit(dir, contexts ? T_CAT_CONTEXTS : T_CAT_BLOCKS, key, 16, edit);
 }
 
 static void add_le32(uint8_t *p, uint32_t d)
